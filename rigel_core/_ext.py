@@ -1,0 +1,28 @@
+"""Loading of the compiled CUDA extension ``rigel_core._C``.
+
+Never falls back silently: when PyTorch sees a GPU but the extension is missing, the first CUDA render
+raises with the reason (PLATFORM.md: an isolated ``pip install`` builds no kernels).
+"""
+from __future__ import annotations
+
+_C = None
+_error = None
+try:  # pragma: no cover - depends on the build
+    from . import _C  # type: ignore  # noqa: F811
+except Exception as e:  # ImportError, or an undefined symbol from a mismatched torch
+    _error = e
+
+
+def available() -> bool:
+    """True when the compiled CUDA kernels are importable."""
+    return _C is not None
+
+
+def get():
+    """The extension module; raises RuntimeError saying how to build it when it is missing."""
+    if _C is None:
+        raise RuntimeError(
+            "rigel_core._C (the CUDA kernels) is not built, so CUDA tensors cannot be rendered. Reinstall with "
+            "`CUDA_HOME=/usr/local/cuda pip install --no-build-isolation -e .` on a machine with nvcc and a CUDA "
+            f"build of PyTorch, or move the tensors to the CPU to use the reference backend. (import error: {_error})")
+    return _C

@@ -1,0 +1,204 @@
+"""Pinhole cameras: intrinsics in pixels and a row-major world-to-camera ``viewmat``.
+
+Conventions (DESIGN §3): camera space is OpenCV — x right, y down, z forward (the camera looks down +z).
+Pixel (u, v) is sampled at its centre (u + 0.5, v + 0.5) in the coordinates ``K`` projects to, so
+``cx = width / 2`` is the image centre. Blender / NeRF / instant-ngp ``transform_matrix`` is camera-to-world
+in the OpenGL convention (x right, y up, z back); COLMAP stores world-to-camera in OpenCV.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+__all__ = ["Camera", "quat_to_rotmat_np"]
+
+
+def quat_to_rotmat_np(q) -> np.ndarray:
+    """Rotation matrix (3,3) float64 of a quaternion (w, x, y, z); normalised first."""
+    w, x, y, z = np.asarray(q, dtype=np.float64) / np.linalg.norm(q)
+    return np.array([
+        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+    ])
+
+
+@dataclass
+class Camera:
+    """A pinhole camera.
+
+    Attributes:
+        width, height: image size in pixels.
+        fx, fy: focal lengths in pixels; cx, cy: principal point in pixels (pixel centres at +0.5).
+        viewmat: (4, 4) float64 numpy array, row-major world-to-camera (OpenCV camera axes).
+        name: optional frame name (used for output file names).
+
+    Raises:
+        ValueError: non-positive size or focal length, or a viewmat that is not a finite 4×4 rigid transform.
+    """
+
+    width: int
+    height: int
+    fx: float
+    fy: float
+    cx: float
+    cy: float
+    viewmat: np.ndarray = field(default_factory=lambda: np.eye(4))
+    name: str = ""
+
+    def __post_init__(self):
+        self.width, self.height = int(self.width), int(self.height)
+        self.fx, self.fy, self.cx, self.cy = (float(v) for v in (self.fx, self.fy, self.cx, self.cy))
+        vm = np.asarray(self.viewmat, dtype=np.float64)
+        if self.width <= 0 or self.height <= 0:
+            raise ValueError(f"camera size must be positive, got {self.width}x{self.height}")
+        if not (self.fx > 0 and self.fy > 0 and math.isfinite(self.fx) and math.isfinite(self.fy)):
+            raise ValueError(f"focal lengths must be positive and finite, got fx={self.fx}, fy={self.fy}")
+        if vm.shape != (4, 4) or not np.all(np.isfinite(vm)):
+            raise ValueError(f"viewmat must be a finite 4x4 matrix, got shape {vm.shape}")
+        self.viewmat = vm
+
+    # ---- derived quantities -------------------------------------------------------------------------
+    @property
+    def K(self) -> np.ndarray:
+        """(3, 3) float64 intrinsics ``[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]``."""
+        return np.array([[self.fx, 0.0, self.cx], [0.0, self.fy, self.cy], [0.0, 0.0, 1.0]])
+
+    @property
+    def R(self) -> np.ndarray:
+        return self.viewmat[:3, :3]
+
+    @property
+    def t(self) -> np.ndarray:
+        return self.viewmat[:3, 3]
+
+    @property
+    def campos(self) -> np.ndarray:
+        """(3,) camera centre in world coordinates, ``-Rᵀ t``."""
+        return -self.R.T @ self.t
+
+    @property
+    def c2w(self) -> np.ndarray:
+        """(4, 4) camera-to-world (OpenCV axes)."""
+        return np.linalg.inv(self.viewmat)
+
+    @property
+    def fov_x(self) -> float:
+        """Horizontal field of view in radians (for a centred principal point)."""
+        return 2.0 * math.atan(0.5 * self.width / self.fx)
+
+    def viewmat_tensor(self, device=None, dtype=torch.float32) -> torch.Tensor:
+        return torch.as_tensor(self.viewmat, dtype=dtype, device=device)
+
+    def K_tensor(self, device=None, dtype=torch.float32) -> torch.Tensor:
+        return torch.as_tensor(self.K, dtype=dtype, device=device)
+
+    def project(self, points) -> np.ndarray:
+        """Project world points (M,3) to pixel coordinates (M,2) (float64; pixel centres at +0.5)."""
+        p = np.asarray(points, dtype=np.float64) @ self.R.T + self.t
+        return np.stack([self.fx * p[:, 0] / p[:, 2] + self.cx, self.fy * p[:, 1] / p[:, 2] + self.cy], -1)
+
+    def scaled(self, factor: float) -> "Camera":
+        """The same camera for an image resized by ``factor`` (e.g. 0.5 for ``--downscale 2``).
+
+        The new size is rounded; intrinsics scale by the exact ratio of the new to the old size so that a
+        point keeps its relative position in the image (pixel-centre convention preserved).
+        """
+        w, h = max(1, round(self.width * factor)), max(1, round(self.height * factor))
+        sx, sy = w / self.width, h / self.height
+        return replace(self, width=w, height=h, fx=self.fx * sx, fy=self.fy * sy, cx=self.cx * sx, cy=self.cy * sy)
+
+    def with_size(self, width: int, height: int) -> "Camera":
+        """The same camera rendering an image of another size (intrinsics scaled per axis)."""
+        sx, sy = width / self.width, height / self.height
+        return replace(self, width=width, height=height, fx=self.fx * sx, fy=self.fy * sy,
+                       cx=self.cx * sx, cy=self.cy * sy)
+
+    def to_dict(self) -> dict:
+        return dict(width=self.width, height=self.height, fx=self.fx, fy=self.fy, cx=self.cx, cy=self.cy,
+                    viewmat=self.viewmat.tolist(), name=self.name)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Camera":
+        return cls(d["width"], d["height"], d["fx"], d["fy"], d["cx"], d["cy"], np.array(d["viewmat"]),
+                   d.get("name", ""))
+
+    # ---- constructors -------------------------------------------------------------------------------
+    @classmethod
+    def look_at(cls, eye, target, up=(0.0, 0.0, 1.0), *, width: int = 640, height: int = 480,
+                fov_x_deg: float = 60.0, fx: float | None = None, fy: float | None = None,
+                name: str = "") -> "Camera":
+        """A camera at ``eye`` looking at ``target`` with world ``up`` pointing up in the image.
+
+        Focal length from ``fx`` (pixels) or else the horizontal field of view; ``fy`` defaults to ``fx``.
+        The principal point is the image centre. Raises ValueError when eye == target or up ∥ forward.
+        """
+        eye, target, up = (np.asarray(v, dtype=np.float64) for v in (eye, target, up))
+        fwd = target - eye
+        if np.linalg.norm(fwd) < 1e-12:
+            raise ValueError("look_at: eye and target coincide")
+        z = fwd / np.linalg.norm(fwd)
+        x = np.cross(z, up)
+        if np.linalg.norm(x) < 1e-9:
+            raise ValueError("look_at: up is parallel to the viewing direction")
+        x /= np.linalg.norm(x)
+        y = np.cross(z, x)  # image down
+        R_c2w = np.stack([x, y, z], axis=1)
+        vm = np.eye(4)
+        vm[:3, :3] = R_c2w.T
+        vm[:3, 3] = -R_c2w.T @ eye
+        if fx is None:
+            fx = 0.5 * width / math.tan(0.5 * math.radians(fov_x_deg))
+        return cls(width, height, fx, fy if fy is not None else fx, width / 2.0, height / 2.0, vm, name)
+
+    @classmethod
+    def from_c2w_opengl(cls, c2w, *, width: int, height: int, fx: float, fy: float | None = None,
+                        cx: float | None = None, cy: float | None = None, name: str = "") -> "Camera":
+        """From a camera-to-world matrix in the OpenGL convention (Blender, NeRF, instant-ngp).
+
+        The y and z columns are negated (OpenGL → OpenCV camera axes), then the matrix is inverted.
+        ``c2w`` may be 3×4 or 4×4. Raises ValueError when it is not finite or not invertible.
+        """
+        m = np.asarray(c2w, dtype=np.float64)
+        if m.shape == (3, 4):
+            m = np.vstack([m, [0, 0, 0, 1]])
+        if m.shape != (4, 4) or not np.all(np.isfinite(m)):
+            raise ValueError(f"transform_matrix must be a finite 3x4 or 4x4 matrix, got shape {m.shape}")
+        m = m.copy()
+        m[:3, 1:3] *= -1.0
+        if abs(np.linalg.det(m[:3, :3])) < 1e-12:
+            raise ValueError("transform_matrix is singular")
+        vm = np.linalg.inv(m)
+        return cls(width, height, fx, fy if fy is not None else fx,
+                   width / 2.0 if cx is None else cx, height / 2.0 if cy is None else cy, vm, name)
+
+    @classmethod
+    def from_blender(cls, transform_matrix, *, width: int, height: int, camera_angle_x: float,
+                     name: str = "") -> "Camera":
+        """A NeRF-synthetic frame: ``fx = fy = 0.5·width / tan(0.5·camera_angle_x)``, centred principal point."""
+        fx = 0.5 * width / math.tan(0.5 * float(camera_angle_x))
+        return cls.from_c2w_opengl(transform_matrix, width=width, height=height, fx=fx, fy=fx, name=name)
+
+    @classmethod
+    def from_ngp(cls, transform_matrix, *, width: int, height: int, fl_x: float, fl_y: float | None = None,
+                 cx: float | None = None, cy: float | None = None, name: str = "") -> "Camera":
+        """An instant-ngp frame (OpenGL camera-to-world, intrinsics ``fl_x fl_y cx cy`` in pixels).
+
+        instant-ngp's ``cx, cy`` follow the same pixel-centre convention as ours (the image centre is
+        ``w/2, h/2``), so they are used as given. Lens distortion is removed from the images at load
+        (rigel_core.data), so the camera here is an ideal pinhole.
+        """
+        return cls.from_c2w_opengl(transform_matrix, width=width, height=height, fx=fl_x,
+                                   fy=fl_y if fl_y is not None else fl_x, cx=cx, cy=cy, name=name)
+
+    @classmethod
+    def from_colmap(cls, qvec, tvec, *, width: int, height: int, fx: float, fy: float, cx: float, cy: float,
+                    name: str = "") -> "Camera":
+        """A COLMAP image: world-to-camera rotation as quaternion ``qvec`` (w, x, y, z) and translation ``tvec``."""
+        vm = np.eye(4)
+        vm[:3, :3] = quat_to_rotmat_np(qvec)
+        vm[:3, 3] = np.asarray(tvec, dtype=np.float64)
+        return cls(width, height, fx, fy, cx, cy, vm, name)

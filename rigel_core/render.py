@@ -1,0 +1,138 @@
+"""``render`` and ``rasterize_gaussians``: one API, two backends.
+
+CUDA tensors go to the kernels of ``rigel_core._C`` (through the autograd Functions of
+``rigel_core.cuda_backend``); CPU tensors go to :mod:`rigel_core.reference`. Same guards, same outputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import config
+from .camera import Camera
+
+__all__ = ["RenderOutput", "rasterize_gaussians", "render", "compute_colors"]
+
+
+@dataclass
+class RenderOutput:
+    """What a render returns.
+
+    image (H,W,3) float, final_T (H,W) float (transmittance left; accumulated alpha = 1 − final_T),
+    n_contrib (H,W) int32 (1-based position of the last blended entry of the pixel's tile list: the overdraw
+    map), radii (N,) int32 (0 = culled), means2D (N,2) px, depths (N,), conics (N,3), tiles_touched (N,)
+    int32 entries per Gaussian, n_entries total duplicated entries.
+    """
+
+    image: torch.Tensor
+    final_T: torch.Tensor
+    n_contrib: torch.Tensor
+    radii: torch.Tensor
+    means2D: torch.Tensor
+    depths: torch.Tensor
+    conics: torch.Tensor
+    tiles_touched: torch.Tensor | None = None
+    n_entries: int = 0
+    gaussian_ids: torch.Tensor | None = None
+    tile_ranges: torch.Tensor | None = None
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        """(H,W) accumulated alpha, 1 − final_T."""
+        return 1.0 - self.final_T
+
+
+def _check_inputs(means3D, quats, scales, opacities, colors, viewmat, K, width, height):
+    n = means3D.shape[0] if means3D.dim() == 2 else -1
+    expect = {"means3D": (means3D, (n, 3)), "quats": (quats, (n, 4)), "scales": (scales, (n, 3)),
+              "opacities": (opacities, (n,)), "viewmat": (viewmat, (4, 4)), "K": (K, (3, 3))}
+    for name, (t, shape) in expect.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name}: expected shape {shape}, got {tuple(t.shape)}")
+    if colors.dim() != 2 or colors.shape[0] != n:
+        raise ValueError(f"colors: expected shape ({n}, C), got {tuple(colors.shape)}")
+    if int(width) <= 0 or int(height) <= 0:
+        raise ValueError(f"image size must be positive, got {width}x{height}")
+    devs = {t.device for t in (means3D, quats, scales, opacities, colors)}
+    if len(devs) != 1:
+        raise ValueError(f"per-Gaussian tensors must be on one device, got {devs}")
+
+
+def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, width: int, height: int, *,
+                        background=None, near_plane: float = config.NEAR_PLANE,
+                        far_plane: float = config.FAR_PLANE, out=None) -> RenderOutput:
+    """Render activated Gaussians (docs/PIPELINE.md) — differentiable w.r.t. every float input.
+
+    Args:
+        means3D (N,3), quats (N,4) (w,x,y,z, any norm), scales (N,3) (> 0), opacities (N,) in [0,1],
+        colors (N,3): one floating dtype and device (CUDA → kernels, CPU → reference; float32 or float64 on CPU).
+        viewmat (4,4) row-major world-to-camera (OpenCV: x right, y down, z forward); K (3,3) pixels.
+        width, height: pixels. background: (3,) tensor/sequence or None (black).
+        near_plane, far_plane: camera-space depth limits (world units).
+        out: optional (image (H,W,3), final_T (H,W), n_contrib (H,W) int32) tensors written in place
+             (the viewer passes views of its frame buffers); they are also the returned tensors.
+    Returns: :class:`RenderOutput`.
+    Raises: TypeError/ValueError for wrong types, shapes or devices; RuntimeError when the image needs more
+        than ``config.MAX_ENTRIES`` duplicated entries, or CUDA tensors are given and the kernels are not built.
+    """
+    _check_inputs(means3D, quats, scales, opacities, colors, viewmat, K, width, height)
+    width, height = int(width), int(height)
+    dev, dtype = means3D.device, means3D.dtype
+    if background is not None:
+        background = torch.as_tensor(background, dtype=dtype, device=dev).reshape(-1)
+        if background.shape[0] != colors.shape[1]:
+            raise ValueError(f"background: expected {colors.shape[1]} channels, got {background.shape[0]}")
+    if dev.type == "cuda":
+        from .cuda_backend import rasterize_gaussians_cuda
+
+        return rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat.to(dev), K.to(dev),
+                                        width, height, background=background, near_plane=near_plane,
+                                        far_plane=far_plane, out=out)
+    from .reference import render_reference
+
+    proj, binning, raster = render_reference(means3D, quats, scales, opacities, colors, viewmat.to(dev), K.to(dev),
+                                             width, height, background, near_plane, far_plane)
+    image, final_T, n_contrib = raster
+    if out is not None:
+        with torch.no_grad():
+            out[0].copy_(image)
+            out[1].copy_(final_T)
+            out[2].copy_(n_contrib)
+        image, final_T, n_contrib = out
+    return RenderOutput(image, final_T, n_contrib, proj.radii, proj.means2D, proj.depths, proj.conics,
+                        binning.tiles_touched, int(binning.keys.numel()), binning.gaussian_ids, binning.tile_ranges)
+
+
+def compute_colors(model, camera: Camera, sh_degree: int | None = None) -> torch.Tensor:
+    """(N,3) view-dependent colours of ``model`` seen from ``camera``: its appearance module if it has one,
+    else SH of degree ``sh_degree`` (default ``model.active_sh_degree``) — DESIGN §3."""
+    campos = torch.as_tensor(camera.campos, dtype=model.dtype, device=model.device)
+    if getattr(model, "appearance", None) is not None:
+        return model.appearance(model, campos)
+    degree = model.active_sh_degree if sh_degree is None else sh_degree
+    degree = min(degree, model.sh_degree)
+    if model.device.type == "cuda":
+        from .cuda_backend import sh_colors_cuda
+
+        return sh_colors_cuda(degree, model.sh_coeffs, model.means3D, campos)
+    from .reference import sh_colors
+
+    return sh_colors(degree, model.sh_coeffs, model.means3D, campos)
+
+
+def render(model, camera: Camera, *, background=None, sh_degree: int | None = None,
+           near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE, out=None) -> RenderOutput:
+    """Render a :class:`~rigel_core.model.GaussianModel` from a :class:`~rigel_core.camera.Camera`.
+
+    Activations (exp scales, sigmoid opacities, quaternion normalisation) and the appearance stage run
+    here, so gradients reach the model's pre-activation parameters. See :func:`rasterize_gaussians`.
+    """
+    colors = compute_colors(model, camera, sh_degree)
+    dev, dtype = model.device, model.dtype
+    return rasterize_gaussians(model.means3D, model.quats, model.scales, model.opacities, colors,
+                               camera.viewmat_tensor(dev, dtype), camera.K_tensor(dev, dtype),
+                               camera.width, camera.height, background=background, near_plane=near_plane,
+                               far_plane=far_plane, out=out)

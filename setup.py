@@ -1,0 +1,88 @@
+"""rigel: build ``rigel_core._C`` (the CUDA kernels) when PyTorch has CUDA and nvcc exists; otherwise install
+the pure-Python package (the PyTorch reference backend serves).
+
+Install with ``pip install --no-build-isolation -e .`` so that the build sees the installed torch
+(an isolated build has no torch, and would silently skip the kernels — PLATFORM.md).
+Environment: ``RIGEL_NO_CUDA=1`` forces a pure-Python install; ``TORCH_CUDA_ARCH_LIST`` defaults to 9.0 (H200).
+"""
+import glob
+import os
+import shutil
+import sys
+
+from setuptools import find_packages, setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def cuda_extension():
+    if os.environ.get("RIGEL_NO_CUDA"):
+        print("rigel: RIGEL_NO_CUDA set, installing without CUDA kernels", file=sys.stderr)
+        return [], {}
+    sources = sorted(glob.glob(os.path.join("csrc", "*.cu")) + glob.glob(os.path.join("csrc", "*.cpp")))
+    if not sources:
+        return [], {}
+    try:
+        import torch
+    except ImportError:
+        print("rigel: torch is not importable in the build environment (use --no-build-isolation); "
+              "installing without CUDA kernels", file=sys.stderr)
+        return [], {}
+    if torch.version.cuda is None:
+        print("rigel: this PyTorch has no CUDA; installing without CUDA kernels", file=sys.stderr)
+        return [], {}
+    # PLATFORM.md: nvcc on PATH may be a wrapper in /usr/local/bin, which makes torch guess CUDA_HOME=/usr/local.
+    if "CUDA_HOME" not in os.environ:
+        for cand in ("/usr/local/cuda", os.path.dirname(os.path.dirname(shutil.which("nvcc") or "/x/x"))):
+            if os.path.exists(os.path.join(cand, "bin", "nvcc")) and os.path.exists(os.path.join(cand, "include", "cuda.h")):
+                os.environ["CUDA_HOME"] = cand
+                break
+    if "CUDA_HOME" not in os.environ:
+        print("rigel: no CUDA toolkit found (CUDA_HOME / nvcc); installing without CUDA kernels", file=sys.stderr)
+        return [], {}
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+
+    include_dirs = [os.path.join(ROOT, "csrc")]
+    # torch's pip CUDA headers (cusparse.h, cublas_v2.h) that ATen/cuda/CUDAContext.h includes.
+    for p in sys.path:
+        for sub in ("nvidia/cu13/include", "nvidia/cuda_runtime/include"):
+            cand = os.path.join(p, sub)
+            if os.path.isdir(cand):
+                include_dirs.append(cand)
+    ext = CUDAExtension(
+        name="rigel_core._C",
+        sources=sources,
+        include_dirs=include_dirs,
+        extra_compile_args={"cxx": ["-O3", "-std=c++17"],
+                            "nvcc": ["-O3", "-std=c++17", "--use_fast_math" if os.environ.get("RIGEL_FAST_MATH") else "-lineinfo",
+                                     "--expt-relaxed-constexpr"]},
+    )
+    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
+
+
+ext_modules, cmdclass = cuda_extension()
+
+setup(
+    name="rigel",
+    version="0.1.0",
+    description="3D Gaussian Splatting renderer, trainer and viewer with from-scratch CUDA kernels",
+    packages=find_packages(include=["rigel_core", "rigel_core.*", "viewer", "viewer.*"]),
+    package_data={"viewer": ["../shaders/*.spv"], "rigel_core": ["assets/*"]},
+    include_package_data=True,
+    python_requires=">=3.10",
+    install_requires=["torch", "numpy", "plyfile", "tqdm", "pillow", "imageio", "scipy", "safetensors"],
+    extras_require={
+        "colmap": ["pycolmap"],
+        "viewer": ["vulkan", "glfw", "imgui-bundle", "pyglm"],
+        "test": ["pytest"],
+    },
+    entry_points={"console_scripts": [
+        "rigel-render=rigel_core.cli.render:main",
+        "rigel-train=rigel_core.cli.train:main",
+        "rigel-viewer=viewer.app:main",
+        "rigel-bench=rigel_core.cli.bench:main",
+    ]},
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
+)

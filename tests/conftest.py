@@ -1,0 +1,45 @@
+"""Shared fixtures: real data paths (skip with a reason when ../shared/data is absent), GPU gating."""
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("RIGEL_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def _gpu_ready():
+    if not torch.cuda.is_available():
+        return "no CUDA device (GPU tests run on the H200: bench/device_run.sh)"
+    from rigel_core import _ext
+
+    if not _ext.available():
+        return f"rigel_core._C is not built: {_ext._error}"
+    return None
+
+
+GPU_SKIP_REASON = _gpu_ready()
+
+
+def pytest_collection_modifyitems(config, items):
+    if GPU_SKIP_REASON:
+        skip = pytest.mark.skip(reason=GPU_SKIP_REASON)
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def shared_data():
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real data not present at {SHARED_DATA}")
+    return SHARED_DATA
+
+
+@pytest.fixture
+def rng():
+    """A fresh, logged seed per test: inputs differ every run, failures are reproducible."""
+    seed = int.from_bytes(os.urandom(4), "little") if "RIGEL_SEED" not in os.environ else int(os.environ["RIGEL_SEED"])
+    print(f"RIGEL_SEED={seed}")
+    return torch.Generator().manual_seed(seed)
