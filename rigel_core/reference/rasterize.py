@@ -2,9 +2,9 @@
 
 Front-to-back alpha compositing, C = Σ_i c_i α_i Π_{j<i}(1 − α_j) (Kerbl et al. 2023, eq. 3), with every
 guard of DESIGN §3: the 3σ cut, α = min(ALPHA_MAX, o·exp(power)), skip below ALPHA_MIN, stop before T
-would fall under T_MIN. Vectorised: tiles are grouped by entry count into chunks, padded to the chunk's
-longest list, and composited with a cumulative product along the list (the same sequential float
-products the kernel forms, so termination decisions agree). Differentiable by autograd.
+would fall under T_MIN. Vectorised over tiles and pixels;
+the kernel's batches are mimicked by walking all tiles' lists a block of entries at a time. Differentiable by
+autograd.
 """
 from __future__ import annotations
 
@@ -23,20 +23,14 @@ class Raster(NamedTuple):
     n_contrib: torch.Tensor  # (H, W) int32
 
 
-def _tile_pixels(tile_idx, tiles_x, dtype, device):
-    """(nt, T², 2) pixel-centre coordinates of the given tiles, row-major inside the tile."""
-    T = config.TILE_SIZE
-    ly, lx = torch.meshgrid(torch.arange(T, device=device), torch.arange(T, device=device), indexing="ij")
-    ox = (tile_idx % tiles_x) * T
-    oy = (tile_idx // tiles_x) * T
-    px = (ox[:, None] + lx.reshape(1, -1)).to(dtype) + 0.5
-    py = (oy[:, None] + ly.reshape(1, -1)).to(dtype) + 0.5
-    return torch.stack([px, py], -1)
-
-
 def rasterize_tiles(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, tiles_x: int, tiles_y: int,
-                    width: int, height: int, background=None, max_chunk_elems: int = 1 << 22) -> Raster:
+                    width: int, height: int, background=None, block: int = 32) -> Raster:
     """Composite the binned Gaussians into an image.
+
+    All non-empty tiles are processed together, ``block`` list entries at a time (like the kernel's
+    shared-memory batches): transmittance is carried between blocks as the first factor of a sequential
+    cumulative product, so every pixel forms exactly the products ``T·(1−α₁)·(1−α₂)…`` in the kernel's
+    order, and a tile leaves the working set once all of its pixels have stopped.
 
     Args:
         means2D (N,2), conics (N,3), colors (N,C), opacities (N,): per-Gaussian, one floating dtype;
@@ -52,58 +46,79 @@ def rasterize_tiles(means2D, conics, colors, opacities, gaussian_ids, tile_range
     lens = (tile_ranges[:, 1] - tile_ranges[:, 0]).long()
     bg = torch.zeros(nchan, dtype=dtype, device=dev) if background is None else background.to(dev, dtype)
     gids_all = gaussian_ids.long()
+    need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (means2D, conics, colors, opacities))
+    max_idx = max(gids_all.numel() - 1, 0)
 
-    nonempty = torch.nonzero(lens > 0).flatten()
-    nonempty = nonempty[torch.argsort(lens[nonempty], stable=True)]
-    ne_lens = lens[nonempty].tolist()
+    active = torch.nonzero(lens > 0).flatten()
+    na = active.numel()
+    Tr = torch.ones(na, P, dtype=dtype, device=dev)
+    rgb = torch.zeros(na, P, nchan, dtype=dtype, device=dev)
+    last = torch.zeros(na, P, dtype=torch.int64, device=dev)
+    done = torch.zeros(na, P, dtype=torch.bool, device=dev)
+    px = ((active % tiles_x) * T)[:, None] + torch.arange(T, device=dev)[None, :] + 0.5  # (na, T) columns
+    py = ((active // tiles_x) * T)[:, None] + torch.arange(T, device=dev)[None, :] + 0.5  # (na, T) rows
+    px, py = px.to(dtype), py.to(dtype)
     order_parts, rgb_parts, T_parts, n_parts = [], [], [], []
-    i = 0
-    while i < len(ne_lens):
-        j = i + 1
-        while j < len(ne_lens) and ne_lens[j] * (j + 1 - i) * P <= max_chunk_elems:
-            j += 1
-        tiles = nonempty[i:j]
-        L = ne_lens[j - 1]
-        i = j
-        pos = torch.arange(L, device=dev)
-        valid = pos[None, :] < lens[tiles][:, None]  # (nt, L)
-        idx = (starts[tiles][:, None] + pos[None, :]).clamp_max(max(gids_all.numel() - 1, 0))
+    s = 0
+    while active.numel() > 0:
+        L = lens[active]
+        pos = s + torch.arange(block, device=dev)
+        valid = pos[None, :] < L[:, None]  # (na, B)
+        idx = (starts[active][:, None] + pos[None, :]).clamp_max(max_idx)
         g = torch.where(valid, gids_all[idx], torch.zeros_like(idx))
-        pix = _tile_pixels(tiles, tiles_x, dtype, dev)  # (nt, P, 2)
-        d = pix[:, None, :, :] - means2D[g][:, :, None, :]  # (nt, L, P, 2)
-        dx, dy = d[..., 0], d[..., 1]
-        A, B, C = (conics[g][..., k, None] for k in range(3))
-        q = A * dx * dx + 2 * B * dx * dy + C * dy * dy
+        # q over the tile, separably: dx varies along the 16 columns, dy along the 16 rows.
+        mu = means2D[g]  # (na, B, 2)
+        dx = px[:, None, :] - mu[:, :, 0, None]  # (na, B, T)
+        dy = py[:, None, :] - mu[:, :, 1, None]  # (na, B, T)
+        con = conics[g]
+        A, B2, C = con[..., 0, None], 2 * con[..., 1, None], con[..., 2, None]
+        q = ((A * dx * dx)[:, :, None, :] + (B2 * dx)[:, :, None, :] * dy[..., None]
+             + (C * dy * dy)[..., None]).reshape(*g.shape, P)  # (na, B, P), row-major pixels
         alpha = torch.clamp_max(opacities[g][..., None] * torch.exp(-0.5 * q), config.ALPHA_MAX)
-        use = valid[..., None] & (q <= config.RADIUS_SIGMA ** 2) & (alpha >= config.ALPHA_MIN)
+        use = (valid[..., None] & ~done[:, None, :] & (q <= config.RADIUS_SIGMA ** 2)
+               & (alpha >= config.ALPHA_MIN))
         a = torch.where(use, alpha, torch.zeros_like(alpha))
         with torch.no_grad():
-            Tp = torch.cumprod(1 - a, dim=1)
-            blended = torch.cumsum((Tp < config.T_MIN).to(torch.int32), dim=1) == 0
-            blended &= use
-        a2 = torch.where(blended, a, torch.zeros_like(a))
-        Tp2 = torch.cumprod(1 - a2, dim=1)
-        T_excl = torch.cat([torch.ones_like(Tp2[:, :1]), Tp2[:, :-1]], 1)
-        w = a2 * T_excl
+            # T only falls along the list, so "T would drop below T_MIN" holds from the stopping entry on.
+            Tseq = torch.cumprod(torch.cat([Tr.detach()[:, None], 1 - a], 1), 1)[:, 1:]
+            stop = Tseq < config.T_MIN
+            blended = use & ~stop
+        if need_grad:
+            a2 = torch.where(blended, a, torch.zeros_like(a))
+            Tc = torch.cumprod(torch.cat([Tr[:, None], 1 - a2], 1), 1)  # (na, B+1, P)
+            w = a2 * Tc[:, :-1]
+            Tr_next = Tc[:, -1]
+        else:  # same values without a second scan: T after the last blended entry is the least T ≥ T_MIN
+            T_excl = torch.cat([Tr[:, None], Tseq[:, :-1]], 1)
+            w = torch.where(blended, a * T_excl, torch.zeros_like(a))
+            Tr_next = torch.minimum(Tr, torch.where(stop, torch.full_like(Tseq, float("inf")), Tseq).amin(1))
         col = colors[g] * valid[..., None].to(dtype)
-        rgb = torch.einsum("tlp,tlc->tpc", w, col)
-        n_c = ((pos + 1)[None, :, None] * blended).amax(1).to(torch.int32)
-        order_parts.append(tiles)
-        rgb_parts.append(rgb)
-        T_parts.append(Tp2[:, -1, :])
-        n_parts.append(n_c)
+        rgb = rgb + torch.einsum("tbp,tbc->tpc", w, col)
+        Tr = Tr_next
+        last = torch.maximum(last, (blended * (pos + 1)[None, :, None]).amax(1))
+        done = done | stop.any(1)
+        s += block
+        retire = done.all(1) | (L <= s)
+        if bool(retire.any()):
+            order_parts.append(active[retire])
+            rgb_parts.append(rgb[retire])
+            T_parts.append(Tr[retire])
+            n_parts.append(last[retire])
+            keep = ~retire
+            active, Tr, rgb, last, done = active[keep], Tr[keep], rgb[keep], last[keep], done[keep]
+            px, py = px[keep], py[keep]
 
     empty = torch.nonzero(lens == 0).flatten()
     order_parts.append(empty)
     rgb_parts.append(torch.zeros(empty.numel(), P, nchan, dtype=dtype, device=dev))
     T_parts.append(torch.ones(empty.numel(), P, dtype=dtype, device=dev))
-    n_parts.append(torch.zeros(empty.numel(), P, dtype=torch.int32, device=dev))
+    n_parts.append(torch.zeros(empty.numel(), P, dtype=torch.int64, device=dev))
     order = torch.cat(order_parts)
     inv = torch.empty_like(order)
     inv[order] = torch.arange(n_tiles, device=dev)
     rgb = torch.cat(rgb_parts)[inv]
     fT = torch.cat(T_parts)[inv]
-    nc = torch.cat(n_parts)[inv]
+    nc = torch.cat(n_parts)[inv].to(torch.int32)
 
     def untile(x):
         x = x.reshape(tiles_y, tiles_x, T, T, *x.shape[2:]).transpose(1, 2)
