@@ -1,0 +1,77 @@
+"""Scene file I/O: load a Gaussian scene from any supported file, save the INRIA PLY.
+
+| file | detected by | reader |
+|---|---|---|
+| INRIA / graphdeco 3DGS PLY | ``ply`` magic, a ``vertex`` element without ``packed_*`` | :func:`load_ply` |
+| PlayCanvas / SuperSplat compressed PLY | ``ply`` magic, elements ``chunk`` + ``vertex`` with ``packed_*`` | :func:`load_compressed_ply` |
+| Niantic SPZ v2–v4 | ``NGSP`` magic (v4, or plain v2/v3) or gzip magic | :func:`load_spz` |
+| rigel checkpoint | extension ``.pt`` / ``.pth`` / ``.ckpt`` / ``.safetensors`` | ``rigel_core.checkpoint.load_checkpoint_model`` |
+
+Every scene comes back in rigel's conventions (DESIGN §3): pre-activation parameters, quaternions (w, x, y, z),
+world axes as in the INRIA PLY / COLMAP (SPZ's RUB axes are converted on load).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+import torch
+
+from ..model import GaussianModel
+from .compressed_ply import is_compressed_ply_header, load_compressed_ply
+from .errors import PlyFormatError, SceneFormatError, SpzFormatError
+from .ply import SceneWarning, load_ply, read_ply_header, save_ply
+from .spz import load_spz
+
+__all__ = ["load_scene", "load_ply", "load_compressed_ply", "load_spz", "save_ply", "PlyFormatError",
+           "SpzFormatError", "SceneFormatError", "SceneWarning", "CHECKPOINT_SUFFIXES"]
+
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors")
+
+
+def load_scene(path, device=None, dtype=torch.float32) -> GaussianModel:
+    """Load a Gaussian scene, choosing the reader from the file's content (and, for checkpoints, its suffix).
+
+    Args:
+        path: a ``.ply`` (INRIA or PlayCanvas compressed), ``.spz`` or rigel checkpoint file.
+        device: torch device of the returned model (default CPU).
+        dtype: floating dtype of the returned model (default float32).
+    Returns: :class:`~rigel_core.model.GaussianModel`.
+    Raises:
+        SceneFormatError (a ValueError; PlyFormatError / SpzFormatError for those formats): unknown or malformed
+            file, or a checkpoint when ``rigel_core.checkpoint`` is not available. The message names the file.
+        FileNotFoundError / IsADirectoryError / OSError: the path cannot be read.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: is a directory, expected a scene file")
+    if path.lower().endswith(CHECKPOINT_SUFFIXES):
+        return _load_checkpoint(path, device, dtype)
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic[:3] == b"ply":
+        header = read_ply_header(path)
+        if is_compressed_ply_header(header):
+            return load_compressed_ply(path, device=device, dtype=dtype)
+        return load_ply(path, device=device, dtype=dtype)
+    if magic == b"NGSP" or magic[:2] == b"\x1f\x8b":
+        return load_spz(path, device=device, dtype=dtype)
+    what = "an empty file" if not magic else f"starts with {magic!r}"
+    raise SceneFormatError(path, f"unknown scene format ({what}); expected a 3DGS .ply, a compressed .ply, an .spz "
+                                 f"or a rigel checkpoint ({', '.join(CHECKPOINT_SUFFIXES)})")
+
+
+def _load_checkpoint(path: str, device, dtype) -> GaussianModel:
+    """Hand a checkpoint to the trainer's ``rigel_core.checkpoint.load_checkpoint_model(path)``."""
+    try:
+        ckpt = importlib.import_module("rigel_core.checkpoint")
+    except ModuleNotFoundError as e:
+        if e.name != "rigel_core.checkpoint":
+            raise
+        raise SceneFormatError(path, "loading a rigel checkpoint needs the trainer's rigel_core.checkpoint module, "
+                                     "which is not available in this installation") from None
+    loader = getattr(ckpt, "load_checkpoint_model", None)
+    if loader is None:
+        raise SceneFormatError(path, "rigel_core.checkpoint has no load_checkpoint_model(path)")
+    model = loader(path)
+    return model.to(device=device, dtype=dtype)
