@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install rigel into ./.venv from nothing (what a new user and CI run).
+#   bash scripts/install.sh [--system]
+#   --system  also apt-get the Vulkan/X packages the viewer and its tests use (lavapipe, Xvfb, glslc,
+#             validation layers); needs root or sudo.
+# Builds the CUDA kernels (rigel_core._C) when a CUDA build of PyTorch and nvcc are present; installs the
+# pure-Python package otherwise (the PyTorch reference backend renders on the CPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--system" ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    libvulkan1 mesa-vulkan-drivers vulkan-tools vulkan-validationlayers \
+    xvfb xauth x11-utils imagemagick glslc glslang-tools spirv-tools libgl1 libegl1 >/dev/null
+fi
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip setuptools wheel
+# torch 2.14.1: a CUDA 13 build (compiles the kernels; runs on the CPU where there is no GPU)
+python -m pip install -q "torch==2.14.1" numpy plyfile tqdm pillow imageio scipy safetensors pytest ninja \
+  pycolmap vulkan glfw imgui-bundle pyglm
+[ -d /usr/local/cuda ] && export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-2}
+python -m pip install -q --no-build-isolation --no-deps -e .
+python -c "import rigel_core, rigel_core._ext as e; print('rigel installed; CUDA kernels built:', e.available())"
