@@ -149,6 +149,8 @@ def read_ply_header(path, *, error_cls=PlyFormatError) -> PlyHeader:
     if not head.startswith(b"ply"):
         what = "an empty file" if file_size == 0 else "the file does not start with 'ply'"
         raise error_cls(path, f"not a PLY file ({what})")
+    if not re.match(rb"ply[ \t]*\r?\n", head):
+        raise error_cls(path, "not a PLY file (first line is not 'ply')")
     m = re.search(rb"(?:^|\n)end_header[ \t]*\r?\n", head)
     if m is None:
         if file_size > MAX_HEADER_BYTES:
@@ -160,8 +162,6 @@ def read_ply_header(path, *, error_cls=PlyFormatError) -> PlyHeader:
     except UnicodeDecodeError:
         raise error_cls(path, "the PLY header contains non-ASCII bytes: corrupt header") from None
     lines = [ln.strip() for ln in text.replace("\r", "").split("\n")]
-    if lines[0] != "ply":
-        raise error_cls(path, "not a PLY file (first line is not 'ply')")
 
     fmt, elements, comments = None, [], []
     for lineno, line in enumerate(lines[1:], start=2):
