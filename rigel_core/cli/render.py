@@ -1,0 +1,147 @@
+"""``rigel-render``: render a scene from every camera of a Blender or instant-ngp transforms file to PNGs.
+
+    rigel-render SCENE --cameras TRANSFORMS_JSON [--split train|test] --out DIR
+                 [--width W --height H] [--background R,G,B] [--device cpu|cuda]
+
+SCENE is any file :func:`rigel_core.io.load_scene` reads (graphdeco PLY, compressed PLY, SPZ), or ``default``
+for the bundled procedural scene. ``--cameras`` is a transforms ``.json`` file or a dataset directory
+(Blender: ``transforms_<split>.json``; else ``transforms.json``). The images it names need not exist: the
+size comes from the file's ``w``/``h``, else from an image that does exist, else from ``--width/--height``.
+``--width``/``--height`` otherwise rescale the intrinsics to a new size (one of them alone keeps the aspect
+ratio). ``--split`` with a single instant-ngp file renders that split of the every-8th hold-out used by
+:func:`rigel_core.data.load_dataset`. Output: ``DIR/<frame name>.png`` (8-bit RGB, composited onto the
+background; ``--alpha`` writes RGBA with alpha = 1 − final_T instead).
+Exit status 0 on success, 2 for bad arguments or input files.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["main", "parse_background", "resolve_cameras"]
+
+
+def parse_background(text: str) -> tuple[float, float, float]:
+    """``"R,G,B"`` with components in [0, 1] (or 0..255 when any exceeds 1) → floats in [0, 1]."""
+    try:
+        vals = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--background expects R,G,B numbers, got {text!r}") from None
+    if len(vals) != 3 or any(v < 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"--background expects three non-negative numbers R,G,B, got {text!r}")
+    if any(v > 1 for v in vals):
+        if any(v > 255 for v in vals):
+            raise argparse.ArgumentTypeError(f"--background components must be in 0..1 or 0..255, got {text!r}")
+        vals = [v / 255.0 for v in vals]
+    return tuple(vals)
+
+
+def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | None):
+    """Cameras (list of :class:`rigel_core.Camera`, named after the frames) of a transforms file or directory.
+
+    Raises rigel_core.data.DatasetError naming the file when it cannot be used.
+    """
+    from ..data.dataset import split_every
+    from ..data.frames import DatasetError
+    from ..data.transforms import read_transforms
+
+    p = Path(cameras)
+    held_out = False
+    if p.is_dir():
+        cand = p / f"transforms_{split or 'train'}.json"
+        if cand.is_file():
+            p = cand
+        elif (p / "transforms.json").is_file():
+            p, held_out = p / "transforms.json", split is not None
+        else:
+            raise DatasetError(f"{p}: no transforms_{split or 'train'}.json or transforms.json in this directory")
+    elif p.name == "transforms.json" or not p.name.startswith("transforms_"):
+        held_out = split is not None
+    specs, _, total = read_transforms(p, require_images=False, size=size)
+    if not specs:
+        raise DatasetError(f"{p}: no frames")
+    if held_out:
+        train, test = split_every(sorted(specs, key=lambda s: s.name), 8)
+        specs = train if split == "train" else test
+    names = _unique([s.name for s in specs])
+    return [s.camera for s in specs], names, p
+
+
+def _unique(names: list[str]) -> list[str]:
+    seen, out = {}, []
+    for n in names:
+        k = seen.get(n, 0)
+        seen[n] = k + 1
+        out.append(n if k == 0 else f"{n}_{k}")
+    return out
+
+
+def _load_scene(scene: str, device):
+    if scene == "default":
+        from ..data import default_scene_path
+
+        scene = str(default_scene_path())
+    if not Path(scene).is_file():
+        raise FileNotFoundError(f"{scene}: scene file not found")
+    from ..io import load_scene  # lazy: the io package pulls in the format readers
+
+    return load_scene(scene, device=device)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="rigel-render", description=__doc__.split("\n\n")[0])
+    ap.add_argument("scene", help="scene file (.ply, .compressed.ply, .spz) or 'default' for the bundled scene")
+    ap.add_argument("--cameras", required=True, help="transforms .json file (Blender or instant-ngp) or directory")
+    ap.add_argument("--split", choices=("train", "test"), default=None,
+                    help="Blender: which transforms_<split>.json of a directory; instant-ngp: every-8th hold-out")
+    ap.add_argument("--out", required=True, help="output directory for <frame>.png")
+    ap.add_argument("--width", type=int, default=None, help="image width (default: from the cameras file)")
+    ap.add_argument("--height", type=int, default=None, help="image height (default: from the cameras file)")
+    ap.add_argument("--background", type=parse_background, default=(0.0, 0.0, 0.0), metavar="R,G,B",
+                    help="background colour, 0..1 or 0..255 (default 0,0,0)")
+    ap.add_argument("--alpha", action="store_true", help="write RGBA with alpha = 1 - final_T")
+    ap.add_argument("--sh-degree", type=int, default=None, help="evaluate SH up to this degree (default: all)")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when the kernels are available)")
+    args = ap.parse_args(argv)
+    for name in ("width", "height"):
+        v = getattr(args, name)
+        if v is not None and v <= 0:
+            ap.error(f"--{name} must be positive")
+
+    import torch
+    from tqdm import tqdm
+
+    from .. import cuda_available
+    from ..data.frames import DatasetError
+    from ..data.images import write_png, write_render_rgba
+    from ..render import render
+
+    device = args.device or ("cuda" if cuda_available() else "cpu")
+    size = (args.width, args.height) if args.width and args.height else None
+    try:
+        cams, names, cam_file = resolve_cameras(args.cameras, args.split, size)
+        model = _load_scene(args.scene, device)
+    except (OSError, ValueError) as e:  # DatasetError and the io package's format errors are ValueErrors
+        print(f"rigel-render: error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bg = torch.tensor(args.background, dtype=model.dtype, device=model.device)
+    for cam, name in zip(tqdm(cams, desc=f"rendering {len(cams)} views", unit="view"), names):
+        if args.width or args.height:
+            w = args.width or max(1, round(cam.width * args.height / cam.height))
+            h = args.height or max(1, round(cam.height * args.width / cam.width))
+            cam = cam.with_size(w, h)
+        with torch.no_grad():
+            r = render(model, cam, background=None if args.alpha else bg, sh_degree=args.sh_degree)
+        if args.alpha:
+            write_render_rgba(out / f"{name}.png", r.image, r.final_T)
+        else:
+            write_png(out / f"{name}.png", r.image)
+    print(f"rendered {len(cams)} views of {args.scene} ({model.num_gaussians} Gaussians) from {cam_file} to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

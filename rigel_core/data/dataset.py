@@ -1,0 +1,135 @@
+"""``load_dataset``: Blender / NeRF-synthetic, instant-ngp and COLMAP datasets, format detected from the files."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .frames import Dataset, DatasetError, FrameSpec, camera_extent, load_frames
+from .transforms import read_transforms, warn_missing
+
+__all__ = ["load_dataset", "detect_format", "load_blender", "load_ngp", "FORMATS"]
+
+FORMATS = ("blender", "ngp", "colmap")
+
+
+def detect_format(path) -> tuple[str, Path]:
+    """(format, root) of a dataset path.
+
+    A directory holding ``transforms_train.json`` is Blender; one holding ``transforms.json`` is instant-ngp;
+    one holding ``sparse/0/cameras.{bin,txt}`` or ``sparse/cameras.{bin,txt}`` is COLMAP. A path to a
+    ``transforms_train.json`` file means Blender, any other ``.json`` file instant-ngp.
+    Raises DatasetError naming the path and what was looked for when nothing matches.
+    """
+    p = Path(path)
+    if p.is_file() and p.suffix.lower() == ".json":
+        return ("blender", p.parent) if p.name == "transforms_train.json" else ("ngp", p)
+    if not p.exists():
+        raise DatasetError(f"{p}: no such file or directory")
+    if not p.is_dir():
+        raise DatasetError(f"{p}: not a dataset directory or transforms .json file")
+    if (p / "transforms_train.json").is_file():
+        return "blender", p
+    if (p / "transforms.json").is_file():
+        return "ngp", p / "transforms.json"
+    for sub in ("sparse/0", "sparse"):
+        if any((p / sub / f"cameras.{ext}").is_file() for ext in ("bin", "txt")):
+            return "colmap", p
+    raise DatasetError(
+        f"{p}: no dataset found. Expected one of: transforms_train.json (+ transforms_test.json) "
+        "(Blender / NeRF-synthetic), transforms.json (instant-ngp / nerfstudio), "
+        "sparse/0/cameras.bin|txt with images/ (COLMAP)")
+
+
+def load_dataset(path, *, white_bg: bool = False, downscale: float = 1, test_every: int = 8,
+                 device="cpu", max_frames: int | None = None, format: str | None = None) -> Dataset:
+    """Load a dataset eagerly (all images decoded into tensors on ``device``).
+
+    Args:
+        path: dataset directory (or a transforms ``.json`` file); the format is detected by
+            :func:`detect_format` unless ``format`` (``"blender"``, ``"ngp"``, ``"colmap"``) is given.
+        white_bg: composite alpha onto white (the NeRF-synthetic protocol) instead of black.
+        downscale: divide the image size by this (Pillow box filter; intrinsics via ``Camera.scaled``).
+        test_every: instant-ngp and COLMAP hold out every ``test_every``-th frame (indices 0, N, 2N, … of the
+            frames sorted by image name — the 3DGS "llffhold" convention); ≤ 0 keeps every frame for training.
+            Blender uses its own ``transforms_test.json``.
+        device: torch device of the image tensors.
+        max_frames: load at most this many frames per split (the first ones), e.g. for tests.
+    Returns:
+        :class:`~rigel_core.data.frames.Dataset`. Cameras are ideal pinholes: lens distortion is removed from the
+        images at load (once). ``scene_center``/``scene_extent`` come from the training cameras.
+    Raises:
+        DatasetError (a ValueError) naming the file: unknown layout, malformed file, no usable frame.
+        ImportError for COLMAP data when pycolmap is not installed.
+    """
+    if downscale <= 0:
+        raise ValueError(f"downscale must be positive, got {downscale}")
+    if format is None:
+        format, root = detect_format(path)
+    else:
+        if format not in FORMATS:
+            raise ValueError(f"unknown dataset format {format!r}; expected one of {FORMATS}")
+        root = Path(path)
+        if format == "ngp" and root.is_dir():
+            root = root / "transforms.json"
+    kw = dict(white_bg=white_bg, downscale=downscale, device=device, max_frames=max_frames)
+    if format == "blender":
+        return load_blender(root, **kw)
+    if format == "ngp":
+        return load_ngp(root, test_every=test_every, **kw)
+    from .colmap import load_colmap
+
+    return load_colmap(root, test_every=test_every, **kw)
+
+
+def _cap(specs: list, max_frames: int | None) -> list:
+    return specs if max_frames is None else specs[: max(0, int(max_frames))]
+
+
+def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None) -> Dataset:
+    """A Blender / NeRF-synthetic directory: ``transforms_train.json`` (required), ``transforms_test.json``
+    (optional; ``transforms_val.json`` is ignored). Frames whose image is missing are skipped with one warning
+    per file; a training file with no usable frame is an error (an empty test split only warns)."""
+    root = Path(root)
+    splits = {}
+    for split in ("train", "test"):
+        f = root / f"transforms_{split}.json"
+        if not f.is_file():
+            if split == "train":
+                raise DatasetError(f"{f}: file not found")
+            splits[split] = []
+            continue
+        specs, missing, total = read_transforms(f)
+        warn_missing(f, missing, total)
+        if not specs:
+            if split == "train":
+                raise DatasetError(f"{f}: none of its {total} frames has an image file")
+        splits[split] = _cap(specs, max_frames)
+    return _assemble(splits["train"], splits["test"], root, "blender", white_bg, downscale, device)
+
+
+def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames=None, test_every=8) -> Dataset:
+    """An instant-ngp (or nerfstudio) ``transforms.json``: one file, every ``test_every``-th frame (sorted by
+    image name) held out. See :mod:`rigel_core.data.transforms` for the keys read and ignored."""
+    json_path = Path(json_path)
+    specs, missing, total = read_transforms(json_path)
+    warn_missing(json_path, missing, total)
+    if not specs:
+        raise DatasetError(f"{json_path}: none of its {total} frames has an image file")
+    train, test = split_every(sorted(specs, key=lambda s: str(s.image_path)), test_every)
+    return _assemble(_cap(train, max_frames), _cap(test, max_frames), json_path, "ngp", white_bg, downscale,
+                     device)
+
+
+def split_every(items: list, test_every: int) -> tuple[list, list]:
+    """(train, test): items at indices 0, N, 2N, … go to test (N = ``test_every``; none when N ≤ 0)."""
+    if test_every is None or test_every <= 0:
+        return list(items), []
+    return ([x for i, x in enumerate(items) if i % test_every != 0],
+            [x for i, x in enumerate(items) if i % test_every == 0])
+
+
+def _assemble(train: list[FrameSpec], test: list[FrameSpec], source: Path, fmt: str, white_bg, downscale, device,
+              points=None, point_colors=None) -> Dataset:
+    kw = dict(white_bg=white_bg, downscale=downscale, device=device, source=source)
+    train_frames, test_frames = load_frames(train, **kw), load_frames(test, **kw)
+    center, extent = camera_extent([f.camera for f in (train_frames or test_frames)])
+    return Dataset(train_frames, test_frames, center, extent, points, point_colors, white_bg, fmt, str(source))

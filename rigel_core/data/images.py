@@ -1,0 +1,137 @@
+"""Image files for datasets: find a file whatever its extension, decode it to float RGB(A), composite alpha,
+resize with an area filter.
+
+All arrays here are numpy ``float32`` in [0, 1], shape (H, W, C), row 0 at the top of the image.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["IMAGE_EXTENSIONS", "resolve_image_path", "read_image", "image_size", "composite",
+           "resize_area", "write_png", "write_render_rgba"]
+
+#: Extensions tried, in order, when a dataset names an image without one (NeRF-synthetic ``./train/r_0``).
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".exr", ".tif", ".tiff", ".bmp",
+                    ".PNG", ".JPG", ".JPEG", ".WEBP")
+
+
+def resolve_image_path(base: Path, file_path: str) -> Path | None:
+    """The existing image file that ``file_path`` (relative to ``base``) names, or None.
+
+    ``file_path`` is used as given when that file exists; otherwise each of :data:`IMAGE_EXTENSIONS` is
+    appended (NeRF-synthetic paths have none), then substituted for an extension it already has
+    (a ``.png`` entry whose image was re-encoded as ``.webp``).
+    """
+    p = Path(file_path)
+    if not p.is_absolute():
+        p = Path(base) / p
+    if p.is_file():
+        return p
+    for cand in [Path(str(p) + ext) for ext in IMAGE_EXTENSIONS] + [p.with_suffix(ext) for ext in IMAGE_EXTENSIONS]:
+        if cand.is_file():
+            return cand
+    return None
+
+
+def image_size(path: Path) -> tuple[int, int]:
+    """(width, height) of an image file, read from its header only."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        return im.size
+
+
+def read_image(path: Path) -> np.ndarray:
+    """Decode an image file to (H, W, 3) or (H, W, 4) float32 in [0, 1] (straight, not premultiplied, alpha).
+
+    8-bit and 16-bit greyscale, greyscale+alpha, palette (with transparency), RGB and RGBA files are accepted
+    (Pillow). Raises ValueError naming the file when it cannot be decoded.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.load()
+            mode = im.mode
+            if mode.startswith("I"):  # 16-bit greyscale PNG / TIFF
+                a = np.asarray(im, dtype=np.float32) / 65535.0
+                return np.repeat(a[..., None], 3, axis=-1)
+            if mode == "F":
+                return np.repeat(np.asarray(im, dtype=np.float32)[..., None], 3, axis=-1)
+            has_alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or (mode == "P" and "transparency" in im.info)
+            im = im.convert("RGBA" if has_alpha else "RGB")
+            return np.asarray(im, dtype=np.float32) / 255.0
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read image ({e})") from e
+
+
+def composite(rgba: np.ndarray, white_bg: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """Composite straight alpha onto a white or black background.
+
+    Args: rgba (H, W, 3|4) float32 in [0, 1].
+    Returns: rgb (H, W, 3) = rgb·a + bg·(1 − a), and alpha (H, W) (None for a 3-channel input).
+    """
+    if rgba.shape[-1] == 3:
+        return rgba, None
+    rgb, a = rgba[..., :3], rgba[..., 3]
+    out = rgb * a[..., None]
+    if white_bg:
+        out = out + (1.0 - a[..., None])
+    return out.astype(np.float32), a.astype(np.float32)
+
+
+def resize_area(img: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Resize (H, W) or (H, W, C) float32 to ``width × height`` with Pillow's box (area-averaging) filter.
+
+    For an integer factor this is the mean of each factor×factor block. Each channel is resized as a
+    32-bit float image, so no 8-bit rounding happens.
+    """
+    from PIL import Image
+
+    if img.shape[1] == width and img.shape[0] == height:
+        return img
+    chans = img[..., None] if img.ndim == 2 else img
+    out = np.stack([np.asarray(Image.fromarray(np.ascontiguousarray(chans[..., c]), mode="F")
+                               .resize((width, height), Image.BOX)) for c in range(chans.shape[-1])], axis=-1)
+    return out[..., 0] if img.ndim == 2 else out
+
+
+def write_png(path, rgb, alpha=None) -> None:
+    """Write float [0, 1] rgb (H, W, 3) (numpy or torch) and optional alpha (H, W) as an 8-bit PNG.
+
+    Values are clamped to [0, 1] and rounded to the nearest of 256 levels. Written to a temporary name and
+    renamed, so a reader never sees a partial file.
+    """
+    from PIL import Image
+
+    rgb = _to_numpy(rgb)
+    if alpha is not None:
+        rgb = np.concatenate([rgb, _to_numpy(alpha)[..., None]], axis=-1)
+    u8 = np.clip(np.rint(np.clip(rgb, 0.0, 1.0) * 255.0), 0, 255).astype(np.uint8)
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp{os.getpid()}.png")
+    Image.fromarray(u8, mode="RGBA" if u8.shape[-1] == 4 else "RGB").save(tmp)
+    os.replace(tmp, path)
+
+
+def write_render_rgba(path, image, final_T) -> None:
+    """Write a render made on a black background as a straight-alpha RGBA PNG.
+
+    ``image`` (H,W,3) is the premultiplied colour (what the rasterizer returns with no background) and
+    alpha = 1 − ``final_T`` (H,W); the stored colour is image / alpha (0 where alpha = 0), so that compositing
+    the PNG onto any background reproduces the render on that background up to 8-bit rounding.
+    """
+    a = np.clip(1.0 - _to_numpy(final_T), 0.0, 1.0)
+    img = _to_numpy(image)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        straight = np.where(a[..., None] > 0, img / np.maximum(a, 1e-12)[..., None], 0.0)
+    write_png(path, straight, a)
+
+
+def _to_numpy(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        x = x.detach().float().cpu().numpy()
+    return np.asarray(x, dtype=np.float32)
