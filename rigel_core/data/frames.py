@@ -106,7 +106,9 @@ def camera_extent(cameras: list[Camera]) -> tuple[np.ndarray, float]:
     The 3DGS convention (``getNerfppNorm`` in the reference implementation). One camera gives radius 1.1·0 →
     replaced by 1.0 so that nothing downstream divides by zero.
     """
-    centres = np.stack([c.campos for c in cameras]) if cameras else np.zeros((1, 3))
+    # the translation of camera-to-world (not −Rᵀt, which assumes an exactly orthonormal R; stored poses
+    # such as NeRF-synthetic's float32 matrices are orthonormal only to ~1e-7)
+    centres = np.stack([c.c2w[:3, 3] for c in cameras]) if cameras else np.zeros((1, 3))
     center = centres.mean(0)
     radius = float(np.linalg.norm(centres - center, axis=1).max()) * 1.1
     return center, (radius if radius > 0 else 1.0)

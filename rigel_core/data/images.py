@@ -37,11 +37,14 @@ def resolve_image_path(base: Path, file_path: str) -> Path | None:
 
 
 def image_size(path: Path) -> tuple[int, int]:
-    """(width, height) of an image file, read from its header only."""
+    """(width, height) of an image file, read from its header only. ValueError naming the file if unreadable."""
     from PIL import Image
 
-    with Image.open(path) as im:
-        return im.size
+    try:
+        with Image.open(path) as im:
+            return im.size
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read image ({e})") from e
 
 
 def read_image(path: Path) -> np.ndarray:
