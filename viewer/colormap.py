@@ -1,0 +1,41 @@
+"""The overdraw colormap: the definition the present pass samples and the tests compare against.
+
+A 256-entry lookup table, piecewise linear between a few anchor colours (dark violet for 0 → red → orange →
+pale yellow at the maximum; dark at 0 so empty sky stays dark and heavy overdraw glows), quantised to 8 bits so
+that an 8-bit UNORM target shows exactly the table's value. A pixel with ``n`` entries walked shows entry
+``(min(max(n, 0), m) * 255) // m`` where ``m = max(overdraw_max, 1)`` (shaders/shaderio.h).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["ANCHORS", "overdraw_lut", "overdraw_index"]
+
+#: (position in [0, 1], RGB in [0, 1]) anchor colours.
+ANCHORS = (
+    (0.00, (0.02, 0.01, 0.10)),
+    (0.20, (0.23, 0.05, 0.45)),
+    (0.45, (0.65, 0.13, 0.45)),
+    (0.70, (0.95, 0.40, 0.15)),
+    (0.88, (0.99, 0.72, 0.20)),
+    (1.00, (0.99, 0.98, 0.75)),
+)
+
+
+def overdraw_lut(size: int = 256) -> np.ndarray:
+    """(size, 4) float32 RGBA, alpha 1; every value is an exact multiple of 1/255."""
+    pos = np.array([a[0] for a in ANCHORS])
+    rgb = np.array([a[1] for a in ANCHORS])
+    t = np.linspace(0.0, 1.0, size)
+    out = np.stack([np.interp(t, pos, rgb[:, c]) for c in range(3)], -1)
+    q = np.round(out * 255.0).astype(np.uint8)
+    lut = np.ones((size, 4), np.float32)
+    lut[:, :3] = q.astype(np.float32) / np.float32(255.0)
+    return lut
+
+
+def overdraw_index(n_contrib, overdraw_max: int, size: int = 256) -> np.ndarray:
+    """LUT index of each pixel (integer arithmetic, as in the shader)."""
+    m = max(int(overdraw_max), 1)
+    n = np.clip(np.asarray(n_contrib, dtype=np.int64), 0, m)
+    return (n * (size - 1)) // m

@@ -1,0 +1,268 @@
+"""The frame ring: K ≥ 2 slots that the rasterizer writes into and the present passes read (DESIGN §6).
+
+Each slot is one Vulkan buffer holding three arrays at aligned offsets::
+
+    image      (H, W, 3) float32    offset 0
+    final_T    (H, W)    float32    offset o_T
+    n_contrib  (H, W)    int32      offset o_n
+
+sized for ``capacity`` pixels (it grows, never shrinks, so a resize to a smaller window needs no rebuild).
+``Slot.image`` / ``final_T`` / ``n_contrib`` are torch views of the current frame size over that memory; pass
+them as ``rigel_core.render(model, camera, out=(slot.image, slot.final_T, slot.n_contrib))``.
+
+Two paths, one protocol:
+
+* **CUDA** (``device="cuda"``): the buffers are device-local and exportable (``OPAQUE_FD``), imported once into
+  CUDA and wrapped as CUDA tensors (:mod:`viewer.cuda_interop`). Per slot two timeline semaphores, exported and
+  imported into CUDA: ``ready[s]`` (value = render number r, signalled by CUDA after the render) and ``free[s]``
+  (value = read number q: the ring counts the present submits that read any slot, and the submit that read s
+  signals its q). For render r in slot s the CUDA stream waits ``free[s] ≥ last_read[s]`` (the last present
+  that read s), renders, signals ``ready[s] = r``; the present submit waits ``ready[s] ≥ r`` and signals
+  ``free[s] = q``. No host synchronisation in between.
+* **CPU** (``device="cpu"``, lavapipe or any Vulkan device): host-visible coherent memory mapped as numpy →
+  ``torch.from_numpy``; the host waits ``free[s]`` (``vkWaitSemaphores``) before overwriting a slot and signals
+  ``ready[s]`` (``vkSignalSemaphore``) after rendering, before the present submit (so the host writes precede the
+  submission, as Vulkan's implicit host-write guarantee requires).
+
+A slot can be presented any number of times (a still camera re-presents the last render): each present raises
+``last_read[s]``, and the next render into s waits for it.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from .vk_context import Buffer, VulkanContext
+
+__all__ = ["FrameRing", "Slot"]
+
+_ALIGN = 256  # ≥ minStorageBufferOffsetAlignment of every known device
+
+
+def _align(x: int, a: int = _ALIGN) -> int:
+    return (x + a - 1) // a * a
+
+
+@dataclass
+class Slot:
+    """One ring slot. ``frame`` is the render number last written into it (0: never)."""
+
+    index: int
+    width: int = 0
+    height: int = 0
+    frame: int = 0
+    image: object = None      # torch (H, W, 3) float32
+    final_T: object = None    # torch (H, W) float32
+    n_contrib: object = None  # torch (H, W) int32
+    overdraw_max: int = 1     # max of n_contrib of `frame`, once known
+
+
+class FrameRing:
+    """K slots of (image, final_T, n_contrib) shared between the renderer and Vulkan.
+
+    Args:
+        ctx: an initialised :class:`VulkanContext` (``init_device(interop=True)`` for the CUDA path).
+        slots: K ≥ 2.
+        device: "cpu" (host-visible memory, host-signalled semaphores) or "cuda" (exported memory and
+            semaphores imported into CUDA device ``cuda_device``).
+        capacity: (width, height) to allocate for up front.
+    Raises:
+        ValueError: K < 2 or an unknown device; VulkanUnavailable / CudaInteropError from the allocations.
+    """
+
+    def __init__(self, ctx: VulkanContext, slots: int = 3, *, device: str = "cpu", capacity=(640, 480),
+                 cuda_device: int = 0):
+        if slots < 2:
+            raise ValueError(f"FrameRing needs at least 2 slots, got {slots}")
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"FrameRing device must be 'cpu' or 'cuda', got {device!r}")
+        if device == "cuda" and not ctx.interop:
+            raise ValueError("FrameRing(device='cuda') needs a context created with init_device(interop=True)")
+        self.ctx = ctx
+        self.vk = ctx.vk
+        self.k = int(slots)
+        self.device = device
+        self.cuda_device = cuda_device
+        self.generation = 0
+        self.capacity = 0
+        self.render_count = 0
+        self.read_count = 0
+        self.latest: Slot | None = None
+        self.slots = [Slot(i) for i in range(self.k)]
+        self.last_read = [0] * self.k
+        self.buffers: list[Buffer] = []
+        self._imports: list = []
+        self._stat_host = None
+        self.ready = [ctx.create_timeline_semaphore(export_fd=device == "cuda") for _ in range(self.k)]
+        self.free = [ctx.create_timeline_semaphore(export_fd=device == "cuda") for _ in range(self.k)]
+        self._ext_ready = self._ext_free = None
+        if device == "cuda":
+            from .cuda_interop import ExternalTimelineSemaphore
+
+            self._ext_ready = [ExternalTimelineSemaphore(ctx.semaphore_fd(s), device=cuda_device) for s in self.ready]
+            self._ext_free = [ExternalTimelineSemaphore(ctx.semaphore_fd(s), device=cuda_device) for s in self.free]
+        ctx.own(self)
+        self._allocate(max(1, int(capacity[0]) * int(capacity[1])))
+
+    # ---- layout ------------------------------------------------------------------------------------------
+    def _layout(self, pixels: int):
+        o_T = _align(pixels * 3 * 4)
+        o_n = o_T + _align(pixels * 4)
+        return o_T, o_n, o_n + _align(pixels * 4)
+
+    def ranges(self, pixels: int | None = None):
+        """[(offset, size)] in bytes of image, final_T and n_contrib inside a slot buffer (whole capacity)."""
+        p = self.capacity if pixels is None else pixels
+        o_T, o_n, _ = self._layout(self.capacity)
+        return [(0, p * 12), (o_T, p * 4), (o_n, p * 4)]
+
+    def _allocate(self, pixels: int):
+        vk = self.vk
+        o_T, o_n, total = self._layout(pixels)
+        usage = vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | \
+            vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
+        gpu = self.device == "cuda"
+        self.buffers = [self.ctx.create_buffer(total, usage, host_visible=not gpu, export_fd=gpu)
+                        for _ in range(self.k)]
+        self.capacity = pixels
+        self._flat = []
+        if gpu:
+            import torch
+
+            from .cuda_interop import ExternalBuffer
+
+            self._imports = [ExternalBuffer(self.ctx.memory_fd(b), b.alloc_size, dedicated=b.dedicated,
+                                            device=self.cuda_device) for b in self.buffers]
+            for imp in self._imports:
+                self._flat.append((imp.tensor(0, (pixels * 3,), "float32"), imp.tensor(o_T, (pixels,), "float32"),
+                                   imp.tensor(o_n, (pixels,), "int32")))
+            if self._stat_host is None:
+                self._stat_host = torch.zeros(self.k, dtype=torch.int32, pin_memory=True)
+        else:
+            import torch
+
+            for b in self.buffers:
+                raw = b.mapped
+                self._flat.append((torch.from_numpy(np.frombuffer(raw, np.float32, pixels * 3, 0)),
+                                   torch.from_numpy(np.frombuffer(raw, np.float32, pixels, o_T)),
+                                   torch.from_numpy(np.frombuffer(raw, np.int32, pixels, o_n))))
+        for s in self.slots:
+            s.image = s.final_T = s.n_contrib = None
+        self.generation += 1
+
+    def _release_buffers(self):
+        for s in self.slots:
+            s.image = s.final_T = s.n_contrib = None
+        self._flat = []
+        for imp in self._imports:
+            imp.close()
+        self._imports = []
+        for b in self.buffers:
+            b.destroy()
+        self.buffers = []
+
+    def ensure_capacity(self, width: int, height: int):
+        """Grow the slots to hold ``width × height`` pixels. A rebuild: waits for the device (and the CUDA
+        device) to go idle — the only place the ring ever does."""
+        need = int(width) * int(height)
+        if need <= self.capacity:
+            return
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.cuda_device)
+        self.ctx.wait_idle()
+        self._release_buffers()
+        self._allocate(max(need, self.capacity * 5 // 4))
+        for s in self.slots:
+            s.frame = 0
+            s.width = s.height = 0
+        self.latest = None
+
+    # ---- the render side ----------------------------------------------------------------------------------
+    def acquire(self, width: int, height: int, stream=None) -> Slot:
+        """The next slot to render into, as views of ``height × width``.
+
+        CPU: blocks until the last present that read the slot is done (``vkWaitSemaphores`` on ``free[s]``).
+        CUDA: enqueues that wait on ``stream`` (a torch.cuda.Stream; default: torch's current stream) and
+        returns at once.
+        """
+        width, height = int(width), int(height)
+        if width <= 0 or height <= 0:
+            raise ValueError(f"frame size must be positive, got {width}x{height}")
+        self.ensure_capacity(width, height)
+        s = self.render_count % self.k
+        slot = self.slots[s]
+        if self.device == "cuda":
+            if self.last_read[s] > 0:
+                self._ext_free[s].wait(self.last_read[s], stream)
+        else:
+            self.ctx.wait_timeline(self.free[s], self.last_read[s])
+        img, fT, nc = self._flat[s]
+        n = width * height
+        slot.image = img[: n * 3].view(height, width, 3)
+        slot.final_T = fT[:n].view(height, width)
+        slot.n_contrib = nc[:n].view(height, width)
+        slot.width, slot.height = width, height
+        return slot
+
+    def release(self, slot: Slot, stream=None) -> int:
+        """The render into ``slot`` is complete (CPU) or enqueued (CUDA): signal ``ready[s]`` with a new render
+        number and make it the latest frame. Returns the render number."""
+        self.render_count += 1
+        r = self.render_count
+        s = slot.index
+        if self.device == "cuda":
+            import torch
+
+            # The overdraw scale of this frame, copied to pinned memory before the signal: readable once
+            # ready[s] ≥ r, without synchronising the stream.
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                self._stat_host[s : s + 1].copy_(slot.n_contrib.amax().reshape(1), non_blocking=True)
+            self._ext_ready[s].signal(r, stream)
+        else:
+            slot.overdraw_max = max(int(slot.n_contrib.max()), 1) if slot.n_contrib.numel() else 1
+            self.ctx.signal_timeline(self.ready[s], r)
+        slot.frame = r
+        self.latest = slot
+        return r
+
+    def overdraw_max(self, slot: Slot) -> int:
+        """max(n_contrib) of the slot's frame when known (CUDA: once ready[s] has been reached; polled, never
+        waited for), else the slot's previous value."""
+        if self.device == "cuda" and slot.frame and self.ctx.timeline_value(self.ready[slot.index]) >= slot.frame:
+            slot.overdraw_max = max(int(self._stat_host[slot.index]), 1)
+        return slot.overdraw_max
+
+    # ---- the Vulkan side ----------------------------------------------------------------------------------
+    def present_wait(self, slot: Slot):
+        """(semaphore, value) the present submit must wait for: ``ready[s] ≥ frame``."""
+        return self.ready[slot.index], slot.frame
+
+    def mark_read(self, slot: Slot):
+        """(semaphore, value) the present submit signals: ``free[s] = q`` with q a new read number (monotonic
+        over the ring's life, whichever presenter reads); later renders into s wait for it."""
+        self.read_count += 1
+        self.last_read[slot.index] = self.read_count
+        return self.free[slot.index], self.read_count
+
+    # ---- teardown -----------------------------------------------------------------------------------------
+    def close(self):
+        """Release the CUDA imports, buffers and semaphores (after the device is idle)."""
+        if self.ready is None:
+            return
+        if self.device == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.cuda_device)
+        self.ctx.wait_idle()
+        self._release_buffers()
+        for ext in (self._ext_ready or []) + (self._ext_free or []):
+            ext.close()
+        for sem in self.ready + self.free:
+            self.vk.vkDestroySemaphore(self.ctx.device, sem, None)
+        self.ready = self.free = None
+        self.latest = None
+        self.ctx.disown(self)

@@ -1,0 +1,189 @@
+"""The Vulkan half of the frame loop: present a ring slot (+ ImGui) into a target, without idling anything.
+
+Per present number p (1, 2, …) with frame-in-flight index f = p mod F:
+
+1. host waits ``present_done ≥ p − F`` (the previous use of f's command buffer, ImGui buffers, readback buffer);
+   frees what earlier frames left behind (``garbage``);
+2. the target gives an image (swapchain: acquire with f's semaphore);
+3. f's command buffer records: ImGui texture uploads, the render pass (present pass over the slot, ImGui on
+   top), optionally a copy of the image into f's readback buffer;
+4. one submit waits ``ready[s] ≥ r`` (the slot's render, at the fragment stage) and the acquire semaphore,
+   and signals ``free[s] = q`` (the ring's read number; the ring may overwrite s after it), ``present_done = p``
+   and, for a swapchain, the image's render-finished semaphore; then the image is presented.
+
+No ``vkQueueWaitIdle`` / ``vkDeviceWaitIdle`` here (only in rebuilds: resize, ring growth, teardown).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .imgui_pass import ImGuiPass
+from .present import PresentPass
+from .shaderio import C
+
+__all__ = ["Presenter"]
+
+
+class Presenter:
+    """Presents frame-ring slots into ``target``.
+
+    Args:
+        ctx, target, ring: the context, an OffscreenTarget or SwapchainTarget, the FrameRing.
+        imgui: create the ImGui pass (an ImGui context must exist).
+        frames: frames in flight F (the target must have been created with the same F).
+    """
+
+    def __init__(self, ctx, target, ring, *, imgui: bool = True, frames: int = 2):
+        vk = self.vk = ctx.vk
+        self.ctx, self.target, self.ring = ctx, target, ring
+        self.frames = frames
+        self.present_pass = PresentPass(ctx, target.render_pass, ring)
+        self.imgui_pass = ImGuiPass(ctx, target.render_pass, frames) if imgui else None
+        self.present_done = ctx.create_timeline_semaphore()
+        self.cmds = ctx.allocate_command_buffers(frames)
+        self.count = 0                 # present numbers handed out so far
+        self.garbage: list = []        # (p, callable): run once present_done ≥ p
+        self.readback = [None] * frames
+        self.captured: dict[int, int] = {}  # present number -> frame index holding its capture
+        self.clear_color = (0.08, 0.08, 0.08, 1.0)
+        ctx.own(self)
+
+    # ---- helpers -----------------------------------------------------------------------------------------
+    def _collect(self, done: int):
+        keep = []
+        for p, fn in self.garbage:
+            if p <= done:
+                fn()
+            else:
+                keep.append((p, fn))
+        self.garbage = keep
+
+    def _readback_buffer(self, f: int):
+        need = self.target.width * self.target.height * 4
+        b = self.readback[f]
+        if b is None or b.size != need:
+            if b is not None:
+                b.destroy()
+            b = self.readback[f] = self.ctx.create_buffer(need, self.vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+                                                          host_visible=True)
+        return b
+
+    # ---- the frame -----------------------------------------------------------------------------------------
+    def present(self, slot, *, mode: int = C.MODE_IMAGE, overdraw_max: int | None = None, draw_data=None,
+                capture: bool = False, scale_bar: bool = True):
+        """Draw ``slot`` in ``mode`` (+ ImGui ``draw_data``) and present it.
+
+        Returns the present number p, or None when the target could not take a frame now (minimised window,
+        swapchain being rebuilt) — then nothing was submitted and the slot's bookkeeping is unchanged.
+        ``capture``: also copy the result to host memory; fetch it with :meth:`read_pixels` (p).
+        """
+        vk = self.vk
+        p = self.count + 1
+        f = p % self.frames
+        self.ctx.wait_timeline(self.present_done, p - self.frames)
+        self._collect(self.ctx.timeline_value(self.present_done))
+        got = self.target.acquire(f)
+        if got is None:
+            return None
+        index, wait_sem = got
+        if overdraw_max is None:
+            overdraw_max = self.ring.overdraw_max(slot)
+        capture = capture and self.target.can_capture
+        frame_garbage: list = []
+
+        cmd = self.cmds[f]
+        vk.vkResetCommandBuffer(cmd, 0)
+        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+        if self.imgui_pass is not None:
+            self.imgui_pass.update_textures(cmd, draw_data, frame_garbage)
+        w, h = self.target.width, self.target.height
+        clear = vk.VkClearValue(color=vk.VkClearColorValue(float32=list(self.clear_color)))
+        area = vk.VkRect2D(offset=vk.VkOffset2D(x=0, y=0), extent=vk.VkExtent2D(width=w, height=h))
+        begin = vk.VkRenderPassBeginInfo(renderPass=self.target.render_pass, framebuffer=self.target.framebuffer(index),
+                                         renderArea=area, clearValueCount=1, pClearValues=[clear])
+        vk.vkCmdBeginRenderPass(cmd, begin, vk.VK_SUBPASS_CONTENTS_INLINE)
+        if slot is not None and slot.frame > 0:
+            self.present_pass.record(cmd, slot, w, h, mode=mode, overdraw_max=overdraw_max, scale_bar=scale_bar)
+        if self.imgui_pass is not None and draw_data is not None:
+            self.imgui_pass.record(cmd, draw_data, f, w, h)
+        vk.vkCmdEndRenderPass(cmd)
+        if capture:
+            self.target.record_capture(cmd, index, self._readback_buffer(f))
+        vk.vkEndCommandBuffer(cmd)
+
+        waits, wait_values, wait_stages = [], [], []
+        if wait_sem is not None:
+            waits.append(wait_sem)
+            wait_values.append(0)
+            wait_stages.append(vk.VK_PIPELINE_STAGE_COLOR_ATTACHMENT_OUTPUT_BIT)
+        signals, signal_values = [self.present_done], [p]
+        if slot is not None and slot.frame > 0:
+            sem, value = self.ring.present_wait(slot)
+            waits.append(sem)
+            wait_values.append(value)
+            wait_stages.append(vk.VK_PIPELINE_STAGE_FRAGMENT_SHADER_BIT)
+            sem, value = self.ring.mark_read(slot)
+            signals.append(sem)
+            signal_values.append(value)
+        done_sem = self.target.signal_semaphore(index)
+        if done_sem is not None:
+            signals.append(done_sem)
+            signal_values.append(0)
+        ffi = vk.ffi
+        c_waits = ffi.new("VkSemaphore[]", waits) if waits else None
+        c_wait_values = ffi.new("uint64_t[]", wait_values) if waits else None
+        c_stages = ffi.new("VkPipelineStageFlags[]", wait_stages) if waits else None
+        c_signals = ffi.new("VkSemaphore[]", signals)
+        c_signal_values = ffi.new("uint64_t[]", signal_values)
+        c_cmds = ffi.new("VkCommandBuffer[]", [cmd])
+        timeline = vk.VkTimelineSemaphoreSubmitInfo(waitSemaphoreValueCount=len(waits), pWaitSemaphoreValues=c_wait_values,
+                                                    signalSemaphoreValueCount=len(signals),
+                                                    pSignalSemaphoreValues=c_signal_values)
+        submit = vk.VkSubmitInfo(pNext=timeline, waitSemaphoreCount=len(waits), pWaitSemaphores=c_waits,
+                                 pWaitDstStageMask=c_stages, commandBufferCount=1, pCommandBuffers=c_cmds,
+                                 signalSemaphoreCount=len(signals), pSignalSemaphores=c_signals)
+        vk.vkQueueSubmit(self.ctx.queue, 1, [submit], None)
+        self.count = p
+        self.garbage.extend((p, fn) for fn in frame_garbage)
+        if capture:
+            self.captured = {q: g for q, g in self.captured.items() if q > p - self.frames}
+            self.captured[p] = f
+        self.target.present(index)
+        return p
+
+    def wait(self, p: int, timeout_ns: int = 10_000_000_000) -> bool:
+        """Host wait until present p has finished on the GPU (one semaphore, not the queue)."""
+        return self.ctx.wait_timeline(self.present_done, p, timeout_ns)
+
+    def read_pixels(self, p: int) -> np.ndarray:
+        """(H, W, 4) uint8 RGBA of present ``p`` (which was made with ``capture=True`` and is one of the last F).
+        Waits for it on the host. The target's BGRA bytes are swizzled to RGBA here."""
+        if p not in self.captured:
+            raise ValueError(f"present {p} was not captured or its readback buffer was reused (last {self.frames} "
+                             "captures are kept)")
+        if not self.wait(p):
+            raise TimeoutError(f"present {p} did not finish within 10 s")
+        buf = self.readback[self.captured[p]]
+        w, h = self.target.width, self.target.height
+        px = np.frombuffer(buf.mapped, np.uint8, w * h * 4).reshape(h, w, 4).copy()
+        if self.target.format == self.vk.VK_FORMAT_B8G8R8A8_UNORM:
+            px = px[..., [2, 1, 0, 3]]
+        return px
+
+    def close(self):
+        if self.present_done is None:
+            return
+        vk = self.vk
+        self.ctx.wait_idle()
+        self._collect(1 << 62)
+        for b in self.readback:
+            if b is not None:
+                b.destroy()
+        self.readback = [None] * self.frames
+        self.ctx.free_command_buffers(self.cmds)
+        vk.vkDestroySemaphore(self.ctx.device, self.present_done, None)
+        self.present_done = None
+        if self.imgui_pass is not None:
+            self.imgui_pass.close()
+        self.present_pass.close()
+        self.ctx.disown(self)

@@ -1,0 +1,96 @@
+"""Host side of ``shaders/shaderio.h`` (the header shared with the shaders) and the committed SPIR-V.
+
+The integer ``#define`` lines of the header are the constants the host needs (render modes, flags, colormap
+size, scale-bar geometry, bindings); :data:`C` holds them, read from the same file the shaders include, so the
+two sides cannot drift. SPIR-V is committed next to its GLSL as ``<name>.spv``
+(``present_modes.frag`` → ``present_modes.frag.spv``) and built with :data:`GLSLC_ARGS`;
+``python -m viewer.shaderio`` rebuilds it and tests/test_vulkan.py checks that it is up to date.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+__all__ = ["SHADER_DIR", "C", "SHADERS", "GLSLC_ARGS", "spirv", "compile_glsl", "present_params"]
+
+SHADER_DIR = Path(os.environ.get("RIGEL_SHADER_DIR", Path(__file__).resolve().parents[1] / "shaders"))
+#: GLSL sources that are compiled to SPIR-V (shaderio.h is included, not compiled).
+SHADERS = ("present_fullscreen.vert", "present_modes.frag", "imgui_ui.vert", "imgui_ui.frag")
+#: glslc flags used for the committed SPIR-V (Vulkan 1.2 target, optimised, no debug info).
+GLSLC_ARGS = ("--target-env=vulkan1.2", "-O")
+
+_DEFINE = re.compile(r"^\s*#define\s+([A-Z_][A-Z0-9_]*)\s+(-?\d+)\b", re.M)
+
+
+def _read_header(path: Path = SHADER_DIR / "shaderio.h") -> SimpleNamespace:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise FileNotFoundError(f"{path}: the shared shader header is missing ({e}); set RIGEL_SHADER_DIR to the "
+                                "repository's shaders/ folder") from None
+    return SimpleNamespace(**{k: int(v) for k, v in _DEFINE.findall(text)})
+
+
+#: Constants of shaders/shaderio.h (``C.MODE_OVERDRAW``, ``C.COLORMAP_SIZE``, …).
+C = _read_header()
+
+MODE_NAMES = {"image": C.MODE_IMAGE, "alpha": C.MODE_ALPHA, "overdraw": C.MODE_OVERDRAW,
+              "side-by-side": C.MODE_SIDE_BY_SIDE}
+
+
+def present_params(frame_w: int, frame_h: int, target_w: int, target_h: int, mode: int, overdraw_max: int,
+                   flags: int, background: float) -> bytes:
+    """The 32-byte ``PresentParams`` push-constant block of shaderio.h (std430: 7 int32 then 1 float32)."""
+    return struct.pack("<7if", frame_w, frame_h, target_w, target_h, mode, max(int(overdraw_max), 1), flags,
+                       float(background))
+
+
+def spirv(name: str) -> bytes:
+    """The committed SPIR-V of shader ``name`` (e.g. ``"present_modes.frag"``)."""
+    path = SHADER_DIR / f"{name}.spv"
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise FileNotFoundError(f"{path}: compiled shader missing ({e}); run `python -m viewer.shaderio` "
+                                "(needs glslc: `apt-get install glslc`)") from None
+
+
+def compile_glsl(name: str, out: Path | None = None) -> bytes:
+    """Compile ``shaders/<name>`` with glslc and :data:`GLSLC_ARGS`; return the SPIR-V (and write it to ``out``).
+
+    Raises FileNotFoundError when glslc is missing, RuntimeError with glslc's message when compilation fails.
+    """
+    glslc = shutil.which("glslc")
+    if glslc is None:
+        raise FileNotFoundError("glslc is not installed: `apt-get install glslc`")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dst = Path(tmp) / "out.spv"
+        # Run from the shader folder with a relative source name, so the output never depends on the caller.
+        r = subprocess.run([glslc, *GLSLC_ARGS, name, "-o", str(dst)], cwd=SHADER_DIR, capture_output=True,
+                           text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"glslc failed on shaders/{name}:\n{r.stderr}")
+        data = dst.read_bytes()
+    if out is not None:
+        Path(out).write_bytes(data)
+    return data
+
+
+def main(argv=None) -> int:
+    """Rebuild every committed .spv from its GLSL."""
+    for name in SHADERS:
+        compile_glsl(name, SHADER_DIR / f"{name}.spv")
+        print(f"shaders/{name}.spv")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
