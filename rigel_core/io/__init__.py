@@ -30,7 +30,8 @@ CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors")
 
 
 def load_scene(path, device=None, dtype=torch.float32) -> GaussianModel:
-    """Load a Gaussian scene, choosing the reader from the file's content (and, for checkpoints, its suffix).
+    """Load a Gaussian scene, choosing the reader from the file's content (and, for checkpoints, its suffix;
+    a file whose content is not recognised goes to the reader its suffix names, for a precise error).
 
     Args:
         path: a ``.ply`` (INRIA or PlayCanvas compressed), ``.spz`` or rigel checkpoint file.
@@ -56,6 +57,11 @@ def load_scene(path, device=None, dtype=torch.float32) -> GaussianModel:
         return load_ply(path, device=device, dtype=dtype)
     if magic == b"NGSP" or magic[:2] == b"\x1f\x8b":
         return load_spz(path, device=device, dtype=dtype)
+    # Unrecognised content: let the reader the suffix names explain what is wrong with the file.
+    if path.lower().endswith(".spz"):
+        return load_spz(path, device=device, dtype=dtype)
+    if path.lower().endswith(".ply"):
+        return load_ply(path, device=device, dtype=dtype)
     what = "an empty file" if not magic else f"starts with {magic!r}"
     raise SceneFormatError(path, f"unknown scene format ({what}); expected a 3DGS .ply, a compressed .ply, an .spz "
                                  f"or a rigel checkpoint ({', '.join(CHECKPOINT_SUFFIXES)})")

@@ -259,6 +259,8 @@ def load_spz(path, device=None, dtype=torch.float32) -> GaussianModel:
     path = os.fspath(path)
     with open(path, "rb") as f:
         raw = f.read()
+    if not raw:
+        raise SpzFormatError(path, "not an SPZ file (an empty file)")
     if len(raw) >= 8 and struct.unpack_from("<I", raw)[0] == SPZ_MAGIC and struct.unpack_from("<I", raw, 4)[0] >= 4:
         version, n, sh_degree, fbits, streams = _read_v4(path, raw)
     elif raw[:2] == b"\x1f\x8b" or raw[:4] == b"NGSP":
