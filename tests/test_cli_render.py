@@ -1,0 +1,122 @@
+"""``rigel-render`` end to end on the bundled scene at tiny resolution, and ``orbit_transforms``."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from rigel_core import Camera, render
+from rigel_core.cli.render import main, parse_background
+from rigel_core.data import default_scene_path, orbit_cameras, orbit_transforms, read_transforms
+
+io = pytest.importorskip("rigel_core.io")
+
+
+def read_png(path) -> np.ndarray:
+    return np.asarray(Image.open(path), dtype=np.float64) / 255.0
+
+
+@pytest.fixture(scope="module")
+def scene():
+    return io.load_scene(default_scene_path())
+
+
+def test_orbit_transforms(tmp_path, rng):
+    g = np.random.default_rng(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
+    center, radius = g.normal(size=3), g.uniform(0.5, 5)
+    up = g.normal(size=3)
+    meta = orbit_transforms(center, radius, 5, 40, 30, 50.0, up, out=tmp_path / "o" / "transforms.json",
+                            elevation_deg=30)
+    assert json.loads((tmp_path / "o" / "transforms.json").read_text()) == meta
+    specs, missing, total = read_transforms(tmp_path / "o" / "transforms.json", require_images=False)
+    assert (missing, total) == (0, 5) and [s.name for s in specs] == [f"orbit_{i:03d}" for i in range(5)]
+    u = up / np.linalg.norm(up)
+    for s in specs:
+        cam = s.camera
+        assert (cam.width, cam.height) == (40, 30)
+        assert cam.fx == pytest.approx(20 / math.tan(math.radians(25))) and cam.fy == pytest.approx(cam.fx)
+        d = cam.campos - center
+        assert np.linalg.norm(d) == pytest.approx(radius)
+        assert np.dot(d, u) / radius == pytest.approx(math.sin(math.radians(30)))  # elevation above the plane ⟂ up
+        np.testing.assert_allclose(cam.project(center[None])[0], [20, 15], atol=1e-9)  # looks at the centre
+        above = cam.project((center + 0.1 * radius * u)[None])[0]
+        assert above[1] < 15  # "up" is up in the image (smaller row)
+    azim = [np.arctan2(*(s.camera.campos - center)[:2]) for s in specs]
+    assert len({round(a, 6) for a in azim}) == 5
+    with pytest.raises(ValueError):
+        orbit_cameras(center, 0.0, 3, 8, 8, 40.0)
+
+
+def test_render_default_scene(tmp_path, scene):
+    cams = tmp_path / "transforms.json"
+    orbit_transforms((0, 0, 0), 9.0, 3, 24, 16, 55.0, out=cams, elevation_deg=25)
+    out = tmp_path / "out"
+    assert main(["default", "--cameras", str(cams), "--out", str(out), "--device", "cpu"]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["orbit_000.png", "orbit_001.png", "orbit_002.png"]
+    ref_cams = orbit_cameras((0, 0, 0), 9.0, 3, 24, 16, 55.0, elevation_deg=25)
+    img = read_png(out / "orbit_001.png")
+    assert img.shape == (16, 24, 3)
+    ref = render(scene, ref_cams[1]).image.double().numpy()
+    assert np.abs(img - ref).max() <= 0.5 / 255 + 1e-6
+    assert ref.max() > 0.3  # something is in view
+
+    # white background: where nothing is, the PNG is white; --alpha writes RGBA with alpha = 1 − final_T
+    assert main(["default", "--cameras", str(cams), "--out", str(out), "--background", "255,255,255",
+                 "--device", "cpu"]) == 0
+    r = render(scene, ref_cams[1])
+    empty = (r.final_T > 0.999).numpy()
+    assert empty.any() and np.all(read_png(out / "orbit_001.png")[empty] > 0.99)
+    assert main(["default", "--cameras", str(cams), "--out", str(out), "--alpha", "--device", "cpu"]) == 0
+    rgba = read_png(out / "orbit_001.png")
+    assert rgba.shape == (16, 24, 4)
+    assert np.abs(rgba[..., 3] - (1 - r.final_T).double().numpy()).max() <= 0.5 / 255 + 1e-6
+
+
+def test_render_size_override_split_and_blender(tmp_path, scene):
+    cams = [Camera.look_at([8 * math.cos(a), 8 * math.sin(a), 3], [0, 0, 0], width=40, height=20, fov_x_deg=50,
+                           name=f"view_{i}") for i, a in enumerate(np.linspace(0, 6, 10))]
+    # Blender-style file: camera_angle_x only, images absent → the size must be given
+    frames = []
+    for c in cams:
+        c2w = np.linalg.inv(c.viewmat) @ np.diag([1.0, -1, -1, 1])
+        frames.append({"file_path": f"./test/{c.name}", "transform_matrix": c2w.tolist()})
+    (tmp_path / "transforms_test.json").write_text(json.dumps({"camera_angle_x": cams[0].fov_x, "frames": frames}))
+    out = tmp_path / "out"
+    assert main(["default", "--cameras", str(tmp_path), "--split", "test", "--out", str(out)]) == 2
+    assert main(["default", "--cameras", str(tmp_path / "transforms_test.json"), "--out", str(out),
+                 "--width", "20", "--height", "10", "--device", "cpu"]) == 0
+    assert len(list(out.glob("*.png"))) == 10
+    img = read_png(out / "view_3.png")
+    ref = render(scene, cams[3].with_size(20, 10)).image.double().numpy()
+    assert img.shape == (10, 20, 3) and np.abs(img - ref).max() <= 0.5 / 255 + 1e-6
+
+    # instant-ngp file with w/h: --width alone keeps the aspect ratio; --split test is the every-8th hold-out
+    ngp = tmp_path / "ngp.json"
+    ngp.write_text(json.dumps({"w": 40, "h": 20, "fl_x": cams[0].fx, "frames": frames}))
+    out2 = tmp_path / "out2"
+    assert main(["default", "--cameras", str(ngp), "--split", "test", "--out", str(out2), "--width", "16",
+                 "--device", "cpu"]) == 0
+    assert sorted(p.name for p in out2.iterdir()) == ["view_0.png", "view_8.png"]
+    assert read_png(out2 / "view_8.png").shape == (8, 16, 3)
+
+
+def test_render_errors(tmp_path, capsys):
+    cams = tmp_path / "t.json"
+    orbit_transforms((0, 0, 0), 5.0, 2, 8, 8, 50.0, out=cams)
+    assert main([str(tmp_path / "missing.ply"), "--cameras", str(cams), "--out", str(tmp_path / "o")]) == 2
+    assert "missing.ply" in capsys.readouterr().err
+    bad = tmp_path / "bad.ply"
+    bad.write_bytes(b"hello")
+    assert main([str(bad), "--cameras", str(cams), "--out", str(tmp_path / "o")]) == 2
+    assert "bad.ply" in capsys.readouterr().err
+    assert main(["default", "--cameras", str(tmp_path / "none.json"), "--out", str(tmp_path / "o")]) == 2
+    assert "none.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["default", "--cameras", str(cams), "--out", str(tmp_path / "o"), "--background", "1,2"])
+    with pytest.raises(SystemExit):
+        main(["default", "--cameras", str(cams), "--out", str(tmp_path / "o"), "--width", "0"])
+    assert parse_background("0.2,0.5,1") == (0.2, 0.5, 1.0)
+    assert parse_background("0,128,255") == (0.0, 128 / 255, 1.0)
