@@ -342,3 +342,21 @@ def test_header_parser_reports_layout(tmp_path, rng):
     h = read_ply_header(path)
     assert h.format == "binary_big_endian" and h.element("vertex").count == 3
     assert h.data_offset + 3 * 23 * 4 == h.file_size
+
+
+def test_saved_file_permissions_follow_umask(tmp_path, rng):
+    old = os.umask(0o022)
+    try:
+        save_ply(random_model(rng, 3, 0), tmp_path / "p.ply")
+    finally:
+        os.umask(old)
+    assert (os.stat(tmp_path / "p.ply").st_mode & 0o777) == 0o644
+
+
+def test_end_header_without_newline(tmp_path):
+    names = "".join(f"property float {nm}\n" for nm in REQUIRED)
+    path = tmp_path / "noeol.ply"
+    path.write_bytes(f"ply\nformat binary_little_endian 1.0\nelement vertex 0\n{names}end_header".encode())
+    with pytest.raises(PlyFormatError) as e:  # the PLY spec ends the header with a newline; plyfile needs it
+        load_ply(path)
+    assert_error(e, path, "no 'end_header' line")

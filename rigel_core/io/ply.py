@@ -410,6 +410,7 @@ def save_ply(model: GaussianModel, path) -> None:
             PlyData([PlyElement.describe(arr, "vertex")], text=False, byte_order="<").write(f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -417,3 +418,17 @@ def save_ply(model: GaussianModel, path) -> None:
         except OSError:
             pass
         raise
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where /proc allows (os.umask is not thread-safe)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
