@@ -1,0 +1,337 @@
+"""``rigel-train``: fit 3D Gaussians to a dataset, headless.
+
+    rigel-train --data DIR --out RUN [--iters 30000] [--appearance sh] [--white-bg] [--downscale N]
+                [--max-gaussians N] [--eval-every N] [--resume] [--device cuda|cpu] [--seed S]
+                [--init-points N] [--sh-degree D] [--test-every N] [--checkpoint-every N] [--n-renders K]
+
+``DIR`` is any dataset :func:`rigel_core.data.load_dataset` reads (Blender ``transforms_{train,test}.json``,
+instant-ngp, COLMAP). Writes into ``RUN``:
+
+- ``log.txt``: one line per event (densification, evaluation, skipped steps, checkpoints), appended on resume;
+- ``metrics.json``: the run's configuration, the training loss curve (mean over each ``--log-every`` window:
+  loss, training-view PSNR, Gaussian count, ms per iteration), held-out PSNR and SSIM at each evaluation,
+  timings, peak GPU memory (CUDA), the number of steps the NaN guard skipped;
+- ``checkpoint.safetensors`` (:mod:`rigel_core.checkpoint`; ``--resume`` continues from it), ``model.ply``
+  (INRIA layout), both written atomically;
+- ``renders/it<NNNNNN>/<view>_pred.png`` and ``<view>_gt.png`` for the first ``--n-renders`` held-out views
+  at each evaluation.
+
+Ctrl-C finishes the current iteration, saves the checkpoint, the PLY and the metrics, then exits with status
+130 (a second Ctrl-C aborts at once). Exit status 0 on success, 2 for bad arguments or an unreadable dataset.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["main", "build_parser"]
+
+CHECKPOINT_NAME = "checkpoint.safetensors"
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rigel-train", description="Train a 3D Gaussian Splatting model.")
+    p.add_argument("--data", required=True, help="dataset directory (Blender, instant-ngp or COLMAP)")
+    p.add_argument("--out", required=True, help="run directory (created)")
+    p.add_argument("--iters", type=int, default=None, help="total iterations (default 30000)")
+    p.add_argument("--appearance", choices=["sh"], default="sh", help="colour model (spherical harmonics)")
+    p.add_argument("--sh-degree", type=int, default=3, help="maximum SH degree (0..3)")
+    p.add_argument("--white-bg", action="store_true", help="composite alpha onto white (NeRF-synthetic)")
+    p.add_argument("--downscale", type=float, default=1, help="divide image sizes by this")
+    p.add_argument("--test-every", type=int, default=8, help="hold-out stride for instant-ngp / COLMAP data")
+    p.add_argument("--max-gaussians", type=int, default=None, help="hard cap on the Gaussian count")
+    p.add_argument("--init-points", type=int, default=None, help="random initial points without SfM points")
+    p.add_argument("--eval-every", type=int, default=None, help="held-out evaluation interval (0 = only at the end)")
+    p.add_argument("--checkpoint-every", type=int, default=5000, help="checkpoint interval (0 = only at the end)")
+    p.add_argument("--log-every", type=int, default=10, help="loss-curve window in iterations")
+    p.add_argument("--n-renders", type=int, default=3, help="held-out views saved as PNG at each evaluation")
+    p.add_argument("--seed", type=int, default=None, help="random seed")
+    p.add_argument("--resume", action="store_true", help=f"continue from RUN/{CHECKPOINT_NAME}")
+    p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when usable")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _finite_or_none(obj):
+    """``obj`` with every non-finite float replaced by None (strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_or_none(v) for v in obj]
+    return obj
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    obj = _finite_or_none(obj)
+    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1, allow_nan=False)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _save_png(path: Path, img) -> None:
+    import numpy as np
+    from PIL import Image
+
+    arr = (img.detach().clamp(0, 1).cpu().numpy() * 255.0 + 0.5).astype(np.uint8)
+    Image.fromarray(arr).save(path)
+
+
+def _make_logger(run_dir: Path, progress) -> logging.Logger:
+    log = logging.getLogger(f"rigel.train.{id(progress)}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    fh = logging.FileHandler(run_dir / "log.txt")
+    fh.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    log.addHandler(fh)
+
+    class _Console(logging.Handler):
+        def emit(self, record):
+            progress.write(self.format(record))
+
+    log.addHandler(_Console())
+    return log
+
+
+class _Progress:
+    """tqdm when wanted, else a no-op with the same two methods used here."""
+
+    def __init__(self, total, initial, enabled):
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, dynamic_ncols=True, unit="it")
+
+    def write(self, msg):
+        if self.bar is not None:
+            self.bar.write(msg, file=sys.stderr)
+        else:
+            print(msg, file=sys.stderr)
+
+    def update(self, n, postfix=None):
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix_str(postfix, refresh=False)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _consistent(trainer) -> bool:
+    """Every per-Gaussian tensor and moment has the model's row count (not torn by an interrupt)."""
+    from ..train.optim import per_gaussian_tensors
+
+    n = trainer.model.num_gaussians
+    for name, p in per_gaussian_tensors(trainer.optimizer, trainer.model).items():
+        if p.shape[0] != n:
+            return False
+        for v in trainer.optimizer.state.get(p, {}).values():
+            if getattr(v, "dim", lambda: 0)() > 0 and v.shape[0] != n:
+                return False
+    return len(trainer.stats) == n
+
+
+def main(argv=None) -> int:
+    """Run ``rigel-train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    args = build_parser().parse_args(argv)
+    import torch
+
+    from .. import cuda_available
+    from ..data import DatasetError, load_dataset
+    from ..train import TrainConfig, Trainer
+
+    run_dir = Path(args.out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    device = args.device or ("cuda" if cuda_available() else "cpu")
+    if device == "cuda" and not cuda_available():
+        print("rigel-train: --device cuda asked, but no CUDA device or no built kernels (rigel_core._C)",
+              file=sys.stderr)
+        return 2
+    t_start = time.perf_counter()
+    try:
+        ds = load_dataset(args.data, white_bg=args.white_bg, downscale=args.downscale, test_every=args.test_every)
+    except (DatasetError, ValueError, FileNotFoundError, ImportError) as e:
+        print(f"rigel-train: {e}", file=sys.stderr)
+        return 2
+    t_loaded = time.perf_counter()
+
+    overrides = {k: v for k, v in {"iterations": args.iters, "max_gaussians": args.max_gaussians,
+                                   "eval_every": args.eval_every, "seed": args.seed,
+                                   "init_points": args.init_points}.items() if v is not None}
+    ckpt = run_dir / CHECKPOINT_NAME
+    metrics_path = run_dir / "metrics.json"
+    metrics = None
+    try:
+        if args.resume and ckpt.is_file():
+            from ..checkpoint import read_checkpoint
+
+            saved = read_checkpoint(ckpt)[1]["config"]
+            saved.update(overrides)
+            cfg = TrainConfig.from_dict(saved)
+            trainer = Trainer.from_checkpoint(ckpt, ds, device=device, config=cfg)
+            if metrics_path.is_file():
+                metrics = json.loads(metrics_path.read_text())
+        else:
+            cfg = TrainConfig(sh_degree=args.sh_degree, **overrides)
+            trainer = Trainer(ds, cfg, device=device)
+    except ValueError as e:
+        print(f"rigel-train: {e}", file=sys.stderr)
+        return 2
+    t_init = time.perf_counter()
+    cfg = trainer.config
+    if metrics is None:
+        metrics = {"train": [], "eval": [], "densify": [], "timings": {}, "resumed_at": []}
+    else:
+        metrics.setdefault("resumed_at", []).append(trainer.iteration)
+    metrics.update({"data": str(args.data), "device": device, "config": cfg.to_dict(),
+                    "dataset": {"train_views": len(ds.train), "test_views": len(ds.test),
+                                "scene_extent": trainer.extent, "white_bg": trainer.white_bg,
+                                "resolution": [ds.train[0].camera.width, ds.train[0].camera.height]}})
+
+    progress = _Progress(cfg.iterations, trainer.iteration, not args.quiet)
+    log = _make_logger(run_dir, progress)
+    log.info(f"data {args.data}: {len(ds.train)} train / {len(ds.test)} test views, "
+             f"{ds.train[0].camera.width}x{ds.train[0].camera.height}, extent {trainer.extent:.3f}, "
+             f"{'white' if trainer.white_bg else 'black'} background")
+    log.info(f"{'resumed at iteration ' + str(trainer.iteration) if trainer.iteration else 'start'}: "
+             f"{trainer.model.num_gaussians} Gaussians, device {device}, {cfg.iterations} iterations")
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+
+    # Ctrl-C: finish the current iteration, then save (a second one aborts at once).
+    stop = threading.Event()
+    old_handler = None
+    if threading.current_thread() is threading.main_thread():
+        def _on_sigint(signum, frame):
+            if stop.is_set():
+                raise KeyboardInterrupt
+            stop.set()
+
+        old_handler = signal.signal(signal.SIGINT, _on_sigint)
+
+    timings = metrics["timings"]
+    total_before = float(timings.get("total_s", 0.0))  # earlier sessions of a resumed run
+    timings["load_s"] = t_loaded - t_start
+    timings["init_s"] = t_init - t_loaded
+    train_s = float(timings.get("train_s", 0.0))
+    eval_s = float(timings.get("eval_s", 0.0))
+    window = []
+
+    def save_all(reason: str) -> None:
+        t0 = time.perf_counter()
+        trainer.save_checkpoint(ckpt)
+        try:
+            trainer.export_ply(run_dir / "model.ply")
+        except ImportError as e:  # rigel_core.io missing: keep the checkpoint
+            log.info(f"model.ply not written ({e})")
+        log.info(f"[{trainer.iteration}] {reason}: checkpoint and model.ply written "
+                 f"({trainer.model.num_gaussians} Gaussians, {time.perf_counter() - t0:.1f} s)")
+
+    def write_metrics() -> None:
+        timings.update(train_s=train_s, eval_s=eval_s, total_s=total_before + time.perf_counter() - t_start,
+                       ms_per_iter=1e3 * train_s / max(1, trainer.iteration))
+        metrics.update(iterations_done=trainer.iteration, num_gaussians=trainer.model.num_gaussians,
+                       nan_skips=trainer.nan_skips)
+        if device == "cuda":
+            metrics["peak_gpu_memory_bytes"] = int(torch.cuda.max_memory_allocated())
+        _write_json_atomic(metrics_path, metrics)
+
+    def on_eval(ev) -> None:
+        nonlocal eval_s
+        eval_s += ev.seconds
+        metrics["eval"].append({k: v for k, v in ev.to_dict().items()})
+        log.info(f"[{ev.iteration}] test psnr {ev.psnr:.2f}  ssim {ev.ssim:.4f}  gaussians {ev.num_gaussians}  "
+                 f"({ev.n_views} views, {ev.seconds:.1f} s)")
+        out_dir = run_dir / "renders" / f"it{ev.iteration:06d}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for f in trainer.test_frames[:max(0, args.n_renders)]:
+            _save_png(out_dir / f"{f.name}_pred.png", trainer.render_frame(f))
+            _save_png(out_dir / f"{f.name}_gt.png", f.image)
+        write_metrics()
+
+    status = 0
+    try:
+        while trainer.iteration < cfg.iterations:
+            if stop.is_set():
+                raise KeyboardInterrupt
+            r = trainer.step()
+            train_s += r.seconds - (r.eval.seconds if r.eval else 0.0)
+            window.append(r)
+            if r.skipped:
+                log.info(f"[{r.iteration}] non-finite loss or gradient: update skipped "
+                         f"({r.nan_skips} so far)")
+            if r.densify:
+                d = r.densify
+                metrics["densify"].append(d.to_dict())
+                log.info(f"[{d.iteration}] densify clone {d.n_clone} split {d.n_split} prune {d.n_prune} "
+                         f"-> {d.n_after}{' (capped)' if d.capped else ''}")
+            if r.opacity_reset:
+                log.info(f"[{r.iteration}] opacity reset")
+            if len(window) >= args.log_every or trainer.iteration == cfg.iterations:
+                fin = [w for w in window if not w.skipped]
+                mean = lambda xs: float(sum(xs) / len(xs)) if xs else math.nan
+                entry = {"iteration": r.iteration, "loss": mean([w.loss for w in fin]),
+                         "psnr": mean([w.psnr for w in fin]), "num_gaussians": r.num_gaussians,
+                         "ms_per_iter": 1e3 * mean([w.seconds - (w.eval.seconds if w.eval else 0) for w in window])}
+                metrics["train"].append(entry)
+                progress.update(len(window), f"loss {entry['loss']:.4f} psnr {entry['psnr']:.2f} "
+                                             f"N {r.num_gaussians}")
+                window = []
+            if r.eval:
+                on_eval(r.eval)
+            if args.checkpoint_every and trainer.iteration % args.checkpoint_every == 0 \
+                    and trainer.iteration < cfg.iterations:
+                save_all("periodic")
+                write_metrics()
+        progress.update(len(window))
+        if not trainer.eval_history or trainer.eval_history[-1].iteration != trainer.iteration:
+            ev = trainer.evaluate()
+            if ev is not None:
+                on_eval(ev)
+        save_all("done")
+        final = trainer.eval_history[-1] if trainer.eval_history else None
+        log.info(f"final: {trainer.iteration} iterations, {trainer.model.num_gaussians} Gaussians"
+                 + (f", test psnr {final.psnr:.2f} ssim {final.ssim:.4f}" if final else "")
+                 + f", {train_s:.1f} s training, {trainer.nan_skips} skipped steps")
+    except KeyboardInterrupt:
+        status = EXIT_INTERRUPTED
+        trainer.optimizer.zero_grad(set_to_none=True)
+        if _consistent(trainer):
+            save_all("interrupted")
+        else:
+            log.info(f"[{trainer.iteration}] interrupted mid-update: state inconsistent, checkpoint not written")
+    finally:
+        if old_handler is not None:
+            signal.signal(signal.SIGINT, old_handler)
+        write_metrics()
+        progress.close()
+        for h in list(log.handlers):
+            log.removeHandler(h)
+            h.close()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""``TrainConfig``: every knob of the trainer, with the 3DGS reference trainer's defaults.
+
+Sources: Kerbl, Kopanas, Leimkühler & Drettakis, "3D Gaussian Splatting for Real-Time Radiance Field
+Rendering" (SIGGRAPH 2023) §5–6 and the defaults of its released ``arguments/__init__.py``; gsplat's
+``DefaultStrategy`` uses the same numbers. Field names follow that code where the brief does not rename them.
+
+The trainer reads the config **every step**, so a viewer may edit any field while training runs (learning
+rates, loss weight, the densification schedule and thresholds, the cap). Two exceptions, fixed at
+construction: ``sh_degree`` (it sizes the SH tensors) and the initialisation fields (``init_*``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+__all__ = ["TrainConfig"]
+
+
+@dataclass
+class TrainConfig:
+    # ---- schedule ---------------------------------------------------------------------------------------
+    iterations: int = 30_000
+    seed: int = 0
+
+    # ---- learning rates (Adam; 3DGS defaults) -----------------------------------------------------------
+    #: position lr, multiplied by the scene extent, decays exponentially from init to final over
+    #: ``position_lr_max_steps`` (None = ``iterations``): lr(t) = init^(1−t)·final^t, t = it / max_steps.
+    position_lr_init: float = 1.6e-4
+    position_lr_final: float = 1.6e-6
+    position_lr_max_steps: int | None = None
+    scaling_lr: float = 5e-3  # log-scales
+    rotation_lr: float = 1e-3  # quaternions
+    #: opacity logits: 0.05 as in the 3DGS paper's code and gsplat (later 3DGS releases use 0.025).
+    opacity_lr: float = 0.05
+    feature_lr: float = 2.5e-3  # SH DC; the higher-order SH use feature_lr / sh_rest_lr_divisor
+    sh_rest_lr_divisor: float = 20.0
+    adam_eps: float = 1e-15  # as 3DGS (Adam's default 1e-8 is large against 1e-6 position steps)
+
+    # ---- loss -------------------------------------------------------------------------------------------
+    lambda_dssim: float = 0.2  # loss = (1 − λ)·L1 + λ·(1 − SSIM)
+    random_background: bool = False  # a random background colour per step (3DGS option; off by default)
+
+    # ---- appearance -------------------------------------------------------------------------------------
+    sh_degree: int = 3  # maximum SH degree (fixed at construction)
+    sh_degree_interval: int = 1000  # active degree = min(sh_degree, iteration // sh_degree_interval)
+
+    # ---- adaptive density control (3DGS §5.2) -------------------------------------------------------------
+    densify_from: int = 500
+    densify_until: int = 15_000
+    densify_interval: int = 100
+    #: threshold on the view-averaged |∂L/∂means2D| in NDC units (pixel gradient × (W/2, H/2); see densify.py)
+    grad_threshold: float = 2e-4
+    #: clone when max scale ≤ percent_dense·extent, split otherwise
+    percent_dense: float = 0.01
+    split_factor: float = 1.6  # children's scale = parent's / split_factor (3DGS: 0.8·N with N = 2)
+    prune_opacity: float = 0.005
+    #: after the first opacity reset: prune Gaussians larger than this many pixels (screen radius) ...
+    max_screen_size: float = 20.0
+    #: ... or larger than this fraction of the scene extent (world-space max scale)
+    max_world_size: float = 0.1
+    opacity_reset_interval: int = 3000
+    opacity_reset_value: float = 0.01
+    #: hard cap on the Gaussian count; densification adds at most (max_gaussians − N) new ones, the
+    #: highest-gradient candidates first. None = no cap.
+    max_gaussians: int | None = 3_000_000
+
+    # ---- evaluation ---------------------------------------------------------------------------------------
+    eval_every: int = 1000  # held-out PSNR/SSIM every this many iterations (0 = never inside step())
+
+    # ---- initialisation (fixed at construction) ------------------------------------------------------------
+    init_points: int = 100_000  # random points when the dataset has no SfM points (Blender layout)
+    init_opacity: float = 0.1
+    #: a random point is kept when at least this fraction of training cameras see it (see trainer.py)
+    init_min_visible: float = 0.5
+    #: optional explicit init box (xmin, ymin, zmin, xmax, ymax, zmax); None = centre ± extent, then
+    #: the visibility filter
+    init_box: tuple | None = None
+
+    def to_dict(self) -> dict:
+        """A JSON-able dict of the fields."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        """From :meth:`to_dict` output; unknown keys are an error naming them."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"TrainConfig: unknown field(s) {unknown}")
+        d = dict(d)
+        if d.get("init_box") is not None:
+            d["init_box"] = tuple(d["init_box"])
+        return cls(**d)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first field whose value is out of range."""
+        positive = ["iterations", "densify_interval", "sh_degree_interval", "opacity_reset_interval",
+                    "split_factor", "feature_lr", "sh_rest_lr_divisor"]
+        for name in positive:
+            if not getattr(self, name) > 0:
+                raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if not 0 <= self.sh_degree <= 3:
+            raise ValueError(f"TrainConfig.sh_degree must be in 0..3, got {self.sh_degree}")
+        if not 0.0 <= self.lambda_dssim <= 1.0:
+            raise ValueError(f"TrainConfig.lambda_dssim must be in [0, 1], got {self.lambda_dssim}")
+        if self.max_gaussians is not None and self.max_gaussians < 1:
+            raise ValueError(f"TrainConfig.max_gaussians must be ≥ 1 or None, got {self.max_gaussians}")
+        if self.init_points < 1:
+            raise ValueError(f"TrainConfig.init_points must be ≥ 1, got {self.init_points}")
+        if self.init_box is not None and len(self.init_box) != 6:
+            raise ValueError(f"TrainConfig.init_box must have 6 numbers, got {self.init_box!r}")

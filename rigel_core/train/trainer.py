@@ -1,0 +1,342 @@
+"""``Trainer``: 3DGS optimisation, one iteration per :meth:`Trainer.step` call.
+
+The CLI (``rigel-train``) and the viewer's training thread drive the same object. One step (3DGS's
+``train.py``, Kerbl et al. 2023):
+
+1. learning rates for this iteration (position: exponential decay × scene extent; :mod:`.optim`), active SH
+   degree = ``min(sh_degree, iteration // sh_degree_interval)``;
+2. the next training view (a fresh random permutation of the training set each epoch), render, loss
+   ``(1 − λ)·L1 + λ·(1 − SSIM)`` (:mod:`.losses`), backward;
+3. **NaN guard**: a non-finite loss, parameter gradient or means2D gradient skips the update (no Adam step,
+   no densification statistics), and is counted in ``nan_skips`` and reported in the :class:`StepResult`;
+4. Adam step; then, before ``densify_until``, densification statistics, densify/prune every
+   ``densify_interval`` after ``densify_from``, opacity reset every ``opacity_reset_interval`` (and at
+   ``densify_from`` for white-background data, as 3DGS does) (:mod:`.densify`);
+5. held-out evaluation every ``eval_every`` iterations.
+
+Iterations are counted from 1 (``trainer.iteration`` is the number of completed steps), so every schedule test
+reads as in the reference code. The config is read at every step: a viewer may edit it while training runs.
+
+Threading: ``trainer.lock`` is held while the parameters are modified (Adam step, densification, opacity
+reset); :meth:`snapshot` takes it to copy a consistent model. Nothing else blocks.
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from ..camera import Camera
+from ..model import GaussianModel
+from ..render import render
+from .config import TrainConfig
+from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_grad, prepare_means2D_grad, \
+    reset_opacity
+from .losses import l1_loss, psnr_from_mse, ssim
+from .optim import group_lrs, make_optimizer, set_learning_rates
+
+__all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points"]
+
+
+@dataclass
+class EvalResult:
+    """Held-out metrics at one iteration: means over the test views of the per-view PSNR (dB) and SSIM
+    (renders clamped to [0, 1]; SSIM as :func:`.losses.ssim`, zero-padded 11×11 window)."""
+
+    iteration: int
+    psnr: float
+    ssim: float
+    num_gaussians: int
+    n_views: int
+    seconds: float
+    per_view: list = field(default_factory=list)  # [{"name", "psnr", "ssim"}]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class StepResult:
+    """What one :meth:`Trainer.step` did. ``loss``, ``l1``, ``ssim``, ``psnr`` are those of the training view
+    (``nan`` when not finite); ``skipped`` is True when the NaN guard dropped the update."""
+
+    iteration: int
+    loss: float
+    l1: float
+    ssim: float
+    psnr: float
+    num_gaussians: int
+    skipped: bool
+    nan_skips: int
+    view: str
+    sh_degree: int
+    lr_position: float
+    seconds: float
+    densify: DensifyReport | None = None
+    opacity_reset: bool = False
+    eval: EvalResult | None = None
+
+
+def _train_cameras_sample(cameras: list[Camera], k: int) -> list[Camera]:
+    if len(cameras) <= k:
+        return cameras
+    idx = np.linspace(0, len(cameras) - 1, k).round().astype(int)
+    return [cameras[i] for i in idx]
+
+
+@torch.no_grad()
+def random_init_points(cameras: list[Camera], n: int, center, extent: float, *, min_visible: float = 0.5,
+                       box=None, generator: torch.Generator | None = None, max_cameras: int = 64) -> torch.Tensor:
+    """(n, 3) float32 random points for a dataset without SfM points (Blender layout).
+
+    3DGS draws 100k points uniformly in a fixed cube (±1.3) that happens to fit the NeRF-synthetic objects.
+    We draw uniformly in ``box`` (xmin, ymin, zmin, xmax, ymax, zmax), default the cube ``center ± extent``
+    (the camera centres' sphere), and keep a point when at least ``min_visible`` of the training cameras
+    (up to ``max_cameras`` of them, evenly spaced) see it in front of the camera inside the image: the region
+    the cameras look at, whatever the scene's scale. When fewer than ``n`` points pass after a bounded number
+    of draws, the rest are plain box samples.
+    """
+    if box is None:
+        c = np.asarray(center, dtype=np.float64).reshape(3)
+        lo, hi = c - extent, c + extent
+    else:
+        lo, hi = np.asarray(box[:3], dtype=np.float64), np.asarray(box[3:], dtype=np.float64)
+    lo_t, span = torch.tensor(lo, dtype=torch.float32), torch.tensor(hi - lo, dtype=torch.float32)
+    cams = _train_cameras_sample(list(cameras), max_cameras)
+    need = max(1, math.ceil(min_visible * len(cams))) if cams else 0
+    kept, total = [], 0
+    for _ in range(64):
+        if total >= n or not cams:
+            break
+        batch = int(min(max(8 * (n - total), 65536), 2_000_000))
+        p = lo_t + span * torch.rand(batch, 3, generator=generator)
+        count = torch.zeros(batch, dtype=torch.int32)
+        for cam in cams:
+            vm = torch.tensor(cam.viewmat, dtype=torch.float32)
+            pc = p @ vm[:3, :3].T + vm[:3, 3]
+            z = pc[:, 2]
+            zs = z.clamp_min(1e-6)
+            u = cam.fx * pc[:, 0] / zs + cam.cx
+            v = cam.fy * pc[:, 1] / zs + cam.cy
+            count += ((z > 1e-2) & (u >= 0) & (u < cam.width) & (v >= 0) & (v < cam.height)).int()
+        p = p[count >= need]
+        kept.append(p)
+        total += p.shape[0]
+    pts = torch.cat(kept) if kept else torch.empty(0, 3)
+    if pts.shape[0] < n:
+        pts = torch.cat([pts, lo_t + span * torch.rand(n - pts.shape[0], 3, generator=generator)])
+    return pts[:n].contiguous()
+
+
+class Trainer:
+    """Optimises a :class:`~rigel_core.model.GaussianModel` on a dataset, one iteration per :meth:`step`.
+
+    Args:
+        dataset: a ``rigel_core.data.Dataset`` (or anything with ``train``/``test`` lists of frames having
+            ``camera``, ``image`` (H,W,3) float in [0,1], ``alpha``, ``name``; ``scene_center``,
+            ``scene_extent``, ``points``, ``point_colors``, ``white_bg``).
+        config: a :class:`TrainConfig` (default: 3DGS defaults); edited live, read at every step.
+        model: start from this model (its SH are padded/truncated to ``config.sh_degree``); default: SfM
+            points when the dataset has them, else :func:`random_init_points`.
+        device: where to train (default: CUDA when available with built kernels, else CPU).
+
+    Raises: ValueError for an empty training set, images that do not match their camera, or a bad config.
+    """
+
+    def __init__(self, dataset, config: TrainConfig | None = None, *, model: GaussianModel | None = None,
+                 device=None):
+        self.config = cfg = config if config is not None else TrainConfig()
+        cfg.validate()
+        if device is None:
+            from .. import cuda_available
+
+            device = "cuda" if cuda_available() else "cpu"
+        self.device = torch.device(device)
+        self.dataset = dataset
+        self.train_frames = list(dataset.train)
+        self.test_frames = list(dataset.test)
+        if not self.train_frames:
+            raise ValueError("Trainer: the dataset has no training frames")
+        for f in self.train_frames + self.test_frames:
+            h, w = f.camera.height, f.camera.width
+            if tuple(f.image.shape) != (h, w, 3):
+                raise ValueError(f"Trainer: frame {f.name!r} image has shape {tuple(f.image.shape)}, "
+                                 f"its camera expects ({h}, {w}, 3)")
+        self.extent = float(dataset.scene_extent) if dataset.scene_extent and dataset.scene_extent > 0 else 1.0
+        self.white_bg = bool(getattr(dataset, "white_bg", False))
+        self.background = torch.full((3,), 1.0 if self.white_bg else 0.0, device=self.device)
+        self._train_images = [f.image.to(self.device, torch.float32) for f in self.train_frames]
+        self._train_alphas = [None if f.alpha is None else f.alpha.to(self.device, torch.float32)
+                              for f in self.train_frames]
+        #: CPU generator for every random choice (view order, split offsets, init, random background):
+        #: saved in checkpoints so a resumed run continues bit for bit.
+        self.generator = torch.Generator().manual_seed(int(cfg.seed))
+        if model is None:
+            model = self.initial_model()
+        model = model.to(device=self.device, dtype=torch.float32)
+        if model.sh_degree != cfg.sh_degree:
+            model = model.with_sh_degree(cfg.sh_degree)
+        model.active_sh_degree = 0
+        self.model = model
+        self.optimizer = make_optimizer(model, cfg, self.extent)
+        self.stats = DensifyStats(model.num_gaussians, self.device)
+        self.iteration = 0
+        self.nan_skips = 0
+        self.eval_history: list[EvalResult] = []
+        self.last_densify: DensifyReport | None = None
+        self.lock = threading.Lock()
+        self._view_stack: list[int] = []
+
+    # ---- initialisation -------------------------------------------------------------------------------
+    def initial_model(self) -> GaussianModel:
+        """SfM points (with their colours) when the dataset has them, else ``init_points`` random points;
+        isotropic scales = mean distance to the 3 nearest neighbours, opacity ``init_opacity``, identity
+        rotations, SH degree ``config.sh_degree`` with zero higher-order coefficients (3DGS
+        ``create_from_pcd``)."""
+        cfg = self.config
+        pts = getattr(self.dataset, "points", None)
+        cols = getattr(self.dataset, "point_colors", None)
+        if pts is not None and len(pts) > 0:
+            pts = torch.as_tensor(np.asarray(pts), dtype=torch.float32)
+            if cols is not None:
+                cols = torch.as_tensor(np.asarray(cols), dtype=torch.float32)
+                if cols.numel() and cols.max() > 1.0:  # 8-bit colours
+                    cols = cols / 255.0
+        else:
+            pts = random_init_points([f.camera for f in self.train_frames], cfg.init_points,
+                                     self.dataset.scene_center, self.extent, min_visible=cfg.init_min_visible,
+                                     box=cfg.init_box, generator=self.generator)
+            cols = None
+        return GaussianModel.from_points(pts, cols, sh_degree=cfg.sh_degree, opacity=cfg.init_opacity)
+
+    # ---- one iteration --------------------------------------------------------------------------------
+    def _next_view(self) -> int:
+        if not self._view_stack:
+            self._view_stack = torch.randperm(len(self.train_frames), generator=self.generator).tolist()
+        return self._view_stack.pop()
+
+    def compute_loss(self, pred: torch.Tensor, gt: torch.Tensor):
+        """``(loss, l1, ssim)`` 0-d tensors: loss = (1 − λ)·L1 + λ·(1 − SSIM), λ = ``lambda_dssim``."""
+        lam = self.config.lambda_dssim
+        l1 = l1_loss(pred, gt)
+        s = ssim(pred, gt)
+        return (1.0 - lam) * l1 + lam * (1.0 - s), l1, s
+
+    def _grads_finite(self, extra: torch.Tensor | None) -> bool:
+        checks = [torch.isfinite(p.grad).all() for g in self.optimizer.param_groups for p in g["params"]
+                  if p.grad is not None]
+        if extra is not None:
+            checks.append(torch.isfinite(extra).all())
+        return bool(torch.stack(checks).all()) if checks else True
+
+    def step(self) -> StepResult:
+        """Run one training iteration (module docstring) and return its :class:`StepResult`."""
+        t0 = time.perf_counter()
+        cfg, model = self.config, self.model
+        it = self.iteration + 1
+        lrs = group_lrs(cfg, it, self.extent)
+        set_learning_rates(self.optimizer, lrs, cfg.adam_eps)
+        model.active_sh_degree = min(model.sh_degree, it // max(1, cfg.sh_degree_interval))
+
+        idx = self._next_view()
+        frame, gt = self.train_frames[idx], self._train_images[idx]
+        bg = self.background
+        if cfg.random_background and self._train_alphas[idx] is not None:
+            bg = torch.rand(3, generator=self.generator).to(self.device)
+            a = self._train_alphas[idx][..., None]
+            gt = gt + (1.0 - a) * (bg - self.background)  # re-composite onto the random colour
+        out = render(model, frame.camera, background=bg)
+        prepare_means2D_grad(out)
+        loss, l1, s = self.compute_loss(out.image, gt)
+
+        ok = bool(torch.isfinite(loss))
+        g2d = None
+        if ok:
+            loss.backward()
+            g2d = means2D_grad(out)
+            ok = self._grads_finite(g2d)
+        report, reset = None, False
+        if not ok:
+            self.nan_skips += 1
+        else:
+            with self.lock:
+                self.optimizer.step()
+                if it < cfg.densify_until:
+                    self.stats.update(g2d, out.radii, frame.camera.width, frame.camera.height)
+                    if it > cfg.densify_from and it % cfg.densify_interval == 0:
+                        report = densify_and_prune(model, self.optimizer, self.stats, cfg, self.extent, it,
+                                                   self.generator)
+                        self.last_densify = report
+                    if it % cfg.opacity_reset_interval == 0 or (self.white_bg and it == cfg.densify_from):
+                        reset_opacity(model, self.optimizer, cfg.opacity_reset_value)
+                        reset = True
+        self.optimizer.zero_grad(set_to_none=True)
+        self.iteration = it
+
+        with torch.no_grad():
+            l1v, sv, lossv = float(l1), float(s), float(loss)
+            m = float(((out.image.detach() - gt) ** 2).mean())
+        res = StepResult(it, lossv, l1v, sv, psnr_from_mse(m) if math.isfinite(m) else math.nan,
+                         model.num_gaussians, not ok, self.nan_skips, frame.name, model.active_sh_degree,
+                         lrs["means3D"], 0.0, report, reset)
+        if cfg.eval_every and it % cfg.eval_every == 0 and self.test_frames:
+            res.eval = self.evaluate()
+        res.seconds = time.perf_counter() - t0
+        return res
+
+    # ---- evaluation, snapshots ------------------------------------------------------------------------
+    @torch.no_grad()
+    def render_frame(self, frame) -> torch.Tensor:
+        """(H,W,3) render of ``frame``'s camera on the dataset background, clamped to [0, 1]."""
+        return render(self.model, frame.camera, background=self.background).image.clamp(0.0, 1.0)
+
+    @torch.no_grad()
+    def evaluate(self, frames=None, *, record: bool = True) -> EvalResult | None:
+        """PSNR and SSIM over ``frames`` (default: the held-out split); None when there are none.
+        Appended to ``eval_history`` when ``record``."""
+        frames = self.test_frames if frames is None else list(frames)
+        if not frames:
+            return None
+        t0 = time.perf_counter()
+        per_view = []
+        for f in frames:
+            pred = self.render_frame(f)
+            gt = f.image.to(self.device, torch.float32)
+            m = float(((pred - gt) ** 2).mean())
+            per_view.append({"name": f.name, "psnr": psnr_from_mse(m), "ssim": float(ssim(pred, gt))})
+        res = EvalResult(self.iteration, float(np.mean([v["psnr"] for v in per_view])),
+                         float(np.mean([v["ssim"] for v in per_view])), self.model.num_gaussians, len(frames),
+                         time.perf_counter() - t0, per_view)
+        if record:
+            self.eval_history.append(res)
+        return res
+
+    def snapshot(self) -> GaussianModel:
+        """A detached copy of the current model, consistent (taken under ``lock``)."""
+        with self.lock:
+            return self.model.to()
+
+    # ---- persistence ----------------------------------------------------------------------------------
+    def save_checkpoint(self, path) -> None:
+        """Write the full training state atomically (see :mod:`rigel_core.checkpoint`)."""
+        from ..checkpoint import save_checkpoint
+
+        with self.lock:
+            save_checkpoint(self, path)
+
+    @classmethod
+    def from_checkpoint(cls, path, dataset, *, device=None, config: TrainConfig | None = None) -> "Trainer":
+        """Resume from :meth:`save_checkpoint` output. ``config`` overrides the saved one (e.g. a longer run)."""
+        from ..checkpoint import load_trainer
+
+        return load_trainer(path, dataset, device=device, config=config)
+
+    def export_ply(self, path) -> None:
+        """Write the model as an INRIA-layout PLY (``rigel_core.io.save_ply``, atomic)."""
+        from ..io.ply import save_ply
+
+        save_ply(self.snapshot(), path)

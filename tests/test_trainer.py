@@ -1,0 +1,496 @@
+"""The trainer (rigel_core/train/, rigel_core/checkpoint.py, rigel_core/cli/train.py) on tiny CPU datasets.
+
+Ground truth comes from rendering a random GaussianModel with the reference renderer, so every pixel of
+error is the optimisation's. Images are 16–64 px and models a few hundred Gaussians: the reference renderer
+costs ~15–30 ms per forward+backward there (single-threaded: at this size PyTorch's intra-op threads cost
+more than they save, so the tests pin one thread).
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from rigel_core import Camera, GaussianModel, render
+from rigel_core.checkpoint import CheckpointError, load_checkpoint_model
+from rigel_core.data import Dataset, Frame
+from rigel_core.model import PARAM_NAMES
+from rigel_core.train import TrainConfig, Trainer, random_init_points
+from rigel_core.train.densify import DensifyStats, densify_and_prune, means2D_grad, ndc_grad_norm, \
+    prepare_means2D_grad, reset_opacity
+from rigel_core.train.optim import group_lrs, make_optimizer, per_gaussian_tensors
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ---- tiny datasets ---------------------------------------------------------------------------------------
+def random_scene(rng, n, sh_degree=1):
+    pts = (torch.rand(n, 3, generator=rng) * 2 - 1) * 0.8
+    m = GaussianModel.from_points(pts, torch.rand(n, 3, generator=rng), sh_degree=sh_degree, scale=0.1, opacity=0.8)
+    m.log_scales = m.log_scales + 0.3 * torch.randn(n, 3, generator=rng)
+    m.quats = torch.randn(n, 4, generator=rng)
+    m.sh_rest = 0.1 * torch.randn(m.sh_rest.shape, generator=rng)
+    return m
+
+
+def orbit(n, size, offset=0.0, radius=3.0, prefix="v"):
+    cams = []
+    for i in range(n):
+        az = 2 * math.pi * (i + offset) / n
+        el = 0.3 + 0.4 * math.sin(3 * az)
+        eye = radius * np.array([math.cos(az) * math.cos(el), math.sin(az) * math.cos(el), math.sin(el)])
+        cams.append(Camera.look_at(eye, (0, 0, 0), width=size, height=size, fov_x_deg=50, name=f"{prefix}{i}"))
+    return cams
+
+
+def make_dataset(rng, n_gauss=150, size=64, n_train=24, n_test=6, white_bg=False):
+    scene = random_scene(rng, n_gauss)
+    bg = (1.0, 1.0, 1.0) if white_bg else None
+
+    def frames(cams):
+        out = []
+        for c in cams:
+            r = render(scene, c, background=bg)
+            out.append(Frame(c, r.image.detach().clamp(0, 1), (1 - r.final_T).detach(), c.name))
+        return out
+
+    return Dataset(frames(orbit(n_train, size)), frames(orbit(n_test, size, 0.5, prefix="t")), np.zeros(3), 3.3,
+                   white_bg=white_bg)
+
+
+def small_config(**kw):
+    base = dict(iterations=300, init_points=200, densify_from=50, densify_interval=50, densify_until=250,
+                eval_every=0, sh_degree=1, sh_degree_interval=100, seed=0)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+# ---- the loop ---------------------------------------------------------------------------------------------
+def test_training_improves_heldout_psnr(rng):
+    ds = make_dataset(rng)
+    tr = Trainer(ds, small_config(seed=int(torch.randint(0, 2 ** 31, (1,), generator=rng))), device="cpu")
+    before = tr.evaluate()
+    results = [tr.step() for _ in range(300)]
+    after = tr.evaluate()
+    first = np.mean([r.loss for r in results[:30]])
+    last = np.mean([r.loss for r in results[-30:]])
+    print(f"held-out PSNR {before.psnr:.2f} -> {after.psnr:.2f} dB, SSIM {before.ssim:.3f} -> {after.ssim:.3f}, "
+          f"loss {first:.4f} -> {last:.4f}, N {results[0].num_gaussians} -> {after.num_gaussians}")
+    assert last < 0.7 * first
+    assert after.psnr >= before.psnr + 3.0
+    assert after.ssim > before.ssim
+    # 3DGS schedule: after densify_from (50), every densify_interval, strictly before densify_until (250)
+    assert [r.iteration for r in results if r.densify is not None] == [100, 150, 200]
+    assert all(not r.skipped for r in results) and tr.nan_skips == 0
+    assert [e.iteration for e in tr.eval_history] == [0, 300]
+    assert results[-1].sh_degree == 1 and results[98].sh_degree == 0 and results[99].sh_degree == 1
+
+
+def test_learning_rates_sh_ramp_and_live_config(rng):
+    ds = make_dataset(rng, n_gauss=20, size=16, n_train=4, n_test=1)
+    cfg = small_config(iterations=100, init_points=30, sh_degree=3, sh_degree_interval=2, densify_from=1000)
+    tr = Trainer(ds, cfg, device="cpu")
+    degrees = []
+    for _ in range(8):
+        r = tr.step()
+        degrees.append(r.sh_degree)
+        lrs = {g["name"]: g["lr"] for g in tr.optimizer.param_groups}
+        t = r.iteration / 100
+        expect = 1.6e-4 * (1.6e-6 / 1.6e-4) ** t * 3.3  # log-linear decay, times the scene extent
+        assert lrs["means3D"] == pytest.approx(expect, rel=1e-12) and r.lr_position == lrs["means3D"]
+    assert degrees == [0, 1, 1, 2, 2, 3, 3, 3]
+    assert lrs["log_scales"] == 5e-3 and lrs["quats"] == 1e-3 and lrs["opacity_logits"] == 0.05
+    assert lrs["sh_dc"] == 2.5e-3 and lrs["sh_rest"] == pytest.approx(2.5e-3 / 20, rel=1e-15)
+    assert group_lrs(cfg, 100, 3.3)["means3D"] == pytest.approx(1.6e-6 * 3.3, rel=1e-12)
+    assert group_lrs(cfg, 0, 1.0)["means3D"] == pytest.approx(1.6e-4, rel=1e-12)
+    tr.config.feature_lr = 1e-2  # edited "live": the next step uses it
+    tr.step()
+    lrs = {g["name"]: g["lr"] for g in tr.optimizer.param_groups}
+    assert lrs["sh_dc"] == 1e-2 and lrs["sh_rest"] == pytest.approx(1e-2 / 20)
+
+
+def test_step_updates_every_parameter_group(rng):
+    ds = make_dataset(rng, n_gauss=30, size=32, n_train=4, n_test=1)
+    # an anisotropic start (isotropic Gaussians, as from_points makes them, give rotations zero gradient)
+    start = random_scene(rng, 40, sh_degree=2)
+    tr = Trainer(ds, small_config(sh_degree=1, sh_degree_interval=1), model=start, device="cpu")
+    assert tr.model.sh_rest.shape == (40, 3, 3)  # truncated to the configured degree
+    before = {k: v.detach().clone() for k, v in tr.model.parameters().items()}
+    tr.step()
+    for k, v in tr.model.parameters().items():
+        assert not torch.equal(before[k], v.detach()), f"{k} did not move"
+        assert v.is_leaf and v.requires_grad and v.grad is None
+
+
+# ---- densification -----------------------------------------------------------------------------------------
+def _model_with_state(rng, log_scales, opacities, means=None):
+    n = log_scales.shape[0]
+    means = torch.randn(n, 3, generator=rng) if means is None else means
+    quats = torch.randn(n, 4, generator=rng)
+    logits = torch.logit(torch.as_tensor(opacities, dtype=torch.float32))
+    m = GaussianModel.from_tensors(means, log_scales, quats, logits, torch.randn(n, 1, 3, generator=rng),
+                                   torch.randn(n, 3, 3, generator=rng))
+    opt = make_optimizer(m, TrainConfig(), 1.0)
+    for p in per_gaussian_tensors(opt, m).values():  # give Adam non-zero moments, keep the values exact
+        p.grad = torch.randn(p.shape, generator=rng)
+    saved = {k: v.detach().clone() for k, v in per_gaussian_tensors(opt, m).items()}
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for k, v in per_gaussian_tensors(opt, m).items():
+            v.copy_(saved[k])
+    return m, opt
+
+
+def _moments(opt, m):
+    return {k: {s: v.clone() for s, v in opt.state[p].items()} for k, p in per_gaussian_tensors(opt, m).items()}
+
+
+def _check_aligned(opt, m):
+    n = m.num_gaussians
+    m.validate()
+    for name, p in per_gaussian_tensors(opt, m).items():
+        assert p is getattr(m, name) and p.shape[0] == n and p.is_leaf and p.requires_grad
+        st = opt.state[p]
+        assert st["exp_avg"].shape == p.shape and st["exp_avg_sq"].shape == p.shape, name
+    assert {id(g["params"][0]) for g in opt.param_groups} == {id(getattr(m, k)) for k in PARAM_NAMES}
+
+
+def test_densify_clone_split_prune_keep_params_and_moments_aligned(rng):
+    extent, cfg = 2.0, TrainConfig()
+    small, large = math.log(0.5 * cfg.percent_dense * extent), math.log(5 * cfg.percent_dense * extent)
+    log_scales = torch.tensor([[small] * 3, [small] * 3, [large] * 3, [large] * 3, [small] * 3, [small] * 3])
+    opac = [0.5, 0.5, 0.5, 0.5, 0.001, 0.5]
+    m, opt = _model_with_state(rng, log_scales, opac)
+    old = {k: v.detach().clone() for k, v in m.parameters().items()}
+    old_mom = _moments(opt, m)
+    stats = DensifyStats(6)
+    stats.grad_accum = torch.tensor([3e-4, 1e-4, 9e-4, 1e-4, 0.0, 0.0]) * 3
+    stats.denom = torch.tensor([3.0, 3, 3, 3, 0, 3])
+    rep = densify_and_prune(m, opt, stats, cfg, extent, iteration=600, generator=torch.Generator().manual_seed(1))
+    assert (rep.n_clone, rep.n_split, rep.n_prune, rep.n_before, rep.n_after) == (1, 1, 1, 6, 7)
+    assert not rep.capped
+    _check_aligned(opt, m)
+    assert len(stats) == 7 and float(stats.denom.sum()) == 0  # statistics restart
+    # row order: survivors [0, 1, 3, 5], the clone of 0, the two children of 2
+    src = [0, 1, 3, 5, 0]
+    for k in PARAM_NAMES:
+        assert torch.equal(getattr(m, k).detach()[:5], old[k][src]), k
+        for s in ("exp_avg", "exp_avg_sq"):
+            mom = opt.state[getattr(m, k)][s]
+            assert torch.equal(mom[:4], old_mom[k][s][src[:4]]), (k, s)
+            assert torch.count_nonzero(mom[4:]) == 0, (k, s)  # new rows start with zero moments
+        assert opt.state[getattr(m, k)]["step"] == old_mom[k]["step"]
+    children = {k: getattr(m, k).detach()[5:] for k in PARAM_NAMES}
+    assert torch.allclose(children["log_scales"], old["log_scales"][[2, 2]] - math.log(1.6))
+    for k in ("quats", "opacity_logits", "sh_dc", "sh_rest"):
+        assert torch.equal(children[k], old[k][[2, 2]])
+    d = (children["means3D"] - old["means3D"][2]).norm(dim=-1)
+    assert (d > 0).all() and (d < 6 * 5 * cfg.percent_dense * extent).all()
+    # the optimizer still steps with the new tensors
+    for p in per_gaussian_tensors(opt, m).values():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    _check_aligned(opt, m)
+
+
+def test_split_samples_children_from_the_parent_gaussian(rng):
+    n = 3000
+    s = torch.tensor([0.3, 0.1, 0.02])
+    log_scales = torch.log(s).expand(n, 3).clone()
+    q = torch.nn.functional.normalize(torch.randn(4, generator=rng), dim=0)
+    m, opt = _model_with_state(rng, log_scales, [0.5] * n, means=torch.zeros(n, 3))
+    m.quats.data[:] = q
+    stats = DensifyStats(n)
+    stats.grad_accum.fill_(1.0)
+    stats.denom.fill_(1.0)
+    rep = densify_and_prune(m, opt, stats, TrainConfig(), 1.0, 600, torch.Generator().manual_seed(2))
+    assert rep.n_split == n and rep.n_after == 2 * n
+    from rigel_core.reference.project import quat_to_rotmat
+
+    R = quat_to_rotmat(q[None])[0]
+    local = (m.means3D.detach() @ R) / s  # back to the parent's frame, in standard deviations: ~ N(0, I)
+    assert local.mean(0).abs().max() < 0.06
+    assert (local.std(0) - 1).abs().max() < 0.05
+    assert torch.allclose(m.scales.detach(), (s / 1.6).expand(2 * n, 3))
+
+
+def test_size_prune_only_after_first_reset_and_cap(rng):
+    cfg, extent = TrainConfig(), 1.0
+    log_scales = torch.log(torch.tensor([[0.2] * 3, [0.005] * 3, [0.005] * 3]))  # 0: world-space too big
+    for iteration, expect in ((cfg.opacity_reset_interval, 3), (cfg.opacity_reset_interval + 100, 1)):
+        m, opt = _model_with_state(rng, log_scales, [0.5, 0.5, 0.5])
+        stats = DensifyStats(3)
+        stats.max_radii = torch.tensor([1.0, 25.0, 3.0])  # 1: screen-space too big
+        stats.denom.fill_(1)
+        rep = densify_and_prune(m, opt, stats, cfg, extent, iteration)
+        assert rep.n_after == expect and rep.n_prune == 3 - expect
+        _check_aligned(opt, m)
+    m, opt = _model_with_state(rng, log_scales, [0.5, 0.5, 0.5])
+    stats = DensifyStats(3)
+    stats.max_radii = torch.tensor([1.0, 25.0, 3.0])
+    densify_and_prune(m, opt, stats, TrainConfig(max_screen_size=0), extent, cfg.opacity_reset_interval + 1)
+    assert m.num_gaussians == 2  # only the world-space test
+
+    # cap: three clone candidates, room for one → the largest gradient wins
+    m, opt = _model_with_state(rng, torch.log(torch.full((4, 3), 0.001)), [0.5] * 4)
+    stats = DensifyStats(4)
+    stats.grad_accum = torch.tensor([3e-4, 9e-4, 5e-4, 0.0])
+    stats.denom.fill_(1)
+    rep = densify_and_prune(m, opt, stats, TrainConfig(max_gaussians=5), extent, 600)
+    assert rep.capped and rep.n_clone == 1 and m.num_gaussians == 5
+    assert torch.equal(m.means3D.detach()[4], m.means3D.detach()[1])
+    rep = densify_and_prune(m, opt, stats, TrainConfig(max_gaussians=5), extent, 700)
+    assert rep.n_clone == 0 and m.num_gaussians == 5  # stats were reset: nothing to do
+
+
+def test_never_prunes_to_nothing(rng):
+    m, opt = _model_with_state(rng, torch.zeros(3, 3) - 5, [1e-4] * 3)
+    rep = densify_and_prune(m, opt, DensifyStats(3), TrainConfig(), 1.0, 600)
+    assert rep.n_after == 3 and rep.n_prune == 0
+
+
+def test_opacity_reset(rng):
+    m, opt = _model_with_state(rng, torch.zeros(4, 3) - 3, [0.9, 0.005, 0.5, 0.02])
+    before = _moments(opt, m)
+    reset_opacity(m, opt, 0.01)
+    o = m.opacities.detach()
+    assert torch.allclose(o, torch.tensor([0.01, 0.005, 0.01, 0.01]), rtol=1e-6)
+    st = opt.state[m.opacity_logits]
+    assert torch.count_nonzero(st["exp_avg"]) == 0 and torch.count_nonzero(st["exp_avg_sq"]) == 0
+    assert torch.equal(opt.state[m.means3D]["exp_avg"], before["means3D"]["exp_avg"])
+    _check_aligned(opt, m)
+
+
+def test_gradient_statistics(rng):
+    n, w, h = 50, 40, 24
+    g = torch.randn(n, 2, generator=rng)
+    radii = torch.randint(0, 4, (n,), generator=rng, dtype=torch.int32)
+    stats = DensifyStats(n)
+    stats.update(g, radii, w, h)
+    stats.update(2 * g, radii, w, h)
+    stats.update(None, torch.zeros(n, dtype=torch.int32), w, h)  # a view where nothing is visible
+    vis = (radii > 0).numpy()
+    norm = np.hypot(g[:, 0].numpy() * w / 2, g[:, 1].numpy() * h / 2)
+    np.testing.assert_allclose(stats.grad_accum.numpy(), np.where(vis, 3 * norm, 0), rtol=1e-6)
+    np.testing.assert_array_equal(stats.denom.numpy(), np.where(vis, 2, 0))
+    np.testing.assert_allclose(stats.mean_grad().numpy(), np.where(vis, 1.5 * norm, 0), rtol=1e-6)
+    np.testing.assert_array_equal(stats.max_radii.numpy(), radii.numpy())
+    assert torch.allclose(ndc_grad_norm(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), 100, 50), torch.tensor([50.0, 25.0]))
+
+
+def test_means2D_gradient_from_render(rng):
+    scene = random_scene(rng, 40)
+    scene.means3D[0] = torch.tensor([0.0, 0.0, 50.0])  # behind the camera below: culled
+    for p in scene.parameters().values():
+        p.requires_grad_(True)
+    cam = Camera.look_at((0, 0, 3), (0, 0, 0), up=(0, 1, 0), width=32, height=32, fov_x_deg=60)
+    out = render(scene, cam)
+    prepare_means2D_grad(out)
+    out.image.square().sum().backward()
+    g = means2D_grad(out)
+    assert g is not None and g.shape == (40, 2)
+    assert out.radii[0] == 0 and torch.count_nonzero(g[0]) == 0
+    ref = torch.autograd.grad(render(scene, cam).image.square().sum(), [scene.means3D])[0]
+    assert torch.isfinite(g).all() and torch.count_nonzero(g[out.radii > 0]) > 0 and ref.abs().sum() > 0
+
+    class Out:  # a backend that hands the gradient over out of band
+        means2D = torch.zeros(3, 2)
+
+    o = Out()
+    assert means2D_grad(o) is None
+    o.means2D_grad = lambda: torch.ones(3, 2)
+    assert torch.equal(means2D_grad(o), torch.ones(3, 2))
+
+
+# ---- robustness -----------------------------------------------------------------------------------------------
+def _state(tr):
+    params = {k: v.detach().clone() for k, v in tr.model.parameters().items()}
+    mom = _moments(tr.optimizer, tr.model)
+    return params, mom
+
+
+def _assert_same_state(a, b):
+    for k in a[0]:
+        assert torch.equal(a[0][k], b[0][k]), k
+        for s in a[1][k]:
+            assert torch.equal(a[1][k][s], b[1][k][s]), (k, s)
+
+
+def test_nan_loss_and_nan_gradient_are_skipped(rng):
+    ds = make_dataset(rng, n_gauss=30, size=32, n_train=4, n_test=1)
+    tr = Trainer(ds, small_config(init_points=40), device="cpu")
+    tr.step()
+    orig = tr.compute_loss
+    tr.compute_loss = lambda pred, gt: tuple(v * float("nan") if i == 0 else v for i, v in enumerate(orig(pred, gt)))
+    before = _state(tr)
+    stats_before = tr.stats.grad_accum.clone()
+    r = tr.step()
+    assert r.skipped and math.isnan(r.loss) and r.nan_skips == 1 and tr.nan_skips == 1 and r.iteration == 2
+    _assert_same_state(before, _state(tr))
+    assert torch.equal(tr.stats.grad_accum, stats_before)
+    tr.compute_loss = orig
+
+    fired = []
+
+    def poison(grad):  # a finite loss whose gradient is not
+        if not fired:
+            fired.append(1)
+            return grad * float("nan")
+        return grad
+
+    tr.model.means3D.register_hook(poison)
+    r = tr.step()
+    assert r.skipped and math.isfinite(r.loss) and tr.nan_skips == 2
+    _assert_same_state(before, _state(tr))
+    r = tr.step()  # and training goes on
+    assert not r.skipped and tr.nan_skips == 2
+    assert all(torch.isfinite(v).all() for v in tr.model.parameters().values())
+    assert all(v.grad is None for v in tr.model.parameters().values())
+
+
+def test_bad_inputs(rng):
+    ds = make_dataset(rng, n_gauss=10, size=16, n_train=2, n_test=0)
+    ds.train[0].image = ds.train[0].image[:8]
+    with pytest.raises(ValueError, match="v0.*shape"):
+        Trainer(ds, small_config(), device="cpu")
+    with pytest.raises(ValueError, match="no training frames"):
+        Trainer(Dataset([], [], np.zeros(3), 1.0), small_config(), device="cpu")
+    with pytest.raises(ValueError, match="lambda_dssim"):
+        small_config(lambda_dssim=2.0).validate()
+    with pytest.raises(ValueError, match="unknown field"):
+        TrainConfig.from_dict({"iterations": 3, "densify_grad_thresh": 1})
+    assert TrainConfig.from_dict(TrainConfig(init_box=(0, 0, 0, 1, 1, 1)).to_dict()) == TrainConfig(init_box=(0, 0, 0, 1, 1, 1))
+
+
+def test_random_init_points_are_seen_by_the_cameras(rng):
+    cams = orbit(12, 32)
+    pts = random_init_points(cams, 2000, np.zeros(3), 3.3, min_visible=0.75, generator=rng)
+    assert pts.shape == (2000, 3) and pts.dtype == torch.float32
+    assert (pts.abs() <= 3.3).all()
+    seen = np.zeros(2000)
+    for c in cams:
+        p = pts.double().numpy()
+        z = (p @ c.R.T + c.t)[:, 2]
+        uv = c.project(p)
+        seen += (z > 0) & (uv[:, 0] >= 0) & (uv[:, 0] < 32) & (uv[:, 1] >= 0) & (uv[:, 1] < 32)
+    assert (seen >= 9).all()
+    assert pts.std(0).min() > 0.2  # spread over the common view, not collapsed
+    box = random_init_points(cams, 500, None, 0, box=(1, 2, 3, 1.5, 2.5, 3.5), min_visible=0.0, generator=rng)
+    assert (box >= torch.tensor([1, 2, 3])).all() and (box <= torch.tensor([1.5, 2.5, 3.5])).all()
+
+
+# ---- checkpoints ------------------------------------------------------------------------------------------------
+def test_checkpoint_resume_gives_the_same_next_steps(rng, tmp_path):
+    ds = make_dataset(rng, n_gauss=60, size=32, n_train=5, n_test=2)
+    cfg = small_config(init_points=80, densify_from=3, densify_interval=4, opacity_reset_interval=10,
+                       eval_every=5, sh_degree_interval=4, grad_threshold=1e-5)
+    tr = Trainer(ds, cfg, device="cpu")
+    for _ in range(11):  # densification at 4 and 8, an opacity reset at 10, mid-epoch (5 views)
+        tr.step()
+    path = tmp_path / "ckpt.safetensors"
+    tr.save_checkpoint(path)
+    saved_params = {k: v.detach().clone() for k, v in tr.model.parameters().items()}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.safetensors"]  # no temporary left behind
+    resumed = Trainer.from_checkpoint(path, ds, device="cpu")
+    assert resumed.iteration == 11 and resumed.config == cfg and len(resumed.eval_history) == 2
+    reports = []
+    for _ in range(6):  # crosses a densification (12, with random split offsets) and an evaluation (15)
+        a, b = tr.step(), resumed.step()
+        assert (a.loss, a.view, a.num_gaussians, a.sh_degree) == (b.loss, b.view, b.num_gaussians, b.sh_degree)
+        assert (a.densify is None) == (b.densify is None)
+        reports += [a.densify] if a.densify else []
+        _assert_same_state(_state(tr), _state(resumed))
+        assert torch.equal(tr.stats.grad_accum, resumed.stats.grad_accum)
+    assert [r.iteration for r in reports] == [12, 16] and reports[0].n_split > 0
+    assert tr.eval_history[-1].psnr == resumed.eval_history[-1].psnr
+
+    model = load_checkpoint_model(path)  # safetensors + JSON: nothing is unpickled
+    for k in PARAM_NAMES:
+        assert torch.equal(getattr(model, k), saved_params[k])
+    with pytest.raises(CheckpointError, match="no such"):
+        load_checkpoint_model(tmp_path / "missing.safetensors")
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")
+    with pytest.raises(CheckpointError, match="bad.safetensors"):
+        load_checkpoint_model(bad)
+
+
+def test_load_checkpoint_model_round_trip(rng, tmp_path):
+    ds = make_dataset(rng, n_gauss=20, size=16, n_train=2, n_test=0)
+    tr = Trainer(ds, small_config(init_points=30, sh_degree=2, sh_degree_interval=1), device="cpu")
+    tr.step()
+    tr.save_checkpoint(tmp_path / "c.safetensors")
+    m = load_checkpoint_model(tmp_path / "c.safetensors")
+    for k in PARAM_NAMES:
+        assert torch.equal(getattr(m, k), getattr(tr.model, k).detach())
+    assert m.sh_degree == 2 and m.active_sh_degree == 1 and not m.means3D.requires_grad
+
+
+# ---- command line -------------------------------------------------------------------------------------------------
+@pytest.fixture
+def blender_dataset(tmp_path_factory, rng):
+    from rigel_core.data import make_dataset as make_procedural
+
+    d = tmp_path_factory.mktemp("blender")
+    make_procedural(d, 400, 32, 32, n_train=6, n_test=2, seed=int(torch.randint(0, 1000, (1,), generator=rng)),
+                    device="cpu", progress=False)
+    return d
+
+
+def test_cli_end_to_end_resume_and_interrupt(blender_dataset, tmp_path, monkeypatch):
+    from rigel_core.cli.train import main
+    from rigel_core.io.ply import load_ply
+
+    run = tmp_path / "run"
+    common = ["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet", "--init-points", "150",
+              "--eval-every", "10", "--n-renders", "1"]
+    assert main(common + ["--iters", "20"]) == 0
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert [e["iteration"] for e in metrics["eval"]] == [10, 20]
+    assert all(math.isfinite(e["psnr"]) and 0 < e["ssim"] <= 1 for e in metrics["eval"])
+    assert [t["iteration"] for t in metrics["train"]] == [10, 20] and metrics["iterations_done"] == 20
+    assert metrics["dataset"]["train_views"] == 6 and metrics["timings"]["train_s"] > 0
+    assert metrics["config"]["iterations"] == 20 and metrics["nan_skips"] == 0
+    log = (run / "log.txt").read_text()
+    assert "test psnr" in log and "final: 20 iterations" in log
+    for it in ("it000010", "it000020"):
+        names = sorted(p.name for p in (run / "renders" / it).iterdir())
+        assert names == ["r_0_gt.png", "r_0_pred.png"]
+    ply = load_ply(run / "model.ply")
+    ck = load_checkpoint_model(run / "checkpoint.safetensors")
+    assert torch.equal(ply.means3D, ck.means3D) and ply.sh_degree == 3
+
+    assert main(common + ["--iters", "25", "--resume"]) == 0
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["resumed_at"] == [20] and metrics["iterations_done"] == 25
+    assert [e["iteration"] for e in metrics["eval"]] == [10, 20, 25]
+
+    # Ctrl-C during a step: checkpoint + PLY of the last completed iteration, exit status 130
+    calls = {"n": 0}
+    real_step = Trainer.step
+
+    def step(self):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    run2 = tmp_path / "run2"
+    assert main(["--data", str(blender_dataset), "--out", str(run2), "--device", "cpu", "--quiet",
+                 "--init-points", "100", "--iters", "50"]) == 130
+    from rigel_core.checkpoint import read_checkpoint
+
+    assert read_checkpoint(run2 / "checkpoint.safetensors")[1]["iteration"] == 3
+    assert (run2 / "model.ply").is_file() and "interrupted" in (run2 / "log.txt").read_text()
+    assert json.loads((run2 / "metrics.json").read_text())["iterations_done"] == 3
+
+    assert main(["--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "r3"), "--device", "cpu"]) == 2
