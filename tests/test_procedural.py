@@ -44,7 +44,7 @@ def test_determinism_counts_degrees(rng):
         m = make_scene(50, deg, seed)
         assert m.sh_degree == deg and m.sh_rest.shape == (50, (deg + 1) ** 2 - 1, 3)
         if deg:
-            assert m.sh_rest.abs().min() > 0 and m.sh_rest.abs().max() < 0.5  # small but non-zero
+            assert m.sh_rest.abs().max() < 0.1 and (m.sh_rest != 0).all()  # small but non-zero
     for bad in (dict(n=2), dict(n=100, sh_degree=4), dict(n=100, sh_degree=-1)):
         with pytest.raises(ValueError):
             make_scene(**bad)
@@ -80,8 +80,8 @@ def test_surfaces_aligned(rng):
     order = np.argsort(means[hel, 2])
     span = abs(np.unwrap(phase[order])[-1] - np.unwrap(phase[order])[0]) / (2 * math.pi)
     assert P.HELIX_TURNS - 0.1 < span < P.HELIX_TURNS + 0.05
-    # sphere colour is 0.5 + 0.45·normal
-    np.testing.assert_allclose(sh_to_rgb(m.sh_dc[sph, 0]).double().numpy(), 0.5 + 0.45 * normal, atol=1e-5)
+    # sphere colour is 0.5 + 0.4·normal
+    np.testing.assert_allclose(sh_to_rgb(m.sh_dc[sph, 0]).double().numpy(), 0.5 + 0.4 * normal, atol=1e-5)
     # plane: two checker colours, by cell parity
     cell = (np.floor(means[pla, 0] / P.CHECKER) + np.floor(means[pla, 1] / P.CHECKER)).astype(int) % 2
     rgb = sh_to_rgb(m.sh_dc[pla, 0]).double().numpy()
@@ -103,12 +103,19 @@ def test_rotmat_to_quat_all_branches(rng):
     assert np.all(back[:, 0] >= 0)
 
 
-def test_view_dependence(rng):
+def test_view_dependence_bounded(rng):
     m = make_scene(300, 3, seed_from(rng))
     a = Camera.look_at([8, 0, 2], [0, 0, 0])
     b = Camera.look_at([0, -8, 2], [0, 0, 0])
     ca, cb = compute_colors(m, a), compute_colors(m, b)
     assert (ca - cb).abs().max() > 0.01
+    # from many directions, colours stay within SH_BAND_SHIFT per degree of the base colour, inside (0, 1)
+    g = torch.Generator().manual_seed(seed_from(rng))
+    base = sh_to_rgb(m.sh_dc[:, 0])
+    for d in torch.nn.functional.normalize(torch.randn(20, 3, generator=g), dim=1):
+        c = compute_colors(m, Camera.look_at((d * 9).tolist(), [0, 0, 0.05], (0.3, 0.1, 1.0)))
+        assert (c - base).abs().max() <= 3 * P.SH_BAND_SHIFT + 1e-5
+        assert c.min() > 0 and c.max() < 1
     m0 = m.with_sh_degree(0)
     assert torch.allclose(compute_colors(m0, a), compute_colors(m0, b))
 
@@ -178,3 +185,16 @@ def test_default_scene():
     ref = make_scene(mds.N_GAUSSIANS, sh_degree=mds.SH_DEGREE, seed=mds.SEED)
     for name, t in ref.parameters().items():
         torch.testing.assert_close(getattr(scene, name), t, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.gpu
+def test_make_dataset_cuda_matches_cpu(tmp_path):
+    """The same dataset rendered by the CUDA kernels and re-rendered by the CPU reference: within a few 8-bit levels
+    (float32 kernels vs the reference differ by ~1e-5; the PNG rounding adds ≤ 1/255)."""
+    model = P.make_dataset(tmp_path, 3000, 64, 48, n_train=2, n_test=1, seed=3, device="cuda", progress=False)
+    assert model.device.type == "cuda"
+    ds = load_dataset(tmp_path)
+    cpu = model.to("cpu")
+    for frame in ds.train + ds.test:
+        ref = render(cpu, frame.camera).image
+        assert (frame.image - ref).abs().max() <= 2 / 255

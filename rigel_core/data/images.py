@@ -14,8 +14,7 @@ __all__ = ["IMAGE_EXTENSIONS", "resolve_image_path", "read_image", "image_size",
            "resize_area", "write_png", "write_render_rgba"]
 
 #: Extensions tried, in order, when a dataset names an image without one (NeRF-synthetic ``./train/r_0``).
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".exr", ".tif", ".tiff", ".bmp",
-                    ".PNG", ".JPG", ".JPEG", ".WEBP")
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".PNG", ".JPG", ".JPEG", ".WEBP")
 
 
 def resolve_image_path(base: Path, file_path: str) -> Path | None:

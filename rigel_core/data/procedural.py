@@ -18,7 +18,7 @@ from ..camera import Camera
 from ..model import GaussianModel, num_sh_bases, rgb_to_sh
 from ..render import render
 
-__all__ = ["make_scene", "make_dataset", "rotmat_to_quat", "SPHERE_RADIUS", "HELIX_RADIUS", "PLANE_Z",
+__all__ = ["make_scene", "make_dataset", "rotmat_to_quat", "SH_BAND_SHIFT", "SPHERE_RADIUS", "HELIX_RADIUS", "PLANE_Z",
            "PLANE_HALF", "SCENE_RADIUS"]
 
 SPHERE_RADIUS = 1.0
@@ -28,6 +28,9 @@ PLANE_Z, PLANE_HALF, CHECKER = -1.25, 2.5, 0.5
 SCENE_RADIUS = math.hypot(PLANE_HALF * math.sqrt(2.0), PLANE_Z)
 #: share of the Gaussians given to the sphere, the helix and the plane.
 SHARES = (0.45, 0.20, 0.35)
+#: largest colour change each SH degree ≥ 1 can cause; with base colours in [0.1, 0.9] and degree ≤ 3 every
+#: colour stays inside [0.01, 0.99] from every direction, so 8-bit PNGs of the scene need no clipping.
+SH_BAND_SHIFT = 0.03
 
 
 def rotmat_to_quat(R: np.ndarray) -> np.ndarray:
@@ -88,7 +91,7 @@ def _sphere(n, rng):
     means = normal * SPHERE_RADIUS
     spacing = math.sqrt(4.0 * math.pi * SPHERE_RADIUS ** 2 / n)
     rot = _tangent_frame(normal, rng.uniform(0.0, 2.0 * math.pi, n))
-    colors = 0.5 + 0.45 * normal
+    colors = 0.5 + 0.4 * normal
     return means, rot, spacing, colors
 
 
@@ -126,11 +129,12 @@ def make_scene(n: int = 160_000, sh_degree: int = 3, seed: int = 0, *, device=No
                dtype=torch.float32) -> GaussianModel:
     """The procedural scene as a :class:`~rigel_core.model.GaussianModel` of exactly ``n`` Gaussians.
 
-    45 % sphere shell (colour ``0.5 + 0.45·normal``), 20 % helix tube (rainbow along its length), 35 % checkered
-    plane. Each Gaussian is an ellipsoid in its surface's tangent frame: in-plane standard deviations
+    45 % sphere shell (colour ``0.5 + 0.4·normal``), 20 % helix tube (rainbow along its length), 35 % checkered
+    plane; base colours lie in [0.1, 0.9]. Each Gaussian is an ellipsoid in its surface's tangent frame: in-plane standard deviations
     ≈ 0.8·spacing × (1.3, 0.75) (spacing = √(area / count)), 0.08·spacing along the normal, ±10 % log-normal
-    jitter; opacities 0.8–0.97. SH coefficients above degree 0 (for ``sh_degree`` ≥ 1) are small normal noise
-    (σ = 0.08/ℓ for degree ℓ), so colours change a little with the viewing direction. Deterministic for a
+    jitter; opacities 0.8–0.97. SH coefficients above degree 0 (for ``sh_degree`` ≥ 1) are small uniform noise,
+    bounded so that each degree moves a colour by at most ``SH_BAND_SHIFT`` (0.03): colours change a little
+    with the viewing direction and never leave [0, 1]. Deterministic for a
     ``seed`` (numpy's PCG64), independent of ``device``.
 
     Raises ValueError for n < 3 or an SH degree outside 0..3.
@@ -157,7 +161,10 @@ def make_scene(n: int = 160_000, sh_degree: int = 3, seed: int = 0, *, device=No
     k = num_sh_bases(sh_degree) - 1
     rest = np.zeros((n, k, 3))
     for l in range(1, sh_degree + 1):
-        rest[:, l * l - 1:(l + 1) ** 2 - 1] = rng.normal(scale=0.08 / l, size=(n, 2 * l + 1, 3))
+        # Σ_m |Y_lm(d)| ≤ (2l+1)/√(4π) for any direction d (Cauchy–Schwarz on the addition theorem
+        # Σ_m Y_lm² = (2l+1)/4π), so coefficients in ±a_l change a colour by at most SH_BAND_SHIFT per degree
+        a_l = SH_BAND_SHIFT * math.sqrt(4.0 * math.pi) / (2 * l + 1)
+        rest[:, l * l - 1:(l + 1) ** 2 - 1] = rng.uniform(-a_l, a_l, size=(n, 2 * l + 1, 3))
     conv = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float64), dtype=dtype, device=device)
     return GaussianModel(conv(means), conv(np.log(scales)), conv(rotmat_to_quat(rots)),
                          conv(np.log(opac / (1.0 - opac))), conv(rgb_to_sh(colors)[:, None, :]), conv(rest))

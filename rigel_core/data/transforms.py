@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from pathlib import Path
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from ..camera import Camera
 from .frames import DatasetError, Distortion, FrameSpec
-from .images import image_size, resolve_image_path
+from .images import IMAGE_EXTENSIONS, image_size, resolve_image_path
 from .undistort import OPENCV_KEYS, opencv_distort
 
 __all__ = ["read_json", "read_transforms", "frame_name"]
@@ -53,10 +54,8 @@ def frame_name(frame: dict, index: int) -> str:
     fp = frame.get("file_path")
     if isinstance(fp, str) and fp.strip():
         name = Path(fp).name
-        for ext in (".png", ".jpg", ".jpeg", ".webp", ".exr", ".tif", ".tiff", ".bmp"):
-            if name.lower().endswith(ext):
-                return name[: -len(ext)]
-        return name
+        stem, ext = os.path.splitext(name)
+        return stem if ext in IMAGE_EXTENSIONS else name
     return f"frame_{index:05d}"
 
 
