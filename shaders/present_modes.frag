@@ -51,17 +51,21 @@ bool scale_bar(ivec2 q, ivec2 panel, out vec3 color) {
 }
 
 void main() {
-    ivec2 frag = ivec2(gl_FragCoord.xy);   // pixel of the target, (0, 0) = top left
+    ivec2 frag = ivec2(gl_FragCoord.xy) - params.content_origin;   // pixel of the content, (0, 0) = top left
+    if (frag.x < 0 || frag.y < 0 || frag.x >= params.content_size.x || frag.y >= params.content_size.y) {
+        out_color = vec4(vec3(params.background), 1.0);
+        return;
+    }
     int mode = params.mode;
-    ivec2 panel = params.target_size;
+    ivec2 panel = params.content_size;
     ivec2 origin = ivec2(0);
     if (mode == MODE_SIDE_BY_SIDE) {
-        // three equal panels in a row: image | alpha | overdraw
-        int pw = max(params.target_size.x / 3, 1);
+        // three panels in a row: image | alpha | overdraw
+        int pw = max(params.content_size.x / 3, 1);
         int k = min(frag.x / pw, 2);
         mode = k == 0 ? MODE_IMAGE : (k == 1 ? MODE_ALPHA : MODE_OVERDRAW);
         origin = ivec2(k * pw, 0);
-        panel = ivec2(k == 2 ? params.target_size.x - 2 * pw : pw, params.target_size.y);
+        panel = ivec2(k == 2 ? params.content_size.x - 2 * pw : pw, params.content_size.y);
     }
     ivec2 q = frag - origin;
     vec3 color;

@@ -19,6 +19,10 @@
 // Index of a pixel: (clamp(n, 0, max) * (COLORMAP_SIZE - 1)) / max in integer arithmetic (max >= 1).
 #define COLORMAP_SIZE 256
 
+// ---- layout -------------------------------------------------------------------------------------------------
+// The content area is split into panels (one, or three in a row for MODE_SIDE_BY_SIDE: widths cw/3, cw/3 and
+// the rest); the frame is fitted into each panel keeping its aspect, nearest sampling, centred.
+
 // ---- scale bar geometry, pixels of the panel --------------------------------------------------------------
 // A vertical bar at the right edge of an overdraw panel: x in [pw - MARGIN - WIDTH, pw - MARGIN),
 // y in [MARGIN, ph - MARGIN) (top = max, bottom = 0) inside a BORDER-pixel white frame. Omitted when the
@@ -35,13 +39,14 @@
 #define BINDING_COLORMAP 3
 
 #ifdef GL_core_profile
-// Per-frame constants (push constants, 32 bytes, std430 layout: eight 32-bit integers / floats in this order).
+// Per-frame constants (push constants, 40 bytes, std430: nine 32-bit integers then one float, in this order).
 layout(push_constant) uniform PresentParams {
-    ivec2 frame_size;    // W, H of the frame in the slot (pixels)
-    ivec2 target_size;   // width, height of the colour target (pixels)
-    int mode;            // MODE_*
-    int overdraw_max;    // n_contrib mapped to the top of the colormap (>= 1)
-    int flags;           // FLAG_* bits
-    float background;    // grey level of letterbox / panel borders, in [0, 1]
+    ivec2 frame_size;      // W, H of the frame in the slot (pixels)
+    ivec2 content_origin;  // top-left corner of the area the mode fills (pixels of the target)
+    ivec2 content_size;    // its width and height; the rest of the target shows the background
+    int mode;              // MODE_*
+    int overdraw_max;      // n_contrib mapped to the top of the colormap (>= 1)
+    int flags;             // FLAG_* bits
+    float background;      // grey level of letterbox, borders and the area outside the content, in [0, 1]
 } params;
 #endif

@@ -174,10 +174,10 @@ def test_shader_header_constants_and_push_block():
     modes = {C.MODE_IMAGE, C.MODE_ALPHA, C.MODE_OVERDRAW, C.MODE_SIDE_BY_SIDE}
     assert len(modes) == 4
     assert C.COLORMAP_SIZE == overdraw_lut().shape[0] == 256
-    blk = shaderio.present_params(3, 4, 5, 6, C.MODE_OVERDRAW, 0, 1, 0.25)
-    assert len(blk) == 32
-    assert np.frombuffer(blk[:28], np.int32).tolist() == [3, 4, 5, 6, C.MODE_OVERDRAW, 1, 1]  # max clamped ≥ 1
-    assert np.frombuffer(blk[28:], np.float32)[0] == 0.25
+    blk = shaderio.present_params(3, 4, (5, 6, 7, 8), C.MODE_OVERDRAW, 0, 1, 0.25)
+    assert len(blk) == shaderio.PRESENT_PARAMS_SIZE == 40
+    assert np.frombuffer(blk[:36], np.int32).tolist() == [3, 4, 5, 6, 7, 8, C.MODE_OVERDRAW, 1, 1]  # max ≥ 1
+    assert np.frombuffer(blk[36:], np.float32)[0] == 0.25
 
 
 # ---- context ------------------------------------------------------------------------------------------------
@@ -270,14 +270,16 @@ def test_alpha_and_overdraw_passes_follow_their_definitions(ctx, rng):
     assert (ob[y1 - 1, x0] != ob[y0, x0]).any()
 
 
-def test_side_by_side_panels_and_letterbox(ctx, rng):
-    w, h = 150, 40
+def test_side_by_side_panels_content_area_and_letterbox(ctx, rng):
+    w, h = 170, 40
     ring, target, pr = offscreen(ctx, w, h)
     slot, img, fT, nc = fill_slot(ring, 50, 40, rng)  # frame = one panel: shown 1:1
-    px = show(pr, slot, mode=C.MODE_SIDE_BY_SIDE, overdraw_max=299, scale_bar=False)
-    assert_unorm(px[:, :50, :3], img)
-    assert_unorm(px[:, 50:100, 0], np.float32(1.0) - fT)
-    np.testing.assert_array_equal(px[:, 100:, :3], lut8()[np.minimum(nc, 299) * 255 // 299])
+    # content area x ∈ [20, 170): a 20-pixel column for the UI, then image | alpha | overdraw
+    px = show(pr, slot, mode=C.MODE_SIDE_BY_SIDE, overdraw_max=299, scale_bar=False, content=(20, 0, 150, 40))
+    assert (px[:, :20, :3] == unorm8(0.08)).all()
+    assert_unorm(px[:, 20:70, :3], img)
+    assert_unorm(px[:, 70:120, 0], np.float32(1.0) - fT)
+    np.testing.assert_array_equal(px[:, 120:, :3], lut8()[np.minimum(nc, 299) * 255 // 299])
 
     # A smaller frame is scaled up by nearest sampling and centred; the rest is the background grey.
     ring2, target2, pr2 = offscreen(ctx, 160, 100)
@@ -440,6 +442,24 @@ def test_window_resize_minimise_vsync_and_close_mid_frame(window, rng):
     c.close()                        # closing mid-frame tears down in order
 
 
+# ---- CUDA interop ---------------------------------------------------------------------------------------------------
+def test_cuda_interop_failure_names_the_call_and_closes_the_fd(ctx):
+    """Any failed import (here: no GPU, or a pipe that is no Vulkan memory) raises CudaInteropError naming the
+    CUDA call, and the fd — still ours when the import failed — is closed."""
+    pytest.importorskip("cuda.bindings", reason="cuda-bindings not installed")
+    from viewer.cuda_interop import CudaInteropError, ExternalBuffer, ExternalTimelineSemaphore
+
+    for make in (lambda fd: ExternalBuffer(fd, 4096), lambda fd: ExternalTimelineSemaphore(fd)):
+        r, w = os.pipe()
+        with pytest.raises(CudaInteropError, match=r"cuda\w+\(?.*failed"):
+            make(r)
+        with pytest.raises(OSError):
+            os.fstat(r)
+        os.close(w)
+    with pytest.raises(ValueError, match="interop=True"):
+        FrameRing(ctx, 2, device="cuda")
+
+
 # ---- GPU: CUDA interop -------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 def test_gpu_ring_200_frames_with_slow_vulkan_side():
@@ -472,6 +492,13 @@ def test_gpu_ring_200_frames_with_slow_vulkan_side():
                 vk.vkCmdFillBuffer(cmd, scratch.handle, 0, scratch.size, n)
             region = vk.VkBufferCopy(srcOffset=0, dstOffset=n * slot_bytes, size=slot_bytes)
             vk.vkCmdCopyBuffer(cmd, ring.buffers[slot.index].handle, host.handle, 1, [region])
+            to_host = vk.VkBufferMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                                               dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT,
+                                               srcQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
+                                               dstQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED, buffer=host.handle,
+                                               offset=n * slot_bytes, size=slot_bytes)
+            vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 0, None,
+                                    1, [to_host], 0, None)
             vk.vkEndCommandBuffer(cmd)
             rsem, rval = ring.present_wait(slot)
             fsem, fval = ring.mark_read(slot)

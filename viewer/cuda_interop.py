@@ -92,30 +92,32 @@ class ExternalBuffer:
     """
 
     def __init__(self, fd: int, size: int, *, dedicated: bool = False, device: int = 0):
-        import torch
-
-        rt = _rt()
         self.device = device
         self.size = int(size)
         self.ext_mem = None
         self.ptr = 0
-        with torch.cuda.device(device):
+        try:
+            rt = _rt()
+            _check(rt.cudaSetDevice(device), f"cudaSetDevice({device})")
             desc = rt.cudaExternalMemoryHandleDesc()
             desc.type = rt.cudaExternalMemoryHandleType.cudaExternalMemoryHandleTypeOpaqueFd
             desc.handle.fd = int(fd)
             desc.size = self.size
             desc.flags = rt.cudaExternalMemoryDedicated if dedicated else 0
-            try:
-                self.ext_mem = _check(rt.cudaImportExternalMemory(desc), "cudaImportExternalMemory")
-            except CudaInteropError:
-                os.close(fd)
-                raise
-            bdesc = rt.cudaExternalMemoryBufferDesc()
-            bdesc.offset = 0
-            bdesc.size = self.size
-            bdesc.flags = 0
+            self.ext_mem = _check(rt.cudaImportExternalMemory(desc), "cudaImportExternalMemory")
+        except BaseException:
+            os.close(fd)  # not imported: the fd is still ours
+            raise
+        bdesc = rt.cudaExternalMemoryBufferDesc()
+        bdesc.offset = 0
+        bdesc.size = self.size
+        bdesc.flags = 0
+        try:
             self.ptr = int(_check(rt.cudaExternalMemoryGetMappedBuffer(self.ext_mem, bdesc),
                                   "cudaExternalMemoryGetMappedBuffer"))
+        except BaseException:
+            self.close()
+            raise
 
     def tensor(self, offset: int, shape: tuple, dtype: str):
         """A torch CUDA tensor of ``shape``/``dtype`` ("float32", "int32", …) at byte ``offset``, no copy.
@@ -146,20 +148,18 @@ class ExternalTimelineSemaphore:
     """A Vulkan timeline semaphore (exported OPAQUE_FD) imported into CUDA."""
 
     def __init__(self, fd: int, *, device: int = 0):
-        import torch
-
-        rt = _rt()
         self.sem = None
-        with torch.cuda.device(device):
+        try:
+            rt = _rt()
+            _check(rt.cudaSetDevice(device), f"cudaSetDevice({device})")
             desc = rt.cudaExternalSemaphoreHandleDesc()
             desc.type = rt.cudaExternalSemaphoreHandleType.cudaExternalSemaphoreHandleTypeTimelineSemaphoreFd
             desc.handle.fd = int(fd)
             desc.flags = 0
-            try:
-                self.sem = _check(rt.cudaImportExternalSemaphore(desc), "cudaImportExternalSemaphore")
-            except CudaInteropError:
-                os.close(fd)
-                raise
+            self.sem = _check(rt.cudaImportExternalSemaphore(desc), "cudaImportExternalSemaphore")
+        except BaseException:
+            os.close(fd)  # not imported: the fd is still ours
+            raise
 
     def signal(self, value: int, stream=None):
         """Enqueue "set the semaphore to ``value``" on ``stream`` (after all work queued before it)."""

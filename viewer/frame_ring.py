@@ -95,15 +95,19 @@ class FrameRing:
         self.buffers: list[Buffer] = []
         self._imports: list = []
         self._stat_host = None
-        self.ready = [ctx.create_timeline_semaphore(export_fd=device == "cuda") for _ in range(self.k)]
-        self.free = [ctx.create_timeline_semaphore(export_fd=device == "cuda") for _ in range(self.k)]
-        self._ext_ready = self._ext_free = None
+        self.ready, self.free = [], []
+        self._ext_ready, self._ext_free = [], []
+        ctx.own(self)  # from here on, ctx.close() releases whatever was made, even if a step below fails
+        for _ in range(self.k):
+            self.ready.append(ctx.create_timeline_semaphore(export_fd=device == "cuda"))
+            self.free.append(ctx.create_timeline_semaphore(export_fd=device == "cuda"))
         if device == "cuda":
             from .cuda_interop import ExternalTimelineSemaphore
 
-            self._ext_ready = [ExternalTimelineSemaphore(ctx.semaphore_fd(s), device=cuda_device) for s in self.ready]
-            self._ext_free = [ExternalTimelineSemaphore(ctx.semaphore_fd(s), device=cuda_device) for s in self.free]
-        ctx.own(self)
+            for sem in self.ready:
+                self._ext_ready.append(ExternalTimelineSemaphore(ctx.semaphore_fd(sem), device=cuda_device))
+            for sem in self.free:
+                self._ext_free.append(ExternalTimelineSemaphore(ctx.semaphore_fd(sem), device=cuda_device))
         self._allocate(max(1, int(capacity[0]) * int(capacity[1])))
 
     # ---- layout ------------------------------------------------------------------------------------------
@@ -124,17 +128,18 @@ class FrameRing:
         usage = vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | \
             vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
         gpu = self.device == "cuda"
-        self.buffers = [self.ctx.create_buffer(total, usage, host_visible=not gpu, export_fd=gpu)
-                        for _ in range(self.k)]
+        self.buffers, self._imports, self._flat = [], [], []
+        for _ in range(self.k):
+            self.buffers.append(self.ctx.create_buffer(total, usage, host_visible=not gpu, export_fd=gpu))
         self.capacity = pixels
-        self._flat = []
         if gpu:
             import torch
 
             from .cuda_interop import ExternalBuffer
 
-            self._imports = [ExternalBuffer(self.ctx.memory_fd(b), b.alloc_size, dedicated=b.dedicated,
-                                            device=self.cuda_device) for b in self.buffers]
+            for b in self.buffers:
+                self._imports.append(ExternalBuffer(self.ctx.memory_fd(b), b.alloc_size, dedicated=b.dedicated,
+                                                    device=self.cuda_device))
             for imp in self._imports:
                 self._flat.append((imp.tensor(0, (pixels * 3,), "float32"), imp.tensor(o_T, (pixels,), "float32"),
                                    imp.tensor(o_n, (pixels,), "int32")))
@@ -253,13 +258,13 @@ class FrameRing:
         """Release the CUDA imports, buffers and semaphores (after the device is idle)."""
         if self.ready is None:
             return
-        if self.device == "cuda":
+        if self.device == "cuda" and self._ext_ready:
             import torch
 
             torch.cuda.synchronize(self.cuda_device)
         self.ctx.wait_idle()
         self._release_buffers()
-        for ext in (self._ext_ready or []) + (self._ext_free or []):
+        for ext in self._ext_ready + self._ext_free:
             ext.close()
         for sem in self.ready + self.free:
             self.vk.vkDestroySemaphore(self.ctx.device, sem, None)

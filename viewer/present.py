@@ -113,13 +113,15 @@ def scale_bar_rect(panel_w: int, panel_h: int):
             panel_h - C.SCALE_BAR_MARGIN)
 
 
-def panel_rects(mode: int, target_w: int, target_h: int):
-    """[(mode, x, y, w, h)] of the panels a mode draws (side-by-side: three in a row), in target pixels."""
+def panel_rects(mode: int, content: tuple):
+    """[(mode, x, y, w, h)] of the panels a mode draws in the content area ``content`` = (x, y, w, h)
+    (side-by-side: three in a row), in target pixels — the split of shaders/present_modes.frag."""
+    cx, cy, cw, ch = content
     if mode != C.MODE_SIDE_BY_SIDE:
-        return [(mode, 0, 0, target_w, target_h)]
-    pw = max(target_w // 3, 1)
-    return [(C.MODE_IMAGE, 0, 0, pw, target_h), (C.MODE_ALPHA, pw, 0, pw, target_h),
-            (C.MODE_OVERDRAW, 2 * pw, 0, target_w - 2 * pw, target_h)]
+        return [(mode, cx, cy, cw, ch)]
+    pw = max(cw // 3, 1)
+    return [(C.MODE_IMAGE, cx, cy, pw, ch), (C.MODE_ALPHA, cx + pw, cy, pw, ch),
+            (C.MODE_OVERDRAW, cx + 2 * pw, cy, cw - 2 * pw, ch)]
 
 
 class PresentPass:
@@ -135,7 +137,8 @@ class PresentPass:
                     for b in (C.BINDING_IMAGE, C.BINDING_FINAL_T, C.BINDING_N_CONTRIB, C.BINDING_COLORMAP)]
         self.set_layout = vk.vkCreateDescriptorSetLayout(
             ctx.device, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=len(bindings), pBindings=bindings), None)
-        push = vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_FRAGMENT_BIT, offset=0, size=32)
+        push = vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_FRAGMENT_BIT, offset=0,
+                                      size=shaderio.PRESENT_PARAMS_SIZE)
         self.layout = vk.vkCreatePipelineLayout(ctx.device, vk.VkPipelineLayoutCreateInfo(
             setLayoutCount=1, pSetLayouts=[self.set_layout], pushConstantRangeCount=1,
             pPushConstantRanges=[push]), None)
@@ -175,16 +178,17 @@ class PresentPass:
         self.generation = self.ring.generation
 
     def record(self, cmd, slot, target_w: int, target_h: int, *, mode: int, overdraw_max: int,
-               scale_bar: bool = True, background: float = 0.08):
-        """Draw ``slot`` into the current render pass (viewport = the whole target)."""
+               scale_bar: bool = True, background: float = 0.08, content=None):
+        """Draw ``slot`` into the current render pass (viewport = the whole target). ``content`` = (x, y, w, h):
+        the area the mode fills (default: the whole target); the rest shows the background."""
         vk = self.vk
         if self.generation != self.ring.generation:
             self._update_sets()
         vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_GRAPHICS, self.pipeline)
         vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_GRAPHICS, self.layout, 0, 1,
                                    [self.sets[slot.index]], 0, None)
-        data = shaderio.present_params(slot.width, slot.height, target_w, target_h, mode, overdraw_max,
-                                       C.FLAG_SCALE_BAR if scale_bar else 0, background)
+        data = shaderio.present_params(slot.width, slot.height, content or (0, 0, target_w, target_h), mode,
+                                       overdraw_max, C.FLAG_SCALE_BAR if scale_bar else 0, background)
         pc = vk.ffi.new("char[]", data)
         vk.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_FRAGMENT_BIT, 0, len(data), pc)
         set_viewport(vk, cmd, target_w, target_h)

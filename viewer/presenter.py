@@ -70,12 +70,13 @@ class Presenter:
 
     # ---- the frame -----------------------------------------------------------------------------------------
     def present(self, slot, *, mode: int = C.MODE_IMAGE, overdraw_max: int | None = None, draw_data=None,
-                capture: bool = False, scale_bar: bool = True):
+                capture: bool = False, scale_bar: bool = True, content=None):
         """Draw ``slot`` in ``mode`` (+ ImGui ``draw_data``) and present it.
 
         Returns the present number p, or None when the target could not take a frame now (minimised window,
         swapchain being rebuilt) — then nothing was submitted and the slot's bookkeeping is unchanged.
         ``capture``: also copy the result to host memory; fetch it with :meth:`read_pixels` (p).
+        ``content``: (x, y, w, h) area of the target the mode fills (default: all of it).
         """
         vk = self.vk
         p = self.count + 1
@@ -103,7 +104,8 @@ class Presenter:
                                          renderArea=area, clearValueCount=1, pClearValues=[clear])
         vk.vkCmdBeginRenderPass(cmd, begin, vk.VK_SUBPASS_CONTENTS_INLINE)
         if slot is not None and slot.frame > 0:
-            self.present_pass.record(cmd, slot, w, h, mode=mode, overdraw_max=overdraw_max, scale_bar=scale_bar)
+            self.present_pass.record(cmd, slot, w, h, mode=mode, overdraw_max=overdraw_max, scale_bar=scale_bar,
+                                     content=content)
         if self.imgui_pass is not None and draw_data is not None:
             self.imgui_pass.record(cmd, draw_data, f, w, h)
         vk.vkCmdEndRenderPass(cmd)

@@ -44,11 +44,17 @@ MODE_NAMES = {"image": C.MODE_IMAGE, "alpha": C.MODE_ALPHA, "overdraw": C.MODE_O
               "side-by-side": C.MODE_SIDE_BY_SIDE}
 
 
-def present_params(frame_w: int, frame_h: int, target_w: int, target_h: int, mode: int, overdraw_max: int,
-                   flags: int, background: float) -> bytes:
-    """The 32-byte ``PresentParams`` push-constant block of shaderio.h (std430: 7 int32 then 1 float32)."""
-    return struct.pack("<7if", frame_w, frame_h, target_w, target_h, mode, max(int(overdraw_max), 1), flags,
+def present_params(frame_w: int, frame_h: int, content: tuple, mode: int, overdraw_max: int, flags: int,
+                   background: float) -> bytes:
+    """The 40-byte ``PresentParams`` push-constant block of shaderio.h (std430: 9 int32 then 1 float32).
+    ``content`` = (x, y, width, height) of the area the mode fills, in target pixels."""
+    x, y, w, h = (int(v) for v in content)
+    return struct.pack("<9if", frame_w, frame_h, x, y, w, h, mode, max(int(overdraw_max), 1), flags,
                        float(background))
+
+
+#: size in bytes of the PresentParams block
+PRESENT_PARAMS_SIZE = 40
 
 
 def spirv(name: str) -> bytes:

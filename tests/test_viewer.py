@@ -1,0 +1,222 @@
+"""rigel-viewer, the application: orbit camera, model hand-over, the windowed loop and the offscreen CLI.
+
+Vulkan runs on whatever device is present (CI: lavapipe; windows under Xvfb, started by the ``display`` fixture
+of tests/test_vulkan.py when DISPLAY is unset). Scenes are tiny (a few hundred Gaussians) except the one smoke
+run on the bundled scene at 96×72, so that the CPU reference renderer keeps the file fast.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from test_vulkan import VK_OK, VK_REASON, display, no_validation_errors  # noqa: F401  (fixtures)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+from viewer.camera_control import OrbitCamera  # noqa: E402
+from viewer.model_slot import ModelSlot  # noqa: E402
+
+needs_vulkan = pytest.mark.skipif(not VK_OK, reason=f"no usable Vulkan device: {VK_REASON}")
+
+
+def tiny_model(rng, n=300, *, offset=(0.0, 0.0, 0.0)):
+    from rigel_core import GaussianModel
+
+    d = torch.randn(n, 3, generator=rng)
+    pts = d / d.norm(dim=1, keepdim=True) * torch.rand(n, 1, generator=rng) ** (1 / 3) + torch.tensor(offset)
+    return GaussianModel.from_points(pts, torch.rand(n, 3, generator=rng), sh_degree=1, scale=0.12, opacity=0.8)
+
+
+# ---- camera and model hand-over (no Vulkan) ---------------------------------------------------------------------
+def test_orbit_camera_frames_bounds_and_follows_the_mouse(rng):
+    center = (torch.rand(3, generator=rng).numpy() - 0.5) * 10
+    radius = float(torch.rand(1, generator=rng)) * 5 + 0.1
+    for up in ("+z", "-y", "+x"):
+        oc = OrbitCamera(up=up, yaw=float(torch.rand(1, generator=rng)) * 6, pitch=0.3)
+        oc.frame(center, radius, aspect=4 / 3)
+        cam = oc.camera(400, 300)
+        d = torch.randn(500, 3, generator=rng).double().numpy()
+        sphere = center + radius * d / np.linalg.norm(d, axis=1, keepdims=True)
+        uv = cam.project(sphere)
+        assert (uv[:, 0] > 0).all() and (uv[:, 0] < 400).all() and (uv[:, 1] > 0).all() and (uv[:, 1] < 300).all()
+        assert np.ptp(uv[:, 1]) > 0.6 * 300                      # framed, not lost in the distance
+        top = cam.project([center + radius * np.asarray(oc.up)])[0]
+        assert top[1] < 150                                     # world up is up in the image
+
+    # A box is fitted tightly: every corner inside 90 % of the half-extent, one corner on that limit.
+    lo = center - torch.rand(3, generator=rng).double().numpy() * 3 - 0.05
+    hi = center + torch.rand(3, generator=rng).double().numpy() * 3 + 0.05
+    oc.frame_box(lo, hi, aspect=2.0)
+    cam = oc.camera(400, 200)
+    corners = np.array([[(lo, hi)[i >> k & 1][k] for k in range(3)] for i in range(8)])
+    uv = cam.project(corners)
+    reach = np.maximum(np.abs(uv[:, 0] - 200) / 200, np.abs(uv[:, 1] - 100) / 100)
+    assert reach.max() == pytest.approx(0.9, abs=1e-9)
+    assert np.allclose(oc.target, (lo + hi) / 2)
+
+    v = oc.version
+    oc.orbit(0, 1e6)
+    assert oc.pitch == pytest.approx(math.radians(89.0)) and oc.version == v + 1
+    oc.orbit(0, -1e6)
+    assert oc.pitch == pytest.approx(-math.radians(89.0))
+    oc.pitch = 0.2
+    dist = oc.distance
+    oc.zoom(2)
+    assert oc.distance == pytest.approx(dist * 0.81)
+    # Pan: the point under the old target moves with the drag, by the same number of pixels.
+    before = oc.target.copy()
+    oc.pan(30, -20, 400)
+    cam = oc.camera(400, 400)
+    u, vv = cam.project([before])[0]
+    assert (u - 200, vv - 200) == pytest.approx((30, -20), abs=1e-6)
+    oc.reset()
+    assert np.allclose(oc.target, (lo + hi) / 2)
+
+
+def test_model_slot_hands_over_snapshots_between_threads():
+    slot = ModelSlot()
+    assert slot.latest() is None
+    seen = []
+    done = threading.Event()
+
+    def producer():
+        for i in range(300):
+            slot.publish({"id": i}, iteration=i)
+        done.set()
+
+    t = threading.Thread(target=producer)
+    t.start()
+    while not done.is_set() or not seen or seen[-1][0] != 300:
+        s = slot.latest()
+        if s is not None and (not seen or s.version != seen[-1][0]):
+            seen.append((s.version, s.model["id"], s.info["iteration"]))
+    t.join()
+    versions = [v for v, _, _ in seen]
+    assert versions == sorted(set(versions)) and versions[-1] == 300
+    assert all(m == v - 1 and it == v - 1 for v, m, it in seen)   # model and info always from the same publish
+
+
+# ---- the command line --------------------------------------------------------------------------------------------
+@needs_vulkan
+def test_offscreen_cli_on_the_bundled_scene(tmp_path):
+    from PIL import Image
+
+    from test_vulkan import VALIDATION
+    from viewer.app import main
+
+    out = tmp_path / "out"
+    args = ["--offscreen", "--frames", "1", "--out", str(out), "--size", "96x72", "--render-scale", "1"]
+    rc = main(args + (["--debug"] if VALIDATION else []))
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ok"] and summary["frames"] == 1 and summary["gaussians"] > 0
+    assert summary["frame_size"] == [96, 72] and summary["last_frame"]["alpha_coverage"] > 0.05
+    assert summary.get("validation_errors", 0) == 0
+    for name in ("frame_0000.png", "image.png", "alpha.png", "overdraw.png"):
+        assert name in summary["files"]
+        assert Image.open(out / name).size == (96, 72)
+    alpha = np.asarray(Image.open(out / "alpha.png"))
+    assert (alpha[..., 0] == alpha[..., 1]).all() and alpha.max() > 200
+    image = np.asarray(Image.open(out / "image.png"))
+    frame = np.asarray(Image.open(out / "frame_0000.png"))
+    assert (frame != image).any(-1)[12:40, 12:80].mean() > 0.9        # the panel is in the frame, top left
+    assert not np.array_equal(np.asarray(Image.open(out / "overdraw.png")), image)
+
+
+def test_cli_reports_bad_input(tmp_path, capsys):
+    from viewer.app import main
+
+    missing = tmp_path / "nope.ply"
+    assert main([str(missing), "--offscreen", "--out", str(tmp_path)]) == 1
+    assert str(missing) in capsys.readouterr().err
+    junk = tmp_path / "junk.ply"
+    junk.write_bytes(b"this is not a scene")
+    assert main([str(junk), "--offscreen", "--out", str(tmp_path)]) == 1
+    assert "junk.ply" in capsys.readouterr().err
+    assert main(["--offscreen"]) == 1
+    assert "--out" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--size", "wide"])
+
+
+@needs_vulkan
+def test_cli_without_display_or_driver_says_what_to_do(tmp_path, monkeypatch, capsys, rng):
+    from viewer.app import main
+
+    scene = tmp_path / "tiny.ply"
+    from rigel_core.io import save_ply
+
+    save_ply(tiny_model(rng, 50), scene)
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    assert main([str(scene)]) == 2
+    err = capsys.readouterr().err
+    assert "--offscreen" in err and "xvfb" in err.lower()
+
+    env = dict(os.environ, VK_DRIVER_FILES=str(tmp_path / "none.json"), VK_ICD_FILENAMES=str(tmp_path / "none.json"))
+    r = subprocess.run([sys.executable, "-m", "viewer.app", str(scene), "--offscreen", "--frames", "1", "--out",
+                        str(tmp_path / "o")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "mesa-vulkan-drivers" in r.stderr    # one clear line
+
+
+# ---- the windowed viewer -----------------------------------------------------------------------------------------
+@needs_vulkan
+def test_viewer_renders_when_something_changes_and_presents_otherwise(display, rng, tmp_path):  # noqa: F811
+    from test_vulkan import VALIDATION
+    from viewer.app import Viewer
+    from viewer.shaderio import C
+    from viewer.ui import ViewSettings
+
+    slot = ModelSlot(tiny_model(rng), iteration=0)
+    with Viewer(slot, size=(160, 120), device="cpu", debug=VALIDATION, settings=ViewSettings(render_scale=1.0)) as v:
+        import glfw
+
+        for _ in range(3):
+            glfw.poll_events()
+            assert v.step() is not None
+        assert v.stats.renders == 1 and v.stats.presents == 3      # a still view is rendered once
+        v.camera.orbit(25, 5)
+        v.step()
+        assert v.stats.renders == 2
+        v.settings.mode = C.MODE_OVERDRAW                          # another pass over the same frame
+        v.step()
+        assert v.stats.renders == 2
+        v.settings.mode = C.MODE_SIDE_BY_SIDE                      # three panels: a narrower frame
+        v.step()
+        assert v.stats.renders == 3 and v.stats.frame_size == (53, 120)   # one third of the window
+        slot.publish(tiny_model(rng, 120, offset=(0.2, 0, 0)), iteration=500)   # a trainer's new snapshot
+        v.settings.mode = C.MODE_IMAGE
+        v.step()
+        assert v.stats.renders == 4 and v.stats.gaussians == 120 and v.stats.model_info == {"iteration": 500}
+        v.screenshot_dir = tmp_path
+        v.requests.append("screenshot")
+        p = v.step()
+        shots = list(tmp_path.glob("rigel_screenshot_*.png"))
+        assert len(shots) == 1
+        from PIL import Image
+
+        np.testing.assert_array_equal(np.asarray(Image.open(shots[0])), v.read_pixels(p)[..., :3])
+        glfw.set_window_should_close(v.window, True)
+        v.run()                                                     # returns at once: the window is closing
+
+
+# ---- GPU ------------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_offscreen_viewer_on_the_bundled_scene(tmp_path):
+    from test_vulkan import VALIDATION
+    from viewer.app import main
+
+    out = tmp_path / "gpu"
+    assert main(["--offscreen", "--device", "cuda", "--frames", "12", "--out", str(out), "--size", "640x480"]
+                + (["--debug"] if VALIDATION else [])) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["render_device"] == "cuda" and summary["frame_size"] == [640, 480]
+    assert summary["ok"] and summary.get("validation_errors", 0) == 0
