@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from plyfile import PlyData, PlyElement
+from plyfile import PlyData
 
 from rigel_core import GaussianModel
 from rigel_core.io import PlyFormatError, SceneWarning, load_ply, load_scene, save_ply

@@ -211,7 +211,8 @@ def _read_legacy(path, raw: bytes):
         start = _LEGACY_HEADER.size + extra
     else:
         if extra:
-            warnings.warn(f"{path}: {extra} unexpected bytes after the splat data are ignored", SceneWarning,
+            more = "or more " if gz else ""  # a gzip stream is only inflated one byte past the expected size
+            warnings.warn(f"{path}: {extra} {more}unexpected bytes after the splat data are ignored", SceneWarning,
                           stacklevel=3)
         start = _LEGACY_HEADER.size
     streams, off = [], start
