@@ -54,8 +54,8 @@ def cuda_extension():
         name="rigel_core._C",
         sources=sources,
         include_dirs=include_dirs,
-        extra_compile_args={"cxx": ["-O3", "-std=c++17"],
-                            "nvcc": ["-O3", "-std=c++17", "--use_fast_math" if os.environ.get("RIGEL_FAST_MATH") else "-lineinfo",
+        extra_compile_args={"cxx": ["-O3", "-std=c++20"],
+                            "nvcc": ["-O3", "-std=c++20", "--use_fast_math" if os.environ.get("RIGEL_FAST_MATH") else "-lineinfo",
                                      "--expt-relaxed-constexpr"]},
     )
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}

@@ -1,0 +1,41 @@
+// The one Python binding of rigel_core._C. Each function is the CUDA twin of the rigel_core.reference
+// function of the same name; docstrings give shapes (float32 unless said), all tensors on one CUDA device.
+#include <torch/extension.h>
+
+#include "config.h"
+#include "ops.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "rigel CUDA kernels: projection, SH colours, tile binning, rasterization (docs/PIPELINE.md)";
+    m.def("project_gaussians", &rigel::project_gaussians, py::arg("means3D"), py::arg("quats"), py::arg("scales"),
+          py::arg("opacities"), py::arg("viewmat"), py::arg("K"), py::arg("width"), py::arg("height"),
+          py::arg("near_plane") = RIGEL_NEAR_PLANE, py::arg("far_plane") = RIGEL_FAR_PLANE,
+          "[1] means3D (N,3), quats (N,4) wxyz, scales (N,3), opacities (N,), viewmat (4,4), K (3,3) -> "
+          "(means2D (N,2), conics (N,3), depths (N,), radii (N,) int32; culled: radius 0, zeros)");
+    m.def("sh_colors", &rigel::sh_colors, py::arg("degree"), py::arg("sh_coeffs"), py::arg("means3D"),
+          py::arg("campos"), "[0] degree 0..3, sh_coeffs (N,K,3), means3D (N,3), campos (3,) -> colors (N,3)");
+    m.def("bin_gaussians", &rigel::bin_gaussians, py::arg("means2D"), py::arg("conics"), py::arg("opacities"),
+          py::arg("depths"), py::arg("radii"), py::arg("width"), py::arg("height"),
+          py::arg("max_entries") = RIGEL_MAX_ENTRIES,
+          "[2] -> (keys (E,) int64 sorted, gaussian_ids (E,) int32, tile_ranges (n_tiles,2) int32, "
+          "tiles_touched (N,) int32); RuntimeError when E > max_entries (checked before allocating)");
+    m.def("rasterize_tiles", &rigel::rasterize_tiles, py::arg("means2D"), py::arg("conics"), py::arg("colors"),
+          py::arg("opacities"), py::arg("gaussian_ids"), py::arg("tile_ranges"), py::arg("width"), py::arg("height"),
+          py::arg("background"), py::arg("image"), py::arg("final_T"), py::arg("n_contrib"),
+          "[3] writes image (H,W,3), final_T (H,W), n_contrib (H,W) int32 in place; background (3,) or None");
+    m.def("project_gaussians_backward", &rigel::project_gaussians_backward, py::arg("means3D"), py::arg("quats"),
+          py::arg("scales"), py::arg("viewmat"), py::arg("K"), py::arg("width"), py::arg("height"), py::arg("radii"),
+          py::arg("v_means2D"), py::arg("v_conics"), py::arg("v_depths"),
+          "[1] backward -> (v_means3D (N,3), v_quats (N,4), v_scales (N,3)); zero for culled Gaussians");
+    m.def("sh_colors_backward", &rigel::sh_colors_backward, py::arg("degree"), py::arg("sh_coeffs"),
+          py::arg("means3D"), py::arg("campos"), py::arg("v_colors"),
+          "[0] backward -> (v_sh_coeffs (N,K,3), v_means3D (N,3))");
+    m.def("rasterize_tiles_backward", &rigel::rasterize_tiles_backward, py::arg("means2D"), py::arg("conics"),
+          py::arg("colors"), py::arg("opacities"), py::arg("gaussian_ids"), py::arg("tile_ranges"), py::arg("width"),
+          py::arg("height"), py::arg("background"), py::arg("final_T"), py::arg("n_contrib"), py::arg("v_image"),
+          py::arg("v_final_T"),
+          "[3] backward -> (v_means2D (N,2), v_conics (N,3), v_colors (N,3), v_opacities (N,), "
+          "v_means2D_abs (N,2): per-pixel |d loss / d means2D| summed, for densification)");
+    m.attr("TILE_SIZE") = RIGEL_TILE_SIZE;
+    m.attr("MAX_ENTRIES") = RIGEL_MAX_ENTRIES;
+}

@@ -1,0 +1,61 @@
+// Kernel launchers, one per stage and direction, implemented beside their kernels in the .cu files.
+// Arguments are already checked by rigel.cpp (device, dtype, contiguity, shapes); shapes are noted here.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/ATen.h>
+#include <c10/util/Optional.h>
+
+namespace rigel {
+
+// project_fwd.cu. means3D [N,3], quats [N,4], scales [N,3], opacities [N], viewmat [4,4], K [3,3]
+// -> means2D [N,2], conics [N,3], depths [N], radii [N] int32 (all written, culled = 0).
+void launch_project_fwd(const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales,
+                        const at::Tensor& opacities, const at::Tensor& viewmat, const at::Tensor& K, int width,
+                        int height, double near_plane, double far_plane, at::Tensor& means2D, at::Tensor& conics,
+                        at::Tensor& depths, at::Tensor& radii);
+
+// project_bwd.cu. Inputs as the forward plus radii [N]; v_means2D [N,2], v_conics [N,3], v_depths [N]
+// -> v_means3D [N,3], v_quats [N,4], v_scales [N,3] (zero for culled Gaussians).
+void launch_project_bwd(const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales,
+                        const at::Tensor& viewmat, const at::Tensor& K, int width, int height,
+                        const at::Tensor& radii, const at::Tensor& v_means2D, const at::Tensor& v_conics,
+                        const at::Tensor& v_depths, at::Tensor& v_means3D, at::Tensor& v_quats, at::Tensor& v_scales);
+
+// sh_fwd.cu. sh_coeffs [N,K,3], means3D [N,3], campos [3] -> colors [N,3].
+void launch_sh_fwd(int degree, const at::Tensor& sh_coeffs, const at::Tensor& means3D, const at::Tensor& campos,
+                   at::Tensor& colors);
+
+// sh_bwd.cu. v_colors [N,3] -> v_sh_coeffs [N,K,3] (bases beyond the degree get 0), v_means3D [N,3].
+void launch_sh_bwd(int degree, const at::Tensor& sh_coeffs, const at::Tensor& means3D, const at::Tensor& campos,
+                   const at::Tensor& v_colors, at::Tensor& v_sh_coeffs, at::Tensor& v_means3D);
+
+// binning.cu.
+struct BinningResult {
+    at::Tensor keys;           // [E] int64 sorted, (tile_id << 32) | float_bits(depth)
+    at::Tensor gaussian_ids;   // [E] int32
+    at::Tensor tile_ranges;    // [n_tiles, 2] int32 [start, end)
+    at::Tensor tiles_touched;  // [N] int32
+};
+BinningResult launch_bin_gaussians(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities,
+                                   const at::Tensor& depths, const at::Tensor& radii, int width, int height,
+                                   int64_t max_entries);
+
+// rasterize_fwd.cu. Writes image [H,W,3], final_T [H,W], n_contrib [H,W] int32 (caller-provided).
+void launch_rasterize_fwd(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
+                          const at::Tensor& opacities, const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges,
+                          int width, int height, const c10::optional<at::Tensor>& background, at::Tensor& image,
+                          at::Tensor& final_T, at::Tensor& n_contrib);
+
+// rasterize_bwd.cu. v_image [H,W,3], v_final_T [H,W] -> v_means2D [N,2], v_conics [N,3], v_colors [N,3],
+// v_opacities [N], v_means2D_abs [N,2] (sum over pixels of |per-pixel d loss / d means2D|, for densification);
+// the outputs must be zeroed by the caller (the kernel accumulates).
+void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
+                          const at::Tensor& opacities, const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges,
+                          int width, int height, const c10::optional<at::Tensor>& background,
+                          const at::Tensor& final_T, const at::Tensor& n_contrib, const at::Tensor& v_image,
+                          const at::Tensor& v_final_T, at::Tensor& v_means2D, at::Tensor& v_conics,
+                          at::Tensor& v_colors, at::Tensor& v_opacities, at::Tensor& v_means2D_abs);
+
+}  // namespace rigel

@@ -1,0 +1,242 @@
+// Host side of rigel_core._C: argument checks, output allocation, launches (declarations in ops.h).
+#include "ops.h"
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "config.h"
+#include "launch.h"
+
+namespace rigel {
+namespace {
+
+std::string describe(const at::Tensor& t) {
+    std::ostringstream s;
+    if (!t.defined()) return "an undefined tensor";
+    s << "a " << (t.is_contiguous() ? "" : "non-contiguous ") << c10::toString(t.scalar_type()) << " tensor on "
+      << t.device() << " of shape " << t.sizes();
+    return s.str();
+}
+
+// t must be a contiguous tensor of `dtype` on `device` whose sizes match `shape` (-1 = any size). `shape_text`
+// says the expected shape in the docs' words, e.g. "(N, 3)".
+void check(const char* op, const char* name, const at::Tensor& t, at::ScalarType dtype, const at::Device& device,
+           const std::vector<int64_t>& shape, const char* shape_text) {
+    bool ok = t.defined() && t.scalar_type() == dtype && t.device() == device && t.is_contiguous() &&
+              t.dim() == static_cast<int64_t>(shape.size());
+    for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || t.size(static_cast<int64_t>(i)) == shape[i];
+    if (ok) return;
+    std::ostringstream expected;
+    expected << "a contiguous " << c10::toString(dtype) << " tensor on " << device << " of shape " << shape_text;
+    bool first = true;
+    for (size_t i = 0; i < shape.size(); ++i) {
+        if (shape[i] < 0) continue;
+        expected << (first ? " = (" : ", ") << shape[i];
+        first = false;
+    }
+    if (!first) expected << ")";
+    const std::string msg = std::string("rigel_core._C.") + op + ": " + name + " must be " + expected.str() +
+                            "; got " + describe(t);
+    if (t.defined() && (t.scalar_type() != dtype || t.device() != device)) TORCH_CHECK_TYPE(false, msg);
+    TORCH_CHECK_VALUE(false, msg);
+}
+
+// The device of the first per-Gaussian tensor: it must be a CUDA device.
+at::Device cuda_device(const char* op, const char* name, const at::Tensor& t) {
+    TORCH_CHECK_TYPE(t.defined() && t.is_cuda(), "rigel_core._C.", op, ": ", name,
+                     " must be a CUDA tensor (CPU tensors go to rigel_core.reference); got ", describe(t));
+    return t.device();
+}
+
+int64_t num_gaussians(const char* op, const at::Tensor& means) {
+    TORCH_CHECK_VALUE(means.dim() == 2, "rigel_core._C.", op, ": expected a (N, ", (means.dim() > 1 ? means.size(1) : 0),
+                      ") per-Gaussian tensor; got ", describe(means));
+    TORCH_CHECK_VALUE(means.size(0) < (int64_t(1) << 31), "rigel_core._C.", op, ": ", means.size(0),
+                      " Gaussians exceed the int32 index range");
+    return means.size(0);
+}
+
+void check_image_size(const char* op, int64_t width, int64_t height) {
+    // one block row per tile row (grid.y <= 65535) and int32 pixel indices.
+    TORCH_CHECK_VALUE(width > 0 && height > 0 && height <= int64_t(65535) * RIGEL_TILE_SIZE &&
+                          width * height * 3 < (int64_t(1) << 31),
+                      "rigel_core._C.", op, ": unsupported image size ", width, "x", height,
+                      " (need width, height > 0, height <= ", int64_t(65535) * RIGEL_TILE_SIZE,
+                      " and width*height*3 < 2^31)");
+}
+
+void check_background(const char* op, const c10::optional<at::Tensor>& background, const at::Device& dev) {
+    if (background.has_value()) check(op, "background", *background, at::kFloat, dev, {3}, "(3,)");
+}
+
+int64_t tile_count(int64_t width, int64_t height) {
+    return ((width + RIGEL_TILE_SIZE - 1) / RIGEL_TILE_SIZE) * ((height + RIGEL_TILE_SIZE - 1) / RIGEL_TILE_SIZE);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> project_gaussians(
+    const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales, const at::Tensor& opacities,
+    const at::Tensor& viewmat, const at::Tensor& K, int64_t width, int64_t height, double near_plane,
+    double far_plane) {
+    const char* op = "project_gaussians";
+    const at::Device dev = cuda_device(op, "means3D", means3D);
+    const int64_t n = num_gaussians(op, means3D);
+    check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "quats", quats, at::kFloat, dev, {n, 4}, "(N, 4)");
+    check(op, "scales", scales, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "opacities", opacities, at::kFloat, dev, {n}, "(N,)");
+    check(op, "viewmat", viewmat, at::kFloat, dev, {4, 4}, "(4, 4)");
+    check(op, "K", K, at::kFloat, dev, {3, 3}, "(3, 3)");
+    check_image_size(op, width, height);
+    const c10::cuda::CUDAGuard guard(dev);
+    const auto f32 = means3D.options();
+    at::Tensor means2D = at::empty({n, 2}, f32), conics = at::empty({n, 3}, f32), depths = at::empty({n}, f32);
+    at::Tensor radii = at::empty({n}, f32.dtype(at::kInt));
+    launch_project_fwd(means3D, quats, scales, opacities, viewmat, K, static_cast<int>(width), static_cast<int>(height),
+                       near_plane, far_plane, means2D, conics, depths, radii);
+    return {means2D, conics, depths, radii};
+}
+
+at::Tensor sh_colors(int64_t degree, const at::Tensor& sh_coeffs, const at::Tensor& means3D, const at::Tensor& campos) {
+    const char* op = "sh_colors";
+    TORCH_CHECK_VALUE(degree >= 0 && degree <= 3, "rigel_core._C.sh_colors: SH degree must be in 0..3, got ", degree);
+    const at::Device dev = cuda_device(op, "means3D", means3D);
+    const int64_t n = num_gaussians(op, means3D);
+    check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "sh_coeffs", sh_coeffs, at::kFloat, dev, {n, -1, 3}, "(N, K, 3)");
+    TORCH_CHECK_VALUE(sh_coeffs.size(1) >= (degree + 1) * (degree + 1), "rigel_core._C.sh_colors: degree ", degree,
+                      " needs K >= ", (degree + 1) * (degree + 1), " coefficients, got sh_coeffs of shape ",
+                      sh_coeffs.sizes());
+    check(op, "campos", campos, at::kFloat, dev, {3}, "(3,)");
+    const c10::cuda::CUDAGuard guard(dev);
+    at::Tensor colors = at::empty({n, 3}, means3D.options());
+    launch_sh_fwd(static_cast<int>(degree), sh_coeffs, means3D, campos, colors);
+    return colors;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bin_gaussians(
+    const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& depths,
+    const at::Tensor& radii, int64_t width, int64_t height, int64_t max_entries) {
+    const char* op = "bin_gaussians";
+    const at::Device dev = cuda_device(op, "means2D", means2D);
+    const int64_t n = num_gaussians(op, means2D);
+    check(op, "means2D", means2D, at::kFloat, dev, {n, 2}, "(N, 2)");
+    check(op, "conics", conics, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "opacities", opacities, at::kFloat, dev, {n}, "(N,)");
+    check(op, "depths", depths, at::kFloat, dev, {n}, "(N,)");
+    check(op, "radii", radii, at::kInt, dev, {n}, "(N,)");
+    check_image_size(op, width, height);
+    TORCH_CHECK_VALUE(max_entries >= 0 && max_entries < (int64_t(1) << 31), "rigel_core._C.bin_gaussians: max_entries ",
+                      max_entries, " must be in [0, 2^31)");
+    const c10::cuda::CUDAGuard guard(dev);
+    BinningResult r = launch_bin_gaussians(means2D, conics, opacities, depths, radii, static_cast<int>(width),
+                                           static_cast<int>(height), max_entries);
+    return {r.keys, r.gaussian_ids, r.tile_ranges, r.tiles_touched};
+}
+
+void rasterize_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
+                     const at::Tensor& opacities, const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges,
+                     int64_t width, int64_t height, const c10::optional<at::Tensor>& background, at::Tensor image,
+                     at::Tensor final_T, at::Tensor n_contrib) {
+    const char* op = "rasterize_tiles";
+    const at::Device dev = cuda_device(op, "means2D", means2D);
+    const int64_t n = num_gaussians(op, means2D);
+    check_image_size(op, width, height);
+    check(op, "means2D", means2D, at::kFloat, dev, {n, 2}, "(N, 2)");
+    check(op, "conics", conics, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "colors", colors, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "opacities", opacities, at::kFloat, dev, {n}, "(N,)");
+    check(op, "gaussian_ids", gaussian_ids, at::kInt, dev, {-1}, "(E,)");
+    check(op, "tile_ranges", tile_ranges, at::kInt, dev, {tile_count(width, height), 2}, "(n_tiles, 2)");
+    check_background(op, background, dev);
+    check(op, "image", image, at::kFloat, dev, {height, width, 3}, "(H, W, 3)");
+    check(op, "final_T", final_T, at::kFloat, dev, {height, width}, "(H, W)");
+    check(op, "n_contrib", n_contrib, at::kInt, dev, {height, width}, "(H, W)");
+    const c10::cuda::CUDAGuard guard(dev);
+    launch_rasterize_fwd(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, static_cast<int>(width),
+                         static_cast<int>(height), background, image, final_T, n_contrib);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> project_gaussians_backward(
+    const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales, const at::Tensor& viewmat,
+    const at::Tensor& K, int64_t width, int64_t height, const at::Tensor& radii, const at::Tensor& v_means2D,
+    const at::Tensor& v_conics, const at::Tensor& v_depths) {
+    const char* op = "project_gaussians_backward";
+    const at::Device dev = cuda_device(op, "means3D", means3D);
+    const int64_t n = num_gaussians(op, means3D);
+    check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "quats", quats, at::kFloat, dev, {n, 4}, "(N, 4)");
+    check(op, "scales", scales, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "viewmat", viewmat, at::kFloat, dev, {4, 4}, "(4, 4)");
+    check(op, "K", K, at::kFloat, dev, {3, 3}, "(3, 3)");
+    check_image_size(op, width, height);
+    check(op, "radii", radii, at::kInt, dev, {n}, "(N,)");
+    check(op, "v_means2D", v_means2D, at::kFloat, dev, {n, 2}, "(N, 2)");
+    check(op, "v_conics", v_conics, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "v_depths", v_depths, at::kFloat, dev, {n}, "(N,)");
+    const c10::cuda::CUDAGuard guard(dev);
+    at::Tensor v_means3D = at::empty({n, 3}, means3D.options()), v_quats = at::empty({n, 4}, means3D.options());
+    at::Tensor v_scales = at::empty({n, 3}, means3D.options());
+    launch_project_bwd(means3D, quats, scales, viewmat, K, static_cast<int>(width), static_cast<int>(height), radii,
+                       v_means2D, v_conics, v_depths, v_means3D, v_quats, v_scales);
+    return {v_means3D, v_quats, v_scales};
+}
+
+std::tuple<at::Tensor, at::Tensor> sh_colors_backward(int64_t degree, const at::Tensor& sh_coeffs,
+                                                      const at::Tensor& means3D, const at::Tensor& campos,
+                                                      const at::Tensor& v_colors) {
+    const char* op = "sh_colors_backward";
+    TORCH_CHECK_VALUE(degree >= 0 && degree <= 3, "rigel_core._C.sh_colors_backward: SH degree must be in 0..3, got ",
+                      degree);
+    const at::Device dev = cuda_device(op, "means3D", means3D);
+    const int64_t n = num_gaussians(op, means3D);
+    check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "sh_coeffs", sh_coeffs, at::kFloat, dev, {n, -1, 3}, "(N, K, 3)");
+    TORCH_CHECK_VALUE(sh_coeffs.size(1) >= (degree + 1) * (degree + 1), "rigel_core._C.sh_colors_backward: degree ",
+                      degree, " needs K >= ", (degree + 1) * (degree + 1), " coefficients, got sh_coeffs of shape ",
+                      sh_coeffs.sizes());
+    check(op, "campos", campos, at::kFloat, dev, {3}, "(3,)");
+    check(op, "v_colors", v_colors, at::kFloat, dev, {n, 3}, "(N, 3)");
+    const c10::cuda::CUDAGuard guard(dev);
+    at::Tensor v_sh_coeffs = at::empty_like(sh_coeffs), v_means3D = at::empty({n, 3}, means3D.options());
+    launch_sh_bwd(static_cast<int>(degree), sh_coeffs, means3D, campos, v_colors, v_sh_coeffs, v_means3D);
+    return {v_sh_coeffs, v_means3D};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_tiles_backward(
+    const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors, const at::Tensor& opacities,
+    const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges, int64_t width, int64_t height,
+    const c10::optional<at::Tensor>& background, const at::Tensor& final_T, const at::Tensor& n_contrib,
+    const at::Tensor& v_image, const at::Tensor& v_final_T) {
+    const char* op = "rasterize_tiles_backward";
+    const at::Device dev = cuda_device(op, "means2D", means2D);
+    const int64_t n = num_gaussians(op, means2D);
+    check_image_size(op, width, height);
+    check(op, "means2D", means2D, at::kFloat, dev, {n, 2}, "(N, 2)");
+    check(op, "conics", conics, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "colors", colors, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "opacities", opacities, at::kFloat, dev, {n}, "(N,)");
+    check(op, "gaussian_ids", gaussian_ids, at::kInt, dev, {-1}, "(E,)");
+    check(op, "tile_ranges", tile_ranges, at::kInt, dev, {tile_count(width, height), 2}, "(n_tiles, 2)");
+    check_background(op, background, dev);
+    check(op, "final_T", final_T, at::kFloat, dev, {height, width}, "(H, W)");
+    check(op, "n_contrib", n_contrib, at::kInt, dev, {height, width}, "(H, W)");
+    check(op, "v_image", v_image, at::kFloat, dev, {height, width, 3}, "(H, W, 3)");
+    check(op, "v_final_T", v_final_T, at::kFloat, dev, {height, width}, "(H, W)");
+    const c10::cuda::CUDAGuard guard(dev);
+    const auto f32 = means2D.options();
+    at::Tensor v_means2D = at::zeros({n, 2}, f32), v_conics = at::zeros({n, 3}, f32);
+    at::Tensor v_colors = at::zeros({n, 3}, f32), v_opacities = at::zeros({n}, f32);
+    at::Tensor v_means2D_abs = at::zeros({n, 2}, f32);
+    launch_rasterize_bwd(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, static_cast<int>(width),
+                         static_cast<int>(height), background, final_T, n_contrib, v_image, v_final_T, v_means2D,
+                         v_conics, v_colors, v_opacities, v_means2D_abs);
+    return {v_means2D, v_conics, v_colors, v_opacities, v_means2D_abs};
+}
+
+}  // namespace rigel

@@ -1,0 +1,51 @@
+// The operations rigel_core._C exposes, each the CUDA twin of the rigel_core.reference function of the same
+// name (docs/PIPELINE.md). ops.cpp checks every argument (device, dtype, contiguity, shape) with an error
+// saying what was expected, allocates the outputs and calls the launchers of launch.h.
+#pragma once
+
+#include <tuple>
+
+#include <ATen/ATen.h>
+#include <c10/util/Optional.h>
+
+namespace rigel {
+
+// [1] -> (means2D [N,2], conics [N,3], depths [N], radii [N] int32)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> project_gaussians(
+    const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales, const at::Tensor& opacities,
+    const at::Tensor& viewmat, const at::Tensor& K, int64_t width, int64_t height, double near_plane,
+    double far_plane);
+
+// [1] backward -> (v_means3D [N,3], v_quats [N,4], v_scales [N,3])
+std::tuple<at::Tensor, at::Tensor, at::Tensor> project_gaussians_backward(
+    const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales, const at::Tensor& viewmat,
+    const at::Tensor& K, int64_t width, int64_t height, const at::Tensor& radii, const at::Tensor& v_means2D,
+    const at::Tensor& v_conics, const at::Tensor& v_depths);
+
+// [0] -> colors [N,3]
+at::Tensor sh_colors(int64_t degree, const at::Tensor& sh_coeffs, const at::Tensor& means3D, const at::Tensor& campos);
+
+// [0] backward -> (v_sh_coeffs [N,K,3], v_means3D [N,3])
+std::tuple<at::Tensor, at::Tensor> sh_colors_backward(int64_t degree, const at::Tensor& sh_coeffs,
+                                                      const at::Tensor& means3D, const at::Tensor& campos,
+                                                      const at::Tensor& v_colors);
+
+// [2] -> (keys [E] int64, gaussian_ids [E] int32, tile_ranges [n_tiles,2] int32, tiles_touched [N] int32)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bin_gaussians(
+    const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& depths,
+    const at::Tensor& radii, int64_t width, int64_t height, int64_t max_entries);
+
+// [3] writes image [H,W,3], final_T [H,W], n_contrib [H,W] int32 in place.
+void rasterize_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
+                     const at::Tensor& opacities, const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges,
+                     int64_t width, int64_t height, const c10::optional<at::Tensor>& background, at::Tensor image,
+                     at::Tensor final_T, at::Tensor n_contrib);
+
+// [3] backward -> (v_means2D [N,2], v_conics [N,3], v_colors [N,3], v_opacities [N], v_means2D_abs [N,2])
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_tiles_backward(
+    const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors, const at::Tensor& opacities,
+    const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges, int64_t width, int64_t height,
+    const c10::optional<at::Tensor>& background, const at::Tensor& final_T, const at::Tensor& n_contrib,
+    const at::Tensor& v_image, const at::Tensor& v_final_T);
+
+}  // namespace rigel

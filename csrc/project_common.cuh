@@ -1,0 +1,151 @@
+// Projection maths shared by project_fwd.cu, project_bwd.cu and binning.cu (docs/PIPELINE.md [1]).
+//
+// The projection runs in double: one thread per Gaussian does a few hundred flops against ~60 bytes of
+// memory traffic, so double costs nothing measurable on sm_90, and it makes the cull mask, radii and tile
+// rectangles those of the float64 reference (thresholds such as ceil(3*sqrt(lambda)) are then decided on the
+// same values), while means2D / conics come out as the float32 rounding of the float64 answer.
+// Math: Zwicker et al. 2002 eq. 29 (EWA local affine approximation); Kerbl et al. 2023 eq. 5-6.
+#pragma once
+
+#include <cmath>
+
+#include "common.cuh"
+
+namespace rigel {
+
+// A pinhole camera read from device memory: R, t of the row-major world-to-camera viewmat, intrinsics,
+// and the tangent-clamp limits lim = TAN_CLAMP * 0.5 * size / focal.
+struct CameraD {
+    double R[3][3];
+    double t[3];
+    double fx, fy, cx, cy;
+    double lim_x, lim_y;
+};
+
+__device__ inline CameraD load_camera(const float* __restrict__ viewmat,  // [4, 4] row-major
+                                      const float* __restrict__ K,        // [3, 3]
+                                      int width, int height) {
+    CameraD c;
+#pragma unroll
+    for (int i = 0; i < 3; ++i) {
+#pragma unroll
+        for (int j = 0; j < 3; ++j) c.R[i][j] = static_cast<double>(__ldg(viewmat + 4 * i + j));
+        c.t[i] = static_cast<double>(__ldg(viewmat + 4 * i + 3));
+    }
+    c.fx = __ldg(K + 0);
+    c.cx = __ldg(K + 2);
+    c.fy = __ldg(K + 4);
+    c.cy = __ldg(K + 5);
+    c.lim_x = kTanClamp * 0.5 * width / c.fx;
+    c.lim_y = kTanClamp * 0.5 * height / c.fy;
+    return c;
+}
+
+// Rotation matrix of the unit quaternion (w, x, y, z) (already normalised by the caller).
+__device__ inline void quat_to_rotmat(double w, double x, double y, double z, double Rq[3][3]) {
+    Rq[0][0] = 1.0 - 2.0 * (y * y + z * z);
+    Rq[0][1] = 2.0 * (x * y - w * z);
+    Rq[0][2] = 2.0 * (x * z + w * y);
+    Rq[1][0] = 2.0 * (x * y + w * z);
+    Rq[1][1] = 1.0 - 2.0 * (x * x + z * z);
+    Rq[1][2] = 2.0 * (y * z - w * x);
+    Rq[2][0] = 2.0 * (x * z - w * y);
+    Rq[2][1] = 2.0 * (y * z + w * x);
+    Rq[2][2] = 1.0 - 2.0 * (x * x + y * y);
+}
+
+// World covariance Sigma = M M^T with M = Rq diag(s).
+__device__ inline void covariance_3d(const double Rq[3][3], const double s[3], double Sigma[3][3]) {
+    double M[3][3];
+#pragma unroll
+    for (int i = 0; i < 3; ++i)
+#pragma unroll
+        for (int k = 0; k < 3; ++k) M[i][k] = Rq[i][k] * s[k];
+#pragma unroll
+    for (int i = 0; i < 3; ++i)
+#pragma unroll
+        for (int j = 0; j < 3; ++j) Sigma[i][j] = M[i][0] * M[j][0] + M[i][1] * M[j][1] + M[i][2] * M[j][2];
+}
+
+// out = A B for 3x3 matrices.
+__device__ inline void matmul3(const double A[3][3], const double B[3][3], double out[3][3]) {
+#pragma unroll
+    for (int i = 0; i < 3; ++i)
+#pragma unroll
+        for (int j = 0; j < 3; ++j) out[i][j] = A[i][0] * B[0][j] + A[i][1] * B[1][j] + A[i][2] * B[2][j];
+}
+
+// Camera-space covariance Sigma_c = R Sigma R^T.
+__device__ inline void covariance_camera(const double R[3][3], const double Sigma[3][3], double Sc[3][3]) {
+    double RS[3][3];
+    matmul3(R, Sigma, RS);
+#pragma unroll
+    for (int i = 0; i < 3; ++i)
+#pragma unroll
+        for (int j = 0; j < 3; ++j) Sc[i][j] = RS[i][0] * R[j][0] + RS[i][1] * R[j][1] + RS[i][2] * R[j][2];
+}
+
+// The EWA Jacobian of the perspective projection at camera point (x, y, z), with x/z and y/z clamped to
+// +-lim (the clamp makes J constant in x (resp. y) outside the limits: clamped_x/clamped_y say so).
+// J = [[fx/z, 0, -fx tx/z], [0, fy/z, -fy ty/z]].
+struct Jacobian {
+    double j00, j02, j11, j12;
+    double tx, ty;
+    bool clamped_x, clamped_y;
+};
+
+__device__ inline Jacobian ewa_jacobian(const CameraD& cam, double x, double y, double z) {
+    Jacobian J;
+    const double rx = x / z, ry = y / z;
+    J.clamped_x = !(rx >= -cam.lim_x && rx <= cam.lim_x);
+    J.clamped_y = !(ry >= -cam.lim_y && ry <= cam.lim_y);
+    J.tx = fmin(fmax(rx, -cam.lim_x), cam.lim_x);
+    J.ty = fmin(fmax(ry, -cam.lim_y), cam.lim_y);
+    J.j00 = cam.fx / z;
+    J.j02 = -cam.fx * J.tx / z;
+    J.j11 = cam.fy / z;
+    J.j12 = -cam.fy * J.ty / z;
+    return J;
+}
+
+// Screen covariance (a, b, c) = J Sc J^T + LOWPASS I.
+__device__ inline void covariance_2d(const Jacobian& J, const double Sc[3][3], double& a, double& b, double& c) {
+    // rows of J Sc
+    const double t00 = J.j00 * Sc[0][0] + J.j02 * Sc[2][0];
+    const double t01 = J.j00 * Sc[0][1] + J.j02 * Sc[2][1];
+    const double t02 = J.j00 * Sc[0][2] + J.j02 * Sc[2][2];
+    const double t11 = J.j11 * Sc[1][1] + J.j12 * Sc[2][1];
+    const double t12 = J.j11 * Sc[1][2] + J.j12 * Sc[2][2];
+    a = t00 * J.j00 + t02 * J.j02 + kLowpass;
+    b = t01 * J.j11 + t02 * J.j12;
+    c = t11 * J.j11 + t12 * J.j12 + kLowpass;
+}
+
+// Tile rectangle [x0, x1) x [y0, y1) of a splat at (u, v) with pixel radius r, clamped to the tile grid in
+// floating point BEFORE the integer conversion (NaN -> 0, +-inf -> the grid's ends), so no value can
+// become an out-of-range tile index. Scalar is double in projection, float in binning (as the reference).
+template <typename Scalar>
+__device__ inline int tile_lo(Scalar c, Scalar r, int n) {
+    Scalar f = floor((c - r) / static_cast<Scalar>(kTileSize));
+    if (isnan(f)) f = 0;
+    return static_cast<int>(fmin(fmax(f, static_cast<Scalar>(0)), static_cast<Scalar>(n)));
+}
+
+template <typename Scalar>
+__device__ inline int tile_hi(Scalar c, Scalar r, int n) {
+    Scalar f = floor((c + r) / static_cast<Scalar>(kTileSize)) + static_cast<Scalar>(1);
+    if (isnan(f)) f = 0;
+    return static_cast<int>(fmin(fmax(f, static_cast<Scalar>(0)), static_cast<Scalar>(n)));
+}
+
+struct TileRect {
+    int x0, y0, x1, y1;
+    __device__ bool empty() const { return x1 <= x0 || y1 <= y0; }
+};
+
+template <typename Scalar>
+__device__ inline TileRect tile_rect(Scalar u, Scalar v, Scalar r, int tiles_x, int tiles_y) {
+    return TileRect{tile_lo(u, r, tiles_x), tile_lo(v, r, tiles_y), tile_hi(u, r, tiles_x), tile_hi(v, r, tiles_y)};
+}
+
+}  // namespace rigel

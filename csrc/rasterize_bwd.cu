@@ -1,0 +1,182 @@
+// [3] Tile rasterization, backward: one 16x16 block per tile, one thread per pixel, entries walked back to
+// front. Each pixel recovers the transmittance in front of entry i from the one behind it,
+// T_i = T_{i+1} / (1 - alpha_i), starting at final_T, and walks exactly the entries the forward blended:
+// positions [0, n_contrib) of its tile list, with the forward's skips re-applied (rasterize_common.cuh).
+//
+// With S_i = sum_{j>i} c_j alpha_j T_j + final_T * background (what lies behind entry i):
+//   d image / d c_i     = alpha_i T_i
+//   d image / d alpha_i = T_i c_i - S_i / (1 - alpha_i),     d final_T / d alpha_i = -final_T / (1 - alpha_i)
+// then alpha = min(ALPHA_MAX, vis) (zero gradient where clamped), vis = opacity exp(-q/2), q the conic form.
+// Per-Gaussian sums are reduced across each warp with shuffles before one atomicAdd per warp and value.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+
+#include "launch.h"
+#include "rasterize_common.cuh"
+
+namespace rigel {
+namespace {
+
+constexpr int kGradValues = 11;  // v_means2D (2), v_conics (3), v_colors (3), v_opacity, |v_means2D| (2)
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+__global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
+    int width, int height, int tiles_x,
+    const int32_t* __restrict__ tile_ranges,   // [n_tiles, 2]
+    const int32_t* __restrict__ gaussian_ids,  // [E]
+    const float* __restrict__ means2D,         // [N, 2]
+    const float* __restrict__ conics,          // [N, 3]
+    const float* __restrict__ colors,          // [N, 3]
+    const float* __restrict__ opacities,       // [N]
+    const float* __restrict__ background,      // [3] or nullptr
+    const float* __restrict__ final_T,         // [H, W]
+    const int32_t* __restrict__ n_contrib,     // [H, W]
+    const float* __restrict__ v_image,         // [H, W, 3]
+    const float* __restrict__ v_final_T,       // [H, W]
+    float* __restrict__ v_means2D,             // [N, 2] accumulated
+    float* __restrict__ v_conics,              // [N, 3] accumulated
+    float* __restrict__ v_colors,              // [N, 3] accumulated
+    float* __restrict__ v_opacities,           // [N] accumulated
+    float* __restrict__ v_means2D_abs)         // [N, 2] accumulated
+{
+    __shared__ int32_t s_id[kTilePixels];
+    __shared__ float2 s_xy[kTilePixels];
+    __shared__ float4 s_conic_opacity[kTilePixels];  // (A, 2B, C, opacity)
+    __shared__ float3 s_rgb[kTilePixels];
+    __shared__ int s_max_contrib;
+
+    const int tile = blockIdx.y * tiles_x + blockIdx.x;
+    const int tid = threadIdx.y * kTileSize + threadIdx.x;
+    const int lane = tid & 31;
+    const int px = blockIdx.x * kTileSize + threadIdx.x, py = blockIdx.y * kTileSize + threadIdx.y;
+    const bool inside = px < width && py < height;
+    const int pix = inside ? py * width + px : 0;
+    const float fx = static_cast<float>(px) + 0.5f, fy = static_cast<float>(py) + 0.5f;
+
+    const int last = inside ? n_contrib[pix] : 0;
+    if (tid == 0) s_max_contrib = 0;
+    __syncthreads();
+    if (last > 0) atomicMax(&s_max_contrib, last);
+    __syncthreads();
+    const int start = tile_ranges[2 * tile + 0];
+    const int stop = start + s_max_contrib;  // no pixel of the tile blended anything beyond
+
+    const float T_final = inside ? final_T[pix] : 1.f;
+    float T = T_final;
+    float vr = 0.f, vg = 0.f, vb = 0.f, vT = 0.f;
+    float Sr = 0.f, Sg = 0.f, Sb = 0.f;
+    if (inside) {
+        vr = v_image[3 * pix + 0];
+        vg = v_image[3 * pix + 1];
+        vb = v_image[3 * pix + 2];
+        vT = v_final_T[pix];
+        if (background != nullptr) {
+            Sr = T_final * __ldg(background + 0);
+            Sg = T_final * __ldg(background + 1);
+            Sb = T_final * __ldg(background + 2);
+        }
+    }
+
+    for (int batch_end = stop; batch_end > start; batch_end -= kTilePixels) {
+        const int batch_start = max(start, batch_end - kTilePixels);
+        __syncthreads();  // the previous batch is no longer read
+        const int k = batch_start + tid;
+        if (k < batch_end) {
+            const int32_t id = gaussian_ids[k];
+            s_id[tid] = id;
+            s_xy[tid] = make_float2(means2D[2 * id + 0], means2D[2 * id + 1]);
+            s_conic_opacity[tid] =
+                make_float4(conics[3 * id + 0], 2.f * conics[3 * id + 1], conics[3 * id + 2], opacities[id]);
+            s_rgb[tid] = make_float3(colors[3 * id + 0], colors[3 * id + 1], colors[3 * id + 2]);
+        }
+        __syncthreads();
+        for (int j = batch_end - batch_start - 1; j >= 0; --j) {
+            const int position = batch_start - start + j;  // 0-based place in the tile's list
+            float grad[kGradValues];
+#pragma unroll
+            for (int i = 0; i < kGradValues; ++i) grad[i] = 0.f;
+            bool active = false;
+            if (position < last) {
+                const float4 co = s_conic_opacity[j];
+                const float2 xy = s_xy[j];
+                const float dx = __fsub_rn(fx, xy.x), dy = __fsub_rn(fy, xy.y);
+                const float q = quadratic_form(co.x, co.y, co.z, dx, dy);
+                float G, vis, alpha;
+                if (fragment_alpha(q, co.w, G, vis, alpha)) {
+                    active = true;
+                    const float one_minus = 1.f - alpha;
+                    const float T_i = T / one_minus;  // transmittance in front of this entry
+                    const float3 c = s_rgb[j];
+                    const float w = alpha * T_i;
+                    grad[5] = vr * w;  // v_colors
+                    grad[6] = vg * w;
+                    grad[7] = vb * w;
+                    const float inv = 1.f / one_minus;
+                    const float v_alpha = vr * (T_i * c.x - Sr * inv) + vg * (T_i * c.y - Sg * inv) +
+                                          vb * (T_i * c.z - Sb * inv) - vT * T_final * inv;
+                    Sr += c.x * w;
+                    Sg += c.y * w;
+                    Sb += c.z * w;
+                    T = T_i;
+                    const float v_vis = vis <= kAlphaMaxF ? v_alpha : 0.f;
+                    grad[8] = v_vis * G;                     // v_opacity
+                    const float v_q = -0.5f * v_vis * vis;  // d vis / d q = -vis / 2
+                    const float A = co.x, B = 0.5f * co.y, C = co.z;
+                    grad[2] = v_q * dx * dx;        // v_A
+                    grad[3] = v_q * 2.f * dx * dy;  // v_B
+                    grad[4] = v_q * dy * dy;        // v_C
+                    // dq/du = -2 (A dx + B dy), dq/dv = -2 (B dx + C dy)
+                    grad[0] = -2.f * v_q * (A * dx + B * dy);
+                    grad[1] = -2.f * v_q * (B * dx + C * dy);
+                    grad[9] = fabsf(grad[0]);
+                    grad[10] = fabsf(grad[1]);
+                }
+            }
+            if (!__any_sync(0xffffffffu, active)) continue;  // nothing for this Gaussian in this warp
+#pragma unroll
+            for (int i = 0; i < kGradValues; ++i) grad[i] = warp_sum(grad[i]);
+            if (lane == 0) {
+                const int32_t id = s_id[j];
+                atomicAdd(v_means2D + 2 * id + 0, grad[0]);
+                atomicAdd(v_means2D + 2 * id + 1, grad[1]);
+                atomicAdd(v_conics + 3 * id + 0, grad[2]);
+                atomicAdd(v_conics + 3 * id + 1, grad[3]);
+                atomicAdd(v_conics + 3 * id + 2, grad[4]);
+                atomicAdd(v_colors + 3 * id + 0, grad[5]);
+                atomicAdd(v_colors + 3 * id + 1, grad[6]);
+                atomicAdd(v_colors + 3 * id + 2, grad[7]);
+                atomicAdd(v_opacities + id, grad[8]);
+                atomicAdd(v_means2D_abs + 2 * id + 0, grad[9]);
+                atomicAdd(v_means2D_abs + 2 * id + 1, grad[10]);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
+                          const at::Tensor& opacities, const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges,
+                          int width, int height, const c10::optional<at::Tensor>& background,
+                          const at::Tensor& final_T, const at::Tensor& n_contrib, const at::Tensor& v_image,
+                          const at::Tensor& v_final_T, at::Tensor& v_means2D, at::Tensor& v_conics,
+                          at::Tensor& v_colors, at::Tensor& v_opacities, at::Tensor& v_means2D_abs) {
+    if (means2D.size(0) == 0) return;
+    const int tiles_x = (width + kTileSize - 1) / kTileSize, tiles_y = (height + kTileSize - 1) / kTileSize;
+    const dim3 grid(tiles_x, tiles_y), block(kTileSize, kTileSize);
+    rasterize_bwd_kernel<<<grid, block, 0, at::cuda::getCurrentCUDAStream()>>>(
+        width, height, tiles_x, tile_ranges.data_ptr<int32_t>(), gaussian_ids.data_ptr<int32_t>(),
+        means2D.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(), opacities.data_ptr<float>(),
+        background.has_value() ? background->data_ptr<float>() : nullptr, final_T.data_ptr<float>(),
+        n_contrib.data_ptr<int32_t>(), v_image.data_ptr<float>(), v_final_T.data_ptr<float>(),
+        v_means2D.data_ptr<float>(), v_conics.data_ptr<float>(), v_colors.data_ptr<float>(),
+        v_opacities.data_ptr<float>(), v_means2D_abs.data_ptr<float>());
+    RIGEL_CHECK_LAUNCH("rasterize_bwd_kernel");
+}
+
+}  // namespace rigel

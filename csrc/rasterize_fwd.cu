@@ -1,0 +1,105 @@
+// [3] Tile rasterization, forward (docs/PIPELINE.md [3]): one 16x16 block per tile, one thread per pixel,
+// front-to-back alpha compositing C = sum_i c_i alpha_i prod_{j<i} (1 - alpha_j) (Kerbl et al. 2023, eq. 3).
+// The block stages its tile's entries in shared memory, kTilePixels at a time (one load per thread), and
+// leaves as soon as every pixel of the tile is done (__syncthreads_count vote).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+
+#include "launch.h"
+#include "rasterize_common.cuh"
+
+namespace rigel {
+namespace {
+
+__global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
+    int width, int height, int tiles_x,
+    const int32_t* __restrict__ tile_ranges,   // [n_tiles, 2] [start, end) into gaussian_ids
+    const int32_t* __restrict__ gaussian_ids,  // [E] sorted entries
+    const float* __restrict__ means2D,         // [N, 2]
+    const float* __restrict__ conics,          // [N, 3] (A, B, C)
+    const float* __restrict__ colors,          // [N, 3]
+    const float* __restrict__ opacities,       // [N]
+    const float* __restrict__ background,      // [3] or nullptr (black)
+    float* __restrict__ image,                 // [H, W, 3] out
+    float* __restrict__ final_T,               // [H, W] out
+    int32_t* __restrict__ n_contrib)           // [H, W] out
+{
+    __shared__ float2 s_xy[kTilePixels];
+    __shared__ float4 s_conic_opacity[kTilePixels];  // (A, 2B, C, opacity)
+    __shared__ float3 s_rgb[kTilePixels];
+
+    const int tile = blockIdx.y * tiles_x + blockIdx.x;
+    const int tid = threadIdx.y * kTileSize + threadIdx.x;
+    const int px = blockIdx.x * kTileSize + threadIdx.x, py = blockIdx.y * kTileSize + threadIdx.y;
+    const bool inside = px < width && py < height;
+    const float fx = static_cast<float>(px) + 0.5f, fy = static_cast<float>(py) + 0.5f;
+
+    const int start = tile_ranges[2 * tile + 0], end = tile_ranges[2 * tile + 1];
+    bool done = !inside;
+    float T = 1.f, r = 0.f, g = 0.f, b = 0.f;
+    int last = 0;
+    for (int base = start; base < end; base += kTilePixels) {
+        // Everyone votes (and the barrier protects the previous batch); all done -> the block leaves.
+        if (__syncthreads_count(done) == kTilePixels) break;
+        const int k = base + tid;
+        if (k < end) {
+            const int32_t id = gaussian_ids[k];
+            s_xy[tid] = make_float2(means2D[2 * id + 0], means2D[2 * id + 1]);
+            s_conic_opacity[tid] =
+                make_float4(conics[3 * id + 0], 2.f * conics[3 * id + 1], conics[3 * id + 2], opacities[id]);
+            s_rgb[tid] = make_float3(colors[3 * id + 0], colors[3 * id + 1], colors[3 * id + 2]);
+        }
+        __syncthreads();
+        const int batch = min(kTilePixels, end - base);
+        for (int j = 0; j < batch && !done; ++j) {
+            const float4 co = s_conic_opacity[j];
+            const float2 xy = s_xy[j];
+            const float q = quadratic_form(co.x, co.y, co.z, __fsub_rn(fx, xy.x), __fsub_rn(fy, xy.y));
+            float G, vis, alpha;
+            if (!fragment_alpha(q, co.w, G, vis, alpha)) continue;
+            const float T_new = T * (1.f - alpha);
+            if (T_new < kTMinF) {
+                done = true;
+                break;
+            }
+            const float w = alpha * T;
+            const float3 c = s_rgb[j];
+            r += c.x * w;
+            g += c.y * w;
+            b += c.z * w;
+            T = T_new;
+            last = base - start + j + 1;
+        }
+    }
+    if (!inside) return;
+    const int pix = py * width + px;
+    float bg_r = 0.f, bg_g = 0.f, bg_b = 0.f;
+    if (background != nullptr) {
+        bg_r = __ldg(background + 0);
+        bg_g = __ldg(background + 1);
+        bg_b = __ldg(background + 2);
+    }
+    image[3 * pix + 0] = r + T * bg_r;
+    image[3 * pix + 1] = g + T * bg_g;
+    image[3 * pix + 2] = b + T * bg_b;
+    final_T[pix] = T;
+    n_contrib[pix] = last;
+}
+
+}  // namespace
+
+void launch_rasterize_fwd(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
+                          const at::Tensor& opacities, const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges,
+                          int width, int height, const c10::optional<at::Tensor>& background, at::Tensor& image,
+                          at::Tensor& final_T, at::Tensor& n_contrib) {
+    const int tiles_x = (width + kTileSize - 1) / kTileSize, tiles_y = (height + kTileSize - 1) / kTileSize;
+    const dim3 grid(tiles_x, tiles_y), block(kTileSize, kTileSize);
+    rasterize_fwd_kernel<<<grid, block, 0, at::cuda::getCurrentCUDAStream()>>>(
+        width, height, tiles_x, tile_ranges.data_ptr<int32_t>(), gaussian_ids.data_ptr<int32_t>(),
+        means2D.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(), opacities.data_ptr<float>(),
+        background.has_value() ? background->data_ptr<float>() : nullptr, image.data_ptr<float>(),
+        final_T.data_ptr<float>(), n_contrib.data_ptr<int32_t>());
+    RIGEL_CHECK_LAUNCH("rasterize_fwd_kernel");
+}
+
+}  // namespace rigel

@@ -1,0 +1,111 @@
+// Real spherical harmonics up to degree 3, shared by sh_fwd.cu and sh_bwd.cu (docs/PIPELINE.md [0]).
+// Basis: the standard real SH polynomials (Sloan, "Stupid Spherical Harmonics Tricks", 2008, appendix A2)
+// with the sign convention of Kerbl et al. 2023; band constants from config.h.
+#pragma once
+
+#include "common.cuh"
+
+namespace rigel {
+
+constexpr float kShC0 = static_cast<float>(RIGEL_SH_C0);
+constexpr float kShC1 = static_cast<float>(RIGEL_SH_C1);
+constexpr float kShC2_0 = static_cast<float>(RIGEL_SH_C2_0);
+constexpr float kShC2_1 = static_cast<float>(RIGEL_SH_C2_1);
+constexpr float kShC2_2 = static_cast<float>(RIGEL_SH_C2_2);
+constexpr float kShC2_3 = static_cast<float>(RIGEL_SH_C2_3);
+constexpr float kShC2_4 = static_cast<float>(RIGEL_SH_C2_4);
+constexpr float kShC3_0 = static_cast<float>(RIGEL_SH_C3_0);
+constexpr float kShC3_1 = static_cast<float>(RIGEL_SH_C3_1);
+constexpr float kShC3_2 = static_cast<float>(RIGEL_SH_C3_2);
+constexpr float kShC3_3 = static_cast<float>(RIGEL_SH_C3_3);
+constexpr float kShC3_4 = static_cast<float>(RIGEL_SH_C3_4);
+constexpr float kShC3_5 = static_cast<float>(RIGEL_SH_C3_5);
+constexpr float kShC3_6 = static_cast<float>(RIGEL_SH_C3_6);
+
+__host__ __device__ constexpr int num_sh_bases(int degree) { return (degree + 1) * (degree + 1); }
+
+// Y[k], k < (DEGREE+1)^2, at the unit direction (x, y, z).
+template <int DEGREE>
+__device__ inline void sh_basis(float x, float y, float z, float* Y) {
+    Y[0] = kShC0;
+    if (DEGREE >= 1) {
+        Y[1] = -kShC1 * y;
+        Y[2] = kShC1 * z;
+        Y[3] = -kShC1 * x;
+    }
+    if (DEGREE >= 2) {
+        const float xx = x * x, yy = y * y, zz = z * z;
+        Y[4] = kShC2_0 * (x * y);
+        Y[5] = kShC2_1 * (y * z);
+        Y[6] = kShC2_2 * (2.f * zz - xx - yy);
+        Y[7] = kShC2_3 * (x * z);
+        Y[8] = kShC2_4 * (xx - yy);
+        if (DEGREE >= 3) {
+            Y[9] = kShC3_0 * y * (3.f * xx - yy);
+            Y[10] = kShC3_1 * (x * y) * z;
+            Y[11] = kShC3_2 * y * (4.f * zz - xx - yy);
+            Y[12] = kShC3_3 * z * (2.f * zz - 3.f * xx - 3.f * yy);
+            Y[13] = kShC3_4 * x * (4.f * zz - xx - yy);
+            Y[14] = kShC3_5 * z * (xx - yy);
+            Y[15] = kShC3_6 * x * (xx - 3.f * yy);
+        }
+    }
+}
+
+// Gradient of sum_k w[k] Y_k(x, y, z) with respect to the (unnormalised) polynomial arguments (x, y, z).
+template <int DEGREE>
+__device__ inline float3 sh_basis_vjp(float x, float y, float z, const float* w) {
+    float gx = 0.f, gy = 0.f, gz = 0.f;
+    if (DEGREE >= 1) {
+        gy -= kShC1 * w[1];
+        gz += kShC1 * w[2];
+        gx -= kShC1 * w[3];
+    }
+    if (DEGREE >= 2) {
+        gx += kShC2_0 * y * w[4];
+        gy += kShC2_0 * x * w[4];
+        gy += kShC2_1 * z * w[5];
+        gz += kShC2_1 * y * w[5];
+        gx += -2.f * kShC2_2 * x * w[6];
+        gy += -2.f * kShC2_2 * y * w[6];
+        gz += 4.f * kShC2_2 * z * w[6];
+        gx += kShC2_3 * z * w[7];
+        gz += kShC2_3 * x * w[7];
+        gx += 2.f * kShC2_4 * x * w[8];
+        gy += -2.f * kShC2_4 * y * w[8];
+        if (DEGREE >= 3) {
+            const float xx = x * x, yy = y * y, zz = z * z;
+            gx += kShC3_0 * 6.f * x * y * w[9];
+            gy += kShC3_0 * (3.f * xx - 3.f * yy) * w[9];
+            gx += kShC3_1 * y * z * w[10];
+            gy += kShC3_1 * x * z * w[10];
+            gz += kShC3_1 * x * y * w[10];
+            gx += kShC3_2 * -2.f * x * y * w[11];
+            gy += kShC3_2 * (4.f * zz - xx - 3.f * yy) * w[11];
+            gz += kShC3_2 * 8.f * y * z * w[11];
+            gx += kShC3_3 * -6.f * x * z * w[12];
+            gy += kShC3_3 * -6.f * y * z * w[12];
+            gz += kShC3_3 * (6.f * zz - 3.f * xx - 3.f * yy) * w[12];
+            gx += kShC3_4 * (4.f * zz - 3.f * xx - yy) * w[13];
+            gy += kShC3_4 * -2.f * x * y * w[13];
+            gz += kShC3_4 * 8.f * x * z * w[13];
+            gx += kShC3_5 * 2.f * x * z * w[14];
+            gy += kShC3_5 * -2.f * y * z * w[14];
+            gz += kShC3_5 * (xx - yy) * w[14];
+            gx += kShC3_6 * (3.f * xx - 3.f * yy) * w[15];
+            gy += kShC3_6 * -6.f * x * y * w[15];
+        }
+    }
+    return make_float3(gx, gy, gz);
+}
+
+// Unit view direction from the camera centre to the mean; a mean at the centre gives direction 0 (only the
+// DC term survives), never NaN. Also returns the length for the backward pass.
+__device__ inline float3 view_direction(const float* __restrict__ mean, const float* __restrict__ campos, float& len) {
+    const float dx = mean[0] - __ldg(campos + 0), dy = mean[1] - __ldg(campos + 1), dz = mean[2] - __ldg(campos + 2);
+    len = sqrtf(dx * dx + dy * dy + dz * dz);
+    const float inv = len > 0.f ? 1.f / len : 1.f;
+    return make_float3(dx * inv, dy * inv, dz * inv);
+}
+
+}  // namespace rigel

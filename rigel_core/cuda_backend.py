@@ -1,0 +1,189 @@
+"""CUDA backend of :func:`rigel_core.render`: the kernels of ``rigel_core._C`` behind autograd Functions.
+
+Stages (docs/PIPELINE.md) and their Functions:
+
+* ``_ProjectGaussians``   [1] means3D, quats, scales → means2D, conics, depths, radii (``csrc/project_*.cu``)
+* ``_C.bin_gaussians``    [2] not differentiable (``csrc/binning.cu``)
+* ``_RasterizeTiles``     [3] means2D, conics, colors, opacities → image, final_T, n_contrib (``csrc/rasterize_*.cu``)
+* ``_ShColors``           [0] SH coefficients, means3D → colours (``csrc/sh_*.cu``)
+
+Projection and rasterization are separate Functions, so ``RenderOutput.means2D`` is a differentiable
+intermediate: ``out.means2D.retain_grad()`` gives ∂loss/∂means2D after ``backward()`` (densification), and the
+raster backward also leaves ``out.means2D.absgrad`` (N,2): the per-pixel absolute gradients summed
+(|∂loss/∂means2D| accumulator, as AbsGS uses). The kernels run in float32 (the projection internally in
+float64); all tensors must be float32 on one CUDA device.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _ext, config
+from .render import RenderOutput
+
+__all__ = ["rasterize_gaussians_cuda", "sh_colors_cuda", "project_gaussians_cuda", "bin_gaussians_cuda",
+           "rasterize_tiles_cuda"]
+
+
+def _f32(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` as a contiguous float32 tensor on ``device``; TypeError for another floating dtype (no silent cast)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise TypeError(f"{name}: the CUDA kernels take float32 tensors, got {t.dtype} "
+                        "(use the CPU reference backend for float64)")
+    if t.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device}, got {t.device}")
+    return t.contiguous()
+
+
+class _ProjectGaussians(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, means3D, quats, scales, opacities, viewmat, K, width, height, near_plane, far_plane):
+        C = _ext.get()
+        means2D, conics, depths, radii = C.project_gaussians(means3D, quats, scales, opacities, viewmat, K, width,
+                                                             height, near_plane, far_plane)
+        ctx.save_for_backward(means3D, quats, scales, viewmat, K, radii)
+        ctx.size = (width, height)
+        ctx.mark_non_differentiable(radii)
+        return means2D, conics, depths, radii
+
+    @staticmethod
+    def backward(ctx, v_means2D, v_conics, v_depths, _v_radii):
+        means3D, quats, scales, viewmat, K, radii = ctx.saved_tensors
+
+        n = means3D.shape[0]
+
+        def grad(v, *shape):  # None when that output was not used
+            return torch.zeros(n, *shape, dtype=means3D.dtype, device=means3D.device) if v is None else v.contiguous()
+
+        v_means3D, v_quats, v_scales = _ext.get().project_gaussians_backward(
+            means3D, quats, scales, viewmat, K, ctx.size[0], ctx.size[1], radii, grad(v_means2D, 2),
+            grad(v_conics, 3), grad(v_depths))
+        return v_means3D, v_quats, v_scales, None, None, None, None, None, None, None
+
+
+class _RasterizeTiles(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, means2D, conics, colors, opacities, background, gaussian_ids, tile_ranges, width, height, out):
+        if out is None:
+            dev = means2D.device
+            image = torch.empty(height, width, 3, dtype=torch.float32, device=dev)
+            final_T = torch.empty(height, width, dtype=torch.float32, device=dev)
+            n_contrib = torch.empty(height, width, dtype=torch.int32, device=dev)
+        else:
+            image, final_T, n_contrib = out
+        _ext.get().rasterize_tiles(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, width, height,
+                                   background, image, final_T, n_contrib)
+        ctx.save_for_backward(means2D, conics, colors, opacities, background, gaussian_ids, tile_ranges, final_T,
+                              n_contrib)
+        ctx.size = (width, height)
+        ctx.mark_non_differentiable(n_contrib)
+        return image, final_T, n_contrib
+
+    @staticmethod
+    def backward(ctx, v_image, v_final_T, _v_n_contrib):
+        means2D, conics, colors, opacities, background, gaussian_ids, tile_ranges, final_T, n_contrib = ctx.saved_tensors
+        v_image = torch.zeros(*final_T.shape, 3, dtype=final_T.dtype, device=final_T.device) if v_image is None \
+            else v_image.contiguous()
+        v_final_T = torch.zeros_like(final_T) if v_final_T is None else v_final_T.contiguous()
+        v_means2D, v_conics, v_colors, v_opacities, v_means2D_abs = _ext.get().rasterize_tiles_backward(
+            means2D, conics, colors, opacities, gaussian_ids, tile_ranges, ctx.size[0], ctx.size[1], background,
+            final_T, n_contrib, v_image, v_final_T)
+        means2D.absgrad = v_means2D_abs
+        v_background = None
+        if background is not None and ctx.needs_input_grad[4]:
+            v_background = (v_image * final_T[..., None]).sum((0, 1))
+        return v_means2D, v_conics, v_colors, v_opacities, v_background, None, None, None, None, None
+
+
+class _ShColors(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, degree, sh_coeffs, means3D, campos):
+        colors = _ext.get().sh_colors(degree, sh_coeffs, means3D, campos)
+        ctx.save_for_backward(sh_coeffs, means3D, campos)
+        ctx.degree = degree
+        return colors
+
+    @staticmethod
+    def backward(ctx, v_colors):
+        sh_coeffs, means3D, campos = ctx.saved_tensors
+        v_sh_coeffs, v_means3D = _ext.get().sh_colors_backward(ctx.degree, sh_coeffs, means3D, campos,
+                                                               v_colors.contiguous())
+        return None, v_sh_coeffs, v_means3D, None
+
+
+def project_gaussians_cuda(means3D, quats, scales, opacities, viewmat, K, width: int, height: int,
+                           near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE):
+    """[1] Projection on the GPU, differentiable w.r.t. means3D, quats and scales.
+
+    Shapes as :func:`rigel_core.reference.project_gaussians`; returns (means2D (N,2), conics (N,3), depths (N,),
+    radii (N,) int32), culled Gaussians with radius 0 and zeros.
+    """
+    dev = means3D.device
+    args = [_f32(n, t, dev) for n, t in (("means3D", means3D), ("quats", quats), ("scales", scales),
+                                         ("opacities", opacities), ("viewmat", viewmat), ("K", K))]
+    return _ProjectGaussians.apply(*args, int(width), int(height), float(near_plane), float(far_plane))
+
+
+def bin_gaussians_cuda(means2D, conics, opacities, depths, radii, width: int, height: int,
+                       max_entries: int = config.MAX_ENTRIES):
+    """[2] Binning on the GPU (not differentiable): (keys (E,) int64, gaussian_ids (E,) int32,
+    tile_ranges (n_tiles,2) int32, tiles_touched (N,) int32). Raises RuntimeError when E > ``max_entries``."""
+    return _ext.get().bin_gaussians(means2D.detach().contiguous(), conics.detach().contiguous(),
+                                    opacities.detach().contiguous(), depths.detach().contiguous(),
+                                    radii.contiguous(), int(width), int(height), int(max_entries))
+
+
+def rasterize_tiles_cuda(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, width: int, height: int,
+                         background=None, out=None):
+    """[3] Rasterization on the GPU, differentiable w.r.t. means2D, conics, colors, opacities, background.
+
+    Returns (image (H,W,3), final_T (H,W), n_contrib (H,W) int32), written into ``out`` when given.
+    """
+    dev = means2D.device
+    if out is not None:
+        out = tuple(out)
+        if len(out) != 3:
+            raise ValueError(f"out: expected (image, final_T, n_contrib), got {len(out)} tensors")
+    bg = None if background is None else _f32("background", background, dev)
+    return _RasterizeTiles.apply(_f32("means2D", means2D, dev), _f32("conics", conics, dev),
+                                 _f32("colors", colors, dev), _f32("opacities", opacities, dev), bg,
+                                 gaussian_ids.contiguous(), tile_ranges.contiguous(), int(width), int(height), out)
+
+
+def rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat, K, width: int, height: int, *,
+                             background=None, near_plane: float = config.NEAR_PLANE,
+                             far_plane: float = config.FAR_PLANE, out=None) -> RenderOutput:
+    """Render activated Gaussians with the CUDA kernels (project → bin → rasterize); see
+    :func:`rigel_core.render.rasterize_gaussians` for the arguments.
+
+    float32 CUDA tensors only (TypeError otherwise). One device→host synchronisation per call (the entry count).
+    ``out`` = (image (H,W,3) float32, final_T (H,W) float32, n_contrib (H,W) int32) contiguous CUDA tensors are
+    written in place and returned; when gradients are taken, ``final_T`` is read again by the backward pass, so
+    do not overwrite ``out`` between forward and backward.
+    Raises: TypeError/ValueError for wrong dtypes, devices or shapes (from here or from ``rigel_core._C``);
+    RuntimeError when more than ``config.MAX_ENTRIES`` (Gaussian, tile) entries are needed.
+    """
+    means2D, conics, depths, radii = project_gaussians_cuda(means3D, quats, scales, opacities, viewmat, K, width,
+                                                            height, near_plane, far_plane)
+    keys, gaussian_ids, tile_ranges, tiles_touched = bin_gaussians_cuda(means2D, conics, opacities, depths, radii,
+                                                                        width, height)
+    image, final_T, n_contrib = rasterize_tiles_cuda(means2D, conics, colors, opacities, gaussian_ids, tile_ranges,
+                                                     width, height, background, out)
+    return RenderOutput(image, final_T, n_contrib, radii, means2D, depths, conics, tiles_touched, int(keys.numel()),
+                        gaussian_ids, tile_ranges)
+
+
+def sh_colors_cuda(degree: int, sh_coeffs, means3D, campos) -> torch.Tensor:
+    """[0] View-dependent colours (N,3) ``max(SH(dir)·coeffs + 0.5, 0)``, ``dir = normalize(mean − campos)``.
+
+    Args: degree 0..3; sh_coeffs (N,K,3) with K ≥ (degree+1)²; means3D (N,3); campos (3,): float32 CUDA.
+    Differentiable w.r.t. sh_coeffs and means3D. Raises ValueError for a degree outside 0..3 or too few
+    coefficients, TypeError for non-float32 tensors. Math: rigel_core/reference/sh.py (same basis).
+    """
+    degree = int(degree)
+    if not 0 <= degree <= 3:
+        raise ValueError(f"SH degree must be in 0..3, got {degree}")
+    dev = means3D.device
+    return _ShColors.apply(degree, _f32("sh_coeffs", sh_coeffs, dev), _f32("means3D", means3D, dev),
+                           _f32("campos", campos, dev).reshape(3))

@@ -1,0 +1,103 @@
+"""csrc/config.h is the one source of the rendering constants; rigel_core/config.py (and the SH band constants of
+the reference) must mirror it exactly. Parses the header's ``#define RIGEL_*`` lines (CPU only, runs in CI)."""
+import ast
+import operator
+import re
+from pathlib import Path
+
+import pytest
+
+from rigel_core import config
+from rigel_core.reference import sh as ref_sh
+
+HEADER = Path(__file__).resolve().parents[1] / "csrc" / "config.h"
+# Launch parameters: they change speed, never results, so Python has no mirror of them.
+KERNEL_ONLY = {"KERNEL_BLOCK_1D"}
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+
+def _literal(text: str):
+    """Value of a C numeric literal or a +-*/ expression of them (suffixes f, L, LL, U stripped)."""
+    text = re.sub(r"(?<=[0-9.])(?:[fF]|[uU]?[lL]{1,2}|[uU])\b", "", text.strip())
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        raise ValueError(f"config.h: cannot evaluate {text!r}")
+
+    return ev(ast.parse(text, mode="eval"))
+
+
+def header_constants() -> dict:
+    out = {}
+    for line in HEADER.read_text().splitlines():
+        m = re.match(r"\s*#define\s+RIGEL_(\w+)\s+(.+?)\s*(?://.*)?$", line)
+        if m:
+            out[m.group(1)] = _literal(m.group(2))
+    return out
+
+
+def python_mirror(name: str):
+    """The Python value a header constant must equal, or raise KeyError when there is none."""
+    m = re.fullmatch(r"SH_C([23])_(\d)", name)
+    if m:
+        return (ref_sh.SH_C2 if m.group(1) == "2" else ref_sh.SH_C3)[int(m.group(2))]
+    if hasattr(config, name):
+        return getattr(config, name)
+    raise KeyError(name)
+
+
+def test_literal_parser():
+    assert _literal("(1.0f / 255.0f)") == 1.0 / 255.0
+    assert _literal("100000000LL") == 100_000_000
+    assert _literal("-0.5900435899266435") == -0.5900435899266435
+    assert _literal("1e10f") == 1e10
+    with pytest.raises(ValueError):
+        _literal("sqrt(2)")
+
+
+def test_header_parses_every_define():
+    defines = [l for l in HEADER.read_text().splitlines() if re.match(r"\s*#define\s+RIGEL_", l)]
+    consts = header_constants()
+    assert len(consts) == len(defines) and len(consts) > 10
+
+
+def test_header_equals_python_mirror():
+    consts = header_constants()
+    missing, wrong = [], []
+    for name, value in consts.items():
+        if name in KERNEL_ONLY:
+            continue
+        try:
+            py = python_mirror(name)
+        except KeyError:
+            missing.append(name)
+            continue
+        if type(py) is int and type(value) is int:
+            ok = py == value
+        else:
+            ok = float(py) == float(value)  # exact: both are the same decimal literal
+        if not ok:
+            wrong.append(f"{name}: config.h {value!r} != Python {py!r}")
+    assert not missing, f"constants of csrc/config.h without a Python mirror: {missing}"
+    assert not wrong, "; ".join(wrong)
+
+
+def test_python_constants_all_in_header():
+    consts = header_constants()
+    py_names = [n for n in vars(config) if n.isupper() and not n.startswith("_")]
+    assert py_names, "rigel_core.config defines no constants"
+    absent = [n for n in py_names if n not in consts]
+    assert not absent, f"rigel_core.config constants missing from csrc/config.h: {absent}"
+    assert len(ref_sh.SH_C2) == 5 and len(ref_sh.SH_C3) == 7
+    for i in range(5):
+        assert f"SH_C2_{i}" in consts
+    for i in range(7):
+        assert f"SH_C3_{i}" in consts
