@@ -113,7 +113,10 @@ def test_offscreen_cli_on_the_bundled_scene(tmp_path):
 
     out = tmp_path / "out"
     args = ["--offscreen", "--frames", "1", "--out", str(out), "--size", "96x72", "--render-scale", "1"]
-    rc = main(args + (["--debug"] if VALIDATION else []))
+    with pytest.MonkeyPatch.context() as mp:   # offscreen needs no display
+        mp.delenv("DISPLAY", raising=False)
+        mp.delenv("WAYLAND_DISPLAY", raising=False)
+        rc = main(args + (["--debug"] if VALIDATION else []))
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ok"] and summary["frames"] == 1 and summary["gaussians"] > 0
@@ -176,22 +179,34 @@ def test_viewer_renders_when_something_changes_and_presents_otherwise(display, r
     from viewer.ui import ViewSettings
 
     slot = ModelSlot(tiny_model(rng), iteration=0)
-    with Viewer(slot, size=(160, 120), device="cpu", debug=VALIDATION, settings=ViewSettings(render_scale=1.0)) as v:
+    settings = ViewSettings(render_scale=0.25)
+    with Viewer(slot, size=(480, 320), device="cpu", debug=VALIDATION, settings=settings) as v:
         import glfw
 
         for _ in range(3):
             glfw.poll_events()
             assert v.step() is not None
         assert v.stats.renders == 1 and v.stats.presents == 3      # a still view is rendered once
-        v.camera.orbit(25, 5)
+        assert v.stats.frame_size == (120, 80)
+        # Input (the GLFW callbacks, called as GLFW would): a drag away from the panel orbits, the wheel zooms,
+        # key 3 picks the overdraw mode.
+        v.input._on_cursor(v.window, 400.0, 250.0)
+        v.step()
+        yaw, dist = v.camera.yaw, v.camera.distance
+        v.input._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.PRESS, 0)
+        v.input._on_cursor(v.window, 430.0, 260.0)
+        v.input._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.RELEASE, 0)
+        v.input._on_scroll(v.window, 0.0, 1.0)
+        assert v.camera.yaw != yaw and v.camera.distance == pytest.approx(dist * 0.9)
         v.step()
         assert v.stats.renders == 2
-        v.settings.mode = C.MODE_OVERDRAW                          # another pass over the same frame
+        v.input._on_key(v.window, glfw.KEY_3, 0, glfw.PRESS, 0)   # another pass over the same frame
         v.step()
-        assert v.stats.renders == 2
+        assert v.settings.mode == C.MODE_OVERDRAW and v.stats.renders == 2
+        v.settings.show_panels = False
         v.settings.mode = C.MODE_SIDE_BY_SIDE                      # three panels: a narrower frame
         v.step()
-        assert v.stats.renders == 3 and v.stats.frame_size == (53, 120)   # one third of the window
+        assert v.stats.renders == 3 and v.stats.frame_size == (40, 80)   # a third of the window, scaled
         slot.publish(tiny_model(rng, 120, offset=(0.2, 0, 0)), iteration=500)   # a trainer's new snapshot
         v.settings.mode = C.MODE_IMAGE
         v.step()

@@ -437,6 +437,35 @@ def test_window_resize_minimise_vsync_and_close_mid_frame(window, rng):
     target.set_vsync(True)
     rebuilds = target.rebuilds
     assert pr.present(slot) is not None and target.rebuilds == rebuilds + 1
+    # A zero-sized framebuffer (what a minimised window reports): nothing is acquired or submitted.
+    real_size = glfw.get_framebuffer_size
+    glfw.get_framebuffer_size = lambda w: (0, 0)
+    try:
+        count = pr.count
+        assert pr.present(slot) is None and pr.count == count
+    finally:
+        glfw.get_framebuffer_size = real_size
+    # OUT_OF_DATE from acquire: the frame is skipped and the swapchain rebuilt on the next one.
+    real_acquire, real_present = target._acquire, target._present
+
+    def out_of_date(*a):
+        target._acquire = real_acquire
+        raise c.vk.VkErrorOutOfDateKhr()
+
+    target._acquire = out_of_date
+    assert pr.present(slot) is None and target.needs_rebuild
+    rebuilds = target.rebuilds
+    assert pr.present(slot) is not None and target.rebuilds == rebuilds + 1
+    # SUBOPTIMAL from present (after the image was queued): rebuilt before the next frame.
+
+    def suboptimal(*a):
+        real_present(*a)
+        raise c.vk.VkSuboptimalKhr()
+
+    target._present = suboptimal
+    assert pr.present(slot) is not None and target.needs_rebuild
+    target._present = real_present
+    assert pr.present(slot) is not None and target.rebuilds == rebuilds + 2
     slot, *_ = fill_slot(ring, 200, 90, rng)
     pr.present(slot)                 # submitted, not waited for
     c.close()                        # closing mid-frame tears down in order

@@ -52,8 +52,9 @@ class ImGuiPass:
         io = imgui.get_io()
         io.backend_flags |= imgui.BackendFlags_.renderer_has_textures
         io.backend_flags |= imgui.BackendFlags_.renderer_has_vtx_offset
-        binding = vk.VkDescriptorSetLayoutBinding(binding=0, descriptorType=vk.VK_DESCRIPTOR_TYPE_COMBINED_IMAGE_SAMPLER,
-                                                  descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_FRAGMENT_BIT)
+        binding = vk.VkDescriptorSetLayoutBinding(
+            binding=0, descriptorType=vk.VK_DESCRIPTOR_TYPE_COMBINED_IMAGE_SAMPLER, descriptorCount=1,
+            stageFlags=vk.VK_SHADER_STAGE_FRAGMENT_BIT)
         self.set_layout = vk.vkCreateDescriptorSetLayout(
             ctx.device, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=1, pBindings=[binding]), None)
         push = vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_VERTEX_BIT, offset=0, size=16)
@@ -62,10 +63,10 @@ class ImGuiPass:
             pPushConstantRanges=[push]), None)
         vbind = vk.VkVertexInputBindingDescription(binding=0, stride=VERTEX_SIZE,
                                                    inputRate=vk.VK_VERTEX_INPUT_RATE_VERTEX)
-        attrs = [vk.VkVertexInputAttributeDescription(location=0, binding=0, format=vk.VK_FORMAT_R32G32_SFLOAT, offset=0),
-                 vk.VkVertexInputAttributeDescription(location=1, binding=0, format=vk.VK_FORMAT_R32G32_SFLOAT, offset=8),
-                 vk.VkVertexInputAttributeDescription(location=2, binding=0, format=vk.VK_FORMAT_R8G8B8A8_UNORM,
-                                                      offset=16)]
+        attr = vk.VkVertexInputAttributeDescription
+        attrs = [attr(location=0, binding=0, format=vk.VK_FORMAT_R32G32_SFLOAT, offset=0),    # pos
+                 attr(location=1, binding=0, format=vk.VK_FORMAT_R32G32_SFLOAT, offset=8),    # uv
+                 attr(location=2, binding=0, format=vk.VK_FORMAT_R8G8B8A8_UNORM, offset=16)]  # col
         vinput = vk.VkPipelineVertexInputStateCreateInfo(vertexBindingDescriptionCount=1,
                                                          pVertexBindingDescriptions=[vbind],
                                                          vertexAttributeDescriptionCount=3,
@@ -75,7 +76,8 @@ class ImGuiPass:
         self.sampler = vk.vkCreateSampler(ctx.device, vk.VkSamplerCreateInfo(
             magFilter=vk.VK_FILTER_LINEAR, minFilter=vk.VK_FILTER_LINEAR,
             mipmapMode=vk.VK_SAMPLER_MIPMAP_MODE_LINEAR, addressModeU=vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE,
-            addressModeV=vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE, addressModeW=vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE,
+            addressModeV=vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE,
+            addressModeW=vk.VK_SAMPLER_ADDRESS_MODE_CLAMP_TO_EDGE,
             maxLod=1.0), None)
         size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_COMBINED_IMAGE_SAMPLER,
                                        descriptorCount=self.MAX_TEXTURES)

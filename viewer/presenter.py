@@ -138,9 +138,9 @@ class Presenter:
         c_signals = ffi.new("VkSemaphore[]", signals)
         c_signal_values = ffi.new("uint64_t[]", signal_values)
         c_cmds = ffi.new("VkCommandBuffer[]", [cmd])
-        timeline = vk.VkTimelineSemaphoreSubmitInfo(waitSemaphoreValueCount=len(waits), pWaitSemaphoreValues=c_wait_values,
-                                                    signalSemaphoreValueCount=len(signals),
-                                                    pSignalSemaphoreValues=c_signal_values)
+        timeline = vk.VkTimelineSemaphoreSubmitInfo(
+            waitSemaphoreValueCount=len(waits), pWaitSemaphoreValues=c_wait_values,
+            signalSemaphoreValueCount=len(signals), pSignalSemaphoreValues=c_signal_values)
         submit = vk.VkSubmitInfo(pNext=timeline, waitSemaphoreCount=len(waits), pWaitSemaphores=c_waits,
                                  pWaitDstStageMask=c_stages, commandBufferCount=1, pCommandBuffers=c_cmds,
                                  signalSemaphoreCount=len(signals), pSignalSemaphores=c_signals)

@@ -19,7 +19,19 @@ from types import SimpleNamespace
 
 __all__ = ["SHADER_DIR", "C", "SHADERS", "GLSLC_ARGS", "spirv", "compile_glsl", "present_params"]
 
-SHADER_DIR = Path(os.environ.get("RIGEL_SHADER_DIR", Path(__file__).resolve().parents[1] / "shaders"))
+def _shader_dir() -> Path:
+    """``RIGEL_SHADER_DIR``, else the repository's ``shaders/`` (source checkout / editable install), else
+    ``viewer/shaders`` (a wheel that packs them inside the package)."""
+    if os.environ.get("RIGEL_SHADER_DIR"):
+        return Path(os.environ["RIGEL_SHADER_DIR"])
+    here = Path(__file__).resolve().parent
+    for cand in (here.parent / "shaders", here / "shaders"):
+        if (cand / "shaderio.h").is_file():
+            return cand
+    return here.parent / "shaders"
+
+
+SHADER_DIR = _shader_dir()
 #: GLSL sources that are compiled to SPIR-V (shaderio.h is included, not compiled).
 SHADERS = ("present_fullscreen.vert", "present_modes.frag", "imgui_ui.vert", "imgui_ui.frag")
 #: glslc flags used for the committed SPIR-V (Vulkan 1.2 target, optimised, no debug info).

@@ -293,8 +293,8 @@ class SwapchainTarget:
                                          srcQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED,
                                          dstQueueFamilyIndex=vk.VK_QUEUE_FAMILY_IGNORED, image=image,
                                          subresourceRange=rng)
-        vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COLOR_ATTACHMENT_OUTPUT_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
-                                0, 0, None, 0, None, 1, [to_src])
+        vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COLOR_ATTACHMENT_OUTPUT_BIT,
+                                vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 0, None, 0, None, 1, [to_src])
         _copy_image_to_buffer(vk, cmd, image, self.width, self.height, buffer)
         back = vk.VkImageMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_READ_BIT, dstAccessMask=0,
                                        oldLayout=vk.VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL,
