@@ -429,7 +429,12 @@ def to_mlp(model, latent_dim: int = 8, hidden_dim: int = 32, *, steps: int = 200
        columns (no effect), the remaining latent entries at 0: the scene keeps its direction-averaged colours
        (no black frame), whatever ``steps`` is. Smaller sizes start from :meth:`MLPAppearance.create`.
     2. **Fit.** ``steps`` Adam steps (lr ``lr`` for every tensor) of the mean squared error against the SH
-       colour (clamped to [0, 1]) on ``batch`` random Gaussians × ``dirs_per_step`` random directions.
+       colour (clamped to [0, 1]) on ``batch`` random Gaussians × ``dirs_per_step`` random directions;
+       skipped when the SH colours do not depend on the direction (active degree 0, or zero higher bands,
+       as for a freshly initialised model), where step 1 is already exact. What the fit can learn is view
+       dependence shared across Gaussians (measured: RMSE 0.09–0.16 → 0.02–0.03 in 50 steps for one random
+       degree-1 band common to all); random per-Gaussian view dependence mostly exceeds an 8-float latent
+       (measured: RMSE 0.033 → 0.031 after 200 steps for 0.03-std random degree-3 bands).
     3. The RMSE over ``eval_gaussians`` fixed Gaussians × ``eval_dirs`` Fibonacci directions is measured
        after 1 and 2; the better state is kept (reported in the :class:`DistillReport`).
 
@@ -472,7 +477,10 @@ def to_mlp(model, latent_dim: int = 8, hidden_dim: int = 32, *, steps: int = 200
     rmse_init = _distill_rmse(model, app, degree, eval_rows, fib) if n else 0.0
     init_state = app.to()
 
-    if steps > 0 and n > 0:
+    k_rest = num_sh_bases(degree) - 1
+    if degree == 0 or n == 0 or not bool(model.sh_rest.detach()[:, :k_rest].abs().max() > 0):
+        steps = 0  # view-independent colours: the exact start is already exact
+    if steps > 0:
         params = [t.requires_grad_(True) for t in app.parameters().values()]
         opt = torch.optim.Adam(params, lr=lr)
         coeffs = model.sh_coeffs.detach()
@@ -492,7 +500,7 @@ def to_mlp(model, latent_dim: int = 8, hidden_dim: int = 32, *, steps: int = 200
             loss.backward()
             opt.step()
         app = app.to()  # detached leaves, optimizer state dropped
-    fitted = steps > 0 and n > 0
+    fitted = steps > 0
     rmse_fit = _distill_rmse(model, app, degree, eval_rows, fib) if fitted else rmse_init
     kept = "fit" if fitted else "init"
     if rmse_fit > rmse_init:

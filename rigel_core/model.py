@@ -189,20 +189,24 @@ class GaussianModel:
         return float(0.5 * torch.linalg.norm(hi - lo))
 
     def to(self, device=None, dtype=None) -> "GaussianModel":
-        """A copy on ``device`` / in ``dtype`` (detached)."""
+        """A copy on ``device`` / in ``dtype`` (detached; the appearance module too, when it has ``to``)."""
         conv = lambda t: t.detach().to(device=device or t.device, dtype=dtype or t.dtype)
         out = GaussianModel(*(conv(getattr(self, p)) for p in PARAM_NAMES), active_sh_degree=self.active_sh_degree)
-        out.appearance = self.appearance
+        # an appearance module with its own tensors (MLPAppearance) is copied alongside, never aliased
+        app = self.appearance
+        out.appearance = app.to(device=device, dtype=dtype) if hasattr(app, "to") else app
         return out
 
     def detach(self) -> "GaussianModel":
         return self.to()
 
     def subset(self, mask_or_index) -> "GaussianModel":
-        """The Gaussians selected by a boolean mask or index tensor (detached)."""
+        """The Gaussians selected by a boolean mask or index tensor (detached; with the appearance module's
+        per-Gaussian rows when it has ``subset``)."""
         out = GaussianModel(*(getattr(self, p).detach()[mask_or_index] for p in PARAM_NAMES),
                             active_sh_degree=self.active_sh_degree)
-        out.appearance = self.appearance
+        app = self.appearance  # per-Gaussian rows of an appearance module (MLP latents) follow the selection
+        out.appearance = app.subset(mask_or_index) if hasattr(app, "subset") else app
         return out
 
     def with_sh_degree(self, degree: int) -> "GaussianModel":

@@ -185,6 +185,12 @@ def test_module_renders_and_guards_row_count(rng):
     assert sub.num_gaussians == 60 and torch.equal(sub.latents, app.latents.detach()[::2])
     with pytest.raises(ValueError, match="60 latents for 120 Gaussians"):
         sub(model, campos)
+    # GaussianModel.subset / .to carry the appearance rows along (copies, never aliases)
+    sub_model = model.subset(torch.arange(0, 120, 3))
+    assert sub_model.appearance.num_gaussians == 40 and sub_model.appearance is not app
+    torch.testing.assert_close(rc.compute_colors(sub_model, cam), colors.detach()[::3])
+    moved = model.to(dtype=torch.float32)
+    assert moved.appearance.dtype == torch.float32 and moved.appearance.latents.data_ptr() != app.latents.data_ptr()
     back = MLPAppearance.from_state_tensors(app.to().state_tensors())
     assert all(torch.equal(a, b) for a, b in zip(back.parameters().values(), app.parameters().values()))
     assert MLPAppearance.from_state_tensors({}) is None
@@ -254,8 +260,8 @@ def test_switching_keeps_the_image(rng):
     cam = random_camera(rng, 48, 36, dist=3.0)
     flat = small_model(rng, n=250, degree=0)
     img0 = rc.render(flat, cam).image
-    mlp0, rep0 = to_mlp(flat, steps=0)
-    assert rep0.kept == "init" and rep0.rmse < 1e-12
+    mlp0, rep0 = to_mlp(flat)  # degree 0: nothing to fit, the exact start is kept
+    assert rep0.kept == "init" and rep0.steps == 0 and rep0.rmse < 1e-12
     assert float((rc.render(mlp0, cam).image - img0).abs().max()) <= 1e-9
 
     shared = small_model(rng, n=250, degree=1, rest_std=0.0)
