@@ -5,6 +5,7 @@ Layout of the file (safetensors: a JSON header + raw little-endian tensors):
 | tensor | content |
 |---|---|
 | ``model.<name>`` | the six Gaussian parameters (``means3D``, ``log_scales``, ``quats``, ``opacity_logits``, ``sh_dc``, ``sh_rest``), pre-activation |
+| ``model.appearance.<name>`` | MLP appearance only: ``latents`` (N,L), ``W1``, ``b1``, ``W2``, ``b2`` (:class:`~rigel_core.appearance.MLPAppearance`) |
 | ``adam.<name>.<key>`` | the optimizer state of that parameter's group (``exp_avg``, ``exp_avg_sq``, ``step``) |
 | ``stats.<key>`` | the densification accumulators (``grad_accum``, ``denom``, ``max_radii``) |
 | ``rng.cpu`` | the trainer's ``torch.Generator`` state (uint8) |
@@ -65,6 +66,8 @@ def save_checkpoint(trainer, path) -> None:
     (``Trainer.save_checkpoint`` does)."""
     model, opt = trainer.model, trainer.optimizer
     tensors = {f"model.{n}": getattr(model, n) for n in PARAM_NAMES}
+    if getattr(model, "appearance", None) is not None:
+        tensors.update(model.appearance.state_tensors("model.appearance."))
     for g in opt.param_groups:
         state = opt.state.get(g["params"][0], {})
         for key, value in state.items():
@@ -117,12 +120,26 @@ def read_checkpoint(path, device="cpu") -> tuple[dict, dict]:
     return tensors, meta
 
 
+def _model_from_tensors(path, tensors: dict) -> GaussianModel:
+    """The GaussianModel of a checkpoint's tensors, with its MLP appearance when it has one."""
+    from .appearance import MLPAppearance
+
+    model = GaussianModel(*(tensors[f"model.{n}"] for n in PARAM_NAMES))
+    try:
+        model.appearance = MLPAppearance.from_state_tensors(tensors, "model.appearance.")
+    except (KeyError, ValueError, TypeError) as e:
+        raise CheckpointError(f"{path}: bad MLP appearance tensors ({e})") from e
+    if model.appearance is not None and model.appearance.num_gaussians != model.num_gaussians:
+        raise CheckpointError(f"{path}: {model.appearance.num_gaussians} latents for {model.num_gaussians} Gaussians")
+    return model
+
+
 def load_checkpoint_model(path, device="cpu") -> GaussianModel:
     """The :class:`~rigel_core.model.GaussianModel` stored in a training checkpoint (detached, on ``device``,
     with the active SH degree it was trained to). Raises CheckpointError (see :func:`read_checkpoint`) or
     ValueError from the model's shape checks."""
     tensors, meta = read_checkpoint(path, device)
-    model = GaussianModel(*(tensors[f"model.{n}"] for n in PARAM_NAMES))
+    model = _model_from_tensors(path, tensors)
     model.active_sh_degree = min(int(meta.get("active_sh_degree", model.sh_degree)), model.sh_degree)
     return model
 
@@ -135,8 +152,8 @@ def load_trainer(path, dataset, *, device=None, config=None):
 
     tensors, meta = read_checkpoint(path, "cpu")
     cfg = config if config is not None else TrainConfig.from_dict(meta["config"])
-    model = GaussianModel(*(tensors[f"model.{n}"] for n in PARAM_NAMES))
-    if model.sh_degree != cfg.sh_degree:
+    model = _model_from_tensors(path, tensors)
+    if model.appearance is None and model.sh_degree != cfg.sh_degree:
         raise CheckpointError(f"{path}: model has SH degree {model.sh_degree}, config asks for {cfg.sh_degree}")
     trainer = Trainer(dataset, cfg, model=model, device=device)
     trainer.extent = float(meta.get("extent", trainer.extent))

@@ -288,6 +288,89 @@ def test_switching_keeps_the_image(rng):
         to_mlp(model, 33)
 
 
+# ---- CPU: training with --appearance mlp -----------------------------------------------------------------------
+def tiny_dataset(gen, n_train=5, n_test=2, size=24):
+    from rigel_core.data import Dataset, Frame
+
+    scene = small_model(gen, n=60, degree=1, rest_std=0.1, dtype=torch.float32)
+
+    def frames(k, offset, prefix):
+        out = []
+        for i in range(k):
+            a = 2 * math.pi * (i + offset) / k
+            cam = rc.Camera.look_at((3 * math.cos(a), 3 * math.sin(a), 1.0), (0, 0, 0), width=size, height=size,
+                                    fov_x_deg=50, name=f"{prefix}{i}")
+            r = rc.render(scene, cam)
+            out.append(Frame(cam, r.image.detach().clamp(0, 1), (1 - r.final_T).detach(), cam.name))
+        return out
+
+    import numpy as np
+
+    return Dataset(frames(n_train, 0.0, "v"), frames(n_test, 0.5, "t"), np.zeros(3), 3.2)
+
+
+def test_trainer_mlp_densify_checkpoint_export_switch(rng, tmp_path):
+    from rigel_core.checkpoint import load_checkpoint_model
+    from rigel_core.io import load_ply
+    from rigel_core.train import TrainConfig, Trainer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ds = tiny_dataset(rng)
+        cfg = TrainConfig(iterations=40, init_points=60, densify_from=3, densify_interval=4, densify_until=30,
+                          grad_threshold=1e-6, max_gaussians=200, eval_every=0, sh_degree=1, sh_degree_interval=4,
+                          seed=0, appearance="mlp", mlp_latent_dim=6, mlp_hidden_dim=16)
+        tr = Trainer(ds, cfg, device="cpu")
+        app = tr.model.appearance
+        assert isinstance(app, MLPAppearance) and (app.latent_dim, app.hidden_dim) == (6, 16)
+        groups = {g["name"]: g for g in tr.optimizer.param_groups}
+        assert groups["appearance.latents"]["per_gaussian"] and not groups["appearance.W1"]["per_gaussian"]
+        n0, W1 = tr.model.num_gaussians, app.W1.detach().clone()
+        results = [tr.step() for _ in range(9)]  # densification at 4 and 8
+        assert groups["appearance.latents"]["lr"] == cfg.latent_lr and groups["appearance.b2"]["lr"] == cfg.mlp_lr
+        assert any(r.densify for r in results) and not any(r.skipped for r in results)
+        app = tr.model.appearance
+        n = tr.model.num_gaussians
+        assert n != n0 and app.latents.shape[0] == n
+        assert tr.optimizer.state[app.latents]["exp_avg"].shape == (n, 6)
+        assert not torch.equal(app.W1.detach(), W1), "the shared weights were not trained"
+
+        path = tmp_path / "c.safetensors"
+        tr.save_checkpoint(path)
+        loaded = load_checkpoint_model(path)
+        for name, t in app.parameters().items():
+            assert torch.equal(getattr(loaded.appearance, name), t.detach()), name
+        resumed = Trainer.from_checkpoint(path, ds, device="cpu")
+        for name in ("appearance.latents", "appearance.W2"):
+            a = tr.optimizer.state[next(g for g in tr.optimizer.param_groups if g["name"] == name)["params"][0]]
+            b = resumed.optimizer.state[next(g for g in resumed.optimizer.param_groups if g["name"] == name)["params"][0]]
+            assert torch.equal(a["exp_avg_sq"], b["exp_avg_sq"]), name
+        ra, rb = tr.step(), resumed.step()
+        assert (ra.loss, ra.num_gaussians) == (rb.loss, rb.num_gaussians)
+
+        tr.export_ply(tmp_path / "m.ply")  # baked: other tools cannot run the MLP
+        ply = load_ply(tmp_path / "m.ply")
+        assert ply.sh_degree == 1 and ply.num_gaussians == tr.model.num_gaussians
+
+        means_moment = tr.optimizer.state[tr.model.means3D]["exp_avg"].clone()
+        rmse = tr.set_appearance("sh")
+        assert tr.model.appearance is None and tr.model.sh_degree == 1 and cfg.appearance == "sh"
+        assert 0.0 <= rmse < 0.05
+        assert torch.equal(tr.optimizer.state[tr.model.means3D]["exp_avg"], means_moment), "geometry moments kept"
+        assert not tr.step().skipped
+        assert tr.set_appearance("sh") == 0.0
+        rmse = tr.set_appearance("mlp")
+        assert tr.model.appearance is not None and cfg.appearance == "mlp" and rmse < 0.1
+        assert not tr.step().skipped
+        with pytest.raises(ValueError, match="kind"):
+            tr.set_appearance("nerf")
+        with pytest.raises(ValueError, match="appearance"):
+            TrainConfig(appearance="nerf").validate()
+    finally:
+        torch.set_num_threads(threads)
+
+
 # ---- GPU: the kernel against the float64 reference -------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("L,H", [(8, 32), (16, 64), (29, 64), (32, 64), (3, 5)])

@@ -1,6 +1,6 @@
 """``rigel-train``: fit 3D Gaussians to a dataset, headless.
 
-    rigel-train --data DIR --out RUN [--iters 30000] [--appearance sh] [--white-bg] [--downscale N]
+    rigel-train --data DIR --out RUN [--iters 30000] [--appearance sh|mlp] [--white-bg] [--downscale N]
                 [--max-gaussians N] [--eval-every N] [--resume] [--device cuda|cpu] [--seed S]
                 [--init-points N] [--sh-degree D] [--test-every N] [--checkpoint-every N] [--n-renders K]
 
@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="dataset directory (Blender, instant-ngp or COLMAP)")
     p.add_argument("--out", required=True, help="run directory (created)")
     p.add_argument("--iters", type=int, default=None, help="total iterations (default 30000)")
-    p.add_argument("--appearance", choices=["sh"], default="sh", help="colour model (spherical harmonics)")
+    p.add_argument("--appearance", choices=["sh", "mlp"], default="sh",
+                   help="colour model: spherical harmonics, or per-Gaussian latents decoded by a shared MLP "
+                        "(model.ply is then baked to SH of --sh-degree; a resumed run keeps its own)")
     p.add_argument("--sh-degree", type=int, default=3, help="maximum SH degree (0..3)")
     p.add_argument("--white-bg", action="store_true", help="composite alpha onto white (NeRF-synthetic)")
     p.add_argument("--downscale", type=float, default=1, help="divide image sizes by this")
@@ -194,7 +196,7 @@ def main(argv=None) -> int:
             if metrics_path.is_file():
                 metrics = json.loads(metrics_path.read_text())
         else:
-            cfg = TrainConfig(sh_degree=args.sh_degree, **overrides)
+            cfg = TrainConfig(sh_degree=args.sh_degree, appearance=args.appearance, **overrides)
             trainer = Trainer(ds, cfg, device=device)
     except ValueError as e:
         print(f"rigel-train: {e}", file=sys.stderr)

@@ -43,6 +43,15 @@ class TrainConfig:
     # ---- appearance -------------------------------------------------------------------------------------
     sh_degree: int = 3  # maximum SH degree (fixed at construction)
     sh_degree_interval: int = 1000  # active degree = min(sh_degree, iteration // sh_degree_interval)
+    #: "sh", or "mlp": a per-Gaussian latent decoded by a shared MLP (rigel_core.appearance; the model is
+    #: distilled from the initial SH colours). Read at construction; ``Trainer.set_appearance`` switches later.
+    appearance: str = "sh"
+    mlp_latent_dim: int = 8  # L, 1..32
+    mlp_hidden_dim: int = 32  # H, 1..64
+    #: Adam lr of the latents. 2.5e-3 is the SH DC rate: near sigmoid's midpoint a latent step moves the colour
+    #: by about lr/4, what a DC step moves it (0.28·lr).
+    latent_lr: float = 2.5e-3
+    mlp_lr: float = 1e-3  # Adam lr of the shared MLP weights W1, b1, W2, b2
 
     # ---- adaptive density control (3DGS §5.2) -------------------------------------------------------------
     densify_from: int = 500
@@ -101,6 +110,13 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.sh_degree <= 3:
             raise ValueError(f"TrainConfig.sh_degree must be in 0..3, got {self.sh_degree}")
+        if self.appearance not in ("sh", "mlp"):
+            raise ValueError(f"TrainConfig.appearance must be 'sh' or 'mlp', got {self.appearance!r}")
+        if not 1 <= self.mlp_latent_dim <= 32 or not 1 <= self.mlp_hidden_dim <= 64:
+            raise ValueError(f"TrainConfig.mlp_latent_dim must be in 1..32 and mlp_hidden_dim in 1..64, got "
+                             f"{self.mlp_latent_dim}, {self.mlp_hidden_dim}")
+        if not (self.latent_lr >= 0 and self.mlp_lr >= 0):
+            raise ValueError(f"TrainConfig.latent_lr and mlp_lr must be ≥ 0, got {self.latent_lr}, {self.mlp_lr}")
         if not 0.0 <= self.lambda_dssim <= 1.0:
             raise ValueError(f"TrainConfig.lambda_dssim must be in [0, 1], got {self.lambda_dssim}")
         if self.max_gaussians is not None and self.max_gaussians < 1:

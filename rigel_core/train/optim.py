@@ -21,7 +21,7 @@ from ..model import PARAM_NAMES
 from .config import TrainConfig
 
 __all__ = ["make_optimizer", "position_lr", "group_lrs", "set_learning_rates", "select_rows", "append_rows",
-           "replace_param", "optimizer_group", "per_gaussian_tensors", "get_tensor"]
+           "replace_param", "optimizer_group", "per_gaussian_tensors", "get_tensor", "appearance_groups"]
 
 
 def get_tensor(model, name: str) -> torch.Tensor:
@@ -67,7 +67,22 @@ def group_lrs(cfg: TrainConfig, iteration: int, extent: float) -> dict:
         "opacity_logits": cfg.opacity_lr,
         "sh_dc": cfg.feature_lr,
         "sh_rest": cfg.feature_lr / cfg.sh_rest_lr_divisor,
+        # the MLP appearance's groups (present only in MLP mode; see appearance_groups)
+        "appearance.latents": cfg.latent_lr,
+        **{f"appearance.{w}": cfg.mlp_lr for w in ("W1", "b1", "W2", "b2")},
     }
+
+
+def appearance_groups(model, cfg: TrainConfig) -> list:
+    """``extra_groups`` for :func:`make_optimizer` covering ``model.appearance`` (an
+    ``rigel_core.appearance.MLPAppearance``): its latents per Gaussian (so densification clones, splits and
+    prunes them with the Gaussians), its weights shared. Empty when the model has no appearance module."""
+    app = getattr(model, "appearance", None)
+    if app is None:
+        return []
+    lrs = group_lrs(cfg, 0, 1.0)
+    return [{"name": f"appearance.{n}", "lr": lrs[f"appearance.{n}"], "per_gaussian": n in app.PER_GAUSSIAN}
+            for n in app.parameters()]
 
 
 def make_optimizer(model, cfg: TrainConfig, extent: float, extra_groups: list | None = None) -> torch.optim.Adam:

@@ -37,7 +37,7 @@ from .config import TrainConfig
 from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_grad, prepare_means2D_grad, \
     reset_opacity
 from .losses import l1_loss, psnr_from_mse, ssim
-from .optim import group_lrs, make_optimizer, set_learning_rates
+from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, set_learning_rates
 
 __all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points"]
 
@@ -178,11 +178,15 @@ class Trainer:
         if model is None:
             model = self.initial_model()
         model = model.to(device=self.device, dtype=torch.float32)
-        if model.sh_degree != cfg.sh_degree:
+        if model.appearance is None and model.sh_degree != cfg.sh_degree:
             model = model.with_sh_degree(cfg.sh_degree)
+        if cfg.appearance == "mlp" and model.appearance is None:
+            from ..appearance import to_mlp
+
+            model, _ = to_mlp(model, cfg.mlp_latent_dim, cfg.mlp_hidden_dim, generator=self.generator)
         model.active_sh_degree = 0
         self.model = model
-        self.optimizer = make_optimizer(model, cfg, self.extent)
+        self.optimizer = make_optimizer(model, cfg, self.extent, appearance_groups(model, cfg))
         self.stats = DensifyStats(model.num_gaussians, self.device)
         self.iteration = 0
         self.nan_skips = 0
@@ -315,6 +319,37 @@ class Trainer:
             self.eval_history.append(res)
         return res
 
+    def set_appearance(self, kind: str) -> float:
+        """Switch the colour model while training: ``"mlp"`` distils the current SH colours into a new MLP
+        (:func:`rigel_core.appearance.to_mlp`, sizes from the config), ``"sh"`` bakes the MLP into SH of degree
+        ``config.sh_degree`` (:func:`rigel_core.appearance.to_sh`). The geometry's Adam moments are kept, the
+        appearance parameters start with fresh moments; ``config.appearance`` follows. Returns the switch's
+        RMSE (colour units; 0.0 when the model already uses ``kind``). Raises ValueError for another kind."""
+        from ..appearance import to_mlp, to_sh
+
+        if kind not in ("sh", "mlp"):
+            raise ValueError(f"set_appearance: kind must be 'sh' or 'mlp', got {kind!r}")
+        cfg = self.config
+        with self.lock:
+            old_model, old_opt = self.model, self.optimizer
+            if kind == "mlp":
+                model, report = to_mlp(old_model, cfg.mlp_latent_dim, cfg.mlp_hidden_dim, generator=self.generator)
+                rmse = report.rmse
+            else:
+                model, rmse = to_sh(old_model, cfg.sh_degree)
+            if model is old_model:
+                return 0.0
+            model.active_sh_degree = min(model.sh_degree, self.iteration // max(1, cfg.sh_degree_interval))
+            opt = make_optimizer(model, cfg, self.extent, appearance_groups(model, cfg))
+            for g in opt.param_groups:  # carry the geometry's moments over
+                if g["name"] in ("means3D", "log_scales", "quats", "opacity_logits"):
+                    state = old_opt.state.get(optimizer_group(old_opt, g["name"])["params"][0])
+                    if state:
+                        opt.state[g["params"][0]] = state
+            self.model, self.optimizer = model, opt
+            cfg.appearance = kind
+        return float(rmse)
+
     def snapshot(self) -> GaussianModel:
         """A detached copy of the current model, consistent (taken under ``lock``)."""
         with self.lock:
@@ -336,7 +371,10 @@ class Trainer:
         return load_trainer(path, dataset, device=device, config=config)
 
     def export_ply(self, path) -> None:
-        """Write the model as an INRIA-layout PLY (``rigel_core.io.save_ply``, atomic)."""
+        """Write the model as an INRIA-layout PLY (``rigel_core.io.save_ply``, atomic); an MLP appearance is
+        baked into SH of degree ``config.sh_degree`` first (:func:`rigel_core.appearance.to_sh`)."""
+        from ..appearance import to_sh
         from ..io.ply import save_ply
 
-        save_ply(self.snapshot(), path)
+        model, _ = to_sh(self.snapshot(), self.config.sh_degree)
+        save_ply(model, path)
