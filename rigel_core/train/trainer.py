@@ -170,8 +170,6 @@ class Trainer:
         self.white_bg = bool(getattr(dataset, "white_bg", False))
         self.background = torch.full((3,), 1.0 if self.white_bg else 0.0, device=self.device)
         self._train_images = [f.image.to(self.device, torch.float32) for f in self.train_frames]
-        self._train_alphas = [None if f.alpha is None else f.alpha.to(self.device, torch.float32)
-                              for f in self.train_frames]
         #: CPU generator for every random choice (view order, split offsets, init, random background):
         #: saved in checkpoints so a resumed run continues bit for bit.
         self.generator = torch.Generator().manual_seed(int(cfg.seed))
@@ -230,12 +228,14 @@ class Trainer:
         s = ssim(pred, gt)
         return (1.0 - lam) * l1 + lam * (1.0 - s), l1, s
 
-    def _grads_finite(self, extra: torch.Tensor | None) -> bool:
-        checks = [torch.isfinite(p.grad).all() for g in self.optimizer.param_groups for p in g["params"]
-                  if p.grad is not None]
-        if extra is not None:
-            checks.append(torch.isfinite(extra).all())
-        return bool(torch.stack(checks).all()) if checks else True
+    def _all_finite(self, loss: torch.Tensor, g2d: torch.Tensor | None) -> bool:
+        """True when the loss, every parameter gradient and the means2D gradient are finite."""
+        checks = [torch.isfinite(loss.detach()).all()]
+        checks += [torch.isfinite(p.grad).all() for g in self.optimizer.param_groups for p in g["params"]
+                   if p.grad is not None]
+        if g2d is not None:
+            checks.append(torch.isfinite(g2d).all())
+        return bool(torch.stack(checks).all())
 
     def step(self) -> StepResult:
         """Run one training iteration (module docstring) and return its :class:`StepResult`."""
@@ -249,20 +249,19 @@ class Trainer:
         idx = self._next_view()
         frame, gt = self.train_frames[idx], self._train_images[idx]
         bg = self.background
-        if cfg.random_background and self._train_alphas[idx] is not None:
+        if cfg.random_background and frame.alpha is not None:
             bg = torch.rand(3, generator=self.generator).to(self.device)
-            a = self._train_alphas[idx][..., None]
+            a = frame.alpha.to(self.device, torch.float32)[..., None]
             gt = gt + (1.0 - a) * (bg - self.background)  # re-composite onto the random colour
         out = render(model, frame.camera, background=bg)
         prepare_means2D_grad(out)
         loss, l1, s = self.compute_loss(out.image, gt)
 
-        ok = bool(torch.isfinite(loss))
         g2d = None
-        if ok:
+        if loss.requires_grad:
             loss.backward()
             g2d = means2D_grad(out)
-            ok = self._grads_finite(g2d)
+        ok = self._all_finite(loss, g2d)  # one host sync
         report, reset = None, False
         if not ok:
             self.nan_skips += 1
@@ -282,8 +281,8 @@ class Trainer:
         self.iteration = it
 
         with torch.no_grad():
-            l1v, sv, lossv = float(l1), float(s), float(loss)
-            m = float(((out.image.detach() - gt) ** 2).mean())
+            m_t = ((out.image.detach() - gt) ** 2).mean()
+            lossv, l1v, sv, m = torch.stack([loss.detach(), l1.detach(), s.detach(), m_t]).double().tolist()
         res = StepResult(it, lossv, l1v, sv, psnr_from_mse(m) if math.isfinite(m) else math.nan,
                          model.num_gaussians, not ok, self.nan_skips, frame.name, model.active_sh_degree,
                          lrs["means3D"], 0.0, report, reset)
