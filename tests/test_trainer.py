@@ -50,8 +50,8 @@ def orbit(n, size, offset=0.0, radius=3.0, prefix="v"):
     return cams
 
 
-def make_dataset(rng, n_gauss=150, size=64, n_train=24, n_test=6, white_bg=False):
-    scene = random_scene(rng, n_gauss)
+def make_dataset(rng, n_gauss=150, size=64, n_train=24, n_test=6, white_bg=False, scene=None):
+    scene = random_scene(rng, n_gauss) if scene is None else scene
     bg = (1.0, 1.0, 1.0) if white_bg else None
 
     def frames(cams):
@@ -127,6 +127,29 @@ def test_step_updates_every_parameter_group(rng):
     for k, v in tr.model.parameters().items():
         assert not torch.equal(before[k], v.detach()), f"{k} did not move"
         assert v.is_leaf and v.requires_grad and v.grad is None
+
+
+def test_random_background_recomposites_the_target(rng, monkeypatch):
+    truth = random_scene(rng, 40)
+    truth.sh_rest.zero_()  # colours in [0, 1]: renders need no clamping, so the target is exact
+    ds = make_dataset(rng, size=32, n_train=4, n_test=0, scene=truth)
+    import rigel_core.train.trainer as trainer_mod
+
+    seen = []
+
+    def spy(model, camera, background=None, **kw):
+        seen.append(background)
+        return render(model, camera, background=background, **kw)
+
+    monkeypatch.setattr(trainer_mod, "render", spy)
+    tr = Trainer(ds, small_config(random_background=True), model=truth, device="cpu")
+    for k in ("position_lr_init", "position_lr_final", "scaling_lr", "rotation_lr", "opacity_lr", "feature_lr"):
+        setattr(tr.config, k, 0.0)  # the model stays the ground truth
+    l1 = [tr.step().l1 for _ in range(4)]
+    assert all(float(b.min()) > 0 for b in seen) and len({tuple(b.tolist()) for b in seen}) == 4
+    assert max(l1) < 1e-5, l1  # the target was re-composited onto each drawn colour
+    tr.config.random_background = False
+    assert tr.step().l1 < 1e-5 and float(seen[-1].abs().sum()) == 0
 
 
 # ---- densification -----------------------------------------------------------------------------------------
