@@ -4,6 +4,10 @@
 
 #include "config.h"
 #include "ops.h"
+#if __has_include("appearance.h")
+#include "appearance.h"  // the fused appearance MLP (its own engineer's files): binds itself through bind_appearance
+#define RIGEL_HAS_APPEARANCE 1
+#endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "rigel CUDA kernels: projection, SH colours, tile binning, rasterization (docs/PIPELINE.md)";
@@ -36,6 +40,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("v_final_T"),
           "[3] backward -> (v_means2D (N,2), v_conics (N,3), v_colors (N,3), v_opacities (N,), "
           "v_means2D_abs (N,2): per-pixel |d loss / d means2D| summed, for densification)");
+#ifdef RIGEL_HAS_APPEARANCE
+    bind_appearance(m);
+#endif
     m.attr("TILE_SIZE") = RIGEL_TILE_SIZE;
     m.attr("MAX_ENTRIES") = RIGEL_MAX_ENTRIES;
 }

@@ -14,10 +14,24 @@
 namespace rigel {
 namespace {
 
+// torch's Python names of the dtypes (c10::toString says "Float" for float32).
+std::string dtype_name(at::ScalarType t) {
+    switch (t) {
+        case at::kFloat: return "float32";
+        case at::kDouble: return "float64";
+        case at::kHalf: return "float16";
+        case at::kBFloat16: return "bfloat16";
+        case at::kInt: return "int32";
+        case at::kLong: return "int64";
+        case at::kBool: return "bool";
+        default: return c10::toString(t);
+    }
+}
+
 std::string describe(const at::Tensor& t) {
     std::ostringstream s;
     if (!t.defined()) return "an undefined tensor";
-    s << "a " << (t.is_contiguous() ? "" : "non-contiguous ") << c10::toString(t.scalar_type()) << " tensor on "
+    s << "a " << (t.is_contiguous() ? "" : "non-contiguous ") << dtype_name(t.scalar_type()) << " tensor on "
       << t.device() << " of shape " << t.sizes();
     return s.str();
 }
@@ -31,7 +45,7 @@ void check(const char* op, const char* name, const at::Tensor& t, at::ScalarType
     for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || t.size(static_cast<int64_t>(i)) == shape[i];
     if (ok) return;
     std::ostringstream expected;
-    expected << "a contiguous " << c10::toString(dtype) << " tensor on " << device << " of shape " << shape_text;
+    expected << "a contiguous " << dtype_name(dtype) << " tensor on " << device << " of shape " << shape_text;
     bool first = true;
     for (size_t i = 0; i < shape.size(); ++i) {
         if (shape[i] < 0) continue;

@@ -15,6 +15,8 @@ float64); all tensors must be float32 on one CUDA device.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from . import _ext, config
@@ -77,6 +79,7 @@ class _RasterizeTiles(torch.autograd.Function):
         ctx.save_for_backward(means2D, conics, colors, opacities, background, gaussian_ids, tile_ranges, final_T,
                               n_contrib)
         ctx.size = (width, height)
+        ctx.means2D_ref = weakref.ref(means2D)  # the caller's tensor, to hang the |gradient| accumulator on
         ctx.mark_non_differentiable(n_contrib)
         return image, final_T, n_contrib
 
@@ -89,7 +92,9 @@ class _RasterizeTiles(torch.autograd.Function):
         v_means2D, v_conics, v_colors, v_opacities, v_means2D_abs = _ext.get().rasterize_tiles_backward(
             means2D, conics, colors, opacities, gaussian_ids, tile_ranges, ctx.size[0], ctx.size[1], background,
             final_T, n_contrib, v_image, v_final_T)
-        means2D.absgrad = v_means2D_abs
+        caller_means2D = ctx.means2D_ref()
+        if caller_means2D is not None:
+            caller_means2D.absgrad = v_means2D_abs
         v_background = None
         if background is not None and ctx.needs_input_grad[4]:
             v_background = (v_image * final_T[..., None]).sum((0, 1))

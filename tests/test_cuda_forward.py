@@ -1,0 +1,461 @@
+"""CUDA forward kernels (rigel_core._C) against the PyTorch reference, stage by stage (docs/PIPELINE.md).
+
+Where each tolerance comes from:
+* Projection runs in float64 inside the kernel, like the float64 reference; outputs are float32 roundings of the
+  same values, so the cull mask and radii must be identical, means2D / conics within 1e-5 relative (float32
+  rounding is 6e-8).
+* Binning and rasterization are compared on the *same* float32 projected inputs (the reference run on CPU copies
+  of the kernel's projection): the kernels evaluate q, the footprint test and the blend in the reference's
+  order of operations, so keys, gaussian_ids, tile_ranges and n_contrib must be identical and the image agree
+  to 1e-4 (float32 summation order, exp/log implementations).
+* End to end against the float64 reference the image may differ where a float32 value sits within ~1e-7 of a
+  threshold (3-sigma cut, ALPHA_MIN, T_MIN), and along the long axis of thin splats, whose float32 quadratic form
+  loses ~6e-8 x 3.3 / lambda_min (float32 conics): at most 0.1 % of pixels may exceed 1e-3, PSNR >= 60 dB.
+* Real trained scenes (PLY) at 512x512: PSNR >= 50 dB against the float64 reference.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import rigel_core as rc
+from rigel_core import _ext, config, cuda_backend
+from rigel_core.reference import (bin_gaussians, project_gaussians, rasterize_tiles, render_reference, sh_colors,
+                                  tile_rects)
+
+from helpers import cam_tensors, random_camera, random_gaussians
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda")
+
+
+def C():
+    return _ext.get()
+
+
+# ---- scenes ------------------------------------------------------------------------------------------------
+
+def mild(gen, scales, jitter=0.25):
+    """Scales of bounded anisotropy: each row's geometric mean times exp(jitter * N(0,1)) per axis.
+
+    float32 conics (every 3DGS implementation stores them so) cannot resolve the long axis of a very thin
+    splat: ~6e-8 x 3.3 (the largest conic value the 0.3 low-pass allows) against its smallest eigenvalue. The
+    gradient tests, which compare with float64 at 1e-5, therefore use splats of bounded anisotropy.
+    """
+    base = scales.log().mean(-1, keepdim=True)
+    return torch.exp(base + jitter * torch.randn(scales.shape, generator=gen, dtype=scales.dtype))
+
+
+def edge_gaussians(gen, cam, near=config.NEAR_PLANE, anisotropic=True, with_near=True):
+    """Activated float64 Gaussians that fire each branch of projection, built in camera space.
+
+    Off-axis ones beyond the tangent clamp but large enough to reach the image; ones straddling the near plane;
+    huge and tiny ones; behind the camera; non-finite or degenerate inputs; exact duplicates (depth ties).
+    ``anisotropic=False`` bounds the anisotropy of the scales (see :func:`mild`); ``with_near=False`` leaves out
+    the near-plane group (the indices below then shift by 10).
+    """
+    f64 = dict(dtype=torch.float64)
+    lim_x = config.TAN_CLAMP * 0.5 * cam.width / cam.fx
+    lim_y = config.TAN_CLAMP * 0.5 * cam.height / cam.fy
+    u = lambda *s: torch.rand(*s, generator=gen, **f64)
+    parts = []  # (p_cam (k,3), scales (k,3))
+
+    k = 12  # off-axis: |x/z| or |y/z| beyond the clamp limit
+    z = 1.0 + 4.0 * u(k)
+    sx = torch.where(u(k) < 0.5, -1.0, 1.0)
+    rx = sx * lim_x * (1.05 + 1.5 * u(k))
+    ry = (u(k) * 2 - 1) * lim_y * torch.where(u(k) < 0.5, 0.5, 1.6)
+    parts.append((torch.stack([rx * z, ry * z, z], -1), 0.2 + 1.5 * u(k, 3)))
+    k = 10  # straddling the near plane (culled when z <= near): half just behind it, half just in front
+    z = near + torch.where(torch.arange(k) % 2 == 0, -1.0, 1.0) * (1e-4 + 2e-3 * u(k))
+    near_part = (torch.stack([(u(k) - 0.5) * 0.01, (u(k) - 0.5) * 0.01, z], -1), 0.001 + 0.05 * u(k, 3))
+    if with_near:
+        parts.append(near_part)
+    k = 4  # huge
+    z = 3.0 + u(k)
+    parts.append((torch.stack([(u(k) - 0.5) * z, (u(k) - 0.5) * z, z], -1), 5.0 + 20 * u(k, 3)))
+    k = 6  # tiny
+    z = 1.0 + 3 * u(k)
+    parts.append((torch.stack([(u(k) - 0.5) * z * lim_x, (u(k) - 0.5) * z * lim_y, z], -1), 1e-7 + 1e-6 * u(k, 3)))
+    k = 4  # behind the camera, and beyond the far plane
+    parts.append((torch.stack([u(k) - 0.5, u(k) - 0.5, -1.0 - u(k)], -1), 0.1 + u(k, 3)))
+    parts.append((torch.tensor([[0.0, 0.0, 2e10]], **f64), torch.full((1, 3), 1e9, **f64)))
+    p = torch.cat([q for q, _ in parts])
+    scales = torch.cat([s for _, s in parts])
+    if not anisotropic:
+        scales = mild(gen, scales)
+    R, t = torch.as_tensor(cam.R), torch.as_tensor(cam.t)
+    means = (p - t) @ R  # world = R^T (p - t)
+    n = means.shape[0]
+    quats = torch.randn(n, 4, generator=gen, **f64) * (0.3 + 2 * u(n, 1))  # non-unit
+    opac = 0.05 + 0.95 * u(n)
+    colors = u(n, 3)
+
+    # non-finite and degenerate inputs (each row: one problem)
+    bad_m, bad_q, bad_s, bad_o = means[:8].clone(), quats[:8].clone(), scales[:8].clone(), opac[:8].clone()
+    bad_m[0, 0] = float("nan")
+    bad_m[1, 2] = float("inf")
+    bad_q[2, 1] = float("nan")
+    bad_q[3] = 0.0  # |q|^2 < 1e-24
+    bad_q[4] = 1e-13
+    bad_s[5, 2] = float("inf")
+    bad_o[6] = float("nan")
+    bad_s[7, 0] = float("-inf")
+    means, quats = torch.cat([means, bad_m]), torch.cat([quats, bad_q])
+    scales, opac, colors = torch.cat([scales, bad_s]), torch.cat([opac, bad_o]), torch.cat([colors, colors[:8]])
+    return means, quats, scales, opac, colors
+
+
+def make_scene(gen, n, width, height, edges=True, duplicates=8, anisotropic=True, with_near=True):
+    """(cam, float32 CPU tensors (means, quats, scales, opac, colors)) of a random scene (+ edge cases)."""
+    cam = random_camera(gen, width, height)
+    means, quats, scales, opac, colors = random_gaussians(gen, n, spread=1.2, scale_range=(-4.5, -1.0))
+    if not anisotropic:
+        scales = mild(gen, scales)
+    if edges:
+        e = edge_gaussians(gen, cam, anisotropic=anisotropic, with_near=with_near)
+        means, quats, scales, opac, colors = (torch.cat([a, b]) for a, b in
+                                              zip((means, quats, scales, opac, colors), e))
+    if duplicates:  # exact copies: same depth bits in the same tiles, order must follow the Gaussian index
+        idx = torch.randint(0, n, (duplicates,), generator=gen)
+        means, quats, scales, opac, colors = (torch.cat([a, a[idx]]) for a in (means, quats, scales, opac, colors))
+    return cam, tuple(a.to(torch.float32) for a in (means, quats, scales, opac, colors))
+
+
+def to_dev(*ts):
+    return tuple(t.to(DEV) for t in ts)
+
+
+def cuda_project(cam, means, quats, scales, opac):
+    vm, K = cam_tensors(cam, torch.float32)
+    return C().project_gaussians(*to_dev(means, quats, scales, opac, vm, K), cam.width, cam.height,
+                                 config.NEAR_PLANE, config.FAR_PLANE)
+
+
+def ref_project64(cam, means, quats, scales, opac):
+    vm, K = cam_tensors(cam, torch.float32)  # the same float32 camera the kernel sees, in float64
+    d = lambda t: t.to(torch.float64)
+    return project_gaussians(d(means), d(quats), d(scales), d(opac), d(vm), d(K), cam.width, cam.height)
+
+
+def rel_err_rows(a, b, floor=1e-30):
+    """Per-row relative error ||a - b|| / max(||b||, floor)."""
+    a, b = a.double().cpu(), b.double().cpu()
+    return (a - b).norm(dim=-1) / b.norm(dim=-1).clamp_min(floor)
+
+
+def psnr(a, b):
+    mse = float(((a.double().cpu() - b.double().cpu()) ** 2).mean())
+    return float("inf") if mse == 0 else 10 * math.log10(1.0 / mse)
+
+
+# ---- [1] projection ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [(160, 120), (203, 137)])
+def test_projection_matches_reference(rng, size):
+    cam, (means, quats, scales, opac, _) = make_scene(rng, 3000, *size)
+    m2, con, dep, rad = cuda_project(cam, means, quats, scales, opac)
+    ref = ref_project64(cam, means, quats, scales, opac)
+    live = ref.radii > 0
+    assert 0 < int(live.sum()) < means.shape[0], "the scene must have both culled and visible Gaussians"
+    assert torch.equal(rad.cpu() > 0, live), "cull mask differs"
+    assert torch.equal(rad.cpu(), ref.radii), "radii differ"
+    assert float(rel_err_rows(m2[live.to(DEV)], ref.means2D[live], floor=1.0).max()) <= 1e-5
+    assert float(rel_err_rows(con[live.to(DEV)], ref.conics[live]).max()) <= 1e-5
+    assert float(rel_err_rows(dep[live.to(DEV)][:, None], ref.depths[live][:, None]).max()) <= 1e-6
+    dead = (~live).to(DEV)  # culled: everything written, zeros
+    assert torch.count_nonzero(m2[dead]) == 0 and torch.count_nonzero(con[dead]) == 0
+    assert torch.count_nonzero(dep[dead]) == 0
+
+
+def test_projection_edge_branches(rng):
+    """Every edge group hits the branch it was built for: clamp active, near-plane cull, non-finite cull."""
+    cam = random_camera(rng, 128, 96)
+    means, quats, scales, opac, _ = (a.to(torch.float32) for a in edge_gaussians(rng, cam))
+    _, _, _, rad = cuda_project(cam, means, quats, scales, opac)
+    ref = ref_project64(cam, means, quats, scales, opac)
+    assert torch.equal(rad.cpu(), ref.radii)
+    r = rad.cpu()
+    assert (r[:12] > 0).any(), "no off-axis (clamped) Gaussian reached the image"
+    assert (r[12:22] == 0).any() and (r[12:22] > 0).any(), "near-plane set must straddle the cull"
+    assert (r[26:32] == 2).all(), "tiny Gaussians: low-pass only, radius ceil(3 sqrt(0.3)) = 2"
+    assert (r[32:37] == 0).all(), "behind the camera / beyond the far plane must be culled"
+    assert (r[-8:] == 0).all(), "non-finite and degenerate inputs must be culled"
+
+
+def test_projection_fully_writes_reused_memory(rng):
+    """Outputs come from torch.empty: fill the allocator's cache with NaN first, every output must be written."""
+    cam, (means, quats, scales, opac, _) = make_scene(rng, 5000, 96, 64)
+    junk = torch.full((64 << 20,), float("nan"), device=DEV)
+    del junk
+    m2, con, dep, rad = cuda_project(cam, means, quats, scales, opac)
+    for t in (m2, con, dep):
+        assert torch.isfinite(t).all()
+    assert (rad >= 0).all()
+
+
+# ---- [0] SH ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("degree", [0, 1, 2, 3])
+def test_sh_colors_match_reference(rng, degree):
+    n = 4000
+    coeffs = torch.randn(n, 16, 3, generator=rng) * 0.6  # K = 16 for every degree: extra bases ignored
+    means = torch.randn(n, 3, generator=rng)
+    campos = torch.randn(3, generator=rng)
+    means[0] = campos  # mean at the camera centre: direction 0, DC only, never NaN
+    got = cuda_backend.sh_colors_cuda(degree, coeffs.to(DEV), means.to(DEV), campos.to(DEV))
+    ref = sh_colors(degree, coeffs.double(), means.double(), campos.double())
+    assert torch.isfinite(got).all()
+    assert float((got.double().cpu() - ref).abs().max()) <= 1e-5
+    assert (ref == 0).any(), "the clamp at 0 was not exercised"
+
+
+# ---- [2] binning -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size", [(160, 120), (203, 137), (640, 360)])
+def test_binning_identical_to_reference(rng, size):
+    cam, (means, quats, scales, opac, _) = make_scene(rng, 4000, *size)
+    m2, con, dep, rad = cuda_project(cam, means, quats, scales, opac)
+    keys, ids, ranges, touched = C().bin_gaussians(m2, con, opac.to(DEV), dep, rad, *size)
+    ref = bin_gaussians(m2.cpu(), con.cpu(), opac, dep.cpu(), rad.cpu(), *size)
+    assert keys.numel() > 0
+    assert torch.equal(touched.cpu(), ref.tiles_touched)
+    assert torch.equal(keys.cpu(), ref.keys), "sorted keys differ"
+    assert torch.equal(ids.cpu(), ref.gaussian_ids), "gaussian_ids differ (ties must keep Gaussian-index order)"
+    assert torch.equal(ranges.cpu(), ref.tile_ranges), "tile_ranges differ"
+    # the ellipse test never emits more than the 3-sigma rectangle
+    rect = tile_rects(m2.cpu(), rad.cpu(), *size)
+    area = ((rect[:, 2] - rect[:, 0]) * (rect[:, 3] - rect[:, 1])).where(rad.cpu() > 0, torch.zeros((), dtype=torch.long))
+    assert (touched.cpu().long() <= area).all() and int(area.sum()) >= keys.numel()
+
+
+def test_binning_entry_limit_refuses_before_allocating(rng):
+    cam, (means, quats, scales, opac, _) = make_scene(rng, 2000, 128, 96)
+    m2, con, dep, rad = cuda_project(cam, means, quats, scales, opac)
+    keys, _, _, _ = C().bin_gaussians(m2, con, opac.to(DEV), dep, rad, 128, 96)
+    e = keys.numel()
+    with pytest.raises(RuntimeError, match=rf"{e} \(Gaussian, tile\) entries exceed the limit of {e - 1}"):
+        C().bin_gaussians(m2, con, opac.to(DEV), dep, rad, 128, 96, e - 1)
+    keys2, _, _, _ = C().bin_gaussians(m2, con, opac.to(DEV), dep, rad, 128, 96, e)  # exactly at the limit
+    assert keys2.numel() == e
+    assert C().MAX_ENTRIES == config.MAX_ENTRIES
+
+
+# ---- [3] rasterization -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("size,background", [((160, 120), None), ((203, 137), (0.2, 0.5, 0.9)),
+                                             ((96, 64), (1.0, 1.0, 1.0))])
+def test_raster_identical_to_reference(rng, size, background):
+    width, height = size
+    cam, (means, quats, scales, opac, colors) = make_scene(rng, 3000, width, height)
+    m2, con, dep, rad = cuda_project(cam, means, quats, scales, opac)
+    keys, ids, ranges, _ = C().bin_gaussians(m2, con, opac.to(DEV), dep, rad, width, height)
+    bg = None if background is None else torch.tensor(background, dtype=torch.float32)
+    image = torch.full((height, width, 3), float("nan"), device=DEV)  # poisoned: must be fully written
+    final_T = torch.full((height, width), float("nan"), device=DEV)
+    n_contrib = torch.full((height, width), -7, dtype=torch.int32, device=DEV)
+    C().rasterize_tiles(m2, con, colors.to(DEV), opac.to(DEV), ids, ranges, width, height,
+                        None if bg is None else bg.to(DEV), image, final_T, n_contrib)
+    tiles_x, tiles_y = -(-width // 16), -(-height // 16)
+    ref = rasterize_tiles(m2.cpu(), con.cpu(), colors, opac, ids.cpu(), ranges.cpu(), tiles_x, tiles_y, width,
+                          height, bg)
+    assert torch.isfinite(image).all() and torch.isfinite(final_T).all() and (n_contrib >= 0).all()
+    assert torch.equal(n_contrib.cpu(), ref.n_contrib), "n_contrib differs"
+    assert float((image.cpu() - ref.image).abs().max()) <= 1e-4
+    assert float((final_T.cpu() - ref.final_T).abs().max()) <= 1e-4
+    assert int(n_contrib.max()) > 1 and float(final_T.min()) < 0.5, "scene too thin to test compositing"
+
+
+def test_raster_early_termination_matches(rng):
+    """Many opaque layers: pixels stop at T_MIN; n_contrib and final_T must match the reference exactly."""
+    gen = rng
+    width, height = 64, 48
+    cam = random_camera(gen, width, height)
+    n = 600
+    means, quats, scales, _, colors = random_gaussians(gen, n, spread=0.4, scale_range=(-1.5, -0.7))
+    opac = 0.9 + 0.1 * torch.rand(n, generator=gen, dtype=torch.float64)  # saturates alpha at 0.99 at centres
+    means, quats, scales, opac, colors = (a.float() for a in (means, quats, scales, opac, colors))
+    m2, con, dep, rad = cuda_project(cam, means, quats, scales, opac)
+    _, ids, ranges, _ = C().bin_gaussians(m2, con, opac.to(DEV), dep, rad, width, height)
+    image = torch.empty(height, width, 3, device=DEV)
+    final_T = torch.empty(height, width, device=DEV)
+    n_contrib = torch.empty(height, width, dtype=torch.int32, device=DEV)
+    C().rasterize_tiles(m2, con, colors.to(DEV), opac.to(DEV), ids, ranges, width, height, None, image, final_T,
+                        n_contrib)
+    ref = rasterize_tiles(m2.cpu(), con.cpu(), colors, opac, ids.cpu(), ranges.cpu(), 4, 3, width, height)
+    assert float((final_T < 1e-3).float().mean()) > 0.05, "too few pixels reach T_MIN"
+    assert torch.equal(n_contrib.cpu(), ref.n_contrib)
+    assert float((image.cpu() - ref.image).abs().max()) <= 1e-4
+
+
+# ---- end to end --------------------------------------------------------------------------------------------
+
+def test_render_end_to_end_vs_float64_reference(rng):
+    width, height = 200, 150
+    cam, (means, quats, scales, opac, colors) = make_scene(rng, 5000, width, height)
+    vm, K = cam_tensors(cam, torch.float32)
+    bg = torch.tensor([0.1, 0.3, 0.2])
+    out = rc.rasterize_gaussians(*to_dev(means, quats, scales, opac, colors, vm, K), width, height,
+                                 background=bg.to(DEV))
+    d = lambda t: t.double()
+    _, rb, rr = render_reference(d(means), d(quats), d(scales), d(opac), d(colors), d(vm), d(K), width, height, d(bg))
+    diff = (out.image.double().cpu() - rr.image).abs().amax(-1)
+    # float32 q of a thin splat loses ~6e-8 x 3.3 / lambda_min in its long direction: 1e-3 bounds it here
+    assert float((diff > 1e-3).double().mean()) <= 1e-3
+    assert psnr(out.image, rr.image) >= 60
+    assert abs(out.n_entries - rb.keys.numel()) <= 1e-3 * rb.keys.numel()  # float32 vs float64 footprint tests
+    assert out.means2D.shape == (means.shape[0], 2) and out.radii.dtype == torch.int32
+
+
+def test_render_model_dispatch_with_sh(rng):
+    """rc.render on a CUDA GaussianModel (SH degree 3) agrees with the reference render of the CPU copy."""
+    n = 3000
+    means, quats, scales, opac, _ = random_gaussians(rng, n, dtype=torch.float32, spread=1.0, scale_range=(-4, -1.5))
+    sh_dc = torch.randn(n, 1, 3, generator=rng) * 0.5
+    sh_rest = torch.randn(n, 15, 3, generator=rng) * 0.1
+    model = rc.GaussianModel.from_tensors(means, torch.log(scales), quats, torch.logit(opac), sh_dc, sh_rest)
+    cam = random_camera(rng, 128, 96)
+    got = rc.render(model.to(DEV), cam, background=(1.0, 1.0, 1.0))
+    ref = rc.render(model.to(dtype=torch.float64), cam, background=(1.0, 1.0, 1.0))
+    assert got.image.device.type == "cuda"
+    assert psnr(got.image, ref.image) >= 60
+
+
+def _ply_cameras(model, n=3, size=512):
+    c = model.center().detach().cpu().numpy().astype(np.float64)
+    e = model.extent()
+    cams = []
+    for i in range(n):
+        a = 2 * math.pi * i / n + 0.3
+        eye = c + e * np.array([1.6 * math.cos(a), 1.6 * math.sin(a), 0.6 + 0.3 * i])
+        cams.append(rc.Camera.look_at(eye, c, (0, 0, 1), width=size, height=size, fov_x_deg=50))
+    return cams
+
+
+@pytest.mark.parametrize("name", ["donut_mipsplatting_sh0.ply", "fruit_drops_minimal_sh3.ply"])
+def test_real_scene_psnr(shared_data, name):
+    """Real trained scenes: CUDA vs the float64 reference (run on the GPU in float64: same code as on the CPU)."""
+    from rigel_core.io import load_scene
+
+    path = shared_data / "ply" / name
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    model = load_scene(path, device=DEV)
+    model64 = model.to(dtype=torch.float64)
+    for cam in _ply_cameras(model):
+        got = rc.render(model, cam)
+        colors = sh_colors(model64.sh_degree, model64.sh_coeffs, model64.means3D,
+                                        torch.as_tensor(cam.campos, device=DEV))
+        _, _, rr = render_reference(model64.means3D, model64.quats, model64.scales, model64.opacities, colors,
+                                    cam.viewmat_tensor(DEV, torch.float32).double(),
+                                    cam.K_tensor(DEV, torch.float32).double(), cam.width, cam.height)
+        p = psnr(got.image, rr.image)
+        assert float(got.final_T.min()) < 0.5, "camera does not see the scene"
+        assert p >= 50, f"{name}: PSNR {p:.1f} dB < 50"
+
+
+# ---- empty cases, in-place outputs, synchronisation ---------------------------------------------------------
+
+def _empty_outputs(h, w):
+    return (torch.full((h, w, 3), float("nan"), device=DEV), torch.full((h, w), float("nan"), device=DEV),
+            torch.full((h, w), -1, dtype=torch.int32, device=DEV))
+
+
+def _assert_background(out, bg):
+    assert torch.equal(out.image, bg.expand_as(out.image))
+    assert torch.equal(out.final_T, torch.ones_like(out.final_T))
+    assert torch.count_nonzero(out.n_contrib) == 0
+    assert out.n_entries == 0
+
+
+def test_zero_gaussians_gives_background():
+    z = lambda *s: torch.zeros(*s, device=DEV)
+    vm, K = cam_tensors(rc.Camera.look_at((0, -3, 0), (0, 0, 0), width=40, height=30), torch.float32)
+    bg = torch.tensor([0.25, 0.5, 0.75], device=DEV)
+    out = rc.rasterize_gaussians(z(0, 3), z(0, 4), z(0, 3), z(0), z(0, 3), vm.to(DEV), K.to(DEV), 40, 30,
+                                 background=bg, out=_empty_outputs(30, 40))
+    _assert_background(out, bg)
+    assert out.radii.shape == (0,) and out.tiles_touched.shape == (0,)
+
+
+def test_camera_seeing_nothing_gives_background(rng):
+    cam, (means, quats, scales, opac, colors) = make_scene(rng, 500, 64, 48, edges=False)
+    flip = np.diag([-1.0, 1.0, -1.0, 1.0])  # turn the camera around (180 degrees about its y axis)
+    cam.viewmat = flip @ cam.viewmat
+    vm, K = cam_tensors(cam, torch.float32)
+    bg = torch.tensor([0.0, 1.0, 0.0], device=DEV)
+    out = rc.rasterize_gaussians(*to_dev(means, quats, scales, opac, colors, vm, K), 64, 48, background=bg,
+                                 out=_empty_outputs(48, 64))
+    _assert_background(out, bg)
+    assert int((out.radii > 0).sum()) == 0
+
+
+def test_out_tensors_written_in_place(rng):
+    width, height = 96, 80
+    cam, (means, quats, scales, opac, colors) = make_scene(rng, 1500, width, height)
+    vm, K = cam_tensors(cam, torch.float32)
+    args = to_dev(means, quats, scales, opac, colors, vm, K)
+    buffers = _empty_outputs(height, width)
+    out = rc.rasterize_gaussians(*args, width, height, out=buffers)
+    fresh = rc.rasterize_gaussians(*args, width, height)
+    assert all(a.data_ptr() == b.data_ptr() for a, b in zip((out.image, out.final_T, out.n_contrib), buffers))
+    assert torch.equal(buffers[0], fresh.image) and torch.equal(buffers[1], fresh.final_T)
+    assert torch.equal(buffers[2], fresh.n_contrib)
+
+
+def test_one_device_to_host_sync_per_frame(rng):
+    width, height = 96, 80
+    cam, (means, quats, scales, opac, colors) = make_scene(rng, 1500, width, height)
+    vm, K = cam_tensors(cam, torch.float32)
+    args = to_dev(means, quats, scales, opac, colors, vm, K)
+    rc.rasterize_gaussians(*args, width, height)  # warm-up (first-use allocations)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rc.rasterize_gaussians(*args, width, height)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message).lower()]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
+
+
+# ---- argument checks ----------------------------------------------------------------------------------------
+
+def test_argument_errors(rng):
+    cam, (means, quats, scales, opac, colors) = make_scene(rng, 50, 32, 32, edges=False, duplicates=0)
+    vm, K = cam_tensors(cam, torch.float32)
+    m, q, s, o, c, v, k = to_dev(means, quats, scales, opac, colors, vm, K)
+    with pytest.raises(TypeError, match="float32"):
+        rc.rasterize_gaussians(m.double(), q.double(), s.double(), o.double(), c.double(), v, k, 32, 32)
+    with pytest.raises(TypeError, match="CUDA"):
+        C().project_gaussians(means, q, s, o, v, k, 32, 32, 0.01, 1e10)
+    with pytest.raises(TypeError, match=r"quats must be a contiguous float32 tensor on cuda.*; got a float64 tensor"):
+        C().project_gaussians(m, q.double(), s, o, v, k, 32, 32, 0.01, 1e10)
+    with pytest.raises(ValueError, match=r"quats must be .* of shape \(N, 4\) = \(50, 4\)"):
+        C().project_gaussians(m, q[:, :3].contiguous(), s, o, v, k, 32, 32, 0.01, 1e10)
+    with pytest.raises(ValueError, match=r"means3D must be a contiguous .*non-contiguous"):
+        C().project_gaussians(m.t().contiguous().t(), q, s, o, v, k, 32, 32, 0.01, 1e10)
+    with pytest.raises(ValueError, match="image size"):
+        C().project_gaussians(m, q, s, o, v, k, 0, 32, 0.01, 1e10)
+    m2, con, dep, rad = C().project_gaussians(m, q, s, o, v, k, 32, 32, 0.01, 1e10)
+    with pytest.raises(TypeError, match="radii"):
+        C().bin_gaussians(m2, con, o, dep, rad.float(), 32, 32)
+    _, ids, ranges, _ = C().bin_gaussians(m2, con, o, dep, rad, 32, 32)
+    img, fT, nc = torch.empty(32, 32, 3, device=DEV), torch.empty(32, 32, device=DEV), \
+        torch.empty(32, 32, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match=r"image must be .*\(H, W, 3\) = \(32, 32, 3\)"):
+        C().rasterize_tiles(m2, con, c, o, ids, ranges, 32, 32, None, img[:, :16].contiguous(), fT, nc)
+    with pytest.raises(ValueError, match=r"tile_ranges must be .*\(n_tiles, 2\) = \(4, 2\)"):
+        C().rasterize_tiles(m2, con, c, o, ids, ranges[:3].contiguous(), 32, 32, None, img, fT, nc)
+    with pytest.raises(ValueError, match=r"background must be .*\(3,\)"):
+        C().rasterize_tiles(m2, con, c, o, ids, ranges, 32, 32, torch.zeros(4, device=DEV), img, fT, nc)
+    with pytest.raises(ValueError, match="SH degree"):
+        cuda_backend.sh_colors_cuda(4, torch.zeros(50, 25, 3, device=DEV), m, torch.zeros(3, device=DEV))
+    with pytest.raises(ValueError, match="needs K >= 16"):
+        C().sh_colors(3, torch.zeros(50, 9, 3, device=DEV), m, torch.zeros(3, device=DEV))
