@@ -80,6 +80,107 @@ def test_orbit_camera_frames_bounds_and_follows_the_mouse(rng):
     assert np.allclose(oc.target, (lo + hi) / 2)
 
 
+def _random_unit(rng):
+    v = torch.randn(3, generator=rng).double().numpy()
+    return v / np.linalg.norm(v)
+
+
+def test_fly_mode_moves_by_speed_times_time_whatever_the_frame_rate(rng):
+    from viewer.camera_control import FLY_FAST, FLY_SLOW, MAX_FLY_DT
+
+    oc = OrbitCamera(up="+z", yaw=float(torch.rand(1, generator=rng)) * 6, pitch=0.2)
+    oc.frame(torch.randn(3, generator=rng).numpy(), 2.0)
+    oc.fly_speed = float(torch.rand(1, generator=rng)) + 0.5
+    t0, e0 = oc.target.copy(), oc.eye.copy()
+    fwd = (t0 - e0) / np.linalg.norm(t0 - e0)
+    # one 1 s frame and ten 0.1 s frames end at the same place: speed x time
+    a = OrbitCamera(up="+z", yaw=oc.yaw, pitch=oc.pitch)
+    a.target, a.distance, a.fly_speed = t0.copy(), oc.distance, oc.fly_speed
+    b = OrbitCamera(up="+z", yaw=oc.yaw, pitch=oc.pitch)
+    b.target, b.distance, b.fly_speed = t0.copy(), oc.distance, oc.fly_speed
+    assert a.fly(1.0, forward=1.0)
+    for _ in range(10):
+        b.fly(0.1, forward=1.0)
+    np.testing.assert_allclose(a.eye, b.eye, atol=1e-12)
+    np.testing.assert_allclose(a.eye - e0, oc.fly_speed * fwd, atol=1e-12)       # W: along the view, at speed
+    # Shift x10, Ctrl x0.1; E goes up the world axis; D to the right in the image; dt is clamped
+    for kw, factor in (({"fast": True}, FLY_FAST), ({"slow": True}, FLY_SLOW), ({}, 1.0)):
+        c = OrbitCamera(up="+z", yaw=oc.yaw, pitch=oc.pitch)
+        c.target, c.distance, c.fly_speed = t0.copy(), oc.distance, oc.fly_speed
+        c.fly(0.5, up=1.0, **kw)
+        np.testing.assert_allclose(c.target - t0, [0, 0, 0.5 * factor * oc.fly_speed], atol=1e-12)
+    d = OrbitCamera(up="+z", yaw=oc.yaw, pitch=oc.pitch)
+    d.target, d.distance, d.fly_speed = t0.copy(), oc.distance, oc.fly_speed
+    before = d.camera(200, 100).project([t0])[0]
+    d.fly(100.0, right=1.0)
+    assert np.linalg.norm(d.target - t0) == pytest.approx(MAX_FLY_DT * d.fly_speed)
+    assert d.camera(200, 100).project([t0])[0][0] < before[0] - 1                 # the scene slides left
+    v = d.version
+    assert not d.fly(0.5) and not d.fly(0.0, forward=1.0) and d.version == v       # nothing held: no change
+
+
+def test_mouse_look_turns_about_the_eye(rng):
+    oc = OrbitCamera(up="-y", yaw=float(torch.rand(1, generator=rng)) * 6, pitch=-0.3)
+    oc.frame(torch.randn(3, generator=rng).numpy(), 1.0, aspect=1.0)
+    eye, target = oc.eye.copy(), oc.target.copy()
+    oc.look(25, 0)
+    np.testing.assert_allclose(oc.eye, eye, atol=1e-12)
+    u, v = oc.camera(100, 100).project([target])[0]
+    assert u < 50 - 5 and abs(v - 50) < 1                          # turned right: the old centre moved left
+    oc.look(0, 25)
+    np.testing.assert_allclose(oc.eye, eye, atol=1e-12)
+    assert oc.camera(100, 100).project([target])[0][1] < v - 5     # looked down: it moved up
+
+
+def _look_at_cams(rng, focus, n, up=(0.0, 0.0, 1.0), jitter=0.0):
+    from rigel_core import Camera
+
+    cams = []
+    for i in range(n):
+        d = _random_unit(rng)
+        if abs(d @ np.asarray(up)) > 0.9:
+            d = np.cross(d, up)
+            d /= np.linalg.norm(d)
+        eye = focus + (3.0 + float(torch.rand(1, generator=rng))) * d
+        aim = focus + jitter * torch.randn(3, generator=rng).double().numpy()
+        cams.append(Camera.look_at(eye, aim, up, width=64 + 2 * i, height=48, fov_x_deg=40 + i, name=f"c{i}"))
+    return cams
+
+
+def test_snap_to_training_cameras_shows_them_exactly(rng):
+    from viewer.camera_control import focus_of_cameras, nearest_camera, up_from_cameras
+
+    focus = torch.randn(3, generator=rng).double().numpy()
+    cams = _look_at_cams(rng, focus, 6)
+    np.testing.assert_allclose(focus_of_cameras(cams), focus, atol=1e-9)   # every axis passes through it
+    assert up_from_cameras(cams) == "+z"
+    assert up_from_cameras(_look_at_cams(rng, focus, 4, up=(0.0, -1.0, 0.0))) == "-y"
+
+    oc = OrbitCamera(up="+z")
+    oc.frame_cameras(cams, index=2)
+    np.testing.assert_allclose(oc.target, focus, atol=1e-9)
+    dists = [np.linalg.norm(c.campos - focus) for c in cams]
+    assert oc.distance == pytest.approx(np.median(dists))                   # at the cameras' distance,
+    d = cams[2].campos - focus                                              # from view 2's direction
+    np.testing.assert_allclose(oc.eye, focus + oc.distance * d / np.linalg.norm(d), atol=1e-9)
+    k = nearest_camera(cams, cams[4].campos + 1e-3)
+    assert k == 4
+    oc.snap_to(cams[k], pivot=focus)
+    assert oc.snapped is cams[4]
+    c = oc.camera(cams[4].width * 2, cams[4].height * 2)
+    np.testing.assert_allclose(c.viewmat, cams[4].viewmat)
+    assert (c.fx, c.cx) == pytest.approx((2 * cams[4].fx, 2 * cams[4].cx))
+    # the orbit state behind the snapped view is the same pose (no roll in look_at cameras)
+    oc.snapped = None
+    np.testing.assert_allclose(oc.eye, cams[4].campos, atol=1e-9)
+    np.testing.assert_allclose(oc.camera(64, 48).viewmat, cams[4].viewmat, atol=1e-9)
+    oc.snap_to(cams[1], pivot=focus)
+    oc.orbit(3, 0)                                                           # any move leaves the exact view
+    assert oc.snapped is None
+    with pytest.raises(ValueError):
+        nearest_camera([], (0, 0, 0))
+
+
 def test_model_slot_hands_over_snapshots_between_threads():
     slot = ModelSlot()
     assert slot.latest() is None

@@ -1,9 +1,18 @@
-"""Orbit / pan / zoom camera for the viewer, producing ``rigel_core.Camera`` objects (OpenCV axes, DESIGN §3).
+"""Orbit / pan / zoom / fly camera for the viewer, producing ``rigel_core.Camera`` objects (OpenCV axes,
+DESIGN §3). Pure numpy: everything here is tested without a window.
 
 The camera orbits ``target`` at ``distance``; ``yaw`` turns about the world ``up`` axis, ``pitch`` raises the eye
 above the plane perpendicular to it (clamped short of the poles so ``Camera.look_at`` never sees up ∥ forward).
 :meth:`OrbitCamera.frame` places a bounding sphere (centre, radius) inside the narrower field of view;
 :meth:`OrbitCamera.frame_box` fits an axis-aligned box tightly from the current direction.
+
+Fly mode uses the same state: :meth:`OrbitCamera.look` turns the view about the *eye* (the target moves),
+:meth:`OrbitCamera.fly` translates eye and target together by ``speed × dt`` (world units per second × seconds,
+so the motion does not depend on the frame rate; Shift ×10, Ctrl ×0.1).
+
+:meth:`OrbitCamera.snap_to` adopts a dataset camera (its pose *and* intrinsics: the viewer then renders exactly
+that view until the camera moves); :func:`nearest_camera` picks the training camera closest to the current eye;
+:func:`up_from_cameras` guesses a dataset's up axis from its cameras.
 ``version`` increases on every change, so the UI re-renders only when the view moved.
 """
 from __future__ import annotations
@@ -12,12 +21,17 @@ import math
 
 import numpy as np
 
-__all__ = ["OrbitCamera", "UP_AXES"]
+__all__ = ["OrbitCamera", "UP_AXES", "nearest_camera", "focus_of_cameras", "up_from_cameras", "FLY_FAST", "FLY_SLOW", "MAX_FLY_DT"]
 
 UP_AXES = {"+z": (0.0, 0.0, 1.0), "-z": (0.0, 0.0, -1.0), "+y": (0.0, 1.0, 0.0), "-y": (0.0, -1.0, 0.0),
            "+x": (1.0, 0.0, 0.0), "-x": (-1.0, 0.0, 0.0)}
 
 _MAX_PITCH = math.radians(89.0)
+#: speed factors of the fly mode's modifiers (Shift, Ctrl)
+FLY_FAST, FLY_SLOW = 10.0, 0.1
+#: longest time step one :meth:`OrbitCamera.fly` call moves by (s): a frame that stalled (a window drag, a long
+#: CPU render) does not throw the camera across the scene
+MAX_FLY_DT = 1.0
 
 
 def _basis(up):
@@ -47,6 +61,10 @@ class OrbitCamera:
         self.fov_deg = float(fov_deg)
         self.up_name = up if isinstance(up, str) else "custom"
         self.up = np.asarray(UP_AXES[up] if isinstance(up, str) else up, dtype=np.float64)
+        #: fly speed in world units per second (set from the scene size by :meth:`frame` / :meth:`frame_box`)
+        self.fly_speed = 1.0
+        #: a dataset camera being shown exactly (pose and intrinsics), or None; any move clears it
+        self.snapped = None
         self.version = 0
         self._home = None
 
@@ -57,15 +75,34 @@ class OrbitCamera:
         d = math.cos(self.pitch) * (math.cos(self.yaw) * a + math.sin(self.yaw) * b) + math.sin(self.pitch) * u
         return self.target + self.distance * d
 
+    @property
+    def forward(self) -> np.ndarray:
+        """(3,) unit viewing direction (eye → target)."""
+        d = self.target - self.eye
+        return d / max(np.linalg.norm(d), 1e-300)
+
     def camera(self, width: int, height: int, name: str = ""):
-        """A ``rigel_core.Camera`` of ``width × height`` pixels for the current view."""
+        """A ``rigel_core.Camera`` of ``width × height`` pixels for the current view (the snapped dataset
+        camera resized to that size when :attr:`snapped` is set)."""
         from rigel_core import Camera
 
-        return Camera.look_at(self.eye, self.target, self.up, width=max(int(width), 1), height=max(int(height), 1),
-                              fov_x_deg=self.fov_deg, name=name)
+        width, height = max(int(width), 1), max(int(height), 1)
+        if self.snapped is not None:
+            return self.snapped.with_size(width, height)
+        return Camera.look_at(self.eye, self.target, self.up, width=width, height=height, fov_x_deg=self.fov_deg,
+                              name=name)
 
     def _touch(self):
+        self.snapped = None
         self.version += 1
+
+    def _set_direction(self, d):
+        """yaw and pitch from the unit vector ``d`` pointing from the target to the eye."""
+        a, b, u = _basis(self.up)
+        d = np.asarray(d, dtype=np.float64)
+        d = d / max(np.linalg.norm(d), 1e-300)
+        self.pitch = min(max(math.asin(min(max(float(d @ u), -1.0), 1.0)), -_MAX_PITCH), _MAX_PITCH)
+        self.yaw = math.atan2(float(d @ b), float(d @ a))
 
     # ---- framing -----------------------------------------------------------------------------------------
     def frame(self, center, radius: float, aspect: float = 16 / 9):
@@ -77,7 +114,8 @@ class OrbitCamera:
         half = min(half_x, half_y)
         self.target = np.asarray(center, dtype=np.float64).reshape(3).copy()
         self.distance = 1.05 * radius / math.sin(half)
-        self._home = (self.target.copy(), self.distance, self.yaw, self.pitch)
+        self.fly_speed = radius
+        self._home = (self.target.copy(), self.distance, self.yaw, self.pitch, self.fov_deg)
         self._touch()
 
     def frame_box(self, lo, hi, aspect: float = 16 / 9, margin: float = 0.9):
@@ -91,6 +129,7 @@ class OrbitCamera:
         max(|x| / t_x, |y| / t_y) − z0.
         """
         lo, hi = (np.asarray(v, dtype=np.float64).reshape(3) for v in (lo, hi))
+        self.snapped = None
         self.target = 0.5 * (lo + hi)
         corners = np.array([[(lo, hi)[i >> k & 1][k] for k in range(3)] for i in range(8)])
         self.distance = 1.0
@@ -100,12 +139,14 @@ class OrbitCamera:
         ty = tx / max(aspect, 1e-6)
         d = np.max(np.maximum(np.abs(rel[:, 0]) / tx, np.abs(rel[:, 1]) / ty) - rel[:, 2])
         self.distance = max(float(d), 1e-6, float(np.linalg.norm(hi - lo)) * 1e-3)
-        self._home = (self.target.copy(), self.distance, self.yaw, self.pitch)
+        self.fly_speed = max(0.5 * float(np.linalg.norm(hi - lo)), 1e-6)
+        self._home = (self.target.copy(), self.distance, self.yaw, self.pitch, self.fov_deg)
         self._touch()
 
     def reset(self):
+        """Back to the view of the last :meth:`frame` / :meth:`frame_box` (the home view)."""
         if self._home is not None:
-            t, self.distance, self.yaw, self.pitch = self._home
+            t, self.distance, self.yaw, self.pitch, self.fov_deg = self._home
             self.target = t.copy()
             self._touch()
 
@@ -134,3 +175,119 @@ class OrbitCamera:
         """Scroll ``steps`` (positive = closer); each step is 10 %."""
         self.distance = max(self.distance * (0.9 ** steps), 1e-6)
         self._touch()
+
+    # ---- fly mode ------------------------------------------------------------------------------------------
+    def look(self, dx: float, dy: float, speed: float = 0.003):
+        """Mouse look: turn the view about the eye by a drag of ``dx, dy`` pixels (``speed`` radians per pixel;
+        dragging right turns right, dragging down looks down). The eye stays where it is."""
+        eye = self.eye
+        self.yaw -= dx * speed
+        self.pitch = min(max(self.pitch + dy * speed, -_MAX_PITCH), _MAX_PITCH)
+        # the eye is target + distance·d(yaw, pitch): keep the eye, move the target
+        self.target = self.target + (eye - self.eye)
+        self._touch()
+
+    def fly(self, dt: float, right: float = 0.0, up: float = 0.0, forward: float = 0.0, *, fast: bool = False,
+            slow: bool = False) -> bool:
+        """Translate eye and target by ``fly_speed × factor × dt`` along the view's right / world-up / forward
+        axes (``right``, ``up``, ``forward`` in [-1, 1], e.g. D − A, E − Q, W − S); factor ×10 with ``fast``
+        (Shift), ×0.1 with ``slow`` (Ctrl). ``dt`` (seconds) is clamped to [0, :data:`MAX_FLY_DT`].
+        Returns True when the camera moved."""
+        dt = min(max(float(dt), 0.0), MAX_FLY_DT)
+        if dt == 0.0 or (right == 0 and up == 0 and forward == 0):
+            return False
+        f = self.forward
+        r = np.cross(f, self.up)
+        r = r / max(np.linalg.norm(r), 1e-300)
+        u = self.up / np.linalg.norm(self.up)
+        factor = (FLY_FAST if fast else 1.0) * (FLY_SLOW if slow else 1.0)
+        self.target = self.target + self.fly_speed * factor * dt * (right * r + up * u + forward * f)
+        self._touch()
+        return True
+
+    # ---- dataset cameras -----------------------------------------------------------------------------------
+    def frame_cameras(self, cameras, index: int = 0):
+        """Home view for a dataset: orbit about :func:`focus_of_cameras` at the cameras' median distance from
+        it, with their horizontal field of view, from the direction of ``cameras[index]`` (its roll dropped):
+        the first view looks like a training view. Raises ValueError for an empty list."""
+        if not cameras:
+            raise ValueError("frame_cameras: no cameras")
+        focus = focus_of_cameras(cameras)
+        centres = np.stack([np.asarray(c.campos, dtype=np.float64) for c in cameras])
+        dist = np.linalg.norm(centres - focus, axis=1)
+        self.snapped = None
+        self.target = focus
+        self.distance = max(float(np.median(dist)), 1e-6)
+        self.fov_deg = math.degrees(cameras[index].fov_x)
+        self._set_direction(centres[index] - focus)
+        self.fly_speed = max(0.5 * self.distance, 1e-6)
+        self._home = (self.target.copy(), self.distance, self.yaw, self.pitch, self.fov_deg)
+        self._touch()
+
+    def snap_to(self, cam, pivot=None):
+        """Show dataset camera ``cam`` exactly: eye at its centre, looking along its optical axis, with its
+        intrinsics (:meth:`camera` returns ``cam`` resized) until the next move. The orbit target is put on
+        the optical axis at the depth of ``pivot`` (default: the current target), so that orbiting from there
+        turns about the scene. Roll about the optical axis is dropped once the camera moves (the orbit keeps
+        world up up)."""
+        eye = np.asarray(cam.campos, dtype=np.float64)
+        fwd = np.asarray(cam.R[2], dtype=np.float64)          # camera +z in world coordinates
+        fwd = fwd / np.linalg.norm(fwd)
+        pivot = self.target if pivot is None else np.asarray(pivot, dtype=np.float64)
+        depth = float((pivot - eye) @ fwd)
+        self.distance = depth if depth > 1e-6 else max(float(np.linalg.norm(pivot - eye)), 1e-3)
+        self.target = eye + self.distance * fwd
+        self._set_direction(-fwd)
+        self.fov_deg = math.degrees(cam.fov_x)
+        self._touch()
+        self.snapped = cam
+
+
+def nearest_camera(cameras, eye, forward=None) -> int:
+    """Index of the camera in ``cameras`` (``rigel_core.Camera`` list) whose centre is closest to ``eye``;
+    with ``forward`` given, distance ties (within 1e-9 relative) go to the one looking most nearly along it.
+    Raises ValueError for an empty list."""
+    if not cameras:
+        raise ValueError("nearest_camera: no cameras")
+    eye = np.asarray(eye, dtype=np.float64)
+    centres = np.stack([np.asarray(c.campos, dtype=np.float64) for c in cameras])
+    dist = np.linalg.norm(centres - eye, axis=1)
+    if forward is None:
+        return int(np.argmin(dist))
+    axes = np.stack([np.asarray(c.R[2], dtype=np.float64) for c in cameras])
+    near = dist <= dist.min() * (1 + 1e-9) + 1e-12
+    score = np.where(near, axes @ np.asarray(forward, dtype=np.float64), -np.inf)
+    return int(np.argmax(score))
+
+
+def focus_of_cameras(cameras) -> np.ndarray:
+    """(3,) the point the cameras look at: least-squares nearest point to all optical axes,
+    argmin_p Σ_i |(I − f_i f_iᵀ)(p − c_i)|² (c_i centre, f_i unit axis). When the axes are nearly parallel
+    (a forward-facing capture: the system is ill-conditioned) the mean centre moved along the mean axis by the
+    cameras' spread. Raises ValueError for an empty list."""
+    if not cameras:
+        raise ValueError("focus_of_cameras: no cameras")
+    c = np.stack([np.asarray(cam.campos, dtype=np.float64) for cam in cameras])
+    f = np.stack([np.asarray(cam.R[2], dtype=np.float64) for cam in cameras])
+    f /= np.linalg.norm(f, axis=1, keepdims=True)
+    P = np.eye(3)[None] - f[:, :, None] * f[:, None, :]          # (n, 3, 3) projectors off each axis
+    A = P.sum(0)
+    b = np.einsum("nij,nj->i", P, c)
+    w = np.linalg.eigvalsh(A)
+    if w[0] > 1e-3 * max(w[-1], 1e-300):
+        return np.linalg.solve(A, b)
+    spread = float(np.linalg.norm(c - c.mean(0), axis=1).max()) or 1.0
+    axis = f.mean(0)
+    return c.mean(0) + axis / max(np.linalg.norm(axis), 1e-300) * 2.0 * spread
+
+
+def up_from_cameras(cameras) -> str:
+    """The key of :data:`UP_AXES` closest to the cameras' mean "up" (camera −y in world coordinates, OpenCV
+    axes), e.g. "+z" for NeRF-synthetic, often "-y" for COLMAP reconstructions. "+z" for an empty list."""
+    if not cameras:
+        return "+z"
+    ups = np.stack([-np.asarray(c.R[1], dtype=np.float64) for c in cameras])
+    m = ups.mean(0)
+    if np.linalg.norm(m) < 1e-9:
+        return "+z"
+    return max(UP_AXES, key=lambda k: float(np.dot(UP_AXES[k], m)))

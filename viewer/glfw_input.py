@@ -1,8 +1,12 @@
-"""GLFW window input → Dear ImGui IO and the orbit camera.
+"""GLFW window input → Dear ImGui IO and the viewer camera.
 
-Mouse over an ImGui window goes to ImGui; elsewhere: left drag orbits, right or middle drag (or shift + left)
-pans, the wheel zooms. Keys (when ImGui does not want the keyboard): 1–4 render modes, R reset view,
-F12 / P screenshot, H hide panels, Esc quit.
+Mouse over an ImGui window goes to ImGui; elsewhere, in orbit mode: left drag orbits, right or middle drag (or
+Shift + left) pans, the wheel zooms; in fly mode left drag looks around (the eye stays put). In both modes
+W/S, A/D, E/Q fly forward/back, right/left, up/down while held (Shift ×10, Ctrl ×0.1), at a speed in world
+units per second: the motion per frame is speed × the frame's duration, whatever the frame rate.
+Keys (when ImGui does not want the keyboard): 1–4 render modes, F orbit/fly, R reset view, T snap to the nearest
+training camera, [ and ] previous / next training camera, Space pause/resume training, F12 or P screenshot,
+H hide panels, Esc quit.
 """
 from __future__ import annotations
 
@@ -18,10 +22,12 @@ def _key_map(glfw, Key):
          glfw.KEY_KP_ENTER: Key.keypad_enter, glfw.KEY_LEFT_CONTROL: Key.left_ctrl,
          glfw.KEY_RIGHT_CONTROL: Key.right_ctrl, glfw.KEY_LEFT_SHIFT: Key.left_shift,
          glfw.KEY_RIGHT_SHIFT: Key.right_shift, glfw.KEY_LEFT_ALT: Key.left_alt, glfw.KEY_RIGHT_ALT: Key.right_alt,
-         glfw.KEY_MINUS: Key.minus, glfw.KEY_PERIOD: Key.period, glfw.KEY_COMMA: Key.comma}
+         glfw.KEY_MINUS: Key.minus, glfw.KEY_PERIOD: Key.period, glfw.KEY_COMMA: Key.comma,
+         glfw.KEY_LEFT_BRACKET: Key.left_bracket, glfw.KEY_RIGHT_BRACKET: Key.right_bracket,
+         glfw.KEY_F12: Key.f12}
     for i in range(10):
         m[getattr(glfw, f"KEY_{i}")] = getattr(Key, f"_{i}")
-    for c in "ACVXYZ":
+    for c in "ACVXYZWSDQEFRTHP":
         m[getattr(glfw, f"KEY_{c}")] = getattr(Key, c.lower())
     return m
 
@@ -29,9 +35,13 @@ def _key_map(glfw, Key):
 class GlfwInput:
     """Installs GLFW callbacks on ``window``; call :meth:`new_frame` once per frame before ``imgui.new_frame``.
 
-    ``actions`` collects keyboard shortcuts (e.g. "mode:2", "reset", "screenshot", "toggle_panels", "quit")
-    for the app to apply at one point of its loop.
+    ``actions`` collects keyboard shortcuts (e.g. "mode:2", "reset", "screenshot", "toggle_panels", "quit",
+    "fly", "snap", "next_camera", "prev_camera", "toggle_training") for the app to apply at one point of its loop.
+    ``fly_mode`` (set by the app) makes a left drag look around instead of orbiting.
     """
+
+    #: (key name, axis, sign) of the held keys that fly the camera
+    FLY_KEYS = (("W", 2, 1.0), ("S", 2, -1.0), ("D", 0, 1.0), ("A", 0, -1.0), ("E", 1, 1.0), ("Q", 1, -1.0))
 
     def __init__(self, window, camera):
         import glfw
@@ -46,6 +56,8 @@ class GlfwInput:
         self._last = None
         self._drag = None  # (button, x, y)
         self._time = None
+        self.fly_mode = False
+        self.dt = 0.0
         glfw.set_cursor_pos_callback(window, self._on_cursor)
         glfw.set_mouse_button_callback(window, self._on_button)
         glfw.set_scroll_callback(window, self._on_scroll)
@@ -64,7 +76,10 @@ class GlfwInput:
             dx, dy = x - lx, y - ly
             shift = self.glfw.get_key(window, self.glfw.KEY_LEFT_SHIFT) == self.glfw.PRESS
             if button == self.glfw.MOUSE_BUTTON_LEFT and not shift:
-                self.camera.orbit(dx, dy)
+                if self.fly_mode:
+                    self.camera.look(dx, dy)
+                else:
+                    self.camera.orbit(dx, dy)
             else:
                 self.camera.pan(dx, dy, self.glfw.get_window_size(window)[0])
         if self._drag is not None:
@@ -95,8 +110,12 @@ class GlfwInput:
         self.io.add_key_event(Key.mod_alt, bool(mods & glfw.MOD_ALT))
         if action != glfw.PRESS or self.io.want_capture_keyboard:
             return
+        shortcuts = {glfw.KEY_F: "fly", glfw.KEY_T: "snap", glfw.KEY_RIGHT_BRACKET: "next_camera",
+                     glfw.KEY_LEFT_BRACKET: "prev_camera", glfw.KEY_SPACE: "toggle_training"}
         if glfw.KEY_1 <= key <= glfw.KEY_4:
             self.actions.append(f"mode:{key - glfw.KEY_1}")
+        elif key in shortcuts:
+            self.actions.append(shortcuts[key])
         elif key == glfw.KEY_R:
             self.actions.append("reset")
         elif key in (glfw.KEY_F12, glfw.KEY_P):
@@ -118,5 +137,24 @@ class GlfwInput:
         self.io.display_size = self.imgui.ImVec2(float(w), float(h))
         self.io.display_framebuffer_scale = self.imgui.ImVec2(sx, sy)
         now = glfw.get_time()
-        self.io.delta_time = max(now - self._time, 1e-4) if self._time is not None else 1.0 / 60.0
+        self.dt = max(now - self._time, 1e-4) if self._time is not None else 1.0 / 60.0
+        self.io.delta_time = self.dt
         self._time = now
+        self.fly_keys(self.dt)
+
+    def fly_keys(self, dt: float) -> bool:
+        """Move the camera for the fly keys held now, over ``dt`` seconds (not while ImGui has the keyboard).
+        Returns True when it moved."""
+        glfw = self.glfw
+        if self.io.want_capture_keyboard:
+            return False
+        held = lambda k: glfw.get_key(self.window, k) == glfw.PRESS
+        axes = [0.0, 0.0, 0.0]
+        for name, axis, sign in self.FLY_KEYS:
+            if held(getattr(glfw, f"KEY_{name}")):
+                axes[axis] += sign
+        if not any(axes):
+            return False
+        fast = held(glfw.KEY_LEFT_SHIFT) or held(glfw.KEY_RIGHT_SHIFT)
+        slow = held(glfw.KEY_LEFT_CONTROL) or held(glfw.KEY_RIGHT_CONTROL)
+        return self.camera.fly(dt, right=axes[0], up=axes[1], forward=axes[2], fast=fast, slow=slow)

@@ -1,22 +1,48 @@
-"""The viewer's ImGui panels: render settings, statistics, and the labels drawn over the image.
+"""The viewer's ImGui panels and the labels drawn over the image.
+
+Windows (dockable into each other when ImGui's docking is on; their places are kept in the imgui ini file):
+
+* **rigel-viewer** — render mode, render scale, SH degree, background, up axis, camera (orbit / fly, reset,
+  snap to and cycle through training cameras), appearance (viewing a scene), export (screenshot, PLY, orbit
+  video with a progress bar), stats (Gaussians, fps, ms per stage: appearance, rasterize, present, UI; GPU
+  memory on CUDA), and which panels are shown;
+* **Training** — start / pause / step, iteration, loss, elapsed, densification sliders applied live,
+  appearance SH ↔ MLP, save checkpoint / PLY, and any failure of the training thread, in red;
+* **PSNR** — train PSNR per iteration and held-out PSNR at each evaluation (implot), beside the per-pixel
+  error of the training view the camera is snapped to.
 
 :func:`draw_ui` only reads state and returns requests (STYLE 10: the app applies them at one point of its
-loop); the settings it edits live in :class:`ViewSettings`.
+loop): strings ("reset", "snap", …) and, for the training thread, :mod:`viewer.messages` commands. What it edits
+in place lives in :class:`ViewSettings` and in the densification dict of the training state.
 """
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import messages as M
 from .camera_control import UP_AXES
 from .present import panel_rects, scale_bar_rect
 from .shaderio import C
 
-__all__ = ["ViewSettings", "Stats", "draw_ui", "MODE_LABELS"]
+__all__ = ["ViewSettings", "Stats", "draw_ui", "MODE_LABELS", "PANEL_WIDTH", "PANELS"]
 
 PANEL_WIDTH = 290
+#: the panels that can be hidden (key → title): the main window's Stats section, the Training and PSNR windows
+PANELS = {"stats": "Stats", "training": "Training", "psnr": "PSNR"}
+#: densification sliders: field → (label, kind, min, max, format)
+DENSIFY_SLIDERS = {
+    "grad_threshold": ("grad threshold", "float_log", 1e-5, 1e-2, "%.1e"),
+    "densify_interval": ("interval", "int", 10, 2000, "%d"),
+    "densify_from": ("start iteration", "int_iters", 0, None, "%d"),
+    "densify_until": ("stop iteration", "int_iters", 0, None, "%d"),
+    "opacity_reset_interval": ("opacity reset every", "int", 100, 30000, "%d"),
+    "prune_opacity": ("prune opacity", "float_log", 1e-4, 0.2, "%.4f"),
+    "max_gaussians": ("max Gaussians", "int_log", 1000, 10_000_000, "%d"),
+}
 MODE_LABELS = (("image", C.MODE_IMAGE), ("alpha", C.MODE_ALPHA), ("overdraw", C.MODE_OVERDRAW),
                ("side-by-side", C.MODE_SIDE_BY_SIDE))
 
@@ -34,6 +60,14 @@ class ViewSettings:
     vsync: bool = True
     up: str = "+z"
     show_panels: bool = True
+    fly: bool = False               # left drag looks around (fly) instead of orbiting
+    panels: dict = field(default_factory=lambda: {k: True for k in PANELS})
+    video_frames: int = 60
+    video_size: tuple = (640, 480)
+    video_fps: int = 30
+    #: adopt a new training snapshot at most this often (s); the CLI sets 0.5 when the CPU renders, so that the
+    #: reference renderer does not take the cores the trainer needs
+    model_refresh_s: float = 0.0
 
     def render_key(self):
         """The settings that change the rendered frame (a change triggers a re-render)."""
@@ -55,6 +89,8 @@ class Stats:
     presents: int = 0
     model_info: dict = field(default_factory=dict)
     render_ms_history: deque = field(default_factory=lambda: deque(maxlen=120))
+    stage_ms: dict = field(default_factory=dict)   # "appearance", "rasterize", "present", "ui" → ms
+    gpu_memory: tuple | None = None                # (allocated, reserved, total) bytes on CUDA
 
     @property
     def fps(self) -> float:
@@ -95,25 +131,34 @@ def _labels(imgui, settings: ViewSettings, overdraw_max: int, content, fb_scale)
         text(px + x1 - tw, py + max(y0 - 20 * sy, 0), label)
 
 
-def draw_ui(settings: ViewSettings, stats: Stats, *, overdraw_max: int, content, fb_scale=(1.0, 1.0),
-            max_sh_degree: int = 3, windowed: bool = True) -> list[str]:
-    """Build this frame's ImGui windows (call between ``imgui.new_frame()`` and ``imgui.render()``).
-    ``content``: (x, y, w, h) framebuffer area the present pass fills (labels are placed in it).
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f}"
 
-    Returns requests for the app: "reset", "screenshot", "vsync", "up".
-    """
-    from imgui_bundle import imgui, implot
 
-    requests: list[str] = []
-    _labels(imgui, settings, overdraw_max, content, fb_scale)
-    if not settings.show_panels:
-        return requests
+def _fmt(x: float, spec: str = ".2f", none: str = "-") -> str:
+    return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else none
+
+
+def _window(imgui, title: str, pos, pivot=(0.0, 0.0), size=None, *, auto: bool = True):
+    """Begin a panel placed at ``pos`` (display coordinates, ``pivot`` the window's corner there) the first
+    time it appears (afterwards where the user and the ini file put it). Returns whether it is expanded."""
     cond = imgui.Cond_.first_use_ever
-    imgui.set_next_window_pos(imgui.ImVec2(10, 10), cond)
-    imgui.set_next_window_size_constraints(imgui.ImVec2(PANEL_WIDTH, 0), imgui.ImVec2(PANEL_WIDTH, 1e6))
+    imgui.set_next_window_pos(imgui.ImVec2(*pos), cond, imgui.ImVec2(*pivot))
+    if size is not None:
+        imgui.set_next_window_size(imgui.ImVec2(*size), cond)
+    if auto:
+        imgui.set_next_window_size_constraints(imgui.ImVec2(PANEL_WIDTH, 0), imgui.ImVec2(PANEL_WIDTH, 1e6))
     imgui.set_next_window_bg_alpha(0.85)
-    opened = imgui.begin("rigel-viewer", None, imgui.WindowFlags_.always_auto_resize)[0]
-    if opened and imgui.collapsing_header("Render", imgui.TreeNodeFlags_.default_open):
+    flags = imgui.WindowFlags_.always_auto_resize if auto else 0
+    return imgui.begin(title, None, flags)[0]
+
+
+def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_max: int, *, max_sh_degree, windowed,
+                 n_cameras, camera_index, training, appearance, jobs, requests):
+    if not _window(imgui, "rigel-viewer", (10, 10)):
+        imgui.end()
+        return
+    if imgui.collapsing_header("Render", imgui.TreeNodeFlags_.default_open):
         imgui.push_item_width(140)
         for i, (name, mode) in enumerate(MODE_LABELS):
             if i % 2:
@@ -128,35 +173,283 @@ def draw_ui(settings: ViewSettings, stats: Stats, *, overdraw_max: int, content,
             _, settings.sh_degree = imgui.slider_int("SH degree", min(settings.sh_degree, max_sh_degree), 0,
                                                      max_sh_degree)
         _, settings.white_background = imgui.checkbox("white background", settings.white_background)
+        if windowed:
+            imgui.same_line()
+            changed, settings.vsync = imgui.checkbox("vsync", settings.vsync)
+            if changed:
+                requests.append("vsync")
+        if training is None:
+            jobs_busy = jobs.get("appearance") is not None and not jobs["appearance"].done
+            imgui.text("colour")
+            for kind, label in (("sh", "SH"), ("mlp", "MLP")):
+                imgui.same_line()
+                if imgui.radio_button(label + "##view", appearance == kind) and appearance != kind and not jobs_busy:
+                    requests.append(f"appearance:{kind}")
+            job = jobs.get("appearance")
+            if job is not None and not job.done:
+                imgui.same_line()
+                imgui.text_disabled("converting...")
+            elif job is not None and job.error:
+                imgui.text_colored(imgui.ImVec4(1, 0.35, 0.3, 1), job.error[:80])
+        imgui.pop_item_width()
+    if imgui.collapsing_header("Camera", imgui.TreeNodeFlags_.default_open):
+        imgui.push_item_width(140)
+        if imgui.radio_button("orbit", not settings.fly):
+            settings.fly = False
+        imgui.same_line()
+        if imgui.radio_button("fly (WASD QE)", settings.fly):
+            settings.fly = True
         keys = list(UP_AXES)
         changed, idx = imgui.combo("up axis", keys.index(settings.up) if settings.up in keys else 0, keys)
         if changed:
             settings.up = keys[idx]
             requests.append("up")
-        if windowed:
-            changed, settings.vsync = imgui.checkbox("vsync", settings.vsync)
-            if changed:
-                requests.append("vsync")
         if imgui.button("reset view (R)"):
             requests.append("reset")
-        imgui.same_line()
+        if n_cameras:
+            imgui.same_line()
+            if imgui.button("nearest (T)"):
+                requests.append("snap")
+            if imgui.button("<##cam"):
+                requests.append("prev_camera")
+            imgui.same_line()
+            label = f"train view {camera_index + 1}/{n_cameras}" if camera_index is not None else \
+                f"{n_cameras} train views"
+            imgui.text(label)
+            imgui.same_line()
+            if imgui.button(">##cam"):
+                requests.append("next_camera")
+        imgui.pop_item_width()
+    if imgui.collapsing_header("Export"):
         if imgui.button("screenshot (F12)"):
             requests.append("screenshot")
+        imgui.same_line()
+        if training is None and imgui.button("save PLY"):
+            requests.append("save_ply")
+        imgui.push_item_width(140)
+        _, settings.video_frames = imgui.slider_int("video frames", settings.video_frames, 8, 360)
+        w, h = settings.video_size
+        changed, wh = imgui.input_int2("video size", [int(w), int(h)])
+        if changed:
+            settings.video_size = (max(16, min(wh[0], 4096)), max(16, min(wh[1], 4096)))
         imgui.pop_item_width()
-    if opened and imgui.collapsing_header("Stats", imgui.TreeNodeFlags_.default_open):
-        imgui.text(f"Gaussians   {stats.gaussians:,}")
-        imgui.text(f"frame       {stats.frame_size[0]} x {stats.frame_size[1]}")
-        imgui.text(f"render      {stats.render_ms:.1f} ms ({stats.render_device})")
-        if stats.fps == stats.fps:
-            imgui.text(f"fps         {stats.fps:.1f}  ({stats.frame_ms:.1f} ms)")
-        imgui.text(f"overdraw    max {overdraw_max}")
-        for k, v in stats.model_info.items():
-            imgui.text(f"{k:<11} {v}")
-        imgui.text_disabled(stats.vulkan_device[:44])
-        if len(stats.render_ms_history) > 1 and implot.begin_plot("##render_ms", imgui.ImVec2(-1, 60),
-                                                                     implot.Flags_.canvas_only):
-            implot.setup_axes("", "", implot.AxisFlags_.no_decorations, implot.AxisFlags_.auto_fit)
-            implot.plot_line("render ms", np.asarray(stats.render_ms_history, dtype=np.float32))
-            implot.end_plot()
+        job = jobs.get("video")
+        if job is not None and not job.done:
+            imgui.progress_bar(job.progress, imgui.ImVec2(-1, 0), job.message or "rendering")
+            if imgui.button("cancel video"):
+                requests.append("cancel_video")
+        else:
+            if imgui.button("render orbit video"):
+                requests.append("video")
+            if job is not None:
+                if job.error:
+                    imgui.text_colored(imgui.ImVec4(1, 0.35, 0.3, 1), job.error[:80])
+                elif job.result is not None:
+                    imgui.text_wrapped(f"wrote {job.result}")
+    if settings.panels.get("stats", True):
+        _stats_header(imgui, implot, stats, overdraw_max)
+    imgui.text("show:")
+    for key, title in PANELS.items():
+        if key != "stats" and training is None:
+            continue
+        imgui.same_line()
+        _, settings.panels[key] = imgui.checkbox(title, settings.panels.get(key, True))
     imgui.end()
+
+
+def _stats_header(imgui, implot, stats: Stats, overdraw_max: int):
+    if not imgui.collapsing_header("Stats", imgui.TreeNodeFlags_.default_open):
+        return
+    imgui.text(f"Gaussians   {stats.gaussians:,}")
+    imgui.text(f"frame       {stats.frame_size[0]} x {stats.frame_size[1]}  ({stats.render_device})")
+    if stats.fps == stats.fps:
+        imgui.text(f"fps         {stats.fps:.1f}  ({stats.frame_ms:.1f} ms)")
+    imgui.text(f"render      {_fmt(stats.render_ms, '.1f')} ms")
+    for name in ("appearance", "rasterize", "present", "ui"):
+        if name in stats.stage_ms:
+            imgui.text(f"  {name:<10} {_fmt(stats.stage_ms[name], '.2f')} ms")
+    imgui.text(f"overdraw    max {overdraw_max}")
+    if stats.gpu_memory is not None:
+        a, r, t = stats.gpu_memory
+        imgui.text(f"GPU memory  {_gib(a)} / {_gib(r)} / {_gib(t)} GiB")
+        imgui.text_disabled("            allocated / reserved / total")
+    for k, v in stats.model_info.items():
+        if not str(k).startswith("_"):
+            imgui.text(f"{k:<11} {v}")
+    imgui.text_disabled(stats.vulkan_device[:44])
+    if len(stats.render_ms_history) > 1 and implot.begin_plot("##render_ms", imgui.ImVec2(-1, 50),
+                                                                 implot.Flags_.canvas_only):
+        implot.setup_axes("", "", implot.AxisFlags_.no_decorations,
+                          implot.AxisFlags_.no_decorations | implot.AxisFlags_.auto_fit)
+        implot.plot_line("render ms", np.asarray(stats.render_ms_history, dtype=np.float32))
+        implot.end_plot()
+
+
+def _densify_sliders(imgui, training, requests):
+    d = training.densify
+    changed_fields = {}
+    imgui.push_item_width(130)
+    top = max(training.iterations, 1)
+    for name, (label, kind, lo, hi, fmt) in DENSIFY_SLIDERS.items():
+        if name not in d:
+            continue
+        v = d[name]
+        if kind == "float_log":
+            ch, nv = imgui.slider_float(label, float(v), lo, hi, fmt, imgui.SliderFlags_.logarithmic)
+        elif kind == "int_log":
+            ch, nv = imgui.slider_int(label, int(v if v is not None else hi), lo, hi, fmt,
+                                      imgui.SliderFlags_.logarithmic)
+        elif kind == "int_iters":
+            ch, nv = imgui.slider_int(label, int(v), lo, max(top, int(v)), fmt)
+        else:
+            ch, nv = imgui.slider_int(label, int(v), lo, hi, fmt)
+        if ch:
+            d[name] = nv
+            changed_fields[name] = nv
+    imgui.pop_item_width()
+    if changed_fields:
+        requests.append(M.SetDensifyParams(changed_fields))
+
+
+def _training_window(imgui, training, display, requests):
+    t = training
+    if not _window(imgui, "Training", (display[0] - 10, 10), (1.0, 0.0)):
+        imgui.end()
+        return
+    colours = {"running": (0.4, 0.9, 0.4, 1), "paused": (1.0, 0.8, 0.3, 1), "finished": (0.5, 0.8, 1.0, 1),
+               "failed": (1.0, 0.35, 0.3, 1), "stopped": (0.7, 0.7, 0.7, 1), "starting": (0.7, 0.7, 0.7, 1)}
+    imgui.text_colored(imgui.ImVec4(*colours.get(t.status, (1, 1, 1, 1))), t.status.upper())
+    imgui.same_line()
+    imgui.text_disabled(f"({t.device})" if t.device else "")
+    active = t.status in ("running", "paused", "starting")
+    if t.status == "running":
+        if imgui.button("pause (space)"):
+            requests.append(M.Pause())
+    elif imgui.button("start" if t.iteration == 0 else "resume") and active:
+        requests.append(M.Resume())
+    imgui.same_line()
+    if imgui.button("step") and active:
+        requests.append(M.Step(1))
+    imgui.same_line()
+    if imgui.button("step 10") and active:
+        requests.append(M.Step(10))
+    frac = t.iteration / t.iterations if t.iterations else 0.0
+    imgui.progress_bar(frac, imgui.ImVec2(-1, 0), f"{t.iteration:,} / {t.iterations:,}")
+    imgui.text(f"loss        {_fmt(t.loss, '.4f')}")
+    imgui.text(f"train PSNR  {_fmt(t.psnr, '.2f')} dB")
+    last = f"{_fmt(t.last_eval_psnr, '.2f')} dB" + (f" (it {t.eval_iters[-1]:,})" if t.eval_iters else "")
+    imgui.text(f"test PSNR   {last}")
+    imgui.text(f"Gaussians   {t.num_gaussians:,}")
+    imgui.text(f"elapsed     {t.elapsed_s:.1f} s  ({_fmt(t.ms_per_iter, '.1f')} ms/it)")
+    if imgui.collapsing_header("Densification (live)", imgui.TreeNodeFlags_.default_open):
+        _densify_sliders(imgui, t, requests)
+    if imgui.collapsing_header("Appearance", imgui.TreeNodeFlags_.default_open):
+        for kind, label in (("sh", "spherical harmonics"), ("mlp", "MLP")):
+            if kind == "mlp":
+                imgui.same_line()
+            if imgui.radio_button(label, t.appearance == kind) and t.appearance != kind and active:
+                requests.append(M.SetAppearance(kind))
+        if not t.appearance_switchable:
+            imgui.text_disabled("(this trainer cannot switch yet)")
+    if imgui.button("save checkpoint"):
+        requests.append(M.Save("checkpoint"))
+    imgui.same_line()
+    if imgui.button("save PLY"):
+        requests.append(M.Save("ply"))
+    if t.run_dir:
+        imgui.text_disabled(t.run_dir[-44:])
+    if t.error:
+        imgui.separator()
+        imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + PANEL_WIDTH - 20)
+        imgui.text_colored(imgui.ImVec4(1.0, 0.35, 0.3, 1), "training failed: " + t.error)
+        imgui.pop_text_wrap_pos()
+        if imgui.tree_node("traceback"):
+            imgui.text_wrapped(t.error_traceback[-2000:])
+            imgui.tree_pop()
+    for line in list(t.log)[-4:]:
+        imgui.text_disabled(line[:46])
+    imgui.end()
+
+
+def _psnr_window(imgui, implot, training, error_view, display, requests, n_cameras):
+    w = max(display[0] - 2 * PANEL_WIDTH - 40, 320)
+    h = 230
+    if not _window(imgui, "PSNR", (display[0] / 2, display[1] - 10), (0.5, 1.0), (w, h), auto=False):
+        imgui.end()
+        return
+    avail = imgui.get_content_region_avail()
+    heat_w = min(avail.y * 1.1, avail.x * 0.45)
+    plot_w = max(avail.x - heat_w - 8, 100)
+    if implot.begin_plot("##psnr", imgui.ImVec2(plot_w, avail.y)):
+        implot.setup_axes("iteration", "PSNR (dB)", implot.AxisFlags_.auto_fit, implot.AxisFlags_.auto_fit)
+        if training.train_iters:
+            implot.plot_line("train view", np.asarray(training.train_iters, np.float64),
+                             np.asarray(training.train_psnr, np.float64))
+        if training.eval_iters:
+            spec = implot.Spec()
+            spec.marker = implot.Marker_.circle
+            spec.line_weight = 2.0
+            implot.plot_line("held-out", np.asarray(training.eval_iters, np.float64),
+                             np.asarray(training.eval_psnr, np.float64), spec)
+        implot.end_plot()
+    imgui.same_line()
+    imgui.begin_group()
+    if error_view is not None:
+        imgui.text(f"|render - GT|  {error_view.name}")
+        imgui.text(f"PSNR {_fmt(error_view.psnr, '.2f')} dB, max {error_view.vmax:.2f}")
+        side = imgui.get_content_region_avail()
+        hh, ww = error_view.values.shape
+        scale = min(side.x / max(ww, 1), max(side.y, 20) / max(hh, 1))
+        implot.push_colormap(implot.Colormap_.hot)
+        flags = implot.Flags_.canvas_only | implot.Flags_.no_inputs
+        if implot.begin_plot("##error", imgui.ImVec2(ww * scale, hh * scale), flags):
+            implot.setup_axes("", "", implot.AxisFlags_.no_decorations, implot.AxisFlags_.no_decorations)
+            implot.setup_axis_limits(implot.ImAxis_.x1, 0, 1, implot.Cond_.always)
+            implot.setup_axis_limits(implot.ImAxis_.y1, 0, 1, implot.Cond_.always)
+            implot.plot_heatmap("##err", error_view.values, 0.0, max(error_view.vmax, 1e-6), "")
+            implot.end_plot()
+        implot.pop_colormap()
+    else:
+        imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + heat_w)
+        imgui.text_wrapped("Per-pixel error: snap the camera to a training view (T, [ ]) to compare the render "
+                           "with its ground truth.")
+        imgui.pop_text_wrap_pos()
+        if n_cameras and imgui.button("show nearest training view"):
+            requests.append("snap")
+    imgui.end_group()
+    imgui.end()
+
+
+def draw_ui(settings: ViewSettings, stats: Stats, *, overdraw_max: int, content, fb_scale=(1.0, 1.0),
+            max_sh_degree: int = 3, windowed: bool = True, training=None, error_view=None, jobs=None,
+            n_cameras: int = 0, camera_index=None, appearance: str = "sh") -> list:
+    """Build this frame's ImGui windows (call between ``imgui.new_frame()`` and ``imgui.render()``).
+
+    Args:
+        content: (x, y, w, h) framebuffer area the present pass fills (labels are placed in it).
+        training: the :class:`~viewer.ui_state.TrainingState` when a training thread runs (Training and PSNR
+            windows), else None. error_view: the :class:`~viewer.ui_state.ErrorView` to show, or None.
+        jobs: {"video": Job, "appearance": Job} running or finished background jobs.
+        n_cameras, camera_index: training cameras available and the one the view is snapped to.
+        appearance: "sh" or "mlp", the colour model of the scene shown.
+    Returns: requests for the app — strings ("reset", "screenshot", "vsync", "up", "snap", "next_camera",
+    "prev_camera", "save_ply", "video", "cancel_video", "appearance:sh|mlp") and :mod:`viewer.messages`
+    commands for the training thread.
+    """
+    from imgui_bundle import imgui, implot
+
+    requests: list = []
+    _labels(imgui, settings, overdraw_max, content, fb_scale)
+    if not settings.show_panels:
+        return requests
+    io = imgui.get_io()
+    display = (io.display_size.x, io.display_size.y)
+    jobs = jobs or {}
+    _main_window(imgui, implot, settings, stats, overdraw_max, max_sh_degree=max_sh_degree, windowed=windowed,
+                 n_cameras=n_cameras, camera_index=camera_index, training=training, appearance=appearance, jobs=jobs,
+                 requests=requests)
+    if training is not None and settings.panels.get("training", True):
+        _training_window(imgui, training, display, requests)
+    if training is not None and settings.panels.get("psnr", True):
+        _psnr_window(imgui, implot, training, error_view, display, requests, n_cameras)
     return requests

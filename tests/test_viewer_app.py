@@ -1,0 +1,558 @@
+"""rigel-viewer as an application: the training thread and its messages, the panels' state, orbit videos,
+``--offscreen`` training, a scripted session in a real window (Xvfb + lavapipe), closing and Ctrl-C during
+training.
+
+Datasets are tiny (a procedural scene rendered at 24×24 in memory, or the 64×64 procedural dataset on disk), the
+windows small, and heavy runs use one PyTorch thread (much faster than two on a busy 2-core machine). The real
+PLY comes from ``../shared/data`` through the ``shared_data`` fixture.
+"""
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from test_vulkan import VK_OK, VK_REASON, display, no_validation_errors  # noqa: F401  (fixtures)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+from viewer import messages as M  # noqa: E402
+from viewer.model_slot import ModelSlot  # noqa: E402
+from viewer.training import CHECKPOINT_NAME, PLY_NAME, TrainingSession  # noqa: E402
+from viewer.ui_state import ErrorView, Job, TrainingState, downsample_mean, error_map  # noqa: E402
+
+needs_vulkan = pytest.mark.skipif(not VK_OK, reason=f"no usable Vulkan device: {VK_REASON}")
+
+
+@pytest.fixture
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_dataset(rng, *, size=24, n_train=6, n_test=2):
+    """A procedural scene (a few hundred Gaussians) rendered from cameras around it, in memory."""
+    from rigel_core import Camera, render
+    from rigel_core.data import make_scene
+    from rigel_core.data.frames import Dataset, Frame
+
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=rng))
+    scene = make_scene(n=300, sh_degree=1, seed=seed)
+    lo, hi = scene.bounds(0.01)
+    center = (0.5 * (lo + hi)).double().numpy()
+    radius = float(torch.linalg.norm(hi - lo)) * 0.5
+
+    def cams(n, phase):
+        out = []
+        for i in range(n):
+            a = 2 * math.pi * (i + phase) / n
+            eye = center + 2.5 * radius * np.array([math.cos(a), math.sin(a), 0.5])
+            out.append(Camera.look_at(eye, center, (0, 0, 1), width=size, height=size, fov_x_deg=50, name=f"v{i}"))
+        return out
+
+    def frames(cs):
+        with torch.no_grad():
+            return [Frame(c, render(scene, c).image.clamp(0, 1).contiguous(), None, c.name) for c in cs]
+
+    train, test = frames(cams(n_train, 0.0)), frames(cams(n_test, 0.5))
+    centres = np.stack([f.camera.campos for f in train])
+    return Dataset(train, test, centres.mean(0), float(np.linalg.norm(centres - centres.mean(0), axis=1).max()))
+
+
+def tiny_trainer(rng, iterations=30, **cfg):
+    from rigel_core.train import TrainConfig, Trainer
+
+    ds = tiny_dataset(rng)
+    config = TrainConfig(iterations=iterations, init_points=200, sh_degree=1, eval_every=10,
+                         densify_from=5, densify_interval=5, densify_until=20, **cfg)
+    return Trainer(ds, config, device="cpu")
+
+
+def wait_for(events: list, session, predicate, timeout=60.0):
+    """Drain ``session`` into ``events`` until one event satisfies ``predicate``; return it."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        new = session.drain_events()
+        events.extend(new)
+        for e in new:
+            if predicate(e):
+                return e
+        time.sleep(0.005)
+    raise AssertionError(f"no matching event within {timeout} s; got {[type(e).__name__ for e in events][-10:]}")
+
+
+# ---- the UI's state (no window) -----------------------------------------------------------------------------------
+def test_training_state_folds_events():
+    st = TrainingState()
+    st.apply(M.TrainingStarted(0, 100, 50, "cpu", 6, 2, "/run", False, {"grad_threshold": 2e-4}, "sh"))
+    assert (st.status, st.iterations, st.densify) == ("paused", 100, {"grad_threshold": 2e-4})
+    st.apply(M.EvalFinished(0, 9.5, 0.1, 50, 2))
+    st.apply(M.TrainingResumed(0))
+    for it, p in ((1, 10.0), (2, float("nan")), (3, 12.0)):
+        st.apply(M.TrainingProgress(it, 0.5, p, 50 + it, 0.1 * it, 100.0, f"v{it}"))
+    assert st.status == "running" and st.iteration == 3 and st.num_gaussians == 53
+    assert st.train_iters == [1, 3] and st.train_psnr == [10.0, 12.0]        # a non-finite PSNR is not plotted
+    st.apply(M.Densified(3, 2, 1, 4, 52))
+    st.apply(M.DensifyParamsChanged(3, {"grad_threshold": 5e-4}))
+    assert st.num_gaussians == 52 and st.densify["grad_threshold"] == 5e-4
+    st.apply(M.CommandRejected("SetAppearance", "this rigel_core trainer cannot switch the appearance"))
+    assert not st.appearance_switchable
+    st.apply(M.TrainingFailed(4, "RuntimeError: boom", "Traceback ... boom"))
+    st.apply(M.TrainingFailed(4, "saving after the failure failed: disk", "..."))
+    assert st.status == "failed" and st.error == "RuntimeError: boom"          # the cause, not the consequence
+    st.apply(M.TrainingStopped(4))
+    assert st.status == "failed" and any("FAILED" in line for line in st.log)
+    st2 = TrainingState()
+    st2.apply(M.TrainingFinished(9, 20.0))
+    st2.apply(M.TrainingStopped(9))
+    assert st2.status == "finished"
+
+
+def test_error_map_and_downsampling(rng):
+    r = torch.rand(13, 17, 3, generator=rng).numpy() * 1.2 - 0.1            # a render may leave [0, 1]
+    g = torch.rand(13, 17, 3, generator=rng).numpy()
+    err, psnr = error_map(r, g)
+    rc = np.clip(r, 0, 1)
+    for y, x in ((0, 0), (5, 11), (12, 16)):
+        assert err[y, x] == pytest.approx(sum(abs(rc[y, x, c] - g[y, x, c]) for c in range(3)) / 3, rel=1e-5)
+    mse = sum(((rc[..., c] - g[..., c]) ** 2).sum() for c in range(3)) / rc.size
+    assert psnr == pytest.approx(-10 * math.log10(mse), rel=1e-6)
+    assert error_map(g, g)[1] == math.inf
+    with pytest.raises(ValueError, match="shape"):
+        error_map(r[:5], g)
+    small = downsample_mean(err, 6)                                          # factor 3: 13x17 -> 4x5
+    assert small.shape == (4, 5)
+    assert small[1, 2] == pytest.approx(err[3:6, 6:9].mean(), rel=1e-6)
+    assert downsample_mean(err, 100) is err
+
+
+def test_job_keeps_result_or_error():
+    ok = Job("ok", lambda job, x: x * 2, 21)
+    bad = Job("bad", lambda job: 1 / 0)
+    assert ok.join(10) and bad.join(10)
+    assert ok.result == 42 and ok.progress == 1.0 and not ok.error
+    assert bad.result is None and "ZeroDivisionError" in bad.error and "1 / 0" in bad.traceback
+
+
+def test_orbit_video_is_written_and_can_be_cancelled(tmp_path):
+    import imageio.v3 as iio
+
+    from viewer.camera_control import OrbitCamera
+    from viewer.video import orbit_cameras, video_format, write_orbit_video
+
+    from rigel_core.data import make_scene
+
+    model = make_scene(n=200, sh_degree=1, seed=1)
+    oc = OrbitCamera()
+    oc.frame_box(*(t.numpy() for t in model.bounds(0.01)), aspect=1.0)
+    yaw = oc.yaw
+    cams = orbit_cameras(oc, 4, 33, 25)
+    assert oc.yaw == yaw and [(c.width, c.height) for c in cams] == [(32, 24)] * 4   # even sizes for H.264
+    d0, d2 = cams[0].campos - oc.target, cams[2].campos - oc.target             # half a turn about +z
+    np.testing.assert_allclose(d2, [-d0[0], -d0[1], d0[2]], atol=1e-9)
+    job = Job("video", write_orbit_video, model, cams, tmp_path / "orbit.mp4", fps=10)
+    assert job.join(60) and not job.error, job.traceback
+    path = job.result
+    assert path.suffix == "." + video_format() and path.is_file()
+    frames = iio.imread(path, index=None)
+    assert frames.shape[0] == 4 and frames.shape[1:3] == (24, 32)
+    assert np.abs(frames[0].astype(int) - frames[2].astype(int)).mean() > 1   # the view turned
+    cancelled = Job("video", lambda job: (job.cancel(), write_orbit_video(job, model, cams, tmp_path / "c.mp4"))[1])
+    assert cancelled.join(60) and "cancelled" in cancelled.error
+    assert not list(tmp_path.glob("c.*"))
+
+
+# ---- the training thread (no window) ----------------------------------------------------------------------------
+def test_training_thread_obeys_commands_and_reports_events(rng, tmp_path, one_thread):
+    from rigel_core.io import load_scene
+
+    trainer = tiny_trainer(rng, iterations=30)
+    slot = ModelSlot()
+    session = TrainingSession(trainer, slot, tmp_path / "run", running=False).start()
+    ev = []
+    started = wait_for(ev, session, lambda e: isinstance(e, M.TrainingStarted))
+    assert not started.running and started.densify["grad_threshold"] == trainer.config.grad_threshold
+    assert isinstance(ev[0], M.EvalFinished) and ev[0].iteration == 0      # the PSNR plot's starting point
+    assert slot.latest() is not None and slot.latest().info["iteration"] == 0
+
+    session.send(M.Step(3))
+    wait_for(ev, session, lambda e: isinstance(e, M.TrainingPaused))
+    assert [e.iteration for e in ev if isinstance(e, M.TrainingProgress)] == [1, 2, 3]
+    assert trainer.iteration == 3 and slot.latest().info["iteration"] == 3   # a pause publishes the model
+    snap = slot.latest().model
+    assert snap.means3D is not trainer.model.means3D and not snap.means3D.requires_grad
+
+    session.send(M.SetDensifyParams({"grad_threshold": 7e-4, "densify_interval": 3}))
+    changed = wait_for(ev, session, lambda e: isinstance(e, (M.DensifyParamsChanged, M.CommandRejected)))
+    assert isinstance(changed, M.DensifyParamsChanged)
+    assert (trainer.config.grad_threshold, trainer.config.densify_interval) == (7e-4, 3)
+    for bad in ({"densify_interval": 0}, {"lambda_dssim": 0.5}):
+        session.send(M.SetDensifyParams(bad))
+        rej = wait_for(ev, session, lambda e: isinstance(e, (M.DensifyParamsChanged, M.CommandRejected)))
+        assert isinstance(rej, M.CommandRejected)
+    assert trainer.config.densify_interval == 3 and trainer.config.lambda_dssim == 0.2   # left as they were
+    session.send(M.SetAppearance("neural"))
+    assert isinstance(wait_for(ev, session, lambda e: isinstance(e, (M.CommandRejected, M.AppearanceChanged))),
+                      M.CommandRejected)
+
+    session.send(M.Save("checkpoint"))
+    saved = wait_for(ev, session, lambda e: isinstance(e, M.Saved))
+    assert saved.iteration == 3 and Path(saved.paths[0]).name == CHECKPOINT_NAME
+    assert load_scene(saved.paths[0]).num_gaussians == trainer.model.num_gaussians
+
+    session.send(M.Resume())
+    fin = wait_for(ev, session, lambda e: isinstance(e, M.TrainingFinished))
+    assert fin.iteration == 30 and math.isfinite(fin.psnr)
+    progress = [e.iteration for e in ev if isinstance(e, M.TrainingProgress)]
+    assert progress == list(range(1, 31))                                  # every iteration reported, in order
+    assert any(isinstance(e, M.Densified) for e in ev)                       # the live interval 3 was used
+    evals = [e for e in ev if isinstance(e, M.EvalFinished)]
+    assert [e.iteration for e in evals] == [0, 10, 20, 30] and evals[-1].psnr > evals[0].psnr
+    final = [e for e in ev if isinstance(e, M.Saved) and e.reason == "finished"]
+    assert final and {Path(p).name for p in final[0].paths} == {CHECKPOINT_NAME, PLY_NAME}
+    assert slot.latest().info["iteration"] == 30
+    session.send(M.Step(1))
+    assert isinstance(wait_for(ev, session, lambda e: isinstance(e, M.CommandRejected)), M.CommandRejected)
+    assert session.stop() and not session.alive
+    ev.extend(session.drain_events())
+    assert isinstance(ev[-1], M.TrainingStopped)
+    assert not [e for e in ev if isinstance(e, M.Saved) and e.reason == "stopped"]   # nothing new to save
+
+
+def test_a_failure_in_the_thread_is_shown_logged_and_saved(rng, tmp_path, caplog, one_thread):
+    from rigel_core.checkpoint import read_checkpoint
+
+    trainer = tiny_trainer(rng, iterations=50)
+    real_step = trainer.step
+
+    def failing_step():
+        if trainer.iteration == 4:
+            raise RuntimeError("CUDA error: an illegal memory access (simulated)")
+        return real_step()
+
+    trainer.step = failing_step
+    session = TrainingSession(trainer, ModelSlot(), tmp_path / "run", eval_at_start=False)
+    with caplog.at_level("ERROR", logger="rigel.viewer"):
+        session.start()
+        ev = []
+        failed = wait_for(ev, session, lambda e: isinstance(e, M.TrainingFailed))
+        saved = wait_for(ev, session, lambda e: isinstance(e, M.Saved))
+    assert failed.iteration == 4 and "illegal memory access" in failed.message
+    assert "failing_step" in failed.traceback and "illegal memory access" in caplog.text
+    assert saved.reason == "failed" and read_checkpoint(tmp_path / "run" / CHECKPOINT_NAME)[1]["iteration"] == 4
+    assert (tmp_path / "run" / PLY_NAME).is_file()
+    time.sleep(0.1)
+    assert session.alive                      # it waits for the UI to say stop, so the failure stays visible
+    st = TrainingState()
+    for e in ev:
+        st.apply(e)
+    assert st.status == "failed" and "illegal memory access" in st.error
+    assert session.stop(timeout=10)
+
+
+def test_the_ui_never_waits_for_a_training_step(rng, tmp_path, one_thread):
+    trainer = tiny_trainer(rng, iterations=20)
+    real_step = trainer.step
+    gate, inside = threading.Event(), threading.Event()
+
+    def slow_step():
+        inside.set()
+        gate.wait(30)                         # a very long iteration
+        return real_step()
+
+    trainer.step = slow_step
+    slot = ModelSlot()
+    session = TrainingSession(trainer, slot, tmp_path / "run", eval_at_start=False).start()
+    assert inside.wait(30)
+    t0 = time.perf_counter()
+    for _ in range(100):                      # what the UI does every frame while the step runs
+        session.drain_events()
+        slot.latest()
+        session.send(M.SetDensifyParams({"grad_threshold": 3e-4}))
+    assert time.perf_counter() - t0 < 0.5
+    trainer.step = real_step
+    gate.set()
+    # and the training never waits for the UI: nobody drains the events, it still finishes
+    t0 = time.perf_counter()
+    while trainer.iteration < 20 and time.perf_counter() - t0 < 60:
+        time.sleep(0.01)
+    assert trainer.iteration == 20 and session.events.qsize() > 20
+    assert session.stop(timeout=30)
+
+
+# ---- offscreen: the CLI ----------------------------------------------------------------------------------------------
+def _viewer_cmd(*args):
+    return [sys.executable, "-m", "viewer.app", *map(str, args)]
+
+
+def _env(**extra):
+    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
+    env.pop("WAYLAND_DISPLAY", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def procedural_64(tmp_path_factory):
+    """The 64×64 procedural dataset (``rigel_core.data.make_dataset``) on disk."""
+    from rigel_core.data import make_dataset
+
+    out = tmp_path_factory.mktemp("procedural64")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        make_dataset(out, 1000, 64, 64, n_train=12, n_test=3, progress=False, device="cpu")
+    finally:
+        torch.set_num_threads(n)
+    return out
+
+
+@needs_vulkan
+def test_offscreen_training_writes_frames_and_psnr_rises(procedural_64, tmp_path):
+    from PIL import Image
+
+    from rigel_core.io import load_scene
+
+    out = tmp_path / "out"
+    env = _env()
+    env.pop("DISPLAY", None)                  # offscreen needs no display
+    r = subprocess.run(_viewer_cmd("--data", procedural_64, "--offscreen", "--iters", 200, "--init-points", 500,
+                                   "--eval-every", 100, "--frames", 3, "--out", out, "--size", "320x200",
+                                   "--device", "cpu", "--threads", 1),
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert s["ok"] and s["iterations"] == 200 and s["status"] == "finished" and s["frames"] == 3
+    assert s["frame_ring"] == "host-mapped" and s["render_device"] == "cpu" and s["training_device"] == "cpu"
+    assert [e["iteration"] for e in s["eval"]] == [0, 100, 200]
+    assert s["psnr"] > s["psnr_initial"] + 5                                  # held-out PSNR rises
+    assert s["train_psnr_last10"] > s["train_psnr_first10"] + 5
+    assert s["fps"] > 0 and s["presents"] >= s["frames"]
+    its = [shot["iteration"] for shot in s["shots"]]
+    assert its == sorted(its) and its[-1] == 200
+    for name in ("frame_0000.png", "frame_0002.png", "image.png", "alpha.png", "overdraw.png", "training_view.png"):
+        assert Image.open(out / name).size == (320, 200)
+    # the run folder: checkpoint and PLY of the final model, loadable
+    assert {Path(p).name for p in s["saved"]} == {CHECKPOINT_NAME, PLY_NAME}
+    m = load_scene(out / CHECKPOINT_NAME)
+    assert m.num_gaussians == s["gaussians"] and load_scene(out / PLY_NAME).num_gaussians == m.num_gaussians
+    # the per-pixel error of training view 0 is in the PSNR window: the last frame differs from the first
+    # where that window is, and its PSNR is a number
+    assert s["error_view_psnr"] is not None and s["error_view_psnr"] > 10
+    img = np.asarray(Image.open(out / "image.png"))
+    assert img.std() > 3                                                       # not an empty frame
+
+
+@needs_vulkan
+def test_offscreen_cli_fails_loudly(procedural_64, tmp_path, capsys):
+    from viewer.app import main
+
+    assert main(["--data", str(tmp_path / "missing"), "--offscreen", "--out", str(tmp_path / "o")]) == 1
+    assert "missing" in capsys.readouterr().err
+    assert main(["--data", str(procedural_64), "scene.ply", "--offscreen", "--out", str(tmp_path)]) == 1
+    assert "either" in capsys.readouterr().err
+    assert main(["--data", str(procedural_64), "--offscreen", "--out", str(tmp_path), "--frames", "0"]) == 1
+
+
+# ---- the window (Xvfb + lavapipe) ----------------------------------------------------------------------------------
+def _px(viewer):
+    p = viewer.step(capture=True)
+    assert p is not None
+    return viewer.read_pixels(p)[..., :3].astype(int)
+
+
+@needs_vulkan
+def test_scripted_session_on_a_real_ply(display, shared_data, tmp_path, one_thread):  # noqa: F811
+    import glfw
+    from PIL import Image
+
+    from test_vulkan import VALIDATION
+    from viewer.app import Viewer
+    from viewer.scene import load_scene_file
+    from viewer.shaderio import C
+    from viewer.ui import PANEL_WIDTH, ViewSettings
+
+    model = load_scene_file(shared_data / "ply" / "donut_mipsplatting_sh0.ply")
+    W, H = 560, 480
+    with Viewer(ModelSlot(model), size=(W, H), device="cpu", debug=VALIDATION,
+                settings=ViewSettings(render_scale=0.25)) as v:
+        v.screenshot_dir = tmp_path
+        glfw.poll_events()
+        first = _px(v)
+        scene = (slice(40, H - 40), slice(PANEL_WIDTH + 20, W - 10))          # right of the panel
+        bg = np.array([0, 0, 0])
+        covered = (np.abs(first[scene] - bg).sum(-1) > 30).mean()
+        assert 0.05 < covered < 0.95                                             # the donut, framed
+        panel = first[15:60, 15:PANEL_WIDTH - 20]
+        # orbit: a left drag in the scene area changes the scene's pixels, not the panel's
+        x0, y0 = W - 60.0, H / 2
+        v.input._on_cursor(v.window, x0, y0)
+        v.step()
+        v.input._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.PRESS, 0)
+        v.input._on_cursor(v.window, x0 + 40, y0 + 25)
+        v.input._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.RELEASE, 0)
+        renders = v.stats.renders
+        orbited = _px(v)
+        assert v.stats.renders == renders + 1
+        assert (np.abs(orbited[scene] - first[scene]).sum(-1) > 30).mean() > 0.02
+        np.testing.assert_array_equal(orbited[15:60, 15:PANEL_WIDTH - 20], panel)
+        # render mode 2 (alpha): grey levels, the same frame re-presented (no new render)
+        v.input._on_key(v.window, glfw.KEY_2, 0, glfw.PRESS, 0)
+        alpha = _px(v)
+        assert v.settings.mode == C.MODE_ALPHA and v.stats.renders == renders + 1
+        a = alpha[scene]
+        assert (a[..., 0] == a[..., 1]).all() and (a[..., 1] == a[..., 2]).all() and a.max() > 200
+        # overdraw (3): a colormap, so colours that are not grey
+        v.input._on_key(v.window, glfw.KEY_3, 0, glfw.PRESS, 0)
+        over = _px(v)
+        assert (np.abs(over[scene][..., 0] - over[scene][..., 2]) > 40).mean() > 0.02
+        v.input._on_key(v.window, glfw.KEY_1, 0, glfw.PRESS, 0)
+        image = _px(v)
+        np.testing.assert_array_equal(image[scene], orbited[scene])
+        # toggle a panel: the Stats section of the main window closes, the pixels below its header change
+        v.settings.panels["stats"] = False
+        v.step()
+        no_stats = _px(v)
+        assert (np.abs(no_stats[200:H - 10, 15:PANEL_WIDTH - 10] - image[200:H - 10, 15:PANEL_WIDTH - 10]).sum(-1)
+                > 30).mean() > 0.2
+        # H hides every panel: the scene shows where the panel was
+        v.input._on_key(v.window, glfw.KEY_H, 0, glfw.PRESS, 0)
+        bare = _px(v)
+        assert not v.settings.show_panels
+        assert (np.abs(bare[15:60, 15:PANEL_WIDTH - 20] - panel).sum(-1) > 30).mean() > 0.5
+        # fly: W held moves the camera forward by speed x time
+        eye = v.camera.eye.copy()
+        assert v.camera.fly(0.25, forward=1.0)
+        assert np.linalg.norm(v.camera.eye - eye) == pytest.approx(0.25 * v.camera.fly_speed)
+        # screenshot (F12): the file holds exactly the presented pixels
+        v.input._on_key(v.window, glfw.KEY_F12, 0, glfw.PRESS, 0)
+        p = v.step()
+        shots = list(tmp_path.glob("rigel_screenshot_*.png"))
+        assert len(shots) == 1
+        np.testing.assert_array_equal(np.asarray(Image.open(shots[0])), v.read_pixels(p)[..., :3])
+
+
+@needs_vulkan
+def test_closing_the_window_during_training_leaves_a_loadable_checkpoint(display, rng, tmp_path,  # noqa: F811
+                                                                         one_thread):
+    import glfw
+
+    from rigel_core.checkpoint import read_checkpoint
+    from rigel_core.io import load_scene
+    from viewer.app import Viewer
+    from viewer.ui import ViewSettings
+
+    trainer = tiny_trainer(rng, iterations=10_000)
+    slot = ModelSlot()
+    session = TrainingSession(trainer, slot, tmp_path / "run", eval_at_start=False).start()
+    while slot.latest() is None:
+        time.sleep(0.01)
+    v = Viewer(slot, size=(480, 300), device="cpu", settings=ViewSettings(render_scale=0.2), training=session,
+               frames=trainer.train_frames)
+    try:
+        t0 = time.perf_counter()
+        while v.train_state.iteration < 3 and time.perf_counter() - t0 < 60:
+            glfw.poll_events()
+            v.step()
+        assert v.train_state.status == "running" and v.train_state.iteration >= 3
+        # snap to a training view: the PSNR window shows its per-pixel error
+        v.requests.append("next_camera")
+        v.step()
+        assert v.camera_index is not None and v.error_view is not None and math.isfinite(v.error_view.psnr)
+        glfw.set_window_should_close(v.window, True)
+        v.run()                                          # returns at once: the window is closing
+    finally:
+        v.close()                                        # stops the thread, which saves first
+    assert not session.alive and v.train_state.status == "stopped"
+    ck = tmp_path / "run" / CHECKPOINT_NAME
+    meta = read_checkpoint(ck)[1]
+    assert meta["iteration"] == trainer.iteration >= 3
+    assert load_scene(ck).num_gaussians == trainer.model.num_gaussians
+    assert load_scene(tmp_path / "run" / PLY_NAME).num_gaussians == trainer.model.num_gaussians
+
+
+@needs_vulkan
+def test_ctrl_c_saves_the_run_and_exits_130(display, procedural_64, tmp_path):  # noqa: F811
+    run = tmp_path / "run"
+    proc = subprocess.Popen(_viewer_cmd("--data", procedural_64, "--out", run, "--iters", 100000,
+                                        "--init-points", 300, "--size", "320x200", "--device", "cpu",
+                                        "--threads", 1),
+                            cwd=ROOT, env=_env(XDG_CONFIG_HOME=str(tmp_path / "config")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        log = run / "viewer.log"
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 120 and proc.poll() is None:
+            if log.is_file() and "training" in log.read_text():
+                break
+            time.sleep(0.1)
+        time.sleep(3.0)                                  # some iterations and frames
+        assert proc.poll() is None, proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err
+    from rigel_core.io import load_scene
+
+    assert load_scene(run / CHECKPOINT_NAME).num_gaussians > 0
+    assert load_scene(run / PLY_NAME).num_gaussians > 0
+    assert (tmp_path / "config" / "rigel" / "imgui.ini").is_file()             # the panels' places are kept
+
+
+# ---- GPU -----------------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_offscreen_training_takes_the_cuda_ring(tmp_path):
+    from rigel_core.data import make_dataset
+
+    data = tmp_path / "data"
+    make_dataset(data, 20_000, 200, 200, n_train=40, n_test=8, progress=False, device="cuda")
+    out = tmp_path / "out"
+    from viewer.app import main
+
+    assert main(["--data", str(data), "--offscreen", "--iters", "2000", "--eval-every", "500", "--frames", "4",
+                 "--out", str(out), "--size", "640x480", "--device", "cuda"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["frame_ring"] == "cuda-interop" and s["render_device"] == "cuda"
+    assert s["training_device"].startswith("cuda") and s["ok"]
+    assert s["psnr"] > s["psnr_initial"] + 5
+
+
+@needs_vulkan
+def test_panel_layout_is_kept_between_runs(rng, tmp_path):
+    from imgui_bundle import imgui
+
+    from rigel_core.data import make_scene
+    from viewer.app import Viewer
+    from viewer.ui import ViewSettings
+
+    ini = tmp_path / "cfg" / "rigel" / "imgui.ini"
+    slot = ModelSlot(make_scene(n=200, sh_degree=1, seed=2))
+
+    def title_bar_at(v, x, y):
+        px = _px(v)
+        return px[y + 5, x + 40]
+
+    x, y = 150 + int(torch.randint(0, 100, (1,), generator=rng)), 60
+    with Viewer(slot, offscreen=True, size=(480, 360), device="cpu", ini_path=ini,
+                settings=ViewSettings(render_scale=0.1)) as v:
+        default = title_bar_at(v, 10, 10)
+        imgui.set_window_pos("rigel-viewer", imgui.ImVec2(x, y))        # what a drag of the title bar does
+        moved = title_bar_at(v, x, y)
+        np.testing.assert_array_equal(moved, default)
+        assert not np.array_equal(title_bar_at(v, 10, 10), default) or x < 60
+    assert f"Pos={x},{y}" in ini.read_text()
+    with Viewer(slot, offscreen=True, size=(480, 360), device="cpu", ini_path=ini,
+                settings=ViewSettings(render_scale=0.1)) as v:
+        np.testing.assert_array_equal(title_bar_at(v, x, y), default)  # the next run opens it where it was

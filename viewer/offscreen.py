@@ -1,0 +1,225 @@
+"""``rigel-viewer --offscreen``: the viewer's own frames (panels included) written to PNG, plus a JSON summary.
+
+Two runs:
+
+* :func:`run_offscreen` — a scene: N frames on an orbit, then the image, alpha and overdraw views of the last
+  one;
+* :func:`run_offscreen_training` — live training: the UI loop runs exactly as in a window (it drains the
+  training thread's events, renders the newest snapshot, builds the panels) while the trainer steps in its
+  thread; N frames are captured at evenly spaced training progress, then the last views and the per-pixel
+  error of a training view. The training never waits for a frame.
+
+Both write ``summary.json`` with ``ok`` false (and an ``error``) when something failed; the CLI turns that
+into a non-zero exit status.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .shaderio import C, MODE_NAMES
+
+__all__ = ["run_offscreen", "run_offscreen_training"]
+
+
+def _save_rgb(px, path):
+    from PIL import Image
+
+    Image.fromarray(px[..., :3]).save(path)
+
+
+def _capture(viewer, path, *, panels=None, mode=None):
+    """Step once with capture and write the frame to ``path``; returns the pixels (H, W, 4)."""
+    keep = viewer.settings.mode
+    if mode is not None:
+        viewer.settings.mode = mode
+    try:
+        p = viewer.step(capture=True, panels=panels)
+        if p is None:
+            raise RuntimeError("the offscreen target did not take a frame")
+        px = viewer.read_pixels(p)
+    finally:
+        viewer.settings.mode = keep
+    _save_rgb(px, path)
+    return px
+
+
+def _last_views(viewer, out: Path, files: list) -> dict:
+    """image / alpha / overdraw PNGs of the current view (no panels) and statistics of the last frame."""
+    for name, mode in (("image", C.MODE_IMAGE), ("alpha", C.MODE_ALPHA), ("overdraw", C.MODE_OVERDRAW)):
+        _capture(viewer, out / f"{name}.png", panels=False, mode=mode)
+        files.append(f"{name}.png")
+    if viewer._stream is not None:
+        viewer._stream.synchronize()   # the slot was written on the viewer's CUDA stream
+    slot = viewer.ring.latest
+    alpha = (1.0 - slot.final_T.float()).cpu().numpy()
+    n = slot.n_contrib.cpu().numpy()
+    img = slot.image.float().cpu().numpy()
+    return {"image_mean_rgb": [round(float(x), 5) for x in img.reshape(-1, 3).mean(0)],
+            "alpha_coverage": round(float((alpha > 0.5).mean()), 5),
+            "alpha_mean": round(float(alpha.mean()), 5),
+            "n_contrib_max": int(n.max()), "n_contrib_mean": round(float(n.mean()), 3)}
+
+
+def _common(viewer) -> dict:
+    return {
+        "scene": viewer.stats.scene,
+        "gaussians": viewer.stats.gaussians,
+        "sh_degree": viewer.model.sh_degree,
+        "appearance": viewer.appearance,
+        "render_device": viewer.render_device,
+        # "cuda-interop": the renderer wrote CUDA tensors imported from the Vulkan ring's exported memory;
+        # "host-mapped": the CPU reference wrote host-visible Vulkan memory
+        "frame_ring": "cuda-interop" if viewer.ring.device == "cuda" else "host-mapped",
+        "vulkan_device": viewer.ctx.device_name,
+        "target_size": [viewer.target.width, viewer.target.height],
+        "frame_size": list(viewer.stats.frame_size),
+        "mode": next(k for k, v in MODE_NAMES.items() if v == viewer.settings.mode),
+    }
+
+
+def _finish(viewer, out: Path, summary: dict) -> dict:
+    from .vk_context import validation_log
+
+    if viewer.ctx.validation:
+        summary["validation_errors"] = validation_log.errors
+    if summary["ok"] and summary["last_frame"]["alpha_mean"] <= 0:
+        summary["ok"] = False
+        summary["error"] = "the last frame is empty: the camera sees no Gaussian"
+    (out / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
+    return summary
+
+
+def _finite(obj):
+    """``obj`` with non-finite floats replaced by None (strict JSON)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def run_offscreen(viewer, frames: int, out_dir, *, orbit_degrees: float = 360.0) -> dict:
+    """Render ``frames`` views on an orbit (``orbit_degrees`` in all), each with the panels, to
+    ``out_dir/frame_XXXX.png``; then ``image.png``, ``alpha.png``, ``overdraw.png`` of the last view; returns the
+    summary (also written to ``summary.json``)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files, per_frame = [], []
+    yaw0 = viewer.camera.yaw
+    step = math.radians(orbit_degrees) / max(frames, 1)
+    t_start = time.perf_counter()
+    for i in range(frames):
+        viewer.camera.yaw = yaw0 + i * step
+        viewer.camera._touch()
+        t0 = time.perf_counter()
+        path = out / f"frame_{i:04d}.png"
+        _capture(viewer, path)
+        files.append(path.name)
+        per_frame.append({"frame": i, "render_ms": round(viewer.stats.render_ms, 3),
+                          "frame_ms": round((time.perf_counter() - t0) * 1e3, 3)})
+    elapsed = time.perf_counter() - t_start
+    last = _last_views(viewer, out, files)
+    summary = {"ok": True, **_common(viewer), "frames": frames, "iterations": 0, "psnr": None,
+               "seconds": round(elapsed, 3), "fps": round(frames / elapsed, 3) if elapsed > 0 else None,
+               "median_render_ms": float(np.median([f["render_ms"] for f in per_frame])) if per_frame else None,
+               "per_frame": per_frame, "last_frame": last, "files": files}
+    return _finish(viewer, out, summary)
+
+
+def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.0, timeout_s: float | None = None,
+                           orbit_degrees: float = 90.0) -> dict:
+    """Run the UI loop offscreen while ``viewer.training`` trains to its ``config.iterations``.
+
+    ``frames`` PNGs (with the panels) are captured when the training passes ``k/frames`` of its remaining
+    iterations (k = 1 … frames), the camera turning ``orbit_degrees`` in all; then ``image/alpha/overdraw.png``
+    of the final model and ``training_view.png`` (the panels with the per-pixel error of training view 0).
+    The loop presents at most ``max_fps`` frames per second (it sleeps otherwise, leaving the cores to the
+    trainer). Returns the summary (also in ``summary.json``): frames, fps, iterations, held-out PSNR (first
+    and last evaluation), train-view PSNR (mean of the first and last 10 iterations), Gaussians, the run folder
+    and the files written there. ``ok`` is false when the training failed or ``timeout_s`` passed.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    session, state = viewer.training, viewer.train_state
+    trainer = session.trainer
+    start_it, goal = trainer.iteration, trainer.config.iterations
+    span = max(goal - start_it, 1)
+    marks = [start_it + math.ceil(span * (k + 1) / frames) for k in range(frames)]
+    files, shots = [], []
+    yaw0 = viewer.camera.yaw
+    t_start = time.perf_counter()
+    presents0 = viewer.stats.presents
+    error = None
+    k = 0
+    while True:
+        t0 = time.perf_counter()
+        viewer.step()
+        done = state.status in ("finished", "failed", "stopped")
+        while k < frames and (state.iteration >= marks[k] or done):
+            viewer.camera.yaw = yaw0 + math.radians(orbit_degrees) * (k + 1) / frames
+            viewer.camera._touch()
+            path = out / f"frame_{k:04d}.png"
+            _capture(viewer, path)
+            files.append(path.name)
+            shots.append({"frame": k, "iteration": state.iteration, "model_iteration":
+                          viewer.stats.model_info.get("iteration"), "gaussians": viewer.stats.gaussians})
+            k += 1
+        if done and k >= frames:
+            break
+        if getattr(viewer, "interrupted", False):
+            error = f"interrupted (Ctrl-C) at iteration {state.iteration} of {goal}; the run was saved"
+            break
+        if timeout_s is not None and time.perf_counter() - t_start > timeout_s:
+            error = f"timed out after {timeout_s} s at iteration {state.iteration} of {goal}"
+            break
+        rest = 1.0 / max_fps - (time.perf_counter() - t0)
+        if rest > 0:
+            time.sleep(rest)
+    elapsed = time.perf_counter() - t_start
+    presents = viewer.stats.presents - presents0
+    if state.status == "failed":
+        error = f"training failed: {state.error}"
+    session.stop(save=True)
+    viewer.drain_events()
+    # the final model, then training view 0 with its per-pixel error in the PSNR window
+    viewer._take_model()
+    last = _last_views(viewer, out, files)
+    if viewer.frames:
+        viewer.snap_to_camera(0)
+        viewer.step()
+        for _ in range(3):   # the error is picked up without waiting (CUDA): give it a few frames
+            viewer._poll_error()
+            if viewer.error_view is not None:
+                break
+            time.sleep(0.05)
+            viewer.step()
+        _capture(viewer, out / "training_view.png")
+        files.append("training_view.png")
+    train = state.train_psnr
+    first = float(np.mean(train[:10])) if train else None
+    final = float(np.mean(train[-10:])) if train else None
+    summary = {
+        "ok": error is None, **_common(viewer),
+        "frames": len(shots), "presents": presents, "seconds": round(elapsed, 3),
+        "fps": round(presents / elapsed, 3) if elapsed > 0 else None,
+        "iterations": state.iteration, "iterations_goal": goal, "status": state.status,
+        "psnr": state.last_eval_psnr if state.eval_psnr else None,
+        "psnr_initial": state.eval_psnr[0] if state.eval_psnr else None,
+        "eval": [{"iteration": i, "psnr": p, "ssim": s} for i, p, s in zip(state.eval_iters, state.eval_psnr,
+                                                                          state.eval_ssim)],
+        "train_psnr_first10": first, "train_psnr_last10": final,
+        "ms_per_iter": round(1e3 * state.elapsed_s / max(state.iteration - start_it, 1), 3),
+        "training_device": state.device, "run_dir": state.run_dir, "saved": list(state.saved),
+        "error_view_psnr": viewer.error_view.psnr if viewer.error_view is not None else None,
+        "shots": shots, "last_frame": last, "files": files,
+    }
+    if error is not None:
+        summary["error"] = error
+    return _finish(viewer, out, summary)
