@@ -54,8 +54,9 @@ def cuda_extension():
         name="rigel_core._C",
         sources=sources,
         include_dirs=include_dirs,
-        extra_compile_args={"cxx": ["-O3", "-std=c++20"],
-                            "nvcc": ["-O3", "-std=c++20", "--use_fast_math" if os.environ.get("RIGEL_FAST_MATH") else "-lineinfo",
+        # no -std flag: each torch adds the standard it was built with (C++17 for 2.11, C++20 for 2.14)
+        extra_compile_args={"cxx": ["-O3"],
+                            "nvcc": ["-O3", "--use_fast_math" if os.environ.get("RIGEL_FAST_MATH") else "-lineinfo",
                                      "--expt-relaxed-constexpr"]},
     )
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}

@@ -5,6 +5,10 @@
 //   offsets  [2, 5, 5, 7, 8]          inclusive scan; Gaussian g writes entries [offsets[g-1], offsets[g])
 //   total    8                        the one device->host read of the frame
 //
+// A Gaussian whose tile rectangle has at most kLargeRect tiles is handled by one thread; a larger one (a splat
+// near the camera can cover the whole image) is put on a list and handled by one warp, 32 tiles at a time, so
+// that no thread walks thousands of tiles while the others wait.
+//
 // The footprint test runs in float, in the reference's order of operations (rigel_core/reference/binning.py),
 // so that the entry list is identical to the reference's for the same projected inputs.
 #include <ATen/ATen.h>
@@ -18,6 +22,8 @@
 
 namespace rigel {
 namespace {
+
+constexpr int kLargeRect = 32;  // tiles; above this a Gaussian is counted and emitted by a whole warp
 
 // One Gaussian's footprint: centre, conic, and the threshold Q(1 + 1e-5) + 1e-5 on min q over a tile box.
 struct Footprint {
@@ -70,14 +76,17 @@ __device__ inline bool touches(const Footprint& f, int tx, int ty, int width, in
     return best <= f.thresh;
 }
 
+// Thread per Gaussian: counts the small ones, lists the large ones for count_large_kernel.
 __global__ void __launch_bounds__(kBlock1D) count_tiles_kernel(
     int64_t n, int width, int height, int tiles_x, int tiles_y,
     const float* __restrict__ means2D,    // [N, 2]
     const float* __restrict__ conics,     // [N, 3]
     const float* __restrict__ opacities,  // [N]
     const int32_t* __restrict__ radii,    // [N], 0 = culled
-    int64_t* __restrict__ counts,         // [N] out, scan input
-    int32_t* __restrict__ tiles_touched)  // [N] out
+    int64_t* __restrict__ counts,         // [N] out, scan input (large ones: by count_large_kernel)
+    int32_t* __restrict__ tiles_touched,  // [N] out (large ones: by count_large_kernel)
+    int32_t* __restrict__ large_ids,      // [N] out, the first *large_count entries
+    int32_t* __restrict__ large_count)    // [1] in/out, zero on entry
 {
     const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (g >= n) return;
@@ -85,6 +94,10 @@ __global__ void __launch_bounds__(kBlock1D) count_tiles_kernel(
     const int32_t radius = radii[g];
     if (radius > 0) {
         const Footprint f = load_footprint(g, means2D, conics, opacities, radius, tiles_x, tiles_y);
+        if (f.rect.area() > kLargeRect) {
+            large_ids[atomicAdd(large_count, 1)] = static_cast<int32_t>(g);
+            return;
+        }
         for (int ty = f.rect.y0; ty < f.rect.y1; ++ty)
             for (int tx = f.rect.x0; tx < f.rect.x1; ++tx) count += touches(f, tx, ty, width, height);
     }
@@ -92,8 +105,45 @@ __global__ void __launch_bounds__(kBlock1D) count_tiles_kernel(
     tiles_touched[g] = count;
 }
 
+// Warp per listed (large) Gaussian; the grid strides over the list, whose length only the device knows.
+__global__ void __launch_bounds__(kBlock1D) count_large_kernel(
+    int width, int height, int tiles_x, int tiles_y,
+    const float* __restrict__ means2D,       // [N, 2]
+    const float* __restrict__ conics,        // [N, 3]
+    const float* __restrict__ opacities,     // [N]
+    const int32_t* __restrict__ radii,       // [N]
+    const int32_t* __restrict__ large_ids,   // [*large_count]
+    const int32_t* __restrict__ large_count, // [1]
+    int64_t* __restrict__ counts,            // [N] out
+    int32_t* __restrict__ tiles_touched)     // [N] out
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int n_warps = (gridDim.x * blockDim.x) >> 5;
+    const int n_large = *large_count;
+    for (int i = warp; i < n_large; i += n_warps) {
+        const int32_t g = large_ids[i];
+        const Footprint f = load_footprint(g, means2D, conics, opacities, radii[g], tiles_x, tiles_y);
+        const int w = f.rect.x1 - f.rect.x0, area = f.rect.area();
+        unsigned int count = 0;
+        for (int k = lane; k < area; k += 32) count += touches(f, f.rect.x0 + k % w, f.rect.y0 + k / w, width, height);
+        count = __reduce_add_sync(0xffffffffu, count);
+        if (lane == 0) {
+            counts[g] = count;
+            tiles_touched[g] = static_cast<int32_t>(count);
+        }
+    }
+}
+
 // Each Gaussian writes its own slice [offsets[g-1], offsets[g]) of the entry list, tiles in row-major order:
 // no atomics, and the list is in (Gaussian index, tile) order, which the stable sort keeps for equal keys.
+__device__ inline void write_entry(uint64_t* __restrict__ keys, int32_t* __restrict__ gaussian_ids, int64_t at,
+                                   int tx, int ty, int tiles_x, uint64_t depth_bits, int32_t g) {
+    const uint64_t tile_id = static_cast<uint64_t>(ty) * tiles_x + tx;
+    keys[at] = (tile_id << 32) | depth_bits;
+    gaussian_ids[at] = g;
+}
+
 __global__ void __launch_bounds__(kBlock1D) emit_entries_kernel(
     int64_t n, int width, int height, int tiles_x, int tiles_y,
     const float* __restrict__ means2D,    // [N, 2]
@@ -110,17 +160,49 @@ __global__ void __launch_bounds__(kBlock1D) emit_entries_kernel(
     const int32_t radius = radii[g];
     if (radius <= 0) return;
     int64_t out = g == 0 ? 0 : offsets[g - 1];
-    const int64_t end = offsets[g];
-    if (out == end) return;
+    if (out == offsets[g]) return;
     const Footprint f = load_footprint(g, means2D, conics, opacities, radius, tiles_x, tiles_y);
+    if (f.rect.area() > kLargeRect) return;  // emit_large_kernel's
     const uint64_t depth_bits = __float_as_uint(depths[g]);
-    for (int ty = f.rect.y0; ty < f.rect.y1; ++ty) {
-        for (int tx = f.rect.x0; tx < f.rect.x1; ++tx) {
-            if (!touches(f, tx, ty, width, height)) continue;
-            const uint64_t tile_id = static_cast<uint64_t>(ty) * tiles_x + tx;
-            keys[out] = (tile_id << 32) | depth_bits;
-            gaussian_ids[out] = static_cast<int32_t>(g);
-            ++out;
+    for (int ty = f.rect.y0; ty < f.rect.y1; ++ty)
+        for (int tx = f.rect.x0; tx < f.rect.x1; ++tx)
+            if (touches(f, tx, ty, width, height))
+                write_entry(keys, gaussian_ids, out++, tx, ty, tiles_x, depth_bits, static_cast<int32_t>(g));
+}
+
+// Warp per listed Gaussian: 32 consecutive row-major tiles at a time; a ballot and a prefix count keep the
+// row-major order of the slice.
+__global__ void __launch_bounds__(kBlock1D) emit_large_kernel(
+    int width, int height, int tiles_x, int tiles_y,
+    const float* __restrict__ means2D,        // [N, 2]
+    const float* __restrict__ conics,         // [N, 3]
+    const float* __restrict__ opacities,      // [N]
+    const float* __restrict__ depths,         // [N]
+    const int32_t* __restrict__ radii,        // [N]
+    const int64_t* __restrict__ offsets,      // [N]
+    const int32_t* __restrict__ large_ids,    // [*large_count]
+    const int32_t* __restrict__ large_count,  // [1]
+    uint64_t* __restrict__ keys,              // [E] out
+    int32_t* __restrict__ gaussian_ids)       // [E] out
+{
+    const int lane = threadIdx.x & 31;
+    const unsigned int lanes_below = (1u << lane) - 1u;
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int n_warps = (gridDim.x * blockDim.x) >> 5;
+    const int n_large = *large_count;
+    for (int i = warp; i < n_large; i += n_warps) {
+        const int32_t g = large_ids[i];
+        const Footprint f = load_footprint(g, means2D, conics, opacities, radii[g], tiles_x, tiles_y);
+        const uint64_t depth_bits = __float_as_uint(depths[g]);
+        const int w = f.rect.x1 - f.rect.x0, area = f.rect.area();
+        int64_t out = g == 0 ? 0 : offsets[g - 1];
+        for (int base = 0; base < area; base += 32) {
+            const int k = base + lane;
+            const int tx = f.rect.x0 + k % w, ty = f.rect.y0 + k / w;
+            const bool hit = k < area && touches(f, tx, ty, width, height);
+            const unsigned int mask = __ballot_sync(0xffffffffu, hit);
+            if (hit) write_entry(keys, gaussian_ids, out + __popc(mask & lanes_below), tx, ty, tiles_x, depth_bits, g);
+            out += __popc(mask);
         }
     }
 }
@@ -151,83 +233,93 @@ __global__ void __launch_bounds__(kBlock1D) tile_ranges_kernel(
 
 int bit_width(uint32_t v) { return v == 0 ? 0 : 32 - __builtin_clz(v); }
 
+// Blocks of the warp-per-Gaussian kernels: enough warps to fill the GPU; they stride over the list.
+unsigned int large_grid() {
+    static const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    return static_cast<unsigned int>(sms * 4);
+}
+
 }  // namespace
 
-BinningResult launch_bin_gaussians(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities,
-                                   const at::Tensor& depths, const at::Tensor& radii, int width, int height,
-                                   int64_t max_entries) {
+int64_t launch_count_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities,
+                           const at::Tensor& radii, int width, int height, at::Tensor& offsets,
+                           at::Tensor& tiles_touched, at::Tensor& large_ids, at::Tensor& large_count) {
+    const int64_t n = means2D.size(0);
+    if (n == 0) return 0;
+    const int tiles_x = (width + kTileSize - 1) / kTileSize, tiles_y = (height + kTileSize - 1) / kTileSize;
+    const auto stream = at::cuda::getCurrentCUDAStream();
+    at::Tensor counts = at::empty({n}, offsets.options());
+    count_tiles_kernel<<<num_blocks(n, kBlock1D), kBlock1D, 0, stream>>>(
+        n, width, height, tiles_x, tiles_y, means2D.data_ptr<float>(), conics.data_ptr<float>(),
+        opacities.data_ptr<float>(), radii.data_ptr<int32_t>(), counts.data_ptr<int64_t>(),
+        tiles_touched.data_ptr<int32_t>(), large_ids.data_ptr<int32_t>(), large_count.data_ptr<int32_t>());
+    RIGEL_CHECK_LAUNCH("count_tiles_kernel");
+    count_large_kernel<<<large_grid(), kBlock1D, 0, stream>>>(
+        width, height, tiles_x, tiles_y, means2D.data_ptr<float>(), conics.data_ptr<float>(),
+        opacities.data_ptr<float>(), radii.data_ptr<int32_t>(), large_ids.data_ptr<int32_t>(),
+        large_count.data_ptr<int32_t>(), counts.data_ptr<int64_t>(), tiles_touched.data_ptr<int32_t>());
+    RIGEL_CHECK_LAUNCH("count_large_kernel");
+
+    size_t scan_bytes = 0;
+    RIGEL_CHECK_CUDA(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, counts.data_ptr<int64_t>(),
+                                                   offsets.data_ptr<int64_t>(), n, stream),
+                     "cub::DeviceScan::InclusiveSum (size query)");
+    at::Tensor scan_tmp = at::empty({static_cast<int64_t>(scan_bytes)}, offsets.options().dtype(at::kByte));
+    RIGEL_CHECK_CUDA(cub::DeviceScan::InclusiveSum(scan_tmp.data_ptr(), scan_bytes, counts.data_ptr<int64_t>(),
+                                                   offsets.data_ptr<int64_t>(), n, stream),
+                     "cub::DeviceScan::InclusiveSum");
+    return offsets[n - 1].item<int64_t>();  // the frame's one device->host synchronisation
+}
+
+std::pair<at::Tensor, at::Tensor> launch_emit_and_sort(const at::Tensor& means2D, const at::Tensor& conics,
+                                                       const at::Tensor& opacities, const at::Tensor& depths,
+                                                       const at::Tensor& radii, int width, int height,
+                                                       const at::Tensor& offsets, const at::Tensor& large_ids,
+                                                       const at::Tensor& large_count, int64_t total,
+                                                       at::Tensor& tile_ranges) {
     const int64_t n = means2D.size(0);
     const int tiles_x = (width + kTileSize - 1) / kTileSize, tiles_y = (height + kTileSize - 1) / kTileSize;
     const int n_tiles = tiles_x * tiles_y;
     const auto stream = at::cuda::getCurrentCUDAStream();
     const auto i32 = means2D.options().dtype(at::kInt), i64 = means2D.options().dtype(at::kLong);
-    const auto u8 = means2D.options().dtype(at::kByte);
-
-    BinningResult res;
-    res.tiles_touched = at::empty({n}, i32);
-    res.tile_ranges = at::empty({n_tiles, 2}, i32);
-    int64_t total = 0;
-    at::Tensor offsets;
-    if (n > 0) {
-        at::Tensor counts = at::empty({n}, i64);
-        count_tiles_kernel<<<num_blocks(n, kBlock1D), kBlock1D, 0, stream>>>(
-            n, width, height, tiles_x, tiles_y, means2D.data_ptr<float>(), conics.data_ptr<float>(),
-            opacities.data_ptr<float>(), radii.data_ptr<int32_t>(), counts.data_ptr<int64_t>(),
-            res.tiles_touched.data_ptr<int32_t>());
-        RIGEL_CHECK_LAUNCH("count_tiles_kernel");
-
-        offsets = at::empty({n}, i64);
-        size_t scan_bytes = 0;
-        RIGEL_CHECK_CUDA(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, counts.data_ptr<int64_t>(),
-                                                       offsets.data_ptr<int64_t>(), n, stream),
-                         "cub::DeviceScan::InclusiveSum (size query)");
-        at::Tensor scan_tmp = at::empty({static_cast<int64_t>(scan_bytes)}, u8);
-        RIGEL_CHECK_CUDA(cub::DeviceScan::InclusiveSum(scan_tmp.data_ptr(), scan_bytes, counts.data_ptr<int64_t>(),
-                                                       offsets.data_ptr<int64_t>(), n, stream),
-                         "cub::DeviceScan::InclusiveSum");
-        total = offsets[n - 1].item<int64_t>();  // the frame's one device->host synchronisation
-    }
-    TORCH_CHECK(total <= max_entries, "rigel.bin_gaussians: ", total, " (Gaussian, tile) entries exceed the limit of ",
-                max_entries, " (RIGEL_MAX_ENTRIES); lower the resolution or prune large Gaussians");
-
     if (total == 0) {
-        res.keys = at::empty({0}, i64);
-        res.gaussian_ids = at::empty({0}, i32);
-        RIGEL_CHECK_CUDA(cudaMemsetAsync(res.tile_ranges.data_ptr<int32_t>(), 0, sizeof(int32_t) * 2 * n_tiles, stream),
+        RIGEL_CHECK_CUDA(cudaMemsetAsync(tile_ranges.data_ptr<int32_t>(), 0, sizeof(int32_t) * 2 * n_tiles, stream),
                          "cudaMemsetAsync(tile_ranges)");
-        return res;
+        return {at::empty({0}, i64), at::empty({0}, i32)};
     }
-
     at::Tensor keys_a = at::empty({total}, i64), keys_b = at::empty({total}, i64);
     at::Tensor ids_a = at::empty({total}, i32), ids_b = at::empty({total}, i32);
+    uint64_t* keys_out = reinterpret_cast<uint64_t*>(keys_a.data_ptr<int64_t>());
     emit_entries_kernel<<<num_blocks(n, kBlock1D), kBlock1D, 0, stream>>>(
         n, width, height, tiles_x, tiles_y, means2D.data_ptr<float>(), conics.data_ptr<float>(),
         opacities.data_ptr<float>(), depths.data_ptr<float>(), radii.data_ptr<int32_t>(), offsets.data_ptr<int64_t>(),
-        reinterpret_cast<uint64_t*>(keys_a.data_ptr<int64_t>()), ids_a.data_ptr<int32_t>());
+        keys_out, ids_a.data_ptr<int32_t>());
     RIGEL_CHECK_LAUNCH("emit_entries_kernel");
+    emit_large_kernel<<<large_grid(), kBlock1D, 0, stream>>>(
+        width, height, tiles_x, tiles_y, means2D.data_ptr<float>(), conics.data_ptr<float>(),
+        opacities.data_ptr<float>(), depths.data_ptr<float>(), radii.data_ptr<int32_t>(), offsets.data_ptr<int64_t>(),
+        large_ids.data_ptr<int32_t>(), large_count.data_ptr<int32_t>(), keys_out, ids_a.data_ptr<int32_t>());
+    RIGEL_CHECK_LAUNCH("emit_large_kernel");
 
     // LSD radix sort (stable) on the bits in use: 32 depth bits + enough bits for the largest tile id.
-    cub::DoubleBuffer<uint64_t> kbuf(reinterpret_cast<uint64_t*>(keys_a.data_ptr<int64_t>()),
-                                     reinterpret_cast<uint64_t*>(keys_b.data_ptr<int64_t>()));
+    cub::DoubleBuffer<uint64_t> kbuf(keys_out, reinterpret_cast<uint64_t*>(keys_b.data_ptr<int64_t>()));
     cub::DoubleBuffer<int32_t> vbuf(ids_a.data_ptr<int32_t>(), ids_b.data_ptr<int32_t>());
     const int end_bit = 32 + bit_width(static_cast<uint32_t>(n_tiles));
     const int num_items = static_cast<int>(total);
     size_t sort_bytes = 0;
     RIGEL_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, kbuf, vbuf, num_items, 0, end_bit, stream),
                      "cub::DeviceRadixSort::SortPairs (size query)");
-    at::Tensor sort_tmp = at::empty({static_cast<int64_t>(sort_bytes)}, u8);
+    at::Tensor sort_tmp = at::empty({static_cast<int64_t>(sort_bytes)}, means2D.options().dtype(at::kByte));
     RIGEL_CHECK_CUDA(cub::DeviceRadixSort::SortPairs(sort_tmp.data_ptr(), sort_bytes, kbuf, vbuf, num_items, 0, end_bit,
                                                      stream),
                      "cub::DeviceRadixSort::SortPairs");
-    const bool in_a = kbuf.selector == 0;
-    res.keys = in_a ? keys_a : keys_b;
-    res.gaussian_ids = vbuf.selector == 0 ? ids_a : ids_b;
+    at::Tensor keys = kbuf.selector == 0 ? keys_a : keys_b;
+    at::Tensor gaussian_ids = vbuf.selector == 0 ? ids_a : ids_b;
 
     tile_ranges_kernel<<<num_blocks(n_tiles, kBlock1D), kBlock1D, 0, stream>>>(
-        n_tiles, total, reinterpret_cast<const uint64_t*>(res.keys.data_ptr<int64_t>()),
-        res.tile_ranges.data_ptr<int32_t>());
+        n_tiles, total, reinterpret_cast<const uint64_t*>(keys.data_ptr<int64_t>()), tile_ranges.data_ptr<int32_t>());
     RIGEL_CHECK_LAUNCH("tile_ranges_kernel");
-    return res;
+    return {keys, gaussian_ids};
 }
 
 }  // namespace rigel

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <c10/util/Optional.h>
@@ -31,16 +32,22 @@ void launch_sh_fwd(int degree, const at::Tensor& sh_coeffs, const at::Tensor& me
 void launch_sh_bwd(int degree, const at::Tensor& sh_coeffs, const at::Tensor& means3D, const at::Tensor& campos,
                    const at::Tensor& v_colors, at::Tensor& v_sh_coeffs, at::Tensor& v_means3D);
 
-// binning.cu.
-struct BinningResult {
-    at::Tensor keys;           // [E] int64 sorted, (tile_id << 32) | float_bits(depth)
-    at::Tensor gaussian_ids;   // [E] int32
-    at::Tensor tile_ranges;    // [n_tiles, 2] int32 [start, end)
-    at::Tensor tiles_touched;  // [N] int32
-};
-BinningResult launch_bin_gaussians(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities,
-                                   const at::Tensor& depths, const at::Tensor& radii, int width, int height,
-                                   int64_t max_entries);
+// binning.cu, in two steps so that the host can refuse an oversized frame between them.
+// Step 1: per-Gaussian tile counts (the ellipse test), their inclusive scan, and the frame's one device->host
+// read, the entry count (returned). Writes counts-scan offsets [N] int64, tiles_touched [N] int32, and the
+// list of Gaussians whose tile rectangle is large (large_ids [N] int32, large_count [1] int32), which step 2
+// processes one warp per Gaussian.
+int64_t launch_count_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities,
+                           const at::Tensor& radii, int width, int height, at::Tensor& offsets,
+                           at::Tensor& tiles_touched, at::Tensor& large_ids, at::Tensor& large_count);
+// Step 2: emit the `total` entries, radix-sort them, find tile_ranges [n_tiles, 2] int32.
+// Returns (keys [E] int64 sorted, gaussian_ids [E] int32).
+std::pair<at::Tensor, at::Tensor> launch_emit_and_sort(const at::Tensor& means2D, const at::Tensor& conics,
+                                                       const at::Tensor& opacities, const at::Tensor& depths,
+                                                       const at::Tensor& radii, int width, int height,
+                                                       const at::Tensor& offsets, const at::Tensor& large_ids,
+                                                       const at::Tensor& large_count, int64_t total,
+                                                       at::Tensor& tile_ranges);
 
 // rasterize_fwd.cu. Writes image [H,W,3], final_T [H,W], n_contrib [H,W] int32 (caller-provided).
 void launch_rasterize_fwd(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,

@@ -148,9 +148,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bin_gaussians(
     TORCH_CHECK_VALUE(max_entries >= 0 && max_entries < (int64_t(1) << 31), "rigel_core._C.bin_gaussians: max_entries ",
                       max_entries, " must be in [0, 2^31)");
     const c10::cuda::CUDAGuard guard(dev);
-    BinningResult r = launch_bin_gaussians(means2D, conics, opacities, depths, radii, static_cast<int>(width),
-                                           static_cast<int>(height), max_entries);
-    return {r.keys, r.gaussian_ids, r.tile_ranges, r.tiles_touched};
+    const auto i32 = means2D.options().dtype(at::kInt);
+    at::Tensor offsets = at::empty({n}, means2D.options().dtype(at::kLong)), tiles_touched = at::empty({n}, i32);
+    at::Tensor large_ids = at::empty({n}, i32), large_count = at::zeros({1}, i32);
+    const int64_t total = launch_count_tiles(means2D, conics, opacities, radii, static_cast<int>(width),
+                                             static_cast<int>(height), offsets, tiles_touched, large_ids, large_count);
+    TORCH_CHECK(total <= max_entries, "rigel_core._C.bin_gaussians: ", total,
+                " (Gaussian, tile) entries exceed the limit of ", max_entries,
+                " (RIGEL_MAX_ENTRIES); lower the resolution or prune large Gaussians");
+    at::Tensor tile_ranges = at::empty({tile_count(width, height), 2}, i32);
+    auto [keys, gaussian_ids] = launch_emit_and_sort(means2D, conics, opacities, depths, radii, static_cast<int>(width),
+                                                     static_cast<int>(height), offsets, large_ids, large_count, total,
+                                                     tile_ranges);
+    return {keys, gaussian_ids, tile_ranges, tiles_touched};
 }
 
 void rasterize_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,

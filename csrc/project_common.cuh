@@ -141,6 +141,7 @@ __device__ inline int tile_hi(Scalar c, Scalar r, int n) {
 struct TileRect {
     int x0, y0, x1, y1;
     __device__ bool empty() const { return x1 <= x0 || y1 <= y0; }
+    __device__ int area() const { return empty() ? 0 : (x1 - x0) * (y1 - y0); }
 };
 
 template <typename Scalar>
