@@ -204,10 +204,22 @@ def test_training_thread_obeys_commands_and_reports_events(rng, tmp_path, one_th
     session.send(M.SetAppearance("neural"))
     assert isinstance(wait_for(ev, session, lambda e: isinstance(e, (M.CommandRejected, M.AppearanceChanged))),
                       M.CommandRejected)
+    # SH -> MLP while training (Trainer.set_appearance): the published snapshot carries its own MLP copy
+    session.send(M.SetAppearance("mlp"))
+    switched = wait_for(ev, session, lambda e: isinstance(e, (M.CommandRejected, M.AppearanceChanged)))
+    assert isinstance(switched, M.AppearanceChanged) and switched.kind == "mlp" and math.isfinite(switched.rmse)
+    app = slot.latest().model.appearance
+    assert app is not None and app.latents is not trainer.model.appearance.latents
+    session.send(M.Step(2))
+    wait_for(ev, session, lambda e: isinstance(e, M.TrainingPaused))
+    session.send(M.SetAppearance("sh"))
+    back = wait_for(ev, session, lambda e: isinstance(e, (M.CommandRejected, M.AppearanceChanged)))
+    assert isinstance(back, M.AppearanceChanged) and back.kind == "sh"
+    assert slot.latest().model.appearance is None and trainer.iteration == 5
 
     session.send(M.Save("checkpoint"))
     saved = wait_for(ev, session, lambda e: isinstance(e, M.Saved))
-    assert saved.iteration == 3 and Path(saved.paths[0]).name == CHECKPOINT_NAME
+    assert saved.iteration == 5 and Path(saved.paths[0]).name == CHECKPOINT_NAME
     assert load_scene(saved.paths[0]).num_gaussians == trainer.model.num_gaussians
 
     session.send(M.Resume())
@@ -556,3 +568,55 @@ def test_panel_layout_is_kept_between_runs(rng, tmp_path):
     with Viewer(slot, offscreen=True, size=(480, 360), device="cpu", ini_path=ini,
                 settings=ViewSettings(render_scale=0.1)) as v:
         np.testing.assert_array_equal(title_bar_at(v, x, y), default)  # the next run opens it where it was
+
+
+@needs_vulkan
+def test_viewing_a_scene_the_colour_toggle_converts_it_without_going_black(tmp_path, one_thread):
+    from rigel_core.data import make_scene
+    from viewer.app import Viewer
+    from viewer.ui import ViewSettings
+
+    slot = ModelSlot(make_scene(n=300, sh_degree=2, seed=3))
+    with Viewer(slot, offscreen=True, size=(160, 120), device="cpu", settings=ViewSettings(render_scale=1.0,
+                                                                                          show_panels=False)) as v:
+        before = _px(v).astype(float)
+        v.requests.append("appearance:mlp")
+        v.step()
+        job = v.jobs["appearance"]
+        assert job.join(120) and not job.error, job.traceback
+        after = _px(v).astype(float)
+        assert v.appearance == "mlp" and v.stats.model_info["appearance"].startswith("mlp")
+        mse = ((after - before) ** 2).mean() / 255.0 ** 2
+        assert 10 * math.log10(1 / max(mse, 1e-12)) > 20          # the same scene, in about the same colours
+        v.requests.append("appearance:sh")
+        v.step()
+        assert v.jobs["appearance"].join(120) and not v.jobs["appearance"].error
+        v.step()
+        assert v.appearance == "sh"
+        # and the orbit video of what is shown, from the Export section's request
+        v.settings.video_frames, v.settings.video_size = 3, (32, 24)
+        v.screenshot_dir = tmp_path
+        v.requests.append("video")
+        v.step()
+        assert v.jobs["video"].join(120) and not v.jobs["video"].error, v.jobs["video"].traceback
+        assert v.jobs["video"].result.is_file()
+
+
+@pytest.mark.gpu
+def test_gpu_viewer_training_matches_rigel_train(tmp_path):
+    """The viewer's thread drives the same Trainer as rigel-train: same data, settings and seed give the same
+    held-out PSNR (within 0.3 dB: CUDA atomics make both runs slightly nondeterministic)."""
+    from rigel_core.cli.train import main as train_main
+    from rigel_core.data import make_dataset
+    from viewer.app import main
+
+    data = tmp_path / "data"
+    make_dataset(data, 20_000, 200, 200, n_train=40, n_test=8, progress=False, device="cuda")
+    common = ["--data", str(data), "--iters", "3000", "--eval-every", "1000", "--seed", "3"]
+    assert train_main(common + ["--out", str(tmp_path / "train"), "--quiet", "--device", "cuda"]) == 0
+    assert main(common + ["--offscreen", "--frames", "2", "--out", str(tmp_path / "view"), "--size", "480x320",
+                          "--device", "cuda"]) == 0
+    ref = json.loads((tmp_path / "train" / "metrics.json").read_text())["eval"][-1]
+    s = json.loads((tmp_path / "view" / "summary.json").read_text())
+    assert s["iterations"] == ref["iteration"] == 3000
+    assert abs(s["psnr"] - ref["psnr"]) <= 0.3, (s["psnr"], ref["psnr"])

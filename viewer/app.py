@@ -187,6 +187,7 @@ class Viewer:
             if self.frames:
                 self.camera.frame_cameras([f.camera for f in self.frames])
             else:
+                self._face_origin()
                 self.frame_scene()
             self.build_ui()  # ImGui warm-up: auto-sized windows are measured on their first frame, not drawn
             self.requests.clear()
@@ -245,10 +246,7 @@ class Viewer:
                                                           if getattr(model, "appearance", None) is not None else []):
                 t.record_stream(self._stream)
         if model.device.type != self.render_device:
-            app = getattr(model, "appearance", None)
-            model = model.to(device=self.render_device)
-            if app is not None:
-                model.appearance = app.to(device=self.render_device)
+            model = model.to(device=self.render_device)   # the appearance module travels with it
         self._model = model
         self._model_version = snap.version
         self.stats.gaussians = model.num_gaussians
@@ -260,10 +258,30 @@ class Viewer:
         into the current frame from the current viewing direction."""
         if self._model is None:
             return
+        from .ui import PANEL_WIDTH
+
         lo, hi = self._model.bounds(0.01)
         fw, fh = self.frame_size()
-        self.camera.frame_box(lo.detach().cpu().numpy(), hi.detach().cpu().numpy(), aspect=fw / fh)
+        region = (0.0, 1.0)
+        tw = max(self.target.width, 1)
+        if self.settings.show_panels and self.settings.mode != C.MODE_SIDE_BY_SIDE and \
+                self.train_state is None and tw >= 3 * (PANEL_WIDTH + 20):
+            region = ((PANEL_WIDTH + 20) / tw, 1.0)        # centred right of the main panel
+        self.camera.frame_box(lo.detach().cpu().numpy(), hi.detach().cpu().numpy(), aspect=fw / fh, region=region)
         self.camera_index = None
+
+    def _face_origin(self):
+        """First view of a scene far from the world origin (a crop of a larger capture): look at it from the
+        origin's side, where the capture's cameras usually were, rather than from behind."""
+        import numpy as np
+
+        if self._model is None:
+            return
+        lo, hi = (t.detach().cpu().double().numpy() for t in self._model.bounds(0.01))
+        center, size = 0.5 * (lo + hi), float(np.linalg.norm(hi - lo))
+        if np.linalg.norm(center) > 2.0 * size:
+            self.camera.target = center
+            self.camera.face(np.zeros(3))
 
     def scene_center(self):
         import numpy as np
@@ -451,7 +469,8 @@ class Viewer:
 
         from rigel_core.render import compute_colors, rasterize_gaussians
 
-        cam = self.camera.camera(fw, fh)
+        side = self.settings.mode == C.MODE_SIDE_BY_SIDE        # the panel has its own column there
+        cam = self.camera.camera(fw, fh, offset=0.0 if side else None)
         stream = self._stream
         model = self._model
         dev, dtype = model.device, model.dtype
@@ -761,7 +780,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--render-scale", type=float, default=None,
                     help="frame size / window size (default 1 on CUDA, ~320x240 pixels on the CPU)")
     ap.add_argument("--up", choices=list(UP_AXES), default=None,
-                    help="world up axis (default +z; with --data guessed from the cameras)")
+                    help="world up axis (default: -y for .spz and compressed PLY, +z for other scenes; with "
+                         "--data guessed from the cameras)")
     ap.add_argument("--white-bg", action="store_true", help="white background (with --data: composite the "
                                                             "images' alpha onto white, as NeRF-synthetic)")
     ap.add_argument("--no-vsync", action="store_true", help="present without waiting for vertical sync")
@@ -904,11 +924,12 @@ def main(argv=None) -> int:
                             frames=frames, ini_path=None if args.offscreen else config_dir() / "imgui.ini")
             viewer.screenshot_dir = run_dir
         else:
-            from .scene import default_scene, load_scene_file
+            from .scene import default_scene, default_up, load_scene_file
 
             _setup_logging(None)
             if args.scene:
                 model, name = load_scene_file(args.scene), str(args.scene)
+                settings.up = args.up or default_up(args.scene, model)
             else:
                 model, name = default_scene()
             viewer = Viewer(ModelSlot(model), offscreen=args.offscreen, size=args.size, device=args.device,

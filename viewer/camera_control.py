@@ -65,6 +65,10 @@ class OrbitCamera:
         self.fly_speed = 1.0
         #: a dataset camera being shown exactly (pose and intrinsics), or None; any move clears it
         self.snapped = None
+        #: principal point shift as a fraction of the image width: the orbit target is drawn at
+        #: (0.5 + view_offset)·width, e.g. centred in the part of a window that a side panel leaves free, while
+        #: orbiting still turns about the target (set by :meth:`frame_box`)
+        self.view_offset = 0.0
         self.version = 0
         self._home = None
 
@@ -81,16 +85,20 @@ class OrbitCamera:
         d = self.target - self.eye
         return d / max(np.linalg.norm(d), 1e-300)
 
-    def camera(self, width: int, height: int, name: str = ""):
+    def camera(self, width: int, height: int, name: str = "", *, offset: float | None = None):
         """A ``rigel_core.Camera`` of ``width × height`` pixels for the current view (the snapped dataset
-        camera resized to that size when :attr:`snapped` is set)."""
+        camera resized to that size when :attr:`snapped` is set). ``offset`` overrides :attr:`view_offset`."""
+        from dataclasses import replace
+
         from rigel_core import Camera
 
         width, height = max(int(width), 1), max(int(height), 1)
         if self.snapped is not None:
             return self.snapped.with_size(width, height)
-        return Camera.look_at(self.eye, self.target, self.up, width=width, height=height, fov_x_deg=self.fov_deg,
-                              name=name)
+        cam = Camera.look_at(self.eye, self.target, self.up, width=width, height=height, fov_x_deg=self.fov_deg,
+                             name=name)
+        off = self.view_offset if offset is None else offset
+        return replace(cam, cx=cam.cx + off * width) if off else cam
 
     def _touch(self):
         self.snapped = None
@@ -115,39 +123,56 @@ class OrbitCamera:
         self.target = np.asarray(center, dtype=np.float64).reshape(3).copy()
         self.distance = 1.05 * radius / math.sin(half)
         self.fly_speed = radius
-        self._home = (self.target.copy(), self.distance, self.yaw, self.pitch, self.fov_deg)
+        self.view_offset = 0.0
+        self._home = (self.target.copy(), self.distance, self.yaw, self.pitch, self.fov_deg, self.view_offset)
         self._touch()
 
-    def frame_box(self, lo, hi, aspect: float = 16 / 9, margin: float = 0.9):
+    def frame_box(self, lo, hi, aspect: float = 16 / 9, margin: float = 0.9, region=(0.0, 1.0)):
         """Look at the centre of the box [lo, hi] from the current direction, from the distance at which its
-        eight corners fill ``margin`` of the narrower image half-extent (``aspect`` = width / height); the home
-        view for :meth:`reset`.
+        eight corners fill ``margin`` of the narrower half-extent of the image columns ``region`` = (u0, u1)
+        (fractions of the width; default the whole image; ``aspect`` = width / height of the whole image),
+        the box centred in them (:attr:`view_offset`); the home view for :meth:`reset`.
 
         Closed form: a corner at (x, y) across and z0 along the viewing direction from the target is at depth
-        z0 + d, and stays inside when |x| ≤ t_x (z0 + d) and |y| ≤ t_y (z0 + d) with t = margin·tan(half-FOV)
-        (pinhole with square pixels: tan(half_y) = tan(half_x) / aspect), so d = max over corners of
-        max(|x| / t_x, |y| / t_y) − z0.
+        z0 + d, and stays inside when |x| ≤ t_x (z0 + d) and |y| ≤ t_y (z0 + d) with t_y = margin·tan(half-FOV_y)
+        and t_x = t_y·aspect·(u1 − u0) (pinhole with square pixels, principal point at the region's centre), so
+        d = max over corners of max(|x| / t_x, |y| / t_y) − z0.
         """
         lo, hi = (np.asarray(v, dtype=np.float64).reshape(3) for v in (lo, hi))
+        u0, u1 = (min(max(float(u), 0.0), 1.0) for u in region)
+        if u1 - u0 < 1e-3:
+            u0, u1 = 0.0, 1.0
         self.snapped = None
+        self.view_offset = 0.5 * (u0 + u1) - 0.5
         self.target = 0.5 * (lo + hi)
         corners = np.array([[(lo, hi)[i >> k & 1][k] for k in range(3)] for i in range(8)])
         self.distance = 1.0
         R = self.camera(64, 64).viewmat[:3, :3]  # rows: right, down, forward (world → camera)
         rel = (corners - self.target) @ R.T
-        tx = margin * math.tan(math.radians(self.fov_deg) / 2)
-        ty = tx / max(aspect, 1e-6)
+        t = margin * math.tan(math.radians(self.fov_deg) / 2)
+        tx, ty = t * (u1 - u0), t / max(aspect, 1e-6)
         d = np.max(np.maximum(np.abs(rel[:, 0]) / tx, np.abs(rel[:, 1]) / ty) - rel[:, 2])
         self.distance = max(float(d), 1e-6, float(np.linalg.norm(hi - lo)) * 1e-3)
         self.fly_speed = max(0.5 * float(np.linalg.norm(hi - lo)), 1e-6)
-        self._home = (self.target.copy(), self.distance, self.yaw, self.pitch, self.fov_deg)
+        self._home = (self.target.copy(), self.distance, self.yaw, self.pitch, self.fov_deg, self.view_offset)
         self._touch()
 
     def reset(self):
         """Back to the view of the last :meth:`frame` / :meth:`frame_box` (the home view)."""
         if self._home is not None:
-            t, self.distance, self.yaw, self.pitch, self.fov_deg = self._home
+            t, self.distance, self.yaw, self.pitch, self.fov_deg, self.view_offset = self._home
             self.target = t.copy()
+            self._touch()
+
+    def face(self, point):
+        """Turn the orbit (keeping the pitch) so that the eye lies on the side of ``point``, seen from the
+        target: e.g. a crop of a larger capture is looked at from where the capture's cameras were (near the
+        world origin). Nothing changes when ``point`` is on the up axis through the target."""
+        a, b, u = _basis(self.up)
+        d = np.asarray(point, dtype=np.float64) - self.target
+        x, y = float(d @ a), float(d @ b)
+        if math.hypot(x, y) > 1e-12:
+            self.yaw = math.atan2(y, x)
             self._touch()
 
     def set_up(self, name: str):
@@ -221,7 +246,8 @@ class OrbitCamera:
         self.fov_deg = math.degrees(cameras[index].fov_x)
         self._set_direction(centres[index] - focus)
         self.fly_speed = max(0.5 * self.distance, 1e-6)
-        self._home = (self.target.copy(), self.distance, self.yaw, self.pitch, self.fov_deg)
+        self.view_offset = 0.0
+        self._home = (self.target.copy(), self.distance, self.yaw, self.pitch, self.fov_deg, self.view_offset)
         self._touch()
 
     def snap_to(self, cam, pivot=None):
@@ -239,6 +265,7 @@ class OrbitCamera:
         self.target = eye + self.distance * fwd
         self._set_direction(-fwd)
         self.fov_deg = math.degrees(cam.fov_x)
+        self.view_offset = 0.0
         self._touch()
         self.snapped = cam
 

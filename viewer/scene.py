@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["load_scene_file", "default_scene"]
+__all__ = ["load_scene_file", "default_scene", "default_up"]
 
 
 def load_scene_file(path, device=None):
@@ -32,3 +32,39 @@ def default_scene(device=None):
         from rigel_core.data import make_scene
 
         return make_scene(n=5000, sh_degree=2, device=device), "procedural scene (generated; bundled file missing)"
+
+
+def default_up(path, model=None) -> str:
+    """The world up axis to open a scene file with (``--up`` and the Camera section's control override it).
+
+    SPZ and PlayCanvas compressed PLY come from y-up tools (RUB axes, converted to rigel's RDF axes on load),
+    so their up is ``"-y"``. An INRIA PLY or a checkpoint says nothing about its axes. Objects made in Blender
+    (NeRF-synthetic, the bundled scene, the donut) are z-up and centred on the origin; a scene whose robust
+    box lies farther from the origin than twice its own size is a crop of a larger capture, and captures
+    reconstructed with COLMAP are y-down: ``"-y"`` for those (given ``model``), ``"+z"`` otherwise.
+    """
+    path = os.fspath(path)
+    if model is not None and _off_origin(model):
+        return "-y"
+    if path.lower().endswith(".spz"):
+        return "-y"
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic == b"NGSP" or magic[:2] == b"\x1f\x8b":
+            return "-y"
+        if magic[:3] == b"ply":
+            from rigel_core.io.compressed_ply import is_compressed_ply_header
+            from rigel_core.io.ply import read_ply_header
+
+            if is_compressed_ply_header(read_ply_header(path)):
+                return "-y"
+    except (OSError, ValueError):
+        pass        # the loader reports unreadable files
+    return "+z"
+
+
+def _off_origin(model) -> bool:
+    lo, hi = model.bounds(0.01)
+    center, size = 0.5 * (lo + hi), float((hi - lo).norm())
+    return float(center.norm()) > 2.0 * size

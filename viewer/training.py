@@ -41,10 +41,7 @@ def snapshot_model(trainer):
     import torch
 
     with trainer.lock:
-        model = trainer.model.to()
-        app = getattr(trainer.model, "appearance", None)
-        if app is not None:
-            model.appearance = app.to()
+        model = trainer.model.to()      # copies the appearance module too (never aliased)
         event = None
         if model.device.type == "cuda":
             event = torch.cuda.Event()
@@ -160,14 +157,7 @@ class TrainingSession:
             paths.append(str(p.resolve()))
         if what in ("both", "ply"):
             p = self.run_dir / PLY_NAME
-            model, _ = snapshot_model(tr)
-            if getattr(model, "appearance", None) is not None:   # other tools cannot run our MLP: bake to SH
-                from rigel_core.appearance import to_sh
-
-                model, _ = to_sh(model, tr.config.sh_degree)
-            from rigel_core.io import save_ply
-
-            save_ply(model.to("cpu"), p)
+            tr.export_ply(p)             # an MLP appearance is baked into SH first (other tools cannot run it)
             paths.append(str(p.resolve()))
         if what == "both":
             self._dirty = False

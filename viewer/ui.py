@@ -263,7 +263,7 @@ def _stats_header(imgui, implot, stats: Stats, overdraw_max: int):
     imgui.text(f"Gaussians   {stats.gaussians:,}")
     imgui.text(f"frame       {stats.frame_size[0]} x {stats.frame_size[1]}  ({stats.render_device})")
     if stats.fps == stats.fps:
-        imgui.text(f"fps         {stats.fps:.1f}  ({stats.frame_ms:.1f} ms)")
+        imgui.text(f"present fps {stats.fps:.1f}  ({stats.frame_ms:.1f} ms)")
     imgui.text(f"render      {_fmt(stats.render_ms, '.1f')} ms")
     for name in ("appearance", "rasterize", "present", "ui"):
         if name in stats.stage_ms:

@@ -34,6 +34,7 @@ def orbit_cameras(orbit, frames: int, width: int, height: int) -> list:
     width, height = max(2, int(width) // 2 * 2), max(2, int(height) // 2 * 2)
     oc = copy.deepcopy(orbit)
     oc.snapped = None
+    oc.view_offset = 0.0      # the video has no side panel: the target in the middle
     yaw0 = oc.yaw
     cams = []
     for i in range(frames):
