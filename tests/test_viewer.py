@@ -181,6 +181,43 @@ def test_snap_to_training_cameras_shows_them_exactly(rng):
         nearest_camera([], (0, 0, 0))
 
 
+def test_framing_beside_a_panel_centres_the_box_in_the_free_columns(rng):
+    lo = torch.randn(3, generator=rng).double().numpy()
+    hi = lo + torch.rand(3, generator=rng).double().numpy() * 2 + 0.1
+    oc = OrbitCamera(up="+z", yaw=float(torch.rand(1, generator=rng)) * 6, pitch=0.3)
+    W, H, u0 = 640, 360, 0.35
+    oc.frame_box(lo, hi, aspect=W / H, region=(u0, 1.0))
+    assert oc.view_offset == pytest.approx((u0 + 1.0) / 2 - 0.5)
+    cam = oc.camera(W, H)
+    corners = np.array([[(lo, hi)[i >> k & 1][k] for k in range(3)] for i in range(8)])
+    uv = cam.project(corners)
+    cu = (u0 + 1.0) / 2 * W                                        # the free columns' centre
+    reach = np.maximum(np.abs(uv[:, 0] - cu) / ((1 - u0) * W / 2), np.abs(uv[:, 1] - H / 2) / (H / 2))
+    assert reach.max() == pytest.approx(0.9, abs=1e-9)            # tight, inside the free columns
+    assert cam.project([oc.target])[0] == pytest.approx((cu, H / 2))
+    assert oc.camera(W, H, offset=0.0).cx == W / 2                 # side-by-side / video: no shift
+    # facing a point: the eye moves to its side, the pitch is kept
+    far = oc.target + np.array([0.0, -50.0, 3.0])
+    oc.face(far)
+    assert oc.pitch == pytest.approx(0.3)
+    d = oc.eye - oc.target
+    assert d[1] < 0 and abs(d[0]) < 1e-9 * np.linalg.norm(d) + 1e-12
+
+
+def test_default_up_axis_of_scene_files(shared_data, tmp_path):
+    from viewer.scene import default_up, load_scene_file
+
+    assert default_up(shared_data / "compressed" / "biker.spz") == "-y"           # y-up tools (RUB)
+    assert default_up(shared_data / "compressed" / "guitar.compressed.ply") == "-y"
+    donut = shared_data / "ply" / "donut_mipsplatting_sh0.ply"
+    assert default_up(donut, load_scene_file(donut)) == "+z"                     # a Blender object at the origin
+    fruit = shared_data / "ply" / "fruit_drops_minimal_sh3.ply"
+    assert default_up(fruit, load_scene_file(fruit)) == "-y"                     # a crop far from the origin
+    junk = tmp_path / "x.ply"
+    junk.write_bytes(b"ply\nnot really")
+    assert default_up(junk) == "+z"                                                # the loader reports it, not this
+
+
 def test_model_slot_hands_over_snapshots_between_threads():
     slot = ModelSlot()
     assert slot.latest() is None

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 from viewer import messages as M  # noqa: E402
 from viewer.model_slot import ModelSlot  # noqa: E402
 from viewer.training import CHECKPOINT_NAME, PLY_NAME, TrainingSession  # noqa: E402
-from viewer.ui_state import ErrorView, Job, TrainingState, downsample_mean, error_map  # noqa: E402
+from viewer.ui_state import Job, TrainingState, downsample_mean, error_map  # noqa: E402
 
 needs_vulkan = pytest.mark.skipif(not VK_OK, reason=f"no usable Vulkan device: {VK_REASON}")
 
@@ -441,10 +441,26 @@ def test_scripted_session_on_a_real_ply(display, shared_data, tmp_path, one_thre
         bare = _px(v)
         assert not v.settings.show_panels
         assert (np.abs(bare[15:60, 15:PANEL_WIDTH - 20] - panel).sum(-1) > 30).mean() > 0.5
-        # fly: W held moves the camera forward by speed x time
+        # fly: W (and Shift) held moves the camera forward by speed x 10 x the frame's time
+        eye, fwd = v.camera.eye.copy(), v.camera.forward.copy()
+        held = {glfw.KEY_W, glfw.KEY_LEFT_SHIFT}
+        real_get_key = glfw.get_key
+        glfw.get_key = lambda window, key: glfw.PRESS if key in held else glfw.RELEASE
+        try:
+            assert v.input.fly_keys(0.25)
+        finally:
+            glfw.get_key = real_get_key
+        np.testing.assert_allclose(v.camera.eye - eye, 2.5 * v.camera.fly_speed * fwd, atol=1e-9)
+        # fly mode (F): a left drag turns the view about the eye instead of orbiting
+        v.input._on_key(v.window, glfw.KEY_F, 0, glfw.PRESS, 0)
+        v.step()
+        assert v.settings.fly and v.input.fly_mode
         eye = v.camera.eye.copy()
-        assert v.camera.fly(0.25, forward=1.0)
-        assert np.linalg.norm(v.camera.eye - eye) == pytest.approx(0.25 * v.camera.fly_speed)
+        v.input._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.PRESS, 0)
+        v.input._on_cursor(v.window, x0 + 60, y0)
+        v.input._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.RELEASE, 0)
+        np.testing.assert_allclose(v.camera.eye, eye, atol=1e-9)
+        assert not np.allclose(v.camera.forward, fwd)
         # screenshot (F12): the file holds exactly the presented pixels
         v.input._on_key(v.window, glfw.KEY_F12, 0, glfw.PRESS, 0)
         p = v.step()
@@ -504,10 +520,10 @@ def test_ctrl_c_saves_the_run_and_exits_130(display, procedural_64, tmp_path):  
         log = run / "viewer.log"
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < 120 and proc.poll() is None:
-            if log.is_file() and "training" in log.read_text():
+            if log.is_file() and "window open" in log.read_text():
                 break
             time.sleep(0.1)
-        time.sleep(3.0)                                  # some iterations and frames
+        time.sleep(1.5)                                  # some iterations and frames
         assert proc.poll() is None, proc.stderr.read()
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=120)

@@ -174,6 +174,8 @@ class Viewer:
                 self._stream = torch.cuda.Stream()   # the viewer's own stream: renders never queue behind training
             self.stats.vulkan_device = self.ctx.device_name
             self.stats.render_device = self.render_device
+            if self.render_device == "cpu" and self.settings.video_size == ViewSettings().video_size:
+                self.settings.video_size = (320, 240)   # the CPU reference renders each frame in about a second
             self.camera = OrbitCamera(up=self.settings.up)
             self._auto_scale = self.settings.render_scale is None
             if self._auto_scale:
@@ -682,6 +684,8 @@ class Viewer:
         presents. Sets :attr:`interrupted` after a Ctrl-C."""
         glfw = self._glfw
         with _sigint_flag(self):
+            logging.getLogger("rigel.viewer").info("window open: %dx%d, %s", self.target.width, self.target.height,
+                                                   self.ctx.device_name)
             while not self.should_close() and not self.interrupted:
                 glfw.poll_events()
                 p = self.step()
@@ -701,8 +705,10 @@ class Viewer:
             if self.training is not None:
                 self.training.stop(save=save)
                 self.drain_events()
-            for job in self.jobs.values():
+            for name, job in self.jobs.items():
                 if job is not None:
+                    if name == "video":
+                        job.cancel()          # a half-written video is not worth waiting for
                     job.join()
         finally:
             if self.ctx is not None:
@@ -976,7 +982,7 @@ def main(argv=None) -> int:
         print(f"rigel-viewer: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("rigel-viewer: aborted", file=sys.stderr)
+        print("rigel-viewer: interrupted" + (", saving the run" if session is not None else ""), file=sys.stderr)
         return EXIT_INTERRUPTED
     except (FileNotFoundError, ValueError, RuntimeError, OSError, ImportError) as e:
         print(f"rigel-viewer: {e}", file=sys.stderr)
