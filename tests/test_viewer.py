@@ -372,4 +372,5 @@ def test_gpu_offscreen_viewer_on_the_bundled_scene(tmp_path):
                 + (["--debug"] if VALIDATION else [])) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["render_device"] == "cuda" and summary["frame_size"] == [640, 480]
+    assert summary["frame_ring"] == "cuda-interop"          # CUDA wrote into the imported Vulkan memory
     assert summary["ok"] and summary.get("validation_errors", 0) == 0
