@@ -55,7 +55,8 @@ def cuda_extension():
         sources=sources,
         include_dirs=include_dirs,
         # no -std flag: each torch adds the standard it was built with (C++17 for 2.11, C++20 for 2.14)
-        extra_compile_args={"cxx": ["-O3"],
+        # -g0: no DWARF in the host objects (Python's CFLAGS add -g), nothing for a backtrace symboliser to parse
+        extra_compile_args={"cxx": ["-O3", "-g0"],
                             "nvcc": ["-O3", "--use_fast_math" if os.environ.get("RIGEL_FAST_MATH") else "-lineinfo",
                                      "--expt-relaxed-constexpr"]},
     )

@@ -11,6 +11,22 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "rigel CUDA kernels: projection, SH colours, tile binning, rasterization (docs/PIPELINE.md)";
+    // c10 errors of this module become TypeError / ValueError / RuntimeError carrying the message alone. pybind11's
+    // default translation calls what(), which symbolises the C++ backtrace; on the GPU image that crashed the
+    // process (SIGSEGV in every test that expected an error), while what_without_backtrace() does not.
+    py::register_local_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const c10::TypeError& e) {
+            PyErr_SetString(PyExc_TypeError, e.what_without_backtrace());
+        } catch (const c10::ValueError& e) {
+            PyErr_SetString(PyExc_ValueError, e.what_without_backtrace());
+        } catch (const c10::IndexError& e) {
+            PyErr_SetString(PyExc_IndexError, e.what_without_backtrace());
+        } catch (const c10::Error& e) {
+            PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
+        }
+    });
     m.def("project_gaussians", &rigel::project_gaussians, py::arg("means3D"), py::arg("quats"), py::arg("scales"),
           py::arg("opacities"), py::arg("viewmat"), py::arg("K"), py::arg("width"), py::arg("height"),
           py::arg("near_plane") = RIGEL_NEAR_PLANE, py::arg("far_plane") = RIGEL_FAR_PLANE,
