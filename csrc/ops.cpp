@@ -133,7 +133,7 @@ at::Tensor sh_colors(int64_t degree, const at::Tensor& sh_coeffs, const at::Tens
     return colors;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bin_gaussians(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> bin_gaussians(
     const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& depths,
     const at::Tensor& radii, int64_t width, int64_t height, int64_t max_entries) {
     const char* op = "bin_gaussians";
@@ -153,14 +153,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bin_gaussians(
     at::Tensor large_ids = at::empty({n}, i32), large_count = at::zeros({1}, i32);
     const int64_t total = launch_count_tiles(means2D, conics, opacities, radii, static_cast<int>(width),
                                              static_cast<int>(height), offsets, tiles_touched, large_ids, large_count);
-    TORCH_CHECK(total <= max_entries, "rigel_core._C.bin_gaussians: ", total,
-                " (Gaussian, tile) entries exceed the limit of ", max_entries,
-                " (RIGEL_MAX_ENTRIES); lower the resolution or prune large Gaussians");
+    if (total > max_entries) {
+        // Refused before anything of size `total` is allocated. Reported by value, not thrown: the Python side
+        // (cuda_backend.bin_gaussians_cuda) raises the RuntimeError.
+        const at::Tensor none = at::empty({0}, i32);
+        return {at::empty({0}, means2D.options().dtype(at::kLong)), none, none, tiles_touched, total};
+    }
     at::Tensor tile_ranges = at::empty({tile_count(width, height), 2}, i32);
     auto [keys, gaussian_ids] = launch_emit_and_sort(means2D, conics, opacities, depths, radii, static_cast<int>(width),
                                                      static_cast<int>(height), offsets, large_ids, large_count, total,
                                                      tile_ranges);
-    return {keys, gaussian_ids, tile_ranges, tiles_touched};
+    return {keys, gaussian_ids, tile_ranges, tiles_touched, total};
 }
 
 void rasterize_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,

@@ -30,8 +30,10 @@ std::tuple<at::Tensor, at::Tensor> sh_colors_backward(int64_t degree, const at::
                                                       const at::Tensor& means3D, const at::Tensor& campos,
                                                       const at::Tensor& v_colors);
 
-// [2] -> (keys [E] int64, gaussian_ids [E] int32, tile_ranges [n_tiles,2] int32, tiles_touched [N] int32)
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> bin_gaussians(
+// [2] -> (keys [E] int64, gaussian_ids [E] int32, tile_ranges [n_tiles,2] int32, tiles_touched [N] int32, E).
+// When E > max_entries nothing of size E is allocated: keys, gaussian_ids and tile_ranges come back empty and the
+// caller raises (returned, not thrown).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> bin_gaussians(
     const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& depths,
     const at::Tensor& radii, int64_t width, int64_t height, int64_t max_entries);
 

@@ -134,9 +134,13 @@ def bin_gaussians_cuda(means2D, conics, opacities, depths, radii, width: int, he
                        max_entries: int = config.MAX_ENTRIES):
     """[2] Binning on the GPU (not differentiable): (keys (E,) int64, gaussian_ids (E,) int32,
     tile_ranges (n_tiles,2) int32, tiles_touched (N,) int32). Raises RuntimeError when E > ``max_entries``."""
-    return _ext.get().bin_gaussians(means2D.detach().contiguous(), conics.detach().contiguous(),
-                                    opacities.detach().contiguous(), depths.detach().contiguous(),
-                                    radii.contiguous(), int(width), int(height), int(max_entries))
+    keys, gaussian_ids, tile_ranges, tiles_touched, n_entries = _ext.get().bin_gaussians(
+        means2D.detach().contiguous(), conics.detach().contiguous(), opacities.detach().contiguous(),
+        depths.detach().contiguous(), radii.contiguous(), int(width), int(height), int(max_entries))
+    if n_entries > max_entries:  # refused by the kernel side before allocating anything of that size
+        raise RuntimeError(f"binning: {n_entries:,} (Gaussian, tile) entries exceed the limit of {max_entries:,} "
+                           "(config.MAX_ENTRIES); lower the resolution or prune large Gaussians")
+    return keys, gaussian_ids, tile_ranges, tiles_touched
 
 
 def rasterize_tiles_cuda(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, width: int, height: int,
