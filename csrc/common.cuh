@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <cuda_runtime.h>
 #include <c10/util/Exception.h>
@@ -33,17 +34,20 @@ inline unsigned int num_blocks(int64_t n, int per_block) {
 
 }  // namespace rigel
 
+// Messages are one std::string, never formatted through std::ostream (see ops.cpp: that crashed on the H200 image).
 // Check the launch that just happened (configuration errors, and with CUDA_LAUNCH_BLOCKING=1 faults too).
 #define RIGEL_CHECK_LAUNCH(label)                                                                        \
     do {                                                                                                 \
         cudaError_t rigel_err_ = cudaGetLastError();                                                     \
-        TORCH_CHECK(rigel_err_ == cudaSuccess, "rigel: CUDA launch of ", label, " failed: ",              \
-                    cudaGetErrorString(rigel_err_));                                                     \
+        if (rigel_err_ != cudaSuccess)                                                                   \
+            TORCH_CHECK(false, std::string("rigel: CUDA launch of ") + (label) + " failed: " +            \
+                                   cudaGetErrorString(rigel_err_));                                      \
     } while (0)
 
 // Check a CUDA runtime / CUB call that returns cudaError_t.
 #define RIGEL_CHECK_CUDA(call, label)                                                                    \
     do {                                                                                                 \
         cudaError_t rigel_err_ = (call);                                                                 \
-        TORCH_CHECK(rigel_err_ == cudaSuccess, "rigel: ", label, " failed: ", cudaGetErrorString(rigel_err_)); \
+        if (rigel_err_ != cudaSuccess)                                                                   \
+            TORCH_CHECK(false, std::string("rigel: ") + (label) + " failed: " + cudaGetErrorString(rigel_err_)); \
     } while (0)

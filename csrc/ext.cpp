@@ -12,9 +12,9 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "rigel CUDA kernels: projection, SH colours, tile binning, rasterization (docs/PIPELINE.md)";
     // c10 errors of this module become TypeError / ValueError / RuntimeError carrying the message alone (pybind11's
-    // default translation would append the C++ backtrace). NOTE: on the H200 image (extension built by /opt/gcc)
-    // any C++ exception raised from this module still ends in SIGSEGV (cause not found yet); the Python API
-    // (cuda_backend) validates arguments and the entry limit itself so that normal use never throws here.
+    // default translation would append the C++ backtrace). On the H200 image every raised check first crashed while
+    // its message was formatted (cuda-gdb: SIGSEGV in basic_ostream::_M_insert<long> inside this .so, built by
+    // /opt/gcc's g++): ops.cpp now builds messages without std::ostream.
     py::register_local_exception_translator([](std::exception_ptr p) {
         try {
             if (p) std::rethrow_exception(p);

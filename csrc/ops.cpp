@@ -1,7 +1,6 @@
 // Host side of rigel_core._C: argument checks, output allocation, launches (declarations in ops.h).
 #include "ops.h"
 
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -28,13 +27,23 @@ std::string dtype_name(at::ScalarType t) {
     }
 }
 
-std::string describe(const at::Tensor& t) {
-    std::ostringstream s;
-    if (!t.defined()) return "an undefined tensor";
-    s << "a " << (t.is_contiguous() ? "" : "non-contiguous ") << dtype_name(t.scalar_type()) << " tensor on "
-      << t.device() << " of shape " << t.sizes();
-    return s.str();
+// Error messages are assembled as one std::string (std::to_string for numbers) and handed to TORCH_CHECK as its
+// only message argument, never formatted through std::ostream: on the H200 image this .so is built by a newer
+// g++ (/opt/gcc) than the libstdc++ loaded at run time, and the ostream code instantiated here crashed the process
+// (SIGSEGV in basic_ostream::_M_insert<long>, seen with cuda-gdb) whenever a check formatted a number.
+std::string shape_text_of(at::IntArrayRef sizes) {
+    std::string s = "[";
+    for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+    return s + "]";
 }
+
+std::string describe(const at::Tensor& t) {
+    if (!t.defined()) return "an undefined tensor";
+    return std::string("a ") + (t.is_contiguous() ? "" : "non-contiguous ") + dtype_name(t.scalar_type()) +
+           " tensor on " + t.device().str() + " of shape " + shape_text_of(t.sizes());
+}
+
+std::string prefix(const char* op) { return std::string("rigel_core._C.") + op + ": "; }
 
 // t must be a contiguous tensor of `dtype` on `device` whose sizes match `shape` (-1 = any size). `shape_text`
 // says the expected shape in the docs' words, e.g. "(N, 3)".
@@ -44,43 +53,51 @@ void check(const char* op, const char* name, const at::Tensor& t, at::ScalarType
               t.dim() == static_cast<int64_t>(shape.size());
     for (size_t i = 0; ok && i < shape.size(); ++i) ok = shape[i] < 0 || t.size(static_cast<int64_t>(i)) == shape[i];
     if (ok) return;
-    std::ostringstream expected;
-    expected << "a contiguous " << dtype_name(dtype) << " tensor on " << device << " of shape " << shape_text;
+    std::string expected = std::string("a contiguous ") + dtype_name(dtype) + " tensor on " + device.str() +
+                           " of shape " + shape_text;
     bool first = true;
     for (size_t i = 0; i < shape.size(); ++i) {
         if (shape[i] < 0) continue;
-        expected << (first ? " = (" : ", ") << shape[i];
+        expected += (first ? " = (" : ", ") + std::to_string(shape[i]);
         first = false;
     }
-    if (!first) expected << ")";
-    const std::string msg = std::string("rigel_core._C.") + op + ": " + name + " must be " + expected.str() +
-                            "; got " + describe(t);
+    if (!first) expected += ")";
+    const std::string msg = prefix(op) + name + " must be " + expected + "; got " + describe(t);
     if (t.defined() && (t.scalar_type() != dtype || t.device() != device)) TORCH_CHECK_TYPE(false, msg);
     TORCH_CHECK_VALUE(false, msg);
 }
 
 // The device of the first per-Gaussian tensor: it must be a CUDA device.
 at::Device cuda_device(const char* op, const char* name, const at::Tensor& t) {
-    TORCH_CHECK_TYPE(t.defined() && t.is_cuda(), "rigel_core._C.", op, ": ", name,
-                     " must be a CUDA tensor (CPU tensors go to rigel_core.reference); got ", describe(t));
+    if (!(t.defined() && t.is_cuda()))
+        TORCH_CHECK_TYPE(false, prefix(op) + name + " must be a CUDA tensor (CPU tensors go to rigel_core.reference); got " +
+                                    describe(t));
     return t.device();
 }
 
 int64_t num_gaussians(const char* op, const at::Tensor& means) {
-    TORCH_CHECK_VALUE(means.dim() == 2, "rigel_core._C.", op, ": expected a (N, ", (means.dim() > 1 ? means.size(1) : 0),
-                      ") per-Gaussian tensor; got ", describe(means));
-    TORCH_CHECK_VALUE(means.size(0) < (int64_t(1) << 31), "rigel_core._C.", op, ": ", means.size(0),
-                      " Gaussians exceed the int32 index range");
+    if (means.dim() != 2) TORCH_CHECK_VALUE(false, prefix(op) + "expected a per-Gaussian (N, C) tensor; got " + describe(means));
+    if (means.size(0) >= (int64_t(1) << 31))
+        TORCH_CHECK_VALUE(false, prefix(op) + std::to_string(means.size(0)) + " Gaussians exceed the int32 index range");
     return means.size(0);
 }
 
 void check_image_size(const char* op, int64_t width, int64_t height) {
     // one block row per tile row (grid.y <= 65535) and int32 pixel indices.
-    TORCH_CHECK_VALUE(width > 0 && height > 0 && height <= int64_t(65535) * RIGEL_TILE_SIZE &&
-                          width * height * 3 < (int64_t(1) << 31),
-                      "rigel_core._C.", op, ": unsupported image size ", width, "x", height,
-                      " (need width, height > 0, height <= ", int64_t(65535) * RIGEL_TILE_SIZE,
-                      " and width*height*3 < 2^31)");
+    const int64_t max_h = int64_t(65535) * RIGEL_TILE_SIZE;
+    if (!(width > 0 && height > 0 && height <= max_h && width * height * 3 < (int64_t(1) << 31)))
+        TORCH_CHECK_VALUE(false, prefix(op) + "unsupported image size " + std::to_string(width) + "x" +
+                                     std::to_string(height) + " (need width, height > 0, height <= " +
+                                     std::to_string(max_h) + " and width*height*3 < 2^31)");
+}
+
+void check_sh_degree(const char* op, int64_t degree, const at::Tensor& sh_coeffs) {
+    if (!(degree >= 0 && degree <= 3))
+        TORCH_CHECK_VALUE(false, prefix(op) + "SH degree must be in 0..3, got " + std::to_string(degree));
+    const int64_t k = (degree + 1) * (degree + 1);
+    if (sh_coeffs.size(1) < k)
+        TORCH_CHECK_VALUE(false, prefix(op) + "degree " + std::to_string(degree) + " needs K >= " + std::to_string(k) +
+                                     " coefficients, got sh_coeffs of shape " + shape_text_of(sh_coeffs.sizes()));
 }
 
 void check_background(const char* op, const c10::optional<at::Tensor>& background, const at::Device& dev) {
@@ -118,14 +135,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> project_gaussians(
 
 at::Tensor sh_colors(int64_t degree, const at::Tensor& sh_coeffs, const at::Tensor& means3D, const at::Tensor& campos) {
     const char* op = "sh_colors";
-    TORCH_CHECK_VALUE(degree >= 0 && degree <= 3, "rigel_core._C.sh_colors: SH degree must be in 0..3, got ", degree);
+    if (!(degree >= 0 && degree <= 3))
+        TORCH_CHECK_VALUE(false, prefix(op) + "SH degree must be in 0..3, got " + std::to_string(degree));
     const at::Device dev = cuda_device(op, "means3D", means3D);
     const int64_t n = num_gaussians(op, means3D);
     check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
     check(op, "sh_coeffs", sh_coeffs, at::kFloat, dev, {n, -1, 3}, "(N, K, 3)");
-    TORCH_CHECK_VALUE(sh_coeffs.size(1) >= (degree + 1) * (degree + 1), "rigel_core._C.sh_colors: degree ", degree,
-                      " needs K >= ", (degree + 1) * (degree + 1), " coefficients, got sh_coeffs of shape ",
-                      sh_coeffs.sizes());
+    check_sh_degree(op, degree, sh_coeffs);
     check(op, "campos", campos, at::kFloat, dev, {3}, "(3,)");
     const c10::cuda::CUDAGuard guard(dev);
     at::Tensor colors = at::empty({n, 3}, means3D.options());
@@ -145,8 +161,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> bin_gaussian
     check(op, "depths", depths, at::kFloat, dev, {n}, "(N,)");
     check(op, "radii", radii, at::kInt, dev, {n}, "(N,)");
     check_image_size(op, width, height);
-    TORCH_CHECK_VALUE(max_entries >= 0 && max_entries < (int64_t(1) << 31), "rigel_core._C.bin_gaussians: max_entries ",
-                      max_entries, " must be in [0, 2^31)");
+    if (!(max_entries >= 0 && max_entries < (int64_t(1) << 31)))
+        TORCH_CHECK_VALUE(false, prefix(op) + "max_entries " + std::to_string(max_entries) + " must be in [0, 2^31)");
     const c10::cuda::CUDAGuard guard(dev);
     const auto i32 = means2D.options().dtype(at::kInt);
     at::Tensor offsets = at::empty({n}, means2D.options().dtype(at::kLong)), tiles_touched = at::empty({n}, i32);
@@ -218,15 +234,13 @@ std::tuple<at::Tensor, at::Tensor> sh_colors_backward(int64_t degree, const at::
                                                       const at::Tensor& means3D, const at::Tensor& campos,
                                                       const at::Tensor& v_colors) {
     const char* op = "sh_colors_backward";
-    TORCH_CHECK_VALUE(degree >= 0 && degree <= 3, "rigel_core._C.sh_colors_backward: SH degree must be in 0..3, got ",
-                      degree);
+    if (!(degree >= 0 && degree <= 3))
+        TORCH_CHECK_VALUE(false, prefix(op) + "SH degree must be in 0..3, got " + std::to_string(degree));
     const at::Device dev = cuda_device(op, "means3D", means3D);
     const int64_t n = num_gaussians(op, means3D);
     check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
     check(op, "sh_coeffs", sh_coeffs, at::kFloat, dev, {n, -1, 3}, "(N, K, 3)");
-    TORCH_CHECK_VALUE(sh_coeffs.size(1) >= (degree + 1) * (degree + 1), "rigel_core._C.sh_colors_backward: degree ",
-                      degree, " needs K >= ", (degree + 1) * (degree + 1), " coefficients, got sh_coeffs of shape ",
-                      sh_coeffs.sizes());
+    check_sh_degree(op, degree, sh_coeffs);
     check(op, "campos", campos, at::kFloat, dev, {3}, "(3,)");
     check(op, "v_colors", v_colors, at::kFloat, dev, {n, 3}, "(N, 3)");
     const c10::cuda::CUDAGuard guard(dev);

@@ -435,8 +435,8 @@ def test_one_device_to_host_sync_per_frame(rng, capfd):
 
 # ---- argument checks ----------------------------------------------------------------------------------------
 
-# The C++ checks run in a child process: on the H200 image a C++ exception raised from rigel_core._C has ended
-# in SIGSEGV (see csrc/ext.cpp); in a child a crash fails this test alone, with the signal in the message.
+# The C++ checks run in a child process: on the H200 image formatting a check's message once crashed the process
+# (csrc/ops.cpp); in a child a crash fails this test alone, with the signal in the message.
 _CPP_CHECKS = r"""
 import torch
 from rigel_core import _ext
