@@ -10,6 +10,7 @@
 //      per value instead of five);
 //   2. over the warps of the block, with shared-memory atomics into a block copy of the gradients;
 //   3. over the blocks, with ONE global atomicAdd per weight per block at the end.
+#include <string>
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
@@ -313,8 +314,11 @@ template <typename Kernel>
 unsigned int grid_size(Kernel kernel, int64_t n, size_t smem_bytes, const char* label) {
     int per_sm = 0;
     cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kAppearanceBlock, smem_bytes);
-    TORCH_CHECK(err == cudaSuccess, "rigel: occupancy query for ", label, " failed: ", cudaGetErrorString(err));
-    TORCH_CHECK(per_sm > 0, "rigel: ", label, " cannot be resident with ", smem_bytes, " bytes of shared memory");
+    if (err != cudaSuccess)
+        TORCH_CHECK(false, std::string("rigel: occupancy query for ") + label + " failed: " + cudaGetErrorString(err));
+    if (per_sm <= 0)
+        TORCH_CHECK(false, std::string("rigel: ") + label + " cannot be resident with " + std::to_string(smem_bytes) +
+                               " bytes of shared memory");
     const int64_t resident = static_cast<int64_t>(per_sm) * at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int64_t needed = (n + kAppearanceBlock - 1) / kAppearanceBlock;
     return static_cast<unsigned int>(needed < resident ? needed : resident);
@@ -322,7 +326,8 @@ unsigned int grid_size(Kernel kernel, int64_t n, size_t smem_bytes, const char* 
 
 void check_launch(const char* label) {
     const cudaError_t err = cudaGetLastError();
-    TORCH_CHECK(err == cudaSuccess, "rigel: CUDA launch of ", label, " failed: ", cudaGetErrorString(err));
+    if (err != cudaSuccess)
+        TORCH_CHECK(false, std::string("rigel: CUDA launch of ") + label + " failed: " + cudaGetErrorString(err));
 }
 
 template <int IN_PAD>

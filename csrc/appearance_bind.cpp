@@ -1,5 +1,6 @@
 // Host side of the fused appearance MLP: argument checks, output allocation, Python binding.
 // The kernels are in appearance.cu; rigel_core/appearance.py wraps these in a torch.autograd.Function.
+#include <string>
 #include <tuple>
 
 #include <ATen/ATen.h>
@@ -11,18 +12,43 @@
 namespace rigel {
 namespace {
 
+// Messages are built as one std::string (std::to_string for numbers), never formatted through std::ostream:
+// on the H200 image that crashed the process whenever a check formatted a number (see ops.cpp).
+std::string sizes_text(at::IntArrayRef sizes) {
+    std::string s = "[";
+    for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+    return s + "]";
+}
+
+std::string dtype_text(at::ScalarType t) {
+    switch (t) {
+        case at::kFloat: return "float32";
+        case at::kDouble: return "float64";
+        case at::kHalf: return "float16";
+        case at::kBFloat16: return "bfloat16";
+        case at::kInt: return "int32";
+        case at::kLong: return "int64";
+        default: return "another dtype";
+    }
+}
+
+std::string where(const char* fn, const char* name) { return std::string("rigel.") + fn + ": " + name; }
+
 // Device, dtype, contiguity and shape of one argument; errors name the function and the argument.
 // Device and dtype problems raise TypeError in Python, shapes and sizes ValueError.
 void check_arg(const char* fn, const at::Tensor& t, const char* name, at::IntArrayRef shape,
                const at::Device& device) {
-    TORCH_CHECK_TYPE(t.defined(), "rigel.", fn, ": ", name, " is undefined (None)");
-    TORCH_CHECK_TYPE(t.is_cuda(), "rigel.", fn, ": ", name, " must be a CUDA tensor, got device ", t.device());
-    TORCH_CHECK_TYPE(t.device() == device, "rigel.", fn, ": ", name, " is on ", t.device(), " but latents on ",
-                     device, "; all arguments must be on one device");
-    TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat, "rigel.", fn, ": ", name, " must be float32, got ",
-                     t.scalar_type());
-    TORCH_CHECK_VALUE(t.sizes() == shape, "rigel.", fn, ": ", name, " must have shape ", shape, ", got ", t.sizes());
-    TORCH_CHECK_VALUE(t.is_contiguous(), "rigel.", fn, ": ", name, " must be contiguous");
+    if (!t.defined()) TORCH_CHECK_TYPE(false, where(fn, name) + " is undefined (None)");
+    if (!t.is_cuda()) TORCH_CHECK_TYPE(false, where(fn, name) + " must be a CUDA tensor, got device " + t.device().str());
+    if (t.device() != device)
+        TORCH_CHECK_TYPE(false, where(fn, name) + " is on " + t.device().str() + " but latents on " + device.str() +
+                                    "; all arguments must be on one device");
+    if (t.scalar_type() != at::kFloat)
+        TORCH_CHECK_TYPE(false, where(fn, name) + " must be float32, got " + dtype_text(t.scalar_type()));
+    if (t.sizes() != shape)
+        TORCH_CHECK_VALUE(false, where(fn, name) + " must have shape " + sizes_text(shape) + ", got " +
+                                     sizes_text(t.sizes()));
+    if (!t.is_contiguous()) TORCH_CHECK_VALUE(false, where(fn, name) + " must be contiguous");
 }
 
 struct Dims {
@@ -32,14 +58,17 @@ struct Dims {
 // latents [N, L] (1 <= L <= 32), means3D [N, 3], campos [3], W1 [H, L+3] (1 <= H <= 64), b1 [H], W2 [3, H], b2 [3].
 Dims check_inputs(const char* fn, const at::Tensor& latents, const at::Tensor& means3D, const at::Tensor& campos,
                   const at::Tensor& W1, const at::Tensor& b1, const at::Tensor& W2, const at::Tensor& b2) {
-    TORCH_CHECK_TYPE(latents.defined() && W1.defined(), "rigel.", fn, ": latents and W1 must be tensors");
-    TORCH_CHECK_VALUE(latents.dim() == 2, "rigel.", fn, ": latents must be [N, L], got shape ", latents.sizes());
-    TORCH_CHECK_VALUE(W1.dim() == 2, "rigel.", fn, ": W1 must be [H, L+3], got shape ", W1.sizes());
+    if (!(latents.defined() && W1.defined())) TORCH_CHECK_TYPE(false, where(fn, "latents and W1") + " must be tensors");
+    if (latents.dim() != 2)
+        TORCH_CHECK_VALUE(false, where(fn, "latents") + " must be [N, L], got shape " + sizes_text(latents.sizes()));
+    if (W1.dim() != 2) TORCH_CHECK_VALUE(false, where(fn, "W1") + " must be [H, L+3], got shape " + sizes_text(W1.sizes()));
     const Dims d{latents.size(0), latents.size(1), W1.size(0)};
-    TORCH_CHECK_VALUE(d.L >= 1 && d.L <= kAppearanceMaxLatent, "rigel.", fn, ": latent dimension L=", d.L,
-                      " outside 1..", kAppearanceMaxLatent);
-    TORCH_CHECK_VALUE(d.H >= 1 && d.H <= kAppearanceMaxHidden, "rigel.", fn, ": hidden width H=", d.H,
-                      " outside 1..", kAppearanceMaxHidden);
+    if (!(d.L >= 1 && d.L <= kAppearanceMaxLatent))
+        TORCH_CHECK_VALUE(false, where(fn, "latents") + ": latent dimension L=" + std::to_string(d.L) + " outside 1.." +
+                                     std::to_string(kAppearanceMaxLatent));
+    if (!(d.H >= 1 && d.H <= kAppearanceMaxHidden))
+        TORCH_CHECK_VALUE(false, where(fn, "W1") + ": hidden width H=" + std::to_string(d.H) + " outside 1.." +
+                                     std::to_string(kAppearanceMaxHidden));
     const at::Device device = latents.device();
     check_arg(fn, latents, "latents", {d.n, d.L}, device);
     check_arg(fn, means3D, "means3D", {d.n, 3}, device);
