@@ -7,12 +7,14 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export RIGEL_SHARED_DATA=${RIGEL_SHARED_DATA:-$PWD/.data} PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-iters=30000 ttimeout=300 tests=1 bench=1 downscale=1
+iters=30000 ttimeout=300 tests=1 bench=1 downscale=1 lego=lego viewer_iters=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --train-iters) iters=$2; shift ;;
     --train-timeout) ttimeout=$2; shift ;;
     --downscale) downscale=$2; shift ;;
+    --lego) lego=$2; shift ;;
+    --viewer-iters) viewer_iters=$2; shift ;;
     --no-tests) tests=0 ;;
     --no-bench) bench=0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -29,10 +31,10 @@ else
   $PY setup.py build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 fi
 # lego, white background, 100 train views, the 25 test images present; SIGINT at the timeout saves the run
-if [ -d "$RIGEL_SHARED_DATA/lego" ] && [ "$iters" != 0 ]; then
+if [ -d "$RIGEL_SHARED_DATA/$lego" ] && [ "$iters" != 0 ]; then
   t0=$(date +%s)
   rm -rf /tmp/lego_run
-  timeout -s INT "$ttimeout" $PY -m rigel_core.cli.train --data "$RIGEL_SHARED_DATA/lego" --out /tmp/lego_run \
+  timeout -s INT "$ttimeout" $PY -m rigel_core.cli.train --data "$RIGEL_SHARED_DATA/$lego" --out /tmp/lego_run \
     --white-bg --iters "$iters" --downscale "$downscale" --eval-every 7000 --checkpoint-every 0 --quiet \
     >"$OUT/lego_train.log" 2>&1
   rc=$?
@@ -41,6 +43,19 @@ if [ -d "$RIGEL_SHARED_DATA/lego" ] && [ "$iters" != 0 ]; then
   r=$(ls /tmp/lego_run/renders/*.png 2>/dev/null | tail -1); [ -n "$r" ] && cp "$r" "$OUT/lego_render.png"
   tail -15 "$OUT/lego_train.log"
   summary+=("lego train: rc=$rc, $(( $(date +%s) - t0 ))s wall (log lego_train.log)")
+fi
+# the viewer, offscreen, training live on the same data (CUDA frames into the Vulkan ring)
+if [ "$viewer_iters" != 0 ] && [ -d "$RIGEL_SHARED_DATA/$lego" ]; then
+  t0=$(date +%s)
+  rm -rf /tmp/viewer_run
+  timeout -s INT ${VIEWER_TIMEOUT:-240} $PY -m viewer.app --data "$RIGEL_SHARED_DATA/$lego" --white-bg --offscreen \
+    --iters "$viewer_iters" --eval-every "$viewer_iters" --frames 4 --size 1280x720 --out /tmp/viewer_run \
+    >"$OUT/viewer_train.log" 2>&1
+  rc=$?
+  cp /tmp/viewer_run/summary.json "$OUT/viewer_summary.json" 2>/dev/null
+  f=$(ls /tmp/viewer_run/*.png 2>/dev/null | tail -1); [ -n "$f" ] && cp "$f" "$OUT/viewer_frame.png"
+  tail -8 "$OUT/viewer_train.log"
+  summary+=("viewer offscreen training: rc=$rc, $(( $(date +%s) - t0 ))s; $(head -c 600 "$OUT/viewer_summary.json" 2>/dev/null)")
 fi
 if [ $bench = 1 ]; then
   timeout ${BENCH_TIMEOUT:-200} $PY bench/forward.py --scenes 160k,1M,3M,donut,fruit --res 1080p,4k --iters 50 \
