@@ -13,7 +13,12 @@ import statistics
 import subprocess
 from pathlib import Path
 
+import sys
+from pathlib import Path
+
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -246,7 +246,8 @@ def test_split_samples_children_from_the_parent_gaussian(rng):
 
 
 def test_size_prune_only_after_first_reset_and_cap(rng):
-    cfg, extent = TrainConfig(), 1.0
+    assert TrainConfig().max_screen_size == 0  # off by default (3DGS effectively, gsplat by default)
+    cfg, extent = TrainConfig(max_screen_size=20.0), 1.0
     log_scales = torch.log(torch.tensor([[0.2] * 3, [0.005] * 3, [0.005] * 3]))  # 0: world-space too big
     for iteration, expect in ((cfg.opacity_reset_interval, 3), (cfg.opacity_reset_interval + 100, 1)):
         m, opt = _model_with_state(rng, log_scales, [0.5, 0.5, 0.5])

@@ -170,8 +170,11 @@ def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_m
             _, settings.overdraw_max = imgui.slider_int("max n_contrib", settings.overdraw_max, 1, 2000)
         _, settings.render_scale = imgui.slider_float("render scale", settings.render_scale, 0.1, 1.0, "%.2f")
         if max_sh_degree > 0:
-            _, settings.sh_degree = imgui.slider_int("SH degree", min(settings.sh_degree, max_sh_degree), 0,
-                                                     max_sh_degree)
+            # the slider shows the clamp but only a user's change is stored: while training raises the active
+            # degree from 0, the requested degree must not be lowered by what the model had at the time
+            changed, value = imgui.slider_int("SH degree", min(settings.sh_degree, max_sh_degree), 0, max_sh_degree)
+            if changed:
+                settings.sh_degree = value
         _, settings.white_background = imgui.checkbox("white background", settings.white_background)
         if windowed:
             imgui.same_line()

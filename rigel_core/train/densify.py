@@ -26,8 +26,8 @@ it) during its backward; :func:`means2D_grad` looks there when ``out.means2D.gra
 - *prune*: opacity < ``prune_opacity``; after the first opacity reset also Gaussians whose screen radius
   exceeded ``max_screen_size`` px in some view since the last densification, or whose world-space max scale
   exceeds ``max_world_size``·extent. (In the released 3DGS code the screen-size test is dead: its
-  ``max_radii2D`` is zeroed by the clone/split step just before the prune. Here it is live; set
-  ``max_screen_size`` to 0 to turn it off.)
+  ``max_radii2D`` is zeroed by the clone/split step just before the prune. Here it works when
+  ``max_screen_size`` > 0; the default 0 keeps it off, as 3DGS effectively and gsplat by default do.)
 - *cap*: at most ``max_gaussians − N`` Gaussians are added (a clone or a split adds one each), the
   candidates with the largest gradient first.
 
