@@ -8,30 +8,12 @@
 #include <torch/extension.h>
 
 #include "appearance.h"
+#include "check_text.h"
 
 namespace rigel {
 namespace {
 
-// Messages are built as one std::string (std::to_string for numbers), never formatted through std::ostream:
-// on the H200 image that crashed the process whenever a check formatted a number (see ops.cpp).
-std::string sizes_text(at::IntArrayRef sizes) {
-    std::string s = "[";
-    for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
-    return s + "]";
-}
-
-std::string dtype_text(at::ScalarType t) {
-    switch (t) {
-        case at::kFloat: return "float32";
-        case at::kDouble: return "float64";
-        case at::kHalf: return "float16";
-        case at::kBFloat16: return "bfloat16";
-        case at::kInt: return "int32";
-        case at::kLong: return "int64";
-        default: return "another dtype";
-    }
-}
-
+// Messages are one std::string, never formatted through std::ostream (check_text.h says why).
 std::string where(const char* fn, const char* name) { return std::string("rigel.") + fn + ": " + name; }
 
 // Device, dtype, contiguity and shape of one argument; errors name the function and the argument.
@@ -44,10 +26,10 @@ void check_arg(const char* fn, const at::Tensor& t, const char* name, at::IntArr
         TORCH_CHECK_TYPE(false, where(fn, name) + " is on " + t.device().str() + " but latents on " + device.str() +
                                     "; all arguments must be on one device");
     if (t.scalar_type() != at::kFloat)
-        TORCH_CHECK_TYPE(false, where(fn, name) + " must be float32, got " + dtype_text(t.scalar_type()));
+        TORCH_CHECK_TYPE(false, where(fn, name) + " must be float32, got " + dtype_name(t.scalar_type()));
     if (t.sizes() != shape)
-        TORCH_CHECK_VALUE(false, where(fn, name) + " must have shape " + sizes_text(shape) + ", got " +
-                                     sizes_text(t.sizes()));
+        TORCH_CHECK_VALUE(false, where(fn, name) + " must have shape " + shape_text_of(shape) + ", got " +
+                                     shape_text_of(t.sizes()));
     if (!t.is_contiguous()) TORCH_CHECK_VALUE(false, where(fn, name) + " must be contiguous");
 }
 
@@ -60,8 +42,8 @@ Dims check_inputs(const char* fn, const at::Tensor& latents, const at::Tensor& m
                   const at::Tensor& W1, const at::Tensor& b1, const at::Tensor& W2, const at::Tensor& b2) {
     if (!(latents.defined() && W1.defined())) TORCH_CHECK_TYPE(false, where(fn, "latents and W1") + " must be tensors");
     if (latents.dim() != 2)
-        TORCH_CHECK_VALUE(false, where(fn, "latents") + " must be [N, L], got shape " + sizes_text(latents.sizes()));
-    if (W1.dim() != 2) TORCH_CHECK_VALUE(false, where(fn, "W1") + " must be [H, L+3], got shape " + sizes_text(W1.sizes()));
+        TORCH_CHECK_VALUE(false, where(fn, "latents") + " must be [N, L], got shape " + shape_text_of(latents.sizes()));
+    if (W1.dim() != 2) TORCH_CHECK_VALUE(false, where(fn, "W1") + " must be [H, L+3], got shape " + shape_text_of(W1.sizes()));
     const Dims d{latents.size(0), latents.size(1), W1.size(0)};
     if (!(d.L >= 1 && d.L <= kAppearanceMaxLatent))
         TORCH_CHECK_VALUE(false, where(fn, "latents") + ": latent dimension L=" + std::to_string(d.L) + " outside 1.." +

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 import torch
 
 from .model import PARAM_NAMES, GaussianModel
+from .atomic import atomic_path
 
 __all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "save_checkpoint", "read_checkpoint", "load_checkpoint_model",
            "load_trainer"]
@@ -42,23 +42,9 @@ class CheckpointError(ValueError):
 def _atomic_save(tensors: dict, meta: dict, path) -> None:
     from safetensors.torch import save_file
 
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
+    with atomic_path(path) as tmp:
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, tmp,
                   metadata={"rigel": json.dumps(meta)})
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def save_checkpoint(trainer, path) -> None:

@@ -28,10 +28,10 @@ import math
 import os
 import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
+from ..atomic import atomic_path
 
 __all__ = ["main", "build_parser"]
 
@@ -77,17 +77,9 @@ def _finite_or_none(obj):
 
 def _write_json_atomic(path: Path, obj) -> None:
     obj = _finite_or_none(obj)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
             json.dump(obj, f, indent=1, allow_nan=False)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _save_png(path: Path, img) -> None:

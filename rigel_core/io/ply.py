@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 
@@ -50,6 +49,7 @@ import torch
 
 from ..model import GaussianModel, num_sh_bases
 from .errors import PlyFormatError
+from ..atomic import atomic_path
 
 __all__ = ["load_ply", "save_ply", "read_ply_header", "PlyHeader", "PlyElementInfo", "PlyPropertyInfo",
            "PlyFormatError", "SceneWarning", "ply_property_names", "MAX_HEADER_BYTES"]
@@ -414,32 +414,8 @@ def save_ply(model: GaussianModel, path) -> None:
 
     path = os.fspath(path)
     arr = model_to_ply_array(model)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
             PlyData([PlyElement.describe(arr, "vertex")], text=False, byte_order="<").write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
-def _umask() -> int:
-    """The process umask, read without changing it where /proc allows (os.umask is not thread-safe)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
