@@ -24,7 +24,7 @@ class Raster(NamedTuple):
 
 
 def rasterize_tiles(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, tiles_x: int, tiles_y: int,
-                    width: int, height: int, background=None, block: int = 16) -> Raster:
+                    width: int, height: int, background=None, block: int = 24) -> Raster:
     """Composite the binned Gaussians into an image.
 
     All non-empty tiles are processed together, ``block`` list entries at a time (like the kernel's
@@ -53,7 +53,7 @@ def rasterize_tiles(means2D, conics, colors, opacities, gaussian_ids, tile_range
     na = active.numel()
     Tr = torch.ones(na, P, dtype=dtype, device=dev)
     rgb = torch.zeros(na, P, nchan, dtype=dtype, device=dev)
-    last = torch.zeros(na, P, dtype=torch.int64, device=dev)
+    last = torch.zeros(na, P, dtype=torch.int32, device=dev)
     done = torch.zeros(na, P, dtype=torch.bool, device=dev)
     px = ((active % tiles_x) * T)[:, None] + torch.arange(T, device=dev)[None, :] + 0.5  # (na, T) columns
     py = ((active // tiles_x) * T)[:, None] + torch.arange(T, device=dev)[None, :] + 0.5  # (na, T) rows
@@ -82,22 +82,24 @@ def rasterize_tiles(means2D, conics, colors, opacities, gaussian_ids, tile_range
         a = torch.where(use, alpha, torch.zeros_like(alpha))
         with torch.no_grad():
             # T only falls along the list, so "T would drop below T_MIN" holds from the stopping entry on.
-            Tseq = torch.cumprod(torch.cat([Tr.detach()[:, None], 1 - a], 1), 1)[:, 1:]
-            stop = Tseq < config.T_MIN
+            Tfull = torch.cumprod(torch.cat([Tr.detach()[:, None], 1 - a], 1), 1)  # (na, B+1, P)
+            stop = Tfull[:, 1:] < config.T_MIN
             blended = use & ~stop
         if need_grad:
             a2 = torch.where(blended, a, torch.zeros_like(a))
             Tc = torch.cumprod(torch.cat([Tr[:, None], 1 - a2], 1), 1)  # (na, B+1, P)
             w = a2 * Tc[:, :-1]
             Tr_next = Tc[:, -1]
-        else:  # same values without a second scan: T after the last blended entry is the least T ≥ T_MIN
-            T_excl = torch.cat([Tr[:, None], Tseq[:, :-1]], 1)
-            w = torch.where(blended, a * T_excl, torch.zeros_like(a))
-            Tr_next = torch.minimum(Tr, torch.where(stop, torch.full_like(Tseq, float("inf")), Tseq).amin(1))
+        else:  # same values without a second scan: the stopped entries are a suffix, so T after the last
+            # blended entry is Tfull at the number of entries that did not stop
+            w = torch.where(blended, a * Tfull[:, :-1], torch.zeros_like(a))
+            n_go = (~stop).sum(1, keepdim=True)  # (na, 1, P)
+            Tr_next = Tfull.gather(1, n_go).squeeze(1)
         col = colors[g] * valid[..., None].to(dtype)
         rgb = rgb + torch.einsum("tbp,tbc->tpc", w, col)
         Tr = Tr_next
-        last = torch.maximum(last, (blended * (pos + 1)[None, :, None]).amax(1))
+        pos1 = (pos + 1).to(torch.int32)[None, :, None]
+        last = torch.maximum(last, torch.where(blended, pos1, torch.zeros_like(pos1)).amax(1))
         done = done | stop.any(1)
         s += block
         retire = done.all(1) | (L <= s)
@@ -114,7 +116,7 @@ def rasterize_tiles(means2D, conics, colors, opacities, gaussian_ids, tile_range
     order_parts.append(empty)
     rgb_parts.append(torch.zeros(empty.numel(), P, nchan, dtype=dtype, device=dev))
     T_parts.append(torch.ones(empty.numel(), P, dtype=dtype, device=dev))
-    n_parts.append(torch.zeros(empty.numel(), P, dtype=torch.int64, device=dev))
+    n_parts.append(torch.zeros(empty.numel(), P, dtype=torch.int32, device=dev))
     order = torch.cat(order_parts)
     inv = torch.empty_like(order)
     inv[order] = torch.arange(n_tiles, device=dev)
