@@ -111,7 +111,7 @@ def _frame_spec(meta: dict, frame: dict, img: Path | None, name: str, size) -> F
         elif size is not None:
             iw, ih = size
         else:
-            raise ValueError("image size unknown: no 'w'/'h' keys and no image file (give the size explicitly)")
+            raise ValueError("image size unknown: no 'w'/'h' keys and no image file (give the size explicitly, e.g. rigel-render --width W --height H)")
         w, h = (iw if w is None else w), (ih if h is None else h)
     w, h = int(round(float(w))), int(round(float(h)))
 
