@@ -340,12 +340,13 @@ def _ply_cameras(model, n=3, size=512):
     return cams
 
 
-@pytest.mark.parametrize("name", ["donut_mipsplatting_sh0.ply", "fruit_drops_minimal_sh3.ply"])
+@pytest.mark.parametrize("name", ["ply/donut_mipsplatting_sh0.ply", "ply/fruit_drops_minimal_sh3.ply",
+                                  "compressed/guitar.compressed.ply", "compressed/biker.spz"])
 def test_real_scene_psnr(shared_data, name):
     """Real trained scenes: CUDA vs the float64 reference (run on the GPU in float64: same code as on the CPU)."""
     from rigel_core.io import load_scene
 
-    path = shared_data / "ply" / name
+    path = shared_data / name
     if not path.exists():
         pytest.skip(f"{path} not present")
     model = load_scene(path, device=DEV)
