@@ -173,9 +173,11 @@ class GaussianModel:
             z = torch.zeros(3, dtype=self.dtype, device=self.device)
             return z, z.clone()
         if quantile > 0:
+            # torch.quantile refuses inputs over 2**24 elements: a regular stride of at most 1M rows is plenty
+            m = m[:: max(1, m.shape[0] // 1_000_000)]
             q = torch.tensor([quantile, 1 - quantile], dtype=m.dtype, device=m.device)
-            lohi = torch.quantile(m.float().cpu() if m.shape[0] > 1_000_000 else m, q.cpu() if m.shape[0] > 1_000_000 else q, dim=0)
-            return lohi[0].to(m), lohi[1].to(m)
+            lohi = torch.quantile(m, q, dim=0)
+            return lohi[0], lohi[1]
         return m.min(0).values, m.max(0).values
 
     def center(self) -> torch.Tensor:
