@@ -273,9 +273,6 @@ def main(argv=None) -> int:
             r = trainer.step()
             train_s += r.seconds - (r.eval.seconds if r.eval else 0.0)
             window.append(r)
-            if r.skipped:
-                log.info(f"[{r.iteration}] non-finite loss or gradient: update skipped "
-                         f"({r.nan_skips} so far)")
             if r.densify:
                 d = r.densify
                 metrics["densify"].append(d.to_dict())
@@ -284,6 +281,11 @@ def main(argv=None) -> int:
             if r.opacity_reset:
                 log.info(f"[{r.iteration}] opacity reset")
             if len(window) >= args.log_every or trainer.iteration == cfg.iterations:
+                # the step values are read here, once per window (reading them waits for the device)
+                for w in window:
+                    if w.skipped:
+                        log.info(f"[{w.iteration}] non-finite loss or gradient: update skipped "
+                                 f"({w.nan_skips} so far)")
                 fin = [w for w in window if not w.skipped]
                 mean = lambda xs: float(sum(xs) / len(xs)) if xs else math.nan
                 entry = {"iteration": r.iteration, "loss": mean([w.loss for w in fin]),

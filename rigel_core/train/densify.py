@@ -90,9 +90,14 @@ class DensifyStats:
         return self.grad_accum.shape[0]
 
     @torch.no_grad()
-    def update(self, grad_px: torch.Tensor | None, radii: torch.Tensor, width: int, height: int) -> None:
-        """Add one view: ``grad_px`` (N,2) pixel gradient of the means2D (None = all zero), ``radii`` (N,)."""
+    def update(self, grad_px: torch.Tensor | None, radii: torch.Tensor, width: int, height: int,
+               valid: torch.Tensor | bool = True) -> None:
+        """Add one view: ``grad_px`` (N,2) pixel gradient of the means2D (None = all zero), ``radii`` (N,).
+        ``valid``: a 0-d bool tensor (or bool); when False the view adds nothing (the trainer's NaN guard,
+        decided on the device without a host sync). ``grad_px`` must be finite where it is added."""
         visible = radii > 0
+        if not isinstance(valid, bool) or not valid:
+            visible = visible & valid
         if grad_px is not None:
             norm = ndc_grad_norm(grad_px.detach().float(), width, height)
             self.grad_accum += torch.where(visible, norm, torch.zeros_like(norm))

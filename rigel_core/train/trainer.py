@@ -8,7 +8,8 @@ The CLI (``rigel-train``) and the viewer's training thread drive the same object
 2. the next training view (a fresh random permutation of the training set each epoch), render, loss
    ``(1 − λ)·L1 + λ·(1 − SSIM)`` (:mod:`.losses`), backward;
 3. **NaN guard**: a non-finite loss, parameter gradient or means2D gradient skips the update (no Adam step,
-   no densification statistics), and is counted in ``nan_skips`` and reported in the :class:`StepResult`;
+   no densification statistics; decided on the device, no host sync), and is counted in ``nan_skips`` and
+   reported in the :class:`StepResult`;
 4. Adam step; then, before ``densify_until``, densification statistics, densify/prune every
    ``densify_interval`` after ``densify_from``, opacity reset every ``opacity_reset_interval`` (and at
    ``densify_from`` for white-background data, as 3DGS does) (:mod:`.densify`);
@@ -62,16 +63,14 @@ class EvalResult:
 @dataclass
 class StepResult:
     """What one :meth:`Trainer.step` did. ``loss``, ``l1``, ``ssim``, ``psnr`` are those of the training view
-    (``nan`` when not finite); ``skipped`` is True when the NaN guard dropped the update."""
+    (``nan`` when not finite); ``skipped`` is True when the NaN guard dropped the update; ``nan_skips`` counts
+    the skipped steps so far.
+
+    Those six values stay on the training device until first read (one small device→host copy then, cached), so
+    a caller that reads them every few iterations does not add a host sync to every step."""
 
     iteration: int
-    loss: float
-    l1: float
-    ssim: float
-    psnr: float
     num_gaussians: int
-    skipped: bool
-    nan_skips: int
     view: str
     sh_degree: int
     lr_position: float
@@ -79,6 +78,24 @@ class StepResult:
     densify: DensifyReport | None = None
     opacity_reset: bool = False
     eval: EvalResult | None = None
+    values: torch.Tensor | None = field(default=None, repr=False)  # (6,) loss, l1, ssim, mse, skipped, nan_skips
+    _host: tuple | None = field(default=None, init=False, repr=False)
+
+    def _get(self, i: int) -> float:
+        if self._host is None:
+            self._host = tuple(self.values.detach().double().tolist())
+        return self._host[i]
+
+    loss = property(lambda self: self._get(0))
+    l1 = property(lambda self: self._get(1))
+    ssim = property(lambda self: self._get(2))
+    skipped = property(lambda self: self._get(4) != 0.0)
+    nan_skips = property(lambda self: int(self._get(5)))
+
+    @property
+    def psnr(self) -> float:
+        m = self._get(3)
+        return psnr_from_mse(m) if math.isfinite(m) else math.nan
 
 
 def _train_cameras_sample(cameras: list[Camera], k: int) -> list[Camera]:
@@ -187,7 +204,7 @@ class Trainer:
         self.optimizer = make_optimizer(model, cfg, self.extent, appearance_groups(model, cfg))
         self.stats = DensifyStats(model.num_gaussians, self.device)
         self.iteration = 0
-        self.nan_skips = 0
+        self._nan_skips = torch.zeros((), dtype=torch.float64, device=self.device)
         self.eval_history: list[EvalResult] = []
         self.last_densify: DensifyReport | None = None
         self.lock = threading.Lock()
@@ -228,14 +245,26 @@ class Trainer:
         s = ssim(pred, gt)
         return (1.0 - lam) * l1 + lam * (1.0 - s), l1, s
 
-    def _all_finite(self, loss: torch.Tensor, g2d: torch.Tensor | None) -> bool:
-        """True when the loss, every parameter gradient and the means2D gradient are finite."""
-        checks = [torch.isfinite(loss.detach()).all()]
-        checks += [torch.isfinite(p.grad).all() for g in self.optimizer.param_groups for p in g["params"]
-                   if p.grad is not None]
+    def _all_finite(self, loss: torch.Tensor, g2d: torch.Tensor | None) -> torch.Tensor:
+        """0-d bool tensor on the device: the loss, every parameter gradient and the means2D gradient are finite.
+        (A norm is finite exactly when every element is, barring overflow of huge gradients, which counts as
+        non-finite too.) No host sync."""
+        grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         if g2d is not None:
-            checks.append(torch.isfinite(g2d).all())
-        return bool(torch.stack(checks).all())
+            grads.append(g2d)
+        total = loss.detach().float().reshape(())
+        if grads:
+            total = total + torch.stack([n.float() for n in torch._foreach_norm(grads)]).sum()
+        return torch.isfinite(total)
+
+    @property
+    def nan_skips(self) -> int:
+        """Steps the NaN guard skipped so far (reading it waits for the device)."""
+        return int(self._nan_skips.item())
+
+    @nan_skips.setter
+    def nan_skips(self, value: int) -> None:
+        self._nan_skips.fill_(float(value))
 
     def step(self) -> StepResult:
         """Run one training iteration (module docstring) and return its :class:`StepResult`."""
@@ -261,31 +290,33 @@ class Trainer:
         if loss.requires_grad:
             loss.backward()
             g2d = means2D_grad(out)
-        ok = self._all_finite(loss, g2d)  # one host sync
+        ok = self._all_finite(loss, g2d)  # stays on the device: no host sync in a step
         report, reset = None, False
-        if not ok:
-            self.nan_skips += 1
-        else:
-            with self.lock:
-                self.optimizer.step()
-                if it < cfg.densify_until:
-                    self.stats.update(g2d, out.radii, frame.camera.width, frame.camera.height)
-                    if it > cfg.densify_from and it % cfg.densify_interval == 0:
-                        report = densify_and_prune(model, self.optimizer, self.stats, cfg, self.extent, it,
-                                                   self.generator)
-                        self.last_densify = report
-                    if it % cfg.opacity_reset_interval == 0 or (self.white_bg and it == cfg.densify_from):
-                        reset_opacity(model, self.optimizer, cfg.opacity_reset_value)
-                        reset = True
+        self._nan_skips += (~ok).double()
+        with self.lock:
+            # fused Adam skips the whole update on the device when found_inf is set (the GradScaler protocol)
+            self.optimizer.found_inf = (~ok).float()
+            self.optimizer.step()
+            if it < cfg.densify_until:
+                if g2d is not None:
+                    g2d = torch.where(ok, g2d, 0.0)
+                self.stats.update(g2d, out.radii, frame.camera.width, frame.camera.height, valid=ok)
+                if it > cfg.densify_from and it % cfg.densify_interval == 0:
+                    report = densify_and_prune(model, self.optimizer, self.stats, cfg, self.extent, it,
+                                               self.generator)
+                    self.last_densify = report
+                if it % cfg.opacity_reset_interval == 0 or (self.white_bg and it == cfg.densify_from):
+                    reset_opacity(model, self.optimizer, cfg.opacity_reset_value)
+                    reset = True
         self.optimizer.zero_grad(set_to_none=True)
         self.iteration = it
 
         with torch.no_grad():
             m_t = ((out.image.detach() - gt) ** 2).mean()
-            lossv, l1v, sv, m = torch.stack([loss.detach(), l1.detach(), s.detach(), m_t]).double().tolist()
-        res = StepResult(it, lossv, l1v, sv, psnr_from_mse(m) if math.isfinite(m) else math.nan,
-                         model.num_gaussians, not ok, self.nan_skips, frame.name, model.active_sh_degree,
-                         lrs["means3D"], 0.0, report, reset)
+            values = torch.stack([loss.detach(), l1.detach(), s.detach(), m_t]).double()
+            values = torch.cat([values, (~ok).double().reshape(1), self._nan_skips.reshape(1)])
+        res = StepResult(it, model.num_gaussians, frame.name, model.active_sh_degree, lrs["means3D"], 0.0, report,
+                         reset, values=values)
         if cfg.eval_every and it % cfg.eval_every == 0 and self.test_frames:
             res.eval = self.evaluate()
         res.seconds = time.perf_counter() - t0
