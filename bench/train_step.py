@@ -5,15 +5,15 @@ starting from its own copy of the same pre-activation parameters (SH degree 3; a
 
 * **rigel**: ``render(model, camera)`` (rigel's autograd path: activations, SH, project, bin, rasterize), the
   trainer's loss ``Trainer.compute_loss`` ((1 − λ)·L1 + λ·(1 − SSIM), λ = 0.2), ``loss.backward()``, the trainer's
-  Adam (``rigel_core.train.optim.make_optimizer``: one group per parameter, 3DGS learning rates, eps 1e-15),
+  Adam (``rigel_core.train.optim.make_optimizer``: fused, one group per parameter, 3DGS rates, eps 1e-15),
   ``zero_grad``.
 * **gsplat**: the activations in PyTorch (exp scales, sigmoid opacities, SH concatenation; quaternions raw, which
   gsplat normalises in its kernel as rigel does in its own — the convention of gsplat's ``simple_trainer.py``),
   ``gsplat.rasterization(..., sh_degree=3)`` (packed, default settings; the call of ``bench/forward.py``), then
   the very same loss code, optimiser construction and step.
 * **Trainer.step**: the real ``rigel_core.train.Trainer.step()`` on a one-view dataset (learning-rate schedule,
-  NaN guard, densification statistics, the host read-back of the metrics), with densification, opacity resets
-  and evaluation pushed past the run: what an iteration of ``rigel-train`` costs outside densification.
+  the NaN guard on the device, densification statistics), with densification, opacity resets and evaluation
+  pushed past the run: what an iteration of ``rigel-train`` costs outside densification.
 
 Target image: the scene's first render shifted by 2 % of the image size (image content, non-zero gradients).
 Times: median of ``--iters`` (≥ 50) iterations after ``--warmup``, CUDA events at the stage boundaries (render |
@@ -120,7 +120,7 @@ def time_loop(loop: Loop, render, iters: int, warmup: int) -> dict:
 
 
 def time_trainer(trainer: Trainer, iters: int, warmup: int) -> float:
-    """Median wall ms of ``Trainer.step()`` (it reads its metrics back, so it ends synchronised)."""
+    """Median wall ms of ``Trainer.step()``, each step between two ``torch.cuda.synchronize()``."""
     for _ in range(warmup):
         trainer.step()
     walls = []
@@ -259,8 +259,8 @@ def markdown(rows, meta: str, iters: int) -> str:
              "learning rates) on both sides. ms/it: CUDA events around the iteration; wall: perf_counter to a "
              "synchronize. ratio = rigel / gsplat (target ≤ 0.5). fwd = render + loss, bwd = loss.backward() "
              "(target bwd/fwd ≤ 1.5); render = activations + SH + projection + binning + rasterization alone. "
-             "Trainer.step: the full `Trainer.step()` (NaN guard, densification statistics, metric read-back; "
-             "densification itself off), wall.", "",
+             "Trainer.step: the full `Trainer.step()` (NaN guard, densification statistics; densification itself "
+             "off), wall.", "",
              "| scene | N | resolution | rigel ms/it | rigel wall | gsplat ms/it | gsplat wall | ratio | ratio wall | "
              "rigel fwd | rigel bwd | bwd/fwd | render fwd | render bwd | render bwd/fwd | loss fwd+bwd | Adam | "
              "gsplat fwd | gsplat bwd | Trainer.step wall | PSNR vs gsplat |",
