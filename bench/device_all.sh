@@ -1,66 +1,150 @@
 #!/usr/bin/env bash
-# The lead's one-call GPU session: build, every GPU test, lego training, forward + appearance benchmarks.
-# On the GPU machine (device tool, carry .device and .data = a copy of ../shared/data):
-#   source .device/env.sh && bash bench/device_all.sh [--train-iters N] [--train-timeout S] [--no-tests] [--no-bench]
-# Logs and small results go to $OUT (at most 8 files come back); a short table is printed last.
+# The one-call GPU session: build once, then run named jobs in one or two lanes (one lane per GPU when the
+# machine has two; the lanes run one after the other on a one-GPU machine). Timings inside a lane are not
+# disturbed by the other lane (different GPUs); each job's log and results go to $OUT/logs.tgz, a short table
+# is printed last and written to $OUT/summary.txt.
+#
+# On the GPU machine (device tool; carry .device and .data = copies of ../shared/data, see PLATFORM.md):
+#   source .device/env.sh && bash bench/device_all.sh --lane0 "tests fwdbench" --lane1 "train:lego:1:sh:30000"
+# Jobs:
+#   tests                     every GPU test (bench/device_run.sh --all-gpu-tests), pytest summary in the table
+#   uitests                   the GPU tests of the Vulkan ring and the viewer only (needs the --ui packages)
+#   sanitizer                 compute-sanitizer memcheck of a small forward+backward scene
+#   fwdbench                  bench/forward.py, procedural 160k/1M/3M + real PLYs, 720p/1080p/4K, vs gsplat
+#   stepbench                 bench/train_step.py (rigel vs gsplat training iteration) and its --profile
+#   appbench                  bench/appearance.py (MLP kernel vs SH kernel)
+#   ringbench                 bench/ring_overhead.py (render + Vulkan ring + passes vs render alone; needs --ui)
+#   train:DATA:DS:APP:ITERS[:TIMEOUT]  rigel-train on $RIGEL_SHARED_DATA/DATA (or "orbit": the procedural orbit dataset,
+#                             generated here) at --downscale DS with --appearance APP for ITERS iterations
+#   viewer:DATA:DS:ITERS[:TIMEOUT]     rigel-viewer --offscreen training live on the same data (needs --ui)
+# Per-job time limits: TIMEOUT in the spec, else JOB_TIMEOUT (default 330 s; training gets SIGINT, which saves
+# the run and its last evaluation).
 set -uo pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"
-export RIGEL_SHARED_DATA=${RIGEL_SHARED_DATA:-$PWD/.data} PYTHONUNBUFFERED=1
+OUT=${OUT:-out}; mkdir -p "$OUT/logs"
+LOGS=$(cd "$OUT/logs" && pwd)
+export RIGEL_SHARED_DATA=${RIGEL_SHARED_DATA:-$PWD/.data} PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 PY=${PYTHON:-python3}
-iters=30000 ttimeout=300 tests=1 bench=1 downscale=1 lego=lego viewer_iters=0
+lane0="" lane1=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --train-iters) iters=$2; shift ;;
-    --train-timeout) ttimeout=$2; shift ;;
-    --downscale) downscale=$2; shift ;;
-    --lego) lego=$2; shift ;;
-    --viewer-iters) viewer_iters=$2; shift ;;
-    --no-tests) tests=0 ;;
-    --no-bench) bench=0 ;;
-    *) echo "unknown option $1" >&2; exit 2 ;;
+    --lane0) lane0=$2; shift ;;
+    --lane1) lane1=$2; shift ;;
+    *) echo "device_all.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
 done
 t_start=$(date +%s)
-summary=()
-# build + all GPU tests (no sanitizer, no forward bench here)
-if [ $tests = 1 ]; then
-  TEST_TIMEOUT=${TEST_TIMEOUT:-240} bash bench/device_run.sh --all-gpu-tests --no-sanitizer --no-bench
-  summary+=("gpu tests: $(grep -E '(passed|failed|error)' "$OUT/gpu_tests.log" | tail -1)")
+
+[ "${NO_BUILD:-0}" = 1 ] || $PY setup.py build_ext --inplace >"$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t_start ))s"
+ngpu=$($PY -c "import torch; print(torch.cuda.device_count())")
+$PY -c "import torch, rigel_core as rc; print(torch.cuda.get_device_name(), 'x', torch.cuda.device_count(), 'torch', torch.__version__, 'kernels:', rc.cuda_available())"
+
+orbit_dataset() {  # the procedural orbit dataset: 160k Gaussians, 100 random + 24 orbit views, 400x400
+  local d=/tmp/rigel_orbit
+  ( flock 9
+    [ -f "$d/transforms_test.json" ] || $PY -c "
+from rigel_core.data.procedural import make_dataset
+make_dataset('$d', 160_000, 400, 400, n_train=100, n_test=24, seed=0, progress=False)" >"$LOGS/orbit_dataset.log" 2>&1
+  ) 9>/tmp/rigel_orbit.lock
+  echo "$d"
+}
+
+data_dir() { if [ "$1" = orbit ]; then orbit_dataset; else echo "$RIGEL_SHARED_DATA/$1"; fi; }
+
+run_metrics() {  # one line from a run's metrics.json / summary.json
+  $PY - "$1" <<'PYEOF'
+import json, sys
+try:
+    m = json.load(open(sys.argv[1]))
+except Exception as e:
+    print(f"no metrics ({e.__class__.__name__})"); sys.exit()
+ev = (m.get("eval") or [{}])[-1]
+t = m.get("timings", {})
+mem = m.get("peak_gpu_memory_bytes")
+print(f"it {ev.get('iteration')} psnr {ev.get('psnr', float('nan')):.2f} ssim {ev.get('ssim', float('nan')):.4f} "
+      f"N {ev.get('num_gaussians')} train {t.get('train_s', float('nan')):.1f}s "
+      f"total {t.get('total_s', float('nan')):.1f}s peak {mem / 2**30 if mem else float('nan'):.2f} GiB")
+PYEOF
+}
+
+job() {  # job NAME -> one summary line on stdout; everything else into $LOGS
+  local spec=$1 t0; t0=$(date +%s)
+  local name=${spec//:/_}
+  IFS=: read -r kind a b c d e <<<"$spec"
+  local line
+  case "$kind" in
+    tests)
+      OUT=$LOGS TEST_TIMEOUT=${TEST_TIMEOUT:-300} bash bench/device_run.sh --no-build --all-gpu-tests --no-sanitizer \
+        --no-bench >"$LOGS/tests_run.log" 2>&1
+      line=$(grep -E '(passed|failed|error)' "$LOGS/gpu_tests.log" | tail -1) ;;
+    uitests)
+      timeout ${TEST_TIMEOUT:-300} $PY -m pytest -m gpu tests/test_vulkan.py tests/test_viewer.py tests/test_viewer_app.py \
+        -q -rs -p no:cacheprovider >"$LOGS/ui_tests.log" 2>&1
+      line=$(grep -E '(passed|failed|error)' "$LOGS/ui_tests.log" | tail -1) ;;
+    sanitizer)
+      OUT=$LOGS bash bench/device_run.sh --no-build --no-tests --no-bench >"$LOGS/sanitizer_run.log" 2>&1
+      line=$(grep -E 'ERROR SUMMARY' "$LOGS/sanitizer.log" | tail -1) ;;
+    fwdbench)
+      OUT=$LOGS timeout ${JOB_TIMEOUT:-330} $PY bench/forward.py --scenes 160k,1M,3M,donut,fruit \
+        --res 720p,1080p,4k --iters 50 >"$LOGS/forward.log" 2>&1
+      line="rc=$? (forward.md)" ;;
+    stepbench)
+      OUT=$LOGS timeout ${JOB_TIMEOUT:-330} $PY bench/train_step.py >"$LOGS/train_step.log" 2>&1
+      line="rc=$? (train_step.md)"
+      OUT=$LOGS timeout 120 $PY bench/train_step.py --profile --no-gsplat >"$LOGS/train_step_profile.log" 2>&1 ;;
+    appbench)
+      timeout ${JOB_TIMEOUT:-330} $PY bench/appearance.py --n 160000 1000000 --sizes 8x32 >"$LOGS/appearance.log" 2>&1
+      line="rc=$? (appearance.log)" ;;
+    ringbench)
+      OUT=$LOGS timeout ${JOB_TIMEOUT:-330} $PY bench/ring_overhead.py >"$LOGS/ring_overhead.log" 2>&1
+      line="rc=$? $(grep -E '^\|' "$LOGS/ring_overhead.log" | tail -1)" ;;
+    train)  # train:DATA:DS:APP:ITERS[:TIMEOUT]
+      local data run=/tmp/run_$name wb=""; data=$(data_dir "$a")
+      [ "$a" != orbit ] && wb="--white-bg"
+      rm -rf "$run"
+      timeout -s INT ${e:-${JOB_TIMEOUT:-330}} $PY -m rigel_core.cli.train --data "$data" --out "$run" $wb --iters "$d" \
+        --downscale "$b" --appearance "$c" --eval-every 7000 --checkpoint-every 0 --n-renders 2 --quiet \
+        >"$LOGS/$name.log" 2>&1
+      local rc=$?
+      cp "$run/metrics.json" "$LOGS/$name.metrics.json" 2>/dev/null
+      cp "$run/log.txt" "$LOGS/$name.log.txt" 2>/dev/null
+      mkdir -p "$LOGS/$name.renders"; cp $(ls "$run"/renders/*.png 2>/dev/null | tail -4) "$LOGS/$name.renders/" 2>/dev/null
+      line="rc=$rc $(run_metrics "$run/metrics.json")" ;;
+    viewer)  # viewer:DATA:DS:ITERS[:TIMEOUT]
+      local data run=/tmp/viewer_$name wb=""; data=$(data_dir "$a")
+      [ "$a" != orbit ] && wb="--white-bg"
+      [ "$b" != 1 ] && { line="viewer: downscale must be 1 (give a pre-scaled copy)"; echo "$spec | $line"; return; }
+      rm -rf "$run"
+      timeout -s INT ${d:-${JOB_TIMEOUT:-330}} $PY -m viewer.app --data "$data" $wb --offscreen --iters "$c" \
+        --eval-every 7000 --frames 4 --size 1280x720 --out "$run" >"$LOGS/$name.log" 2>&1
+      local rc=$?
+      mkdir -p "$LOGS/$name.out"; cp "$run"/*.json "$run"/*.png "$LOGS/$name.out/" 2>/dev/null
+      line="rc=$rc $($PY -c "
+import json,sys
+s=json.load(open('$run/summary.json'))
+print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','fps','ms_per_iter','seconds') if k in s})" 2>&1 | tail -1)" ;;
+    *) line="unknown job" ;;
+  esac
+  echo "$spec | $(( $(date +%s) - t0 ))s | $line"
+}
+
+lane() {  # lane GPU "jobs..." -> summary lines into $LOGS/lane$GPU.txt
+  local gpu=$1; shift
+  : >"$LOGS/lane$gpu.txt"
+  for j in $1; do CUDA_VISIBLE_DEVICES=$gpu job "$j" | tee -a "$LOGS/lane$gpu.txt"; done
+}
+
+if [ "$ngpu" -ge 2 ]; then
+  lane 0 "$lane0" & p0=$!
+  lane 1 "$lane1" & p1=$!
+  wait $p0 $p1
 else
-  $PY setup.py build_ext --inplace >"$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+  lane 0 "$lane0 $lane1"
 fi
-# lego, white background, 100 train views, the 25 test images present; SIGINT at the timeout saves the run
-if [ -d "$RIGEL_SHARED_DATA/$lego" ] && [ "$iters" != 0 ]; then
-  t0=$(date +%s)
-  rm -rf /tmp/lego_run
-  timeout -s INT "$ttimeout" $PY -m rigel_core.cli.train --data "$RIGEL_SHARED_DATA/$lego" --out /tmp/lego_run \
-    --white-bg --iters "$iters" --downscale "$downscale" --eval-every 7000 --checkpoint-every 0 --quiet \
-    >"$OUT/lego_train.log" 2>&1
-  rc=$?
-  cp /tmp/lego_run/metrics.json "$OUT/lego_metrics.json" 2>/dev/null
-  tail -c 20000 /tmp/lego_run/log.txt >"$OUT/lego_log.txt" 2>/dev/null
-  r=$(ls /tmp/lego_run/renders/*.png 2>/dev/null | tail -1); [ -n "$r" ] && cp "$r" "$OUT/lego_render.png"
-  tail -15 "$OUT/lego_train.log"
-  summary+=("lego train: rc=$rc, $(( $(date +%s) - t0 ))s wall (log lego_train.log)")
-fi
-# the viewer, offscreen, training live on the same data (CUDA frames into the Vulkan ring)
-if [ "$viewer_iters" != 0 ] && [ -d "$RIGEL_SHARED_DATA/$lego" ]; then
-  t0=$(date +%s)
-  rm -rf /tmp/viewer_run
-  timeout -s INT ${VIEWER_TIMEOUT:-240} $PY -m viewer.app --data "$RIGEL_SHARED_DATA/$lego" --white-bg --offscreen \
-    --iters "$viewer_iters" --eval-every "$viewer_iters" --frames 4 --size 1280x720 --out /tmp/viewer_run \
-    >"$OUT/viewer_train.log" 2>&1
-  rc=$?
-  cp /tmp/viewer_run/summary.json "$OUT/viewer_summary.json" 2>/dev/null
-  f=$(ls /tmp/viewer_run/*.png 2>/dev/null | tail -1); [ -n "$f" ] && cp "$f" "$OUT/viewer_frame.png"
-  tail -8 "$OUT/viewer_train.log"
-  summary+=("viewer offscreen training: rc=$rc, $(( $(date +%s) - t0 ))s; $(head -c 600 "$OUT/viewer_summary.json" 2>/dev/null)")
-fi
-if [ $bench = 1 ]; then
-  timeout ${BENCH_TIMEOUT:-200} $PY bench/forward.py --scenes 160k,1M,3M,donut,fruit --res 1080p,4k --iters 50 \
-    2>&1 | tee "$OUT/bench.log" | tail -25
-  timeout ${APP_TIMEOUT:-60} $PY bench/appearance.py --n 160000 1000000 --sizes 8x32 2>&1 | tee -a "$OUT/bench.log" | tail -12
-fi
-echo "== device_all ($(( $(date +%s) - t_start ))s) =="
-printf '%s\n' "${summary[@]}"
+cat "$LOGS"/lane*.txt >"$OUT/summary.txt"
+for f in forward.md train_step.md ring_overhead.md; do [ -f "$LOGS/$f" ] && cat "$LOGS/$f" >>"$OUT/summary.txt"; done
+tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
+echo "== device_all: $ngpu GPU(s), $(( $(date +%s) - t_start ))s =="
+cat "$OUT/summary.txt"
