@@ -85,22 +85,71 @@ int64_t tile_count(int64_t width, int64_t height) {
     return ((width + RIGEL_TILE_SIZE - 1) / RIGEL_TILE_SIZE) * ((height + RIGEL_TILE_SIZE - 1) / RIGEL_TILE_SIZE);
 }
 
+// The device of an op's inputs and their Gaussian count N, as the shared checks below found them.
+struct CheckedInputs {
+    at::Device device;
+    int64_t n;
+};
+
+// The inputs project_gaussians and its backward share, in the order both check them: means3D, quats, scales,
+// opacities (the forward's only: nullptr skips it), viewmat, K, then the image size.
+CheckedInputs check_projection_inputs(const char* op, const at::Tensor& means3D, const at::Tensor& quats,
+                                      const at::Tensor& scales, const at::Tensor* opacities, const at::Tensor& viewmat,
+                                      const at::Tensor& K, int64_t width, int64_t height) {
+    const at::Device dev = cuda_device(op, "means3D", means3D);
+    const int64_t n = num_gaussians(op, means3D);
+    check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "quats", quats, at::kFloat, dev, {n, 4}, "(N, 4)");
+    check(op, "scales", scales, at::kFloat, dev, {n, 3}, "(N, 3)");
+    if (opacities != nullptr) check(op, "opacities", *opacities, at::kFloat, dev, {n}, "(N,)");
+    check(op, "viewmat", viewmat, at::kFloat, dev, {4, 4}, "(4, 4)");
+    check(op, "K", K, at::kFloat, dev, {3, 3}, "(3, 3)");
+    check_image_size(op, width, height);
+    return {dev, n};
+}
+
+// The inputs sh_colors and its backward share: the degree, means3D, sh_coeffs (enough bases for the degree),
+// campos.
+CheckedInputs check_sh_inputs(const char* op, int64_t degree, const at::Tensor& sh_coeffs, const at::Tensor& means3D,
+                              const at::Tensor& campos) {
+    if (!(degree >= 0 && degree <= 3))
+        TORCH_CHECK_VALUE(false, prefix(op) + "SH degree must be in 0..3, got " + std::to_string(degree));
+    const at::Device dev = cuda_device(op, "means3D", means3D);
+    const int64_t n = num_gaussians(op, means3D);
+    check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "sh_coeffs", sh_coeffs, at::kFloat, dev, {n, -1, 3}, "(N, K, 3)");
+    check_sh_degree(op, degree, sh_coeffs);
+    check(op, "campos", campos, at::kFloat, dev, {3}, "(3,)");
+    return {dev, n};
+}
+
+// The inputs rasterize_tiles and its backward share: the image size, the per-Gaussian tensors, the entry list,
+// the tile ranges and the optional background.
+CheckedInputs check_raster_inputs(const char* op, const at::Tensor& means2D, const at::Tensor& conics,
+                                  const at::Tensor& colors, const at::Tensor& opacities,
+                                  const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges, int64_t width,
+                                  int64_t height, const c10::optional<at::Tensor>& background) {
+    const at::Device dev = cuda_device(op, "means2D", means2D);
+    const int64_t n = num_gaussians(op, means2D);
+    check_image_size(op, width, height);
+    check(op, "means2D", means2D, at::kFloat, dev, {n, 2}, "(N, 2)");
+    check(op, "conics", conics, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "colors", colors, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "opacities", opacities, at::kFloat, dev, {n}, "(N,)");
+    check(op, "gaussian_ids", gaussian_ids, at::kInt, dev, {-1}, "(E,)");
+    check(op, "tile_ranges", tile_ranges, at::kInt, dev, {tile_count(width, height), 2}, "(n_tiles, 2)");
+    check_background(op, background, dev);
+    return {dev, n};
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> project_gaussians(
     const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales, const at::Tensor& opacities,
     const at::Tensor& viewmat, const at::Tensor& K, int64_t width, int64_t height, double near_plane,
     double far_plane) {
-    const char* op = "project_gaussians";
-    const at::Device dev = cuda_device(op, "means3D", means3D);
-    const int64_t n = num_gaussians(op, means3D);
-    check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
-    check(op, "quats", quats, at::kFloat, dev, {n, 4}, "(N, 4)");
-    check(op, "scales", scales, at::kFloat, dev, {n, 3}, "(N, 3)");
-    check(op, "opacities", opacities, at::kFloat, dev, {n}, "(N,)");
-    check(op, "viewmat", viewmat, at::kFloat, dev, {4, 4}, "(4, 4)");
-    check(op, "K", K, at::kFloat, dev, {3, 3}, "(3, 3)");
-    check_image_size(op, width, height);
+    const auto [dev, n] =
+        check_projection_inputs("project_gaussians", means3D, quats, scales, &opacities, viewmat, K, width, height);
     const c10::cuda::CUDAGuard guard(dev);
     const auto f32 = means3D.options();
     at::Tensor means2D = at::empty({n, 2}, f32), conics = at::empty({n, 3}, f32), depths = at::empty({n}, f32);
@@ -111,15 +160,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> project_gaussians(
 }
 
 at::Tensor sh_colors(int64_t degree, const at::Tensor& sh_coeffs, const at::Tensor& means3D, const at::Tensor& campos) {
-    const char* op = "sh_colors";
-    if (!(degree >= 0 && degree <= 3))
-        TORCH_CHECK_VALUE(false, prefix(op) + "SH degree must be in 0..3, got " + std::to_string(degree));
-    const at::Device dev = cuda_device(op, "means3D", means3D);
-    const int64_t n = num_gaussians(op, means3D);
-    check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
-    check(op, "sh_coeffs", sh_coeffs, at::kFloat, dev, {n, -1, 3}, "(N, K, 3)");
-    check_sh_degree(op, degree, sh_coeffs);
-    check(op, "campos", campos, at::kFloat, dev, {3}, "(3,)");
+    const auto [dev, n] = check_sh_inputs("sh_colors", degree, sh_coeffs, means3D, campos);
     const c10::cuda::CUDAGuard guard(dev);
     at::Tensor colors = at::empty({n, 3}, means3D.options());
     launch_sh_fwd(static_cast<int>(degree), sh_coeffs, means3D, campos, colors);
@@ -164,16 +205,8 @@ void rasterize_tiles(const at::Tensor& means2D, const at::Tensor& conics, const 
                      int64_t width, int64_t height, const c10::optional<at::Tensor>& background, at::Tensor image,
                      at::Tensor final_T, at::Tensor n_contrib) {
     const char* op = "rasterize_tiles";
-    const at::Device dev = cuda_device(op, "means2D", means2D);
-    const int64_t n = num_gaussians(op, means2D);
-    check_image_size(op, width, height);
-    check(op, "means2D", means2D, at::kFloat, dev, {n, 2}, "(N, 2)");
-    check(op, "conics", conics, at::kFloat, dev, {n, 3}, "(N, 3)");
-    check(op, "colors", colors, at::kFloat, dev, {n, 3}, "(N, 3)");
-    check(op, "opacities", opacities, at::kFloat, dev, {n}, "(N,)");
-    check(op, "gaussian_ids", gaussian_ids, at::kInt, dev, {-1}, "(E,)");
-    check(op, "tile_ranges", tile_ranges, at::kInt, dev, {tile_count(width, height), 2}, "(n_tiles, 2)");
-    check_background(op, background, dev);
+    const auto [dev, n] = check_raster_inputs(op, means2D, conics, colors, opacities, gaussian_ids, tile_ranges, width,
+                                              height, background);
     check(op, "image", image, at::kFloat, dev, {height, width, 3}, "(H, W, 3)");
     check(op, "final_T", final_T, at::kFloat, dev, {height, width}, "(H, W)");
     check(op, "n_contrib", n_contrib, at::kInt, dev, {height, width}, "(H, W)");
@@ -187,14 +220,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> project_gaussians_backward(
     const at::Tensor& K, int64_t width, int64_t height, const at::Tensor& radii, const at::Tensor& v_means2D,
     const at::Tensor& v_conics, const at::Tensor& v_depths) {
     const char* op = "project_gaussians_backward";
-    const at::Device dev = cuda_device(op, "means3D", means3D);
-    const int64_t n = num_gaussians(op, means3D);
-    check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
-    check(op, "quats", quats, at::kFloat, dev, {n, 4}, "(N, 4)");
-    check(op, "scales", scales, at::kFloat, dev, {n, 3}, "(N, 3)");
-    check(op, "viewmat", viewmat, at::kFloat, dev, {4, 4}, "(4, 4)");
-    check(op, "K", K, at::kFloat, dev, {3, 3}, "(3, 3)");
-    check_image_size(op, width, height);
+    const auto [dev, n] = check_projection_inputs(op, means3D, quats, scales, nullptr, viewmat, K, width, height);
     check(op, "radii", radii, at::kInt, dev, {n}, "(N,)");
     check(op, "v_means2D", v_means2D, at::kFloat, dev, {n, 2}, "(N, 2)");
     check(op, "v_conics", v_conics, at::kFloat, dev, {n, 3}, "(N, 3)");
@@ -211,14 +237,7 @@ std::tuple<at::Tensor, at::Tensor> sh_colors_backward(int64_t degree, const at::
                                                       const at::Tensor& means3D, const at::Tensor& campos,
                                                       const at::Tensor& v_colors) {
     const char* op = "sh_colors_backward";
-    if (!(degree >= 0 && degree <= 3))
-        TORCH_CHECK_VALUE(false, prefix(op) + "SH degree must be in 0..3, got " + std::to_string(degree));
-    const at::Device dev = cuda_device(op, "means3D", means3D);
-    const int64_t n = num_gaussians(op, means3D);
-    check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
-    check(op, "sh_coeffs", sh_coeffs, at::kFloat, dev, {n, -1, 3}, "(N, K, 3)");
-    check_sh_degree(op, degree, sh_coeffs);
-    check(op, "campos", campos, at::kFloat, dev, {3}, "(3,)");
+    const auto [dev, n] = check_sh_inputs(op, degree, sh_coeffs, means3D, campos);
     check(op, "v_colors", v_colors, at::kFloat, dev, {n, 3}, "(N, 3)");
     const c10::cuda::CUDAGuard guard(dev);
     at::Tensor v_sh_coeffs = at::empty_like(sh_coeffs), v_means3D = at::empty({n, 3}, means3D.options());
@@ -232,16 +251,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
     const c10::optional<at::Tensor>& background, const at::Tensor& final_T, const at::Tensor& n_contrib,
     const at::Tensor& v_image, const at::Tensor& v_final_T) {
     const char* op = "rasterize_tiles_backward";
-    const at::Device dev = cuda_device(op, "means2D", means2D);
-    const int64_t n = num_gaussians(op, means2D);
-    check_image_size(op, width, height);
-    check(op, "means2D", means2D, at::kFloat, dev, {n, 2}, "(N, 2)");
-    check(op, "conics", conics, at::kFloat, dev, {n, 3}, "(N, 3)");
-    check(op, "colors", colors, at::kFloat, dev, {n, 3}, "(N, 3)");
-    check(op, "opacities", opacities, at::kFloat, dev, {n}, "(N,)");
-    check(op, "gaussian_ids", gaussian_ids, at::kInt, dev, {-1}, "(E,)");
-    check(op, "tile_ranges", tile_ranges, at::kInt, dev, {tile_count(width, height), 2}, "(n_tiles, 2)");
-    check_background(op, background, dev);
+    const auto [dev, n] = check_raster_inputs(op, means2D, conics, colors, opacities, gaussian_ids, tile_ranges, width,
+                                              height, background);
     check(op, "final_T", final_T, at::kFloat, dev, {height, width}, "(H, W)");
     check(op, "n_contrib", n_contrib, at::kInt, dev, {height, width}, "(H, W)");
     check(op, "v_image", v_image, at::kFloat, dev, {height, width, 3}, "(H, W, 3)");
