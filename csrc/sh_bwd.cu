@@ -23,22 +23,16 @@ __global__ void __launch_bounds__(kBlock1D) sh_bwd_kernel(
     const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (g >= n) return;
     constexpr int kBases = num_sh_bases(DEGREE);
-    float len;
-    const float3 d = view_direction(means3D + 3 * g, campos, len);
-    float Y[kBases];
-    sh_basis<DEGREE>(d.x, d.y, d.z, Y);
+    // recompute the forward (the raw colour says where the clamp is active)
+    const ShEval<DEGREE> e = sh_eval<DEGREE>(g, coeffs_per_gaussian, sh_coeffs, means3D, campos);
+    const float3 d = e.d;
+    const float len = e.len;
+    const float* Y = e.Y;
     const float* c = sh_coeffs + g * coeffs_per_gaussian * 3;
     float* vc = v_sh_coeffs + g * coeffs_per_gaussian * 3;
-
-    // recompute the raw colour to know where the clamp is active
-    float raw[3] = {0.f, 0.f, 0.f};
-#pragma unroll
-    for (int k = 0; k < kBases; ++k)
-#pragma unroll
-        for (int ch = 0; ch < 3; ++ch) raw[ch] += Y[k] * c[3 * k + ch];
     float v_raw[3];
 #pragma unroll
-    for (int ch = 0; ch < 3; ++ch) v_raw[ch] = raw[ch] + 0.5f >= 0.f ? v_colors[3 * g + ch] : 0.f;
+    for (int ch = 0; ch < 3; ++ch) v_raw[ch] = e.raw[ch] + 0.5f >= 0.f ? v_colors[3 * g + ch] : 0.f;
 
     float w[kBases];  // d loss / d Y_k
 #pragma unroll

@@ -108,4 +108,35 @@ __device__ inline float3 view_direction(const float* __restrict__ mean, const fl
     return make_float3(dx * inv, dy * inv, dz * inv);
 }
 
+// What the forward and the backward both evaluate for Gaussian g: the view direction d and its length, the
+// bases Y at d, and the colour before the +0.5 offset and the clamp, raw[ch] = sum_k Y_k c_k[ch] (k ascending).
+template <int DEGREE>
+struct ShEval {
+    float3 d;
+    float len;
+    float Y[num_sh_bases(DEGREE)];
+    float raw[3];
+};
+
+template <int DEGREE>
+__device__ __forceinline__ ShEval<DEGREE> sh_eval(int64_t g, int coeffs_per_gaussian,
+                                                  const float* __restrict__ sh_coeffs,  // [N, K, 3]
+                                                  const float* __restrict__ means3D,    // [N, 3]
+                                                  const float* __restrict__ campos)     // [3]
+{
+    constexpr int kBases = num_sh_bases(DEGREE);
+    ShEval<DEGREE> e;
+    e.d = view_direction(means3D + 3 * g, campos, e.len);
+    sh_basis<DEGREE>(e.d.x, e.d.y, e.d.z, e.Y);
+    const float* c = sh_coeffs + g * coeffs_per_gaussian * 3;
+    e.raw[0] = 0.f;
+    e.raw[1] = 0.f;
+    e.raw[2] = 0.f;
+#pragma unroll
+    for (int k = 0; k < kBases; ++k)
+#pragma unroll
+        for (int ch = 0; ch < 3; ++ch) e.raw[ch] += e.Y[k] * c[3 * k + ch];
+    return e;
+}
+
 }  // namespace rigel

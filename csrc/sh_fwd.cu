@@ -19,22 +19,10 @@ __global__ void __launch_bounds__(kBlock1D) sh_fwd_kernel(
 {
     const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (g >= n) return;
-    constexpr int kBases = num_sh_bases(DEGREE);
-    float len;
-    const float3 d = view_direction(means3D + 3 * g, campos, len);
-    float Y[kBases];
-    sh_basis<DEGREE>(d.x, d.y, d.z, Y);
-    const float* c = sh_coeffs + g * coeffs_per_gaussian * 3;
-    float r = 0.f, gr = 0.f, b = 0.f;
-#pragma unroll
-    for (int k = 0; k < kBases; ++k) {
-        r += Y[k] * c[3 * k + 0];
-        gr += Y[k] * c[3 * k + 1];
-        b += Y[k] * c[3 * k + 2];
-    }
-    colors[3 * g + 0] = fmaxf(r + 0.5f, 0.f);
-    colors[3 * g + 1] = fmaxf(gr + 0.5f, 0.f);
-    colors[3 * g + 2] = fmaxf(b + 0.5f, 0.f);
+    const ShEval<DEGREE> e = sh_eval<DEGREE>(g, coeffs_per_gaussian, sh_coeffs, means3D, campos);
+    colors[3 * g + 0] = fmaxf(e.raw[0] + 0.5f, 0.f);
+    colors[3 * g + 1] = fmaxf(e.raw[1] + 0.5f, 0.f);
+    colors[3 * g + 2] = fmaxf(e.raw[2] + 0.5f, 0.f);
 }
 
 }  // namespace
