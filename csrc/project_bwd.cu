@@ -43,19 +43,14 @@ __global__ void __launch_bounds__(kBlock1D) project_bwd_kernel(
 
     // ---- recompute the forward ----
     double p[3];
-#pragma unroll
-    for (int i = 0; i < 3; ++i) p[i] = cam.R[i][0] * m[0] + cam.R[i][1] * m[1] + cam.R[i][2] * m[2] + cam.t[i];
+    world_to_camera(cam, m, p);
     const double x = p[0], y = p[1], z = p[2];
     const double qn = sqrt(q_raw[0] * q_raw[0] + q_raw[1] * q_raw[1] + q_raw[2] * q_raw[2] + q_raw[3] * q_raw[3]);
     const double qw = q_raw[0] / qn, qx = q_raw[1] / qn, qy = q_raw[2] / qn, qz = q_raw[3] / qn;
-    double Rq[3][3], Sigma[3][3], Sc[3][3];
-    quat_to_rotmat(qw, qx, qy, qz, Rq);
-    covariance_3d(Rq, s, Sigma);
-    covariance_camera(cam.R, Sigma, Sc);
-    const Jacobian J = ewa_jacobian(cam, x, y, z);
+    double Rq[3][3], Sc[3][3];
+    Jacobian J;
     double a, b, c;
-    covariance_2d(J, Sc, a, b, c);
-    const double det = a * c - b * b;
+    const double det = screen_covariance(cam, qw, qx, qy, qz, s, x, y, z, Rq, Sc, J, a, b, c);
     const double inv_det2 = 1.0 / (det * det);
 
     // ---- conic (A, B, C) = (c, -b, a) / det  ->  (a, b, c) ----

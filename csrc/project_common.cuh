@@ -121,6 +121,28 @@ __device__ inline void covariance_2d(const Jacobian& J, const double Sc[3][3], d
     c = t11 * J.j11 + t12 * J.j12 + kLowpass;
 }
 
+// Camera-space point p = R m + t.
+__device__ __forceinline__ void world_to_camera(const CameraD& cam, const double m[3], double p[3]) {
+#pragma unroll
+    for (int i = 0; i < 3; ++i) p[i] = cam.R[i][0] * m[0] + cam.R[i][1] * m[1] + cam.R[i][2] * m[2] + cam.t[i];
+}
+
+// The forward chain from the unit quaternion (qw, qx, qy, qz), the scales and the camera point p = (x, y, z) to
+// the screen covariance, as both the forward and the backward (which recomputes it) evaluate it:
+// Rq = Rq(q), Sigma = Rq diag(s)^2 Rq^T, Sc = R Sigma R^T, J = J(p), (a, b, c) = J Sc J^T + LOWPASS I.
+// Returns det = ac - b^2; Rq, Sc and J are written out for the backward.
+__device__ __forceinline__ double screen_covariance(const CameraD& cam, double qw, double qx, double qy, double qz,
+                                                   const double s[3], double x, double y, double z, double Rq[3][3],
+                                                   double Sc[3][3], Jacobian& J, double& a, double& b, double& c) {
+    double Sigma[3][3];
+    quat_to_rotmat(qw, qx, qy, qz, Rq);
+    covariance_3d(Rq, s, Sigma);
+    covariance_camera(cam.R, Sigma, Sc);
+    J = ewa_jacobian(cam, x, y, z);
+    covariance_2d(J, Sc, a, b, c);
+    return a * c - b * b;
+}
+
 // Tile rectangle [x0, x1) x [y0, y1) of a splat at (u, v) with pixel radius r, clamped to the tile grid in
 // floating point BEFORE the integer conversion (NaN -> 0, +-inf -> the grid's ends), so no value can
 // become an out-of-range tile index. Scalar is double in projection, float in binning (as the reference).

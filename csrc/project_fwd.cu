@@ -51,21 +51,17 @@ __global__ void __launch_bounds__(kBlock1D) project_fwd_kernel(
     const CameraD cam = load_camera(viewmat, K, width, height);
     const double m[3] = {mf[0], mf[1], mf[2]};
     double p[3];
-#pragma unroll
-    for (int i = 0; i < 3; ++i) p[i] = cam.R[i][0] * m[0] + cam.R[i][1] * m[1] + cam.R[i][2] * m[2] + cam.t[i];
+    world_to_camera(cam, m, p);
     const double x = p[0], y = p[1], z = p[2];
     if (!(z > near_plane && z < far_plane)) return cull();
 
     const double inv_qn = 1.0 / sqrt(qn2);
-    double Rq[3][3], Sigma[3][3], Sc[3][3];
-    quat_to_rotmat(qw * inv_qn, qx * inv_qn, qy * inv_qn, qz * inv_qn, Rq);
     const double s[3] = {sf[0], sf[1], sf[2]};
-    covariance_3d(Rq, s, Sigma);
-    covariance_camera(cam.R, Sigma, Sc);
-    const Jacobian J = ewa_jacobian(cam, x, y, z);
+    double Rq[3][3], Sc[3][3];
+    Jacobian J;
     double a, b, c;
-    covariance_2d(J, Sc, a, b, c);
-    const double det = a * c - b * b;
+    const double det =
+        screen_covariance(cam, qw * inv_qn, qx * inv_qn, qy * inv_qn, qz * inv_qn, s, x, y, z, Rq, Sc, J, a, b, c);
     if (!(isfinite(det) && det > 0.0)) return cull();  // degenerate
 
     const double u = cam.fx * x / z + cam.cx;
