@@ -76,6 +76,32 @@ __device__ inline bool touches(const Footprint& f, int tx, int ty, int width, in
     return best <= f.thresh;
 }
 
+// The warp-per-Gaussian kernels' walk over the large list: the grid's warps stride over the first *large_count
+// ids (warp-uniform, so the kernels may use warp collectives), and the tiles of each one's rectangle are walked
+// in row-major order, tile k at (x0 + k % width, y0 + k / width).
+struct LargeWalk {
+    int lane;     // of the calling thread in its warp
+    int first;    // this warp's first index into the list
+    int stride;   // warps in the grid
+    int n_large;  // length of the list
+};
+
+__device__ __forceinline__ LargeWalk large_walk(const int32_t* __restrict__ large_count) {
+    LargeWalk w;
+    w.lane = threadIdx.x & 31;
+    w.first = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    w.stride = (gridDim.x * blockDim.x) >> 5;
+    w.n_large = *large_count;
+    return w;
+}
+
+// Tile k of the rectangle in that row-major order (a tile of it for 0 <= k < rect.area(); rect not empty).
+__device__ __forceinline__ void rect_tile(const TileRect& rect, int k, int& tx, int& ty) {
+    const int width = rect.x1 - rect.x0;
+    tx = rect.x0 + k % width;
+    ty = rect.y0 + k / width;
+}
+
 // Thread per Gaussian: counts the small ones, lists the large ones for count_large_kernel.
 __global__ void __launch_bounds__(kBlock1D) count_tiles_kernel(
     int64_t n, int width, int height, int tiles_x, int tiles_y,
@@ -117,16 +143,18 @@ __global__ void __launch_bounds__(kBlock1D) count_large_kernel(
     int64_t* __restrict__ counts,            // [N] out
     int32_t* __restrict__ tiles_touched)     // [N] out
 {
-    const int lane = threadIdx.x & 31;
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int n_warps = (gridDim.x * blockDim.x) >> 5;
-    const int n_large = *large_count;
-    for (int i = warp; i < n_large; i += n_warps) {
+    const LargeWalk walk = large_walk(large_count);
+    const int lane = walk.lane;
+    for (int i = walk.first; i < walk.n_large; i += walk.stride) {
         const int32_t g = large_ids[i];
         const Footprint f = load_footprint(g, means2D, conics, opacities, radii[g], tiles_x, tiles_y);
-        const int w = f.rect.x1 - f.rect.x0, area = f.rect.area();
+        const int area = f.rect.area();
         unsigned int count = 0;
-        for (int k = lane; k < area; k += 32) count += touches(f, f.rect.x0 + k % w, f.rect.y0 + k / w, width, height);
+        for (int k = lane; k < area; k += 32) {
+            int tx, ty;
+            rect_tile(f.rect, k, tx, ty);
+            count += touches(f, tx, ty, width, height);
+        }
         count = __reduce_add_sync(0xffffffffu, count);
         if (lane == 0) {
             counts[g] = count;
@@ -185,20 +213,19 @@ __global__ void __launch_bounds__(kBlock1D) emit_large_kernel(
     uint64_t* __restrict__ keys,              // [E] out
     int32_t* __restrict__ gaussian_ids)       // [E] out
 {
-    const int lane = threadIdx.x & 31;
+    const LargeWalk walk = large_walk(large_count);
+    const int lane = walk.lane;
     const unsigned int lanes_below = (1u << lane) - 1u;
-    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int n_warps = (gridDim.x * blockDim.x) >> 5;
-    const int n_large = *large_count;
-    for (int i = warp; i < n_large; i += n_warps) {
+    for (int i = walk.first; i < walk.n_large; i += walk.stride) {
         const int32_t g = large_ids[i];
         const Footprint f = load_footprint(g, means2D, conics, opacities, radii[g], tiles_x, tiles_y);
         const uint64_t depth_bits = __float_as_uint(depths[g]);
-        const int w = f.rect.x1 - f.rect.x0, area = f.rect.area();
+        const int area = f.rect.area();
         int64_t out = g == 0 ? 0 : offsets[g - 1];
         for (int base = 0; base < area; base += 32) {
             const int k = base + lane;
-            const int tx = f.rect.x0 + k % w, ty = f.rect.y0 + k / w;
+            int tx, ty;
+            rect_tile(f.rect, k, tx, ty);
             const bool hit = k < area && touches(f, tx, ty, width, height);
             const unsigned int mask = __ballot_sync(0xffffffffu, hit);
             if (hit) write_entry(keys, gaussian_ids, out + __popc(mask & lanes_below), tx, ty, tiles_x, depth_bits, g);
