@@ -30,9 +30,12 @@ inline int input_bucket(int in_dim) { return in_dim <= 12 ? 12 : (in_dim <= 28 ?
 //   w1  [H][IN_PAD]  row j = (W1[j, L], W1[j, L+1], W1[j, L+2], W1[j, 0 .. L-1], 0 ...)
 //   hid [H][4]       (W2[0, j], W2[1, j], W2[2, j], b1[j])
 // The backward adds gradient sums in the same layout (v_w1, v_hid) and v_b2 [4].
+// Stages w1 at s_w1, the block's dynamic shared memory, and hid right after it; returns hid (the caller syncs
+// before reading either).
 template <int IN_PAD>
-__device__ void stage_weights(int L, int H, const float* __restrict__ W1, const float* __restrict__ b1,
-                              const float* __restrict__ W2, float* s_w1, float* s_hid) {
+__device__ __forceinline__ float* stage_weights(float* s_w1, int L, int H, const float* __restrict__ W1,
+                                                const float* __restrict__ b1, const float* __restrict__ W2) {
+    float* s_hid = s_w1 + H * IN_PAD;
     const int in_dim = L + 3;
     for (int t = threadIdx.x; t < H * IN_PAD; t += blockDim.x) {
         const int j = t / IN_PAD, c = t % IN_PAD;
@@ -45,6 +48,7 @@ __device__ void stage_weights(int L, int H, const float* __restrict__ W1, const 
         const int j = t / 4, k = t % 4;
         s_hid[t] = k < 3 ? W2[k * H + j] : b1[j];
     }
+    return s_hid;
 }
 
 // x = [d, latent, 0...] of Gaussian g (all zero when !valid); len = |mean - campos| for the backward.
@@ -102,9 +106,8 @@ __global__ void __launch_bounds__(kAppearanceBlock) appearance_fwd_kernel(
     float* __restrict__ colors)         // [N, 3] out
 {
     extern __shared__ float4 smem_fwd[];
-    float* s_w1 = reinterpret_cast<float*>(smem_fwd);  // [H][IN_PAD]
-    float* s_hid = s_w1 + H * IN_PAD;                   // [H][4]
-    stage_weights<IN_PAD>(L, H, W1, b1, W2, s_w1, s_hid);
+    float* s_w1 = reinterpret_cast<float*>(smem_fwd);                 // [H][IN_PAD]
+    float* s_hid = stage_weights<IN_PAD>(s_w1, L, H, W1, b1, W2);  // [H][4]
     const float c0 = __ldg(b2 + 0), c1 = __ldg(b2 + 1), c2 = __ldg(b2 + 2);
     __syncthreads();
     const float4* hid4 = reinterpret_cast<const float4*>(s_hid);
@@ -223,11 +226,10 @@ __global__ void __launch_bounds__(kAppearanceBlock) appearance_bwd_kernel(
 {
     extern __shared__ float4 smem_bwd[];
     float* s_w1 = reinterpret_cast<float*>(smem_bwd);  // [H][IN_PAD]
-    float* s_hid = s_w1 + H * IN_PAD;                   // [H][4]
-    float* s_vw1 = s_hid + 4 * H;                       // [H][IN_PAD] gradient sums
+    float* s_vw1 = s_w1 + H * IN_PAD + 4 * H;           // [H][IN_PAD] gradient sums, after w1 and hid
     float* s_vhid = s_vw1 + H * IN_PAD;                 // [H][4]
     float* s_vb2 = s_vhid + 4 * H;                      // [4]
-    stage_weights<IN_PAD>(L, H, W1, b1, W2, s_w1, s_hid);
+    float* s_hid = stage_weights<IN_PAD>(s_w1, L, H, W1, b1, W2);  // [H][4]
     for (int t = threadIdx.x; t < H * (IN_PAD + 4) + 4; t += blockDim.x) s_vw1[t] = 0.f;
     __syncthreads();
     const float4* hid4 = reinterpret_cast<const float4*>(s_hid);
