@@ -136,12 +136,21 @@ lane() {  # lane GPU "jobs..." -> summary lines into $LOGS/lane$GPU.txt
   for j in $1; do CUDA_VISIBLE_DEVICES=$gpu job "$j" | tee -a "$LOGS/lane$gpu.txt"; done
 }
 
+# DEADLINE (seconds from the start, default 0 = none): the lanes get SIGINT then (training saves its run), so the
+# tarball is still written inside the device call's limit.
+export LOGS PY
+export -f job lane run_metrics data_dir orbit_dataset
+run_lane() {
+  local rem=0
+  [ "${DEADLINE:-0}" -gt 0 ] && rem=$(( DEADLINE - ($(date +%s) - t_start) ))
+  if [ "$rem" -gt 0 ]; then timeout -s INT -k 20 "$rem" bash -c 'lane "$0" "$1"' "$1" "$2"; else lane "$1" "$2"; fi
+}
 if [ "$ngpu" -ge 2 ]; then
-  lane 0 "$lane0" & p0=$!
-  lane 1 "$lane1" & p1=$!
+  run_lane 0 "$lane0" & p0=$!
+  run_lane 1 "$lane1" & p1=$!
   wait $p0 $p1
 else
-  lane 0 "$lane0 $lane1"
+  run_lane 0 "$lane0 $lane1"
 fi
 cat "$LOGS"/lane*.txt >"$OUT/summary.txt"
 for f in forward.md train_step.md ring_overhead.md; do [ -f "$LOGS/$f" ] && cat "$LOGS/$f" >>"$OUT/summary.txt"; done
