@@ -93,7 +93,7 @@ job() {  # job NAME -> one summary line on stdout; everything else into $LOGS
     stepbench)
       OUT=$LOGS timeout ${JOB_TIMEOUT:-330} $PY bench/train_step.py >"$LOGS/train_step.log" 2>&1
       line="rc=$? (train_step.md)"
-      OUT=$LOGS timeout 120 $PY bench/train_step.py --profile --no-gsplat >"$LOGS/train_step_profile.log" 2>&1 ;;
+      env -u OUT timeout 120 $PY bench/train_step.py --profile --no-gsplat >"$LOGS/train_step_profile.log" 2>&1 ;;
     appbench)
       timeout ${JOB_TIMEOUT:-330} $PY bench/appearance.py --n 160000 1000000 --sizes 8x32 >"$LOGS/appearance.log" 2>&1
       line="rc=$? (appearance.log)" ;;

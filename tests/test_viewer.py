@@ -4,6 +4,7 @@ Vulkan runs on whatever device is present (CI: lavapipe; windows under Xvfb, sta
 of tests/test_vulkan.py when DISPLAY is unset). Scenes are tiny (a few hundred Gaussians) except the one smoke
 run on the bundled scene at 96×72, so that the CPU reference renderer keeps the file fast.
 """
+import importlib.util
 import json
 import math
 import os
@@ -24,6 +25,8 @@ from viewer.camera_control import OrbitCamera  # noqa: E402
 from viewer.model_slot import ModelSlot  # noqa: E402
 
 needs_vulkan = pytest.mark.skipif(not VK_OK, reason=f"no usable Vulkan device: {VK_REASON}")
+needs_ui = pytest.mark.skipif(importlib.util.find_spec("imgui_bundle") is None,
+                              reason="the viewer's UI package imgui-bundle is not installed")
 
 
 def tiny_model(rng, n=300, *, offset=(0.0, 0.0, 0.0)):
@@ -363,6 +366,7 @@ def test_viewer_renders_when_something_changes_and_presents_otherwise(display, r
 
 # ---- GPU ------------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
+@needs_ui
 def test_gpu_offscreen_viewer_on_the_bundled_scene(tmp_path):
     from test_vulkan import VALIDATION
     from viewer.app import main

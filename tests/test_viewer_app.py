@@ -6,6 +6,7 @@ Datasets are tiny (a procedural scene rendered at 24×24 in memory, or the 64×6
 windows small, and heavy runs use one PyTorch thread (much faster than two on a busy 2-core machine). The real
 PLY comes from ``../shared/data`` through the ``shared_data`` fixture.
 """
+import importlib.util
 import json
 import math
 import os
@@ -30,6 +31,8 @@ from viewer.training import CHECKPOINT_NAME, PLY_NAME, TrainingSession  # noqa: 
 from viewer.ui_state import Job, TrainingState, downsample_mean, error_map  # noqa: E402
 
 needs_vulkan = pytest.mark.skipif(not VK_OK, reason=f"no usable Vulkan device: {VK_REASON}")
+needs_ui = pytest.mark.skipif(importlib.util.find_spec("imgui_bundle") is None,
+                              reason="the viewer's UI package imgui-bundle is not installed")
 
 
 @pytest.fixture
@@ -541,6 +544,7 @@ def test_ctrl_c_saves_the_run_and_exits_130(display, procedural_64, tmp_path):  
 
 # ---- GPU -----------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
+@needs_ui
 def test_gpu_offscreen_training_takes_the_cuda_ring(tmp_path):
     from rigel_core.data import make_dataset
 
@@ -619,6 +623,7 @@ def test_viewing_a_scene_the_colour_toggle_converts_it_without_going_black(tmp_p
 
 
 @pytest.mark.gpu
+@needs_ui
 def test_gpu_viewer_training_matches_rigel_train(tmp_path):
     """The viewer's thread drives the same Trainer as rigel-train: same data, settings and seed give the same
     held-out PSNR (within 0.3 dB: CUDA atomics make both runs slightly nondeterministic)."""
