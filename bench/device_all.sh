@@ -146,6 +146,8 @@ run_lane() {
   if [ "$rem" -gt 0 ]; then timeout -s INT -k 20 "$rem" bash -c 'lane "$0" "$1"' "$1" "$2"; else lane "$1" "$2"; fi
 }
 if [ "$ngpu" -ge 2 ]; then
+  # two lanes share the CPU cores: cap torch's threads per process (oversubscribed, torch's CPU ops slow 10-50x)
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / 4 ))}
   run_lane 0 "$lane0" & p0=$!
   run_lane 1 "$lane1" & p1=$!
   wait $p0 $p1

@@ -107,16 +107,19 @@ def _train_cameras_sample(cameras: list[Camera], k: int) -> list[Camera]:
 
 @torch.no_grad()
 def random_init_points(cameras: list[Camera], n: int, center, extent: float, *, min_visible: float = 0.5,
-                       box=None, generator: torch.Generator | None = None, max_cameras: int = 64) -> torch.Tensor:
-    """(n, 3) float32 random points for a dataset without SfM points (Blender layout).
+                       box=None, generator: torch.Generator | None = None, max_cameras: int = 64,
+                       device=None) -> torch.Tensor:
+    """(n, 3) float32 CPU tensor of random points for a dataset without SfM points (Blender layout).
 
     3DGS draws 100k points uniformly in a fixed cube (±1.3) that happens to fit the NeRF-synthetic objects.
     We draw uniformly in ``box`` (xmin, ymin, zmin, xmax, ymax, zmax), default the cube ``center ± extent``
     (the camera centres' sphere), and keep a point when at least ``min_visible`` of the training cameras
     (up to ``max_cameras`` of them, evenly spaced) see it in front of the camera inside the image: the region
     the cameras look at, whatever the scene's scale. When fewer than ``n`` points pass after a bounded number
-    of draws, the rest are plain box samples.
+    of draws, the rest are plain box samples. The draws come from ``generator`` (CPU) whatever ``device``;
+    the visibility test runs on ``device`` (default CPU) — the training GPU makes it a matter of milliseconds.
     """
+    dev = torch.device(device) if device is not None else torch.device("cpu")
     if box is None:
         c = np.asarray(center, dtype=np.float64).reshape(3)
         lo, hi = c - extent, c + extent
@@ -125,22 +128,27 @@ def random_init_points(cameras: list[Camera], n: int, center, extent: float, *, 
     lo_t, span = torch.tensor(lo, dtype=torch.float32), torch.tensor(hi - lo, dtype=torch.float32)
     cams = _train_cameras_sample(list(cameras), max_cameras)
     need = max(1, math.ceil(min_visible * len(cams))) if cams else 0
+    if cams:
+        vms = torch.tensor(np.stack([c.viewmat for c in cams]), dtype=torch.float32, device=dev)  # (C,4,4)
+        intr = torch.tensor([[c.fx, c.fy, c.cx, c.cy, c.width, c.height] for c in cams], dtype=torch.float32,
+                            device=dev)  # (C,6)
     kept, total = [], 0
     for _ in range(64):
         if total >= n or not cams:
             break
         batch = int(min(max(8 * (n - total), 65536), 2_000_000))
         p = lo_t + span * torch.rand(batch, 3, generator=generator)
-        count = torch.zeros(batch, dtype=torch.int32)
-        for cam in cams:
-            vm = torch.tensor(cam.viewmat, dtype=torch.float32)
-            pc = p @ vm[:3, :3].T + vm[:3, 3]
+        count = torch.zeros(batch, dtype=torch.int32, device=dev)
+        pd = p.to(dev)
+        for i in range(len(cams)):
+            pc = pd @ vms[i, :3, :3].T + vms[i, :3, 3]
             z = pc[:, 2]
             zs = z.clamp_min(1e-6)
-            u = cam.fx * pc[:, 0] / zs + cam.cx
-            v = cam.fy * pc[:, 1] / zs + cam.cy
-            count += ((z > 1e-2) & (u >= 0) & (u < cam.width) & (v >= 0) & (v < cam.height)).int()
-        p = p[count >= need]
+            fx, fy, cx, cy, w, h = intr[i]
+            u = fx * pc[:, 0] / zs + cx
+            v = fy * pc[:, 1] / zs + cy
+            count += ((z > 1e-2) & (u >= 0) & (u < w) & (v >= 0) & (v < h)).int()
+        p = p[(count >= need).cpu()]
         kept.append(p)
         total += p.shape[0]
     pts = torch.cat(kept) if kept else torch.empty(0, 3)
@@ -228,7 +236,7 @@ class Trainer:
         else:
             pts = random_init_points([f.camera for f in self.train_frames], cfg.init_points,
                                      self.dataset.scene_center, self.extent, min_visible=cfg.init_min_visible,
-                                     box=cfg.init_box, generator=self.generator)
+                                     box=cfg.init_box, generator=self.generator, device=self.device)
             cols = None
         return GaussianModel.from_points(pts, cols, sh_degree=cfg.sh_degree, opacity=cfg.init_opacity)
 
