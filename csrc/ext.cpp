@@ -8,6 +8,7 @@
 #include "appearance.h"  // the fused appearance MLP (its own engineer's files): binds itself through bind_appearance
 #define RIGEL_HAS_APPEARANCE 1
 #endif
+#include "ssim.h"  // the fused SSIM loss of the trainer: binds itself through bind_ssim
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "rigel CUDA kernels: projection, SH colours, tile binning, rasterization (docs/PIPELINE.md)";
@@ -61,6 +62,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #ifdef RIGEL_HAS_APPEARANCE
     bind_appearance(m);
 #endif
+    bind_ssim(m);
     m.attr("TILE_SIZE") = RIGEL_TILE_SIZE;
     m.attr("MAX_ENTRIES") = RIGEL_MAX_ENTRIES;
 }

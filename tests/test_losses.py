@@ -111,3 +111,200 @@ def test_errors():
         ssim(torch.zeros(8, 3), torch.zeros(8, 3))
     with pytest.raises(ValueError, match="differ in shape"):
         l1_loss(a, torch.zeros(8, 8, 4))
+
+
+# ---- fused CUDA SSIM (csrc/ssim.cu, rigel_core/train/ssim_cuda.py) ----------------------------------------------
+from rigel_core.train import ssim_cuda  # noqa: E402
+
+FUSED_SHAPES = [(1, 1), (5, 7), (16, 16), (37, 53), (64, 48), (401, 399)]
+
+
+def _torch_map_bhwc(p, t):
+    """The PyTorch path's map, moved to the fused path's channels-last layout (B, H, W, C)."""
+    return ssim_map(p, t).permute(0, 2, 3, 1).contiguous()
+
+
+def test_fused_dispatch_rules_cpu(monkeypatch):
+    a = torch.rand(12, 13, 3)
+    monkeypatch.delenv("RIGEL_SSIM", raising=False)
+    assert ssim_cuda.ssim_mode() == "auto"
+    assert not ssim_cuda.use_fused(a, a, 11, 1.5, "same")  # CPU tensors: PyTorch path
+    for mode, want in (("torch", "torch"), (" Torch ", "torch"), ("auto", "auto"), ("", "auto")):
+        monkeypatch.setenv("RIGEL_SSIM", mode)
+        assert ssim_cuda.ssim_mode() == want
+    monkeypatch.setenv("RIGEL_SSIM", "cudnn")
+    with pytest.raises(ValueError, match="RIGEL_SSIM"):
+        ssim(a, a)
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_fused_glue_layout_cpu(rng, monkeypatch, batch):
+    # The glue of losses.ssim_map around the kernels (channels-last map → (B, C, H, W) view), with the kernel
+    # replaced by the PyTorch path in the kernel's layout: the result must equal the PyTorch path's.
+    x, y = _pair(rng, 9, 14, 0.1)
+    if batch:
+        x, y = torch.stack([x, y]), torch.stack([y, x])
+    want = ssim_map(x, y)
+    kernel_out = _torch_map_bhwc(x, y)
+    kernel_out = kernel_out if batch else kernel_out[0]  # the kernel returns the inputs' shape
+    calls = []
+
+    def fake_fused(p, t):
+        calls.append(p.shape)
+        return kernel_out
+
+    monkeypatch.setattr(ssim_cuda, "use_fused", lambda *a: True)
+    monkeypatch.setattr(ssim_cuda, "fused_ssim_map", fake_fused)
+    got = ssim_map(x, y)
+    assert calls == [x.shape]
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def _fused_called(monkeypatch):
+    calls = []
+    real = ssim_cuda.fused_ssim_map
+
+    def spy(p, t):
+        calls.append(p.shape)
+        return real(p, t)
+
+    monkeypatch.setattr(ssim_cuda, "fused_ssim_map", spy)
+    return calls
+
+
+def _check_fused(pred, target, monkeypatch, rng):
+    """Fused map, mean and gradients (of the mean and of a random weighting of the map) vs float64 PyTorch."""
+    monkeypatch.delenv("RIGEL_SSIM", raising=False)
+    calls = _fused_called(monkeypatch)
+    x = pred.clone().requires_grad_(True)
+    m = ssim_map(x, target)
+    assert calls, "the fused path did not run"
+    x64 = pred.detach().double().cpu().requires_grad_(True)
+    t64 = target.double().cpu()
+    m64 = ssim_map(x64, t64)
+    assert m.shape == m64.shape and m.dtype == torch.float32
+    assert torch.isfinite(m).all()
+    assert (m.double().cpu() - m64).abs().max().item() <= 1e-5
+    assert abs(m.double().mean().item() - m64.mean().item()) <= 1e-5
+    weights = torch.rand(m64.shape, generator=rng, dtype=torch.float64)
+    for reduce in (lambda t: t.mean(), lambda t: (t * weights.to(t)).sum()):
+        (g,) = torch.autograd.grad(reduce(m), x)
+        (g64,) = torch.autograd.grad(reduce(m64), x64)
+        assert g.shape == pred.shape and torch.isfinite(g).all()
+        err = (g.double().cpu() - g64).norm().item()
+        scale = g64.norm().item()
+        assert err <= 1e-5 * scale + 1e-10, (err, scale)  # + 1e-10: identical images, whose gradient is 0
+    return m64
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", FUSED_SHAPES)
+def test_fused_ssim_matches_float64(rng, monkeypatch, shape):
+    x, y = _pair(rng, *shape, noise=0.1, dtype=torch.float32)
+    _check_fused(x.cuda(), y.cuda(), monkeypatch, rng)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("channels", [1, 4])
+def test_fused_ssim_batch_and_channels(rng, monkeypatch, channels):
+    x = torch.rand(3, 29, 41, channels, generator=rng)
+    y = (x + 0.1 * torch.randn(3, 29, 41, channels, generator=rng)).clamp(0, 1)
+    _check_fused(x.cuda(), y.cuda(), monkeypatch, rng)
+    # a batch = its images one by one
+    xs, ys = x.cuda(), y.cuda()
+    whole = ssim_map(xs, ys)
+    for b in range(3):
+        torch.testing.assert_close(whole[b:b + 1], ssim_map(xs[b], ys[b]), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_fused_ssim_non_contiguous_input(rng, monkeypatch):
+    x = torch.rand(3, 40, 33, generator=rng).cuda().permute(1, 2, 0)  # (H, W, C) view of a CHW tensor
+    y = torch.rand(40, 33, 3, generator=rng).cuda()
+    assert not x.is_contiguous()
+    _check_fused(x, y, monkeypatch, rng)
+
+
+@pytest.mark.gpu
+def test_fused_ssim_identical_and_constant(rng, monkeypatch):
+    x, _ = _pair(rng, 45, 38, 0.1, dtype=torch.float32)
+    x = x.cuda()
+    # identical images: SSIM = 1 everywhere, the gradient is zero (the maximum)
+    m64 = _check_fused(x, x.clone(), monkeypatch, rng)
+    assert float(m64.min()) > 1 - 1e-12
+    xg = x.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(ssim(xg, x), xg)
+    assert g.abs().max().item() <= 1e-6 / x.numel()
+    # constant images: flat interior (variance 0, the ill-conditioned case of E[x²] − μ²), zero-padded borders
+    for a, b in ((0.7, 0.3), (0.5, 0.5), (0.0, 0.0), (0.0, 1.0)):
+        _check_fused(torch.full((33, 50, 3), a, device="cuda"), torch.full((33, 50, 3), b, device="cuda"),
+                     monkeypatch, rng)
+
+
+@pytest.mark.gpu
+def test_fused_ssim_outputs_fully_written(rng):
+    # The kernels' outputs come from torch's caching allocator: fill blocks of the same sizes with NaN and free
+    # them first, so that any element a kernel fails to write shows up as NaN.
+    from rigel_core import _ext
+
+    C = _ext.get()
+    for h, w in ((37, 53), (16, 16), (5, 7)):
+        x = torch.rand(2, h, w, 3, generator=rng).cuda()
+        y = torch.rand(2, h, w, 3, generator=rng).cuda()
+        poison = [torch.full_like(x, math.nan), torch.full((3, 2, h, w, 3), math.nan, dtype=torch.float64,
+                                                           device="cuda")]
+        del poison
+        smap, coef = C.ssim_fwd(x, y)
+        assert torch.isfinite(smap).all() and torch.isfinite(coef).all()
+        g = torch.rand(2, h, w, 3, generator=rng).cuda()
+        poison = torch.full_like(x, math.nan)
+        del poison
+        dx = C.ssim_bwd(g, x, y, coef)
+        assert torch.isfinite(dx).all()
+
+
+@pytest.mark.gpu
+def test_fused_ssim_switch_and_fallbacks(rng, monkeypatch):
+    x, y = _pair(rng, 20, 22, 0.1, dtype=torch.float32)
+    x, y = x.cuda(), y.cuda()
+    calls = _fused_called(monkeypatch)
+    monkeypatch.setenv("RIGEL_SSIM", "torch")
+    forced = ssim(x, y)
+    assert calls == []
+    monkeypatch.setenv("RIGEL_SSIM", "auto")
+    fused = ssim(x, y)
+    assert len(calls) == 1
+    assert abs(float(forced) - float(fused)) < 1e-5
+    # non-default arguments, float64, a target that needs a gradient: the PyTorch path
+    ssim(x, y, window_size=7)
+    ssim(x, y, sigma=2.0)
+    ssim(x, x, padding="valid")
+    ssim(x.double(), y.double())
+    xt, yt = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
+    ssim(xt, yt).backward()
+    assert len(calls) == 1
+    assert xt.grad is not None and yt.grad is not None
+
+
+@pytest.mark.gpu
+def test_fused_ssim_host_checks():
+    from rigel_core import _ext
+
+    C = _ext.get()
+    a = torch.rand(8, 9, 3, device="cuda")
+    with pytest.raises(TypeError, match="CUDA"):
+        C.ssim_fwd(a.cpu(), a.cpu())
+    with pytest.raises(TypeError, match="float32"):
+        C.ssim_fwd(a.double(), a.double())
+    with pytest.raises(ValueError, match="contiguous"):
+        C.ssim_fwd(a.transpose(0, 1), a.transpose(0, 1))
+    with pytest.raises(ValueError, match="shape"):
+        C.ssim_fwd(a, torch.rand(8, 9, 4, device="cuda"))
+    with pytest.raises(ValueError, match="channels-last"):
+        C.ssim_fwd(a[..., 0], a[..., 0])
+    smap, coef = C.ssim_fwd(a, a)
+    with pytest.raises(TypeError, match="float64"):
+        C.ssim_bwd(a, a, a, coef.float())
+    with pytest.raises(ValueError, match="shape"):
+        C.ssim_bwd(a, a, a, coef[:2])

@@ -10,6 +10,10 @@ convolutions (rows, then columns) instead of one 2-D one. Border handling: ``pad
 by 5 pixels and averages the SSIM map over every pixel — what the 3DGS reference trainer (Kerbl et al. 2023)
 uses for its D-SSIM loss and its reported SSIM, so our figures compare with theirs; ``padding="valid"`` keeps
 only windows fully inside the image (Wang et al.'s MATLAB code, scikit-image with ``gaussian_weights=True``).
+
+On float32 CUDA images with the default window and padding, :func:`ssim_map` (hence :func:`ssim`, :func:`dssim`)
+runs the fused kernels of ``csrc/ssim.cu`` instead (same contract, gradient to ``pred`` only; the rules, the layout
+and the derivative are in :mod:`.ssim_cuda`); ``RIGEL_SSIM=torch`` in the environment forces the PyTorch path.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from . import ssim_cuda as _fused
 
 __all__ = ["l1_loss", "mse", "psnr", "psnr_from_mse", "gaussian_window_1d", "ssim_map", "ssim", "dssim", "SSIM_C1",
            "SSIM_C2"]
@@ -85,7 +91,12 @@ def ssim_map(pred: torch.Tensor, target: torch.Tensor, *, window_size: int = 11,
 
     ``H' = H`` for ``padding="same"`` (zero padding), ``H − window_size + 1`` for ``"valid"``.
     Raises ValueError for mismatched shapes, an unknown padding or an image smaller than the window ("valid").
+    Float32 CUDA images with the defaults (and a ``target`` that needs no gradient) take the fused kernels
+    (:func:`.ssim_cuda.use_fused`); the map is then a permuted view of a channels-last (B, H, W, C) tensor.
     """
+    if _fused.use_fused(pred, target, window_size, sigma, padding):
+        m = _fused.fused_ssim_map(pred, target)
+        return (m if m.dim() == 4 else m[None]).permute(0, 3, 1, 2)
     _check_pair(pred, target)
     x, y = _as_batch(pred, "pred"), _as_batch(target, "target")
     if padding == "same":

@@ -1,0 +1,209 @@
+// Fused SSIM forward and backward (ssim.h; Wang et al. 2004, eq. 13, with the 3DGS trainer's zero "same" padding).
+//
+// One block of 16x16 threads per 16x16 output tile of one channel plane (blockIdx.z = b * C + c). The block stages
+// its tile plus a 5-pixel halo (26x26, zero outside the image: the zero padding) in shared memory, filters the rows
+// (26 rows x 16 output columns, 11 taps) into shared memory, then each thread filters its column (11 taps) and
+// finishes its own pixel. The window is symmetric, so correlation and convolution agree.
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+
+#include "common.cuh"
+#include "ssim.h"
+
+namespace rigel {
+
+SsimWindow ssim_window() {
+    SsimWindow win{};
+    double sum = 0.0;
+    for (int i = 0; i < kSsimTaps; ++i) {
+        const double d = static_cast<double>(i - kSsimRadius);
+        win.w[i] = std::exp(-(d * d) / (2.0 * kSsimSigma * kSsimSigma));
+        sum += win.w[i];
+    }
+    for (int i = 0; i < kSsimTaps; ++i) win.w[i] /= sum;
+    return win;
+}
+
+namespace {
+
+// Element (b, i, j, c) of a contiguous [B, H, W, C] tensor is plane_base + (i * W + j) * C, plane_base = b*H*W*C + c.
+struct Plane {
+    int64_t base;  // offset of pixel (0, 0) of this block's channel plane
+    int row0;      // image row of halo row 0 (= tile row - radius)
+    int col0;      // image column of halo column 0
+};
+
+__device__ __forceinline__ Plane block_plane(int H, int W, int C) {
+    const int b = static_cast<int>(blockIdx.z) / C, c = static_cast<int>(blockIdx.z) % C;
+    return {static_cast<int64_t>(b) * H * W * C + c, static_cast<int>(blockIdx.y) * kSsimTile - kSsimRadius,
+            static_cast<int>(blockIdx.x) * kSsimTile - kSsimRadius};
+}
+
+// Offset of image pixel (gi, gj) of the plane, or -1 when it lies outside the image (zero padding).
+__device__ __forceinline__ int64_t pixel_offset(const Plane& p, int gi, int gj, int H, int W, int C) {
+    if (gi < 0 || gi >= H || gj < 0 || gj >= W) return -1;
+    return p.base + (static_cast<int64_t>(gi) * W + gj) * C;
+}
+
+// Row pass of NS staged signals: h[s][r][j] = sum_t w[t] * src[s][r][j + t] for the 26 halo rows r and the 16 output
+// columns j (output column j's window spans halo columns j .. j + 10).
+template <int NS>
+__device__ __forceinline__ void filter_rows(const SsimWindow& win, const double (*src)[kSsimSpan][kSsimSpan],
+                                            double (*h)[kSsimSpan][kSsimTile], int tid) {
+    for (int k = tid; k < kSsimSpan * kSsimTile; k += kSsimThreads) {
+        const int r = k / kSsimTile, j = k % kSsimTile;
+        double acc[NS];
+#pragma unroll
+        for (int s = 0; s < NS; ++s) acc[s] = 0.0;
+#pragma unroll
+        for (int t = 0; t < kSsimTaps; ++t) {
+#pragma unroll
+            for (int s = 0; s < NS; ++s) acc[s] = fma(win.w[t], src[s][r][j + t], acc[s]);
+        }
+#pragma unroll
+        for (int s = 0; s < NS; ++s) h[s][r][j] = acc[s];
+    }
+}
+
+// Column pass for this thread's output pixel (tile row ty, column tx): out[s] = sum_t w[t] * h[s][ty + t][tx].
+template <int NS>
+__device__ __forceinline__ void filter_column(const SsimWindow& win, const double (*h)[kSsimSpan][kSsimTile], int ty,
+                                              int tx, double* out) {
+#pragma unroll
+    for (int s = 0; s < NS; ++s) out[s] = 0.0;
+#pragma unroll
+    for (int t = 0; t < kSsimTaps; ++t) {
+#pragma unroll
+        for (int s = 0; s < NS; ++s) out[s] = fma(win.w[t], h[s][ty + t][tx], out[s]);
+    }
+}
+
+// Stages x and y (float32, exact), filters the rows of the five signals x, y, x^2, y^2, xy (products and sums in
+// float64), then the columns, to mu1, mu2, E[x^2], E[y^2], E[xy], and writes SSIM and the backward coefficients
+// (A, Bc, Cc) of ssim.h per pixel.
+__global__ void __launch_bounds__(kSsimThreads) ssim_fwd_kernel(int H, int W, int C, int64_t numel, SsimWindow win,
+                                                                const float* __restrict__ img1,  // [B, H, W, C] x
+                                                                const float* __restrict__ img2,  // [B, H, W, C] y
+                                                                float* __restrict__ map,         // [B, H, W, C] out
+                                                                double* __restrict__ coef)       // [3, B, H, W, C] out
+{
+    __shared__ float sx[kSsimSpan][kSsimSpan], sy[kSsimSpan][kSsimSpan];  // 5.3 KiB
+    __shared__ double h[5][kSsimSpan][kSsimTile];                         // 16.25 KiB
+    const Plane p = block_plane(H, W, C);
+    const int tid = static_cast<int>(threadIdx.y) * kSsimTile + static_cast<int>(threadIdx.x);
+    for (int k = tid; k < kSsimSpan * kSsimSpan; k += kSsimThreads) {
+        const int r = k / kSsimSpan, s = k % kSsimSpan;
+        const int64_t o = pixel_offset(p, p.row0 + r, p.col0 + s, H, W, C);
+        sx[r][s] = o >= 0 ? img1[o] : 0.f;
+        sy[r][s] = o >= 0 ? img2[o] : 0.f;
+    }
+    __syncthreads();
+    for (int k = tid; k < kSsimSpan * kSsimTile; k += kSsimThreads) {
+        const int r = k / kSsimTile, j = k % kSsimTile;
+        double a[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
+#pragma unroll
+        for (int t = 0; t < kSsimTaps; ++t) {
+            const double x = static_cast<double>(sx[r][j + t]), y = static_cast<double>(sy[r][j + t]);
+            const double w = win.w[t];
+            a[0] = fma(w, x, a[0]);
+            a[1] = fma(w, y, a[1]);
+            a[2] = fma(w, x * x, a[2]);
+            a[3] = fma(w, y * y, a[3]);
+            a[4] = fma(w, x * y, a[4]);
+        }
+#pragma unroll
+        for (int s = 0; s < 5; ++s) h[s][r][j] = a[s];
+    }
+    __syncthreads();
+    const int ty = static_cast<int>(threadIdx.y), tx = static_cast<int>(threadIdx.x);
+    const int i = p.row0 + kSsimRadius + ty, j = p.col0 + kSsimRadius + tx;  // this thread's image pixel
+    const int64_t o = pixel_offset(p, i, j, H, W, C);
+    if (o < 0) return;  // no barrier follows
+    double m[5];
+    filter_column<5>(win, h, ty, tx, m);
+    const double mu1 = m[0], mu2 = m[1];
+    const double var1 = m[2] - mu1 * mu1, var2 = m[3] - mu2 * mu2, cov = m[4] - mu1 * mu2;
+    const double n1 = 2.0 * mu1 * mu2 + kSsimC1, n2 = 2.0 * cov + kSsimC2;
+    const double d1 = mu1 * mu1 + mu2 * mu2 + kSsimC1, d2 = var1 + var2 + kSsimC2;
+    const double S = (n1 * n2) / (d1 * d2);
+    // S = n1 n2 / (d1 d2): dS/dmu1 = (2 mu2 n2 - 2 mu1 S d2) / (d1 d2), dS/dvar1 = -S / d2, dS/dcov = 2 n1 / (d1 d2)
+    const double dS_dmu1 = 2.0 * (mu2 * n2 - mu1 * S * d2) / (d1 * d2);
+    const double dS_dvar1 = -S / d2;
+    const double dS_dcov = 2.0 * n1 / (d1 * d2);
+    map[o] = static_cast<float>(S);
+    coef[o] = dS_dmu1 - 2.0 * mu1 * dS_dvar1 - mu2 * dS_dcov;
+    coef[numel + o] = dS_dvar1;
+    coef[2 * numel + o] = dS_dcov;
+}
+
+// Stages g A, g Bc, g Cc (zero outside the image: only in-image pixels p have an SSIM term), filters them and
+// combines them with x(q), y(q) into dL/dx(q).
+__global__ void __launch_bounds__(kSsimThreads) ssim_bwd_kernel(int H, int W, int C, int64_t numel, SsimWindow win,
+                                                                const float* __restrict__ dL_dmap,  // [B, H, W, C]
+                                                                const float* __restrict__ img1,     // [B, H, W, C]
+                                                                const float* __restrict__ img2,     // [B, H, W, C]
+                                                                const double* __restrict__ coef,    // [3, B, H, W, C]
+                                                                float* __restrict__ dL_dimg1)       // [B, H, W, C] out
+{
+    __shared__ double sig[3][kSsimSpan][kSsimSpan];  // 15.8 KiB
+    __shared__ double h[3][kSsimSpan][kSsimTile];    // 9.75 KiB
+    const Plane p = block_plane(H, W, C);
+    const int tid = static_cast<int>(threadIdx.y) * kSsimTile + static_cast<int>(threadIdx.x);
+    for (int k = tid; k < kSsimSpan * kSsimSpan; k += kSsimThreads) {
+        const int r = k / kSsimSpan, s = k % kSsimSpan;
+        const int64_t o = pixel_offset(p, p.row0 + r, p.col0 + s, H, W, C);
+        const double g = o >= 0 ? static_cast<double>(dL_dmap[o]) : 0.0;
+        sig[0][r][s] = o >= 0 ? g * coef[o] : 0.0;
+        sig[1][r][s] = o >= 0 ? g * coef[numel + o] : 0.0;
+        sig[2][r][s] = o >= 0 ? g * coef[2 * numel + o] : 0.0;
+    }
+    __syncthreads();
+    filter_rows<3>(win, sig, h, tid);
+    __syncthreads();
+    const int ty = static_cast<int>(threadIdx.y), tx = static_cast<int>(threadIdx.x);
+    const int i = p.row0 + kSsimRadius + ty, j = p.col0 + kSsimRadius + tx;
+    const int64_t o = pixel_offset(p, i, j, H, W, C);
+    if (o < 0) return;
+    double f[3];
+    filter_column<3>(win, h, ty, tx, f);
+    const double x = static_cast<double>(img1[o]), y = static_cast<double>(img2[o]);
+    dL_dimg1[o] = static_cast<float>(f[0] + 2.0 * x * f[1] + y * f[2]);
+}
+
+dim3 ssim_grid(const at::Tensor& img) {
+    const int64_t H = img.size(-3), W = img.size(-2), C = img.size(-1), B = img.dim() == 4 ? img.size(0) : 1;
+    return dim3(static_cast<unsigned int>((W + kSsimTile - 1) / kSsimTile),
+                static_cast<unsigned int>((H + kSsimTile - 1) / kSsimTile), static_cast<unsigned int>(B * C));
+}
+
+const SsimWindow& window() {
+    static const SsimWindow win = ssim_window();
+    return win;
+}
+
+}  // namespace
+
+void launch_ssim_fwd(const at::Tensor& img1, const at::Tensor& img2, at::Tensor& map, at::Tensor& coef) {
+    const int64_t numel = img1.numel();
+    if (numel == 0) return;
+    const int H = static_cast<int>(img1.size(-3)), W = static_cast<int>(img1.size(-2)), C = static_cast<int>(img1.size(-1));
+    ssim_fwd_kernel<<<ssim_grid(img1), dim3(kSsimTile, kSsimTile), 0, at::cuda::getCurrentCUDAStream()>>>(
+        H, W, C, numel, window(), img1.data_ptr<float>(), img2.data_ptr<float>(), map.data_ptr<float>(),
+        coef.data_ptr<double>());
+    RIGEL_CHECK_LAUNCH("ssim_fwd_kernel");
+}
+
+void launch_ssim_bwd(const at::Tensor& dL_dmap, const at::Tensor& img1, const at::Tensor& img2,
+                     const at::Tensor& coef, at::Tensor& dL_dimg1) {
+    const int64_t numel = img1.numel();
+    if (numel == 0) return;
+    const int H = static_cast<int>(img1.size(-3)), W = static_cast<int>(img1.size(-2)), C = static_cast<int>(img1.size(-1));
+    ssim_bwd_kernel<<<ssim_grid(img1), dim3(kSsimTile, kSsimTile), 0, at::cuda::getCurrentCUDAStream()>>>(
+        H, W, C, numel, window(), dL_dmap.data_ptr<float>(), img1.data_ptr<float>(), img2.data_ptr<float>(),
+        coef.data_ptr<double>(), dL_dimg1.data_ptr<float>());
+    RIGEL_CHECK_LAUNCH("ssim_bwd_kernel");
+}
+
+}  // namespace rigel

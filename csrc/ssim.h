@@ -1,0 +1,53 @@
+// Fused SSIM loss (forward + backward) of the trainer: the CUDA twin of rigel_core/train/losses.py ssim_map with
+// its defaults (11x11 Gaussian window, sigma 1.5, zero "same" padding, C1 = 0.01^2, C2 = 0.03^2). Kernels and
+// launchers: ssim.cu. Argument checks and the Python binding: ssim_bind.cpp. Python side: rigel_core/train/ssim_cuda.py.
+//
+// Layout: images are channels-last, (B, H, W, C) contiguous float32 (an (H, W, C) image is B = 1), the layout
+// rigel_core.render returns; every channel of every image is filtered on its own. Arithmetic is float64 inside the
+// kernels (the moments sigma^2 = E[x^2] - mu^2 and the backward's sum of large opposite terms would otherwise lose
+// ~1e-4 on flat regions), storage float32 except the per-pixel backward coefficients (float64).
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/ATen.h>
+#ifndef __CUDACC__
+#include <pybind11/pybind11.h>
+#endif
+
+namespace rigel {
+
+constexpr int kSsimTaps = 11;                                // window size (losses.ssim default)
+constexpr int kSsimRadius = kSsimTaps / 2;                   // 5: the zero padding of "same"
+constexpr int kSsimTile = 16;                                // output pixels per block side (one thread each)
+constexpr int kSsimSpan = kSsimTile + 2 * kSsimRadius;       // 26: tile plus halo, per side
+constexpr int kSsimThreads = kSsimTile * kSsimTile;          // 256
+constexpr double kSsimSigma = 1.5;                           // window standard deviation (px)
+constexpr double kSsimC1 = 0.01 * 0.01;                      // (K1 L)^2, as Python's 0.01 ** 2
+constexpr double kSsimC2 = 0.03 * 0.03;                      // (K2 L)^2
+
+// The normalised 1-D window, passed by value as a kernel parameter (constant bank: no copy, no stream sync).
+struct SsimWindow {
+    double w[kSsimTaps];
+};
+
+// w_i = exp(-(i - 5)^2 / (2 sigma^2)) / sum, in double, as losses.gaussian_window_1d computes it.
+SsimWindow ssim_window();
+
+// Forward. img1, img2 [B, H, W, C] -> map [B, H, W, C] float32 (SSIM per pixel and channel) and
+// coef [3, B, H, W, C] float64 = (A, Bc, Cc) per pixel p, the coefficients of the backward:
+//   Bc = dS/d(sigma1^2), Cc = dS/d(sigma12), A = dS/d(mu1) - 2 mu1 Bc - mu2 Cc.
+// All caller-allocated and written for every element.
+void launch_ssim_fwd(const at::Tensor& img1, const at::Tensor& img2, at::Tensor& map, at::Tensor& coef);
+
+// Backward. dL_dmap [B, H, W, C], img1, img2, coef (the forward's) -> dL_dimg1 [B, H, W, C] (written for every
+// element): dL/dx(q) = [w*(g A)](q) + 2 x(q) [w*(g Bc)](q) + y(q) [w*(g Cc)](q), g = dL_dmap.
+void launch_ssim_bwd(const at::Tensor& dL_dmap, const at::Tensor& img1, const at::Tensor& img2,
+                     const at::Tensor& coef, at::Tensor& dL_dimg1);
+
+}  // namespace rigel
+
+#ifndef __CUDACC__
+// Adds ssim_fwd / ssim_bwd to the extension module (called from ext.cpp's PYBIND11_MODULE).
+void bind_ssim(pybind11::module_& m);
+#endif
