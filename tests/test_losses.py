@@ -189,8 +189,8 @@ def _check_fused(pred, target, monkeypatch, rng):
     assert abs(m.double().mean().item() - m64.mean().item()) <= 1e-5
     weights = torch.rand(m64.shape, generator=rng, dtype=torch.float64)
     for reduce in (lambda t: t.mean(), lambda t: (t * weights.to(t)).sum()):
-        (g,) = torch.autograd.grad(reduce(m), x)
-        (g64,) = torch.autograd.grad(reduce(m64), x64)
+        (g,) = torch.autograd.grad(reduce(m), x, retain_graph=True)
+        (g64,) = torch.autograd.grad(reduce(m64), x64, retain_graph=True)
         assert g.shape == pred.shape and torch.isfinite(g).all()
         err = (g.double().cpu() - g64).norm().item()
         scale = g64.norm().item()
