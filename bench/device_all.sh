@@ -110,7 +110,7 @@ job() {  # job NAME -> one summary line on stdout; everything else into $LOGS
       local rc=$?
       cp "$run/metrics.json" "$LOGS/$name.metrics.json" 2>/dev/null
       cp "$run/log.txt" "$LOGS/$name.log.txt" 2>/dev/null
-      mkdir -p "$LOGS/$name.renders"; cp $(ls "$run"/renders/*.png 2>/dev/null | tail -4) "$LOGS/$name.renders/" 2>/dev/null
+      mkdir -p "$LOGS/$name.renders"; cp $(find "$run/renders" -name "*.png" 2>/dev/null | sort | tail -4) "$LOGS/$name.renders/" 2>/dev/null
       line="rc=$rc $(run_metrics "$run/metrics.json")" ;;
     viewer)  # viewer:DATA:DS:ITERS[:TIMEOUT]
       local data run=/tmp/viewer_$name wb=""; data=$(data_dir "$a")
