@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-__all__ = ["Camera", "quat_to_rotmat_np"]
+__all__ = ["Camera", "host_to_device", "quat_to_rotmat_np"]
 
 
 def quat_to_rotmat_np(q) -> np.ndarray:
@@ -24,6 +24,20 @@ def quat_to_rotmat_np(q) -> np.ndarray:
         [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
         [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
     ])
+
+
+def host_to_device(array, device=None, dtype=torch.float32) -> torch.Tensor:
+    """A small host array (numpy or sequence) as a tensor on ``device``.
+
+    For a CUDA device the values go through pinned memory with a non-blocking copy: a copy from pageable memory
+    makes PyTorch synchronise the stream, which would stall the CPU on every camera of every frame and
+    training step. (PyTorch's pinned-memory allocator keeps the host buffer alive until the copy is done.)
+    """
+    t = torch.as_tensor(np.asarray(array), dtype=dtype)
+    dev = torch.device(device) if device is not None else t.device
+    if dev.type != "cuda":
+        return t.to(dev)
+    return t.pin_memory().to(dev, non_blocking=True)
 
 
 @dataclass
@@ -91,10 +105,16 @@ class Camera:
         return 2.0 * math.atan(0.5 * self.width / self.fx)
 
     def viewmat_tensor(self, device=None, dtype=torch.float32) -> torch.Tensor:
-        return torch.as_tensor(self.viewmat, dtype=dtype, device=device)
+        """(4,4) ``viewmat`` as a tensor on ``device`` (see :func:`host_to_device`)."""
+        return host_to_device(self.viewmat, device, dtype)
 
     def K_tensor(self, device=None, dtype=torch.float32) -> torch.Tensor:
-        return torch.as_tensor(self.K, dtype=dtype, device=device)
+        """(3,3) ``K`` as a tensor on ``device`` (see :func:`host_to_device`)."""
+        return host_to_device(self.K, device, dtype)
+
+    def campos_tensor(self, device=None, dtype=torch.float32) -> torch.Tensor:
+        """(3,) ``campos`` as a tensor on ``device`` (see :func:`host_to_device`)."""
+        return host_to_device(self.campos, device, dtype)
 
     def project(self, points) -> np.ndarray:
         """Project world points (M,3) to pixel coordinates (M,2) (float64; pixel centres at +0.5)."""

@@ -82,7 +82,12 @@ def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, w
     width, height = int(width), int(height)
     dev, dtype = means3D.device, means3D.dtype
     if background is not None:
-        background = torch.as_tensor(background, dtype=dtype, device=dev).reshape(-1)
+        if isinstance(background, torch.Tensor):
+            background = background.to(dev, dtype).reshape(-1)
+        else:  # a sequence of floats: no synchronising copy from pageable memory
+            from .camera import host_to_device
+
+            background = host_to_device(background, dev, dtype).reshape(-1)
         if background.shape[0] != colors.shape[1]:
             raise ValueError(f"background: expected {colors.shape[1]} channels, got {background.shape[0]}")
     if dev.type == "cuda":
@@ -109,7 +114,7 @@ def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, w
 def compute_colors(model, camera: Camera, sh_degree: int | None = None) -> torch.Tensor:
     """(N,3) view-dependent colours of ``model`` seen from ``camera``: its appearance module if it has one,
     else SH of degree ``sh_degree`` (default ``model.active_sh_degree``) — DESIGN §3."""
-    campos = torch.as_tensor(camera.campos, dtype=model.dtype, device=model.device)
+    campos = camera.campos_tensor(model.device, model.dtype)
     if getattr(model, "appearance", None) is not None:
         return model.appearance(model, campos)
     degree = model.active_sh_degree if sh_degree is None else sh_degree

@@ -68,8 +68,8 @@ def means2D_grad(out) -> torch.Tensor | None:
 
 def ndc_grad_norm(grad_px: torch.Tensor, width: int, height: int) -> torch.Tensor:
     """(N,) ‖(∂L/∂u · W/2, ∂L/∂v · H/2)‖: the pixel-space gradient (N,2) expressed in NDC units."""
-    scale = torch.tensor([0.5 * width, 0.5 * height], dtype=grad_px.dtype, device=grad_px.device)
-    return torch.linalg.norm(grad_px * scale, dim=-1)
+    # python scalars, not a tensor built on the host: a host→device copy would synchronise the stream
+    return torch.hypot(grad_px[:, 0] * (0.5 * width), grad_px[:, 1] * (0.5 * height))
 
 
 class DensifyStats:

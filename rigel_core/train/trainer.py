@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from ..camera import Camera
+from ..camera import Camera, host_to_device
 from ..model import GaussianModel
 from ..render import render
 from .config import TrainConfig
@@ -287,7 +287,7 @@ class Trainer:
         frame, gt = self.train_frames[idx], self._train_images[idx]
         bg = self.background
         if cfg.random_background and frame.alpha is not None:
-            bg = torch.rand(3, generator=self.generator).to(self.device)
+            bg = host_to_device(torch.rand(3, generator=self.generator), self.device)
             a = frame.alpha.to(self.device, torch.float32)[..., None]
             gt = gt + (1.0 - a) * (bg - self.background)  # re-composite onto the random colour
         out = render(model, frame.camera, background=bg)
