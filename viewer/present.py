@@ -150,6 +150,12 @@ class PresentPass:
         sets = vk.vkAllocateDescriptorSets(ctx.device, vk.VkDescriptorSetAllocateInfo(
             descriptorPool=self.pool, descriptorSetCount=ring.k, pSetLayouts=[self.set_layout] * ring.k))
         self.sets = [sets[i] for i in range(ring.k)]
+        # per-frame structs, filled in place by record(); the commands copy them when recorded
+        ffi = vk.ffi
+        self._c_sets = ffi.new("VkDescriptorSet[]", self.sets)
+        self._c_push = ffi.new("char[]", shaderio.PRESENT_PARAMS_SIZE)
+        self._c_viewport = ffi.new("VkViewport*", {"minDepth": 0.0, "maxDepth": 1.0})   # x = y = 0
+        self._c_scissor = ffi.new("VkRect2D*")                                           # offset (0, 0)
         lut = overdraw_lut(C.COLORMAP_SIZE)
         self.colormap = ctx.create_buffer(lut.nbytes, vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT, host_visible=True)
         np.frombuffer(self.colormap.mapped, np.float32, lut.size)[:] = lut.reshape(-1)
@@ -184,15 +190,21 @@ class PresentPass:
         vk = self.vk
         if self.generation != self.ring.generation:
             self._update_sets()
-        vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_GRAPHICS, self.pipeline)
-        vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_GRAPHICS, self.layout, 0, 1,
-                                   [self.sets[slot.index]], 0, None)
+        # Raw loader calls on structs built once in __init__ (no binding struct constructors per frame).
+        lib, ffi = vk.lib, vk.ffi
+        lib.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_GRAPHICS, self.pipeline)
+        lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_GRAPHICS, self.layout, 0, 1,
+                                    self._c_sets + slot.index, 0, ffi.NULL)
         data = shaderio.present_params(slot.width, slot.height, content or (0, 0, target_w, target_h), mode,
                                        overdraw_max, C.FLAG_SCALE_BAR if scale_bar else 0, background)
-        pc = vk.ffi.new("char[]", data)
-        vk.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_FRAGMENT_BIT, 0, len(data), pc)
-        set_viewport(vk, cmd, target_w, target_h)
-        vk.vkCmdDraw(cmd, 3, 1, 0, 0)
+        ffi.memmove(self._c_push, data, len(data))
+        lib.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_FRAGMENT_BIT, 0, len(data), self._c_push)
+        vp, sc = self._c_viewport, self._c_scissor
+        vp.width, vp.height = float(target_w), float(target_h)
+        sc.extent.width, sc.extent.height = int(target_w), int(target_h)
+        lib.vkCmdSetViewport(cmd, 0, 1, vp)
+        lib.vkCmdSetScissor(cmd, 0, 1, sc)
+        lib.vkCmdDraw(cmd, 3, 1, 0, 0)
 
     def close(self):
         if self.pipeline is None:

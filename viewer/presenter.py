@@ -20,6 +20,7 @@ import numpy as np
 from .imgui_pass import ImGuiPass
 from .present import PresentPass
 from .shaderio import C
+from .vk_context import check_result
 
 __all__ = ["Presenter"]
 
@@ -46,7 +47,34 @@ class Presenter:
         self.readback = [None] * frames
         self.captured: dict[int, int] = {}  # present number -> frame index holding its capture
         self.clear_color = (0.08, 0.08, 0.08, 1.0)
+        self._init_frame_structs()
         ctx.own(self)
+
+    def _init_frame_structs(self):
+        """The per-frame Vulkan structs as plain cffi objects, built once and filled in place each frame (the
+        binding's ``vk.VkXxx(...)`` constructors cost tens of µs of Python each; the frame needs ~10)."""
+        vk = self.vk
+        ffi = vk.ffi
+        self._c_cmd_begin = ffi.new("VkCommandBufferBeginInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
+            "flags": vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT})
+        self._c_clear = ffi.new("VkClearValue[1]")
+        self._c_pass_begin = ffi.new("VkRenderPassBeginInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_RENDER_PASS_BEGIN_INFO, "clearValueCount": 1,
+            "pClearValues": self._c_clear})   # renderArea.offset stays (0, 0)
+        self._c_waits = ffi.new("VkSemaphore[2]")            # acquire semaphore, ready[s]
+        self._c_wait_values = ffi.new("uint64_t[2]")
+        self._c_stages = ffi.new("VkPipelineStageFlags[2]")
+        self._c_signals = ffi.new("VkSemaphore[3]")          # present_done, free[s], render-finished
+        self._c_signal_values = ffi.new("uint64_t[3]")
+        self._c_cmds = ffi.new("VkCommandBuffer[1]")
+        self._c_timeline = ffi.new("VkTimelineSemaphoreSubmitInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_TIMELINE_SEMAPHORE_SUBMIT_INFO,
+            "pWaitSemaphoreValues": self._c_wait_values, "pSignalSemaphoreValues": self._c_signal_values})
+        self._c_submit = ffi.new("VkSubmitInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "pNext": self._c_timeline,
+            "pWaitSemaphores": self._c_waits, "pWaitDstStageMask": self._c_stages, "commandBufferCount": 1,
+            "pCommandBuffers": self._c_cmds, "pSignalSemaphores": self._c_signals})
 
     # ---- helpers -----------------------------------------------------------------------------------------
     def _collect(self, done: int):
@@ -93,58 +121,62 @@ class Presenter:
         frame_garbage: list = []
 
         cmd = self.cmds[f]
-        vk.vkResetCommandBuffer(cmd, 0)
-        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+        lib = vk.lib
+        check_result(vk, lib.vkResetCommandBuffer(cmd, 0), "vkResetCommandBuffer")
+        check_result(vk, lib.vkBeginCommandBuffer(cmd, self._c_cmd_begin), "vkBeginCommandBuffer")
         if self.imgui_pass is not None:
             self.imgui_pass.update_textures(cmd, draw_data, frame_garbage)
         w, h = self.target.width, self.target.height
-        clear = vk.VkClearValue(color=vk.VkClearColorValue(float32=list(self.clear_color)))
-        area = vk.VkRect2D(offset=vk.VkOffset2D(x=0, y=0), extent=vk.VkExtent2D(width=w, height=h))
-        begin = vk.VkRenderPassBeginInfo(renderPass=self.target.render_pass, framebuffer=self.target.framebuffer(index),
-                                         renderArea=area, clearValueCount=1, pClearValues=[clear])
-        vk.vkCmdBeginRenderPass(cmd, begin, vk.VK_SUBPASS_CONTENTS_INLINE)
+        begin = self._c_pass_begin
+        begin.renderPass = self.target.render_pass
+        begin.framebuffer = self.target.framebuffer(index)
+        begin.renderArea.extent.width = w
+        begin.renderArea.extent.height = h
+        self._c_clear[0].color.float32 = self.clear_color
+        lib.vkCmdBeginRenderPass(cmd, begin, vk.VK_SUBPASS_CONTENTS_INLINE)
         if slot is not None and slot.frame > 0:
             self.present_pass.record(cmd, slot, w, h, mode=mode, overdraw_max=overdraw_max, scale_bar=scale_bar,
                                      content=content)
         if self.imgui_pass is not None and draw_data is not None:
             self.imgui_pass.record(cmd, draw_data, f, w, h)
-        vk.vkCmdEndRenderPass(cmd)
+        lib.vkCmdEndRenderPass(cmd)
         if capture:
             self.target.record_capture(cmd, index, self._readback_buffer(f))
-        vk.vkEndCommandBuffer(cmd)
+        check_result(vk, lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
 
-        waits, wait_values, wait_stages = [], [], []
+        # The submit's arrays are filled in place: waits = [acquire semaphore?, ready[s]?], signals =
+        # [present_done, free[s]?, render-finished?] (vkQueueSubmit reads them before it returns).
+        n_wait = 0
         if wait_sem is not None:
-            waits.append(wait_sem)
-            wait_values.append(0)
-            wait_stages.append(vk.VK_PIPELINE_STAGE_COLOR_ATTACHMENT_OUTPUT_BIT)
-        signals, signal_values = [self.present_done], [p]
+            self._c_waits[0] = wait_sem
+            self._c_wait_values[0] = 0
+            self._c_stages[0] = vk.VK_PIPELINE_STAGE_COLOR_ATTACHMENT_OUTPUT_BIT
+            n_wait = 1
+        self._c_signals[0] = self.present_done
+        self._c_signal_values[0] = p
+        n_signal = 1
         if slot is not None and slot.frame > 0:
             sem, value = self.ring.present_wait(slot)
-            waits.append(sem)
-            wait_values.append(value)
-            wait_stages.append(vk.VK_PIPELINE_STAGE_FRAGMENT_SHADER_BIT)
+            self._c_waits[n_wait] = sem
+            self._c_wait_values[n_wait] = value
+            self._c_stages[n_wait] = vk.VK_PIPELINE_STAGE_FRAGMENT_SHADER_BIT
+            n_wait += 1
             sem, value = self.ring.mark_read(slot)
-            signals.append(sem)
-            signal_values.append(value)
+            self._c_signals[n_signal] = sem
+            self._c_signal_values[n_signal] = value
+            n_signal += 1
         done_sem = self.target.signal_semaphore(index)
         if done_sem is not None:
-            signals.append(done_sem)
-            signal_values.append(0)
-        ffi = vk.ffi
-        c_waits = ffi.new("VkSemaphore[]", waits) if waits else None
-        c_wait_values = ffi.new("uint64_t[]", wait_values) if waits else None
-        c_stages = ffi.new("VkPipelineStageFlags[]", wait_stages) if waits else None
-        c_signals = ffi.new("VkSemaphore[]", signals)
-        c_signal_values = ffi.new("uint64_t[]", signal_values)
-        c_cmds = ffi.new("VkCommandBuffer[]", [cmd])
-        timeline = vk.VkTimelineSemaphoreSubmitInfo(
-            waitSemaphoreValueCount=len(waits), pWaitSemaphoreValues=c_wait_values,
-            signalSemaphoreValueCount=len(signals), pSignalSemaphoreValues=c_signal_values)
-        submit = vk.VkSubmitInfo(pNext=timeline, waitSemaphoreCount=len(waits), pWaitSemaphores=c_waits,
-                                 pWaitDstStageMask=c_stages, commandBufferCount=1, pCommandBuffers=c_cmds,
-                                 signalSemaphoreCount=len(signals), pSignalSemaphores=c_signals)
-        vk.vkQueueSubmit(self.ctx.queue, 1, [submit], None)
+            self._c_signals[n_signal] = done_sem
+            self._c_signal_values[n_signal] = 0
+            n_signal += 1
+        self._c_cmds[0] = cmd
+        self._c_timeline.waitSemaphoreValueCount = n_wait
+        self._c_timeline.signalSemaphoreValueCount = n_signal
+        submit = self._c_submit
+        submit.waitSemaphoreCount = n_wait
+        submit.signalSemaphoreCount = n_signal
+        check_result(vk, lib.vkQueueSubmit(self.ctx.queue, 1, submit, vk.ffi.NULL), "vkQueueSubmit")
         self.count = p
         self.garbage.extend((p, fn) for fn in frame_garbage)
         if capture:

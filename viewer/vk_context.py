@@ -22,7 +22,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-__all__ = ["VulkanUnavailable", "VulkanContext", "Buffer", "Image", "load_vulkan", "validation_log",
+__all__ = ["VulkanUnavailable", "VulkanContext", "Buffer", "Image", "load_vulkan", "validation_log", "check_result",
            "ValidationLog", "INSTALL_HINT"]
 
 INSTALL_HINT = ("install a Vulkan driver, e.g. `apt-get install libvulkan1 mesa-vulkan-drivers` (lavapipe, runs on "
@@ -185,6 +185,16 @@ def cuda_device_uuid(index: int = 0) -> bytes | None:
         return _uuid_bytes(str(torch.cuda.get_device_properties(index).uuid))
     except Exception:
         return None
+
+
+def check_result(vk, result: int, what: str = "Vulkan call"):
+    """Raise the binding's exception for a non-success ``VkResult`` returned by a raw ``vk.lib`` call (the same
+    exception classes the binding's wrappers raise, e.g. ``vk.VkErrorDeviceLost``)."""
+    if result != vk.VK_SUCCESS:
+        exc = vk.exception_codes.get(result)
+        if exc is None:
+            raise RuntimeError(f"{what} returned VkResult {result}")
+        raise exc(f"{what} returned VkResult {result}")
 
 
 class VulkanContext:
@@ -569,26 +579,36 @@ class VulkanContext:
 
     def wait_timeline(self, semaphore, value: int, timeout_ns: int = UINT64_MAX) -> bool:
         """Host wait until ``semaphore`` ≥ ``value``; False on timeout. Waits on one slot's or one frame's
-        semaphore only (never the whole queue)."""
-        vk = self.vk
+        semaphore only (never the whole queue).
+
+        Per-frame path: plain cffi structs and the loader's entry point (``vk.lib``), no binding struct
+        constructor (those cost tens of µs of Python each)."""
         if value <= 0:
             return True
-        sems = vk.ffi.new("VkSemaphore[]", [semaphore])
-        vals = vk.ffi.new("uint64_t[]", [int(value)])
-        info = vk.VkSemaphoreWaitInfo(semaphoreCount=1, pSemaphores=sems, pValues=vals)
-        try:
-            vk.vkWaitSemaphores(self.device, info, int(timeout_ns))
-        except vk.VkTimeout:
+        vk = self.vk
+        ffi = vk.ffi
+        sems = ffi.new("VkSemaphore[1]", [semaphore])
+        vals = ffi.new("uint64_t[1]", [int(value)])
+        info = ffi.new("VkSemaphoreWaitInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SEMAPHORE_WAIT_INFO,
+                                               "semaphoreCount": 1, "pSemaphores": sems, "pValues": vals})
+        res = vk.lib.vkWaitSemaphores(self.device, info, int(timeout_ns))
+        if res == vk.VK_TIMEOUT:
             return False
+        check_result(vk, res, "vkWaitSemaphores")
         return True
 
     def signal_timeline(self, semaphore, value: int):
         """Host signal (``vkSignalSemaphore``): the CPU path, where the renderer runs on the host."""
         vk = self.vk
-        vk.vkSignalSemaphore(self.device, vk.VkSemaphoreSignalInfo(semaphore=semaphore, value=int(value)))
+        info = vk.ffi.new("VkSemaphoreSignalInfo*", {"sType": vk.VK_STRUCTURE_TYPE_SEMAPHORE_SIGNAL_INFO,
+                                                     "semaphore": semaphore, "value": int(value)})
+        check_result(vk, vk.lib.vkSignalSemaphore(self.device, info), "vkSignalSemaphore")
 
     def timeline_value(self, semaphore) -> int:
-        return int(self.vk.vkGetSemaphoreCounterValue(self.device, semaphore))
+        vk = self.vk
+        out = vk.ffi.new("uint64_t*")
+        check_result(vk, vk.lib.vkGetSemaphoreCounterValue(self.device, semaphore, out), "vkGetSemaphoreCounterValue")
+        return int(out[0])
 
     def allocate_command_buffers(self, n: int) -> list:
         vk = self.vk
