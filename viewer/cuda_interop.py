@@ -149,6 +149,7 @@ class ExternalTimelineSemaphore:
 
     def __init__(self, fd: int, *, device: int = 0):
         self.sem = None
+        self._call = None   # ([sem], [signal params], [wait params], runtime module), see _params
         try:
             rt = _rt()
             _check(rt.cudaSetDevice(device), f"cudaSetDevice({device})")
@@ -161,22 +162,29 @@ class ExternalTimelineSemaphore:
             os.close(fd)  # not imported: the fd is still ours
             raise
 
+    def _params(self):
+        """The one-element semaphore list and the signal / wait parameter lists, built on first use and reused:
+        each call only sets the fence value (cuda-bindings copies the parameters when the call enqueues)."""
+        rt = _rt()
+        sig = rt.cudaExternalSemaphoreSignalParams()
+        sig.flags = 0
+        wait = rt.cudaExternalSemaphoreWaitParams()
+        wait.flags = 0
+        self._call = ([self.sem], [sig], [wait], rt)
+        return self._call
+
     def signal(self, value: int, stream=None):
         """Enqueue "set the semaphore to ``value``" on ``stream`` (after all work queued before it)."""
-        rt = _rt()
-        p = rt.cudaExternalSemaphoreSignalParams()
-        p.params.fence.value = int(value)
-        p.flags = 0
-        _check(rt.cudaSignalExternalSemaphoresAsync([self.sem], [p], 1, _stream_handle(stream)),
+        sems, sig, _, rt = self._call or self._params()
+        sig[0].params.fence.value = int(value)
+        _check(rt.cudaSignalExternalSemaphoresAsync(sems, sig, 1, _stream_handle(stream)),
                "cudaSignalExternalSemaphoresAsync")
 
     def wait(self, value: int, stream=None):
         """Enqueue "wait until the semaphore ≥ ``value``" on ``stream``; later work on it waits too."""
-        rt = _rt()
-        p = rt.cudaExternalSemaphoreWaitParams()
-        p.params.fence.value = int(value)
-        p.flags = 0
-        _check(rt.cudaWaitExternalSemaphoresAsync([self.sem], [p], 1, _stream_handle(stream)),
+        sems, _, wait, rt = self._call or self._params()
+        wait[0].params.fence.value = int(value)
+        _check(rt.cudaWaitExternalSemaphoresAsync(sems, wait, 1, _stream_handle(stream)),
                "cudaWaitExternalSemaphoresAsync")
 
     def close(self):
@@ -184,3 +192,4 @@ class ExternalTimelineSemaphore:
             return
         _check(_rt().cudaDestroyExternalSemaphore(self.sem), "cudaDestroyExternalSemaphore")
         self.sem = None
+        self._call = None

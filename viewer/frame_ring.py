@@ -29,7 +29,6 @@ A slot can be presented any number of times (a still camera re-presents the last
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -95,6 +94,8 @@ class FrameRing:
         self.buffers: list[Buffer] = []
         self._imports: list = []
         self._stat_host = None
+        self._stat_slices: list = []
+        self._views: list = [None] * self.k
         self.ready, self.free = [], []
         self._ext_ready, self._ext_free = [], []
         ctx.own(self)  # from here on, ctx.close() releases whatever was made, even if a step below fails
@@ -145,6 +146,7 @@ class FrameRing:
                                    imp.tensor(o_n, (pixels,), "int32")))
             if self._stat_host is None:
                 self._stat_host = torch.zeros(self.k, dtype=torch.int32, pin_memory=True)
+                self._stat_slices = [self._stat_host[i : i + 1] for i in range(self.k)]
         else:
             import torch
 
@@ -155,12 +157,14 @@ class FrameRing:
                                    torch.from_numpy(np.frombuffer(raw, np.int32, pixels, o_n))))
         for s in self.slots:
             s.image = s.final_T = s.n_contrib = None
+        self._views = [None] * self.k   # per slot: ((width, height), image, final_T, n_contrib) views
         self.generation += 1
 
     def _release_buffers(self):
         for s in self.slots:
             s.image = s.final_T = s.n_contrib = None
         self._flat = []
+        self._views = [None] * self.k
         for imp in self._imports:
             imp.close()
         self._imports = []
@@ -205,11 +209,13 @@ class FrameRing:
                 self._ext_free[s].wait(self.last_read[s], stream)
         else:
             self.ctx.wait_timeline(self.free[s], self.last_read[s])
-        img, fT, nc = self._flat[s]
-        n = width * height
-        slot.image = img[: n * 3].view(height, width, 3)
-        slot.final_T = fT[:n].view(height, width)
-        slot.n_contrib = nc[:n].view(height, width)
+        views = self._views[s]
+        if views is None or views[0] != (width, height):
+            img, fT, nc = self._flat[s]
+            n = width * height
+            views = self._views[s] = ((width, height), img[: n * 3].view(height, width, 3),
+                                      fT[:n].view(height, width), nc[:n].view(height, width))
+        _, slot.image, slot.final_T, slot.n_contrib = views   # the same views while the size stays
         slot.width, slot.height = width, height
         return slot
 
@@ -223,9 +229,14 @@ class FrameRing:
             import torch
 
             # The overdraw scale of this frame, copied to pinned memory before the signal: readable once
-            # ready[s] ≥ r, without synchronising the stream.
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                self._stat_host[s : s + 1].copy_(slot.n_contrib.amax().reshape(1), non_blocking=True)
+            # ready[s] ≥ r, without synchronising the stream. The stream context is entered only when
+            # ``stream`` is not already torch's current stream (the frame loop usually renders inside it).
+            if stream is None or (isinstance(stream, torch.cuda.Stream)
+                                  and stream == torch.cuda.current_stream(stream.device)):
+                self._stat_slices[s].copy_(slot.n_contrib.amax().reshape(1), non_blocking=True)
+            else:
+                with torch.cuda.stream(stream):
+                    self._stat_slices[s].copy_(slot.n_contrib.amax().reshape(1), non_blocking=True)
             self._ext_ready[s].signal(r, stream)
         else:
             slot.overdraw_max = max(int(slot.n_contrib.max()), 1) if slot.n_contrib.numel() else 1
