@@ -310,11 +310,14 @@ class SwapchainTarget:
 
     def present(self, index: int) -> bool:
         vk = self.vk
-        sems = vk.ffi.new("VkSemaphore[]", [self.render_finished[index]])
-        chains = vk.ffi.new("VkSwapchainKHR[]", [self.swapchain])
-        indices = vk.ffi.new("uint32_t[]", [index])
-        info = vk.VkPresentInfoKHR(waitSemaphoreCount=1, pWaitSemaphores=sems, swapchainCount=1,
-                                   pSwapchains=chains, pImageIndices=indices)
+        ffi = vk.ffi
+        sems = ffi.new("VkSemaphore[1]", [self.render_finished[index]])
+        chains = ffi.new("VkSwapchainKHR[1]", [self.swapchain])
+        indices = ffi.new("uint32_t[1]", [index])
+        # a plain cffi struct (the binding's VkPresentInfoKHR(...) constructor costs tens of µs per frame)
+        info = ffi.new("VkPresentInfoKHR*", {"sType": vk.VK_STRUCTURE_TYPE_PRESENT_INFO_KHR, "waitSemaphoreCount": 1,
+                                             "pWaitSemaphores": sems, "swapchainCount": 1, "pSwapchains": chains,
+                                             "pImageIndices": indices})
         try:
             self._present(self.ctx.queue, info)
         except (vk.VkErrorOutOfDateKhr, vk.VkSuboptimalKhr):
