@@ -17,6 +17,7 @@
 #   train:DATA:DS:APP:ITERS[:TIMEOUT]  rigel-train on $RIGEL_SHARED_DATA/DATA (or "orbit": the procedural orbit dataset,
 #                             generated here) at --downscale DS with --appearance APP for ITERS iterations
 #   viewer:DATA:DS:ITERS[:TIMEOUT]     rigel-viewer --offscreen training live on the same data (needs --ui)
+# A lane entry "JOB+JOB" runs those jobs at the same time on the lane's GPU (their timings then share it).
 # Per-job time limits: TIMEOUT in the spec, else JOB_TIMEOUT (default 330 s; training gets SIGINT, which saves
 # the run and its last evaluation).
 set -uo pipefail
@@ -130,10 +131,16 @@ print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','f
   echo "$spec | $(( $(date +%s) - t0 ))s | $line"
 }
 
-lane() {  # lane GPU "jobs..." -> summary lines into $LOGS/lane$GPU.txt
+lane() {  # lane GPU "jobs..." -> summary lines into $LOGS/lane$GPU.txt; "a+b" runs a and b at once on that GPU
   local gpu=$1; shift
   : >"$LOGS/lane$gpu.txt"
-  for j in $1; do CUDA_VISIBLE_DEVICES=$gpu job "$j" | tee -a "$LOGS/lane$gpu.txt"; done
+  for j in $1; do
+    local pids=()
+    for part in ${j//+/ }; do
+      CUDA_VISIBLE_DEVICES=$gpu job "$part" | tee -a "$LOGS/lane$gpu.txt" & pids+=($!)
+    done
+    wait "${pids[@]}"
+  done
 }
 
 # DEADLINE (seconds from the start, default 0 = none): the lanes get SIGINT then (training saves its run), so the
