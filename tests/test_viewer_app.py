@@ -81,16 +81,29 @@ def tiny_trainer(rng, iterations=30, **cfg):
     return Trainer(ds, config, device="cpu")
 
 
+_seen: dict = {}  # id(events) -> (events, index after the last event a wait_for returned from it); the list is
+#                   kept so that its id cannot be reused by another list
+
+
 def wait_for(events: list, session, predicate, timeout=60.0):
-    """Drain ``session`` into ``events`` until one event satisfies ``predicate``; return it."""
+    """Drain ``session`` into ``events`` until one event satisfies ``predicate``; return it. Events already
+    drained by an earlier call but after the event it returned are looked at first (two events can arrive in
+    one drain)."""
     t0 = time.perf_counter()
-    while time.perf_counter() - t0 < timeout:
-        new = session.drain_events()
-        events.extend(new)
-        for e in new:
+    seen = _seen.get(id(events))
+    i = seen[1] if seen is not None and seen[0] is events else 0
+    while True:
+        while i < len(events):
+            e = events[i]
+            i += 1
             if predicate(e):
+                _seen[id(events)] = (events, i)
                 return e
-        time.sleep(0.005)
+        if time.perf_counter() - t0 >= timeout:
+            break
+        events.extend(session.drain_events())
+        if i == len(events):
+            time.sleep(0.005)
     raise AssertionError(f"no matching event within {timeout} s; got {[type(e).__name__ for e in events][-10:]}")
 
 
