@@ -469,7 +469,7 @@ def blender_dataset(tmp_path_factory, rng):
     return d
 
 
-def test_cli_end_to_end_resume_and_interrupt(blender_dataset, tmp_path, monkeypatch):
+def test_cli_end_to_end_resume_and_interrupt(blender_dataset, tmp_path, monkeypatch, capsys):
     from rigel_core.cli.train import main
     from rigel_core.io.ply import load_ply
 
@@ -491,6 +491,12 @@ def test_cli_end_to_end_resume_and_interrupt(blender_dataset, tmp_path, monkeypa
     ply = load_ply(run / "model.ply")
     ck = load_checkpoint_model(run / "checkpoint.safetensors")
     assert torch.equal(ply.means3D, ck.means3D) and ply.sh_degree == 3
+
+    # an existing run is never overwritten by accident
+    mtime = (run / "checkpoint.safetensors").stat().st_mtime_ns
+    assert main(common + ["--iters", "25"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert (run / "checkpoint.safetensors").stat().st_mtime_ns == mtime
 
     assert main(common + ["--iters", "25", "--resume"]) == 0
     metrics = json.loads((run / "metrics.json").read_text())
@@ -518,3 +524,8 @@ def test_cli_end_to_end_resume_and_interrupt(blender_dataset, tmp_path, monkeypa
     assert json.loads((run2 / "metrics.json").read_text())["iterations_done"] == 3
 
     assert main(["--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "r3"), "--device", "cpu"]) == 2
+    assert not (tmp_path / "r3").exists()  # a run that cannot start leaves no directory behind
+    capsys.readouterr()
+    assert main(["--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "r4"), "--device", "cpu",
+                 "--resume"]) == 2
+    assert "no checkpoint.safetensors" in capsys.readouterr().err

@@ -11,8 +11,8 @@ instant-ngp, COLMAP). Writes into ``RUN``:
 - ``metrics.json``: the run's configuration, the training loss curve (mean over each ``--log-every`` window:
   loss, training-view PSNR, Gaussian count, ms per iteration), held-out PSNR and SSIM at each evaluation,
   timings, peak GPU memory (CUDA), the number of steps the NaN guard skipped;
-- ``checkpoint.safetensors`` (:mod:`rigel_core.checkpoint`; ``--resume`` continues from it), ``model.ply``
-  (INRIA layout), both written atomically;
+- ``checkpoint.safetensors`` (:mod:`rigel_core.checkpoint`; ``--resume`` continues from it, and an ``--out``
+  that holds one is refused without ``--resume``), ``model.ply`` (INRIA layout), both written atomically;
 - ``renders/it<NNNNNN>/<view>_pred.png`` and ``<view>_gt.png`` for the first ``--n-renders`` held-out views
   at each evaluation.
 
@@ -157,7 +157,13 @@ def main(argv=None) -> int:
     from ..train import TrainConfig, Trainer
 
     run_dir = Path(args.out)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = run_dir / CHECKPOINT_NAME
+    if ckpt.is_file() and not args.resume:
+        print(f"rigel-train: {run_dir} already holds a run ({CHECKPOINT_NAME}); pass --resume to continue it, "
+              "or choose another --out", file=sys.stderr)
+        return 2
+    if args.resume and not ckpt.is_file():
+        print(f"rigel-train: --resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run", file=sys.stderr)
     device = args.device or ("cuda" if cuda_available() else "cpu")
     if device == "cuda" and not cuda_available():
         print("rigel-train: --device cuda asked, but no CUDA device or no built kernels (rigel_core._C)",
@@ -174,7 +180,6 @@ def main(argv=None) -> int:
     overrides = {k: v for k, v in {"iterations": args.iters, "max_gaussians": args.max_gaussians,
                                    "eval_every": args.eval_every, "seed": args.seed,
                                    "init_points": args.init_points}.items() if v is not None}
-    ckpt = run_dir / CHECKPOINT_NAME
     metrics_path = run_dir / "metrics.json"
     metrics = None
     try:
@@ -193,6 +198,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"rigel-train: {e}", file=sys.stderr)
         return 2
+    run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that cannot start leaves no empty directory
     t_init = time.perf_counter()
     cfg = trainer.config
     if metrics is None:
