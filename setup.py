@@ -2,7 +2,7 @@
 the pure-Python package (the PyTorch reference backend serves).
 
 Install with ``pip install --no-build-isolation -e .`` so that the build sees the installed torch
-(an isolated build has no torch, and would silently skip the kernels — PLATFORM.md).
+(an isolated build has no torch, and would silently skip the kernels — ../shared/docs/PLATFORM.md).
 Environment: ``RIGEL_NO_CUDA=1`` forces a pure-Python install; ``TORCH_CUDA_ARCH_LIST`` defaults to 9.0 (H200).
 """
 import glob
@@ -31,7 +31,7 @@ def cuda_extension():
     if torch.version.cuda is None:
         print("rigel: this PyTorch has no CUDA; installing without CUDA kernels", file=sys.stderr)
         return [], {}
-    # PLATFORM.md: nvcc on PATH may be a wrapper in /usr/local/bin, which makes torch guess CUDA_HOME=/usr/local.
+    # ../shared/docs/PLATFORM.md: nvcc on PATH may be a wrapper in /usr/local/bin, which makes torch guess CUDA_HOME=/usr/local.
     if "CUDA_HOME" not in os.environ:
         for cand in ("/usr/local/cuda", os.path.dirname(os.path.dirname(shutil.which("nvcc") or "/x/x"))):
             if os.path.exists(os.path.join(cand, "bin", "nvcc")) and os.path.exists(os.path.join(cand, "include", "cuda.h")):

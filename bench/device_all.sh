@@ -4,7 +4,7 @@
 # disturbed by the other lane (different GPUs); each job's log and results go to $OUT/logs.tgz, a short table
 # is printed last and written to $OUT/summary.txt.
 #
-# On the GPU machine (device tool; carry .device and .data = copies of ../shared/data, see PLATFORM.md):
+# On the GPU machine (device tool; carry .device and .data = copies of ../shared/data, see ../shared/docs/PLATFORM.md):
 #   source .device/env.sh && bash bench/device_all.sh --lane0 "tests fwdbench" --lane1 "train:lego:1:sh:30000"
 # Jobs:
 #   tests                     every GPU test (bench/device_run.sh --all-gpu-tests), pytest summary in the table

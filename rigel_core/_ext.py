@@ -1,7 +1,7 @@
 """Loading of the compiled CUDA extension ``rigel_core._C``.
 
 Never falls back silently: when PyTorch sees a GPU but the extension is missing, the first CUDA render
-raises with the reason (PLATFORM.md: an isolated ``pip install`` builds no kernels).
+raises with the reason (../shared/docs/PLATFORM.md: an isolated ``pip install`` builds no kernels).
 """
 from __future__ import annotations
 

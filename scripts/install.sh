@@ -24,5 +24,12 @@ python -m pip install -q "torch==2.14.1" numpy plyfile tqdm pillow imageio scipy
 [ -d /usr/local/cuda ] && export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export MAX_JOBS=${MAX_JOBS:-2}
-python -m pip install -q --no-build-isolation --no-deps -e .
+# The editable install compiles the CUDA kernels (minutes): skip it when rigel is installed and its _C is newer
+# than every kernel source and setup.py (running the README's second command after the first, say).
+so=$(ls rigel_core/_C*.so 2>/dev/null | head -1)
+if [ -n "$so" ] && pip show -q rigel >/dev/null 2>&1 && [ -z "$(find csrc setup.py -newer "$so" 2>/dev/null)" ]; then
+  echo "rigel already installed and its kernels are up to date ($so)"
+else
+  python -m pip install -q --no-build-isolation --no-deps -e .
+fi
 python -c "import rigel_core, rigel_core._ext as e; print('rigel installed; CUDA kernels built:', e.available())"

@@ -61,7 +61,7 @@ def create_graphics_pipeline(ctx, render_pass, layout, vert: str, frag: str, *, 
     vs = create_shader_module(ctx, vert)
     fs = create_shader_module(ctx, frag)
     try:
-        # Every nested struct stays in a variable until vkCreateGraphicsPipelines returns (PLATFORM.md).
+        # Every nested struct stays in a variable until vkCreateGraphicsPipelines returns (../shared/docs/PLATFORM.md).
         stages = [vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_VERTEX_BIT, module=vs, pName="main"),
                   vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_FRAGMENT_BIT, module=fs, pName="main")]
         if vertex_input is None:
