@@ -92,6 +92,9 @@ def _save_png(path: Path, img) -> None:
 
 def _make_logger(run_dir: Path, progress) -> logging.Logger:
     log = logging.getLogger(f"rigel.train.{id(progress)}")
+    for h in list(log.handlers):  # an id can come back in a later run of the same process: drop its handlers
+        log.removeHandler(h)
+        h.close()
     log.setLevel(logging.INFO)
     log.propagate = False
     fh = logging.FileHandler(run_dir / "log.txt")
