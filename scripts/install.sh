@@ -26,7 +26,8 @@ export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export MAX_JOBS=${MAX_JOBS:-2}
 # The editable install compiles the CUDA kernels (minutes): skip it when rigel is installed and its _C is newer
 # than every kernel source and setup.py (running the README's second command after the first, say).
-so=$(ls rigel_core/_C*.so 2>/dev/null | head -1)
+so=""
+for f in rigel_core/_C*.so; do [ -e "$f" ] && so=$f && break; done
 if [ -n "$so" ] && pip show -q rigel >/dev/null 2>&1 && [ -z "$(find csrc setup.py -newer "$so" 2>/dev/null)" ]; then
   echo "rigel already installed and its kernels are up to date ($so)"
 else
