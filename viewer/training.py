@@ -49,25 +49,6 @@ def snapshot_model(trainer):
     return model, event
 
 
-def _consistent(trainer) -> bool:
-    """Every per-Gaussian tensor, its Adam moments and the densification statistics have the model's row
-    count (a failure inside densification can leave them torn; such a state is not saved)."""
-    try:
-        from rigel_core.train.optim import per_gaussian_tensors
-
-        trainer.model.validate()
-        n = trainer.model.num_gaussians
-        for p in per_gaussian_tensors(trainer.optimizer, trainer.model).values():
-            if p.shape[0] != n:
-                return False
-            for v in trainer.optimizer.state.get(p, {}).values():
-                if getattr(v, "dim", lambda: 0)() > 0 and v.shape[0] != n:
-                    return False
-        return len(trainer.stats) == n
-    except Exception:  # noqa: BLE001 - anything odd here means "do not trust this state"
-        return False
-
-
 class TrainingSession:
     """Runs ``trainer`` in a thread, publishing snapshots into ``slot``.
 
@@ -314,7 +295,7 @@ class TrainingSession:
             self._emit(M.TrainingFailed(tr.iteration, f"{type(e).__name__}: {e}", tb))
             try:
                 tr.optimizer.zero_grad(set_to_none=True)
-                if _consistent(tr):
+                if tr.is_consistent():
                     self._publish()
                     self.save("both", "failed")
                 else:

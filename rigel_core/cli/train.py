@@ -136,20 +136,6 @@ class _Progress:
             self.bar.close()
 
 
-def _consistent(trainer) -> bool:
-    """Every per-Gaussian tensor and moment has the model's row count (not torn by an interrupt)."""
-    from ..train.optim import per_gaussian_tensors
-
-    n = trainer.model.num_gaussians
-    for name, p in per_gaussian_tensors(trainer.optimizer, trainer.model).items():
-        if p.shape[0] != n:
-            return False
-        for v in trainer.optimizer.state.get(p, {}).values():
-            if getattr(v, "dim", lambda: 0)() > 0 and v.shape[0] != n:
-                return False
-    return len(trainer.stats) == n
-
-
 def main(argv=None) -> int:
     """Run ``rigel-train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -323,7 +309,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         status = EXIT_INTERRUPTED
         trainer.optimizer.zero_grad(set_to_none=True)
-        if _consistent(trainer):
+        if trainer.is_consistent():
             save_all("interrupted")
         else:
             log.info(f"[{trainer.iteration}] interrupted mid-update: state inconsistent, checkpoint not written")

@@ -38,7 +38,8 @@ from .config import TrainConfig
 from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_grad, prepare_means2D_grad, \
     reset_opacity
 from .losses import l1_loss, psnr_from_mse, ssim
-from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, set_learning_rates
+from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
+    set_learning_rates
 
 __all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points"]
 
@@ -387,6 +388,23 @@ class Trainer:
             self.model, self.optimizer = model, opt
             cfg.appearance = kind
         return float(rmse)
+
+    def is_consistent(self) -> bool:
+        """True when every per-Gaussian tensor, its Adam moments and the densification statistics have the
+        model's row count and the model validates. An exception inside densification (or an interrupt) can leave
+        them torn; the CLI and the viewer save a checkpoint only of a consistent state."""
+        try:
+            self.model.validate()
+            n = self.model.num_gaussians
+            for p in per_gaussian_tensors(self.optimizer, self.model).values():
+                if p.shape[0] != n:
+                    return False
+                for v in self.optimizer.state.get(p, {}).values():
+                    if getattr(v, "dim", lambda: 0)() > 0 and v.shape[0] != n:
+                        return False
+            return len(self.stats) == n
+        except Exception:  # noqa: BLE001 - anything odd here means "do not trust this state"
+            return False
 
     def snapshot(self) -> GaussianModel:
         """A detached copy of the current model, consistent (taken under ``lock``)."""
