@@ -25,7 +25,6 @@ import argparse
 import json
 import logging
 import math
-import os
 import signal
 import sys
 import threading
