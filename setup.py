@@ -69,7 +69,8 @@ setup(
     name="rigel",
     version="0.1.0",
     description="3D Gaussian Splatting renderer, trainer and viewer with from-scratch CUDA kernels",
-    packages=find_packages(include=["rigel_core", "rigel_core.*", "viewer", "viewer.*"]),
+    # rigel_core.assets holds data only (the bundled scene): listed so setuptools ships it as a package
+    packages=find_packages(include=["rigel_core", "rigel_core.*", "viewer", "viewer.*"]) + ["rigel_core.assets"],
     package_data={"viewer": ["../shaders/*.spv"], "rigel_core": ["assets/*"]},
     include_package_data=True,
     python_requires=">=3.10",

@@ -749,7 +749,8 @@ def _sigint_flag(viewer):
         if viewer.interrupted:
             raise KeyboardInterrupt
         viewer.interrupted = True
-        print("rigel-viewer: interrupted, saving and closing (Ctrl-C again to abort)", file=sys.stderr)
+        what = "saving the training and closing" if getattr(viewer, "training", None) is not None else "closing"
+        print(f"rigel-viewer: interrupted, {what} (Ctrl-C again to abort)", file=sys.stderr)
 
     old = signal.signal(signal.SIGINT, handler)
     try:
