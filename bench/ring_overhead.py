@@ -10,6 +10,17 @@ Two ways to make the same frame of the procedural scene (``make_scene(n, sh_degr
     ``ready[s]`` signalled), ``Presenter.present`` (one Vulkan submit: waits ``ready[s]``, runs the present pass
     of the mode into an :class:`~viewer.targets.OffscreenTarget`, signals ``free[s]``).
 
+Two present policies for (b) (``--policies``):
+
+* ``ready`` (the viewer's): the ring enqueues a ``free[s]`` wait only when the host sees it unmet, and each
+  frame presents :meth:`FrameRing.newest_ready` — the newest render already finished, usually the previous one —
+  so that no GPU-side wait is queued before the other API's signal; after the last frame its render is presented
+  too, so every frame of the run is rendered and the last one shown;
+* ``eager`` (the protocol as first written, commit 862c999): every render enqueues its ``free[s]`` wait and is
+  presented right after its release, the Vulkan submit waiting on a ``ready[s]`` not signalled yet;
+* ``ring-only`` (a diagnostic, not a frame): acquire, render into the slot and release as ``ready``, no present;
+  it separates the ring's own cost from the present pass's.
+
 No readback of the colour image is timed: copying a frame to host memory is not part of a frame (the viewer
 reads back only for screenshots and ``--offscreen`` PNGs); one readback *after* the timing checks that the ring
 frame equals the render alone and that the presented pixels are its 8-bit conversion. No ImGui pass.
@@ -60,6 +71,7 @@ import rigel_core as rc  # noqa: E402
 from rigel_core.data.procedural import SCENE_RADIUS, make_scene  # noqa: E402
 
 MODES = ("image", "alpha", "overdraw", "side-by-side")
+POLICIES = ("ready", "eager", "ring-only")
 TARGET_OVERHEAD = 0.05  # issue 6: ring + passes cost at most 5 % of the render time
 SMALL = dict(n=2000, res="160x120", frames=5, warmup=1, repeats=1, sync_frames=2)
 FULL = dict(n=1_000_000, res="1920x1080", frames=200, warmup=20, repeats=5, sync_frames=None)  # None: --frames
@@ -117,6 +129,7 @@ class RingBench:
         self.ctx, self.ring, self.presenter = ctx, ring, presenter
         self.stream = stream   # torch.cuda.Stream, or None on the CPU path
         self.dev = model.device
+        self.presented: set[int] = set()   # render numbers shown by the ``ready`` policy's presents
 
     def _on_stream(self):
         return torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
@@ -139,8 +152,9 @@ class RingBench:
                 marks.mark(1)
                 marks.next()
 
-    def frame_full(self, cam, mode: int, marks=None) -> int:
-        """(b): acquire a slot, render into it, release it, present it. Returns the present number."""
+    def frame_full(self, cam, mode: int, marks=None, policy: str = "eager") -> int:
+        """(b): acquire a slot, render into it, release it, present it (``eager``) or the newest finished render
+        (``ready``). Returns the present number."""
         w, h = cam.width, cam.height
         with self._on_stream():
             slot = self.ring.acquire(w, h, self.stream)
@@ -153,6 +167,11 @@ class RingBench:
             if marks is not None:
                 marks.mark(2)
                 marks.next()
+        if policy == "ring-only":
+            return 0
+        if policy == "ready":
+            slot = self.ring.newest_ready() or slot
+            self.presented.add(slot.frame)
         t0 = time.perf_counter()
         p = self.presenter.present(slot, mode=mode)
         if marks is not None:
@@ -183,11 +202,18 @@ class RingBench:
             self.stream.synchronize()
         return (time.perf_counter() - t0) * 1e3 / frames
 
-    def throughput_full(self, cam, mode: int, frames: int) -> float:
+    def throughput_full(self, cam, mode: int, frames: int, policy: str) -> float:
         self.drain()
         t0 = time.perf_counter()
         for _ in range(frames):
-            p = self.frame_full(cam, mode)
+            p = self.frame_full(cam, mode, policy=policy)
+        if policy == "ring-only":
+            if self.stream is not None:
+                self.stream.synchronize()
+            return (time.perf_counter() - t0) * 1e3 / frames
+        if policy == "ready":   # show the last render too: the run ends with every frame rendered and shown
+            p = self.presenter.present(self.ring.latest, mode=mode)
+            self.presented.add(self.ring.latest.frame)
         self.wait_present(p)   # the present waited for the render's ready[s]: the whole frame is done
         return (time.perf_counter() - t0) * 1e3 / frames
 
@@ -203,6 +229,7 @@ class RingBench:
         return ms
 
     def latency_full(self, cam, mode: int, frames: int, marks: Marks) -> list[float]:
+        """Issue → present done of one frame (its own render presented: the ``eager`` order)."""
         self.drain()
         ms = []
         for _ in range(frames):
@@ -235,7 +262,7 @@ class RingBench:
                 "n_contrib_max": int(out[2].max())}
 
     def measure(self, mode_name: str, mode: int, *, frames: int, warmup: int, repeats: int,
-                sync_frames: int) -> dict:
+                sync_frames: int, policy: str) -> dict:
         """Both figures of one mode (see the module docstring)."""
         from viewer.shaderio import C
 
@@ -246,12 +273,17 @@ class RingBench:
         out = self.outputs(w, h)
         for _ in range(warmup):
             self.frame_alone(cam, out)
+        self.ring.elide_waits = policy != "eager"
         for _ in range(warmup):
-            self.frame_full(cam, mode)
+            self.frame_full(cam, mode, policy=policy)
         alone, full = [], []
+        waits0 = self.ring.waits_enqueued
+        self.presented = set()
         for _ in range(repeats):   # interleaved, so that a clock or thermal drift affects both alike
             alone.append(self.throughput_alone(cam, out, frames))
-            full.append(self.throughput_full(cam, mode, frames))
+            full.append(self.throughput_full(cam, mode, frames, policy))
+        waits = self.ring.waits_enqueued - waits0
+        shown = len(self.presented)
         # per frame, each waited for on its own; the time stamps stay out of the throughput loops above
         ma, mb = Marks(self.stream, sync_frames, 2), Marks(self.stream, sync_frames, 3)
         lat_a = self.latency_alone(cam, out, sync_frames, ma)
@@ -260,7 +292,10 @@ class RingBench:
         ia, ib = ma.intervals(), mb.intervals()
         a, b = statistics.median(alone), statistics.median(full)
         return {
-            "mode": mode_name, "frame": f"{w}x{h}",
+            "policy": policy, "mode": mode_name, "frame": f"{w}x{h}",
+            "free_waits_enqueued": waits,
+            "distinct_frames_shown": {"ready": shown, "eager": repeats * frames}.get(policy, 0),
+            "frames_rendered": repeats * frames,
             "alone_ms": a, "full_ms": b, "overhead": (b - a) / a, "met": (b - a) / a <= TARGET_OVERHEAD,
             "alone_runs_ms": alone, "full_runs_ms": full,
             "alone_render_ms": statistics.median(r[0] for r in ia),
@@ -287,23 +322,25 @@ def markdown(rows, info) -> str:
         "semaphores, overdraw scale) + the mode's present pass into the offscreen image. No readback of the "
         "colour image (not part of a frame: the viewer reads back only for screenshots); no ImGui pass. "
         "Side-by-side renders one panel (width / 3), as the viewer does.", "",
-        "| mode | frame | render alone (ms/frame) | full frame (ms/frame) | overhead | target ≤ 5 % |",
-        "|---|---|---:|---:|---:|---|",
+        "| policy | mode | frame | render alone (ms/frame) | full frame (ms/frame) | overhead | target ≤ 5 % | "
+        "free[s] waits enqueued | frames shown / rendered |",
+        "|---|---|---|---:|---:|---:|---|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['mode']} | {r['frame']} | {r['alone_ms']:.3f} | {r['full_ms']:.3f} | "
-                     f"{100 * r['overhead']:+.1f} % | {'met' if r['met'] else '**not met**'} |")
+        lines.append(f"| {r['policy']} | {r['mode']} | {r['frame']} | {r['alone_ms']:.3f} | {r['full_ms']:.3f} | "
+                     f"{100 * r['overhead']:+.1f} % | {'met' if r['met'] else '**not met**'} | "
+                     f"{r['free_waits_enqueued']} | {r['distinct_frames_shown']} / {r['frames_rendered']} |")
     lines += [
         "", f"Per frame: {info['sync_frames']} frames of each kind, each waited for on its own; medians of the "
         f"render's time ({timer}), of the ring's release (overdraw scale + ready[s] signal), of the host "
         "time of `Presenter.present` (record + submit) and of the wall time from issuing the frame to its "
         "completion (ms):", "",
-        "| mode | render alone | render into the ring slot | ring release | present call (host) | "
+        "| policy | mode | render alone | render into the ring slot | ring release | present call (host) | "
         "render alone, wall synced | full frame, wall synced (issue → present done) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['mode']} | {r['alone_render_ms']:.3f} | {r['full_render_ms']:.3f} | "
+        lines.append(f"| {r['policy']} | {r['mode']} | {r['alone_render_ms']:.3f} | {r['full_render_ms']:.3f} | "
                      f"{r['ring_release_ms']:.3f} | {r['present_call_ms']:.3f} | {r['alone_latency_ms']:.3f} | "
                      f"{r['full_latency_ms']:.3f} |")
     c = info["check"]
@@ -338,6 +375,9 @@ def parse_args(argv=None):
     ap.add_argument("--sync-frames", type=int, help="frames timed one at a time, each waited for (default: "
                     f"--frames; --small: {SMALL['sync_frames']})")
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
+    ap.add_argument("--policies", default="ready,eager",
+                    help="comma-separated present policies: ready (the viewer's), eager (the first protocol), "
+                         "ring-only (diagnostic: no present)")
     ap.add_argument("--slots", type=int, default=3, help="frame-ring slots K (the viewer's default: 3)")
     ap.add_argument("--frames-in-flight", type=int, default=2, help="presenter frames in flight (viewer: 2)")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default=None,
@@ -359,6 +399,9 @@ def parse_args(argv=None):
     bad = [m for m in args.modes if m not in MODES]
     if bad or not args.modes:
         ap.error(f"--modes: unknown {bad or 'empty list'}; choose from {', '.join(MODES)}")
+    args.policies = [m.strip() for m in args.policies.split(",") if m.strip()]
+    if not args.policies or any(m not in POLICIES for m in args.policies):
+        ap.error(f"--policies: choose from {', '.join(POLICIES)}; got {args.policies}")
     if args.n < 3 or args.frames < 1 or args.sync_frames < 1 or args.repeats < 1 or args.warmup < 0:
         ap.error("--n >= 3, --frames >= 1, --sync-frames >= 1, --repeats >= 1 and --warmup >= 0 are required")
     if args.device is None:
@@ -407,12 +450,12 @@ def main(argv=None) -> int:
         bench = RingBench(model, camera, ctx, ring, presenter, stream)
         rows = []
         with torch.no_grad():
-            for name in args.modes:
+            for policy, name in ((pol, m) for pol in args.policies for m in args.modes):
                 t1 = time.perf_counter()
                 r = bench.measure(name, MODE_NAMES[name], frames=args.frames, warmup=args.warmup,
-                                  repeats=args.repeats, sync_frames=args.sync_frames)
+                                  repeats=args.repeats, sync_frames=args.sync_frames, policy=policy)
                 rows.append(r)
-                print(f"  {name:>12} {r['frame']:>10}: alone {r['alone_ms']:.3f} ms/frame, full {r['full_ms']:.3f} "
+                print(f"  {policy:>5} {name:>12} {r['frame']:>10}: alone {r['alone_ms']:.3f} ms/frame, full {r['full_ms']:.3f} "
                       f"ms/frame, overhead {100 * r['overhead']:+.1f} % ({time.perf_counter() - t1:.1f} s)", flush=True)
             check = bench.check(C.MODE_IMAGE)
         bench.drain()

@@ -314,6 +314,24 @@ def test_ring_keeps_every_frame_and_grows(ctx, rng):
         FrameRing(ctx, 1)
 
 
+def test_newest_ready_never_offers_a_slot_being_written(ctx, rng):
+    """newest_ready: None before any render; a slot between acquire and release is never offered (its memory is
+    being written) even though its previous frame was finished; after release the newest render is."""
+    ring, _, _ = offscreen(ctx, 16, 8, slots=2)
+    assert ring.newest_ready() is None
+    first = ring.acquire(16, 8)
+    assert ring.newest_ready() is None and not ring.is_ready(first)
+    ring.release(first)
+    assert ring.newest_ready() is first and ring.is_ready(first)
+    second, *_ = fill_slot(ring, 16, 8, rng)
+    assert ring.newest_ready() is second
+    again = ring.acquire(16, 8)            # the 2-slot ring comes back to the first slot: frame 1 is finished,
+    assert again is first and again.frame == 1
+    assert ring.newest_ready() is second   # but the slot is being overwritten
+    ring.release(again)
+    assert ring.newest_ready() is again and again.frame == 3
+
+
 # ---- ImGui ------------------------------------------------------------------------------------------------------
 def _imgui_frame(w, h, pos=(10, 8), size=(120, 100)):
     from imgui_bundle import imgui, implot
@@ -492,16 +510,18 @@ def test_cuda_interop_failure_names_the_call_and_closes_the_fd(ctx):
 
 # ---- GPU: CUDA interop -------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-def test_gpu_ring_200_frames_with_slow_vulkan_side():
+@pytest.mark.parametrize("elide_waits", [True, False], ids=["elided", "every-wait"])
+def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits):
     """CUDA writes a per-frame pattern into slot s; Vulkan, slowed by big fills before each copy, copies the
     slot to its own host region per frame. Every one of 200 frames must read back as written: CUDA waited on
-    free[s] before overwriting, Vulkan waited on ready[s] before reading."""
+    free[s] before overwriting, Vulkan waited on ready[s] before reading. With the waits elided the ring still
+    enqueued waits the slow Vulkan side made necessary; without, every render after the first k did."""
     c = vkc.VulkanContext(validation=VALIDATION)
     c.init_device(interop=True, device_uuid=vkc.cuda_device_uuid())
     vk = c.vk
     try:
         w, h, k, n_frames = 64, 48, 3, 200
-        ring = FrameRing(c, k, device="cuda", capacity=(w, h))
+        ring = FrameRing(c, k, device="cuda", capacity=(w, h), elide_waits=elide_waits)
         slot_bytes = ring.buffers[0].size
         host = c.create_buffer(slot_bytes * n_frames, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=True)
         scratch = c.create_buffer(256 << 20, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=False)
@@ -547,9 +567,41 @@ def test_gpu_ring_200_frames_with_slow_vulkan_side():
             assert (row[o_i:o_i + npx * 12].view(np.float32) == n).all(), f"frame {n}: image"
             assert (row[o_t:o_t + npx * 4].view(np.float32) == n + 0.5).all(), f"frame {n}: final_T"
             assert (row[o_n:o_n + npx * 4].view(np.int32) == n * 7).all(), f"frame {n}: n_contrib"
+        if elide_waits:
+            assert 0 < ring.waits_enqueued <= n_frames - k
+        else:
+            assert ring.waits_enqueued == n_frames - k
         c.free_command_buffers(cmds)
         host.destroy()
         scratch.destroy()
+    finally:
+        c.close()
+
+
+@pytest.mark.gpu
+def test_gpu_newest_ready_waits_for_the_render_to_finish():
+    """CUDA path: a released render still running on the stream is not offered (ready[s] not reached); the
+    previous finished one is; once the stream is done the new one is. Every slot's content is what its frame
+    wrote."""
+    c = vkc.VulkanContext(validation=VALIDATION)
+    c.init_device(interop=True, device_uuid=vkc.cuda_device_uuid())
+    try:
+        ring = FrameRing(c, 3, device="cuda", capacity=(32, 16))
+        stream = torch.cuda.current_stream()
+        first = ring.acquire(32, 16, stream)
+        first.image.fill_(1.0)
+        ring.release(first, stream)
+        torch.cuda.synchronize()
+        assert ring.newest_ready() is first
+        second = ring.acquire(32, 16, stream)
+        torch.cuda._sleep(200_000_000)          # ~0.1 s of GPU time before the render's writes and its signal
+        second.image.fill_(2.0)
+        ring.release(second, stream)
+        assert ring.latest is second and not ring.is_ready(second)
+        assert ring.newest_ready() is first
+        torch.cuda.synchronize()
+        assert ring.is_ready(second) and ring.newest_ready() is second
+        assert float(second.image.min()) == 2.0 and float(first.image.max()) == 1.0
     finally:
         c.close()
 

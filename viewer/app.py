@@ -579,10 +579,12 @@ class Viewer:
             self._pending_error = None
 
     # ---- UI ----------------------------------------------------------------------------------------------------
-    def overdraw_max(self) -> int:
+    def overdraw_max(self, slot=None) -> int:
+        """The overdraw colormap's top: the slider's value, or (auto) max(n_contrib) of ``slot`` (default: the
+        latest render) once known."""
         if not self.settings.overdraw_auto:
             return max(int(self.settings.overdraw_max), 1)
-        slot = self.ring.latest
+        slot = slot if slot is not None else self.ring.latest
         return self.ring.overdraw_max(slot) if slot is not None else 1
 
     def drain_events(self) -> list:
@@ -645,8 +647,11 @@ class Viewer:
         self._poll_error()
         draw_data = self.build_ui(panels=panels)
         capture = capture or bool(self._pending_screens)
+        # The newest finished render, so that the present never queues a wait before CUDA's signal (FrameRing:
+        # one render late while renders are in flight); a capture shows exactly the latest render.
+        slot = self.ring.latest if capture else (self.ring.newest_ready() or self.ring.latest)
         t0 = time.perf_counter()
-        p = self.presenter.present(self.ring.latest, mode=self.settings.mode, overdraw_max=self.overdraw_max(),
+        p = self.presenter.present(slot, mode=self.settings.mode, overdraw_max=self.overdraw_max(slot),
                                    draw_data=draw_data, capture=capture, content=self.content_rect(panels))
         self.stats.stage_ms["present"] = (time.perf_counter() - t0) * 1e3
         if p is not None:

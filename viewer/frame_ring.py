@@ -26,6 +26,15 @@ Two paths, one protocol:
 
 A slot can be presented any number of times (a still camera re-presents the last render): each present raises
 ``last_read[s]``, and the next render into s waits for it.
+
+**No wait before its signal** (CUDA path). A GPU-side wait enqueued before the other API has signalled the value
+is expensive on NVIDIA: a Vulkan submit waiting on ``ready[s]`` that is already queued when CUDA reaches the
+signal made that signal cost ~0.3 ms of the render stream (5 µs otherwise; H200, docs/BENCHMARKS.md). So the
+ring polls (``vkGetSemaphoreCounterValue``, a few µs on the host, never blocking) and keeps GPU waits for values
+not reached yet: :meth:`acquire` enqueues the ``free[s]`` wait only when the last present of s has not finished,
+and :meth:`newest_ready` gives the presenter the newest slot whose ``ready[s]`` has been reached, so that the
+present submit's wait is already satisfied (the viewer shows a frame one render late while renders are in
+flight; a capture presents :attr:`latest` and lets the GPU wait).
 """
 from __future__ import annotations
 
@@ -56,6 +65,7 @@ class Slot:
     final_T: object = None    # torch (H, W) float32
     n_contrib: object = None  # torch (H, W) int32
     overdraw_max: int = 1     # max of n_contrib of `frame`, once known
+    rendering: bool = False   # between acquire and release: its memory is being written
 
 
 class FrameRing:
@@ -67,12 +77,14 @@ class FrameRing:
         device: "cpu" (host-visible memory, host-signalled semaphores) or "cuda" (exported memory and
             semaphores imported into CUDA device ``cuda_device``).
         capacity: (width, height) to allocate for up front.
+        elide_waits: CUDA path: enqueue the ``free[s]`` wait only when the host sees it unmet (see above);
+            False enqueues it for every render (the protocol as first written; bench/ring_overhead.py compares).
     Raises:
         ValueError: K < 2 or an unknown device; VulkanUnavailable / CudaInteropError from the allocations.
     """
 
     def __init__(self, ctx: VulkanContext, slots: int = 3, *, device: str = "cpu", capacity=(640, 480),
-                 cuda_device: int = 0):
+                 cuda_device: int = 0, elide_waits: bool = True):
         if slots < 2:
             raise ValueError(f"FrameRing needs at least 2 slots, got {slots}")
         if device not in ("cpu", "cuda"):
@@ -84,6 +96,8 @@ class FrameRing:
         self.k = int(slots)
         self.device = device
         self.cuda_device = cuda_device
+        self.elide_waits = bool(elide_waits)
+        self.waits_enqueued = 0   # free[s] waits put on the render stream (CUDA path), for the benchmark
         self.generation = 0
         self.capacity = 0
         self.render_count = 0
@@ -195,8 +209,8 @@ class FrameRing:
         """The next slot to render into, as views of ``height × width``.
 
         CPU: blocks until the last present that read the slot is done (``vkWaitSemaphores`` on ``free[s]``).
-        CUDA: enqueues that wait on ``stream`` (a torch.cuda.Stream; default: torch's current stream) and
-        returns at once.
+        CUDA: enqueues that wait on ``stream`` (a torch.cuda.Stream; default: torch's current stream) when the
+        host does not already see it met, and returns at once.
         """
         width, height = int(width), int(height)
         if width <= 0 or height <= 0:
@@ -205,8 +219,10 @@ class FrameRing:
         s = self.render_count % self.k
         slot = self.slots[s]
         if self.device == "cuda":
-            if self.last_read[s] > 0:
-                self._ext_free[s].wait(self.last_read[s], stream)
+            need = self.last_read[s]
+            if need > 0 and not (self.elide_waits and self.ctx.timeline_value(self.free[s]) >= need):
+                self._ext_free[s].wait(need, stream)
+                self.waits_enqueued += 1
         else:
             self.ctx.wait_timeline(self.free[s], self.last_read[s])
         views = self._views[s]
@@ -217,6 +233,7 @@ class FrameRing:
                                       fT[:n].view(height, width), nc[:n].view(height, width))
         _, slot.image, slot.final_T, slot.n_contrib = views   # the same views while the size stays
         slot.width, slot.height = width, height
+        slot.rendering = True
         return slot
 
     def release(self, slot: Slot, stream=None) -> int:
@@ -242,8 +259,24 @@ class FrameRing:
             slot.overdraw_max = max(int(slot.n_contrib.max()), 1) if slot.n_contrib.numel() else 1
             self.ctx.signal_timeline(self.ready[s], r)
         slot.frame = r
+        slot.rendering = False
         self.latest = slot
         return r
+
+    def is_ready(self, slot: Slot) -> bool:
+        """The slot's render has finished (CUDA: ``ready[s]`` reached, polled; CPU: released)."""
+        if slot.rendering or slot.frame <= 0:
+            return False
+        return self.device != "cuda" or self.ctx.timeline_value(self.ready[slot.index]) >= slot.frame
+
+    def newest_ready(self) -> Slot | None:
+        """The newest rendered slot whose render has finished, never waiting: :attr:`latest` when it is done,
+        else an earlier frame that is (None when none is). A present of it needs no GPU-side wait."""
+        done = [s for s in self.slots if s.frame > 0 and not s.rendering]
+        for slot in sorted(done, key=lambda s: s.frame, reverse=True):
+            if self.is_ready(slot):
+                return slot
+        return None
 
     def overdraw_max(self, slot: Slot) -> int:
         """max(n_contrib) of the slot's frame when known (CUDA: once ready[s] has been reached; polled, never

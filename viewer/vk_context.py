@@ -228,6 +228,7 @@ class VulkanContext:
         self._owned: list = []
         self._fns: dict = {}
         self._closed = False
+        self._c_counter = vk.ffi.new("uint64_t*")   # timeline_value's output cell (polled per frame)
 
         layers = []
         exts = list(dict.fromkeys(instance_extensions))
@@ -605,8 +606,10 @@ class VulkanContext:
         check_result(vk, vk.lib.vkSignalSemaphore(self.device, info), "vkSignalSemaphore")
 
     def timeline_value(self, semaphore) -> int:
+        """The semaphore's current value (``vkGetSemaphoreCounterValue``; never blocks). Polled per frame, so
+        the output cell is allocated once."""
         vk = self.vk
-        out = vk.ffi.new("uint64_t*")
+        out = self._c_counter
         check_result(vk, vk.lib.vkGetSemaphoreCounterValue(self.device, semaphore, out), "vkGetSemaphoreCounterValue")
         return int(out[0])
 
