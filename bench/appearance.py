@@ -9,18 +9,16 @@ Run (GPU machine): python bench/appearance.py [--n 160000 1000000] [--iters 100]
 """
 import argparse
 import datetime
+import os
 import statistics
 import subprocess
-from pathlib import Path
-
 import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 
 def cuda_median_ms(fn, iters: int, warmup: int) -> float:
@@ -39,6 +37,9 @@ def cuda_median_ms(fn, iters: int, warmup: int) -> float:
 
 
 def commit() -> str:
+    """$RIGEL_COMMIT (the GPU machine's checkout has a stale .git), else git's HEAD."""
+    if os.environ.get("RIGEL_COMMIT"):
+        return os.environ["RIGEL_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
