@@ -13,7 +13,7 @@
 #   fwdbench                  bench/forward.py, procedural 160k/1M/3M + real PLYs, 720p/1080p/4K, vs gsplat
 #   stepbench                 bench/train_step.py (rigel vs gsplat training iteration) and its --profile
 #   appbench                  bench/appearance.py (MLP kernel vs SH kernel)
-#   ringbench                 bench/ring_overhead.py (render + Vulkan ring + passes vs render alone; needs --ui)
+#   ringbench                 bench/ring_overhead.py $RING_ARGS (render + Vulkan ring + passes vs render alone; --ui)
 #   train:DATA:DS:APP:ITERS[:TIMEOUT]  rigel-train on $RIGEL_SHARED_DATA/DATA (or "orbit": the procedural orbit dataset,
 #                             generated here) at --downscale DS with --appearance APP for ITERS iterations
 #   viewer:DATA:DS:ITERS[:TIMEOUT]     rigel-viewer --offscreen training live on the same data (needs --ui)
@@ -99,7 +99,7 @@ job() {  # job NAME -> one summary line on stdout; everything else into $LOGS
       timeout ${JOB_TIMEOUT:-330} $PY bench/appearance.py --n 160000 1000000 --sizes 8x32 >"$LOGS/appearance.log" 2>&1
       line="rc=$? (appearance.log)" ;;
     ringbench)
-      OUT=$LOGS timeout ${JOB_TIMEOUT:-330} $PY bench/ring_overhead.py >"$LOGS/ring_overhead.log" 2>&1
+      OUT=$LOGS timeout ${JOB_TIMEOUT:-330} $PY bench/ring_overhead.py ${RING_ARGS:-} >"$LOGS/ring_overhead.log" 2>&1
       line="rc=$? $(grep -E '^\|' "$LOGS/ring_overhead.log" | tail -1)" ;;
     train)  # train:DATA:DS:APP:ITERS[:TIMEOUT]
       local data run=/tmp/run_$name wb=""; data=$(data_dir "$a")

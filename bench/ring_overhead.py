@@ -18,8 +18,12 @@ Two present policies for (b) (``--policies``):
   too, so every frame of the run is rendered and the last one shown;
 * ``eager`` (the protocol as first written, commit 862c999): every render enqueues its ``free[s]`` wait and is
   presented right after its release, the Vulkan submit waiting on a ``ready[s]`` not signalled yet;
+* ``event``: as ``ready``, but the render's end reaches Vulkan as a CUDA event the host polls instead of the
+  ``ready[s]`` semaphore signal (``FrameRing(handover="event")``): the present submit waits for nothing;
 * ``ring-only`` (a diagnostic, not a frame): acquire, render into the slot and release as ``ready``, no present;
-  it separates the ring's own cost from the present pass's.
+  it separates the ring's own cost from the present pass's;
+* ``present-only`` (a diagnostic): the render alone into ordinary tensors, then a present of a slot rendered
+  before (finished): what the Vulkan pass running beside the CUDA stream costs it.
 
 No readback of the colour image is timed: copying a frame to host memory is not part of a frame (the viewer
 reads back only for screenshots and ``--offscreen`` PNGs); one readback *after* the timing checks that the ring
@@ -71,7 +75,7 @@ import rigel_core as rc  # noqa: E402
 from rigel_core.data.procedural import SCENE_RADIUS, make_scene  # noqa: E402
 
 MODES = ("image", "alpha", "overdraw", "side-by-side")
-POLICIES = ("ready", "eager", "ring-only")
+POLICIES = ("ready", "eager", "event", "ring-only", "present-only")
 TARGET_OVERHEAD = 0.05  # issue 6: ring + passes cost at most 5 % of the render time
 SMALL = dict(n=2000, res="160x120", frames=5, warmup=1, repeats=1, sync_frames=2)
 FULL = dict(n=1_000_000, res="1920x1080", frames=200, warmup=20, repeats=5, sync_frames=None)  # None: --frames
@@ -169,7 +173,7 @@ class RingBench:
                 marks.next()
         if policy == "ring-only":
             return 0
-        if policy == "ready":
+        if policy in ("ready", "event"):
             slot = self.ring.newest_ready() or slot
             self.presented.add(slot.frame)
         t0 = time.perf_counter()
@@ -202,16 +206,21 @@ class RingBench:
             self.stream.synchronize()
         return (time.perf_counter() - t0) * 1e3 / frames
 
-    def throughput_full(self, cam, mode: int, frames: int, policy: str) -> float:
+    def throughput_full(self, cam, mode: int, frames: int, policy: str, out=None) -> float:
         self.drain()
+        shown = self.ring.latest   # present-only shows this finished render every frame
         t0 = time.perf_counter()
         for _ in range(frames):
-            p = self.frame_full(cam, mode, policy=policy)
+            if policy == "present-only":
+                self.frame_alone(cam, out)
+                p = self.presenter.present(shown, mode=mode)
+            else:
+                p = self.frame_full(cam, mode, policy=policy)
         if policy == "ring-only":
             if self.stream is not None:
                 self.stream.synchronize()
             return (time.perf_counter() - t0) * 1e3 / frames
-        if policy == "ready":   # show the last render too: the run ends with every frame rendered and shown
+        if policy in ("ready", "event"):   # show the last render too: every frame rendered and the last shown
             p = self.presenter.present(self.ring.latest, mode=mode)
             self.presented.add(self.ring.latest.frame)
         self.wait_present(p)   # the present waited for the render's ready[s]: the whole frame is done
@@ -274,14 +283,15 @@ class RingBench:
         for _ in range(warmup):
             self.frame_alone(cam, out)
         self.ring.elide_waits = policy != "eager"
+        self.ring.handover = "event" if policy == "event" else "semaphore"
         for _ in range(warmup):
-            self.frame_full(cam, mode, policy=policy)
+            self.frame_full(cam, mode, policy="ready" if policy == "present-only" else policy)
         alone, full = [], []
         waits0 = self.ring.waits_enqueued
         self.presented = set()
         for _ in range(repeats):   # interleaved, so that a clock or thermal drift affects both alike
             alone.append(self.throughput_alone(cam, out, frames))
-            full.append(self.throughput_full(cam, mode, frames, policy))
+            full.append(self.throughput_full(cam, mode, frames, policy, out))
         waits = self.ring.waits_enqueued - waits0
         shown = len(self.presented)
         # per frame, each waited for on its own; the time stamps stay out of the throughput loops above
@@ -294,7 +304,7 @@ class RingBench:
         return {
             "policy": policy, "mode": mode_name, "frame": f"{w}x{h}",
             "free_waits_enqueued": waits,
-            "distinct_frames_shown": {"ready": shown, "eager": repeats * frames}.get(policy, 0),
+            "distinct_frames_shown": {"ready": shown, "event": shown, "eager": repeats * frames}.get(policy, 0),
             "frames_rendered": repeats * frames,
             "alone_ms": a, "full_ms": b, "overhead": (b - a) / a, "met": (b - a) / a <= TARGET_OVERHEAD,
             "alone_runs_ms": alone, "full_runs_ms": full,
@@ -377,7 +387,8 @@ def parse_args(argv=None):
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     ap.add_argument("--policies", default="ready,eager",
                     help="comma-separated present policies: ready (the viewer's), eager (the first protocol), "
-                         "ring-only (diagnostic: no present)")
+                         "event (CUDA event instead of the ready[s] signal), ring-only and present-only "
+                         "(diagnostics)")
     ap.add_argument("--slots", type=int, default=3, help="frame-ring slots K (the viewer's default: 3)")
     ap.add_argument("--frames-in-flight", type=int, default=2, help="presenter frames in flight (viewer: 2)")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default=None,

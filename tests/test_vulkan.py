@@ -312,6 +312,8 @@ def test_ring_keeps_every_frame_and_grows(ctx, rng):
         ring.acquire(0, 10)
     with pytest.raises(ValueError, match="at least 2"):
         FrameRing(ctx, 1)
+    with pytest.raises(ValueError, match="handover"):
+        FrameRing(ctx, 2, handover="fence")
 
 
 def test_newest_ready_never_offers_a_slot_being_written(ctx, rng):
@@ -510,18 +512,20 @@ def test_cuda_interop_failure_names_the_call_and_closes_the_fd(ctx):
 
 # ---- GPU: CUDA interop -------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("elide_waits", [True, False], ids=["elided", "every-wait"])
-def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits):
+@pytest.mark.parametrize("elide_waits, handover", [(True, "semaphore"), (False, "semaphore"), (True, "event")],
+                         ids=["elided", "every-wait", "event"])
+def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits, handover):
     """CUDA writes a per-frame pattern into slot s; Vulkan, slowed by big fills before each copy, copies the
     slot to its own host region per frame. Every one of 200 frames must read back as written: CUDA waited on
     free[s] before overwriting, Vulkan waited on ready[s] before reading. With the waits elided the ring still
-    enqueued waits the slow Vulkan side made necessary; without, every render after the first k did."""
+    enqueued waits the slow Vulkan side made necessary; without, every render after the first k did. With the
+    "event" handover the copy waits for nothing on the GPU: present_wait has seen the render finish."""
     c = vkc.VulkanContext(validation=VALIDATION)
     c.init_device(interop=True, device_uuid=vkc.cuda_device_uuid())
     vk = c.vk
     try:
         w, h, k, n_frames = 64, 48, 3, 200
-        ring = FrameRing(c, k, device="cuda", capacity=(w, h), elide_waits=elide_waits)
+        ring = FrameRing(c, k, device="cuda", capacity=(w, h), elide_waits=elide_waits, handover=handover)
         slot_bytes = ring.buffers[0].size
         host = c.create_buffer(slot_bytes * n_frames, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=True)
         scratch = c.create_buffer(256 << 20, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=False)
@@ -550,13 +554,18 @@ def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits):
             vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 0, None,
                                     1, [to_host], 0, None)
             vk.vkEndCommandBuffer(cmd)
-            rsem, rval = ring.present_wait(slot)
+            wait = ring.present_wait(slot)
+            assert (wait is None) == (handover == "event")
+            waits = [wait] if wait is not None else []
             fsem, fval = ring.mark_read(slot)
-            tl = vk.VkTimelineSemaphoreSubmitInfo(waitSemaphoreValueCount=1, pWaitSemaphoreValues=[rval],
+            tl = vk.VkTimelineSemaphoreSubmitInfo(waitSemaphoreValueCount=len(waits),
+                                                  pWaitSemaphoreValues=[v for _, v in waits] or None,
                                                   signalSemaphoreValueCount=1, pSignalSemaphoreValues=[fval])
-            submit = vk.VkSubmitInfo(pNext=tl, waitSemaphoreCount=1, pWaitSemaphores=[rsem],
-                                     pWaitDstStageMask=[vk.VK_PIPELINE_STAGE_TRANSFER_BIT], commandBufferCount=1,
-                                     pCommandBuffers=[cmd], signalSemaphoreCount=1, pSignalSemaphores=[fsem])
+            submit = vk.VkSubmitInfo(pNext=tl, waitSemaphoreCount=len(waits),
+                                     pWaitSemaphores=[sem for sem, _ in waits] or None,
+                                     pWaitDstStageMask=[vk.VK_PIPELINE_STAGE_TRANSFER_BIT] * len(waits) or None,
+                                     commandBufferCount=1, pCommandBuffers=[cmd], signalSemaphoreCount=1,
+                                     pSignalSemaphores=[fsem])
             vk.vkQueueSubmit(c.queue, 1, [submit], None)
         assert c.wait_timeline(ring.free[slot.index], ring.last_read[slot.index], 30_000_000_000)
         data = np.frombuffer(host.mapped, np.uint8, slot_bytes * n_frames).reshape(n_frames, slot_bytes)
@@ -567,8 +576,8 @@ def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits):
             assert (row[o_i:o_i + npx * 12].view(np.float32) == n).all(), f"frame {n}: image"
             assert (row[o_t:o_t + npx * 4].view(np.float32) == n + 0.5).all(), f"frame {n}: final_T"
             assert (row[o_n:o_n + npx * 4].view(np.int32) == n * 7).all(), f"frame {n}: n_contrib"
-        if elide_waits:
-            assert 0 < ring.waits_enqueued <= n_frames - k
+        if elide_waits:   # the event handover's host waits for each render can leave no wait to enqueue
+            assert (0 if handover == "event" else 1) <= ring.waits_enqueued <= n_frames - k
         else:
             assert ring.waits_enqueued == n_frames - k
         c.free_command_buffers(cmds)
@@ -579,14 +588,15 @@ def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits):
 
 
 @pytest.mark.gpu
-def test_gpu_newest_ready_waits_for_the_render_to_finish():
+@pytest.mark.parametrize("handover", ["semaphore", "event"])
+def test_gpu_newest_ready_waits_for_the_render_to_finish(handover):
     """CUDA path: a released render still running on the stream is not offered (ready[s] not reached); the
     previous finished one is; once the stream is done the new one is. Every slot's content is what its frame
     wrote."""
     c = vkc.VulkanContext(validation=VALIDATION)
     c.init_device(interop=True, device_uuid=vkc.cuda_device_uuid())
     try:
-        ring = FrameRing(c, 3, device="cuda", capacity=(32, 16))
+        ring = FrameRing(c, 3, device="cuda", capacity=(32, 16), handover=handover)
         stream = torch.cuda.current_stream()
         first = ring.acquire(32, 16, stream)
         first.image.fill_(1.0)
@@ -607,7 +617,8 @@ def test_gpu_newest_ready_waits_for_the_render_to_finish():
 
 
 @pytest.mark.gpu
-def test_gpu_ring_render_is_bit_identical_and_presents(rng):
+@pytest.mark.parametrize("handover", ["semaphore", "event"])
+def test_gpu_ring_render_is_bit_identical_and_presents(rng, handover):
     import rigel_core
     from rigel_core import Camera, GaussianModel
 
@@ -618,7 +629,7 @@ def test_gpu_ring_render_is_bit_identical_and_presents(rng):
         model = GaussianModel.from_points(torch.randn(n, 3, generator=rng), torch.rand(n, 3, generator=rng),
                                           sh_degree=1, scale=0.05, opacity=0.6).to(device="cuda")
         cam = Camera.look_at((0.0, -6.0, 2.0), (0.0, 0.0, 0.0), width=200, height=150)
-        ring = FrameRing(c, 3, device="cuda", capacity=(200, 150))
+        ring = FrameRing(c, 3, device="cuda", capacity=(200, 150), handover=handover)
         target = OffscreenTarget(c, 200, 150)
         pr = Presenter(c, target, ring, imgui=False)
         ref = rigel_core.render(model, cam)

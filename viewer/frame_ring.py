@@ -66,6 +66,7 @@ class Slot:
     n_contrib: object = None  # torch (H, W) int32
     overdraw_max: int = 1     # max of n_contrib of `frame`, once known
     rendering: bool = False   # between acquire and release: its memory is being written
+    handover: str = "semaphore"  # how its render's end was published: ready[s] signal, or a CUDA event
 
 
 class FrameRing:
@@ -79,16 +80,23 @@ class FrameRing:
         capacity: (width, height) to allocate for up front.
         elide_waits: CUDA path: enqueue the ``free[s]`` wait only when the host sees it unmet (see above);
             False enqueues it for every render (the protocol as first written; bench/ring_overhead.py compares).
+        handover: CUDA path: how the end of a render reaches Vulkan. "semaphore": CUDA signals ``ready[s]``
+            on the render stream and the present submit waits for it. "event": the render stream records a
+            CUDA event instead; the host polls it (:meth:`is_ready`) and a present of a finished render needs no
+            wait (:meth:`present_wait` gives None; a present of an unfinished one waits for the event on the
+            host first). Can be changed between frames.
     Raises:
         ValueError: K < 2 or an unknown device; VulkanUnavailable / CudaInteropError from the allocations.
     """
 
     def __init__(self, ctx: VulkanContext, slots: int = 3, *, device: str = "cpu", capacity=(640, 480),
-                 cuda_device: int = 0, elide_waits: bool = True):
+                 cuda_device: int = 0, elide_waits: bool = True, handover: str = "semaphore"):
         if slots < 2:
             raise ValueError(f"FrameRing needs at least 2 slots, got {slots}")
         if device not in ("cpu", "cuda"):
             raise ValueError(f"FrameRing device must be 'cpu' or 'cuda', got {device!r}")
+        if handover not in ("semaphore", "event"):
+            raise ValueError(f"FrameRing handover must be 'semaphore' or 'event', got {handover!r}")
         if device == "cuda" and not ctx.interop:
             raise ValueError("FrameRing(device='cuda') needs a context created with init_device(interop=True)")
         self.ctx = ctx
@@ -97,6 +105,7 @@ class FrameRing:
         self.device = device
         self.cuda_device = cuda_device
         self.elide_waits = bool(elide_waits)
+        self.handover = handover
         self.waits_enqueued = 0   # free[s] waits put on the render stream (CUDA path), for the benchmark
         self.generation = 0
         self.capacity = 0
@@ -123,6 +132,10 @@ class FrameRing:
                 self._ext_ready.append(ExternalTimelineSemaphore(ctx.semaphore_fd(sem), device=cuda_device))
             for sem in self.free:
                 self._ext_free.append(ExternalTimelineSemaphore(ctx.semaphore_fd(sem), device=cuda_device))
+            import torch
+
+            with torch.cuda.device(cuda_device):
+                self._done = [torch.cuda.Event() for _ in range(self.k)]   # per slot: end of its last render
         self._allocate(max(1, int(capacity[0]) * int(capacity[1])))
 
     # ---- layout ------------------------------------------------------------------------------------------
@@ -254,7 +267,11 @@ class FrameRing:
             else:
                 with torch.cuda.stream(stream):
                     self._stat_slices[s].copy_(slot.n_contrib.amax().reshape(1), non_blocking=True)
-            self._ext_ready[s].signal(r, stream)
+            if self.handover == "event":
+                self._done[s].record(stream if stream is not None else torch.cuda.current_stream(self.cuda_device))
+            else:
+                self._ext_ready[s].signal(r, stream)
+            slot.handover = self.handover
         else:
             slot.overdraw_max = max(int(slot.n_contrib.max()), 1) if slot.n_contrib.numel() else 1
             self.ctx.signal_timeline(self.ready[s], r)
@@ -267,7 +284,11 @@ class FrameRing:
         """The slot's render has finished (CUDA: ``ready[s]`` reached, polled; CPU: released)."""
         if slot.rendering or slot.frame <= 0:
             return False
-        return self.device != "cuda" or self.ctx.timeline_value(self.ready[slot.index]) >= slot.frame
+        if self.device != "cuda":
+            return True
+        if slot.handover == "event":
+            return self._done[slot.index].query()
+        return self.ctx.timeline_value(self.ready[slot.index]) >= slot.frame
 
     def newest_ready(self) -> Slot | None:
         """The newest rendered slot whose render has finished, never waiting: :attr:`latest` when it is done,
@@ -281,13 +302,17 @@ class FrameRing:
     def overdraw_max(self, slot: Slot) -> int:
         """max(n_contrib) of the slot's frame when known (CUDA: once ready[s] has been reached; polled, never
         waited for), else the slot's previous value."""
-        if self.device == "cuda" and slot.frame and self.ctx.timeline_value(self.ready[slot.index]) >= slot.frame:
+        if self.device == "cuda" and self.is_ready(slot):
             slot.overdraw_max = max(int(self._stat_host[slot.index]), 1)
         return slot.overdraw_max
 
     # ---- the Vulkan side ----------------------------------------------------------------------------------
     def present_wait(self, slot: Slot):
-        """(semaphore, value) the present submit must wait for: ``ready[s] ≥ frame``."""
+        """(semaphore, value) the present submit must wait for: ``ready[s] ≥ frame``; None when it needs no
+        wait (handover "event": the host has seen the render finish — it waits for it here when not)."""
+        if slot.handover == "event" and self.device == "cuda":
+            self._done[slot.index].synchronize()   # returns at once for a finished render (newest_ready's)
+            return None
         return self.ready[slot.index], slot.frame
 
     def mark_read(self, slot: Slot):

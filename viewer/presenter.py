@@ -156,11 +156,11 @@ class Presenter:
         self._c_signal_values[0] = p
         n_signal = 1
         if slot is not None and slot.frame > 0:
-            sem, value = self.ring.present_wait(slot)
-            self._c_waits[n_wait] = sem
-            self._c_wait_values[n_wait] = value
-            self._c_stages[n_wait] = vk.VK_PIPELINE_STAGE_FRAGMENT_SHADER_BIT
-            n_wait += 1
+            wait = self.ring.present_wait(slot)
+            if wait is not None:
+                self._c_waits[n_wait], self._c_wait_values[n_wait] = wait
+                self._c_stages[n_wait] = vk.VK_PIPELINE_STAGE_FRAGMENT_SHADER_BIT
+                n_wait += 1
             sem, value = self.ring.mark_read(slot)
             self._c_signals[n_signal] = sem
             self._c_signal_values[n_signal] = value
