@@ -175,10 +175,11 @@ def test_shader_header_constants_and_push_block():
     modes = {C.MODE_IMAGE, C.MODE_ALPHA, C.MODE_OVERDRAW, C.MODE_SIDE_BY_SIDE}
     assert len(modes) == 4
     assert C.COLORMAP_SIZE == overdraw_lut().shape[0] == 256
-    blk = shaderio.present_params(3, 4, (5, 6, 7, 8), C.MODE_OVERDRAW, 0, 1, 0.25)
-    assert len(blk) == shaderio.PRESENT_PARAMS_SIZE == 40
-    assert np.frombuffer(blk[:36], np.int32).tolist() == [3, 4, 5, 6, 7, 8, C.MODE_OVERDRAW, 1, 1]  # max ≥ 1
-    assert np.frombuffer(blk[36:], np.float32)[0] == 0.25
+    blk = shaderio.present_params(3, 4, (5, 6, 7, 8), (9, 10), C.MODE_OVERDRAW, 0, 1, 0.25)
+    assert len(blk) == shaderio.PRESENT_PARAMS_SIZE == 48
+    assert np.frombuffer(blk[:44], np.int32).tolist() == [3, 4, 5, 6, 7, 8, 9, 10, C.MODE_OVERDRAW, 1, 1]  # max ≥ 1
+    assert np.frombuffer(blk[44:], np.float32)[0] == 0.25
+    assert len({C.FLAG_SCALE_BAR, C.FLAG_BGRA}) == 2 and C.FLAG_SCALE_BAR & C.FLAG_BGRA == 0
 
 
 # ---- context ------------------------------------------------------------------------------------------------

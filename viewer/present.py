@@ -1,9 +1,15 @@
-"""The present pass: a full-screen triangle that shows a frame-ring slot in one render mode.
+"""The present pass: a compute pass that shows a frame-ring slot in one render mode in the target image.
 
 Modes (shaders/shaderio.h): image; accumulated alpha ``1 − final_T`` (grey); overdraw, the colormap of
 :mod:`viewer.colormap` over ``n_contrib`` scaled by ``overdraw_max``, with a scale bar at the right edge;
-side-by-side (image | alpha | overdraw in three panels). The fragment shader reads the slot's storage buffers
-directly. One descriptor set per slot, rewritten only when the ring is rebuilt (its ``generation`` changes).
+side-by-side (image | alpha | overdraw in three panels). The compute shader (shaders/present_modes.comp, one
+invocation per target pixel) reads the slot's storage buffers directly and writes 8-bit pixels into the frame's
+output buffer; a buffer → image copy fills the target, which the ImGui render pass then loads and draws on.
+One descriptor set per slot, rewritten only when the ring is rebuilt (its ``generation`` changes); one output
+buffer + set per frame in flight, regrown with the target.
+
+Why compute: a full-screen fragment pass runs only on a GPU's graphics-capable units, which on the H200 are a
+few TPCs of 66; it cost ~0.75 ms per 1920×1080 frame there, +50 % of the render (docs/BENCHMARKS.md).
 
 Also here: :func:`create_render_pass` and :func:`create_shader_module`, shared with the ImGui pass and targets.
 """
@@ -26,23 +32,24 @@ def create_shader_module(ctx, name: str):
 
 
 def create_render_pass(ctx, fmt: int, final_layout: int, *, for_transfer: bool):
-    """One colour attachment (cleared, stored) ending in ``final_layout``. ``for_transfer``: the image is copied
-    (read back) after the pass, so the outgoing dependency targets the transfer stage."""
+    """One colour attachment that the present pass's copy filled: it comes in TRANSFER_DST_OPTIMAL, is loaded
+    (ImGui draws on top) and stored, ending in ``final_layout``. ``for_transfer``: the image is copied (read back)
+    after the pass, so the outgoing dependency targets the transfer stage."""
     vk = ctx.vk
     att = vk.VkAttachmentDescription(format=fmt, samples=vk.VK_SAMPLE_COUNT_1_BIT,
-                                     loadOp=vk.VK_ATTACHMENT_LOAD_OP_CLEAR, storeOp=vk.VK_ATTACHMENT_STORE_OP_STORE,
+                                     loadOp=vk.VK_ATTACHMENT_LOAD_OP_LOAD, storeOp=vk.VK_ATTACHMENT_STORE_OP_STORE,
                                      stencilLoadOp=vk.VK_ATTACHMENT_LOAD_OP_DONT_CARE,
                                      stencilStoreOp=vk.VK_ATTACHMENT_STORE_OP_DONT_CARE,
-                                     initialLayout=vk.VK_IMAGE_LAYOUT_UNDEFINED, finalLayout=final_layout)
+                                     initialLayout=vk.VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, finalLayout=final_layout)
     ref = vk.VkAttachmentReference(attachment=0, layout=vk.VK_IMAGE_LAYOUT_COLOR_ATTACHMENT_OPTIMAL)
     subpass = vk.VkSubpassDescription(pipelineBindPoint=vk.VK_PIPELINE_BIND_POINT_GRAPHICS,
                                       colorAttachmentCount=1, pColorAttachments=[ref])
-    deps = [vk.VkSubpassDependency(
+    deps = [vk.VkSubpassDependency(   # the copy into the image (and ImGui's texture uploads) before the pass
         srcSubpass=vk.VK_SUBPASS_EXTERNAL, dstSubpass=0,
-        srcStageMask=vk.VK_PIPELINE_STAGE_COLOR_ATTACHMENT_OUTPUT_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+        srcStageMask=vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
         dstStageMask=vk.VK_PIPELINE_STAGE_COLOR_ATTACHMENT_OUTPUT_BIT,
-        srcAccessMask=vk.VK_ACCESS_TRANSFER_READ_BIT,
-        dstAccessMask=vk.VK_ACCESS_COLOR_ATTACHMENT_WRITE_BIT)]
+        srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+        dstAccessMask=vk.VK_ACCESS_COLOR_ATTACHMENT_READ_BIT | vk.VK_ACCESS_COLOR_ATTACHMENT_WRITE_BIT)]
     if for_transfer:
         deps.append(vk.VkSubpassDependency(
             srcSubpass=0, dstSubpass=vk.VK_SUBPASS_EXTERNAL,
@@ -115,7 +122,7 @@ def scale_bar_rect(panel_w: int, panel_h: int):
 
 def panel_rects(mode: int, content: tuple):
     """[(mode, x, y, w, h)] of the panels a mode draws in the content area ``content`` = (x, y, w, h)
-    (side-by-side: three in a row), in target pixels — the split of shaders/present_modes.frag."""
+    (side-by-side: three in a row), in target pixels — the split of shaders/present_modes.comp."""
     cx, cy, cw, ch = content
     if mode != C.MODE_SIDE_BY_SIDE:
         return [(mode, cx, cy, cw, ch)]
@@ -125,41 +132,81 @@ def panel_rects(mode: int, content: tuple):
 
 
 class PresentPass:
-    """Pipeline + per-slot descriptor sets of the present pass for one render pass (one target format)."""
+    """Compute pipeline, per-slot descriptor sets and per-frame output buffers of the present pass.
 
-    def __init__(self, ctx, render_pass, ring):
+    Args:
+        ctx: the VulkanContext; ring: the FrameRing it shows; frames: frames in flight (output buffers).
+    """
+
+    def __init__(self, ctx, ring, frames: int = 2):
         vk = self.vk = ctx.vk
         self.ctx = ctx
         self.ring = ring
+        self.frames = frames
         self.generation = -1
-        bindings = [vk.VkDescriptorSetLayoutBinding(binding=b, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                                    descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_FRAGMENT_BIT)
-                    for b in (C.BINDING_IMAGE, C.BINDING_FINAL_T, C.BINDING_N_CONTRIB, C.BINDING_COLORMAP)]
+        storage = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+        stage = vk.VK_SHADER_STAGE_COMPUTE_BIT
+        slot_bindings = [vk.VkDescriptorSetLayoutBinding(binding=b, descriptorType=storage, descriptorCount=1,
+                                                         stageFlags=stage)
+                         for b in (C.BINDING_IMAGE, C.BINDING_FINAL_T, C.BINDING_N_CONTRIB, C.BINDING_COLORMAP)]
+        out_binding = vk.VkDescriptorSetLayoutBinding(binding=C.BINDING_OUTPUT, descriptorType=storage,
+                                                      descriptorCount=1, stageFlags=stage)
         self.set_layout = vk.vkCreateDescriptorSetLayout(
-            ctx.device, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=len(bindings), pBindings=bindings), None)
-        push = vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_FRAGMENT_BIT, offset=0,
-                                      size=shaderio.PRESENT_PARAMS_SIZE)
+            ctx.device, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=4, pBindings=slot_bindings), None)
+        self.out_layout = vk.vkCreateDescriptorSetLayout(
+            ctx.device, vk.VkDescriptorSetLayoutCreateInfo(bindingCount=1, pBindings=[out_binding]), None)
+        push = vk.VkPushConstantRange(stageFlags=stage, offset=0, size=shaderio.PRESENT_PARAMS_SIZE)
         self.layout = vk.vkCreatePipelineLayout(ctx.device, vk.VkPipelineLayoutCreateInfo(
-            setLayoutCount=1, pSetLayouts=[self.set_layout], pushConstantRangeCount=1,
+            setLayoutCount=2, pSetLayouts=[self.set_layout, self.out_layout], pushConstantRangeCount=1,
             pPushConstantRanges=[push]), None)
-        self.pipeline = create_graphics_pipeline(ctx, render_pass, self.layout, "present_fullscreen.vert",
-                                                 "present_modes.frag")
-        size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=4 * ring.k)
+        module = create_shader_module(ctx, "present_modes.comp")
+        try:
+            # the nested struct stays in a variable until vkCreateComputePipelines returns (PLATFORM.md)
+            stage_info = vk.VkPipelineShaderStageCreateInfo(stage=stage, module=module, pName="main")
+            info = vk.VkComputePipelineCreateInfo(stage=stage_info, layout=self.layout)
+            self.pipeline = vk.vkCreateComputePipelines(ctx.device, None, 1, [info], None)[0]
+        finally:
+            vk.vkDestroyShaderModule(ctx.device, module, None)
+        size = vk.VkDescriptorPoolSize(type=storage, descriptorCount=4 * ring.k + frames)
         self.pool = vk.vkCreateDescriptorPool(ctx.device, vk.VkDescriptorPoolCreateInfo(
-            maxSets=ring.k, poolSizeCount=1, pPoolSizes=[size]), None)
+            maxSets=ring.k + frames, poolSizeCount=1, pPoolSizes=[size]), None)
         sets = vk.vkAllocateDescriptorSets(ctx.device, vk.VkDescriptorSetAllocateInfo(
             descriptorPool=self.pool, descriptorSetCount=ring.k, pSetLayouts=[self.set_layout] * ring.k))
         self.sets = [sets[i] for i in range(ring.k)]
-        # per-frame structs, filled in place by record(); the commands copy them when recorded
-        ffi = vk.ffi
-        self._c_sets = ffi.new("VkDescriptorSet[]", self.sets)
-        self._c_push = ffi.new("char[]", shaderio.PRESENT_PARAMS_SIZE)
-        self._c_viewport = ffi.new("VkViewport*", {"minDepth": 0.0, "maxDepth": 1.0})   # x = y = 0
-        self._c_scissor = ffi.new("VkRect2D*")                                           # offset (0, 0)
+        out_sets = vk.vkAllocateDescriptorSets(ctx.device, vk.VkDescriptorSetAllocateInfo(
+            descriptorPool=self.pool, descriptorSetCount=frames, pSetLayouts=[self.out_layout] * frames))
+        self.out_sets = [out_sets[i] for i in range(frames)]
+        self.outputs = [None] * frames   # per frame in flight: the Buffer the shader writes, sized to the target
         lut = overdraw_lut(C.COLORMAP_SIZE)
         self.colormap = ctx.create_buffer(lut.nbytes, vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT, host_visible=True)
         np.frombuffer(self.colormap.mapped, np.float32, lut.size)[:] = lut.reshape(-1)
+        self._init_frame_structs()
         ctx.own(self)
+
+    def _init_frame_structs(self):
+        """The per-frame structs as plain cffi objects, built once and filled in place (the binding's
+        constructors cost tens of µs of Python each)."""
+        vk = self.vk
+        ffi = vk.ffi
+        self._c_sets = ffi.new("VkDescriptorSet[2]")            # slot set, output set
+        self._c_push = ffi.new("char[]", shaderio.PRESENT_PARAMS_SIZE)
+        ignored = vk.VK_QUEUE_FAMILY_IGNORED & 0xFFFFFFFF      # the binding spells ~0U as -1
+        # compute writes of the output buffer -> the copy's reads
+        self._c_buf_barrier = ffi.new("VkBufferMemoryBarrier*", {
+            "sType": vk.VK_STRUCTURE_TYPE_BUFFER_MEMORY_BARRIER, "srcAccessMask": vk.VK_ACCESS_SHADER_WRITE_BIT,
+            "dstAccessMask": vk.VK_ACCESS_TRANSFER_READ_BIT, "srcQueueFamilyIndex": ignored,
+            "dstQueueFamilyIndex": ignored, "offset": 0, "size": vk.VK_WHOLE_SIZE & (2**64 - 1)})
+        # the target image: previous contents discarded (UNDEFINED) -> TRANSFER_DST for the copy. Its source
+        # stage is the transfer stage, which the submit's wait on a swapchain image's acquire semaphore names.
+        self._c_img_barrier = ffi.new("VkImageMemoryBarrier*", {
+            "sType": vk.VK_STRUCTURE_TYPE_IMAGE_MEMORY_BARRIER, "srcAccessMask": 0,
+            "dstAccessMask": vk.VK_ACCESS_TRANSFER_WRITE_BIT, "oldLayout": vk.VK_IMAGE_LAYOUT_UNDEFINED,
+            "newLayout": vk.VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, "srcQueueFamilyIndex": ignored,
+            "dstQueueFamilyIndex": ignored,
+            "subresourceRange": {"aspectMask": vk.VK_IMAGE_ASPECT_COLOR_BIT, "levelCount": 1, "layerCount": 1}})
+        self._c_region = ffi.new("VkBufferImageCopy*", {   # tightly packed rows; offsets 0
+            "imageSubresource": {"aspectMask": vk.VK_IMAGE_ASPECT_COLOR_BIT, "layerCount": 1},
+            "imageExtent": {"depth": 1}})
 
     def _update_sets(self):
         """Point each slot's set at the ring's current buffers (after a rebuild; the device is idle then)."""
@@ -183,37 +230,73 @@ class PresentPass:
         vk.vkUpdateDescriptorSets(self.ctx.device, len(writes), writes, 0, None)
         self.generation = self.ring.generation
 
-    def record(self, cmd, slot, target_w: int, target_h: int, *, mode: int, overdraw_max: int,
-               scale_bar: bool = True, background: float = 0.08, content=None):
-        """Draw ``slot`` into the current render pass (viewport = the whole target). ``content`` = (x, y, w, h):
-        the area the mode fills (default: the whole target); the rest shows the background."""
+    def _output(self, f: int, pixels: int):
+        """Frame f's output buffer for ``pixels`` target pixels (regrown when the target grew). The host has
+        waited for frame f's previous present (Presenter), so the old buffer and set are free to change."""
+        vk = self.vk
+        b = self.outputs[f]
+        if b is not None and b.size >= pixels * 4:
+            return b
+        if b is not None:
+            b.destroy()
+        b = self.outputs[f] = self.ctx.create_buffer(
+            pixels * 4, vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT,
+            host_visible=False)
+        info = vk.VkDescriptorBufferInfo(buffer=b.handle, offset=0, range=b.size)
+        write = vk.VkWriteDescriptorSet(dstSet=self.out_sets[f], dstBinding=C.BINDING_OUTPUT, descriptorCount=1,
+                                        descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[info])
+        vk.vkUpdateDescriptorSets(self.ctx.device, 1, [write], 0, None)
+        return b
+
+    def record(self, cmd, f: int, slot, image, target_w: int, target_h: int, *, bgra: bool, mode: int = C.MODE_IMAGE,
+               overdraw_max: int = 1, scale_bar: bool = True, background: float = 0.08, content=None):
+        """Record frame f's present pass: fill ``image`` (the target's VkImage, any layout, contents discarded;
+        left in TRANSFER_DST_OPTIMAL) with ``slot`` shown in ``mode``; ``slot`` None (or never rendered): the
+        background only. ``content`` = (x, y, w, h): the area the mode fills (default: the whole target); the
+        rest shows the background. ``bgra``: the target's byte order is B8G8R8A8 (else R8G8B8A8)."""
         vk = self.vk
         if self.generation != self.ring.generation:
             self._update_sets()
-        # Raw loader calls on structs built once in __init__ (no binding struct constructors per frame).
         lib, ffi = vk.lib, vk.ffi
-        lib.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_GRAPHICS, self.pipeline)
-        lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_GRAPHICS, self.layout, 0, 1,
-                                    self._c_sets + slot.index, 0, ffi.NULL)
-        data = shaderio.present_params(slot.width, slot.height, content or (0, 0, target_w, target_h), mode,
-                                       overdraw_max, C.FLAG_SCALE_BAR if scale_bar else 0, background)
+        out = self._output(f, target_w * target_h)
+        shown = slot is not None and slot.frame > 0
+        if not shown:   # nothing to show: the background everywhere (slot 0's set is bound but never read)
+            content = (0, 0, 0, 0)
+        flags = (C.FLAG_SCALE_BAR if scale_bar else 0) | (C.FLAG_BGRA if bgra else 0)
+        data = shaderio.present_params(slot.width if shown else 1, slot.height if shown else 1,
+                                       content or (0, 0, target_w, target_h), (target_w, target_h), mode,
+                                       overdraw_max, flags, background)
         ffi.memmove(self._c_push, data, len(data))
-        lib.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_FRAGMENT_BIT, 0, len(data), self._c_push)
-        vp, sc = self._c_viewport, self._c_scissor
-        vp.width, vp.height = float(target_w), float(target_h)
-        sc.extent.width, sc.extent.height = int(target_w), int(target_h)
-        lib.vkCmdSetViewport(cmd, 0, 1, vp)
-        lib.vkCmdSetScissor(cmd, 0, 1, sc)
-        lib.vkCmdDraw(cmd, 3, 1, 0, 0)
+        self._c_sets[0] = self.sets[slot.index if shown else 0]
+        self._c_sets[1] = self.out_sets[f]
+        lib.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.pipeline)
+        lib.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.layout, 0, 2, self._c_sets, 0,
+                                    ffi.NULL)
+        lib.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(data), self._c_push)
+        g = C.PRESENT_GROUP_SIZE
+        lib.vkCmdDispatch(cmd, (target_w + g - 1) // g, (target_h + g - 1) // g, 1)
+        bb, ib = self._c_buf_barrier, self._c_img_barrier
+        bb.buffer = out.handle
+        ib.image = image
+        lib.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+                                 vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 0, ffi.NULL, 1, bb, 1, ib)
+        region = self._c_region
+        region.imageExtent.width, region.imageExtent.height = int(target_w), int(target_h)
+        lib.vkCmdCopyBufferToImage(cmd, out.handle, image, vk.VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, 1, region)
 
     def close(self):
         if self.pipeline is None:
             return
         vk, dev = self.vk, self.ctx.device
         self.colormap.destroy()
+        for b in self.outputs:
+            if b is not None:
+                b.destroy()
+        self.outputs = [None] * self.frames
         vk.vkDestroyDescriptorPool(dev, self.pool, None)
         vk.vkDestroyPipeline(dev, self.pipeline, None)
         vk.vkDestroyPipelineLayout(dev, self.layout, None)
         vk.vkDestroyDescriptorSetLayout(dev, self.set_layout, None)
+        vk.vkDestroyDescriptorSetLayout(dev, self.out_layout, None)
         self.pipeline = None
         self.ctx.disown(self)

@@ -5,10 +5,11 @@ Per present number p (1, 2, …) with frame-in-flight index f = p mod F:
 1. host waits ``present_done ≥ p − F`` (the previous use of f's command buffer, ImGui buffers, readback buffer);
    frees what earlier frames left behind (``garbage``);
 2. the target gives an image (swapchain: acquire with f's semaphore);
-3. f's command buffer records: ImGui texture uploads, the render pass (present pass over the slot, ImGui on
-   top), optionally a copy of the image into f's readback buffer;
-4. one submit waits ``ready[s] ≥ r`` (the slot's render, at the fragment stage) and the acquire semaphore,
-   and signals ``free[s] = q`` (the ring's read number; the ring may overwrite s after it), ``present_done = p``
+3. f's command buffer records: ImGui texture uploads, the present pass (a compute dispatch over the target that
+   shows the slot in the mode, then a copy of its output into the image), the render pass (ImGui on top),
+   optionally a copy of the image into f's readback buffer;
+4. one submit waits ``ready[s] ≥ r`` (the slot's render, at the compute stage; no wait when the ring's handover
+   says the render is known finished) and the acquire semaphore (at the transfer stage), and signals ``free[s] = q`` (the ring's read number; the ring may overwrite s after it), ``present_done = p``
    and, for a swapchain, the image's render-finished semaphore; then the image is presented.
 
 No ``vkQueueWaitIdle`` / ``vkDeviceWaitIdle`` here (only in rebuilds: resize, ring growth, teardown).
@@ -38,7 +39,7 @@ class Presenter:
         vk = self.vk = ctx.vk
         self.ctx, self.target, self.ring = ctx, target, ring
         self.frames = frames
-        self.present_pass = PresentPass(ctx, target.render_pass, ring)
+        self.present_pass = PresentPass(ctx, ring, frames)
         self.imgui_pass = ImGuiPass(ctx, target.render_pass, frames) if imgui else None
         self.present_done = ctx.create_timeline_semaphore()
         self.cmds = ctx.allocate_command_buffers(frames)
@@ -46,7 +47,7 @@ class Presenter:
         self.garbage: list = []        # (p, callable): run once present_done ≥ p
         self.readback = [None] * frames
         self.captured: dict[int, int] = {}  # present number -> frame index holding its capture
-        self.clear_color = (0.08, 0.08, 0.08, 1.0)
+        self.background = 0.08   # grey level around and behind the shown frame
         self._init_frame_structs()
         ctx.own(self)
 
@@ -58,10 +59,8 @@ class Presenter:
         self._c_cmd_begin = ffi.new("VkCommandBufferBeginInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
             "flags": vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT})
-        self._c_clear = ffi.new("VkClearValue[1]")
         self._c_pass_begin = ffi.new("VkRenderPassBeginInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_RENDER_PASS_BEGIN_INFO, "clearValueCount": 1,
-            "pClearValues": self._c_clear})   # renderArea.offset stays (0, 0)
+            "sType": vk.VK_STRUCTURE_TYPE_RENDER_PASS_BEGIN_INFO})   # loads (no clear); renderArea.offset (0, 0)
         self._c_waits = ffi.new("VkSemaphore[2]")            # acquire semaphore, ready[s]
         self._c_wait_values = ffi.new("uint64_t[2]")
         self._c_stages = ffi.new("VkPipelineStageFlags[2]")
@@ -127,16 +126,15 @@ class Presenter:
         if self.imgui_pass is not None:
             self.imgui_pass.update_textures(cmd, draw_data, frame_garbage)
         w, h = self.target.width, self.target.height
+        self.present_pass.record(cmd, f, slot, self.target.image(index), w, h, bgra=self.target.bgra, mode=mode,
+                                 overdraw_max=overdraw_max, scale_bar=scale_bar, background=self.background,
+                                 content=content)
         begin = self._c_pass_begin
         begin.renderPass = self.target.render_pass
         begin.framebuffer = self.target.framebuffer(index)
         begin.renderArea.extent.width = w
         begin.renderArea.extent.height = h
-        self._c_clear[0].color.float32 = self.clear_color
         lib.vkCmdBeginRenderPass(cmd, begin, vk.VK_SUBPASS_CONTENTS_INLINE)
-        if slot is not None and slot.frame > 0:
-            self.present_pass.record(cmd, slot, w, h, mode=mode, overdraw_max=overdraw_max, scale_bar=scale_bar,
-                                     content=content)
         if self.imgui_pass is not None and draw_data is not None:
             self.imgui_pass.record(cmd, draw_data, f, w, h)
         lib.vkCmdEndRenderPass(cmd)
@@ -150,7 +148,7 @@ class Presenter:
         if wait_sem is not None:
             self._c_waits[0] = wait_sem
             self._c_wait_values[0] = 0
-            self._c_stages[0] = vk.VK_PIPELINE_STAGE_COLOR_ATTACHMENT_OUTPUT_BIT
+            self._c_stages[0] = vk.VK_PIPELINE_STAGE_TRANSFER_BIT   # the image's first use: the barrier + copy
             n_wait = 1
         self._c_signals[0] = self.present_done
         self._c_signal_values[0] = p
@@ -159,7 +157,7 @@ class Presenter:
             wait = self.ring.present_wait(slot)
             if wait is not None:
                 self._c_waits[n_wait], self._c_wait_values[n_wait] = wait
-                self._c_stages[n_wait] = vk.VK_PIPELINE_STAGE_FRAGMENT_SHADER_BIT
+                self._c_stages[n_wait] = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
                 n_wait += 1
             sem, value = self.ring.mark_read(slot)
             self._c_signals[n_signal] = sem

@@ -3,7 +3,7 @@
 The integer ``#define`` lines of the header are the constants the host needs (render modes, flags, colormap
 size, scale-bar geometry, bindings); :data:`C` holds them, read from the same file the shaders include, so the
 two sides cannot drift. SPIR-V is committed next to its GLSL as ``<name>.spv``
-(``present_modes.frag`` → ``present_modes.frag.spv``) and built with :data:`GLSLC_ARGS`;
+(``present_modes.comp`` → ``present_modes.comp.spv``) and built with :data:`GLSLC_ARGS`;
 ``python -m viewer.shaderio`` rebuilds it and tests/test_vulkan.py checks that it is up to date.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def _shader_dir() -> Path:
 
 SHADER_DIR = _shader_dir()
 #: GLSL sources that are compiled to SPIR-V (shaderio.h is included, not compiled).
-SHADERS = ("present_fullscreen.vert", "present_modes.frag", "imgui_ui.vert", "imgui_ui.frag")
+SHADERS = ("present_modes.comp", "imgui_ui.vert", "imgui_ui.frag")
 #: glslc flags used for the committed SPIR-V (Vulkan 1.2 target, optimised, no debug info).
 GLSLC_ARGS = ("--target-env=vulkan1.2", "-O")
 
@@ -56,21 +56,23 @@ MODE_NAMES = {"image": C.MODE_IMAGE, "alpha": C.MODE_ALPHA, "overdraw": C.MODE_O
               "side-by-side": C.MODE_SIDE_BY_SIDE}
 
 
-def present_params(frame_w: int, frame_h: int, content: tuple, mode: int, overdraw_max: int, flags: int,
-                   background: float) -> bytes:
-    """The 40-byte ``PresentParams`` push-constant block of shaderio.h (std430: 9 int32 then 1 float32).
-    ``content`` = (x, y, width, height) of the area the mode fills, in target pixels."""
+def present_params(frame_w: int, frame_h: int, content: tuple, target: tuple, mode: int, overdraw_max: int,
+                   flags: int, background: float) -> bytes:
+    """The 48-byte ``PresentParams`` push-constant block of shaderio.h (std430: 11 int32 then 1 float32).
+    ``content`` = (x, y, width, height) of the area the mode fills, ``target`` = (width, height) of the target,
+    in target pixels."""
     x, y, w, h = (int(v) for v in content)
-    return struct.pack("<9if", frame_w, frame_h, x, y, w, h, mode, max(int(overdraw_max), 1), flags,
+    tw, th = (int(v) for v in target)
+    return struct.pack("<11if", frame_w, frame_h, x, y, w, h, tw, th, mode, max(int(overdraw_max), 1), flags,
                        float(background))
 
 
 #: size in bytes of the PresentParams block
-PRESENT_PARAMS_SIZE = 40
+PRESENT_PARAMS_SIZE = 48
 
 
 def spirv(name: str) -> bytes:
-    """The committed SPIR-V of shader ``name`` (e.g. ``"present_modes.frag"``)."""
+    """The committed SPIR-V of shader ``name`` (e.g. ``"present_modes.comp"``)."""
     path = SHADER_DIR / f"{name}.spv"
     try:
         return path.read_bytes()

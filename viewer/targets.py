@@ -53,6 +53,10 @@ def _framebuffer(ctx, render_pass, view, width, height):
     return vk.vkCreateFramebuffer(ctx.device, info, None)
 
 
+def _is_bgra(vk, fmt: int) -> bool:
+    return fmt in (vk.VK_FORMAT_B8G8R8A8_UNORM, vk.VK_FORMAT_B8G8R8A8_SRGB)
+
+
 class OffscreenTarget:
     """``frames`` colour images of ``width × height`` (one per frame in flight), read back on request."""
 
@@ -71,7 +75,8 @@ class OffscreenTarget:
     def _create(self, width, height):
         vk = self.vk
         self.width, self.height = max(int(width), 1), max(int(height), 1)
-        usage = vk.VK_IMAGE_USAGE_COLOR_ATTACHMENT_BIT | vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT
+        usage = (vk.VK_IMAGE_USAGE_COLOR_ATTACHMENT_BIT | vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT
+                 | vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT)   # the present pass copies its output in
         self.images = [self.ctx.create_image(self.width, self.height, self.format, usage) for _ in range(self.frames)]
         self.framebuffers = [_framebuffer(self.ctx, self.render_pass, im.view, self.width, self.height)
                              for im in self.images]
@@ -100,6 +105,14 @@ class OffscreenTarget:
 
     def framebuffer(self, index: int):
         return self.framebuffers[index]
+
+    def image(self, index: int):
+        return self.images[index].handle
+
+    @property
+    def bgra(self) -> bool:
+        """Byte order of the pixels: B, G, R, A (else R, G, B, A)."""
+        return _is_bgra(self.vk, self.format)
 
     def record_capture(self, cmd, index: int, buffer):
         # The render pass left the image in TRANSFER_SRC_OPTIMAL with a dependency to the transfer stage.
@@ -172,13 +185,18 @@ class SwapchainTarget:
         vk = self.vk
         formats = self._formats(self.ctx.physical_device, self.surface)
         pairs = [(int(f.format), int(f.colorSpace)) for f in formats]
-        for want in (vk.VK_FORMAT_B8G8R8A8_UNORM, vk.VK_FORMAT_R8G8B8A8_UNORM):
+        # 8-bit RGBA/BGRA: the present pass writes those bytes as they are (display-referred values; an *_SRGB
+        # format is copied into without conversion, so it shows the same as UNORM)
+        wanted = (vk.VK_FORMAT_B8G8R8A8_UNORM, vk.VK_FORMAT_R8G8B8A8_UNORM, vk.VK_FORMAT_B8G8R8A8_SRGB,
+                  vk.VK_FORMAT_R8G8B8A8_SRGB)
+        for want in wanted:
             for fmt, cs in pairs:
                 if fmt == want and cs == vk.VK_COLOR_SPACE_SRGB_NONLINEAR_KHR:
                     return fmt, cs
-        if not pairs:
-            raise VulkanUnavailable("the window surface reports no formats")
-        return pairs[0]
+        for fmt, cs in pairs:
+            if fmt in wanted:
+                return fmt, cs
+        raise VulkanUnavailable(f"the window surface offers no 8-bit RGBA/BGRA format (it has {sorted(pairs)})")
 
     def _present_mode(self):
         vk = self.vk
@@ -227,7 +245,10 @@ class SwapchainTarget:
         count = caps.minImageCount + 1
         if caps.maxImageCount > 0:
             count = min(count, caps.maxImageCount)
-        usage = vk.VK_IMAGE_USAGE_COLOR_ATTACHMENT_BIT
+        if not caps.supportedUsageFlags & vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT:
+            raise VulkanUnavailable("the window's swapchain images cannot be copy destinations "
+                                    "(VK_IMAGE_USAGE_TRANSFER_DST_BIT unsupported); use --offscreen")
+        usage = vk.VK_IMAGE_USAGE_COLOR_ATTACHMENT_BIT | vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT
         self.can_capture = bool(caps.supportedUsageFlags & vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT)
         if self.can_capture:
             usage |= vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT
@@ -281,6 +302,14 @@ class SwapchainTarget:
 
     def framebuffer(self, index: int):
         return self.framebuffers[index]
+
+    def image(self, index: int):
+        return self.images[index]
+
+    @property
+    def bgra(self) -> bool:
+        """Byte order of the pixels: B, G, R, A (else R, G, B, A)."""
+        return _is_bgra(self.vk, self.format)
 
     def record_capture(self, cmd, index: int, buffer):
         vk = self.vk
