@@ -23,7 +23,9 @@ Two present policies for (b) (``--policies``):
 * ``ring-only`` (a diagnostic, not a frame): acquire, render into the slot and release as ``ready``, no present;
   it separates the ring's own cost from the present pass's;
 * ``present-only`` (a diagnostic): the render alone into ordinary tensors, then a present of a slot rendered
-  before (finished): what the Vulkan pass running beside the CUDA stream costs it.
+  before (finished): what the Vulkan pass running beside the CUDA stream costs it; ``present-compute`` and
+  ``present-empty`` break it down: the present pass's compute dispatch alone (no copy into the image), and a
+  submit with no commands (``Presenter.diagnostic``; the target shows nothing usable then).
 
 No readback of the colour image is timed: copying a frame to host memory is not part of a frame (the viewer
 reads back only for screenshots and ``--offscreen`` PNGs); one readback *after* the timing checks that the ring
@@ -75,7 +77,7 @@ import rigel_core as rc  # noqa: E402
 from rigel_core.data.procedural import SCENE_RADIUS, make_scene  # noqa: E402
 
 MODES = ("image", "alpha", "overdraw", "side-by-side")
-POLICIES = ("ready", "eager", "event", "ring-only", "present-only")
+POLICIES = ("ready", "eager", "event", "ring-only", "present-only", "present-compute", "present-empty")
 TARGET_OVERHEAD = 0.05  # issue 6: ring + passes cost at most 5 % of the render time
 SMALL = dict(n=2000, res="160x120", frames=5, warmup=1, repeats=1, sync_frames=2)
 FULL = dict(n=1_000_000, res="1920x1080", frames=200, warmup=20, repeats=5, sync_frames=None)  # None: --frames
@@ -211,7 +213,7 @@ class RingBench:
         shown = self.ring.latest   # present-only shows this finished render every frame
         t0 = time.perf_counter()
         for _ in range(frames):
-            if policy == "present-only":
+            if policy.startswith("present-"):
                 self.frame_alone(cam, out)
                 p = self.presenter.present(shown, mode=mode)
             else:
@@ -285,13 +287,15 @@ class RingBench:
         self.ring.elide_waits = policy != "eager"
         self.ring.handover = "event" if policy == "event" else "semaphore"
         for _ in range(warmup):
-            self.frame_full(cam, mode, policy="ready" if policy == "present-only" else policy)
+            self.frame_full(cam, mode, policy="ready" if policy.startswith("present-") else policy)
+        self.presenter.diagnostic = {"present-compute": "compute", "present-empty": "empty"}.get(policy)
         alone, full = [], []
         waits0 = self.ring.waits_enqueued
         self.presented = set()
         for _ in range(repeats):   # interleaved, so that a clock or thermal drift affects both alike
             alone.append(self.throughput_alone(cam, out, frames))
             full.append(self.throughput_full(cam, mode, frames, policy, out))
+        self.presenter.diagnostic = None
         waits = self.ring.waits_enqueued - waits0
         shown = len(self.presented)
         # per frame, each waited for on its own; the time stamps stay out of the throughput loops above
@@ -387,8 +391,8 @@ def parse_args(argv=None):
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     ap.add_argument("--policies", default="ready,eager",
                     help="comma-separated present policies: ready (the viewer's), eager (the first protocol), "
-                         "event (CUDA event instead of the ready[s] signal), ring-only and present-only "
-                         "(diagnostics)")
+                         "event (CUDA event instead of the ready[s] signal); diagnostics: ring-only, "
+                         "present-only, present-compute, present-empty")
     ap.add_argument("--slots", type=int, default=3, help="frame-ring slots K (the viewer's default: 3)")
     ap.add_argument("--frames-in-flight", type=int, default=2, help="presenter frames in flight (viewer: 2)")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default=None,

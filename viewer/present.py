@@ -204,6 +204,11 @@ class PresentPass:
             "newLayout": vk.VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, "srcQueueFamilyIndex": ignored,
             "dstQueueFamilyIndex": ignored,
             "subresourceRange": {"aspectMask": vk.VK_IMAGE_ASPECT_COLOR_BIT, "levelCount": 1, "layerCount": 1}})
+        self._c_final_barrier = ffi.new("VkImageMemoryBarrier*", {   # see finish()
+            "sType": vk.VK_STRUCTURE_TYPE_IMAGE_MEMORY_BARRIER, "srcAccessMask": vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+            "dstAccessMask": vk.VK_ACCESS_TRANSFER_READ_BIT, "oldLayout": vk.VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL,
+            "srcQueueFamilyIndex": ignored, "dstQueueFamilyIndex": ignored,
+            "subresourceRange": {"aspectMask": vk.VK_IMAGE_ASPECT_COLOR_BIT, "levelCount": 1, "layerCount": 1}})
         self._c_region = ffi.new("VkBufferImageCopy*", {   # tightly packed rows; offsets 0
             "imageSubresource": {"aspectMask": vk.VK_IMAGE_ASPECT_COLOR_BIT, "layerCount": 1},
             "imageExtent": {"depth": 1}})
@@ -249,11 +254,13 @@ class PresentPass:
         return b
 
     def record(self, cmd, f: int, slot, image, target_w: int, target_h: int, *, bgra: bool, mode: int = C.MODE_IMAGE,
-               overdraw_max: int = 1, scale_bar: bool = True, background: float = 0.08, content=None):
+               overdraw_max: int = 1, scale_bar: bool = True, background: float = 0.08, content=None,
+               copy: bool = True):
         """Record frame f's present pass: fill ``image`` (the target's VkImage, any layout, contents discarded;
         left in TRANSFER_DST_OPTIMAL) with ``slot`` shown in ``mode``; ``slot`` None (or never rendered): the
         background only. ``content`` = (x, y, w, h): the area the mode fills (default: the whole target); the
-        rest shows the background. ``bgra``: the target's byte order is B8G8R8A8 (else R8G8B8A8)."""
+        rest shows the background. ``bgra``: the target's byte order is B8G8R8A8 (else R8G8B8A8). ``copy``
+        False records the dispatch alone (a cost breakdown; the image is left untouched)."""
         vk = self.vk
         if self.generation != self.ring.generation:
             self._update_sets()
@@ -275,6 +282,8 @@ class PresentPass:
         lib.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, len(data), self._c_push)
         g = C.PRESENT_GROUP_SIZE
         lib.vkCmdDispatch(cmd, (target_w + g - 1) // g, (target_h + g - 1) // g, 1)
+        if not copy:
+            return
         bb, ib = self._c_buf_barrier, self._c_img_barrier
         bb.buffer = out.handle
         ib.image = image
@@ -283,6 +292,17 @@ class PresentPass:
         region = self._c_region
         region.imageExtent.width, region.imageExtent.height = int(target_w), int(target_h)
         lib.vkCmdCopyBufferToImage(cmd, out.handle, image, vk.VK_IMAGE_LAYOUT_TRANSFER_DST_OPTIMAL, 1, region)
+
+    def finish(self, cmd, image, final_layout: int):
+        """With no render pass after it: take the copied ``image`` to ``final_layout`` (TRANSFER_SRC_OPTIMAL for
+        a readback, PRESENT_SRC_KHR for a swapchain), the copy's writes made available to a transfer read."""
+        vk = self.vk
+        b = self._c_final_barrier
+        b.image = image
+        b.newLayout = final_layout
+        vk.lib.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+                                    vk.VK_PIPELINE_STAGE_TRANSFER_BIT | vk.VK_PIPELINE_STAGE_COLOR_ATTACHMENT_OUTPUT_BIT,
+                                    0, 0, vk.ffi.NULL, 0, vk.ffi.NULL, 1, b)
 
     def close(self):
         if self.pipeline is None:

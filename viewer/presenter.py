@@ -48,6 +48,9 @@ class Presenter:
         self.readback = [None] * frames
         self.captured: dict[int, int] = {}  # present number -> frame index holding its capture
         self.background = 0.08   # grey level around and behind the shown frame
+        # None; or, for bench/ring_overhead.py's breakdown of the present's cost only (the target then shows
+        # nothing usable): "compute" = the present pass's dispatch alone, "empty" = a submit with no commands
+        self.diagnostic: str | None = None
         self._init_frame_structs()
         ctx.own(self)
 
@@ -126,18 +129,24 @@ class Presenter:
         if self.imgui_pass is not None:
             self.imgui_pass.update_textures(cmd, draw_data, frame_garbage)
         w, h = self.target.width, self.target.height
-        self.present_pass.record(cmd, f, slot, self.target.image(index), w, h, bgra=self.target.bgra, mode=mode,
-                                 overdraw_max=overdraw_max, scale_bar=scale_bar, background=self.background,
-                                 content=content)
-        begin = self._c_pass_begin
-        begin.renderPass = self.target.render_pass
-        begin.framebuffer = self.target.framebuffer(index)
-        begin.renderArea.extent.width = w
-        begin.renderArea.extent.height = h
-        lib.vkCmdBeginRenderPass(cmd, begin, vk.VK_SUBPASS_CONTENTS_INLINE)
-        if self.imgui_pass is not None and draw_data is not None:
+        if self.diagnostic != "empty":
+            self.present_pass.record(cmd, f, slot, self.target.image(index), w, h, bgra=self.target.bgra,
+                                     mode=mode, overdraw_max=overdraw_max, scale_bar=scale_bar,
+                                     background=self.background, content=content,
+                                     copy=self.diagnostic != "compute")
+        if self.diagnostic is not None:
+            pass   # bench/ring_overhead.py's cost breakdown: no render pass, the image is not presentable
+        elif self.imgui_pass is not None and draw_data is not None:
+            begin = self._c_pass_begin
+            begin.renderPass = self.target.render_pass
+            begin.framebuffer = self.target.framebuffer(index)
+            begin.renderArea.extent.width = w
+            begin.renderArea.extent.height = h
+            lib.vkCmdBeginRenderPass(cmd, begin, vk.VK_SUBPASS_CONTENTS_INLINE)
             self.imgui_pass.record(cmd, draw_data, f, w, h)
-        lib.vkCmdEndRenderPass(cmd)
+            lib.vkCmdEndRenderPass(cmd)
+        else:   # nothing to draw on top: no render pass, a barrier takes the copied image to the target's layout
+            self.present_pass.finish(cmd, self.target.image(index), self.target.final_layout)
         if capture:
             self.target.record_capture(cmd, index, self._readback_buffer(f))
         check_result(vk, lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")

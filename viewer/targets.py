@@ -65,8 +65,8 @@ class OffscreenTarget:
         self.ctx = ctx
         self.format = vk.VK_FORMAT_B8G8R8A8_UNORM if fmt is None else fmt
         self.frames = frames
-        self.render_pass = create_render_pass(ctx, self.format, vk.VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL,
-                                              for_transfer=True)
+        self.final_layout = vk.VK_IMAGE_LAYOUT_TRANSFER_SRC_OPTIMAL   # where a frame leaves the image
+        self.render_pass = create_render_pass(ctx, self.format, self.final_layout, for_transfer=True)
         self.images = []
         self.framebuffers = []
         self._create(width, height)
@@ -175,7 +175,8 @@ class SwapchainTarget:
         self._acquire = d("vkAcquireNextImageKHR")
         self._present = d("vkQueuePresentKHR")
         self.format, self.color_space = self._pick_format()
-        self.render_pass = create_render_pass(ctx, self.format, vk.VK_IMAGE_LAYOUT_PRESENT_SRC_KHR, for_transfer=False)
+        self.final_layout = vk.VK_IMAGE_LAYOUT_PRESENT_SRC_KHR   # where a frame leaves the image
+        self.render_pass = create_render_pass(ctx, self.format, self.final_layout, for_transfer=False)
         self.acquire_semaphores = [ctx.create_binary_semaphore() for _ in range(frames)]
         self.can_capture = False
         ctx.own(self)
