@@ -38,8 +38,21 @@ def rel_err(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def assert_close(named_pairs, tol):
-    errors = {name: rel_err(a, b) for name, a, b in named_pairs}
+def background_scale(w_img, final_T):
+    """The background's gradient is a sum over pixels, sum_p w_img[p] * final_T[p], whose random-sign terms
+    cancel: float32 rounding of final_T (~1e-7 relative per pixel) then shows up ~sqrt(H*W) times larger
+    relative to the sum than to its terms. Its error is measured against sum_p |w_img[p] * final_T[p]| (the
+    conditioning of the sum). Seen on the H200: 1.2e-5 relative to the sum at RIGEL_SEED=1131118825, whether the
+    backward summed in float32 or float64, i.e. from final_T's rounding, not the summation."""
+    return (w_img.double() * final_T.detach().double().cpu()[..., None]).abs().sum((0, 1))
+
+
+def assert_close(named_pairs, tol, scales=None):
+    """``scales``: {name: tensor} to divide the error by instead of the reference's norm."""
+    scales = scales or {}
+    errors = {name: rel_err(a, b) if name not in scales else
+              float((a.detach().double().cpu() - b.detach().double().cpu()).norm() / scales[name].norm())
+              for name, a, b in named_pairs}
     bad = {k: v for k, v in errors.items() if not v <= tol}
     assert not bad, f"relative gradient errors above {tol}: {bad} (all: {errors})"
     return errors
@@ -70,7 +83,8 @@ def raster_stage(rng, inputs, cam):
     ref = rasterize_tiles(*x64[:4], ids.cpu(), ranges.cpu(), -(-w // 16), -(-h // 16), w, h, x64[4])
     ((ref.image * w_img.double()).sum() + (ref.final_T * w_T.double()).sum()).backward()
     names = ("means2D", "conics", "colors", "opacities", "background")
-    assert_close([(n, a.grad, b.grad) for n, a, b in zip(names, x32, x64)], TOL)
+    assert_close([(n, a.grad, b.grad) for n, a, b in zip(names, x32, x64)], TOL,
+                 {"background": background_scale(w_img, ref.final_T)})
     return {n: a.grad for n, a in zip(names, x32)}, final_T, n_contrib, x32[0]
 
 
@@ -218,7 +232,7 @@ def test_end_to_end_rasterize_gaussians(rng):
     ((ref.image * w_img.double()).sum() + (ref.final_T * w_T.double()).sum()).backward()
     names = ("means3D", "quats", "scales", "opacities", "colors", "background")
     pairs = [(n, a.grad, b.grad) for n, a, b in zip(names, x, y)] + [("means2D", out.means2D.grad, ref_means2D.grad)]
-    assert_close(pairs, TOL)
+    assert_close(pairs, TOL, {"background": background_scale(w_img, ref.final_T)})
 
 
 def test_end_to_end_model_with_sh(rng):
