@@ -20,15 +20,12 @@ Two present policies for (b) (``--policies``):
   presented right after its release, the Vulkan submit waiting on a ``ready[s]`` not signalled yet;
 * ``event``: as ``ready``, but the render's end reaches Vulkan as a CUDA event the host polls instead of the
   ``ready[s]`` semaphore signal (``FrameRing(handover="event")``): the present submit waits for nothing;
-* ``host``: as ``event``, and the present's end reaches CUDA as the presenter's own timeline value, polled by
-  the host, instead of a ``free[s]`` signal (``FrameRing(handover="host")``): no semaphore shared with CUDA;
 * ``ring-only`` (a diagnostic, not a frame): acquire, render into the slot and release as ``ready``, no present;
   it separates the ring's own cost from the present pass's;
 * ``present-only`` (a diagnostic): the render alone into ordinary tensors, then a present of a slot rendered
   before (finished): what the Vulkan pass running beside the CUDA stream costs it; ``present-compute`` and
   ``present-empty`` break it down: the present pass's compute dispatch alone (no copy into the image), and a
-  submit with no commands (``Presenter.diagnostic``; the target shows nothing usable then); ``host-empty``: that
-  empty submit under the ``host`` handover (it signals only the presenter's own semaphore).
+  submit with no commands (``Presenter.diagnostic``; the target shows nothing usable then).
 
 No readback of the colour image is timed: copying a frame to host memory is not part of a frame (the viewer
 reads back only for screenshots and ``--offscreen`` PNGs); one readback *after* the timing checks that the ring
@@ -80,10 +77,7 @@ import rigel_core as rc  # noqa: E402
 from rigel_core.data.procedural import SCENE_RADIUS, make_scene  # noqa: E402
 
 MODES = ("image", "alpha", "overdraw", "side-by-side")
-POLICIES = ("ready", "eager", "event", "host", "ring-only", "present-only", "present-compute", "present-empty",
-            "host-empty")
-NEWEST_READY = ("ready", "event", "host")   # present FrameRing.newest_ready()
-PRESENT_ONLY = ("present-only", "present-compute", "present-empty", "host-empty")   # render alone + a present
+POLICIES = ("ready", "eager", "event", "ring-only", "present-only", "present-compute", "present-empty")
 TARGET_OVERHEAD = 0.05  # issue 6: ring + passes cost at most 5 % of the render time
 SMALL = dict(n=2000, res="160x120", frames=5, warmup=1, repeats=1, sync_frames=2)
 FULL = dict(n=1_000_000, res="1920x1080", frames=200, warmup=20, repeats=5, sync_frames=None)  # None: --frames
@@ -181,7 +175,7 @@ class RingBench:
                 marks.next()
         if policy == "ring-only":
             return 0
-        if policy in NEWEST_READY:
+        if policy in ("ready", "event"):
             slot = self.ring.newest_ready() or slot
             self.presented.add(slot.frame)
         t0 = time.perf_counter()
@@ -219,7 +213,7 @@ class RingBench:
         shown = self.ring.latest   # present-only shows this finished render every frame
         t0 = time.perf_counter()
         for _ in range(frames):
-            if policy in PRESENT_ONLY:
+            if policy.startswith("present-"):
                 self.frame_alone(cam, out)
                 p = self.presenter.present(shown, mode=mode)
             else:
@@ -228,7 +222,7 @@ class RingBench:
             if self.stream is not None:
                 self.stream.synchronize()
             return (time.perf_counter() - t0) * 1e3 / frames
-        if policy in NEWEST_READY:   # show the last render too: every frame rendered and the last shown
+        if policy in ("ready", "event"):   # show the last render too: every frame rendered and the last shown
             p = self.presenter.present(self.ring.latest, mode=mode)
             self.presented.add(self.ring.latest.frame)
         self.wait_present(p)   # the present waited for the render's ready[s]: the whole frame is done
@@ -291,11 +285,10 @@ class RingBench:
         for _ in range(warmup):
             self.frame_alone(cam, out)
         self.ring.elide_waits = policy != "eager"
-        self.ring.handover = {"event": "event", "host": "host", "host-empty": "host"}.get(policy, "semaphore")
+        self.ring.handover = "event" if policy == "event" else "semaphore"
         for _ in range(warmup):
-            self.frame_full(cam, mode, policy="ready" if policy in PRESENT_ONLY else policy)
-        self.presenter.diagnostic = {"present-compute": "compute", "present-empty": "empty",
-                                     "host-empty": "empty"}.get(policy)
+            self.frame_full(cam, mode, policy="ready" if policy.startswith("present-") else policy)
+        self.presenter.diagnostic = {"present-compute": "compute", "present-empty": "empty"}.get(policy)
         alone, full = [], []
         waits0 = self.ring.waits_enqueued
         self.presented = set()
@@ -315,8 +308,7 @@ class RingBench:
         return {
             "policy": policy, "mode": mode_name, "frame": f"{w}x{h}",
             "free_waits_enqueued": waits,
-            "distinct_frames_shown": shown if policy in NEWEST_READY else repeats * frames if policy == "eager" else 0,
-            "host_waits": self.ring.host_waits,
+            "distinct_frames_shown": {"ready": shown, "event": shown, "eager": repeats * frames}.get(policy, 0),
             "frames_rendered": repeats * frames,
             "alone_ms": a, "full_ms": b, "overhead": (b - a) / a, "met": (b - a) / a <= TARGET_OVERHEAD,
             "alone_runs_ms": alone, "full_runs_ms": full,
@@ -399,8 +391,8 @@ def parse_args(argv=None):
     ap.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of " + ", ".join(MODES))
     ap.add_argument("--policies", default="ready,eager",
                     help="comma-separated present policies: ready (the viewer's), eager (the first protocol), "
-                         "event (CUDA event instead of the ready[s] signal), host (no semaphore shared with "
-                         "CUDA); diagnostics: ring-only, present-only, present-compute, present-empty, host-empty")
+                         "event (CUDA event instead of the ready[s] signal); diagnostics: ring-only, "
+                         "present-only, present-compute, present-empty")
     ap.add_argument("--slots", type=int, default=3, help="frame-ring slots K (the viewer's default: 3)")
     ap.add_argument("--frames-in-flight", type=int, default=2, help="presenter frames in flight (viewer: 2)")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default=None,

@@ -315,9 +315,6 @@ def test_ring_keeps_every_frame_and_grows(ctx, rng):
         FrameRing(ctx, 1)
     with pytest.raises(ValueError, match="handover"):
         FrameRing(ctx, 2, handover="fence")
-    host_ring = FrameRing(ctx, 2, handover="host")   # the CPU path: the host signals, so no difference
-    slot, *_ = fill_slot(host_ring, 8, 8, rng)
-    assert host_ring.mark_read(slot) == (host_ring.free[slot.index], 1)
 
 
 def test_newest_ready_never_offers_a_slot_being_written(ctx, rng):
@@ -516,16 +513,14 @@ def test_cuda_interop_failure_names_the_call_and_closes_the_fd(ctx):
 
 # ---- GPU: CUDA interop -------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("elide_waits, handover",
-                         [(True, "semaphore"), (False, "semaphore"), (True, "event"), (True, "host")],
-                         ids=["elided", "every-wait", "event", "host"])
+@pytest.mark.parametrize("elide_waits, handover", [(True, "semaphore"), (False, "semaphore"), (True, "event")],
+                         ids=["elided", "every-wait", "event"])
 def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits, handover):
     """CUDA writes a per-frame pattern into slot s; Vulkan, slowed by big fills before each copy, copies the
     slot to its own host region per frame. Every one of 200 frames must read back as written: CUDA waited on
     free[s] before overwriting, Vulkan waited on ready[s] before reading. With the waits elided the ring still
     enqueued waits the slow Vulkan side made necessary; without, every render after the first k did. With the
-    "event" handover the copy waits for nothing on the GPU: present_wait has seen the render finish; with "host"
-    the copy signals only a semaphore of its own, which the ring waited for on the host before reusing a slot."""
+    "event" handover the copy waits for nothing on the GPU: present_wait has seen the render finish."""
     c = vkc.VulkanContext(validation=VALIDATION)
     c.init_device(interop=True, device_uuid=vkc.cuda_device_uuid())
     vk = c.vk
@@ -536,7 +531,6 @@ def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits, handover):
         host = c.create_buffer(slot_bytes * n_frames, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=True)
         scratch = c.create_buffer(256 << 20, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=False)
         cmds = c.allocate_command_buffers(n_frames)
-        done = c.create_timeline_semaphore()   # the "host" handover: the copies' own semaphore
         stream = torch.cuda.current_stream()
         for n in range(n_frames):
             slot = ring.acquire(w, h, stream)
@@ -564,11 +558,7 @@ def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits, handover):
             wait = ring.present_wait(slot)
             assert (wait is None) == (handover != "semaphore")
             waits = [wait] if wait is not None else []
-            if handover == "host":
-                assert ring.mark_read(slot, (done, n + 1)) is None
-                fsem, fval = done, n + 1
-            else:
-                fsem, fval = ring.mark_read(slot)
+            fsem, fval = ring.mark_read(slot)
             tl = vk.VkTimelineSemaphoreSubmitInfo(waitSemaphoreValueCount=len(waits),
                                                   pWaitSemaphoreValues=[v for _, v in waits] or None,
                                                   signalSemaphoreValueCount=1, pSignalSemaphoreValues=[fval])
@@ -578,7 +568,7 @@ def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits, handover):
                                      commandBufferCount=1, pCommandBuffers=[cmd], signalSemaphoreCount=1,
                                      pSignalSemaphores=[fsem])
             vk.vkQueueSubmit(c.queue, 1, [submit], None)
-        assert c.wait_timeline(fsem, fval, 30_000_000_000)
+        assert c.wait_timeline(ring.free[slot.index], ring.last_read[slot.index], 30_000_000_000)
         data = np.frombuffer(host.mapped, np.uint8, slot_bytes * n_frames).reshape(n_frames, slot_bytes)
         (o_i, _), (o_t, _), (o_n, _) = ring.ranges()
         npx = w * h
@@ -587,14 +577,11 @@ def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits, handover):
             assert (row[o_i:o_i + npx * 12].view(np.float32) == n).all(), f"frame {n}: image"
             assert (row[o_t:o_t + npx * 4].view(np.float32) == n + 0.5).all(), f"frame {n}: final_T"
             assert (row[o_n:o_n + npx * 4].view(np.int32) == n * 7).all(), f"frame {n}: n_contrib"
-        if handover == "host":   # never a GPU-side wait; the slow copies made the host wait for slots
-            assert ring.waits_enqueued == 0 and ring.host_waits > 0
-        elif elide_waits:   # the event handover's host waits for each render can leave no wait to enqueue
+        if elide_waits:   # the event handover's host waits for each render can leave no wait to enqueue
             assert (0 if handover == "event" else 1) <= ring.waits_enqueued <= n_frames - k
         else:
             assert ring.waits_enqueued == n_frames - k
         c.free_command_buffers(cmds)
-        vk.vkDestroySemaphore(c.device, done, None)
         host.destroy()
         scratch.destroy()
     finally:
@@ -602,7 +589,7 @@ def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits, handover):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("handover", ["semaphore", "event", "host"])
+@pytest.mark.parametrize("handover", ["semaphore", "event"])
 def test_gpu_newest_ready_waits_for_the_render_to_finish(handover):
     """CUDA path: a released render still running on the stream is not offered (ready[s] not reached); the
     previous finished one is; once the stream is done the new one is. Every slot's content is what its frame
@@ -631,7 +618,7 @@ def test_gpu_newest_ready_waits_for_the_render_to_finish(handover):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("handover", ["semaphore", "event", "host"])
+@pytest.mark.parametrize("handover", ["semaphore", "event"])
 def test_gpu_ring_render_is_bit_identical_and_presents(rng, handover):
     import rigel_core
     from rigel_core import Camera, GaussianModel

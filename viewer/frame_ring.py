@@ -44,10 +44,7 @@ import numpy as np
 
 from .vk_context import Buffer, VulkanContext
 
-__all__ = ["FrameRing", "Slot", "HANDOVERS"]
-
-#: How a render's end reaches Vulkan and a present's end reaches CUDA (FrameRing's ``handover``).
-HANDOVERS = ("semaphore", "event", "host")
+__all__ = ["FrameRing", "Slot"]
 
 _ALIGN = 256  # ≥ minStorageBufferOffsetAlignment of every known device
 
@@ -69,8 +66,7 @@ class Slot:
     n_contrib: object = None  # torch (H, W) int32
     overdraw_max: int = 1     # max of n_contrib of `frame`, once known
     rendering: bool = False   # between acquire and release: its memory is being written
-    handover: str = "semaphore"  # how its render's end was published: ready[s] signal, or a CUDA event ("event",
-    #                              "host")
+    handover: str = "semaphore"  # how its render's end was published: ready[s] signal, or a CUDA event
 
 
 class FrameRing:
@@ -88,10 +84,7 @@ class FrameRing:
             on the render stream and the present submit waits for it. "event": the render stream records a
             CUDA event instead; the host polls it (:meth:`is_ready`) and a present of a finished render needs no
             wait (:meth:`present_wait` gives None; a present of an unfinished one waits for the event on the
-            host first). "host": as "event", and the present that reads a slot signals no ``free[s]`` either:
-            it tells :meth:`mark_read` a (semaphore, value) of its own that it signals (the presenter's
-            ``present_done``), which :meth:`acquire` polls and, only when still unmet, waits for on the host —
-            no semaphore shared with CUDA is used per frame. Can be changed between frames.
+            host first). Can be changed between frames.
     Raises:
         ValueError: K < 2 or an unknown device; VulkanUnavailable / CudaInteropError from the allocations.
     """
@@ -102,8 +95,8 @@ class FrameRing:
             raise ValueError(f"FrameRing needs at least 2 slots, got {slots}")
         if device not in ("cpu", "cuda"):
             raise ValueError(f"FrameRing device must be 'cpu' or 'cuda', got {device!r}")
-        if handover not in HANDOVERS:
-            raise ValueError(f"FrameRing handover must be one of {', '.join(HANDOVERS)}, got {handover!r}")
+        if handover not in ("semaphore", "event"):
+            raise ValueError(f"FrameRing handover must be 'semaphore' or 'event', got {handover!r}")
         if device == "cuda" and not ctx.interop:
             raise ValueError("FrameRing(device='cuda') needs a context created with init_device(interop=True)")
         self.ctx = ctx
@@ -114,8 +107,6 @@ class FrameRing:
         self.elide_waits = bool(elide_waits)
         self.handover = handover
         self.waits_enqueued = 0   # free[s] waits put on the render stream (CUDA path), for the benchmark
-        self.host_waits = 0       # "host" handover: acquires that had to wait on the host for a present
-        self._host_read: list = [None] * slots   # "host": per slot, (semaphore, value) of its last present
         self.generation = 0
         self.capacity = 0
         self.render_count = 0
@@ -245,12 +236,6 @@ class FrameRing:
             if need > 0 and not (self.elide_waits and self.ctx.timeline_value(self.free[s]) >= need):
                 self._ext_free[s].wait(need, stream)
                 self.waits_enqueued += 1
-            read = self._host_read[s]   # a present under the "host" handover (a Vulkan-only semaphore)
-            if read is not None:
-                if self.ctx.timeline_value(read[0]) < read[1]:
-                    self.host_waits += 1
-                    self.ctx.wait_timeline(*read)
-                self._host_read[s] = None
         else:
             self.ctx.wait_timeline(self.free[s], self.last_read[s])
         views = self._views[s]
@@ -282,7 +267,7 @@ class FrameRing:
             else:
                 with torch.cuda.stream(stream):
                     self._stat_slices[s].copy_(slot.n_contrib.amax().reshape(1), non_blocking=True)
-            if self.handover != "semaphore":
+            if self.handover == "event":
                 self._done[s].record(stream if stream is not None else torch.cuda.current_stream(self.cuda_device))
             else:
                 self._ext_ready[s].signal(r, stream)
@@ -301,7 +286,7 @@ class FrameRing:
             return False
         if self.device != "cuda":
             return True
-        if slot.handover != "semaphore":
+        if slot.handover == "event":
             return self._done[slot.index].query()
         return self.ctx.timeline_value(self.ready[slot.index]) >= slot.frame
 
@@ -325,24 +310,14 @@ class FrameRing:
     def present_wait(self, slot: Slot):
         """(semaphore, value) the present submit must wait for: ``ready[s] ≥ frame``; None when it needs no
         wait (handover "event": the host has seen the render finish — it waits for it here when not)."""
-        if slot.handover != "semaphore" and self.device == "cuda":
+        if slot.handover == "event" and self.device == "cuda":
             self._done[slot.index].synchronize()   # returns at once for a finished render (newest_ready's)
             return None
         return self.ready[slot.index], slot.frame
 
-    def mark_read(self, slot: Slot, signal=None):
+    def mark_read(self, slot: Slot):
         """(semaphore, value) the present submit signals: ``free[s] = q`` with q a new read number (monotonic
-        over the ring's life, whichever presenter reads); later renders into s wait for it.
-
-        Handover "host" (CUDA path): ``signal`` = (semaphore, value) that the submit signals anyway (required);
-        the next render into s waits for it on the host when needed, and None is returned (nothing more to
-        signal)."""
-        if self.device == "cuda" and self.handover == "host":
-            if signal is None:
-                raise ValueError("FrameRing.mark_read: the 'host' handover needs the (semaphore, value) the "
-                                 "reading submit signals")
-            self._host_read[slot.index] = (signal[0], int(signal[1]))
-            return None
+        over the ring's life, whichever presenter reads); later renders into s wait for it."""
         self.read_count += 1
         self.last_read[slot.index] = self.read_count
         return self.free[slot.index], self.read_count

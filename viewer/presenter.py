@@ -168,10 +168,10 @@ class Presenter:
                 self._c_waits[n_wait], self._c_wait_values[n_wait] = wait
                 self._c_stages[n_wait] = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
                 n_wait += 1
-            sig = self.ring.mark_read(slot, (self.present_done, p))
-            if sig is not None:
-                self._c_signals[n_signal], self._c_signal_values[n_signal] = sig
-                n_signal += 1
+            sem, value = self.ring.mark_read(slot)
+            self._c_signals[n_signal] = sem
+            self._c_signal_values[n_signal] = value
+            n_signal += 1
         done_sem = self.target.signal_semaphore(index)
         if done_sem is not None:
             self._c_signals[n_signal] = done_sem
