@@ -349,9 +349,11 @@ def test_trainer_mlp_densify_checkpoint_export_switch(rng, tmp_path):
         ra, rb = tr.step(), resumed.step()
         assert (ra.loss, ra.num_gaussians) == (rb.loss, rb.num_gaussians)
 
-        tr.export_ply(tmp_path / "m.ply")  # baked: other tools cannot run the MLP
+        bake_rmse = tr.export_ply(tmp_path / "m.ply")  # baked: other tools cannot run the MLP
         ply = load_ply(tmp_path / "m.ply")
         assert ply.sh_degree == 1 and ply.num_gaussians == tr.model.num_gaussians
+        _, want = bake_to_sh(tr.snapshot(), 1)
+        assert bake_rmse == pytest.approx(want, rel=1e-9) and 0.0 < bake_rmse < 0.2
 
         means_moment = tr.optimizer.state[tr.model.means3D]["exp_avg"].clone()
         rmse = tr.set_appearance("sh")

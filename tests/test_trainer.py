@@ -491,6 +491,17 @@ def test_cli_end_to_end_resume_and_interrupt(blender_dataset, tmp_path, monkeypa
     ply = load_ply(run / "model.ply")
     ck = load_checkpoint_model(run / "checkpoint.safetensors")
     assert torch.equal(ply.means3D, ck.means3D) and ply.sh_degree == 3
+    assert "ply_bake_rmse" not in metrics and "baked" not in log   # SH: nothing to bake
+
+    # an MLP run: the PLY holds SH fitted to the MLP, and the fit's error is reported
+    run_mlp = tmp_path / "run_mlp"
+    assert main(common[:2] + ["--out", str(run_mlp)] + common[4:] + ["--iters", "10", "--appearance", "mlp",
+                                                                      "--sh-degree", "2"]) == 0
+    metrics_mlp = json.loads((run_mlp / "metrics.json").read_text())
+    assert 0.0 < metrics_mlp["ply_bake_rmse"] < 0.2
+    assert "baked into SH degree 2, RMSE" in (run_mlp / "log.txt").read_text()
+    assert load_ply(run_mlp / "model.ply").sh_degree == 2
+    assert load_checkpoint_model(run_mlp / "checkpoint.safetensors").appearance is not None
 
     # an existing run is never overwritten by accident
     mtime = (run / "checkpoint.safetensors").stat().st_mtime_ns

@@ -138,7 +138,10 @@ class TrainingSession:
             paths.append(str(p.resolve()))
         if what in ("both", "ply"):
             p = self.run_dir / PLY_NAME
-            tr.export_ply(p)             # an MLP appearance is baked into SH first (other tools cannot run it)
+            rmse = tr.export_ply(p)      # an MLP appearance is baked into SH first (other tools cannot run it)
+            if tr.model.appearance is not None:
+                log.info("[%d] %s: the MLP appearance baked into SH degree %d, RMSE %.4f", tr.iteration, p.name,
+                         tr.config.sh_degree, rmse)
             paths.append(str(p.resolve()))
         if what == "both":
             self._dirty = False

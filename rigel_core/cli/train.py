@@ -231,7 +231,11 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         trainer.save_checkpoint(ckpt)
         try:
-            trainer.export_ply(run_dir / "model.ply")
+            rmse = trainer.export_ply(run_dir / "model.ply")
+            if trainer.model.appearance is not None:   # other tools cannot run the MLP: the PLY holds SH
+                metrics["ply_bake_rmse"] = rmse
+                log.info(f"[{trainer.iteration}] model.ply: the MLP appearance baked into SH degree "
+                         f"{trainer.config.sh_degree}, RMSE {rmse:.4f} (colour units, 128 view directions)")
         except ImportError as e:  # rigel_core.io missing: keep the checkpoint
             log.info(f"model.ply not written ({e})")
         log.info(f"[{trainer.iteration}] {reason}: checkpoint and model.ply written "
