@@ -28,8 +28,8 @@ A slot can be presented any number of times (a still camera re-presents the last
 ``last_read[s]``, and the next render into s waits for it.
 
 **No wait before its signal** (CUDA path). A GPU-side wait enqueued before the other API has signalled the value
-is expensive on NVIDIA: a Vulkan submit waiting on ``ready[s]`` that is already queued when CUDA reaches the
-signal made that signal cost ~0.3 ms of the render stream (5 µs otherwise; H200, docs/BENCHMARKS.md). So the
+is expensive on NVIDIA: presenting each render right after its release, so that the Vulkan submit waited on a
+``ready[s]`` CUDA had not reached yet, made every frame ~0.27 ms slower (H200, docs/BENCHMARKS.md). So the
 ring polls (``vkGetSemaphoreCounterValue``, a few µs on the host, never blocking) and keeps GPU waits for values
 not reached yet: :meth:`acquire` enqueues the ``free[s]`` wait only when the last present of s has not finished,
 and :meth:`newest_ready` gives the presenter the newest slot whose ``ready[s]`` has been reached, so that the
@@ -281,7 +281,8 @@ class FrameRing:
         return r
 
     def is_ready(self, slot: Slot) -> bool:
-        """The slot's render has finished (CUDA: ``ready[s]`` reached, polled; CPU: released)."""
+        """The slot's render has finished (CUDA: ``ready[s]`` reached, or its event done, polled; CPU:
+        released)."""
         if slot.rendering or slot.frame <= 0:
             return False
         if self.device != "cuda":
