@@ -273,6 +273,26 @@ def test_offscreen_cli_on_the_bundled_scene(tmp_path):
     assert (frame != image).any(-1)[12:40, 12:80].mean() > 0.9        # the panel is in the frame, top left
     assert not np.array_equal(np.asarray(Image.open(out / "overdraw.png")), image)
 
+    # side-by-side renders one panel's worth: the summary gives that frame, not the single-mode views' size
+    out2 = tmp_path / "sbs"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("DISPLAY", raising=False)
+        assert main(args[:4] + [str(out2)] + args[5:] + ["--mode", "side-by-side", "--no-panels"]) == 0
+    summary = json.loads((out2 / "summary.json").read_text())
+    assert summary["mode"] == "side-by-side" and summary["frame_size"] == [96 // 3, 72]
+
+
+def test_screenshot_names_never_overwrite(tmp_path):
+    from viewer.app import _db, _unused
+
+    first = tmp_path / "shot.png"
+    assert _unused(first) == first
+    first.write_bytes(b"x")
+    assert _unused(first) == tmp_path / "shot_2.png"
+    (tmp_path / "shot_2.png").write_bytes(b"x")
+    assert _unused(first) == tmp_path / "shot_3.png"
+    assert (_db(7.153824538), _db(None), _db(float("nan"))) == ("7.15", "n/a", "n/a")
+
 
 def test_cli_reports_bad_input(tmp_path, capsys):
     from viewer.app import main

@@ -664,7 +664,7 @@ class Viewer:
             self.stats.presents += 1
             if self._pending_screens:
                 self._pending_screens.clear()
-                self.save_png(p, self.screenshot_dir / time.strftime("rigel_screenshot_%Y%m%d_%H%M%S.png"))
+                self.save_png(p, _unused(self.screenshot_dir / time.strftime("rigel_screenshot_%Y%m%d_%H%M%S.png")))
         return p
 
     def read_pixels(self, p: int):
@@ -872,6 +872,21 @@ def _make_trainer(args, device: str, run_dir: Path):
     return trainer, ds
 
 
+
+def _db(x) -> str:
+    """A PSNR for a message: two decimals, or "n/a"."""
+    return f"{x:.2f}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
+
+
+def _unused(path: Path) -> Path:
+    """``path``, or ``stem_2.png``, ``stem_3.png``, … when it exists (two screenshots in one second)."""
+    k = 2
+    out = path
+    while out.exists():
+        out = path.with_name(f"{path.stem}_{k}{path.suffix}")
+        k += 1
+    return out
+
 def main(argv=None) -> int:
     """Entry point of ``rigel-viewer``; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -957,7 +972,8 @@ def main(argv=None) -> int:
                     summary = run_offscreen_training(viewer, n, args.out)
                 interrupted = viewer.interrupted
                 print(f"rigel-viewer: trained {summary['iterations']} iterations on {summary['training_device']}, "
-                      f"held-out PSNR {summary['psnr_initial']} -> {summary['psnr']} dB, {summary['frames']} frames "
+                      f"held-out PSNR {_db(summary['psnr_initial'])} -> {_db(summary['psnr'])} dB, "
+                      f"{summary['frames']} frames "
                       f"({summary['frame_ring']}) in {summary['seconds']} s -> {args.out}")
             else:
                 summary = run_offscreen(viewer, n, args.out)

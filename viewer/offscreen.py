@@ -125,8 +125,9 @@ def run_offscreen(viewer, frames: int, out_dir, *, orbit_degrees: float = 360.0)
         per_frame.append({"frame": i, "render_ms": round(viewer.stats.render_ms, 3),
                           "frame_ms": round((time.perf_counter() - t0) * 1e3, 3)})
     elapsed = time.perf_counter() - t_start
+    common = _common(viewer)   # before the last views re-render in single modes (another frame size)
     last = _last_views(viewer, out, files)
-    summary = {"ok": True, **_common(viewer), "frames": frames, "iterations": 0, "psnr": None,
+    summary = {"ok": True, **common, "frames": frames, "iterations": 0, "psnr": None,
                "seconds": round(elapsed, 3), "fps": round(frames / elapsed, 3) if elapsed > 0 else None,
                "median_render_ms": float(np.median([f["render_ms"] for f in per_frame])) if per_frame else None,
                "per_frame": per_frame, "last_frame": last, "files": files}
@@ -190,6 +191,7 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     viewer.drain_events()
     # the final model, then training view 0 with its per-pixel error in the PSNR window
     viewer._take_model()
+    common = _common(viewer)   # before the last views re-render in single modes (another frame size)
     last = _last_views(viewer, out, files)
     if viewer.frames:
         viewer.snap_to_camera(0)
@@ -206,7 +208,7 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     first = float(np.mean(train[:10])) if train else None
     final = float(np.mean(train[-10:])) if train else None
     summary = {
-        "ok": error is None, **_common(viewer),
+        "ok": error is None, **common,
         "frames": len(shots), "presents": presents, "seconds": round(elapsed, 3),
         "fps": round(presents / elapsed, 3) if elapsed > 0 else None,
         "iterations": state.iteration, "iterations_goal": goal, "status": state.status,

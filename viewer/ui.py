@@ -113,7 +113,8 @@ def _labels(imgui, settings: ViewSettings, overdraw_max: int, content, fb_scale)
     for mode, px, py, pw, ph in panel_rects(settings.mode, content):
         if settings.mode == C.MODE_SIDE_BY_SIDE:
             name = {C.MODE_IMAGE: "image", C.MODE_ALPHA: "alpha (1 - final_T)", C.MODE_OVERDRAW: "overdraw"}[mode]
-            text(px + 6, py + 4, name)
+            if imgui.calc_text_size(name).x * sx + 12 <= pw:   # a title wider than its panel would run into the next
+                text(px + 6, py + 4, name)
         if mode != C.MODE_OVERDRAW:
             continue
         r = scale_bar_rect(pw, ph)
