@@ -384,6 +384,29 @@ def test_viewer_renders_when_something_changes_and_presents_otherwise(display, r
         v.run()                                                     # returns at once: the window is closing
 
 
+@needs_vulkan
+@needs_ui
+def test_panels_stay_in_place_when_the_window_is_shrunk_to_nothing(rng):
+    """A window resized to 1x1 and back: the panel is where it was (ImGui moves a window to keep its corner on
+    screen, so the panels are not drawn below MIN_DISPLAY_FOR_PANELS)."""
+    from imgui_bundle import imgui
+
+    from viewer.app import Viewer
+    from viewer.ui import ViewSettings
+
+    slot = ModelSlot(tiny_model(rng), iteration=0)
+    with Viewer(slot, size=(240, 160), device="cpu", offscreen=True, settings=ViewSettings(render_scale=0.25)) as v:
+        for _ in range(2):
+            v.step()
+        before = imgui.internal.find_window_by_name("rigel-viewer").pos
+        before = (before.x, before.y)
+        for size in ((1, 1), (7, 5), (240, 160)):
+            v.target.resize(*size)
+            assert v.step() is not None
+        after = imgui.internal.find_window_by_name("rigel-viewer").pos
+        assert (after.x, after.y) == before
+
+
 # ---- GPU ------------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @needs_ui

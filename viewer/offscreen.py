@@ -114,6 +114,7 @@ def run_offscreen(viewer, frames: int, out_dir, *, orbit_degrees: float = 360.0)
     files, per_frame = [], []
     yaw0 = viewer.camera.yaw
     step = math.radians(orbit_degrees) / max(frames, 1)
+    viewer.build_ui()   # ImGui sizes auto-resizing panels from one frame's contents: frame 0 is then complete
     t_start = time.perf_counter()
     for i in range(frames):
         viewer.camera.yaw = yaw0 + i * step

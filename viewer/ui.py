@@ -98,6 +98,10 @@ class Stats:
             else float("nan")
 
 
+#: Below this display size (pixels, either side) the panels are not drawn: ImGui keeps a window's corner on
+#: screen by moving it, so a window shrunk to a few pixels would leave them shifted off-screen when it grows.
+MIN_DISPLAY_FOR_PANELS = 64
+
 def _labels(imgui, settings: ViewSettings, overdraw_max: int, content, fb_scale):
     """Side-by-side panel titles and the overdraw scale-bar numbers, on the background draw list (under the
     panels), in ImGui display coordinates."""
@@ -448,6 +452,8 @@ def draw_ui(settings: ViewSettings, stats: Stats, *, overdraw_max: int, content,
         return requests
     io = imgui.get_io()
     display = (io.display_size.x, io.display_size.y)
+    if min(display) < MIN_DISPLAY_FOR_PANELS:
+        return requests   # a (nearly) collapsed window: ImGui would push the panels off-screen for good
     jobs = jobs or {}
     _main_window(imgui, implot, settings, stats, overdraw_max, max_sh_degree=max_sh_degree, windowed=windowed,
                  n_cameras=n_cameras, camera_index=camera_index, training=training, appearance=appearance, jobs=jobs,
