@@ -9,8 +9,9 @@ Per present number p (1, 2, …) with frame-in-flight index f = p mod F:
    shows the slot in the mode, then a copy of its output into the image), the render pass (ImGui on top),
    optionally a copy of the image into f's readback buffer;
 4. one submit waits ``ready[s] ≥ r`` (the slot's render, at the compute stage; no wait when the ring's handover
-   says the render is known finished) and the acquire semaphore (at the transfer stage), and signals ``free[s] = q`` (the ring's read number; the ring may overwrite s after it), ``present_done = p``
-   and, for a swapchain, the image's render-finished semaphore; then the image is presented.
+   says the render is known finished) and the acquire semaphore (at the transfer stage), and signals
+   ``free[s] = q`` (the ring's read number; the ring may overwrite s after it), ``present_done = p`` and, for a
+   swapchain, the image's render-finished semaphore; then the image is presented.
 
 No ``vkQueueWaitIdle`` / ``vkDeviceWaitIdle`` here (only in rebuilds: resize, ring growth, teardown).
 """
