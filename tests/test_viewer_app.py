@@ -654,3 +654,49 @@ def test_gpu_viewer_training_matches_rigel_train(tmp_path):
     s = json.loads((tmp_path / "view" / "summary.json").read_text())
     assert s["iterations"] == ref["iteration"] == 3000
     assert abs(s["psnr"] - ref["psnr"]) <= 0.3, (s["psnr"], ref["psnr"])
+
+
+# ---- run folders: the viewer never replaces another run (issue 15's data loss) -----------------------------------
+def test_viewer_run_folder_never_replaces_a_run(tmp_path, monkeypatch):
+    """A finished rigel-train run in runs/<name> is left alone: the viewer trains into runs/<name>-2 (then -3);
+    an explicit --out holding a run is refused without --resume; --resume keeps the folder; a file is refused."""
+    from viewer.app import RUN_FILES, RunFolderTaken, _choose_run_dir, build_parser
+
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "datasets" / "orbit"
+    data.mkdir(parents=True)
+
+    def choose(*extra):
+        return _choose_run_dir(build_parser().parse_args(["--data", str(data), *extra]))
+
+    assert choose() == Path("runs/orbit")                      # nothing there yet
+    Path("runs/orbit").mkdir(parents=True)
+    assert choose() == Path("runs/orbit")                      # an empty folder is not a run
+    for name in RUN_FILES:                                     # any one run file makes it a run
+        f = Path("runs/orbit") / name
+        f.write_bytes(b"x")
+        assert choose() == Path("runs/orbit-2"), name
+        f.unlink()
+    (Path("runs/orbit") / "checkpoint.safetensors").write_bytes(b"finished run")
+    (Path("runs/orbit-2")).mkdir()
+    (Path("runs/orbit-2") / "model.ply").write_bytes(b"another")
+    assert choose() == Path("runs/orbit-3")
+    assert choose("--resume") == Path("runs/orbit")
+    with pytest.raises(RunFolderTaken, match="already holds a run.*--resume"):
+        choose("--out", "runs/orbit")
+    assert choose("--out", "runs/orbit", "--resume") == Path("runs/orbit")
+    assert choose("--out", "fresh") == Path("fresh")
+    Path("afile").write_text("x")
+    with pytest.raises(RunFolderTaken, match="is a file"):
+        choose("--out", "afile")
+    assert (Path("runs/orbit") / "checkpoint.safetensors").read_bytes() == b"finished run"
+
+
+def test_unused_never_returns_an_existing_path(tmp_path):
+    from viewer.app import _unused
+
+    p = tmp_path / "model.ply"
+    assert _unused(p) == p
+    p.write_bytes(b"1")
+    (tmp_path / "model_2.ply").write_bytes(b"2")
+    assert _unused(p) == tmp_path / "model_3.ply"

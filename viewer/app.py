@@ -9,8 +9,10 @@
 SCENE is any file ``rigel_core.io.load_scene`` reads (INRIA PLY of any SH degree, compressed PLY, SPZ, rigel
 checkpoint); without it the bundled default scene. ``--data`` trains on a dataset
 (``rigel_core.data.load_dataset``) in a background thread while the window shows the live model; the run folder
-(``--out``, default ``runs/<dataset name>``) receives ``checkpoint.safetensors`` and ``model.ply`` when the
-training finishes, when the window is closed, on Ctrl-C and after a failure of the training thread.
+(``--out``, default ``runs/<dataset name>``, or ``runs/<dataset name>-2``, ``-3``, … when that one holds a run)
+receives ``checkpoint.safetensors`` and ``model.ply`` when the training finishes, when the window is closed, on
+Ctrl-C and after a failure of the training thread. No run is ever replaced: an ``--out`` that holds one is
+refused without ``--resume``; Save PLY, screenshots and videos take a new name when theirs exists.
 
 ``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
 ``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`).
@@ -401,7 +403,7 @@ class Viewer:
         s = self.settings
         w, h = size or s.video_size
         cams = orbit_cameras(self.camera, int(frames or s.video_frames), w, h)
-        path = path or self.screenshot_dir / time.strftime("rigel_orbit_%Y%m%d_%H%M%S.mp4")
+        path = path or _unused(self.screenshot_dir / time.strftime("rigel_orbit_%Y%m%d_%H%M%S.mp4"))
         bg = (1.0, 1.0, 1.0) if s.white_background else None
         degree = min(s.sh_degree, self._model.active_sh_degree)
         self.jobs["video"] = job = Job("video", write_orbit_video, self._model, cams, path, fps=s.video_fps,
@@ -412,7 +414,7 @@ class Viewer:
         """Write the shown model as an INRIA PLY on a background thread (an MLP appearance is baked to SH)."""
         from .ui_state import Job
 
-        path = Path(path or self.screenshot_dir / "model.ply")
+        path = _unused(Path(path or self.screenshot_dir / "model.ply"))   # never overwrite a file
         model = self._model
 
         def save(job):
@@ -878,6 +880,43 @@ def _db(x) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
 
 
+#: files whose presence means a folder holds a run (of rigel-train or of the viewer)
+RUN_FILES = ("checkpoint.safetensors", "model.ply", "metrics.json", "log.txt", "viewer.log")
+
+
+class RunFolderTaken(ValueError):
+    """``--out`` names a folder that already holds a run and ``--resume`` was not given."""
+
+
+def _holds_run(d: Path) -> bool:
+    return d.is_dir() and any((d / f).exists() for f in RUN_FILES)
+
+
+def _choose_run_dir(args) -> Path:
+    """The run folder of ``--data`` training; never one that holds another run.
+
+    ``--resume``: ``--out`` or ``runs/<dataset name>`` as it is. An explicit ``--out`` that holds a run
+    (:data:`RUN_FILES`) without ``--resume`` raises :class:`RunFolderTaken`. The default ``runs/<dataset name>``
+    becomes ``runs/<dataset name>-2``, ``-3``, … when it holds a run (a finished ``rigel-train`` run, say), so
+    training in the viewer never replaces another run's checkpoint or model.
+    """
+    base = Path("runs") / Path(args.data).resolve().name
+    if args.resume:
+        return args.out or base
+    if args.out is not None:
+        if args.out.exists() and not args.out.is_dir():
+            raise RunFolderTaken(f"--out {args.out} is a file, not a folder")
+        if _holds_run(args.out):
+            raise RunFolderTaken(f"{args.out} already holds a run ({', '.join(f for f in RUN_FILES if (args.out / f).exists())}); "
+                                 "pass --resume to continue it, or choose another --out")
+        return args.out
+    out, k = base, 2
+    while _holds_run(out) or (out.exists() and not out.is_dir()):
+        out = base.with_name(f"{base.name}-{k}")
+        k += 1
+    return out
+
+
 def _unused(path: Path) -> Path:
     """``path``, or ``stem_2.png``, ``stem_3.png``, … when it exists (two screenshots in one second)."""
     k = 2
@@ -925,7 +964,7 @@ def main(argv=None) -> int:
             from .camera_control import up_from_cameras
             from .training import TrainingSession
 
-            run_dir = args.out or Path("runs") / Path(args.data).resolve().name
+            run_dir = _choose_run_dir(args)
             log = _setup_logging(run_dir)
             device = _pick_render_device(args.device)
             trainer, ds = _make_trainer(args, device, run_dir)
