@@ -8,7 +8,6 @@ the y, z columns negated), and SfM points in a nerfstudio-re-oriented frame (``a
 where the COLMAP loader's points do.
 """
 import json
-import math
 import os
 import shutil
 

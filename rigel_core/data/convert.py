@@ -1,4 +1,4 @@
-"""COLMAP → nerfstudio ``transforms.json`` (what ``ns-process-data`` writes), so that a capture loads without pycolmap.
+"""COLMAP → nerfstudio ``transforms.json`` (as ``ns-process-data`` writes it): a capture that loads without pycolmap.
 
 :func:`colmap_to_transforms` reads a COLMAP dataset (``images/`` + ``sparse/0`` or ``sparse``, binary or text,
 through pycolmap) and writes ``DST/transforms.json`` plus ``DST/sparse_pc.ply`` (the SfM points and colours).
