@@ -83,6 +83,7 @@ setup(
     entry_points={"console_scripts": [
         "rigel-render=rigel_core.cli.render:main",
         "rigel-train=rigel_core.cli.train:main",
+        "rigel-import-colmap=rigel_core.cli.import_colmap:main",
         "rigel-viewer=viewer.app:main",
         "rigel-bench=rigel_core.cli.bench:main",
     ]},

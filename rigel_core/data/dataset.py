@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .frames import Dataset, DatasetError, FrameSpec, camera_extent, load_frames
-from .transforms import read_transforms, warn_missing
+from .transforms import read_ply_points, read_transforms, warn_missing
 
 __all__ = ["load_dataset", "detect_format", "load_blender", "load_ngp", "FORMATS"]
 
@@ -108,15 +108,17 @@ def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=
 
 def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames=None, test_every=8) -> Dataset:
     """An instant-ngp (or nerfstudio) ``transforms.json``: one file, every ``test_every``-th frame (sorted by
-    image name) held out. See :mod:`rigel_core.data.transforms` for the keys read and ignored."""
+    image name) held out; nerfstudio's ``ply_file_path`` gives ``points``/``point_colors``. See
+    :mod:`rigel_core.data.transforms` for the keys read and ignored."""
     json_path = Path(json_path)
     specs, missing, total = read_transforms(json_path)
     warn_missing(json_path, missing, total)
     if not specs:
         raise DatasetError(f"{json_path}: none of its {total} frames has an image file")
+    points, colors = read_ply_points(json_path)  # nerfstudio's ply_file_path (SfM points), else None
     train, test = split_every(sorted(specs, key=lambda s: str(s.image_path)), test_every)
     return _assemble(_cap(train, max_frames), _cap(test, max_frames), json_path, "ngp", white_bg, downscale,
-                     device)
+                     device, points, colors)
 
 
 def split_every(items: list, test_every: int) -> tuple[list, list]:

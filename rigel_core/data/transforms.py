@@ -15,6 +15,11 @@ One parser serves both (and the ``rigel-render`` CLI, which needs only the camer
   Fisheye models (``is_fisheye``, ``camera_model: OPENCV_FISHEYE``) are rejected with an error.
 - ``file_path`` is relative to the JSON file and may lack an extension (any of
   :data:`~rigel_core.data.images.IMAGE_EXTENSIONS` is accepted).
+- nerfstudio's ``ply_file_path`` (relative to the JSON file): a PLY ``vertex`` element with ``x y z`` and
+  optional ``red green blue`` — the SfM points that initialise training (:func:`read_ply_points`).
+  nerfstudio's ``applied_transform`` (3×4) records the transform its converter applied to COLMAP's world; it
+  has already been applied to both the ``transform_matrix`` poses and the PLY points, which therefore share
+  one world frame and are used as stored (the key is informational, like ``aabb_scale``).
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from .frames import DatasetError, Distortion, FrameSpec
 from .images import IMAGE_EXTENSIONS, image_size, resolve_image_path
 from .undistort import OPENCV_KEYS, opencv_distort
 
-__all__ = ["read_json", "read_transforms", "frame_name"]
+__all__ = ["read_json", "read_transforms", "frame_name", "read_ply_points"]
 
 
 def read_json(path: Path) -> dict:
@@ -153,3 +158,54 @@ def warn_missing(path: Path, missing: int, total: int) -> None:
     """The one warning for frames skipped because their image file does not exist."""
     if missing:
         warnings.warn(f"{path}: {missing} of {total} frames have no image file and were skipped", stacklevel=3)
+
+
+def read_ply_points(json_path, meta: dict | None = None):
+    """(points (M,3) float64, colours (M,3) float64 in [0, 1] or None) of the PLY named by nerfstudio's
+    ``ply_file_path`` key of ``json_path`` (path relative to the JSON file), or (None, None) without the key.
+
+    ASCII or binary PLY (plyfile), element ``vertex`` with ``x y z``; colours from ``red green blue`` when all
+    three are present (integer types divided by their maximum, e.g. uint8 / 255; float types must lie in
+    [0, 1]). No vertex gives (None, None), like a COLMAP model without points.
+    Raises DatasetError naming the PLY file (and the JSON): missing or unreadable file, no ``vertex`` element or
+    coordinate, non-finite coordinates, colours out of range.
+    """
+    json_path = Path(json_path)
+    meta = read_json(json_path) if meta is None else meta
+    rel = meta.get("ply_file_path")
+    if rel is None:
+        return None, None
+    if not isinstance(rel, str) or not rel.strip():
+        raise DatasetError(f"{json_path}: 'ply_file_path' must be a file name, got {rel!r}")
+    ply = json_path.parent / rel
+    where = f"{ply} (ply_file_path of {json_path})"
+    if not ply.is_file():
+        raise DatasetError(f"{where}: file not found")
+    from plyfile import PlyData
+
+    try:
+        data = PlyData.read(str(ply))
+    except Exception as e:  # plyfile raises PlyParseError, ValueError, struct/numpy errors for corrupt files
+        raise DatasetError(f"{where}: not a readable PLY file ({type(e).__name__}: {e})") from e
+    if "vertex" not in data:
+        raise DatasetError(f"{where}: no 'vertex' element")
+    v = data["vertex"].data
+    names = v.dtype.names or ()
+    for k in ("x", "y", "z"):
+        if k not in names:
+            raise DatasetError(f"{where}: vertex has no '{k}' property")
+    if len(v) == 0:
+        return None, None
+    points = np.stack([np.asarray(v[k], dtype=np.float64) for k in ("x", "y", "z")], axis=-1)
+    if not np.all(np.isfinite(points)):
+        raise DatasetError(f"{where}: {int((~np.isfinite(points)).any(axis=1).sum())} vertices have non-finite x y z")
+    if not all(k in names for k in ("red", "green", "blue")):
+        return points, None
+    cols = np.stack([np.asarray(v[k]) for k in ("red", "green", "blue")], axis=-1)
+    if np.issubdtype(cols.dtype, np.integer):
+        colors = cols.astype(np.float64) / float(np.iinfo(cols.dtype).max)
+    else:
+        colors = cols.astype(np.float64)
+    if not (np.all(np.isfinite(colors)) and colors.min() >= 0.0 and colors.max() <= 1.0):
+        raise DatasetError(f"{where}: red green blue must be integers or floats in [0, 1]")
+    return points, colors
