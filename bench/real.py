@@ -408,7 +408,7 @@ def gsplat_warmup(device) -> float:
     img, _, _ = rasterization(means, quats, scales, opac, sh, torch.eye(4, device=device)[None], K[None], 64, 64,
                               sh_degree=3, packed=False)
     img.sum().backward()
-    torch.cuda.synchronize(device)
+    sync(device)
     return time.perf_counter() - t0
 
 
@@ -489,7 +489,8 @@ def run_gsplat(ds, base, cfg, checkpoints, time_limit, device, seed, label) -> d
     loop = GsplatLoop(ds, base, cfg, device, seed)
     res = train_and_evaluate(label, loop.step, loop.render_frame, loop.num_gaussians, ds.test, checkpoints,
                              time_limit, device)
-    res["strategy"] = {k: v for k, v in dataclasses.asdict(loop.strategy).items() if not k.startswith("_")}
+    s = loop.strategy  # gsplat's DefaultStrategy is a dataclass: record its settings
+    res["strategy"] = dataclasses.asdict(s) if dataclasses.is_dataclass(s) else type(s).__name__
     del loop
     return res
 
