@@ -662,7 +662,8 @@ def run(args) -> int:
     scenes = find_scenes(args.scenes)
     out = out_dir(args.out)
     for name, path in scenes:  # never write into a dataset
-        if out.resolve().is_relative_to(Path(path).resolve()):
+        folder = Path(path) if Path(path).is_dir() else Path(path).parent
+        if out.resolve().is_relative_to(folder.resolve()):
             raise BenchError(f"--out {out}: inside the dataset {path}; choose another output directory")
     for f in ("real.json", "real.md"):
         if (out / f).exists():
