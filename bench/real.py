@@ -50,7 +50,9 @@ checkpoint). Nothing is written into the datasets. stdout: one line per evaluati
 Run on the GPU machine: ``python bench/real.py [--scenes bonsai,fern,PATH] [--iters 7000,30000] [--downscale 1]
 [--methods rigel,gsplat] [--rigel-config key=value ...] [--time-limit S]``; default scenes: every dataset folder
 under ``$RIGEL_SHARED_DATA/real``. CPU check: ``--device cpu --iters 20 --downscale 8 --max-frames 6`` (rigel's
-PyTorch reference backend; gsplat needs CUDA and is skipped with the reason).
+PyTorch reference backend; gsplat needs CUDA and is skipped with the reason). Runs made separately (``--methods
+rigel`` on one GPU, ``--methods gsplat`` on another, or in two device calls) are joined by ``python bench/real.py
+--merge DIR DIR --out DIR`` (no training; the protocols must match).
 """
 from __future__ import annotations
 
@@ -627,6 +629,9 @@ def parse_args(argv=None):
     ap.add_argument("--time-limit", type=float, default=None, help="stop a run after this many seconds of training")
     ap.add_argument("--white-bg", action="store_true", help="composite alpha onto white (default black)")
     ap.add_argument("--seed", type=int, default=0, help="random seed of both runs (default: 0)")
+    ap.add_argument("--merge", nargs="+", metavar="DIR", default=None,
+                    help="no training: combine the results of separate runs (e.g. --methods rigel on one GPU, "
+                         "--methods gsplat on another) into one table in --out")
     args = ap.parse_args(argv)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     bad = [m for m in methods if m not in METHODS]
@@ -762,9 +767,83 @@ def run(args) -> int:
     return 130 if interrupted else 0
 
 
+PROTOCOL_KEYS = ("downscale", "iters", "seed", "white_bg", "max_frames", "time_limit_s")
+
+
+def split_panels(png: Path, names: list[str], width: int) -> dict:
+    """{panel name: (H,W,3) uint8} of a PNG written by :func:`save_view_png` (panels ``width`` px, 2-px gaps)."""
+    from PIL import Image
+
+    a = np.asarray(Image.open(png).convert("RGB"))
+    return {n: a[:, i * (width + 2): i * (width + 2) + width] for i, n in enumerate(names)}
+
+
+def merge(dirs: list[str], out: Path) -> dict:
+    """Combine the real.json of runs made separately (e.g. rigel on one GPU, gsplat on another, or two device
+    calls) into one result: scenes matched by name, each method taken from the run that measured it, the PNG
+    panels joined. BenchError when a file is missing, the runs' protocols differ (downscale, checkpoints, seed,
+    background, frame cap, time limit) or two runs measured the same method on the same scene."""
+    results, sources = None, {}
+    for d in dirs:
+        f = Path(d) / "real.json"
+        try:
+            r = json.loads(f.read_text())
+            meta, scenes = r["meta"], r["scenes"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise BenchError(f"{f}: not a bench/real.py result ({type(e).__name__}: {e})") from None
+        if results is None:
+            results = {"meta": dict(meta, merged_from=[str(d)]), "scenes": []}
+        else:
+            for k in PROTOCOL_KEYS:
+                if meta.get(k) != results["meta"].get(k):
+                    raise BenchError(f"{f}: {k} = {meta.get(k)!r} differs from {results['meta'].get(k)!r} "
+                                     f"in {dirs[0]}; only runs of one protocol merge")
+            results["meta"]["merged_from"].append(str(d))
+            for k in ("commit", "device_name", "torch", "gsplat", "rigel_config"):
+                if meta.get(k) != results["meta"].get(k):
+                    results["meta"][k] = f"{results['meta'][k]} / {meta.get(k)}"
+        for sc in scenes:
+            tgt = next((t for t in results["scenes"] if t["scene"] == sc["scene"]), None)
+            if tgt is None:
+                tgt = dict(sc, runs={})
+                tgt.pop("png", None), tgt.pop("png_panels", None)
+                results["scenes"].append(tgt)
+            for m, run in sc.get("runs", {}).items():
+                have = tgt["runs"].get(m)
+                if have is not None and not have.get("skipped") and not run.get("skipped"):
+                    raise BenchError(f"{f}: {sc['scene']} {m} measured in two of the merged runs")
+                if have is None or have.get("skipped"):
+                    tgt["runs"][m] = run
+            if sc.get("png"):
+                src = sources.setdefault(sc["scene"], {"png": sc["png"], "panels": {}})
+                for k, v in split_panels(Path(d) / sc["png"], sc["png_panels"], sc["width"]).items():
+                    src["panels"].setdefault(k, v)
+    results["meta"]["methods"] = [m for m in METHODS if any(m in sc["runs"] for sc in results["scenes"])]
+    for sc in results["scenes"]:
+        src = sources.get(sc["scene"])
+        if src is None:
+            continue
+        names = [n for n in ("gt", *METHODS) if n in src["panels"]]
+        save_view_png(out / src["png"], [src["panels"][n] for n in names])
+        sc["png"], sc["png_panels"] = src["png"], names
+    return results
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
+        if args.merge:
+            out = out_dir(args.out)
+            for f in ("real.json", "real.md"):
+                if (out / f).exists():
+                    raise BenchError(f"{out / f}: exists (a previous run); choose another --out")
+            if any(out.resolve() == Path(d).resolve() for d in args.merge):
+                raise BenchError(f"--out {out}: one of the merged runs; choose another output directory")
+            out.mkdir(parents=True, exist_ok=True)
+            results = merge(args.merge, out)
+            write_results(out, results)
+            print(markdown(results), flush=True)
+            return 0
         return run(args)
     except BenchError as e:
         print(f"bench/real.py: {e}", file=sys.stderr)

@@ -342,3 +342,40 @@ def test_cli_both_methods_with_a_stand_in_gsplat(procedural, tmp_path, fake_gspl
     for r in res["scenes"][0]["runs"].values():
         assert r["stopped_at"] == 1 and [c["iteration"] for c in r["checkpoints"]] == [1]
     assert "1 (stopped: time limit" in (out2 / "real.md").read_text()
+
+
+def test_merge_separate_runs(procedural, tmp_path, fake_gsplat, monkeypatch, capsys):
+    monkeypatch.setattr(real, "gsplat_status", lambda device: (True, None))
+    a, b, m = tmp_path / "a", tmp_path / "b", tmp_path / "m"
+    common = CLI + ["--scenes", str(procedural)]
+    assert real.main(common + ["--out", str(a), "--methods", "rigel"]) == 0
+    assert real.main(common + ["--out", str(b), "--methods", "gsplat"]) == 0
+    assert real.main(["--merge", str(a), str(b), "--out", str(m)]) == 0
+    head, rows = table_rows((m / "real.md").read_text())
+    assert [(r[1], r[2]) for r in rows] == [("rigel", "4"), ("rigel", "8"), ("gsplat", "4"), ("gsplat", "8")]
+    ra, rb = (json.loads((d / "real.json").read_text())["scenes"][0]["runs"] for d in (a, b))
+    c, g = ra["rigel"]["checkpoints"][1], rb["gsplat"]["checkpoints"][1]
+    assert float(rows[1][8]) == pytest.approx(c["train_s"] / g["train_s"], abs=0.006)
+    assert float(rows[1][9]) == pytest.approx(c["psnr"] - g["psnr"], abs=0.006)
+    res = json.loads((m / "real.json").read_text())
+    assert res["meta"]["methods"] == ["rigel", "gsplat"] and res["meta"]["merged_from"] == [str(a), str(b)]
+    from PIL import Image
+
+    sc = res["scenes"][0]
+    assert sc["png_panels"] == ["gt", "rigel", "gsplat"]
+    merged = np.asarray(Image.open(m / sc["png"]))
+    assert merged.shape == (24, 3 * 24 + 4, 3)
+    for d, col in ((a, 1), (b, 2)):  # each method's panel is the one its own run saved
+        own = np.asarray(Image.open(d / sc["png"]))
+        assert np.array_equal(merged[:, col * 26: col * 26 + 24], own[:, 26:50])
+        assert np.array_equal(merged[:, :24], own[:, :24])
+    # the same method twice, a different protocol, an existing output: one line each, nothing written
+    c2 = tmp_path / "c"
+    assert real.main(["--merge", str(a), str(a), "--out", str(c2)]) == 2
+    assert "rigel measured in two" in capsys.readouterr().err
+    assert real.main(CLI[:3] + ["4"] + CLI[4:] + ["--scenes", str(procedural), "--out", str(c2 / "x"),
+                                                  "--methods", "gsplat"]) == 0
+    assert real.main(["--merge", str(a), str(c2 / "x"), "--out", str(c2 / "y")]) == 2
+    assert "iters = [4] differs" in capsys.readouterr().err
+    assert real.main(["--merge", str(a), str(b), "--out", str(m)]) == 2
+    assert "exists" in capsys.readouterr().err
