@@ -61,7 +61,6 @@ import ast
 import dataclasses
 import datetime
 import json
-import math
 import os
 import subprocess
 import sys
@@ -235,7 +234,8 @@ def masked_ssim(pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor | None)
 
 
 def train_loss(pred, gt, mask, lambda_dssim: float) -> torch.Tensor:
-    """(1 − λ)·L1 + λ·(1 − SSIM), masked as above (without a mask: ``Trainer.compute_loss``'s formula and code)."""
+    """(1 − λ)·L1 + λ·(1 − SSIM), masked as above (without a mask: ``Trainer.compute_loss``'s formula, its
+    functions)."""
     return (1.0 - lambda_dssim) * masked_l1(pred, gt, mask) + lambda_dssim * (1.0 - masked_ssim(pred, gt, mask))
 
 
@@ -360,8 +360,9 @@ def run_rigel(ds, base: GaussianModel, cfg: TrainConfig, checkpoints, time_limit
         ev = trainer.evaluate(record=False)
         return {} if ev is None else {"psnr_trainer": ev.psnr, "ssim_trainer": ev.ssim}
 
-    res = train_and_evaluate(label, lambda it: trainer.step(), trainer.render_frame, lambda: trainer.model.num_gaussians,
-                             ds.test, checkpoints, time_limit, device, trainer_eval)
+    res = train_and_evaluate(label, lambda it: trainer.step(), trainer.render_frame,
+                             lambda: trainer.model.num_gaussians, ds.test, checkpoints, time_limit, device,
+                             trainer_eval)
     res["config"] = cfg.to_dict()
     res["nan_skips"] = trainer.nan_skips
     for c in res["checkpoints"]:
@@ -686,7 +687,8 @@ def run(args) -> int:
         "gsplat": gsplat_version(), "downscale": args.downscale, "iters": checkpoints, "methods": args.methods,
         "rigel_config": overrides, "time_limit_s": args.time_limit, "seed": args.seed, "white_bg": args.white_bg,
         "max_frames": args.max_frames, "argv": sys.argv[1:]}, "scenes": []}
-    print(f"bench/real.py: {len(scenes)} scene(s) {', '.join(n for n, _ in scenes)}; methods {', '.join(args.methods)}; "
+    print(f"bench/real.py: {len(scenes)} scene(s) {', '.join(n for n, _ in scenes)}; "
+          f"methods {', '.join(args.methods)}; "
           f"checkpoints {checkpoints}; downscale {args.downscale:g}; device {device}; output {out}", flush=True)
     warm = False
     interrupted = False
