@@ -211,9 +211,16 @@ def rigel_config(iterations: int, seed: int, overrides: dict) -> TrainConfig:
 
 # ---- loss and metrics (one code for both methods) -------------------------------------------------------
 def frame_mask(frame, device) -> torch.Tensor | None:
-    """The frame's validity mask as (H,W) float32 weights on ``device`` (1 = valid), or None (every pixel)."""
+    """The frame's validity mask as (H,W) float32 weights on ``device`` (1 = valid), or None (every pixel).
+    A boolean or integer mask counts its non-zero pixels as valid (a 0/255 mask too); a float mask is used as
+    weights in [0, 1]."""
     m = getattr(frame, "mask", None)
-    return None if m is None else torch.as_tensor(m).to(device=device, dtype=torch.float32)
+    if m is None:
+        return None
+    m = torch.as_tensor(m)
+    if not m.is_floating_point():
+        m = m != 0
+    return m.to(device=device, dtype=torch.float32)
 
 
 def masked_l1(pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -228,6 +228,10 @@ def test_evaluation_uses_frame_masks(rng):
     assert masked["per_view"][0]["psnr"] == pytest.approx(real.view_metrics(pred, f.image, f.mask)[0], abs=1e-9)
     assert masked["per_view"][0]["psnr"] != pytest.approx(plain["per_view"][0]["psnr"], abs=1e-3)
     assert masked["per_view"][1] == plain["per_view"][1]  # the unmasked view is unchanged
+    for other in (f.mask.bool(), (f.mask * 255).to(torch.uint8)):  # boolean and 0/255 masks mean the same
+        f.mask = other
+        again = real.evaluate_views(lambda f: render(model, f.camera).image, ds.test, "cpu")
+        assert again["per_view"][0] == masked["per_view"][0]
 
 
 # ---- options --------------------------------------------------------------------------------------------------
