@@ -65,6 +65,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -545,8 +546,9 @@ def markdown(results: dict) -> str:
             r = runs.get(method)
             if r is None:
                 continue
-            if r.get("skipped"):
-                notes.append(f"- {sc['scene']} {method}: skipped — {r['skipped']}")
+            if r.get("skipped") or r.get("error"):
+                what = f"skipped — {r['skipped']}" if r.get("skipped") else f"failed — {r['error']}"
+                notes.append(f"- {sc['scene']} {method}: {what}")
                 continue
             for c in r["checkpoints"]:
                 it = f"{c['iteration']:,}"
@@ -574,8 +576,9 @@ def summary_line(sc: dict) -> str:
         r = runs.get(method)
         if r is None:
             continue
-        if r.get("skipped") or not r.get("checkpoints"):
-            parts.append(f"{method} skipped" if r.get("skipped") else f"{method} no result")
+        if r.get("skipped") or r.get("error") or not r.get("checkpoints"):
+            parts.append(f"{method} skipped" if r.get("skipped") else
+                         f"{method} failed ({r['error']})" if r.get("error") else f"{method} no result")
             continue
         c = r["checkpoints"][-1]
         stop = f" stopped ({r['stop_reason']})" if r.get("stopped_at") else ""
@@ -744,10 +747,16 @@ def run(args) -> int:
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats(device)
-                if method == "rigel":
-                    r = run_rigel(ds, base, cfg_rigel, checkpoints, args.time_limit, device, label)
-                else:
-                    r = run_gsplat(ds, base, cfg_gsplat, checkpoints, args.time_limit, device, args.seed, label)
+                try:
+                    if method == "rigel":
+                        r = run_rigel(ds, base, cfg_rigel, checkpoints, args.time_limit, device, label)
+                    else:
+                        r = run_gsplat(ds, base, cfg_gsplat, checkpoints, args.time_limit, device, args.seed, label)
+                except Exception as e:  # noqa: BLE001  (one failed run must not cost the others)
+                    traceback.print_exc()
+                    sc["runs"][method] = {"error": f"{type(e).__name__}: {e}"}
+                    print(f"  {label} failed: {sc['runs'][method]['error']}", flush=True)
+                    continue
                 first_views[method] = r.pop("first_view")
                 sc["runs"][method] = r
                 interrupted = interrupted or r["interrupted"]
@@ -760,7 +769,7 @@ def run(args) -> int:
                 gt = (ds.test[0].image.clamp(0, 1) * 255.0 + 0.5).to(torch.uint8).cpu().numpy()
                 png = f"real_{safe_name(name)}_{safe_name(ds.test[0].name)}.png"
                 save_view_png(out / png, [gt] + [first_views[m] for m in panels])
-                sc["png"], sc["png_panels"] = png, ["gt"] + panels
+                sc["png"], sc["png_panels"], sc["png_width"] = png, ["gt"] + panels, int(gt.shape[1])
             write_results(out, results)
             print(summary_line(sc), flush=True)
             del ds, base
@@ -815,17 +824,19 @@ def merge(dirs: list[str], out: Path) -> dict:
             tgt = next((t for t in results["scenes"] if t["scene"] == sc["scene"]), None)
             if tgt is None:
                 tgt = dict(sc, runs={})
-                tgt.pop("png", None), tgt.pop("png_panels", None)
+                for k in ("png", "png_panels", "png_width"):
+                    tgt.pop(k, None)
                 results["scenes"].append(tgt)
             for m, run in sc.get("runs", {}).items():
                 have = tgt["runs"].get(m)
-                if have is not None and not have.get("skipped") and not run.get("skipped"):
+                measured = have is not None and not (have.get("skipped") or have.get("error"))
+                if measured and not (run.get("skipped") or run.get("error")):
                     raise BenchError(f"{f}: {sc['scene']} {m} measured in two of the merged runs")
-                if have is None or have.get("skipped"):
+                if not measured:
                     tgt["runs"][m] = run
             if sc.get("png"):
                 src = sources.setdefault(sc["scene"], {"png": sc["png"], "panels": {}})
-                for k, v in split_panels(Path(d) / sc["png"], sc["png_panels"], sc["width"]).items():
+                for k, v in split_panels(Path(d) / sc["png"], sc["png_panels"], sc["png_width"]).items():
                     src["panels"].setdefault(k, v)
     results["meta"]["methods"] = [m for m in METHODS if any(m in sc["runs"] for sc in results["scenes"])]
     for sc in results["scenes"]:

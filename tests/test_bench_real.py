@@ -383,3 +383,23 @@ def test_merge_separate_runs(procedural, tmp_path, fake_gsplat, monkeypatch, cap
     assert "iters = [4] differs" in capsys.readouterr().err
     assert real.main(["--merge", str(a), str(b), "--out", str(m)]) == 2
     assert "exists" in capsys.readouterr().err
+
+
+def test_cli_a_failing_run_costs_only_itself(procedural, tmp_path, fake_gsplat, monkeypatch, capsys):
+    monkeypatch.setattr(real, "gsplat_status", lambda device: (True, None))
+    warm = sys.modules["gsplat"].rasterization
+
+    def broken(*a, **kw):  # the warm-up (64×64) passes, the training call fails
+        if a[7] != 64:
+            raise RuntimeError("boom")
+        return warm(*a, **kw)
+
+    monkeypatch.setattr(sys.modules["gsplat"], "rasterization", broken)
+    out = tmp_path / "out"
+    assert real.main(CLI + ["--scenes", str(procedural), "--out", str(out), "--methods", "gsplat,rigel"]) == 0
+    md = (out / "real.md").read_text()
+    _, rows = table_rows(md)
+    assert [(r[1], r[2]) for r in rows] == [("rigel", "4"), ("rigel", "8")]
+    assert "- proc gsplat: failed — RuntimeError: boom" in md
+    assert "gsplat failed (RuntimeError: boom)" in (out / "summary.txt").read_text()
+    assert "RuntimeError: boom" in capsys.readouterr().err  # the traceback, for the log
