@@ -403,3 +403,38 @@ def test_cli_a_failing_run_costs_only_itself(procedural, tmp_path, fake_gsplat, 
     assert "- proc gsplat: failed — RuntimeError: boom" in md
     assert "gsplat failed (RuntimeError: boom)" in (out / "summary.txt").read_text()
     assert "RuntimeError: boom" in capsys.readouterr().err  # the traceback, for the log
+
+
+def test_driver_times_training_only_and_stops_cleanly():
+    import time as _time
+
+    frames = [Frame(orbit(1, 8)[0], torch.full((8, 8, 3), 0.5), None, "t0")]
+    done, spent = [], []
+
+    def step(it):
+        t = _time.perf_counter()
+        _time.sleep(0.01)
+        done.append(it)
+        spent.append(_time.perf_counter() - t)
+
+    def render(f):
+        _time.sleep(0.05)  # evaluation is slow: it must not count as training
+        return torch.full((8, 8, 3), 0.25)
+
+    res = real.train_and_evaluate("toy", step, render, lambda: 7, frames, [3, 6], None, torch.device("cpu"))
+    assert done == list(range(1, 7)) and [c["iteration"] for c in res["checkpoints"]] == [3, 6]
+    c3, c6 = res["checkpoints"]
+    # the steps' own time, not the evaluations' (≥ 0.05 s each); the loop adds microseconds
+    assert c3["train_s"] == pytest.approx(sum(spent[:3]), abs=5e-3)
+    assert c6["train_s"] == pytest.approx(sum(spent), abs=5e-3), (c6["train_s"], sum(spent))
+    assert c3["eval_s"] >= 0.05 and c3["psnr"] == pytest.approx(10 * math.log10(1 / 0.0625))
+    assert c3["num_gaussians"] == 7 and res["stopped_at"] is None and not res["interrupted"]
+    assert res["first_view"].shape == (8, 8, 3) and res["first_view"][0, 0, 0] == 64
+
+    def interrupted_step(it):
+        if it == 5:
+            raise KeyboardInterrupt
+    res = real.train_and_evaluate("toy", interrupted_step, render, lambda: 7, frames, [2, 9], None,
+                                  torch.device("cpu"))
+    assert res["interrupted"] and res["stopped_at"] == 5 and res["stop_reason"] == "interrupted"
+    assert [c["iteration"] for c in res["checkpoints"]] == [2, 5]
