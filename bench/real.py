@@ -529,9 +529,9 @@ def markdown(results: dict) -> str:
     meta = results["meta"]
     lines = [f"# rigel vs gsplat on real captures ({meta['device_name']}, {meta['date']}, commit {meta['commit']}, "
              f"torch {meta['torch']}, gsplat {meta['gsplat'] or 'absent'})", "",
-             f"Downscale {meta['downscale']}, every 8th view held out, the same initial Gaussians (rigel's: the SfM points where the "
-             "capture has them), "
-             "loss (0.8·L1 + 0.2·(1 − SSIM)), learning rates, SH ramp and iterations on both sides. PSNR / SSIM: "
+             f"Downscale {meta['downscale']}, every 8th view held out, the same initial Gaussians (rigel's: the SfM "
+             "points where the capture has them), loss (0.8·L1 + 0.2·(1 − SSIM)), learning rates, SH ramp and "
+             "iterations on both sides. PSNR / SSIM: "
              "means over the held-out views. train s: training loop only (evaluations excluded). peak GiB: "
              "torch.cuda.max_memory_allocated during the run. time ratio = rigel / gsplat training time "
              "(< 1: rigel faster); ΔPSNR = rigel − gsplat at the same iteration." +
