@@ -17,6 +17,12 @@
 #   train:DATA:DS:APP:ITERS[:TIMEOUT]  rigel-train on $RIGEL_SHARED_DATA/DATA (or "orbit": the procedural orbit dataset,
 #                             generated here) at --downscale DS with --appearance APP for ITERS iterations
 #   viewer:DATA:DS:ITERS[:TIMEOUT]     rigel-viewer --offscreen training live on the same data (needs --ui)
+#   real:SCENES:ITERS[:TIMEOUT[:METHODS]]  bench/real.py (rigel vs a plain gsplat loop: held-out PSNR/SSIM, time,
+#                             memory) on SCENES (comma-separated folders of $RIGEL_SHARED_DATA/real, or "all") with
+#                             checkpoints ITERS (e.g. 7000,30000), METHODS rigel,gsplat (default both; "rigel" in one
+#                             lane and "gsplat" in the other halves the wall time: join them afterwards with
+#                             bench/real.py --merge DIR DIR --out DIR); $REAL_ARGS is passed on (e.g. "--downscale 2
+#                             --rigel-config k=v"); one summary line per scene; outputs in logs/real_*/
 # A lane entry "JOB+JOB" runs those jobs at the same time on the lane's GPU (their timings then share it).
 # Per-job time limits: TIMEOUT in the spec, else JOB_TIMEOUT (default 330 s; training gets SIGINT, which saves
 # the run and its last evaluation).
@@ -126,6 +132,19 @@ job() {  # job NAME -> one summary line on stdout; everything else into $LOGS
 import json,sys
 s=json.load(open('$run/summary.json'))
 print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','fps','ms_per_iter','seconds') if k in s})" 2>&1 | tail -1)" ;;
+    real)  # real:SCENES:ITERS[:TIMEOUT[:METHODS]]
+      local rout=$LOGS/$name scenes=""
+      [ "${a:-all}" != all ] && scenes="--scenes $a"
+      OUT=$rout timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/real.py $scenes --iters "${b:-7000,30000}" \
+        --methods "${d:-rigel,gsplat}" --out "$rout" ${REAL_ARGS:-} >"$LOGS/$name.log" 2>&1
+      local rc=$?
+      line="rc=$rc"
+      if [ -s "$rout/summary.txt" ]; then
+        line+=" (real.md)"
+        while IFS= read -r l; do line+=$'\n'"$spec | $l"; done <"$rout/summary.txt"
+      else
+        line+=" $(tail -1 "$LOGS/$name.log")"
+      fi ;;
     *) line="unknown job" ;;
   esac
   echo "$spec | $(( $(date +%s) - t0 ))s | $line"
@@ -163,6 +182,7 @@ else
 fi
 cat "$LOGS"/lane*.txt >"$OUT/summary.txt"
 for f in forward.md train_step.md ring_overhead.md; do [ -f "$LOGS/$f" ] && cat "$LOGS/$f" >>"$OUT/summary.txt"; done
+for f in "$LOGS"/real_*/real.md; do [ -f "$f" ] && cat "$f" >>"$OUT/summary.txt"; done
 tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 echo "== device_all: $ngpu GPU(s), $(( $(date +%s) - t_start ))s =="
 cat "$OUT/summary.txt"

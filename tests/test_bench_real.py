@@ -1,0 +1,440 @@
+"""bench/real.py (rigel vs a plain gsplat loop on real captures) on tiny CPU scenes.
+
+The rigel half runs for real on the PyTorch reference backend. gsplat needs CUDA, so its half is exercised
+through a stand-in ``gsplat`` module: ``rasterization`` built on rigel's reference renderer (the same math) and a
+``DefaultStrategy`` that checks the call protocol and duplicates Gaussians the way gsplat's ops do. With
+densification off on both sides, the two loops must then follow the same trajectory (same start, view order,
+learning rates, loss and SH ramp) — a check that the benchmark gives both methods the same protocol.
+"""
+import json
+import math
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import real  # noqa: E402
+from rigel_core import Camera, GaussianModel, render  # noqa: E402
+from rigel_core.data import Dataset, Frame  # noqa: E402
+from rigel_core.reference import sh_colors  # noqa: E402
+from rigel_core.render import rasterize_gaussians  # noqa: E402
+from rigel_core.train import TrainConfig  # noqa: E402
+from rigel_core.train.losses import ssim  # noqa: E402
+
+FAR = 10 ** 9
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+# ---- a stand-in gsplat ----------------------------------------------------------------------------------------
+class FakeStrategy:
+    """Checks gsplat's DefaultStrategy protocol; ``dup_every`` > 0 duplicates the first Gaussian every that many
+    steps (parameters and Adam moments, as gsplat's ops do)."""
+
+    instances = []
+
+    def __init__(self, dup_every=0):
+        self.dup_every, self.steps, self.pre = dup_every, [], []
+        FakeStrategy.instances.append(self)
+
+    def check_sanity(self, params, optimizers):
+        assert set(params) == set(optimizers) == {"means", "scales", "quats", "opacities", "sh0", "shN"}
+        for k, opt in optimizers.items():
+            assert len(opt.param_groups) == 1 and opt.param_groups[0]["params"][0] is params[k]
+
+    def initialize_state(self, scene_scale=1.0):
+        return {"scene_scale": scene_scale}
+
+    def step_pre_backward(self, params, optimizers, state, step, info):
+        info["means2d"].retain_grad()
+        self.pre.append(step)
+
+    def step_post_backward(self, params, optimizers, state, step, info, packed=False):
+        assert packed is False and self.pre[-1] == step
+        assert info["means2d"].grad is not None  # backward ran ...
+        assert all(p.grad is None for p in params.values())  # ... and Adam stepped and zeroed
+        self.steps.append(step)
+        if self.dup_every and step > 0 and step % self.dup_every == 0:
+            for k, opt in optimizers.items():
+                old = params[k]
+                new = torch.nn.Parameter(torch.cat([old.detach(), old.detach()[:1]]))
+                st = opt.state.pop(old)
+                for key in ("exp_avg", "exp_avg_sq"):
+                    st[key] = torch.cat([st[key], torch.zeros_like(st[key][:1])])
+                opt.param_groups[0]["params"] = [new]
+                opt.state[new] = st
+                params[k] = new
+
+
+def fake_rasterization(calls):
+    def rasterization(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree=None,
+                      packed=True, near_plane=0.01, far_plane=1e10, **kw):
+        assert packed is False and not kw, kw
+        assert viewmats.shape == (1, 4, 4) and Ks.shape == (1, 3, 3)
+        assert colors.dim() == 3 and colors.shape[0] == means.shape[0] and colors.shape[1] >= (sh_degree + 1) ** 2
+        calls.append(sh_degree)
+        v = viewmats[0].double()
+        campos = (-v[:3, :3].T @ v[:3, 3]).to(means)
+        src = means[None] * 1.0  # stands for gsplat's means2d: a non-leaf in the graph
+        rgb = sh_colors(sh_degree, colors, src[0], campos)
+        out = rasterize_gaussians(src[0], quats, scales, opacities, rgb, viewmats[0], Ks[0], width, height,
+                                  near_plane=near_plane, far_plane=far_plane)
+        info = {"means2d": src, "radii": out.radii[None], "width": width, "height": height, "n_cameras": 1}
+        return out.image[None], (1.0 - out.final_T)[None, ..., None], info
+
+    return rasterization
+
+
+@pytest.fixture
+def fake_gsplat(monkeypatch):
+    calls = []
+    mod = types.ModuleType("gsplat")
+    mod.__version__ = "fake"
+    mod.rasterization = fake_rasterization(calls)
+    mod.DefaultStrategy = FakeStrategy
+    FakeStrategy.instances = []
+    monkeypatch.setitem(sys.modules, "gsplat", mod)
+    return calls
+
+
+# ---- tiny datasets --------------------------------------------------------------------------------------------
+def orbit(n, size, offset=0.0, prefix="v"):
+    cams = []
+    for i in range(n):
+        az = 2 * math.pi * (i + offset) / n
+        el = 0.3 + 0.3 * math.sin(3 * az)
+        eye = 3.0 * np.array([math.cos(az) * math.cos(el), math.sin(az) * math.cos(el), math.sin(el)])
+        cams.append(Camera.look_at(eye, (0, 0, 0), width=size, height=size, fov_x_deg=50, name=f"{prefix}{i}"))
+    return cams
+
+
+def sfm_dataset(rng, n=120, size=24, n_train=5, n_test=2):
+    """Frames rendered from a random scene; its means (jittered) and colours stand for the SfM points."""
+    pts = (torch.rand(n, 3, generator=rng) * 2 - 1) * 0.7
+    cols = torch.rand(n, 3, generator=rng)
+    truth = GaussianModel.from_points(pts, cols, sh_degree=1, scale=0.12, opacity=0.7)
+
+    def frames(cams):
+        out = []
+        for c in cams:
+            r = render(truth, c)
+            out.append(Frame(c, r.image.detach().clamp(0, 1), None, c.name))
+        return out
+
+    sfm = (pts + 0.03 * torch.randn(n, 3, generator=rng)).double().numpy()
+    return Dataset(frames(orbit(n_train, size)), frames(orbit(n_test, size, 0.5, "t")), np.zeros(3), 3.3,
+                   points=sfm, point_colors=cols.double().numpy())
+
+
+# ---- the two halves follow one protocol ---------------------------------------------------------------------
+def test_gsplat_loop_follows_rigels_trajectory(rng, fake_gsplat):
+    ds = sfm_dataset(rng)
+    cfg = TrainConfig(iterations=12, eval_every=0, seed=3, sh_degree=1, sh_degree_interval=5, densify_from=FAR,
+                      opacity_reset_interval=FAR)
+    gcfg = TrainConfig(iterations=12, eval_every=0, seed=3, sh_degree_interval=5)
+    dev = torch.device("cpu")
+    base = real.initial_model(ds, cfg, dev)
+    assert base.num_gaussians == len(ds.points) and base.sh_degree == 1
+    ref = GaussianModel.from_points(ds.points, ds.point_colors, sh_degree=1, opacity=0.1)
+    for p in ("means3D", "log_scales", "quats", "opacity_logits", "sh_dc", "sh_rest"):
+        assert torch.equal(getattr(base, p), getattr(ref, p)), p
+    snapshot = real.clone_model(base)
+    rig = real.run_rigel(ds, base, cfg, [6, 12], None, dev, "rigel")
+    gsp = real.run_gsplat(ds, base, gcfg, [6, 12], None, dev, 3, "gsplat")
+    for p in ("means3D", "log_scales", "opacity_logits", "sh_dc"):  # neither run touched the shared start
+        assert torch.equal(getattr(base, p), getattr(snapshot, p))
+    strat = FakeStrategy.instances[-1]
+    assert strat.steps == list(range(12)) and strat.pre == list(range(12))  # 0-based steps, one call each
+    # the active SH degree follows the ramp min(1, it // 5) for it = 1..12, then the evaluations at 6 and 12
+    train_calls = fake_gsplat[:12]
+    assert train_calls == [min(1, it // 5) for it in range(1, 13)]
+    assert [c["iteration"] for c in rig["checkpoints"]] == [c["iteration"] for c in gsp["checkpoints"]] == [6, 12]
+    first = real.evaluate_views(lambda f: render(base, f.camera).image, ds.test, dev)["psnr"]
+    for a, b in zip(rig["checkpoints"], gsp["checkpoints"]):
+        assert a["psnr"] > first + 0.1  # training moved
+        assert abs(a["psnr"] - b["psnr"]) < 1e-3 and abs(a["ssim"] - b["ssim"]) < 1e-4, (a["psnr"], b["psnr"])
+        assert a["num_gaussians"] == b["num_gaussians"] == base.num_gaussians
+        assert abs(a["psnr_trainer"] - a["psnr"]) < 1e-6  # Trainer.evaluate agrees with the shared metric
+        assert a["train_s"] > 0 and a["peak_gib"] is None and len(a["per_view"]) == len(ds.test)
+    assert rig["checkpoints"][1]["train_s"] >= rig["checkpoints"][0]["train_s"]
+
+
+def test_gsplat_loop_follows_densification_and_time_limit(rng, fake_gsplat, monkeypatch):
+    ds = sfm_dataset(rng, n=40, size=16, n_train=3, n_test=1)
+    dev = torch.device("cpu")
+    base = real.initial_model(ds, TrainConfig(iterations=9, sh_degree=0), dev)
+    monkeypatch.setattr(sys.modules["gsplat"], "DefaultStrategy", lambda: FakeStrategy(dup_every=2))
+    cfg = TrainConfig(iterations=9, eval_every=0)
+    res = real.run_gsplat(ds, base, cfg, [9], None, dev, 0, "gsplat")
+    assert res["checkpoints"][-1]["num_gaussians"] == 40 + 4  # steps 2, 4, 6, 8 each added one
+    # a time limit stops the run after the first iteration that passes it, and records where
+    res = real.run_gsplat(ds, base, cfg, [5, 9], 1e-9, dev, 0, "gsplat")
+    assert res["stopped_at"] == 1 and "time limit" in res["stop_reason"]
+    assert [c["iteration"] for c in res["checkpoints"]] == [1]
+
+
+# ---- masks ----------------------------------------------------------------------------------------------------
+def test_masked_loss_and_metrics(rng):
+    h, w = 20, 24
+    pred = torch.rand(h, w, 3, generator=rng)
+    gt = torch.rand(h, w, 3, generator=rng)
+    mask = torch.ones(h, w)
+    mask[:, : w // 3] = 0  # the left third is invalid
+    ones = torch.ones(h, w)
+    valid = mask.bool().numpy()
+    d = (pred - gt).numpy()[valid]
+    assert torch.allclose(real.masked_l1(pred, gt, mask), torch.tensor(np.abs(d).mean(), dtype=torch.float32))
+    p, _ = real.view_metrics(pred, gt, mask)
+    assert p == pytest.approx(10 * math.log10(1.0 / (d ** 2).mean()), abs=1e-4)
+    # a mask of ones is no mask
+    assert torch.allclose(real.masked_ssim(pred, gt, ones), ssim(pred, gt), atol=1e-6)
+    assert real.view_metrics(pred, gt, ones) == pytest.approx(real.view_metrics(pred, gt, None), abs=1e-5)
+    # nothing under the invalid pixels counts: not in the loss, not in the metrics, no gradient
+    pred2, gt2 = pred.clone(), gt.clone()
+    pred2[~mask.bool()] = torch.rand(int((~mask.bool()).sum()), 3, generator=rng)
+    gt2[~mask.bool()] = torch.rand(int((~mask.bool()).sum()), 3, generator=rng)
+    assert real.view_metrics(pred2, gt2, mask) == pytest.approx(real.view_metrics(pred, gt, mask), abs=1e-6)
+    x = pred.clone().requires_grad_(True)
+    loss = real.train_loss(x, gt, mask, 0.2)
+    assert torch.allclose(real.train_loss(pred2, gt2, mask, 0.2), loss.detach(), atol=1e-6)
+    loss.backward()
+    assert x.grad[~mask.bool()].abs().max() == 0 and x.grad[mask.bool()].abs().max() > 0
+    # the unmasked loss is Trainer.compute_loss's formula
+    assert torch.allclose(real.train_loss(pred, gt, None, 0.2),
+                          0.8 * (pred - gt).abs().mean() + 0.2 * (1 - ssim(pred, gt)))
+
+
+def test_evaluation_uses_frame_masks(rng):
+    ds = sfm_dataset(rng, n=30, size=16, n_train=1, n_test=2)
+    model = GaussianModel.from_points(torch.as_tensor(ds.points), torch.as_tensor(ds.point_colors), sh_degree=0)
+    plain = real.evaluate_views(lambda f: render(model, f.camera).image, ds.test, "cpu")
+    f = ds.test[0]
+    f.mask = torch.zeros(16, 16)
+    f.mask[4:12, 4:12] = 1
+    masked = real.evaluate_views(lambda f: render(model, f.camera).image, ds.test, "cpu")
+    pred = render(model, f.camera).image.detach().clamp(0, 1)
+    assert masked["per_view"][0]["psnr"] == pytest.approx(real.view_metrics(pred, f.image, f.mask)[0], abs=1e-9)
+    assert masked["per_view"][0]["psnr"] != pytest.approx(plain["per_view"][0]["psnr"], abs=1e-3)
+    assert masked["per_view"][1] == plain["per_view"][1]  # the unmasked view is unchanged
+    for other in (f.mask.bool(), (f.mask * 255).to(torch.uint8)):  # boolean and 0/255 masks mean the same
+        f.mask = other
+        again = real.evaluate_views(lambda f: render(model, f.camera).image, ds.test, "cpu")
+        assert again["per_view"][0] == masked["per_view"][0]
+
+
+# ---- options --------------------------------------------------------------------------------------------------
+def test_options():
+    assert real.parse_iters("30000,7000,7000") == [7000, 30000]
+    for bad in ("", "0,5", "a"):
+        with pytest.raises(real.BenchError, match="--iters"):
+            real.parse_iters(bad)
+    o = real.parse_overrides(["max_gaussians=None", "lambda_dssim=0", "random_background=true",
+                              "init_box=(-1,-1,-1,1,1,1)", "appearance=mlp"])
+    assert o == {"max_gaussians": None, "lambda_dssim": 0.0, "random_background": True,
+                 "init_box": (-1, -1, -1, 1, 1, 1), "appearance": "mlp"}
+    assert isinstance(o["lambda_dssim"], float)
+    for bad, msg in (("nosuch=1", "no field 'nosuch'"), ("sh_degree", "key=value"), ("iterations=5", "--iters"),
+                     ("random_background=maybe", "true or false")):
+        with pytest.raises(real.BenchError, match=msg):
+            real.parse_overrides([bad])
+    with pytest.raises(real.BenchError, match="sh_degree"):
+        real.rigel_config(10, 0, {"sh_degree": 7})
+    cfg = real.rigel_config(10, 4, {"densify_from": 3})
+    assert (cfg.iterations, cfg.eval_every, cfg.seed, cfg.densify_from) == (10, 0, 4, 3)
+
+
+def test_scene_discovery(tmp_path, monkeypatch):
+    monkeypatch.setenv("RIGEL_SHARED_DATA", str(tmp_path))
+    with pytest.raises(real.BenchError, match="no such directory"):
+        real.find_scenes(None)
+    (tmp_path / "real" / "b").mkdir(parents=True)
+    (tmp_path / "real" / "b" / "transforms.json").write_text("{}")
+    (tmp_path / "real" / "a" / "sparse" / "0").mkdir(parents=True)
+    (tmp_path / "real" / "a" / "sparse" / "0" / "cameras.txt").write_text("")
+    (tmp_path / "real" / "notes").mkdir()
+    assert real.find_scenes(None) == [("a", tmp_path / "real" / "a"), ("b", tmp_path / "real" / "b")]
+    assert real.find_scenes(f"b,{tmp_path / 'real' / 'a'}") == [("b", tmp_path / "real" / "b"),
+                                                                ("a", tmp_path / "real" / "a")]
+    with pytest.raises(real.BenchError, match="nosuch"):
+        real.find_scenes("nosuch")
+
+
+# ---- the command line -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def procedural(tmp_path_factory):
+    from rigel_core.data import make_dataset
+
+    d = tmp_path_factory.mktemp("data") / "real" / "proc"
+    make_dataset(d, 300, 24, 24, n_train=5, n_test=2, seed=int(torch.randint(0, 1000, (1,))), device="cpu",
+                 progress=False)
+    return d
+
+
+CLI = ["--device", "cpu", "--iters", "4,8", "--rigel-config", "init_points=200", "sh_degree=1"]
+COLUMNS = ["scene", "method", "iters", "PSNR", "SSIM", "N", "train s", "peak GiB", "time ratio rigel/gsplat",
+           "ΔPSNR rigel − gsplat"]
+
+
+def table_rows(md: str) -> tuple[list[str], list[list[str]]]:
+    lines = [line for line in md.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    return cells[0], cells[2:]
+
+
+def test_cli_rigel_only_when_gsplat_is_missing(procedural, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "gsplat", None)  # import gsplat → ImportError, whatever is installed
+    monkeypatch.setenv("RIGEL_SHARED_DATA", str(procedural.parents[1]))
+    before = sorted(p.name for p in procedural.rglob("*"))
+    out = tmp_path / "out"
+    assert real.main(CLI + ["--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "gsplat half skipped: gsplat not importable" in printed
+    assert sum("[proc] rigel" in line and " it " in line for line in printed.splitlines()) == 2  # one per evaluation
+    head, rows = table_rows((out / "real.md").read_text())
+    assert head == COLUMNS
+    assert [(r[0], r[1], r[2]) for r in rows] == [("proc", "rigel", "4"), ("proc", "rigel", "8")]
+    assert all(float(r[3]) > 0 and 0 < float(r[4]) <= 1 and int(r[5].replace(",", "")) > 0 for r in rows)
+    res = json.loads((out / "real.json").read_text())
+    sc = res["scenes"][0]
+    assert sc["runs"]["gsplat"]["skipped"].startswith("gsplat not importable")
+    assert "skipped — gsplat not importable" in (out / "real.md").read_text()
+    assert sc["n_train"] == 5 and sc["n_test"] == 2 and sc["initial_gaussians"] == 200
+    assert res["meta"]["rigel_config"] == {"init_points": 200, "sh_degree": 1}
+    assert sc["runs"]["rigel"]["config"]["init_points"] == 200
+    from PIL import Image
+
+    im = Image.open(out / sc["png"])
+    assert sc["png_panels"] == ["gt", "rigel"] and im.size == (24 * 2 + 2, 24)
+    assert (out / "summary.txt").read_text().startswith("proc: rigel it 8 ")
+    assert sorted(p.name for p in procedural.rglob("*")) == before  # nothing written into the dataset
+    # no run is overwritten
+    assert real.main(CLI + ["--out", str(out)]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+def test_cli_both_methods_with_a_stand_in_gsplat(procedural, tmp_path, fake_gsplat, monkeypatch, capsys):
+    monkeypatch.setattr(real, "gsplat_status", lambda device: (True, None))  # the stand-in runs on the CPU
+    out = tmp_path / "out"
+    assert real.main(CLI + ["--scenes", str(procedural), "--out", str(out), "--methods", "gsplat,rigel"]) == 0
+    head, rows = table_rows((out / "real.md").read_text())
+    assert [(r[1], r[2]) for r in rows] == [("rigel", "4"), ("rigel", "8"), ("gsplat", "4"), ("gsplat", "8")]
+    res = json.loads((out / "real.json").read_text())
+    runs = res["scenes"][0]["runs"]
+    for i, r in enumerate(rows[:2]):
+        g, c = runs["gsplat"]["checkpoints"][i], runs["rigel"]["checkpoints"][i]
+        assert float(r[8]) == pytest.approx(c["train_s"] / g["train_s"], abs=0.006)
+        assert float(r[9]) == pytest.approx(c["psnr"] - g["psnr"], abs=0.006)
+    assert rows[2][8] == rows[2][9] == "-"
+    assert res["scenes"][0]["png_panels"] == ["gt", "gsplat", "rigel"]
+    assert "time ratio" in (out / "summary.txt").read_text()
+    # --time-limit stops each run early and says where
+    out2 = tmp_path / "out2"
+    assert real.main(CLI + ["--scenes", str(procedural), "--out", str(out2), "--time-limit", "1e-9"]) == 0
+    res = json.loads((out2 / "real.json").read_text())
+    for r in res["scenes"][0]["runs"].values():
+        assert r["stopped_at"] == 1 and [c["iteration"] for c in r["checkpoints"]] == [1]
+    assert "1 (stopped: time limit" in (out2 / "real.md").read_text()
+
+
+def test_merge_separate_runs(procedural, tmp_path, fake_gsplat, monkeypatch, capsys):
+    monkeypatch.setattr(real, "gsplat_status", lambda device: (True, None))
+    a, b, m = tmp_path / "a", tmp_path / "b", tmp_path / "m"
+    common = CLI + ["--scenes", str(procedural)]
+    assert real.main(common + ["--out", str(a), "--methods", "rigel"]) == 0
+    assert real.main(common + ["--out", str(b), "--methods", "gsplat"]) == 0
+    assert real.main(["--merge", str(a), str(b), "--out", str(m)]) == 0
+    head, rows = table_rows((m / "real.md").read_text())
+    assert [(r[1], r[2]) for r in rows] == [("rigel", "4"), ("rigel", "8"), ("gsplat", "4"), ("gsplat", "8")]
+    ra, rb = (json.loads((d / "real.json").read_text())["scenes"][0]["runs"] for d in (a, b))
+    c, g = ra["rigel"]["checkpoints"][1], rb["gsplat"]["checkpoints"][1]
+    assert float(rows[1][8]) == pytest.approx(c["train_s"] / g["train_s"], abs=0.006)
+    assert float(rows[1][9]) == pytest.approx(c["psnr"] - g["psnr"], abs=0.006)
+    res = json.loads((m / "real.json").read_text())
+    assert res["meta"]["methods"] == ["rigel", "gsplat"] and res["meta"]["merged_from"] == [str(a), str(b)]
+    from PIL import Image
+
+    sc = res["scenes"][0]
+    assert sc["png_panels"] == ["gt", "rigel", "gsplat"]
+    merged = np.asarray(Image.open(m / sc["png"]))
+    assert merged.shape == (24, 3 * 24 + 4, 3)
+    for d, col in ((a, 1), (b, 2)):  # each method's panel is the one its own run saved
+        own = np.asarray(Image.open(d / sc["png"]))
+        assert np.array_equal(merged[:, col * 26: col * 26 + 24], own[:, 26:50])
+        assert np.array_equal(merged[:, :24], own[:, :24])
+    # the same method twice, a different protocol, an existing output: one line each, nothing written
+    c2 = tmp_path / "c"
+    assert real.main(["--merge", str(a), str(a), "--out", str(c2)]) == 2
+    assert "rigel measured in two" in capsys.readouterr().err
+    assert real.main(CLI[:3] + ["4"] + CLI[4:] + ["--scenes", str(procedural), "--out", str(c2 / "x"),
+                                                  "--methods", "gsplat"]) == 0
+    assert real.main(["--merge", str(a), str(c2 / "x"), "--out", str(c2 / "y")]) == 2
+    assert "iters = [4] differs" in capsys.readouterr().err
+    assert real.main(["--merge", str(a), str(b), "--out", str(m)]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+def test_cli_a_failing_run_costs_only_itself(procedural, tmp_path, fake_gsplat, monkeypatch, capsys):
+    monkeypatch.setattr(real, "gsplat_status", lambda device: (True, None))
+    warm = sys.modules["gsplat"].rasterization
+
+    def broken(*a, **kw):  # the warm-up (64×64) passes, the training call fails
+        if a[7] != 64:
+            raise RuntimeError("boom")
+        return warm(*a, **kw)
+
+    monkeypatch.setattr(sys.modules["gsplat"], "rasterization", broken)
+    out = tmp_path / "out"
+    assert real.main(CLI + ["--scenes", str(procedural), "--out", str(out), "--methods", "gsplat,rigel"]) == 0
+    md = (out / "real.md").read_text()
+    _, rows = table_rows(md)
+    assert [(r[1], r[2]) for r in rows] == [("rigel", "4"), ("rigel", "8")]
+    assert "- proc gsplat: failed — RuntimeError: boom" in md
+    assert "gsplat failed (RuntimeError: boom)" in (out / "summary.txt").read_text()
+    assert "RuntimeError: boom" in capsys.readouterr().err  # the traceback, for the log
+
+
+def test_driver_times_training_only_and_stops_cleanly():
+    import time as _time
+
+    frames = [Frame(orbit(1, 8)[0], torch.full((8, 8, 3), 0.5), None, "t0")]
+    done, spent = [], []
+
+    def step(it):
+        t = _time.perf_counter()
+        _time.sleep(0.01)
+        done.append(it)
+        spent.append(_time.perf_counter() - t)
+
+    def render(f):
+        _time.sleep(0.05)  # evaluation is slow: it must not count as training
+        return torch.full((8, 8, 3), 0.25)
+
+    res = real.train_and_evaluate("toy", step, render, lambda: 7, frames, [3, 6], None, torch.device("cpu"))
+    assert done == list(range(1, 7)) and [c["iteration"] for c in res["checkpoints"]] == [3, 6]
+    c3, c6 = res["checkpoints"]
+    # the steps' own time, not the evaluations' (≥ 0.05 s each); the loop adds microseconds
+    assert c3["train_s"] == pytest.approx(sum(spent[:3]), abs=5e-3)
+    assert c6["train_s"] == pytest.approx(sum(spent), abs=5e-3), (c6["train_s"], sum(spent))
+    assert c3["eval_s"] >= 0.05 and c3["psnr"] == pytest.approx(10 * math.log10(1 / 0.0625))
+    assert c3["num_gaussians"] == 7 and res["stopped_at"] is None and not res["interrupted"]
+    assert res["first_view"].shape == (8, 8, 3) and res["first_view"][0, 0, 0] == 64
+
+    def interrupted_step(it):
+        if it == 5:
+            raise KeyboardInterrupt
+    res = real.train_and_evaluate("toy", interrupted_step, render, lambda: 7, frames, [2, 9], None,
+                                  torch.device("cpu"))
+    assert res["interrupted"] and res["stopped_at"] == 5 and res["stop_reason"] == "interrupted"
+    assert [c["iteration"] for c in res["checkpoints"]] == [2, 5]
