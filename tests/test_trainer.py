@@ -540,3 +540,72 @@ def test_cli_end_to_end_resume_and_interrupt(blender_dataset, tmp_path, monkeypa
     assert main(["--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "r4"), "--device", "cpu",
                  "--resume"]) == 2
     assert "no checkpoint.safetensors" in capsys.readouterr().err
+
+
+# ---- background points for a partial SfM (init_background_points) -------------------------------------------------
+def test_background_init_points_lie_behind_the_sfm_points_inside_the_sphere(rng):
+    from rigel_core.train import background_init_points
+
+    size = 40
+    cam = orbit(1, size, radius=3.0)[0]
+    blocks = torch.rand(size // 4, size // 4, 3, generator=rng)  # a blocky image: colours constant over 4×4 px
+    img = blocks.repeat_interleave(4, 0).repeat_interleave(4, 1)
+    sfm = 0.3 * torch.randn(500, 3, generator=rng, dtype=torch.float64)  # an "object" at the centre
+    center, extent, radius, n = np.zeros(3), 3.3, 2.5, 4000
+    pts, cols = background_init_points([Frame(cam, img, None, "a")], sfm.numpy(), n, center, extent, radius=radius,
+                                       generator=rng)
+    assert pts.shape == (n, 3) and cols.shape == (n, 3) and pts.dtype == cols.dtype == torch.float32
+    p = pts.double().numpy()
+    pc = p @ cam.R.T + cam.t
+    z = pc[:, 2]
+    uv = cam.project(p)
+    assert ((uv >= 0) & (uv < size)).all() and (z > 0).all()  # on rays of the image's pixels
+    z_sfm = (sfm.numpy() @ cam.R.T + cam.t)[:, 2]
+    t_near = np.percentile(z_sfm, 95)
+    assert (z >= t_near * (1 - 1e-5)).all()  # behind (almost) all the object as this camera sees it
+    # the far bound: where each ray leaves the sphere (independent: numpy on the recomputed ray)
+    o = cam.c2w[:3, 3]
+    d = (p - o) / z[:, None]
+    a, b, q = (d * d).sum(1), d @ (o - center), (o - center) @ (o - center) - (radius * extent) ** 2
+    t_far = np.maximum((-b + np.sqrt(b * b - a * q)) / a, 2 * t_near)
+    assert (z <= t_far * (1 + 1e-5)).all()
+    s = (1 / t_near - 1 / z) / (1 / t_near - 1 / t_far)  # uniform in inverse depth
+    assert abs(s.mean() - 0.5) < 0.03 and abs((s < 0.25).mean() - 0.25) < 0.03
+    # the colour of the pixel the point projects to (a float32 round trip may move a point across a block
+    # edge: allow a few)
+    iu, iv = np.clip(np.floor(uv).astype(int), 0, size - 1).T
+    assert (np.abs(cols.numpy() - img.numpy()[iv, iu]).max(1) < 1e-6).mean() > 0.99
+
+    # frames are drawn uniformly; a camera that sees no SfM point starts at 0.05 × extent
+    cams = orbit(2, 16)
+    fr = [Frame(c, torch.rand(16, 16, 3, generator=rng), None, c.name) for c in cams]
+    pts2, _ = background_init_points(fr, np.zeros((0, 3)), 2000, center, extent, generator=rng)
+    depth = np.stack([(pts2.double().numpy() @ c.R.T + c.t)[:, 2] for c in cams])
+    in_view = np.stack([((c.project(pts2.double().numpy()) >= 0) & (c.project(pts2.double().numpy()) < 16)).all(1)
+                        & (depth[i] > 0) for i, c in enumerate(cams)])
+    assert in_view.any(0).all() and 800 < in_view[0].sum() and 800 < in_view[1].sum()
+    assert depth.max() > 5 and (depth[in_view] >= 0.05 * extent * (1 - 1e-5)).all()
+    with pytest.raises(ValueError, match="radius"):
+        background_init_points(fr, None, 5, center, extent, radius=1.0)
+    with pytest.raises(ValueError, match="no training frames"):
+        background_init_points([], None, 5, center, extent)
+
+
+def test_trainer_adds_background_points_only_to_sfm_points(rng):
+    ds = make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=0)
+    ds.points = (0.3 * torch.randn(50, 3, generator=rng, dtype=torch.float64)).numpy()
+    ds.point_colors = np.full((50, 3), 200.0)  # 8-bit colours
+    plain = Trainer(ds, small_config(), device="cpu")
+    tr = Trainer(ds, small_config(init_background_points=70, init_background_radius=2.0), device="cpu")
+    assert plain.model.num_gaussians == 50 and tr.model.num_gaussians == 120
+    assert torch.equal(tr.model.means3D.detach()[:50], plain.model.means3D.detach())
+    from rigel_core.model import rgb_to_sh
+
+    assert torch.allclose(tr.model.sh_dc.detach()[:50, 0], rgb_to_sh(torch.full((50, 3), 200 / 255)), atol=1e-6)
+    far = tr.model.means3D.detach()[50:].double().norm(dim=1)
+    assert (far <= 2.0 * ds.scene_extent * (1 + 1e-5)).all() and far.min() > 0.3
+    tr.step()  # and it trains
+    ds.points = None  # no SfM points: random init, the option is ignored
+    assert Trainer(ds, small_config(init_background_points=70), device="cpu").model.num_gaussians == 200
+    with pytest.raises(ValueError, match="init_background"):
+        small_config(init_background_points=-1).validate()

@@ -62,8 +62,8 @@ def apply_affine(image: torch.Tensor, A: torch.Tensor, b: torch.Tensor) -> torch
 
 
 @torch.no_grad()
-def fit_affine(pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor,
-                                                                                                   torch.Tensor]:
+def fit_affine(pred: torch.Tensor, gt: torch.Tensor,
+               mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Least-squares ``(A (3,3), b (3,))`` minimising ``Σ_p ‖A·pred(p) + b − gt(p)‖²`` over the pixels of ``mask``
     (all when None). ``pred``, ``gt``: (..., 3); ``mask``: bool of shape ``pred.shape[:-1]``.
 
