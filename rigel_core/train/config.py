@@ -102,8 +102,9 @@ class TrainConfig:
     init_box: tuple | None = None
     #: extra "background" points added to the SfM points (trainer.background_init_points): drawn along
     #: rays of random training pixels, *behind* the SfM points that camera sees (beyond the 95th percentile of
-    #: their depths) up to a sphere of ``init_background_radius`` × scene extent around the scene centre,
-    #: uniform in inverse depth, coloured by their pixel. For captures whose SfM covers only the object
+    #: their depths) and outside the camera sphere (radius = scene extent), up to a sphere of
+    #: ``init_background_radius`` × scene extent around the scene centre, uniform in inverse depth, coloured by
+    #: their pixel. For captures whose SfM covers only the object
     #: (bonsai: the room starts empty). 0 = off (default). Ignored without SfM points.
     init_background_points: int = 0
     init_background_radius: float = 3.0

@@ -173,17 +173,22 @@ def background_init_points(frames, points, n: int, center, extent: float, *, rad
     Each point lies on the ray of a random pixel of a random training frame (uniform over frames, then over the
     image), at a depth (camera z) drawn uniformly in *inverse* depth between ``t_near`` and ``t_far``:
 
-    - ``t_near``: the ``depth_percentile``-th percentile of the depths of the SfM ``points`` that this camera sees
-      (in front, inside the image) — so the point lies behind (almost) all the SfM structure of that view;
-      0.05 × ``extent`` when the camera sees none;
-    - ``t_far``: where the ray leaves the sphere of radius ``radius`` × ``extent`` around ``center`` (the
-      cameras lie inside it: ``extent`` is 1.1 × their largest distance to ``center``); at least 2 ×
-      ``t_near``.
+    - ``t_near``: the larger of (a) the ``depth_percentile``-th percentile of the depths of the SfM ``points``
+      that this camera sees (in front, inside the image; 0 when it sees none) — behind (almost) all the SfM
+      structure of that view — and (b) where the ray leaves the *camera sphere*, radius ``extent`` around
+      ``center`` (``extent`` = 1.1 × the cameras' largest distance to ``center``, so every camera is inside);
+    - ``t_far``: where the ray leaves the sphere of radius ``radius`` × ``extent`` around ``center``; 2 ×
+      ``t_near`` when that is not beyond ``t_near`` (SfM points beyond the sphere: e.g. a forward-facing scene
+      far from small camera motions).
 
-    Uniform in inverse depth puts as many points per pixel in each depth octave — denser close by, where a
-    point covers more pixels. Colour: the pixel's (so a point starts with the colour its ray sees). Where the
-    SfM points do cover the scene, these points start behind its surfaces, occluded in that view; the
-    densification's pruning and the opacity resets apply to them as to every Gaussian.
+    (b) matters for 360° captures: a point just behind the object in one view is in front of it, between
+    camera and object, in the opposite view. Outside the camera sphere that cannot happen: the segment from any
+    camera to any point inside the sphere stays inside it (convexity), so these points never occlude anything
+    within the camera sphere from a training camera. Uniform in inverse depth puts as many points per pixel in
+    each depth octave — denser close by, where a point covers more pixels. Colour: the pixel's (so a point
+    starts with the colour its ray sees). Where the SfM points cover the whole scene, these points start behind
+    its surfaces in the view they come from; the densification's pruning and the opacity resets apply to them
+    as to every Gaussian.
 
     ``frames``: objects with ``.camera`` (:class:`~rigel_core.camera.Camera`, OpenCV axes) and ``.image``
     (H, W, 3); ``points``: (M, 3) array-like (M may be 0). Draws come from ``generator`` (CPU).
@@ -209,7 +214,7 @@ def background_init_points(frames, points, n: int, center, extent: float, *, rad
         cam = f.camera
         vm = torch.as_tensor(np.asarray(cam.viewmat, dtype=np.float64))
         rot, trans = vm[:3, :3], vm[:3, 3]
-        t_near = 0.05 * float(extent)
+        t_near = 0.0
         if sfm.shape[0]:
             pc = sfm @ rot.T + trans
             z = pc[:, 2]
@@ -217,19 +222,20 @@ def background_init_points(frames, points, n: int, center, extent: float, *, rad
             u, v = cam.fx * pc[:, 0] / zs + cam.cx, cam.fy * pc[:, 1] / zs + cam.cy
             seen = (z > 0) & (u >= 0) & (u < cam.width) & (v >= 0) & (v < cam.height)
             if bool(seen.any()):
-                t_near = max(t_near, float(torch.quantile(z[seen], depth_percentile / 100.0)))
+                t_near = float(torch.quantile(z[seen], depth_percentile / 100.0))
         u = uv01[sel, 0] * cam.width
         v = uv01[sel, 1] * cam.height
         d_cam = torch.stack([(u - cam.cx) / cam.fx, (v - cam.cy) / cam.fy, torch.ones_like(u)], 1)  # z = 1
         d = d_cam @ rot  # world direction per unit camera depth (rot is orthonormal: Rᵀ·d_cam)
         o = -(rot.T @ trans)  # camera centre
-        # |o + t·d − c|² = R²  →  a t² + 2 b t + q = 0, the positive root (o is inside the sphere)
+        # |o + t·d − c|² = r²  →  a t² + 2 b t + q = 0, the positive root (o is inside the sphere)
         oc = o - c
         a = (d * d).sum(1)
         b = d @ oc
-        q = float(oc @ oc) - big_r * big_r
-        t_far = (-b + torch.sqrt((b * b - a * q).clamp_min(0.0))) / a
-        t_far = torch.maximum(t_far, torch.full_like(t_far, 2.0 * t_near))
+        exit_at = lambda r: (-b + torch.sqrt((b * b - a * (float(oc @ oc) - r * r)).clamp_min(0.0))) / a
+        t_near = torch.maximum(exit_at(float(extent)), torch.full_like(a, t_near))
+        exit_far = exit_at(big_r)
+        t_far = torch.where(exit_far > t_near, exit_far, 2.0 * t_near)
         inv = (1.0 / t_near) * (1.0 - s[sel]) + (1.0 / t_far) * s[sel]
         out_p[sel] = o + d * (1.0 / inv)[:, None]
         img = f.image
