@@ -642,3 +642,24 @@ def test_background_points_help_when_sfm_covers_only_the_object(rng):
         psnr[nb] = tr.evaluate().psnr
     print(f"held-out PSNR: SfM points only {psnr[0]:.2f} dB, with 300 background points {psnr[300]:.2f} dB")
     assert psnr[300] > psnr[0] + 2.0
+
+
+def test_init_scale_rms_option(rng):
+    from rigel_core.train.trainer import knn_rms_distance
+
+    ds = make_dataset(rng, n_gauss=10, size=16, n_train=2, n_test=0)
+    pts = torch.randn(40, 3, generator=rng, dtype=torch.float64)
+    pts[1] = pts[0]  # a duplicate
+    ds.points = pts.numpy()
+    ds.point_colors = None
+    mean = Trainer(ds, small_config(), device="cpu").model.scales.detach()[:, 0].double()
+    rms = Trainer(ds, small_config(init_scale_rms=True), device="cpu").model.scales.detach()[:, 0].double()
+    # brute force: squared distances to every other point, the 3 smallest
+    d2 = ((pts[:, None] - pts[None]) ** 2).sum(-1) + torch.diag(torch.full((40,), float("inf"), dtype=torch.float64))
+    near = d2.sort(1).values[:, :3]
+    assert torch.allclose(rms, near.mean(1).clamp_min(1e-7).sqrt(), rtol=1e-6)
+    assert torch.allclose(mean, near.sqrt().mean(1), rtol=1e-6)
+    assert (rms >= mean * (1 - 1e-6)).all() and (rms > mean * 1.001).any()  # RMS ≥ mean, strictly somewhere
+    one = knn_rms_distance(torch.zeros(1, 3))
+    assert one.shape == (1,) and float(one) == 1.0
+    assert float(knn_rms_distance(torch.zeros(4, 3))[0]) == pytest.approx(1e-7 ** 0.5)  # the d² clamp

@@ -35,9 +35,9 @@ from ..camera import Camera, host_to_device
 from ..model import GaussianModel
 from ..render import render
 from .config import TrainConfig
-from .exposure import Exposure, exposure_lr, left_right_metrics
 from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_grad, prepare_means2D_grad, \
     reset_opacity
+from .exposure import Exposure, exposure_lr, left_right_metrics
 from .losses import l1_loss, psnr_from_mse, ssim
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
@@ -161,6 +161,22 @@ def random_init_points(cameras: list[Camera], n: int, center, extent: float, *, 
     if pts.shape[0] < n:
         pts = torch.cat([pts, lo_t + span * torch.rand(n - pts.shape[0], 3, generator=generator)])
     return pts[:n].contiguous()
+
+
+def knn_rms_distance(points: torch.Tensor, k: int = 3, min_sq: float = 1e-7) -> torch.Tensor:
+    """(N,) ``sqrt(max(mean of the squared distances to the k nearest other points, min_sq))`` — the initial
+    scale of the 3DGS code (``distCUDA2`` then ``sqrt``, d² clamped ≥ 1e-7) and of gsplat. scipy's cKDTree in
+    float64; same dtype and device as ``points``; 1 for a single point."""
+    from scipy.spatial import cKDTree
+
+    n = points.shape[0]
+    if n <= 1:
+        return torch.ones(n, dtype=points.dtype, device=points.device)
+    k = min(k, n - 1)
+    p = points.detach().cpu().double().numpy()
+    d, _ = cKDTree(p).query(p, k=k + 1)
+    sq = np.maximum((d[:, 1:] ** 2).mean(-1), min_sq)
+    return torch.as_tensor(np.sqrt(sq), dtype=points.dtype, device=points.device)
 
 
 @torch.no_grad()
@@ -312,7 +328,8 @@ class Trainer:
     def initial_model(self) -> GaussianModel:
         """SfM points (with their colours) when the dataset has them — plus ``init_background_points``
         background points (:func:`background_init_points`) when that is > 0 — else ``init_points`` random points;
-        isotropic scales = mean distance to the 3 nearest neighbours, opacity ``init_opacity``, identity
+        isotropic scales = mean distance to the 3 nearest neighbours (root mean square with ``init_scale_rms``,
+        :func:`knn_rms_distance`), opacity ``init_opacity``, identity
         rotations, SH degree ``config.sh_degree`` with zero higher-order coefficients (3DGS
         ``create_from_pcd``)."""
         cfg = self.config
@@ -336,7 +353,8 @@ class Trainer:
                                      self.dataset.scene_center, self.extent, min_visible=cfg.init_min_visible,
                                      box=cfg.init_box, generator=self.generator, device=self.device)
             cols = None
-        return GaussianModel.from_points(pts, cols, sh_degree=cfg.sh_degree, opacity=cfg.init_opacity)
+        scale = knn_rms_distance(pts) if cfg.init_scale_rms else None  # None: from_points' mean distance
+        return GaussianModel.from_points(pts, cols, sh_degree=cfg.sh_degree, scale=scale, opacity=cfg.init_opacity)
 
     # ---- one iteration --------------------------------------------------------------------------------
     def _next_view(self) -> int:
