@@ -303,3 +303,26 @@ def test_cli_exposure_writes_exposure_json_and_protocol_metrics(tmp_path):
     assert not (run2 / "exposure.json").exists()
     metrics = json.loads((run2 / "metrics.json").read_text())
     assert metrics["config"]["exposure"] is False and metrics["eval"][-1]["psnr_exposure"] is None
+
+
+def test_cli_set_and_real_capture_flags(tmp_path, capsys):
+    from rigel_core.cli.train import main
+    from rigel_core.data import make_dataset as make_procedural
+
+    data = tmp_path / "data"
+    make_procedural(data, 200, 24, 24, n_train=3, n_test=1, seed=4, device="cpu", progress=False)
+    common = ["--data", str(data), "--device", "cpu", "--quiet", "--init-points", "80", "--iters", "3"]
+    run = tmp_path / "run"
+    assert main(common + ["--out", str(run), "--position-lr-max-steps", "30000", "--init-background", "7",
+                          "--set", "densify_until=2", "--set", "grad_threshold=1e-3", "--set", "init_scale_rms=true",
+                          "--set", "init_box=[-1,-1,-1,1,1,1]", "--set", "sh_degree=1"]) == 0
+    cfg = json.loads((run / "metrics.json").read_text())["config"]
+    assert (cfg["position_lr_max_steps"], cfg["init_background_points"], cfg["densify_until"],
+            cfg["grad_threshold"], cfg["init_scale_rms"], cfg["init_box"], cfg["sh_degree"]) == \
+        (30000, 7, 2, 1e-3, True, [-1, -1, -1, 1, 1, 1], 1)
+    for bad, msg in ((["--set", "densify_untill=3"], "no field 'densify_untill'"),
+                     (["--set", "densify_until"], "expected FIELD=VALUE"),
+                     (["--set", "iterations=abc"], "rigel-train:")):
+        out = tmp_path / f"bad{len(msg)}"
+        assert main(common + ["--out", str(out)] + bad) == 2
+        assert msg in capsys.readouterr().err and not out.exists()
