@@ -162,11 +162,18 @@ def test_exposure_recovers_the_gains_on_a_known_scene(rng):
     for _ in range(240):
         tr.step()
     A, b = tr.exposure.A, tr.exposure.b
+    # what matters is the correction applied to the scene's colours (a matrix is under-determined along
+    # colour directions the images do not span): compare it with the true one on every unclamped pixel
+    err = []
+    for i, f in enumerate(ds.train):
+        x = tr.render_frame(f)
+        want = x * gains[i] + offsets[i]
+        ok = (want <= 1).all(-1)
+        err.append(float(((apply_affine(x, A[i], b[i]) - want)[ok] ** 2).mean().sqrt()))
     diag = A.diagonal(dim1=1, dim2=2)
-    off_diag = A - torch.diag_embed(diag)
-    print(f"gain error max {float((diag - gains).abs().max()):.4f}, offset error max "
-          f"{float((b - offsets).abs().max()):.4f}, off-diagonal max {float(off_diag.abs().max()):.4f}")
-    assert (diag - gains).abs().max() < 0.05 and (b - offsets).abs().max() < 0.03 and off_diag.abs().max() < 0.05
+    print(f"corrected colours: RMS error max {max(err):.4f}; gain error max {float((diag - gains).abs().max()):.4f}, "
+          f"offset error max {float((b - offsets).abs().max()):.4f}")
+    assert max(err) < 0.01 and (diag - gains).abs().max() < 0.15 and (b - offsets).abs().max() < 0.05
 
 
 def test_exposure_beats_exposure_off_on_held_out_views(rng):
@@ -181,7 +188,7 @@ def test_exposure_beats_exposure_off_on_held_out_views(rng):
         off.step()
         on.step()
     ev_on = on.evaluate()
-    off.config.exposure = True  # score the exposure-off model by the same protocol
+    off.config.eval_exposure = True  # score the exposure-off model by the same protocol
     ev_off = off.evaluate()
     assert off.exposure is None  # evaluating makes no corrections
     learnt = on.exposure.A.diagonal(dim1=1, dim2=2)
@@ -303,6 +310,10 @@ def test_cli_exposure_writes_exposure_json_and_protocol_metrics(tmp_path):
     assert not (run2 / "exposure.json").exists()
     metrics = json.loads((run2 / "metrics.json").read_text())
     assert metrics["config"]["exposure"] is False and metrics["eval"][-1]["psnr_exposure"] is None
+    run3 = tmp_path / "run3"  # an exposure-off run scored by the protocol too
+    assert main(common + ["--out", str(run3), "--iters", "5", "--set", "eval_exposure=true"]) == 0
+    assert not (run3 / "exposure.json").exists()
+    assert math.isfinite(json.loads((run3 / "metrics.json").read_text())["eval"][-1]["psnr_exposure"])
 
 
 def test_cli_set_and_real_capture_flags(tmp_path, capsys):

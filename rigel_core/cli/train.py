@@ -17,7 +17,8 @@ instant-ngp, COLMAP). Writes into ``RUN``:
 - ``renders/it<NNNNNN>/<view>_pred.png`` and ``<view>_gt.png`` for the first ``--n-renders`` held-out views
   at each evaluation;
 - with ``--exposure``: ``exposure.json``, the learnt colour correction ``A``, ``b`` of every training image
-  (written with the checkpoint), and each evaluation's ``psnr_exposure`` / ``ssim_exposure`` in ``metrics.json``.
+  (written with the checkpoint), and each evaluation's ``psnr_exposure`` / ``ssim_exposure`` in ``metrics.json``
+  (also without ``--exposure`` under ``--set eval_exposure=true``, to compare runs on equal terms).
 
 Options for real captures (docs/TRAINING.md, "Real captures"): ``--exposure`` learns a per-training-image affine
 colour correction (``TrainConfig.exposure``; held-out views are then also scored by fitting the correction on

@@ -88,6 +88,9 @@ class TrainConfig:
     exposure_lr_final: float = 1e-3
     exposure_lr_delay_steps: int = 0  # 0 = no delay
     exposure_lr_delay_mult: float = 0.0
+    #: score held-out views by the exposure protocol (left-half fit, right-half score) also when ``exposure``
+    #: is off, so that an exposure-off run can be compared with an exposure-on one on equal terms
+    eval_exposure: bool = False
 
     # ---- evaluation ---------------------------------------------------------------------------------------
     eval_every: int = 1000  # held-out PSNR/SSIM every this many iterations (0 = never inside step())

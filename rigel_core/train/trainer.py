@@ -57,7 +57,7 @@ class EvalResult:
     n_views: int
     seconds: float
     per_view: list = field(default_factory=list)  # [{"name", "psnr", "ssim"}]
-    #: with ``TrainConfig.exposure``: the means of the left-half-fit / right-half-scored protocol
+    #: with ``TrainConfig.exposure`` or ``eval_exposure``: the means of the left-half-fit / right-half-scored protocol
     #: (:func:`.exposure.left_right_metrics`; per view under "psnr_exposure", "ssim_exposure", "exposure_fit")
     psnr_exposure: float | None = None
     ssim_exposure: float | None = None
@@ -485,14 +485,14 @@ class Trainer:
             gt = f.image.to(self.device, torch.float32)
             m = float(((pred - gt) ** 2).mean())
             per_view.append({"name": f.name, "psnr": psnr_from_mse(m), "ssim": float(ssim(pred, gt))})
-            if self.config.exposure:  # fit on the left half, score the right half (exposure.py)
+            if self.config.exposure or self.config.eval_exposure:  # fit left half, score right half (exposure.py)
                 ex = left_right_metrics(pred, gt)
                 per_view[-1].update(psnr_exposure=ex["psnr"], ssim_exposure=ex["ssim"],
                                     exposure_fit={"A": ex["A"], "b": ex["b"]})
         res = EvalResult(self.iteration, float(np.mean([v["psnr"] for v in per_view])),
                          float(np.mean([v["ssim"] for v in per_view])), self.model.num_gaussians, len(frames),
                          time.perf_counter() - t0, per_view)
-        if self.config.exposure:
+        if self.config.exposure or self.config.eval_exposure:
             res.psnr_exposure = float(np.mean([v["psnr_exposure"] for v in per_view]))
             res.ssim_exposure = float(np.mean([v["ssim_exposure"] for v in per_view]))
         if record:
