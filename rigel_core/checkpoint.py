@@ -135,7 +135,9 @@ def load_checkpoint_model(path, device="cpu") -> GaussianModel:
 
 def load_trainer(path, dataset, *, device=None, config=None):
     """A :class:`~rigel_core.train.Trainer` on ``dataset`` restored from a checkpoint: model, Adam moments
-    and step counts, densification statistics, RNG state, the epoch's remaining views, counters.
+    and step counts, densification statistics, RNG state, the epoch's remaining views, counters, and the
+    per-image exposure corrections when the checkpoint has them (CheckpointError when their count is not the
+    dataset's number of training images).
     ``config`` replaces the saved configuration when given."""
     from .train import TrainConfig, Trainer
 
