@@ -635,8 +635,8 @@ def test_background_points_help_when_sfm_covers_only_the_object(rng):
     seed = int(torch.randint(0, 2 ** 31, (1,), generator=rng))
     psnr = {}
     for nb in (0, 300):
-        tr = Trainer(ds, small_config(iterations=120, densify_from=30, densify_interval=30, densify_until=100, seed=seed,
-                                      init_background_points=nb), device="cpu")
+        tr = Trainer(ds, small_config(iterations=120, densify_from=30, densify_interval=30, densify_until=100,
+                                      seed=seed, init_background_points=nb), device="cpu")
         for _ in range(120):
             tr.step()
         psnr[nb] = tr.evaluate().psnr

@@ -64,8 +64,8 @@ def apply_affine(image: torch.Tensor, A: torch.Tensor, b: torch.Tensor) -> torch
 @torch.no_grad()
 def fit_affine(pred: torch.Tensor, gt: torch.Tensor,
                mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Least-squares ``(A (3,3), b (3,))`` minimising ``Σ_p ‖A·pred(p) + b − gt(p)‖²`` over the pixels of ``mask``
-    (all when None). ``pred``, ``gt``: (..., 3); ``mask``: bool of shape ``pred.shape[:-1]``.
+    """Least-squares ``(A (3,3), b (3,))`` minimising ``Σ_p ‖A·pred(p) + b − gt(p)‖²`` over the pixels of
+    ``mask`` (all when None). ``pred``, ``gt``: (..., 3); ``mask``: bool of shape ``pred.shape[:-1]``.
 
     Closed form: the normal equations of ``[pred, 1] · W = gt`` (W is 4×3) accumulated in float64 on the
     images' device, solved on the CPU by the pseudo-inverse (a flat render, e.g. one constant colour, makes the
