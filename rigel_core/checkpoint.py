@@ -10,6 +10,7 @@ Layout of the file (safetensors: a JSON header + raw little-endian tensors):
 | ``stats.<key>`` | the densification accumulators (``grad_accum``, ``denom``, ``max_radii``) |
 | ``rng.cpu`` | the trainer's ``torch.Generator`` state (uint8) |
 | ``views.stack`` | the training views left in the current epoch's permutation (int64) |
+| ``exposure.affine``, ``exposure.adam.<key>`` | only when the run has learnt per-image exposure (:mod:`rigel_core.train.exposure`): the (N_train, 3, 4) corrections ``[A_i \| b_i]`` and their Adam state. A checkpoint without them (older, or exposure never on) loads with fresh identity corrections |
 
 The header's ``__metadata__`` holds one string entry ``"rigel"``: a JSON object with ``format`` (= 1),
 ``iteration``, ``nan_skips``, ``active_sh_degree``, ``extent``, ``config`` (:class:`~rigel_core.train.TrainConfig`
@@ -63,6 +64,8 @@ def save_checkpoint(trainer, path) -> None:
         tensors[f"stats.{key}"] = value
     tensors["rng.cpu"] = trainer.generator.get_state()
     tensors["views.stack"] = torch.tensor(trainer._view_stack, dtype=torch.int64)
+    if getattr(trainer, "exposure", None) is not None:
+        tensors.update(trainer.exposure.state_tensors("exposure."))
     meta = {
         "format": CHECKPOINT_FORMAT,
         "iteration": trainer.iteration,
@@ -132,7 +135,9 @@ def load_checkpoint_model(path, device="cpu") -> GaussianModel:
 
 def load_trainer(path, dataset, *, device=None, config=None):
     """A :class:`~rigel_core.train.Trainer` on ``dataset`` restored from a checkpoint: model, Adam moments
-    and step counts, densification statistics, RNG state, the epoch's remaining views, counters.
+    and step counts, densification statistics, RNG state, the epoch's remaining views, counters, and the
+    per-image exposure corrections when the checkpoint has them (CheckpointError when their count is not the
+    dataset's number of training images).
     ``config`` replaces the saved configuration when given."""
     from .train import TrainConfig, Trainer
 
@@ -156,6 +161,17 @@ def load_trainer(path, dataset, *, device=None, config=None):
             opt.state[p] = state
     trainer.stats.load_state_tensors({k: tensors[f"stats.{k}"].to(trainer.device)
                                       for k in ("grad_accum", "denom", "max_radii")})
+    from .train.exposure import Exposure
+
+    try:
+        exposure = Exposure.from_state_tensors(tensors, "exposure.", device=trainer.device)
+    except ValueError as e:
+        raise CheckpointError(f"{path}: bad exposure tensors ({e})") from e
+    if exposure is not None:
+        if len(exposure) != len(trainer.train_frames):
+            raise CheckpointError(f"{path}: exposure corrections for {len(exposure)} training images, the dataset "
+                                  f"has {len(trainer.train_frames)}")
+        trainer.exposure = exposure
     trainer.generator.set_state(tensors["rng.cpu"])
     trainer._view_stack = tensors["views.stack"].tolist()
     trainer.iteration = int(meta["iteration"])

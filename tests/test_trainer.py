@@ -540,3 +540,126 @@ def test_cli_end_to_end_resume_and_interrupt(blender_dataset, tmp_path, monkeypa
     assert main(["--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "r4"), "--device", "cpu",
                  "--resume"]) == 2
     assert "no checkpoint.safetensors" in capsys.readouterr().err
+
+
+# ---- background points for a partial SfM (init_background_points) -------------------------------------------------
+def test_background_init_points_lie_behind_the_sfm_points_between_the_two_spheres(rng):
+    from rigel_core.train import background_init_points
+
+    size = 40
+    cam = orbit(1, size, radius=3.0)[0]
+    blocks = torch.rand(size // 4, size // 4, 3, generator=rng)  # a blocky image: colours constant over 4×4 px
+    img = blocks.repeat_interleave(4, 0).repeat_interleave(4, 1)
+    sfm = 0.3 * torch.randn(500, 3, generator=rng, dtype=torch.float64)  # an "object" at the centre
+    center, extent, radius, n = np.zeros(3), 3.3, 2.5, 4000
+    pts, cols = background_init_points([Frame(cam, img, None, "a")], sfm.numpy(), n, center, extent, radius=radius,
+                                       generator=rng)
+    assert pts.shape == (n, 3) and cols.shape == (n, 3) and pts.dtype == cols.dtype == torch.float32
+    p = pts.double().numpy()
+    pc = p @ cam.R.T + cam.t
+    z = pc[:, 2]
+    uv = cam.project(p)
+    assert ((uv >= 0) & (uv < size)).all() and (z > 0).all()  # on rays of the image's pixels
+    z_sfm = (sfm.numpy() @ cam.R.T + cam.t)[:, 2]
+    assert (z >= np.percentile(z_sfm, 95) * (1 - 1e-5)).all()  # behind (almost) all the object in this view
+    dist = np.linalg.norm(p - center, axis=1)
+    assert (dist >= extent * (1 - 1e-5)).all()  # outside the camera sphere
+    # the bounds along each ray (independent: numpy on the recomputed ray): leaving the camera sphere or the
+    # percentile, and leaving the outer sphere
+    o = cam.c2w[:3, 3]
+    d = (p - o) / z[:, None]
+    a, b = (d * d).sum(1), d @ (o - center)
+    exit_at = lambda r: (-b + np.sqrt(b * b - a * ((o - center) @ (o - center) - r * r))) / a
+    t_near = np.maximum(exit_at(extent), np.percentile(z_sfm, 95))
+    t_far = np.where(exit_at(radius * extent) > t_near, exit_at(radius * extent), 2 * t_near)
+    assert (z <= t_far * (1 + 1e-5)).all()
+    s = (1 / t_near - 1 / z) / (1 / t_near - 1 / t_far)  # uniform in inverse depth
+    assert abs(s.mean() - 0.5) < 0.03 and abs((s < 0.25).mean() - 0.25) < 0.03
+    # the colour of the pixel the point projects to (a float32 round trip may move a point across a block
+    # edge: allow a few)
+    iu, iv = np.clip(np.floor(uv).astype(int), 0, size - 1).T
+    assert (np.abs(cols.numpy() - img.numpy()[iv, iu]).max(1) < 1e-6).mean() > 0.99
+
+    # frames are drawn uniformly; a camera that sees no SfM point starts at the camera sphere
+    cams = orbit(2, 16)
+    fr = [Frame(c, torch.rand(16, 16, 3, generator=rng), None, c.name) for c in cams]
+    pts2, _ = background_init_points(fr, np.zeros((0, 3)), 2000, center, extent, generator=rng)
+    depth = np.stack([(pts2.double().numpy() @ c.R.T + c.t)[:, 2] for c in cams])
+    in_view = np.stack([((c.project(pts2.double().numpy()) >= 0) & (c.project(pts2.double().numpy()) < 16)).all(1)
+                        & (depth[i] > 0) for i, c in enumerate(cams)])
+    assert in_view.any(0).all() and 800 < in_view[0].sum() and 800 < in_view[1].sum()
+    assert depth.max() > 5 and (np.linalg.norm(pts2.double().numpy(), axis=1) >= extent * (1 - 1e-5)).all()
+    with pytest.raises(ValueError, match="radius"):
+        background_init_points(fr, None, 5, center, extent, radius=1.0)
+    with pytest.raises(ValueError, match="no training frames"):
+        background_init_points([], None, 5, center, extent)
+
+
+def test_trainer_adds_background_points_only_to_sfm_points(rng):
+    ds = make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=0)
+    ds.points = (0.3 * torch.randn(50, 3, generator=rng, dtype=torch.float64)).numpy()
+    ds.point_colors = np.full((50, 3), 200.0)  # 8-bit colours
+    plain = Trainer(ds, small_config(), device="cpu")
+    tr = Trainer(ds, small_config(init_background_points=70, init_background_radius=2.0), device="cpu")
+    assert plain.model.num_gaussians == 50 and tr.model.num_gaussians == 120
+    assert torch.equal(tr.model.means3D.detach()[:50], plain.model.means3D.detach())
+    from rigel_core.model import rgb_to_sh
+
+    assert torch.allclose(tr.model.sh_dc.detach()[:50, 0], rgb_to_sh(torch.full((50, 3), 200 / 255)), atol=1e-6)
+    far = tr.model.means3D.detach()[50:].double().norm(dim=1)
+    assert (far <= 2.0 * ds.scene_extent * (1 + 1e-5)).all() and (far >= ds.scene_extent * (1 - 1e-5)).all()
+    tr.step()  # and it trains
+    ds.points = None  # no SfM points: random init, the option is ignored
+    assert Trainer(ds, small_config(init_background_points=70), device="cpu").model.num_gaussians == 200
+    with pytest.raises(ValueError, match="init_background"):
+        small_config(init_background_points=-1).validate()
+
+
+def _object_in_a_room(rng, n_obj=80, n_room=600, room_radius=6.0):
+    """An object (random Gaussians within ±0.8) inside a "room": a shell of large opaque Gaussians of smooth
+    colours at ``room_radius``, around the orbit cameras (radius 3). Returns (scene, object model)."""
+    obj = random_scene(rng, n_obj)
+    d = torch.randn(n_room, 3, generator=rng)
+    d = d / d.norm(dim=1, keepdim=True)
+    col = (0.5 + 0.4 * torch.sin(2.0 * d + 6 * torch.rand(1, 3, generator=rng))).clamp(0, 1)
+    room = GaussianModel.from_points(room_radius * d, col, sh_degree=1, scale=0.6, opacity=0.95)
+    return GaussianModel(*(torch.cat([getattr(obj, k), getattr(room, k)]) for k in PARAM_NAMES)), obj
+
+
+def test_background_points_help_when_sfm_covers_only_the_object(rng):
+    """The bonsai case in small: SfM points on the object only; the room behind it is in every image."""
+    scene, obj = _object_in_a_room(rng, n_room=300)
+    ds = make_dataset(rng, size=20, n_train=8, n_test=3, scene=scene)
+    ds.points = obj.means3D.double().numpy()
+    ds.point_colors = np.full((len(obj), 3), 0.5)
+    seed = int(torch.randint(0, 2 ** 31, (1,), generator=rng))
+    psnr = {}
+    for nb in (0, 300):
+        tr = Trainer(ds, small_config(iterations=120, densify_from=30, densify_interval=30, densify_until=100,
+                                      seed=seed, init_background_points=nb), device="cpu")
+        for _ in range(120):
+            tr.step()
+        psnr[nb] = tr.evaluate().psnr
+    print(f"held-out PSNR: SfM points only {psnr[0]:.2f} dB, with 300 background points {psnr[300]:.2f} dB")
+    assert psnr[300] > psnr[0] + 2.0
+
+
+def test_init_scale_rms_option(rng):
+    from rigel_core.train.trainer import knn_rms_distance
+
+    ds = make_dataset(rng, n_gauss=10, size=16, n_train=2, n_test=0)
+    pts = torch.randn(40, 3, generator=rng, dtype=torch.float64)
+    pts[1] = pts[0]  # a duplicate
+    ds.points = pts.numpy()
+    ds.point_colors = None
+    mean = Trainer(ds, small_config(), device="cpu").model.scales.detach()[:, 0].double()
+    rms = Trainer(ds, small_config(init_scale_rms=True), device="cpu").model.scales.detach()[:, 0].double()
+    # brute force: squared distances to every other point, the 3 smallest
+    d2 = ((pts[:, None] - pts[None]) ** 2).sum(-1) + torch.diag(torch.full((40,), float("inf"), dtype=torch.float64))
+    near = d2.sort(1).values[:, :3]
+    assert torch.allclose(rms, near.mean(1).clamp_min(1e-7).sqrt(), rtol=1e-6)
+    assert torch.allclose(mean, near.sqrt().mean(1), rtol=1e-6)
+    assert (rms >= mean * (1 - 1e-6)).all() and (rms > mean * 1.001).any()  # RMS ≥ mean, strictly somewhere
+    one = knn_rms_distance(torch.zeros(1, 3))
+    assert one.shape == (1,) and float(one) == 1.0
+    assert float(knn_rms_distance(torch.zeros(4, 3))[0]) == pytest.approx(1e-7 ** 0.5)  # the d² clamp

@@ -3,6 +3,7 @@
     rigel-train --data DIR --out RUN [--iters 30000] [--appearance sh|mlp] [--white-bg] [--downscale N]
                 [--max-gaussians N] [--eval-every N] [--resume] [--device cuda|cpu] [--seed S]
                 [--init-points N] [--sh-degree D] [--test-every N] [--checkpoint-every N] [--n-renders K]
+                [--exposure] [--init-background N] [--position-lr-max-steps N] [--set FIELD=VALUE ...]
 
 ``DIR`` is any dataset :func:`rigel_core.data.load_dataset` reads (Blender ``transforms_{train,test}.json``,
 instant-ngp, COLMAP). Writes into ``RUN``:
@@ -14,7 +15,20 @@ instant-ngp, COLMAP). Writes into ``RUN``:
 - ``checkpoint.safetensors`` (:mod:`rigel_core.checkpoint`; ``--resume`` continues from it, and an ``--out``
   that holds one is refused without ``--resume``), ``model.ply`` (INRIA layout), both written atomically;
 - ``renders/it<NNNNNN>/<view>_pred.png`` and ``<view>_gt.png`` for the first ``--n-renders`` held-out views
-  at each evaluation.
+  at each evaluation;
+- with ``--exposure``: ``exposure.json``, the learnt colour correction ``A``, ``b`` of every training image
+  (written with the checkpoint), and each evaluation's ``psnr_exposure`` / ``ssim_exposure`` in ``metrics.json``
+  (also without ``--exposure`` under ``--set eval_exposure=true``, to compare runs on equal terms).
+
+Options for real captures (docs/TRAINING.md, "Real captures"): ``--exposure`` learns a per-training-image affine
+colour correction (``TrainConfig.exposure``; held-out views are then also scored by fitting the correction on
+the left half of each image and scoring the right half); ``--init-background N`` adds N background points behind
+the SfM points along training rays (``TrainConfig.init_background_points``; for captures whose SfM covers only
+the object); ``--position-lr-max-steps N`` sets the horizon of the position lr decay (``TrainConfig.
+position_lr_max_steps``; default the run's length — 3DGS uses 30000 whatever the run's length). On ``--resume``
+these keep the saved run's values unless given again. ``--set FIELD=VALUE`` (repeatable) sets any
+:class:`~rigel_core.train.TrainConfig` field, the value read as JSON (``--set densify_until=5000
+--set grad_threshold=4e-4 --set init_box=[-1,-1,-1,1,1,1]``), else as a string; it wins over the other flags.
 
 Ctrl-C finishes the current iteration, saves the checkpoint, the PLY and the metrics, then exits with status
 130 (a second Ctrl-C aborts at once). Exit status 0 on success, 2 for bad arguments or an unreadable dataset.
@@ -52,6 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test-every", type=int, default=8, help="hold-out stride for instant-ngp / COLMAP data")
     p.add_argument("--max-gaussians", type=int, default=None, help="hard cap on the Gaussian count")
     p.add_argument("--init-points", type=int, default=None, help="random initial points without SfM points")
+    p.add_argument("--exposure", action="store_true", default=None,
+                   help="learn a per-training-image affine colour correction (held-out views are also scored by "
+                        "fitting it on the left half and scoring the right half)")
+    p.add_argument("--init-background", type=int, default=None, metavar="N",
+                   help="add N background points behind the SfM points along training rays (default 0)")
+    p.add_argument("--position-lr-max-steps", type=int, default=None, metavar="N",
+                   help="iterations over which the position lr decays (default: --iters; 3DGS: 30000)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
+                   help="set a TrainConfig field (repeatable; VALUE read as JSON, else as a string), "
+                        "e.g. --set densify_until=5000")
     p.add_argument("--eval-every", type=int, default=None, help="held-out evaluation interval (0 = only at the end)")
     p.add_argument("--checkpoint-every", type=int, default=5000, help="checkpoint interval (0 = only at the end)")
     p.add_argument("--log-every", type=int, default=10, help="loss-curve window in iterations")
@@ -61,6 +85,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when usable")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
+
+
+def _parse_set_fields(items: list[str]) -> dict:
+    """``{field: value}`` of ``--set FIELD=VALUE`` arguments; ValueError naming a malformed item or an unknown
+    field."""
+    import dataclasses
+
+    from ..train import TrainConfig
+
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
+        if key not in names:
+            raise ValueError(f"--set {item!r}: TrainConfig has no field {key!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out[key] = tuple(value) if isinstance(value, list) else value
+    return out
 
 
 def _finite_or_none(obj):
@@ -167,7 +215,14 @@ def main(argv=None) -> int:
 
     overrides = {k: v for k, v in {"iterations": args.iters, "max_gaussians": args.max_gaussians,
                                    "eval_every": args.eval_every, "seed": args.seed,
-                                   "init_points": args.init_points}.items() if v is not None}
+                                   "init_points": args.init_points, "exposure": args.exposure,
+                                   "init_background_points": args.init_background,
+                                   "position_lr_max_steps": args.position_lr_max_steps}.items() if v is not None}
+    try:
+        overrides.update(_parse_set_fields(args.set_fields))
+    except ValueError as e:
+        print(f"rigel-train: {e}", file=sys.stderr)
+        return 2
     metrics_path = run_dir / "metrics.json"
     metrics = None
     try:
@@ -181,9 +236,11 @@ def main(argv=None) -> int:
             if metrics_path.is_file():
                 metrics = json.loads(metrics_path.read_text())
         else:
-            cfg = TrainConfig(sh_degree=args.sh_degree, appearance=args.appearance, **overrides)
+            cfg = TrainConfig(**{"sh_degree": args.sh_degree, "appearance": args.appearance, **overrides})
             trainer = Trainer(ds, cfg, device=device)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:  # TypeError: a --set value of the wrong type
+        if isinstance(e, TypeError) and not args.set_fields:
+            raise
         print(f"rigel-train: {e}", file=sys.stderr)
         return 2
     run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that cannot start leaves no empty directory
@@ -238,6 +295,9 @@ def main(argv=None) -> int:
                          f"{trainer.config.sh_degree}, RMSE {rmse:.4f} (colour units, 128 view directions)")
         except ImportError as e:  # rigel_core.io missing: keep the checkpoint
             log.info(f"model.ply not written ({e})")
+        if trainer.exposure is not None:
+            names = [f.name for f in trainer.train_frames]
+            _write_json_atomic(run_dir / "exposure.json", trainer.exposure.to_dict(names))
         log.info(f"[{trainer.iteration}] {reason}: checkpoint and model.ply written "
                  f"({trainer.model.num_gaussians} Gaussians, {time.perf_counter() - t0:.1f} s)")
 
@@ -255,7 +315,9 @@ def main(argv=None) -> int:
         eval_s += ev.seconds
         metrics["eval"].append({k: v for k, v in ev.to_dict().items()})
         log.info(f"[{ev.iteration}] test psnr {ev.psnr:.2f}  ssim {ev.ssim:.4f}  gaussians {ev.num_gaussians}  "
-                 f"({ev.n_views} views, {ev.seconds:.1f} s)")
+                 f"({ev.n_views} views, {ev.seconds:.1f} s)"
+                 + (f"; exposure protocol (right halves) psnr {ev.psnr_exposure:.2f} ssim {ev.ssim_exposure:.4f}"
+                    if ev.psnr_exposure is not None else ""))
         out_dir = run_dir / "renders" / f"it{ev.iteration:06d}"
         out_dir.mkdir(parents=True, exist_ok=True)
         for f in trainer.test_frames[:max(0, args.n_renders)]:

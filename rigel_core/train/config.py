@@ -76,17 +76,45 @@ class TrainConfig:
     #: highest-gradient candidates first. None = no cap.
     max_gaussians: int | None = 3_000_000
 
+    # ---- per-image exposure (exposure.py; 3DGS ``--train_test_exp``) ----------------------------------------
+    #: learn an affine colour correction pred' = A_i·pred + b_i per training image (A_i init I, b_i init 0),
+    #: applied to the render before the loss; held-out views are then also scored by the left/right-half
+    #: protocol (exposure.py). Off by default. A viewer may switch it on mid-run (the corrections start then).
+    exposure: bool = False
+    #: its own Adam: lr log-linear from init to final over ``iterations`` (3DGS's exposure schedule; 3DGS's
+    #: code defaults are 0.01 → 0.001, its README recommends 0.001 → 0.0001 with a 5000-step delay for
+    #: ``--train_test_exp``) times the delay factor mult + (1 − mult)·sin(π/2·min(1, it / delay_steps))
+    exposure_lr_init: float = 1e-2
+    exposure_lr_final: float = 1e-3
+    exposure_lr_delay_steps: int = 0  # 0 = no delay
+    exposure_lr_delay_mult: float = 0.0
+    #: score held-out views by the exposure protocol (left-half fit, right-half score) also when ``exposure``
+    #: is off, so that an exposure-off run can be compared with an exposure-on one on equal terms
+    eval_exposure: bool = False
+
     # ---- evaluation ---------------------------------------------------------------------------------------
     eval_every: int = 1000  # held-out PSNR/SSIM every this many iterations (0 = never inside step())
 
     # ---- initialisation (fixed at construction) ------------------------------------------------------------
     init_points: int = 100_000  # random points when the dataset has no SfM points (Blender layout)
     init_opacity: float = 0.1
+    #: initial scale rule: False = mean distance to the 3 nearest neighbours (the 3DGS paper's wording); True =
+    #: root of the mean *squared* distance, d² clamped ≥ 1e-7 (what the 3DGS code's ``distCUDA2`` and gsplat
+    #: compute; ~4–5% larger on bonsai, fern, beer)
+    init_scale_rms: bool = False
     #: a random point is kept when at least this fraction of training cameras see it (see trainer.py)
     init_min_visible: float = 0.5
     #: optional explicit init box (xmin, ymin, zmin, xmax, ymax, zmax); None = centre ± extent, then
     #: the visibility filter
     init_box: tuple | None = None
+    #: extra "background" points added to the SfM points (trainer.background_init_points): drawn along
+    #: rays of random training pixels, *behind* the SfM points that camera sees (beyond the 95th percentile of
+    #: their depths) and outside the camera sphere (radius = scene extent), up to a sphere of
+    #: ``init_background_radius`` × scene extent around the scene centre, uniform in inverse depth, coloured by
+    #: their pixel. For captures whose SfM covers only the object
+    #: (bonsai: the room starts empty). 0 = off (default). Ignored without SfM points.
+    init_background_points: int = 0
+    init_background_radius: float = 3.0
 
     def to_dict(self) -> dict:
         """A JSON-able dict of the fields."""
@@ -126,5 +154,15 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.max_gaussians must be ≥ 1 or None, got {self.max_gaussians}")
         if self.init_points < 1:
             raise ValueError(f"TrainConfig.init_points must be ≥ 1, got {self.init_points}")
+        if self.init_background_points < 0:
+            raise ValueError(f"TrainConfig.init_background_points must be ≥ 0, got {self.init_background_points}")
+        if not self.init_background_radius > 1.0:
+            raise ValueError(f"TrainConfig.init_background_radius must be > 1 (scene extents), got "
+                             f"{self.init_background_radius}")
+        if not (self.exposure_lr_init >= 0 and self.exposure_lr_final >= 0 and self.exposure_lr_delay_steps >= 0
+                and 0.0 <= self.exposure_lr_delay_mult <= 1.0):
+            raise ValueError(f"TrainConfig.exposure_lr_*: init, final and delay_steps must be ≥ 0 and delay_mult in "
+                             f"[0, 1], got {self.exposure_lr_init}, {self.exposure_lr_final}, "
+                             f"{self.exposure_lr_delay_steps}, {self.exposure_lr_delay_mult}")
         if self.init_box is not None and len(self.init_box) != 6:
             raise ValueError(f"TrainConfig.init_box must have 6 numbers, got {self.init_box!r}")

@@ -37,11 +37,12 @@ from ..render import render
 from .config import TrainConfig
 from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_grad, prepare_means2D_grad, \
     reset_opacity
+from .exposure import Exposure, exposure_lr, left_right_metrics
 from .losses import l1_loss, psnr_from_mse, ssim
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
 
-__all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points"]
+__all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "background_init_points"]
 
 
 @dataclass
@@ -56,6 +57,10 @@ class EvalResult:
     n_views: int
     seconds: float
     per_view: list = field(default_factory=list)  # [{"name", "psnr", "ssim"}]
+    #: with ``TrainConfig.exposure`` or ``eval_exposure``: the means of the left-half-fit / right-half-scored protocol
+    #: (:func:`.exposure.left_right_metrics`; per view under "psnr_exposure", "ssim_exposure", "exposure_fit")
+    psnr_exposure: float | None = None
+    ssim_exposure: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -158,6 +163,104 @@ def random_init_points(cameras: list[Camera], n: int, center, extent: float, *, 
     return pts[:n].contiguous()
 
 
+def knn_rms_distance(points: torch.Tensor, k: int = 3, min_sq: float = 1e-7) -> torch.Tensor:
+    """(N,) ``sqrt(max(mean of the squared distances to the k nearest other points, min_sq))`` — the initial
+    scale of the 3DGS code (``distCUDA2`` then ``sqrt``, d² clamped ≥ 1e-7) and of gsplat. scipy's cKDTree in
+    float64; same dtype and device as ``points``; 1 for a single point."""
+    from scipy.spatial import cKDTree
+
+    n = points.shape[0]
+    if n <= 1:
+        return torch.ones(n, dtype=points.dtype, device=points.device)
+    k = min(k, n - 1)
+    p = points.detach().cpu().double().numpy()
+    d, _ = cKDTree(p).query(p, k=k + 1)
+    sq = np.maximum((d[:, 1:] ** 2).mean(-1), min_sq)
+    return torch.as_tensor(np.sqrt(sq), dtype=points.dtype, device=points.device)
+
+
+@torch.no_grad()
+def background_init_points(frames, points, n: int, center, extent: float, *, radius: float = 3.0,
+                           depth_percentile: float = 95.0, generator: torch.Generator | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(points (n,3), colours (n,3))`` float32 CPU tensors: background points for a capture whose SfM points
+    cover only part of the scene (e.g. Mip-NeRF 360 bonsai: the bonsai and its table, not the room).
+
+    Each point lies on the ray of a random pixel of a random training frame (uniform over frames, then over the
+    image), at a depth (camera z) drawn uniformly in *inverse* depth between ``t_near`` and ``t_far``:
+
+    - ``t_near``: the larger of (a) the ``depth_percentile``-th percentile of the depths of the SfM ``points``
+      that this camera sees (in front, inside the image; 0 when it sees none) — behind (almost) all the SfM
+      structure of that view — and (b) where the ray leaves the *camera sphere*, radius ``extent`` around
+      ``center`` (``extent`` = 1.1 × the cameras' largest distance to ``center``, so every camera is inside);
+    - ``t_far``: where the ray leaves the sphere of radius ``radius`` × ``extent`` around ``center``; 2 ×
+      ``t_near`` when that is not beyond ``t_near`` (SfM points beyond the sphere: e.g. a forward-facing scene
+      far from small camera motions).
+
+    (b) matters for 360° captures: a point just behind the object in one view is in front of it, between
+    camera and object, in the opposite view. Outside the camera sphere that cannot happen: the segment from any
+    camera to any point inside the sphere stays inside it (convexity), so these points never occlude anything
+    within the camera sphere from a training camera. Uniform in inverse depth puts as many points per pixel in
+    each depth octave — denser close by, where a point covers more pixels. Colour: the pixel's (so a point
+    starts with the colour its ray sees). Where the SfM points cover the whole scene, these points start behind
+    its surfaces in the view they come from; the densification's pruning and the opacity resets apply to them
+    as to every Gaussian.
+
+    ``frames``: objects with ``.camera`` (:class:`~rigel_core.camera.Camera`, OpenCV axes) and ``.image``
+    (H, W, 3); ``points``: (M, 3) array-like (M may be 0). Draws come from ``generator`` (CPU).
+    Raises ValueError for no frames or ``radius`` ≤ 1."""
+    frames = list(frames)
+    if not frames:
+        raise ValueError("background_init_points: no training frames")
+    if not radius > 1.0:
+        raise ValueError(f"background_init_points: radius must be > 1 (scene extents), got {radius}")
+    c = torch.as_tensor(np.asarray(center, dtype=np.float64).reshape(3))
+    big_r = float(radius) * float(extent)
+    sfm = torch.as_tensor(np.asarray(points, dtype=np.float64).reshape(-1, 3)) if points is not None \
+        else torch.zeros(0, 3, dtype=torch.float64)
+    which = torch.randint(0, len(frames), (n,), generator=generator)
+    uv01 = torch.rand(n, 2, generator=generator, dtype=torch.float64)
+    s = torch.rand(n, generator=generator, dtype=torch.float64)
+    out_p = torch.empty(n, 3, dtype=torch.float64)
+    out_c = torch.empty(n, 3, dtype=torch.float32)
+    for k, f in enumerate(frames):
+        sel = torch.nonzero(which == k).flatten()
+        if sel.numel() == 0:
+            continue
+        cam = f.camera
+        vm = torch.as_tensor(np.asarray(cam.viewmat, dtype=np.float64))
+        rot, trans = vm[:3, :3], vm[:3, 3]
+        t_near = 0.0
+        if sfm.shape[0]:
+            pc = sfm @ rot.T + trans
+            z = pc[:, 2]
+            zs = z.clamp_min(1e-9)
+            u, v = cam.fx * pc[:, 0] / zs + cam.cx, cam.fy * pc[:, 1] / zs + cam.cy
+            seen = (z > 0) & (u >= 0) & (u < cam.width) & (v >= 0) & (v < cam.height)
+            if bool(seen.any()):
+                t_near = float(torch.quantile(z[seen], depth_percentile / 100.0))
+        u = uv01[sel, 0] * cam.width
+        v = uv01[sel, 1] * cam.height
+        d_cam = torch.stack([(u - cam.cx) / cam.fx, (v - cam.cy) / cam.fy, torch.ones_like(u)], 1)  # z = 1
+        d = d_cam @ rot  # world direction per unit camera depth (rot is orthonormal: Rᵀ·d_cam)
+        o = -(rot.T @ trans)  # camera centre
+        # |o + t·d − c|² = r²  →  a t² + 2 b t + q = 0, the positive root (o is inside the sphere)
+        oc = o - c
+        a = (d * d).sum(1)
+        b = d @ oc
+        exit_at = lambda r: (-b + torch.sqrt((b * b - a * (float(oc @ oc) - r * r)).clamp_min(0.0))) / a
+        t_near = torch.maximum(exit_at(float(extent)), torch.full_like(a, t_near))
+        exit_far = exit_at(big_r)
+        t_far = torch.where(exit_far > t_near, exit_far, 2.0 * t_near)
+        inv = (1.0 / t_near) * (1.0 - s[sel]) + (1.0 / t_far) * s[sel]
+        out_p[sel] = o + d * (1.0 / inv)[:, None]
+        img = f.image
+        iu = u.floor().long().clamp(0, cam.width - 1).to(img.device)
+        iv = v.floor().long().clamp(0, cam.height - 1).to(img.device)
+        out_c[sel] = img[iv, iu].float().cpu()
+    return out_p.float(), out_c
+
+
 class Trainer:
     """Optimises a :class:`~rigel_core.model.GaussianModel` on a dataset, one iteration per :meth:`step`.
 
@@ -211,6 +314,8 @@ class Trainer:
         model.active_sh_degree = 0
         self.model = model
         self.optimizer = make_optimizer(model, cfg, self.extent, appearance_groups(model, cfg))
+        #: per-training-image colour corrections (:mod:`.exposure`), made when ``config.exposure`` is first on
+        self.exposure: Exposure | None = Exposure(len(self.train_frames), self.device) if cfg.exposure else None
         self.stats = DensifyStats(model.num_gaussians, self.device)
         self.iteration = 0
         self._nan_skips = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -221,8 +326,10 @@ class Trainer:
 
     # ---- initialisation -------------------------------------------------------------------------------
     def initial_model(self) -> GaussianModel:
-        """SfM points (with their colours) when the dataset has them, else ``init_points`` random points;
-        isotropic scales = mean distance to the 3 nearest neighbours, opacity ``init_opacity``, identity
+        """SfM points (with their colours) when the dataset has them — plus ``init_background_points``
+        background points (:func:`background_init_points`) when that is > 0 — else ``init_points`` random points;
+        isotropic scales = mean distance to the 3 nearest neighbours (root mean square with ``init_scale_rms``,
+        :func:`knn_rms_distance`), opacity ``init_opacity``, identity
         rotations, SH degree ``config.sh_degree`` with zero higher-order coefficients (3DGS
         ``create_from_pcd``)."""
         cfg = self.config
@@ -234,12 +341,20 @@ class Trainer:
                 cols = torch.as_tensor(np.asarray(cols), dtype=torch.float32)
                 if cols.numel() and cols.max() > 1.0:  # 8-bit colours
                     cols = cols / 255.0
+            if cfg.init_background_points > 0:
+                bp, bc = background_init_points(self.train_frames, pts, cfg.init_background_points,
+                                                self.dataset.scene_center, self.extent,
+                                                radius=cfg.init_background_radius, generator=self.generator)
+                if cols is None:
+                    cols = torch.full((pts.shape[0], 3), 0.5)
+                pts, cols = torch.cat([pts, bp]), torch.cat([cols, bc])
         else:
             pts = random_init_points([f.camera for f in self.train_frames], cfg.init_points,
                                      self.dataset.scene_center, self.extent, min_visible=cfg.init_min_visible,
                                      box=cfg.init_box, generator=self.generator, device=self.device)
             cols = None
-        return GaussianModel.from_points(pts, cols, sh_degree=cfg.sh_degree, opacity=cfg.init_opacity)
+        scale = knn_rms_distance(pts) if cfg.init_scale_rms else None  # None: from_points' mean distance
+        return GaussianModel.from_points(pts, cols, sh_degree=cfg.sh_degree, scale=scale, opacity=cfg.init_opacity)
 
     # ---- one iteration --------------------------------------------------------------------------------
     def _next_view(self) -> int:
@@ -261,6 +376,8 @@ class Trainer:
         grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         if g2d is not None:
             grads.append(g2d)
+        if self.exposure is not None:
+            grads += self.exposure.grads()
         total = loss.detach().float().reshape(())
         if grads:
             total = total + torch.stack([n.float() for n in torch._foreach_norm(grads)]).sum()
@@ -274,6 +391,18 @@ class Trainer:
     @nan_skips.setter
     def nan_skips(self, value: int) -> None:
         self._nan_skips.fill_(float(value))
+
+    def _apply_exposure(self, image: torch.Tensor, idx: int, it: int) -> torch.Tensor:
+        """The render ``image`` of training view ``idx`` through its learnt colour correction when
+        ``config.exposure`` is on (the corrections are made at the first such step, and their lr set for
+        iteration ``it``); ``image`` itself otherwise."""
+        cfg = self.config
+        if not cfg.exposure:
+            return image
+        if self.exposure is None:
+            self.exposure = Exposure(len(self.train_frames), self.device)
+        self.exposure.set_lr(exposure_lr(cfg, it))
+        return self.exposure.apply(image, idx)
 
     def step(self) -> StepResult:
         """Run one training iteration (module docstring) and return its :class:`StepResult`."""
@@ -293,7 +422,8 @@ class Trainer:
             gt = gt + (1.0 - a) * (bg - self.background)  # re-composite onto the random colour
         out = render(model, frame.camera, background=bg)
         prepare_means2D_grad(out)
-        loss, l1, s = self.compute_loss(out.image, gt)
+        pred = self._apply_exposure(out.image, idx, it)  # out.image itself when config.exposure is off
+        loss, l1, s = self.compute_loss(pred, gt)
 
         g2d = None
         if loss.requires_grad:
@@ -306,6 +436,8 @@ class Trainer:
             # fused Adam skips the whole update on the device when found_inf is set (the GradScaler protocol)
             self.optimizer.found_inf = (~ok).float()
             self.optimizer.step()
+            if self.exposure is not None and cfg.exposure:
+                self.exposure.step(self.optimizer.found_inf)
             if it < cfg.densify_until:
                 if g2d is not None:
                     g2d = torch.where(ok, g2d, 0.0)
@@ -318,10 +450,12 @@ class Trainer:
                     reset_opacity(model, self.optimizer, cfg.opacity_reset_value)
                     reset = True
         self.optimizer.zero_grad(set_to_none=True)
+        if self.exposure is not None:
+            self.exposure.zero_grad()
         self.iteration = it
 
         with torch.no_grad():
-            m_t = ((out.image.detach() - gt) ** 2).mean()
+            m_t = ((pred.detach() - gt) ** 2).mean()
             values = torch.stack([loss.detach(), l1.detach(), s.detach(), m_t]).double()
             values = torch.cat([values, (~ok).double().reshape(1), self._nan_skips.reshape(1)])
         res = StepResult(it, model.num_gaussians, frame.name, model.active_sh_degree, lrs["means3D"], 0.0, report,
@@ -351,9 +485,16 @@ class Trainer:
             gt = f.image.to(self.device, torch.float32)
             m = float(((pred - gt) ** 2).mean())
             per_view.append({"name": f.name, "psnr": psnr_from_mse(m), "ssim": float(ssim(pred, gt))})
+            if self.config.exposure or self.config.eval_exposure:  # fit left half, score right half (exposure.py)
+                ex = left_right_metrics(pred, gt)
+                per_view[-1].update(psnr_exposure=ex["psnr"], ssim_exposure=ex["ssim"],
+                                    exposure_fit={"A": ex["A"], "b": ex["b"]})
         res = EvalResult(self.iteration, float(np.mean([v["psnr"] for v in per_view])),
                          float(np.mean([v["ssim"] for v in per_view])), self.model.num_gaussians, len(frames),
                          time.perf_counter() - t0, per_view)
+        if self.config.exposure or self.config.eval_exposure:
+            res.psnr_exposure = float(np.mean([v["psnr_exposure"] for v in per_view]))
+            res.ssim_exposure = float(np.mean([v["ssim_exposure"] for v in per_view]))
         if record:
             self.eval_history.append(res)
         return res
