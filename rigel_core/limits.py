@@ -59,10 +59,15 @@ def check_image_size(width: int, height: int, *, max_side: int = MAX_IMAGE_SIDE,
 
     ``width``/``height`` are Python ints (any size: no overflow).
     """
+    size = f"{_n(width)}x{_n(height)}"
     if width < 1 or height < 1:
-        return f"image size {width}x{height} is not positive"
+        return f"image size {size} is not positive"
     if width > max_side or height > max_side:
-        return f"image size {width}x{height} exceeds the limit of {max_side} pixels per side"
+        return f"image size {size} exceeds the limit of {max_side} pixels per side"
     if width * height > max_pixels:
-        return f"image size {width}x{height} ({width * height} pixels) exceeds the limit of {max_pixels} pixels"
+        return f"image size {size} ({_n(width * height)} pixels) exceeds the limit of {max_pixels} pixels"
     return None
+
+
+def _n(v: int) -> str:
+    return str(v) if abs(v) < 10**12 else f"{float(v):.3g}"
