@@ -184,14 +184,19 @@ def test_double_properties_are_converted(tmp_path, rng):
     assert np.array_equal(m32.means3D[:, 0].numpy(), cols["x"].astype(np.float32))
 
 
-def test_normals_optional_extras_ignored_trailing_bytes(tmp_path, rng):
+def test_normals_optional_extras_ignored_trailing_bytes_refused(tmp_path, rng):
     cols = splat_columns(rng, 5, 0)
     cols = {"nx": np.zeros(5), **cols, "segment_id": np.arange(5), "transform": np.ones(5)}
     path = write_ply(tmp_path / "x.ply", cols, types={"segment_id": "int"})
-    with open(path, "ab") as f:
-        f.write(b"\0" * 13)
     m = load_ply(path)
     assert m.num_gaussians == 5 and np.array_equal(m.means3D[:, 1].numpy(), cols["y"].astype(np.float32))
+    # bytes after the declared rows of a binary body: a mis-declared file (issue 13), not silently ignored
+    extra = int(torch.randint(1, 64, (1,), generator=rng))
+    with open(path, "ab") as f:
+        f.write(b"\0" * extra)
+    with pytest.raises(PlyFormatError) as e:
+        load_ply(path)
+    assert_error(e, path, f"{extra} trailing bytes", "5 vertex")
 
 
 def test_nan_inf_loaded_and_counted(tmp_path, rng):
