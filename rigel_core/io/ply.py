@@ -234,7 +234,6 @@ def read_ply_header(path, *, error_cls=PlyFormatError) -> PlyHeader:
         if e.count > MAX_SCENE_SPLATS:
             raise error_cls(path, f"element '{e.name}' declares {e.count} rows; more than {MAX_SCENE_SPLATS} is "
                                   f"refused (rigel_core.limits.MAX_SCENE_SPLATS; a larger scene than rigel loads)")
-
     exact = fmt != "ascii" and not any(p.is_list for e in elements for p in e.properties)
     if exact and body > need:  # a binary body without lists has exactly the declared size
         raise error_cls(path, f"the header declares {counts} ({need} bytes of data) but {body} bytes follow the "
