@@ -239,7 +239,8 @@ class Camera:
         """From a camera-to-world matrix in the OpenGL convention (Blender, NeRF, instant-ngp).
 
         The y and z columns are negated (OpenGL → OpenCV camera axes), then the matrix is inverted.
-        ``c2w`` may be 3×4 or 4×4. Raises ValueError when it is not finite or not invertible.
+        ``c2w`` may be 3×4 or 4×4. Raises ValueError when it is not finite or not a rigid transform (rotation part
+        not a proper rotation within :data:`ROTATION_TOL`, last row not ``[0, 0, 0, 1]``).
         """
         m = np.asarray(c2w, dtype=np.float64)
         if m.shape == (3, 4):
@@ -248,8 +249,10 @@ class Camera:
             raise ValueError(f"transform_matrix must be a finite 3x4 or 4x4 matrix, got shape {m.shape}")
         m = m.copy()
         m[:3, 1:3] *= -1.0
-        if abs(np.linalg.det(m[:3, :3])) < 1e-12:
-            raise ValueError("transform_matrix is singular")
+        try:
+            _check_viewmat(m)  # a rigid camera-to-world (negating two axes keeps the determinant)
+        except ValueError as e:
+            raise ValueError(str(e).replace("viewmat", "transform_matrix")) from None
         vm = np.linalg.inv(m)
         return cls(width, height, fx, fy if fy is not None else fx,
                    width / 2.0 if cx is None else cx, height / 2.0 if cy is None else cy, vm, name)

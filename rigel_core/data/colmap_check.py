@@ -103,7 +103,7 @@ def _model_name(path, where: str, model_id: int) -> str:
     """The supported model's name for ``model_id``, else DatasetError naming the model (read nothing more)."""
     if model_id in _BY_ID:
         return _BY_ID[model_id]
-    name = COLMAP_MODELS.get(model_id, "unknown to rigel")
+    name = COLMAP_MODELS.get(model_id, "unknown")
     raise DatasetError(path, f"{where}: camera model {name} (id {model_id}) is not supported; supported: "
                              f"{', '.join(SUPPORTED_MODELS)}")
 
@@ -123,8 +123,7 @@ def _check_camera_numbers(path, where: str, model: str, width: int, height: int,
                                      f"must be finite")
     for i, v in enumerate(params):
         if not math.isfinite(v):
-            raise DatasetError(path, f"{where} ({model}): distortion parameter {i} (params[{i}]) = {v} must be "
-                                     f"finite")
+            raise DatasetError(path, f"{where} ({model}): distortion parameter params[{i}] = {v} must be finite")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -333,8 +332,8 @@ def _check_cameras_txt(path: Path) -> set[int]:
         model = words[1]
         if model not in SUPPORTED_MODELS:
             known = {v: k for k, v in COLMAP_MODELS.items()}
-            mid = f" (id {known[model]})" if model in known else ""
-            raise DatasetError(path, f"{where}: camera model {model!r:.40}{mid} is not supported; supported: "
+            what = f"{model} (id {known[model]})" if model in known else f"{model!r:.40} (unknown to rigel)"
+            raise DatasetError(path, f"{where}: camera model {what} is not supported; supported: "
                                      f"{', '.join(SUPPORTED_MODELS)}")
         width = _int(path, where, words[2], "WIDTH")
         height = _int(path, where, words[3], "HEIGHT")

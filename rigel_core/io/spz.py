@@ -68,7 +68,7 @@ MAX_POINTS = MAX_SPZ_POINTS
 #: Bytes inflated per zlib call: the gzip stream is never held whole (bounded chunks, zlib ``max_length``).
 INFLATE_CHUNK = 1 << 22
 #: Points decoded per step: temporaries stay ~100 bytes × this, whatever the file's size.
-DECODE_CHUNK = 1 << 18
+DECODE_CHUNK = 1 << 16
 _LEGACY_HEADER = struct.Struct("<IIIBBBB")
 _V4_HEADER = struct.Struct("<IIIBBBBI12x")
 _FLAG_EXTENSIONS = 0x2
