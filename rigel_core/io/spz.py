@@ -345,8 +345,11 @@ def load_spz(path, device=None, dtype=torch.float32) -> GaussianModel:
             elif attr == 4:
                 q = _decode_rotations(b, version, k)  # (x, y, z, w) in RUB
                 quats[sl] = np.stack([q[:, 3], q[:, 0], -q[:, 1], -q[:, 2]], axis=1)  # RUB → RDF: S·R·S
-            else:
-                sh_rest[sl] = (b.reshape(k, dim, 3)[:, :keep].astype(np.float64) - 128.0) / 128.0 * signs
+            else:  # in place in the output (the largest attribute): (q − 128)/128 is exact in float32
+                out = sh_rest[sl]
+                out[...] = b.reshape(k, dim, 3)[:, :keep]
+                out -= 128.0
+                out *= signs / 128.0
     # SPZ values are finite by construction (bytes mapped to bounded floats): no NaN scan needed.
     if n == 0:
         warnings.warn(f"{path}: the SPZ file has 0 points; returning an empty model", SceneWarning, stacklevel=2)
