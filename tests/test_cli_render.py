@@ -120,3 +120,48 @@ def test_render_errors(tmp_path, capsys):
         main(["default", "--cameras", str(cams), "--out", str(tmp_path / "o"), "--width", "0"])
     assert parse_background("0.2,0.5,1") == (0.2, 0.5, 1.0)
     assert parse_background("0,128,255") == (0.0, 128 / 255, 1.0)
+
+
+def test_render_image_size_caps(tmp_path, capsys):
+    """Before: any declared size was rendered (20000² and 1e6² failed in the allocator, 1e300 with OverflowError)."""
+    from rigel_core.io import save_ply
+
+    scene = tmp_path / "tiny.ply"
+    g = torch.Generator().manual_seed(5)
+    save_ply(io_model(g, 4), scene)
+    base = Camera.look_at([0, -6, 0], [0, 0, 0], width=8, height=8, fov_x_deg=50)
+    c2w = (np.linalg.inv(base.viewmat) @ np.diag([1.0, -1, -1, 1])).tolist()
+
+    def cams(w, h):
+        p = tmp_path / f"t_{len(list(tmp_path.glob('t_*')))}.json"
+        p.write_text(json.dumps({"w": w, "h": h, "fl_x": 10.0, "frames": [{"file_path": "v", "transform_matrix": c2w}]}))
+        return str(p)
+
+    out = str(tmp_path / "o")
+    for w, h, frag in [(20000, 2, "exceeds the limit of 16384 pixels per side"), (1e300, 8, "exceeds the limit"),
+                       (10**6, 10**6, "exceeds the limit"), (True, 8, "must be a number, got bool")]:
+        p = cams(w, h)
+        assert main([str(scene), "--cameras", p, "--out", out, "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and p in err and "frame 0" in err and frag in err, err
+    # the override raises the cap per side (and to its square in all)
+    p = cams(17000, 1)
+    assert main([str(scene), "--cameras", p, "--out", out, "--device", "cpu", "--max-image-size", "17000"]) == 0
+    assert read_png(tmp_path / "o" / "v.png").shape == (1, 17000, 3)
+    # --width/--height are capped too: an argparse error, status 2
+    for extra in (["--width", "16385"], ["--height", "20000", "--max-image-size", "19999"],
+                  ["--max-image-size", "0"], ["--max-image-size", str(2 ** 21)]):
+        with pytest.raises(SystemExit) as e:
+            main([str(scene), "--cameras", cams(8, 8), "--out", out, "--device", "cpu", *extra])
+        assert e.value.code == 2
+    # the aspect-kept size from --width alone is checked as well
+    assert main([str(scene), "--cameras", cams(8, 16000), "--out", out, "--device", "cpu", "--width", "16",
+                 "--max-image-size", "16000"]) == 2
+    assert "exceeds" in capsys.readouterr().err
+
+
+def io_model(g, n):
+    from rigel_core import GaussianModel
+
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).float()
+    return GaussianModel(r(n, 3), r(n, 3) - 2, r(n, 4), r(n), r(n, 1, 3), r(n, 0, 3))
