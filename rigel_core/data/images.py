@@ -6,6 +6,8 @@ All arrays here are numpy ``float32`` in [0, 1], shape (H, W, C), row 0 at the t
 from __future__ import annotations
 
 import os
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +39,11 @@ def resolve_image_path(base: Path, file_path: str) -> Path | None:
     return None
 
 
+#: What Pillow's decoders raise for a corrupt file (beyond OSError: a malformed chunk surfaces as any of these).
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, TypeError, KeyError, struct.error,
+                  zlib.error)
+
+
 def _open_checked(path: Path, max_side: int, max_pixels: int):
     """``Image.open`` (lazy: reads the header only), then the declared size checked against the caps before any
     pixel is decoded. ValueError naming the file for an unreadable header or a size over the caps."""
@@ -46,8 +53,8 @@ def _open_checked(path: Path, max_side: int, max_pixels: int):
         im = Image.open(path)
     except Image.DecompressionBombError as e:  # Pillow's own cap (~179 M pixels) hit inside open()
         raise ValueError(f"{path}: image too large to decode ({e})") from None
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read image ({e})") from e
+    except _DECODE_ERRORS as e:
+        raise ValueError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
     problem = check_image_size(*im.size, max_side=max_side, max_pixels=max_pixels)
     if problem:
         im.close()
@@ -84,8 +91,8 @@ def read_image(path: Path, *, max_side: int = MAX_IMAGE_SIDE, max_pixels: int = 
             has_alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or (mode == "P" and "transparency" in im.info)
             im = im.convert("RGBA" if has_alpha else "RGB")
             return np.asarray(im, dtype=np.float32) / 255.0
-    except (OSError, ValueError, Image.DecompressionBombError) as e:
-        raise ValueError(f"{path}: cannot read image ({e})") from e
+    except (*_DECODE_ERRORS, Image.DecompressionBombError) as e:
+        raise ValueError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
 
 
 def composite(rgba: np.ndarray, white_bg: bool) -> tuple[np.ndarray, np.ndarray | None]:
