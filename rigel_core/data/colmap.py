@@ -10,6 +10,9 @@
 - Images are read from ``images/`` next to ``sparse/`` (by ``image.name``, which may contain sub-folders).
   Registered images whose file is missing are skipped with one warning.
 - ``points3D`` give ``Dataset.points`` (M,3) float64 and ``point_colors`` (M,3) in [0, 1].
+- Before pycolmap reads anything, :func:`rigel_core.data.colmap_check.check_colmap_model` walks the model's files
+  (declared counts against file lengths, camera models by id, every camera number): pycolmap trusts counts and
+  crashes on models without a focal length.
 """
 from __future__ import annotations
 
