@@ -9,7 +9,7 @@ from __future__ import annotations
 
 __all__ = ["MAX_IMAGE_SIDE", "MAX_IMAGE_PIXELS", "MAX_CAMERA_SIDE", "MAX_SCENE_SPLATS", "MAX_SPZ_POINTS",
            "MAX_DATASET_FRAMES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_PATH_LENGTH", "MAX_NAME_BYTES",
-           "MAX_COLMAP_CAMERAS", "check_image_size"]
+           "MAX_COLMAP_CAMERAS", "MAX_PLY_HEADER_BYTES", "MAX_SPZ_EXTENSION_BYTES", "check_image_size"]
 
 MAX_IMAGE_SIDE = 16384
 """Largest image width or height (pixels) accepted from a dataset image, a transforms file's ``w``/``h`` or
@@ -31,6 +31,12 @@ beyond it the header is taken as corrupt. Declared counts are also checked again
 MAX_SPZ_POINTS = 10_000_000
 """Largest point count an SPZ header may declare: the limit of Niantic's reference reader
 (``maxPointsToRead``), so no valid SPZ file exceeds it."""
+
+MAX_PLY_HEADER_BYTES = 1 << 20
+"""Longest PLY header read (1 MiB; 3DGS headers are ~1–2 KB): a file without ``end_header`` within it is corrupt."""
+
+MAX_SPZ_EXTENSION_BYTES = 1 << 20
+"""Most bytes of extension records accepted in a gzip SPZ (v2/v3: their size is only known by inflating)."""
 
 MAX_DATASET_FRAMES = 100_000
 """Most frames (images) one transforms file or COLMAP model may list."""

@@ -579,3 +579,13 @@ def test_cli_train_hostile_colmap(tmp_path, colmap_base):
                        "--device", "cpu")
         _assert_one_line_error(proc, named)
         assert not (tmp_path / f"run_{case}").exists()
+
+
+def test_cli_viewer_hostile_scene(tmp_path):
+    """rigel-viewer --offscreen on a PLY declaring 0 vertices before 2.5 MB of data (a warning and an empty scene
+    before): one line, status 2, before any window or GPU is touched."""
+    path = tmp_path / "zero.ply"
+    head = b"ply\nformat binary_little_endian 1.0\nelement vertex 0\nproperty float x\nend_header\n"
+    path.write_bytes(head + random.Random(SEED).randbytes(2_500_000))
+    proc = run_cli("viewer.app", path, "--offscreen", "--out", tmp_path / "o", "--frames", "1")
+    _assert_one_line_error(proc, path)

@@ -52,15 +52,15 @@ import numpy as np
 import torch
 
 from ..model import GaussianModel, num_sh_bases
-from ..limits import MAX_SCENE_SPLATS
+from ..limits import MAX_PLY_HEADER_BYTES, MAX_SCENE_SPLATS
 from .errors import PlyFormatError
 from ..atomic import atomic_path
 
 __all__ = ["load_ply", "save_ply", "read_ply_header", "PlyHeader", "PlyElementInfo", "PlyPropertyInfo",
            "PlyFormatError", "SceneWarning", "ply_property_names", "MAX_HEADER_BYTES"]
 
-#: A PLY header longer than this is treated as corrupt (3DGS headers are ~1–2 KB).
-MAX_HEADER_BYTES = 1 << 20
+#: A PLY header longer than this is treated as corrupt (rigel_core.limits.MAX_PLY_HEADER_BYTES).
+MAX_HEADER_BYTES = MAX_PLY_HEADER_BYTES
 
 # PLY scalar type name → (numpy kind+size, bytes). Both the PLY 1.0 names and the sized aliases.
 _PLY_TYPES = {

@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from ..model import GaussianModel
-from ..limits import MAX_SPZ_POINTS
+from ..limits import MAX_SPZ_EXTENSION_BYTES, MAX_SPZ_POINTS
 from .errors import SpzFormatError
 from .ply import SceneWarning
 
@@ -244,7 +244,7 @@ def _read_legacy(path, raw: bytes):
                                    f"data can hold: corrupt header")
     has_ext = bool(flags & _FLAG_EXTENSIONS)
     # Extension records (flag 0x2) precede the attributes; their total size is whatever is left over.
-    slack = (1 << 20) if has_ext else 0
+    slack = MAX_SPZ_EXTENSION_BYTES if has_ext else 0
     held = src.count(payload + slack + 1)  # pass 1: one byte past the most that is accepted
     if held < payload:
         raise SpzFormatError(path, f"the data holds {held} bytes after the header; {n} points need {payload}: "
