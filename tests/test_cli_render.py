@@ -165,3 +165,27 @@ def io_model(g, n):
 
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).float()
     return GaussianModel(r(n, 3), r(n, 3) - 2, r(n, 4), r(n), r(n, 1, 3), r(n, 0, 3))
+
+
+def test_render_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
+    """A valid scene too large for the machine (a 10 M-splat SPZ under an 8 GB cap) ended in the allocator's
+    RuntimeError traceback; now one line and status 1. Other RuntimeErrors still propagate."""
+    import importlib
+
+    render_mod = importlib.import_module("rigel_core.render")  # the module (the package exports the function)
+    cams = tmp_path / "t.json"
+    orbit_transforms((0, 0, 0), 5.0, 1, 8, 8, 50.0, out=cams)
+
+    def fake(msg):
+        def f(*a, **k):
+            raise RuntimeError(msg)
+        return f
+
+    monkeypatch.setattr(render_mod, "render", fake("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: "
+                                                   "can't allocate memory: you tried to allocate 320000000 bytes"))
+    assert main(["default", "--cameras", str(cams), "--out", str(tmp_path / "o"), "--device", "cpu"]) == 1
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "rigel-render" in ln]
+    assert len(err) == 1 and "out of memory rendering view orbit_000" in err[0]
+    monkeypatch.setattr(render_mod, "render", fake("a bug"))
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["default", "--cameras", str(cams), "--out", str(tmp_path / "o"), "--device", "cpu"])

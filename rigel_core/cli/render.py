@@ -15,7 +15,8 @@ Image sizes (from the cameras file or ``--width/--height``) are capped at
 :data:`rigel_core.limits.MAX_IMAGE_SIDE` pixels per side and :data:`~rigel_core.limits.MAX_IMAGE_PIXELS` in all;
 ``--max-image-size N`` raises the caps to N per side and N² in all (up to
 :data:`~rigel_core.limits.MAX_CAMERA_SIDE`).
-Exit status 0 on success, 2 for bad arguments or input files (one line on stderr naming the file and the field).
+Exit status 0 on success, 2 for bad arguments or input files (one line on stderr naming the file and the field),
+1 when a valid scene or image is too large for the machine's memory (one line).
 """
 from __future__ import annotations
 
@@ -88,6 +89,16 @@ def _resized(cam, width: int | None, height: int | None, cap: int, cam_file, nam
     return cam.with_size(w, h)
 
 
+def _out_of_memory(e: BaseException) -> bool:
+    """A MemoryError, or PyTorch's allocator failure (a RuntimeError on CPU, OutOfMemoryError on CUDA)."""
+    text = str(e)
+    return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower()
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
+
+
 def _unique(names: list[str]) -> list[str]:
     seen, out = {}, []
     for n in names:
@@ -155,6 +166,12 @@ def main(argv=None) -> int:
     except (OSError, ValueError) as e:  # InputError (DatasetError, SceneFormatError) is a ValueError
         print(f"rigel-render: error: {e}", file=sys.stderr)
         return 2
+    except (MemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        print(f"rigel-render: error: {args.scene}: out of memory loading the scene ({_first_line(e)})",
+              file=sys.stderr)
+        return 1
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -163,8 +180,15 @@ def main(argv=None) -> int:
         return 2
     bg = torch.tensor(args.background, dtype=model.dtype, device=model.device)
     for cam, name in zip(tqdm(cams, desc=f"rendering {len(cams)} views", unit="view"), names):
-        with torch.no_grad():
-            r = render(model, cam, background=None if args.alpha else bg, sh_degree=args.sh_degree)
+        try:
+            with torch.no_grad():
+                r = render(model, cam, background=None if args.alpha else bg, sh_degree=args.sh_degree)
+        except (MemoryError, RuntimeError) as e:  # a valid but too large scene or image for this machine
+            if not _out_of_memory(e):
+                raise
+            print(f"rigel-render: error: out of memory rendering view {name} ({cam.width}x{cam.height}) of "
+                  f"{args.scene} ({model.num_gaussians} Gaussians, {device}): {_first_line(e)}", file=sys.stderr)
+            return 1
         if args.alpha:
             write_render_rgba(out / f"{name}.png", r.image, r.final_T)
         else:
