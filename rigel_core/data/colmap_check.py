@@ -56,6 +56,7 @@ SUPPORTED_MODELS = {
     "FULL_OPENCV": (6, 12, (0, 1), (2, 3)),
 }
 _BY_ID = {v[0]: k for k, v in SUPPORTED_MODELS.items()}
+_PARAMS = {k: struct.Struct(f"<{v[1]}d") for k, v in SUPPORTED_MODELS.items()}
 
 _U64 = struct.Struct("<Q")
 _CAMERA = struct.Struct("<iiQQ")
@@ -189,8 +190,7 @@ def _check_cameras_bin(path: Path) -> set[int]:
             cam_id, model_id, width, height = r.unpack(_CAMERA, f"camera record {i}")
             where = f"camera {cam_id}"
             model = _model_name(path, where, model_id)  # before any of its numbers is read
-            n_params = SUPPORTED_MODELS[model][1]
-            params = r.unpack(struct.Struct(f"<{n_params}d"), f"{where}'s {n_params} {model} parameters")
+            params = r.unpack(_PARAMS[model], f"{where}'s {SUPPORTED_MODELS[model][1]} {model} parameters")
             _check_camera_numbers(path, where, model, width, height, params)
             if cam_id in ids:
                 raise DatasetError(path, f"{where} is declared twice")
