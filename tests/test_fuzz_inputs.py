@@ -51,9 +51,6 @@ HOSTILE_NUMBERS = [float("nan"), float("inf"), float("-inf"), True, False, "12",
 # ---------------------------------------------------------------------------------------------------------
 # The outcome check
 # ---------------------------------------------------------------------------------------------------------
-_rss_start = None
-
-
 def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
 

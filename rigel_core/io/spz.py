@@ -37,7 +37,11 @@ S = diag(1, −1, −1), applied on load:
 SH degree 4 (SPZ allows it) is truncated to degree 3 with a warning. Version 1 (half-float positions, never
 released) is rejected. Every size is checked against the file before anything is allocated or decompressed:
 the header's point count must fit the compressed data (deflate expands at most ~1032×, and v4 declares every
-stream's sizes), and decompression is bounded by the expected size.
+stream's sizes) and :data:`~rigel_core.limits.MAX_SPZ_POINTS`. A gzip stream is inflated twice in bounded chunks
+(``zlib.decompressobj`` with ``max_length``, :data:`INFLATE_CHUNK`): first keeping nothing, to check it holds
+exactly the bytes the header implies, then decoding attribute by attribute, :data:`DECODE_CHUNK` points at a
+time, straight into the output arrays — so memory is the model itself plus bounded chunks, whatever the header
+claims (docs/RELIABILITY.md).
 """
 from __future__ import annotations
 
