@@ -8,12 +8,66 @@ in the OpenGL convention (x right, y up, z back); COLMAP stores world-to-camera 
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
-__all__ = ["Camera", "host_to_device", "quat_to_rotmat_np"]
+from .limits import MAX_CAMERA_SIDE
+
+__all__ = ["Camera", "host_to_device", "quat_to_rotmat_np", "ROTATION_TOL", "check_fov"]
+
+#: Largest |RᵀR − I| entry and |det R − 1| accepted in a viewmat. Stored poses are float32 at worst
+#: (NeRF-synthetic's are orthonormal to ~1e-7); 1e-3 leaves room for any honest rounding and refuses scaled,
+#: sheared or mirrored matrices, which the renderer's −Rᵀt camera centre and covariance transform would misuse.
+ROTATION_TOL = 1e-3
+
+
+def _real(name: str, value) -> float:
+    """``value`` as a float; ValueError naming ``name`` for a bool, a string or anything not a real number."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Real, np.floating, np.integer)):
+        raise ValueError(f"{name} must be a number, got {type(value).__name__} {value!r:.40}")
+    return float(value)
+
+
+def check_fov(name: str, value) -> float:
+    """A field of view in radians as a float; ValueError naming ``name`` unless it is a number in (0, π)."""
+    v = _real(name, value)
+    if not 0.0 < v < math.pi:
+        raise ValueError(f"{name} must be an angle in (0, pi) radians, got {value!r}")
+    return v
+
+
+def _pixel_count(name: str, value) -> int:
+    """``value`` as an int in 1..MAX_CAMERA_SIDE (an integral float such as 640.0 is accepted)."""
+    v = _real(name, value)
+    if not (math.isfinite(v) and v == int(v)):
+        raise ValueError(f"{name} must be a whole number of pixels, got {value!r}")
+    if not 1 <= v <= MAX_CAMERA_SIDE:
+        raise ValueError(f"{name} must be in 1..{MAX_CAMERA_SIDE} pixels, got {v:.6g}")
+    return int(v)
+
+
+def _check_viewmat(viewmat) -> np.ndarray:
+    """(4,4) float64 copy of a world-to-camera matrix, checked to be a finite rigid transform."""
+    try:
+        vm = np.array(viewmat, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"viewmat must be a 4x4 matrix of numbers ({e})") from None
+    if vm.shape != (4, 4):
+        raise ValueError(f"viewmat must be a 4x4 matrix, got shape {vm.shape}")
+    if not np.all(np.isfinite(vm)):
+        raise ValueError("viewmat has NaN or Inf entries")
+    if np.any(vm[3] != (0.0, 0.0, 0.0, 1.0)):
+        raise ValueError(f"viewmat's last row must be [0, 0, 0, 1], got {vm[3].tolist()}")
+    R = vm[:3, :3]
+    ortho = float(np.abs(R.T @ R - np.eye(3)).max())
+    det = float(np.linalg.det(R))
+    if ortho > ROTATION_TOL or abs(det - 1.0) > ROTATION_TOL:
+        what = "a reflection" if det < 0 else "not a rotation"
+        raise ValueError(f"viewmat's 3x3 part is {what} (max |R^T R - I| = {ortho:.3g}, det = {det:.6g})")
+    return vm
 
 
 def quat_to_rotmat_np(q) -> np.ndarray:
@@ -51,7 +105,10 @@ class Camera:
         name: optional frame name (used for output file names).
 
     Raises:
-        ValueError: non-positive size or focal length, or a viewmat that is not a finite 4×4 rigid transform.
+        ValueError naming the field: ``width``/``height`` not an integer in 1..:data:`~rigel_core.limits.MAX_CAMERA_SIDE`;
+        ``fx``/``fy`` not finite and > 0; ``cx``/``cy`` not finite; a bool or string for any of these; ``viewmat``
+        not a finite 4×4 ``[[R, t], [0, 0, 0, 1]]`` with R a proper rotation (RᵀR = I and det R = +1 within
+        :data:`ROTATION_TOL`).
     """
 
     width: int
@@ -64,16 +121,18 @@ class Camera:
     name: str = ""
 
     def __post_init__(self):
-        self.width, self.height = int(self.width), int(self.height)
-        self.fx, self.fy, self.cx, self.cy = (float(v) for v in (self.fx, self.fy, self.cx, self.cy))
-        vm = np.asarray(self.viewmat, dtype=np.float64)
-        if self.width <= 0 or self.height <= 0:
-            raise ValueError(f"camera size must be positive, got {self.width}x{self.height}")
-        if not (self.fx > 0 and self.fy > 0 and math.isfinite(self.fx) and math.isfinite(self.fy)):
-            raise ValueError(f"focal lengths must be positive and finite, got fx={self.fx}, fy={self.fy}")
-        if vm.shape != (4, 4) or not np.all(np.isfinite(vm)):
-            raise ValueError(f"viewmat must be a finite 4x4 matrix, got shape {vm.shape}")
-        self.viewmat = vm
+        self.width, self.height = _pixel_count("width", self.width), _pixel_count("height", self.height)
+        self.fx, self.fy = _real("fx", self.fx), _real("fy", self.fy)
+        self.cx, self.cy = _real("cx", self.cx), _real("cy", self.cy)
+        for name in ("fx", "fy"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} (focal length) must be finite and > 0, got {v}")
+        for name in ("cx", "cy"):
+            v = getattr(self, name)
+            if not math.isfinite(v):
+                raise ValueError(f"{name} (principal point) must be finite, got {v}")
+        self.viewmat = _check_viewmat(self.viewmat)
 
     # ---- derived quantities -------------------------------------------------------------------------
     @property
@@ -180,7 +239,8 @@ class Camera:
         """From a camera-to-world matrix in the OpenGL convention (Blender, NeRF, instant-ngp).
 
         The y and z columns are negated (OpenGL → OpenCV camera axes), then the matrix is inverted.
-        ``c2w`` may be 3×4 or 4×4. Raises ValueError when it is not finite or not invertible.
+        ``c2w`` may be 3×4 or 4×4. Raises ValueError when it is not finite or not a rigid transform (rotation part
+        not a proper rotation within :data:`ROTATION_TOL`, last row not ``[0, 0, 0, 1]``).
         """
         m = np.asarray(c2w, dtype=np.float64)
         if m.shape == (3, 4):
@@ -189,8 +249,10 @@ class Camera:
             raise ValueError(f"transform_matrix must be a finite 3x4 or 4x4 matrix, got shape {m.shape}")
         m = m.copy()
         m[:3, 1:3] *= -1.0
-        if abs(np.linalg.det(m[:3, :3])) < 1e-12:
-            raise ValueError("transform_matrix is singular")
+        try:
+            _check_viewmat(m)  # a rigid camera-to-world (negating two axes keeps the determinant)
+        except ValueError as e:
+            raise ValueError(str(e).replace("viewmat", "transform_matrix")) from None
         vm = np.linalg.inv(m)
         return cls(width, height, fx, fy if fy is not None else fx,
                    width / 2.0 if cx is None else cx, height / 2.0 if cy is None else cy, vm, name)
@@ -198,8 +260,11 @@ class Camera:
     @classmethod
     def from_blender(cls, transform_matrix, *, width: int, height: int, camera_angle_x: float,
                      name: str = "") -> "Camera":
-        """A NeRF-synthetic frame: ``fx = fy = 0.5·width / tan(0.5·camera_angle_x)``, centred principal point."""
-        fx = 0.5 * width / math.tan(0.5 * float(camera_angle_x))
+        """A NeRF-synthetic frame: ``fx = fy = 0.5·width / tan(0.5·camera_angle_x)``, centred principal point.
+
+        Raises ValueError unless ``camera_angle_x`` is a number in (0, π) radians.
+        """
+        fx = 0.5 * _real("width", width) / math.tan(0.5 * check_fov("camera_angle_x", camera_angle_x))
         return cls.from_c2w_opengl(transform_matrix, width=width, height=height, fx=fx, fy=fx, name=name)
 
     @classmethod

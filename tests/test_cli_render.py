@@ -120,3 +120,72 @@ def test_render_errors(tmp_path, capsys):
         main(["default", "--cameras", str(cams), "--out", str(tmp_path / "o"), "--width", "0"])
     assert parse_background("0.2,0.5,1") == (0.2, 0.5, 1.0)
     assert parse_background("0,128,255") == (0.0, 128 / 255, 1.0)
+
+
+def test_render_image_size_caps(tmp_path, capsys):
+    """Before: any declared size was rendered (20000² and 1e6² failed in the allocator, 1e300 with OverflowError)."""
+    from rigel_core.io import save_ply
+
+    scene = tmp_path / "tiny.ply"
+    g = torch.Generator().manual_seed(5)
+    save_ply(io_model(g, 4), scene)
+    base = Camera.look_at([0, -6, 0], [0, 0, 0], width=8, height=8, fov_x_deg=50)
+    c2w = (np.linalg.inv(base.viewmat) @ np.diag([1.0, -1, -1, 1])).tolist()
+
+    def cams(w, h):
+        p = tmp_path / f"t_{len(list(tmp_path.glob('t_*')))}.json"
+        p.write_text(json.dumps({"w": w, "h": h, "fl_x": 10.0, "frames": [{"file_path": "v", "transform_matrix": c2w}]}))
+        return str(p)
+
+    out = str(tmp_path / "o")
+    for w, h, frag in [(20000, 2, "exceeds the limit of 16384 pixels per side"), (1e300, 8, "exceeds the limit"),
+                       (10**6, 10**6, "exceeds the limit"), (True, 8, "must be a number, got bool")]:
+        p = cams(w, h)
+        assert main([str(scene), "--cameras", p, "--out", out, "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and p in err and "frame 0" in err and frag in err, err
+    # the override raises the cap per side (and to its square in all)
+    p = cams(17000, 1)
+    assert main([str(scene), "--cameras", p, "--out", out, "--device", "cpu", "--max-image-size", "17000"]) == 0
+    assert read_png(tmp_path / "o" / "v.png").shape == (1, 17000, 3)
+    # --width/--height are capped too: an argparse error, status 2
+    for extra in (["--width", "16385"], ["--height", "20000", "--max-image-size", "19999"],
+                  ["--max-image-size", "0"], ["--max-image-size", str(2 ** 21)]):
+        with pytest.raises(SystemExit) as e:
+            main([str(scene), "--cameras", cams(8, 8), "--out", out, "--device", "cpu", *extra])
+        assert e.value.code == 2
+    # the aspect-kept size from --width alone is checked as well
+    assert main([str(scene), "--cameras", cams(8, 16000), "--out", out, "--device", "cpu", "--width", "16",
+                 "--max-image-size", "16000"]) == 2
+    assert "exceeds" in capsys.readouterr().err
+
+
+def io_model(g, n):
+    from rigel_core import GaussianModel
+
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).float()
+    return GaussianModel(r(n, 3), r(n, 3) - 2, r(n, 4), r(n), r(n, 1, 3), r(n, 0, 3))
+
+
+def test_render_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
+    """A valid scene too large for the machine (a 10 M-splat SPZ under an 8 GB cap) ended in the allocator's
+    RuntimeError traceback; now one line and status 1. Other RuntimeErrors still propagate."""
+    import importlib
+
+    render_mod = importlib.import_module("rigel_core.render")  # the module (the package exports the function)
+    cams = tmp_path / "t.json"
+    orbit_transforms((0, 0, 0), 5.0, 1, 8, 8, 50.0, out=cams)
+
+    def fake(msg):
+        def f(*a, **k):
+            raise RuntimeError(msg)
+        return f
+
+    monkeypatch.setattr(render_mod, "render", fake("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: "
+                                                   "can't allocate memory: you tried to allocate 320000000 bytes"))
+    assert main(["default", "--cameras", str(cams), "--out", str(tmp_path / "o"), "--device", "cpu"]) == 1
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "rigel-render" in ln]
+    assert len(err) == 1 and "out of memory rendering view orbit_000" in err[0]
+    monkeypatch.setattr(render_mod, "render", fake("a bug"))
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["default", "--cameras", str(cams), "--out", str(tmp_path / "o"), "--device", "cpu"])

@@ -8,6 +8,7 @@ were ignored or removed twice).
 """
 import json
 import math
+import time
 import warnings
 
 import numpy as np
@@ -423,3 +424,187 @@ def test_cameras_agree_across_formats(shared_data, tmp_path, rng):
         # matrices (orthonormal to ~1e-7), which moves projections by ~1e-6 px; a convention error moves pixels.
         for c in cams[1:]:
             np.testing.assert_allclose(c.project(pts[in_view]), ref[in_view], atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hostile and broken inputs (issue 13): one DatasetError naming the file, the record and the field
+# ---------------------------------------------------------------------------------------------------------
+def _colmap_fixture(root, g, model="PINHOLE", params=(20.0, 21.0, 8.0, 6.0), n_images=2, n_points=5):
+    """A small binary COLMAP model with images present; returns the sparse dir."""
+    images = []
+    for i in range(n_images):
+        save_u8(root / "images" / f"im{i}.png", np.zeros((12, 16, 3), np.uint8))
+        images.append((f"im{i}.png", 1, random_pose(g)))
+    write_colmap(root, {1: (model, 16, 12, list(params))}, images, g.normal(size=(n_points, 3)),
+                 g.integers(0, 256, size=(n_points, 3), dtype=np.uint8))
+    return root / "sparse" / "0"
+
+
+def _assert_dataset_error(excinfo, path, *fragments):
+    msg = str(excinfo.value)
+    assert "\n" not in msg and str(path) in msg, msg
+    for f in fragments:
+        assert f in msg, f"{f!r} not in {msg!r}"
+
+
+@pytest.mark.parametrize("model_id,name", [(17, "EQUIRECTANGULAR"), (7, "FOV"), (99, "unknown")])
+def test_colmap_unsupported_model_refused_by_id(tmp_path, rng, model_id, name):
+    """Before: pycolmap was asked for focal_length_x of an EQUIRECTANGULAR camera and the process segfaulted."""
+    pytest.importorskip("pycolmap")
+    sparse = _colmap_fixture(tmp_path, np_rng(rng))
+    cams = bytearray((sparse / "cameras.bin").read_bytes())
+    cams[12:16] = int(model_id).to_bytes(4, "little", signed=True)  # u64 count, i32 camera_id, i32 model_id
+    (sparse / "cameras.bin").write_bytes(bytes(cams))
+    with pytest.raises(DatasetError) as e:
+        load_dataset(tmp_path)
+    _assert_dataset_error(e, sparse / "cameras.bin", f"{name} (id {model_id})", "not supported", "camera 1")
+    # the text model is refused by name the same way
+    text = tmp_path / "txt"
+    (text / "sparse" / "0").mkdir(parents=True)
+    (text / "images").symlink_to(tmp_path / "images")
+    (text / "sparse" / "0" / "cameras.txt").write_text("# c\n1 EQUIRECTANGULAR 16 12\n")
+    (text / "sparse" / "0" / "images.txt").write_text("")
+    (text / "sparse" / "0" / "points3D.txt").write_text("")
+    with pytest.raises(DatasetError) as e:
+        load_dataset(text)
+    _assert_dataset_error(e, text / "sparse" / "0" / "cameras.txt", "EQUIRECTANGULAR (id 17)", "not supported")
+
+
+@pytest.mark.parametrize("kind", ["cameras", "images", "points3D"])
+def test_colmap_truncated_or_huge_counts_refused(tmp_path, rng, kind):
+    """Before: an empty or truncated points3D.bin made pycolmap reserve ~9 GB; cameras.bin one byte short loaded."""
+    pytest.importorskip("pycolmap")
+    g = np_rng(rng)
+    sparse = _colmap_fixture(tmp_path, g)
+    f = sparse / f"{kind}.bin"
+    good = f.read_bytes()
+    cut = int(g.integers(1, len(good)))
+    for data, frag in [(good[:-1], "truncated"),                      # one byte short
+                       (good[:cut], ""),                               # a random cut: truncated or corrupt
+                       (b"", "truncated"),                             # empty
+                       (b"\xff" * 8 + good[8:], "declares"),           # 2^64-1 records
+                       (good + b"\0" * int(g.integers(1, 9)), "after the last declared record")]:
+        f.write_bytes(data)
+        t0 = time.perf_counter()
+        with pytest.raises(DatasetError) as e:
+            load_dataset(tmp_path)
+        assert time.perf_counter() - t0 < 5
+        _assert_dataset_error(e, f, frag)
+
+
+@pytest.mark.parametrize("model,params,frag", [
+    ("PINHOLE", [float("nan"), 20.0, 8.0, 6.0], "focal length fx = nan"),
+    ("PINHOLE", [20.0, -3.0, 8.0, 6.0], "focal length fy = -3.0"),
+    ("SIMPLE_PINHOLE", [0.0, 8.0, 6.0], "focal length f = 0.0"),
+    ("PINHOLE", [20.0, 20.0, float("inf"), 6.0], "principal point cx = inf"),
+    ("OPENCV", [20.0, 20.0, 8.0, 6.0, float("nan"), 0, 0, 0], "params[4] = nan"),
+])
+def test_colmap_camera_numbers_refused(tmp_path, rng, model, params, frag):
+    """Before: NaN/Inf/zero intrinsics loaded and rendered black (exit 0)."""
+    pytest.importorskip("pycolmap")
+    sparse = _colmap_fixture(tmp_path, np_rng(rng), model=model, params=params)
+    with pytest.raises(DatasetError) as e:
+        load_dataset(tmp_path)
+    _assert_dataset_error(e, sparse / "cameras.bin", "camera 1", model, frag)
+
+
+def _ngp(tmp_path, top: dict, frame: dict | None = None):
+    m = np.eye(4)
+    m[2, 3] = 4.0
+    frame = {"file_path": "im.png", "transform_matrix": m.tolist(), **(frame or {})}
+    path = tmp_path / "transforms.json"
+    path.write_text(json.dumps({"frames": [frame], **top}, allow_nan=True))
+    return path
+
+
+@pytest.mark.parametrize("top,frame,frag", [
+    ({"camera_angle_x": math.pi, "w": 8, "h": 8}, None, "camera_angle_x must be an angle in (0, pi)"),
+    ({"camera_angle_x": 0, "w": 8, "h": 8}, None, "camera_angle_x must be an angle in (0, pi)"),
+    ({"camera_angle_x": True, "w": 8, "h": 8}, None, "'camera_angle_x' must be a number, got bool"),
+    ({"fl_x": 5, "w": 8, "h": 8, "k1": float("nan")}, None, "'k1' must be finite"),
+    ({"fl_x": 5, "w": 8, "h": 8}, {"cx": float("inf")}, "'cx' must be finite"),
+    ({"fl_x": 5, "w": 8, "h": 8}, {"cy": float("nan")}, "'cy' must be finite"),
+    ({"fl_x": -5, "w": 8, "h": 8}, None, "'fl_x' (focal length) must be > 0"),
+    ({"fl_x": 5, "fl_y": 0, "w": 8, "h": 8}, None, "'fl_y' (focal length) must be > 0"),
+    ({"fl_x": "5", "w": 8, "h": 8}, None, "'fl_x' must be a number, got str"),
+    ({"fl_x": 5, "w": 8.5, "h": 8}, None, "'w' must be a whole number"),
+    ({"fl_x": 5, "w": 0, "h": 8}, None, "not positive"),
+    ({"fl_x": 5, "w": -8, "h": 8}, None, "not positive"),
+    ({"fl_x": 5, "w": 1e300, "h": 8}, None, "exceeds the limit"),
+    ({"fl_x": 5, "w": 20000, "h": 8}, None, "exceeds the limit of 16384"),
+    ({"fl_x": 5, "w": 10 ** 400, "h": 8}, None, "'w'"),
+    ({"fl_x": 5, "w": 8, "h": 8}, {"transform_matrix": [[1, 0, 0, 0]] * 3 + [[0, 0, 0, True]]}, "entries must be numbers"),
+    ({"fl_x": 5, "w": 8, "h": 8}, {"transform_matrix": np.diag([2.0, 2, 2, 1]).tolist()}, "transform_matrix's 3x3 part is not a rotation"),
+])
+def test_transforms_camera_numbers_refused(tmp_path, top, frame, frag):
+    """Before: these loaded as silent black renders (exit 0) or raised ZeroDivisionError/OverflowError."""
+    path = _ngp(tmp_path, top, frame)
+    from rigel_core.data.transforms import read_transforms
+
+    with pytest.raises(DatasetError) as e:
+        read_transforms(path, require_images=False)
+    _assert_dataset_error(e, path, "frame 0", frag)
+
+
+@pytest.mark.parametrize("case,frag", [
+    ("nul", "NUL byte"), ("long", "5000 characters"), ("component", "300-byte component"),
+    ("deep", "nested too deeply"), ("deep_ok_parser", "nested more than 32 levels"), ("not_utf8", "JSON"),
+])
+def test_transforms_paths_and_json_refused(tmp_path, case, frag):
+    """Before: RecursionError, ValueError (embedded null byte) and OSError (name too long) tracebacks."""
+    path = tmp_path / "transforms.json"
+    fp = {"nul": "im\0.png", "long": "d/" * 2500, "component": "x" * 300}.get(case)
+    if fp is not None:
+        path = _ngp(tmp_path, {"fl_x": 5, "w": 8, "h": 8}, {"file_path": fp})
+    elif case == "deep":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    elif case == "deep_ok_parser":
+        path.write_text('{"frames": [], "x": ' + "[" * 40 + "]" * 40 + "}")
+    else:
+        path.write_bytes(b'{"frames": [], "x": "\xff\xfe"}')
+    with pytest.raises(DatasetError) as e:
+        load_dataset(path)
+    _assert_dataset_error(e, path, frag)
+
+
+def _png_header_only(path, width, height):
+    """A PNG whose IHDR declares ``width × height`` (8-bit RGB) followed by a tiny IDAT and IEND."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+                     + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("size,frag", [((100_000, 100_000), "too large"), ((20_000, 2), "exceeds the limit")])
+def test_image_header_over_the_cap(tmp_path, size, frag):
+    """Before: Pillow's DecompressionBombError escaped as a traceback; a 20000-wide image decoded in full."""
+    _png_header_only(tmp_path / "im.png", *size)
+    path = _ngp(tmp_path, {"fl_x": 5, "w": 8, "h": 8})
+    with pytest.raises(DatasetError) as e:
+        load_dataset(path, test_every=0)
+    _assert_dataset_error(e, tmp_path / "im.png", frag)
+
+
+@pytest.mark.parametrize("field,value,frag", [
+    ("width", 0, "width must be in 1.."), ("height", 2 ** 21, "height must be in 1.."),
+    ("width", 12.5, "whole number"), ("width", True, "must be a number"), ("fx", "3", "must be a number"),
+    ("fx", float("nan"), "fx (focal length) must be finite and > 0"), ("fy", -1.0, "fy (focal length)"),
+    ("cx", float("inf"), "cx (principal point) must be finite"), ("cy", float("nan"), "cy (principal point)"),
+    ("viewmat", np.diag([1.0, 1.0, -1.0, 1.0]), "reflection"), ("viewmat", np.diag([2.0, 2, 2, 1]), "not a rotation"),
+    ("viewmat", np.full((4, 4), np.nan), "NaN or Inf"), ("viewmat", np.eye(3), "4x4"),
+])
+def test_camera_constructor_validates(rng, field, value, frag):
+    kw = dict(width=16, height=12, fx=20.0, fy=21.0, cx=8.0, cy=6.0, viewmat=np.eye(4))
+    Camera(**kw)  # the base is valid
+    kw[field] = value
+    with pytest.raises(ValueError, match=None) as e:
+        Camera(**kw)
+    assert frag in str(e.value)
+    # a proper rotation with float32 round-off is accepted
+    g = np_rng(rng)
+    Camera(16, 12, 20.0, 20.0, 8.0, 6.0, random_pose(g).astype(np.float32))

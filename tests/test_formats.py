@@ -10,6 +10,7 @@ import math
 import struct
 import sys
 import types
+import warnings
 
 import numpy as np
 import pytest
@@ -508,3 +509,77 @@ def test_load_scene_checkpoint_hook(tmp_path, rng, monkeypatch):
     with pytest.raises(SceneFormatError) as e:
         load_scene(tmp_path / "run.safetensors")
     assert_error(e, tmp_path / "run.safetensors", "rigel_core.checkpoint")
+
+
+# ---- hostile inputs (issue 13) ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("version,container,sh_degree", [(2, "gzip", 1), (3, "gzip", 3), (3, "plain", 2),
+                                                         (4, "zstd", 4)])
+def test_spz_chunked_decode_matches(tmp_path, rng, monkeypatch, version, container, sh_degree):
+    """Inflating and decoding in bounded chunks (tiny chunks here, so every boundary is crossed) gives the same
+    Gaussians as the whole-stream truth."""
+    import rigel_core.io.spz as spz
+
+    monkeypatch.setattr(spz, "DECODE_CHUNK", 7)
+    monkeypatch.setattr(spz, "INFLATE_CHUNK", 13)
+    n = int(torch.randint(20, 60, (1,), generator=rng))
+    streams, truth = make_spz_payload(rng, n, version, sh_degree)
+    path = build_spz(tmp_path / "c.spz", version, n, sh_degree, streams, container=container)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SceneWarning)  # degree 4 → 3
+        m = load_spz(path, dtype=torch.float64)
+    check_spz_model(m, truth, version, sh_degree)
+
+
+def test_spz_memory_bounded_by_the_model(tmp_path):
+    """A small gzip SPZ whose header claims many points (zeros inflate ~1000×) decoded through float64 copies of
+    every attribute and peaked at 9 GB for 10 M points; now the peak is the float32 model plus bounded chunks.
+    (tracemalloc sees numpy's and Python's allocations.)"""
+    import tracemalloc
+
+    n, deg = 300_000, 3
+    per_point = 9 + 1 + 3 + 3 + 4 + 45
+    path = tmp_path / "zeros.spz"
+    path.write_bytes(gzip.compress(struct.pack("<IIIBBBB", 0x5053474E, 3, n, deg, 12, 0, 0) + bytes(n * per_point)))
+    assert path.stat().st_size < n * per_point / 200
+    model_bytes = n * (3 + 3 + 4 + 1 + 3 + 45) * 4
+    tracemalloc.start()
+    try:
+        m = load_spz(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert m.num_gaussians == n
+    assert peak < model_bytes + (48 << 20), (peak, model_bytes)
+    # one byte short of the declared points: refused after the bounded first pass, nothing decoded
+    short = tmp_path / "short.spz"
+    short.write_bytes(gzip.compress(struct.pack("<IIIBBBB", 0x5053474E, 3, n, deg, 12, 0, 0)
+                                    + bytes(n * per_point - 1)))
+    tracemalloc.start()
+    try:
+        with pytest.raises(SpzFormatError) as e:
+            load_spz(short)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert_error(e, short, "truncated")
+    assert peak < 32 << 20, peak
+
+
+def test_compressed_ply_zero_padded_sh_names(tmp_path, rng):
+    """f_rest_00.. in the compressed layout's 'sh' element are read by index, as in the INRIA PLY."""
+    n = 300
+    g = lambda *s: torch.randn(*s, generator=rng, dtype=torch.float64).numpy()
+    path = tmp_path / "a.compressed.ply"
+    encode_compressed_ply(path, g(n, 3), g(n, 3) - 4, random_unit_quats(rng, n),
+                          torch.rand(n, 3, generator=rng, dtype=torch.float64).numpy(),
+                          torch.rand(n, generator=rng, dtype=torch.float64).numpy(), g(n, 3, 3) * 0.5)
+    plain = load_compressed_ply(path)
+    assert plain.sh_degree == 1 and plain.sh_rest.abs().sum() > 0
+    text = path.read_bytes()
+    head_end = text.index(b"end_header\n")
+    head = text[:head_end]
+    for i in range(9):
+        head = head.replace(f"property uchar f_rest_{i}\n".encode(), f"property uchar f_rest_{i:02d}\n".encode())
+    padded = tmp_path / "p.compressed.ply"
+    padded.write_bytes(head + text[head_end:])
+    assert torch.equal(load_compressed_ply(padded).sh_rest, plain.sh_rest)

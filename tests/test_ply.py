@@ -184,14 +184,19 @@ def test_double_properties_are_converted(tmp_path, rng):
     assert np.array_equal(m32.means3D[:, 0].numpy(), cols["x"].astype(np.float32))
 
 
-def test_normals_optional_extras_ignored_trailing_bytes(tmp_path, rng):
+def test_normals_optional_extras_ignored_trailing_bytes_refused(tmp_path, rng):
     cols = splat_columns(rng, 5, 0)
     cols = {"nx": np.zeros(5), **cols, "segment_id": np.arange(5), "transform": np.ones(5)}
     path = write_ply(tmp_path / "x.ply", cols, types={"segment_id": "int"})
-    with open(path, "ab") as f:
-        f.write(b"\0" * 13)
     m = load_ply(path)
     assert m.num_gaussians == 5 and np.array_equal(m.means3D[:, 1].numpy(), cols["y"].astype(np.float32))
+    # bytes after the declared rows of a binary body: a mis-declared file (issue 13), not silently ignored
+    extra = int(torch.randint(1, 64, (1,), generator=rng))
+    with open(path, "ab") as f:
+        f.write(b"\0" * extra)
+    with pytest.raises(PlyFormatError) as e:
+        load_ply(path)
+    assert_error(e, path, f"{extra} trailing bytes", "5 vertex")
 
 
 def test_nan_inf_loaded_and_counted(tmp_path, rng):
@@ -360,3 +365,51 @@ def test_end_header_without_newline(tmp_path):
     with pytest.raises(PlyFormatError) as e:  # the PLY spec ends the header with a newline; plyfile needs it
         load_ply(path)
     assert_error(e, path, "no 'end_header' line")
+
+
+# ---- hostile inputs (issue 13) ------------------------------------------------------------------------------------
+def test_zero_padded_f_rest_names_read_as_their_index(tmp_path, rng):
+    """Some tools write f_rest_00..f_rest_08; before, load_ply raised a bare KeyError('f_rest_0')."""
+    cols = splat_columns(rng, 7, 1)
+    plain = load_ply(write_ply(tmp_path / "plain.ply", cols))
+    width = int(torch.randint(2, 4, (1,), generator=rng))
+    padded = {(f"f_rest_{int(nm[7:]):0{width}d}" if nm.startswith("f_rest_") else nm): v for nm, v in cols.items()}
+    names = list(padded)  # shuffle the property order too: the index, not the position, decides
+    perm = torch.randperm(len(names), generator=rng).tolist()
+    padded = {names[i]: padded[names[i]] for i in perm}
+    m = load_ply(write_ply(tmp_path / "padded.ply", padded))
+    assert torch.equal(m.sh_rest, plain.sh_rest) and torch.equal(m.means3D, plain.means3D)
+    dup = dict(cols, f_rest_01=cols["f_rest_1"])  # two names for index 1
+    with pytest.raises(PlyFormatError) as e:
+        load_ply(write_ply(tmp_path / "dup.ply", dup))
+    assert_error(e, tmp_path / "dup.ply", "'f_rest_1' and 'f_rest_01'", "index 1")
+
+
+@pytest.mark.parametrize("fmt", ["binary_little_endian", "binary_big_endian", "ascii"])
+def test_zero_vertices_with_a_body_is_an_error(tmp_path, rng, fmt):
+    """A header declaring 0 vertices before 2.5 MB of data only warned; it is a mis-declared file."""
+    cols = splat_columns(rng, 40, 0)
+    good = write_ply(tmp_path / "good.ply", cols, fmt=fmt)
+    path = write_ply(tmp_path / "zero.ply", cols, fmt=fmt, count=0)
+    with pytest.raises(PlyFormatError) as e:
+        load_ply(path)
+    assert_error(e, path, "0 vertex", "mis-declared")
+    assert load_ply(good).num_gaussians == 40
+    # fewer vertices declared than stored: the same for binary (trailing bytes); an empty element still loads
+    if fmt != "ascii":
+        with pytest.raises(PlyFormatError):
+            load_ply(write_ply(tmp_path / "fewer.ply", cols, fmt=fmt, count=39))
+    with pytest.warns(SceneWarning, match="0 vertices"):
+        assert load_ply(write_ply(tmp_path / "empty.ply", {k: v[:0] for k, v in cols.items()}, fmt=fmt)).num_gaussians == 0
+
+
+def test_splat_count_cap(tmp_path, rng, monkeypatch):
+    import rigel_core.io.ply as ply_mod
+
+    cols = splat_columns(rng, 9, 0)
+    path = write_ply(tmp_path / "nine.ply", cols)
+    assert load_ply(path).num_gaussians == 9
+    monkeypatch.setattr(ply_mod, "MAX_SCENE_SPLATS", 8)
+    with pytest.raises(PlyFormatError) as e:
+        load_ply(path)
+    assert_error(e, path, "declares 9 rows", "MAX_SCENE_SPLATS")

@@ -302,7 +302,7 @@ def test_cli_reports_bad_input(tmp_path, capsys):
     assert str(missing) in capsys.readouterr().err
     junk = tmp_path / "junk.ply"
     junk.write_bytes(b"this is not a scene")
-    assert main([str(junk), "--offscreen", "--out", str(tmp_path)]) == 1
+    assert main([str(junk), "--offscreen", "--out", str(tmp_path)]) == 2  # an InputError: status 2 (issue 13)
     assert "junk.ply" in capsys.readouterr().err
     assert main(["--offscreen"]) == 1
     assert "--out" in capsys.readouterr().err

@@ -384,7 +384,8 @@ def test_offscreen_training_writes_frames_and_psnr_rises(procedural_64, tmp_path
 def test_offscreen_cli_fails_loudly(procedural_64, tmp_path, capsys):
     from viewer.app import main
 
-    assert main(["--data", str(tmp_path / "missing"), "--offscreen", "--out", str(tmp_path / "o")]) == 1
+    # a dataset that cannot be loaded is an input error: one line, status 2 (as rigel-render / rigel-train)
+    assert main(["--data", str(tmp_path / "missing"), "--offscreen", "--out", str(tmp_path / "o")]) == 2
     assert "missing" in capsys.readouterr().err
     assert main(["--data", str(procedural_64), "scene.ply", "--offscreen", "--out", str(tmp_path)]) == 1
     assert "either" in capsys.readouterr().err

@@ -929,6 +929,8 @@ def _unused(path: Path) -> Path:
 def main(argv=None) -> int:
     """Entry point of ``rigel-viewer``; returns the exit status."""
     args = build_parser().parse_args(argv)
+    from rigel_core.io.errors import InputError
+
     from .targets import DisplayUnavailable
 
     if args.offscreen and args.out is None:
@@ -1045,6 +1047,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("rigel-viewer: interrupted" + (", saving the run" if session is not None else ""), file=sys.stderr)
         return EXIT_INTERRUPTED
+    except InputError as e:  # a bad scene or dataset file: one line naming it, status 2 as rigel-render/-train
+        print(f"rigel-viewer: {e}", file=sys.stderr)
+        return 2
     except (FileNotFoundError, ValueError, RuntimeError, OSError, ImportError) as e:
         print(f"rigel-viewer: {e}", file=sys.stderr)
         return 1

@@ -1,7 +1,7 @@
 """``rigel-render``: render a scene from every camera of a Blender or instant-ngp transforms file to PNGs.
 
     rigel-render SCENE --cameras TRANSFORMS_JSON [--split train|test] --out DIR
-                 [--width W --height H] [--background R,G,B] [--device cpu|cuda]
+                 [--width W --height H] [--background R,G,B] [--device cpu|cuda] [--max-image-size N]
 
 SCENE is any file :func:`rigel_core.io.load_scene` reads (graphdeco PLY, compressed PLY, SPZ), or ``default``
 for the bundled procedural scene. ``--cameras`` is a transforms ``.json`` file or a dataset directory
@@ -11,13 +11,20 @@ size comes from the file's ``w``/``h``, else from an image that does exist, else
 ratio). ``--split`` with a single instant-ngp file renders that split of the every-8th hold-out used by
 :func:`rigel_core.data.load_dataset`. Output: ``DIR/<frame name>.png`` (8-bit RGB, composited onto the
 background; ``--alpha`` writes RGBA with alpha = 1 − final_T instead).
-Exit status 0 on success, 2 for bad arguments or input files.
+Image sizes (from the cameras file or ``--width/--height``) are capped at
+:data:`rigel_core.limits.MAX_IMAGE_SIDE` pixels per side and :data:`~rigel_core.limits.MAX_IMAGE_PIXELS` in all;
+``--max-image-size N`` raises the caps to N per side and N² in all (up to
+:data:`~rigel_core.limits.MAX_CAMERA_SIDE`).
+Exit status 0 on success, 2 for bad arguments or input files (one line on stderr naming the file and the field),
+1 when a valid scene or image is too large for the machine's memory (one line).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+from ..limits import MAX_CAMERA_SIDE, MAX_IMAGE_SIDE, check_image_size
 
 __all__ = ["main", "parse_background", "resolve_cameras"]
 
@@ -37,10 +44,12 @@ def parse_background(text: str) -> tuple[float, float, float]:
     return tuple(vals)
 
 
-def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | None):
+def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | None,
+                    max_image_size: int = MAX_IMAGE_SIDE):
     """Cameras (list of :class:`rigel_core.Camera`, named after the frames) of a transforms file or directory.
 
-    Raises rigel_core.data.DatasetError naming the file when it cannot be used.
+    Raises rigel_core.data.DatasetError naming the file when it cannot be used (including a size above
+    ``max_image_size`` per side or its square in all).
     """
     from ..data.dataset import split_every
     from ..data.frames import DatasetError
@@ -58,7 +67,7 @@ def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | Non
             raise DatasetError(f"{p}: no transforms_{split or 'train'}.json or transforms.json in this directory")
     elif p.name == "transforms.json" or not p.name.startswith("transforms_"):
         held_out = split is not None
-    specs, _, total = read_transforms(p, require_images=False, size=size)
+    specs, _, total = read_transforms(p, require_images=False, size=size, max_image_size=max_image_size)
     if not specs:
         raise DatasetError(f"{p}: no frames")
     if held_out:
@@ -66,6 +75,28 @@ def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | Non
         specs = train if split == "train" else test
     names = _unique([s.name for s in specs])
     return [s.camera for s in specs], names, p
+
+
+def _resized(cam, width: int | None, height: int | None, cap: int, cam_file, name: str):
+    """``cam`` at ``--width``/``--height`` (one alone keeps the aspect ratio); DatasetError over the caps."""
+    from ..data.frames import DatasetError
+
+    w = width or max(1, round(cam.width * height / cam.height))
+    h = height or max(1, round(cam.height * width / cam.width))
+    problem = check_image_size(w, h, max_side=cap, max_pixels=cap * cap)
+    if problem:
+        raise DatasetError(cam_file, f"frame {name}: with --width/--height, {problem} (--max-image-size raises it)")
+    return cam.with_size(w, h)
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """A MemoryError, or PyTorch's allocator failure (a RuntimeError on CPU, OutOfMemoryError on CUDA)."""
+    text = str(e)
+    return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower()
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
 
 
 def _unique(names: list[str]) -> list[str]:
@@ -103,11 +134,19 @@ def main(argv=None) -> int:
     ap.add_argument("--alpha", action="store_true", help="write RGBA with alpha = 1 - final_T")
     ap.add_argument("--sh-degree", type=int, default=None, help="evaluate SH up to this degree (default: all)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when the kernels are available)")
+    ap.add_argument("--max-image-size", type=int, default=MAX_IMAGE_SIDE, metavar="N",
+                    help=f"largest image side accepted, in pixels; the pixel count is capped at N² "
+                         f"(default {MAX_IMAGE_SIDE}, at most {MAX_CAMERA_SIDE})")
     args = ap.parse_args(argv)
+    cap = args.max_image_size
+    if not 1 <= cap <= MAX_CAMERA_SIDE:
+        ap.error(f"--max-image-size must be in 1..{MAX_CAMERA_SIDE}, got {cap}")
     for name in ("width", "height"):
         v = getattr(args, name)
         if v is not None and v <= 0:
             ap.error(f"--{name} must be positive")
+        if v is not None and v > cap:
+            ap.error(f"--{name} {v} exceeds the limit of {cap} pixels per side (--max-image-size raises it)")
 
     import torch
     from tqdm import tqdm
@@ -120,21 +159,36 @@ def main(argv=None) -> int:
     device = args.device or ("cuda" if cuda_available() else "cpu")
     size = (args.width, args.height) if args.width and args.height else None
     try:
-        cams, names, cam_file = resolve_cameras(args.cameras, args.split, size)
+        cams, names, cam_file = resolve_cameras(args.cameras, args.split, size, cap)
+        if args.width or args.height:
+            cams = [_resized(cam, args.width, args.height, cap, cam_file, name) for cam, name in zip(cams, names)]
         model = _load_scene(args.scene, device)
-    except (OSError, ValueError) as e:  # DatasetError and the io package's format errors are ValueErrors
+    except (OSError, ValueError) as e:  # InputError (DatasetError, SceneFormatError) is a ValueError
         print(f"rigel-render: error: {e}", file=sys.stderr)
         return 2
+    except (MemoryError, RuntimeError) as e:
+        if not _out_of_memory(e):
+            raise
+        print(f"rigel-render: error: {args.scene}: out of memory loading the scene ({_first_line(e)})",
+              file=sys.stderr)
+        return 1
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"rigel-render: error: {out}: cannot create the output directory ({e.strerror or e})", file=sys.stderr)
+        return 2
     bg = torch.tensor(args.background, dtype=model.dtype, device=model.device)
     for cam, name in zip(tqdm(cams, desc=f"rendering {len(cams)} views", unit="view"), names):
-        if args.width or args.height:
-            w = args.width or max(1, round(cam.width * args.height / cam.height))
-            h = args.height or max(1, round(cam.height * args.width / cam.width))
-            cam = cam.with_size(w, h)
-        with torch.no_grad():
-            r = render(model, cam, background=None if args.alpha else bg, sh_degree=args.sh_degree)
+        try:
+            with torch.no_grad():
+                r = render(model, cam, background=None if args.alpha else bg, sh_degree=args.sh_degree)
+        except (MemoryError, RuntimeError) as e:  # a valid but too large scene or image for this machine
+            if not _out_of_memory(e):
+                raise
+            print(f"rigel-render: error: out of memory rendering view {name} ({cam.width}x{cam.height}) of "
+                  f"{args.scene} ({model.num_gaussians} Gaussians, {device}): {_first_line(e)}", file=sys.stderr)
+            return 1
         if args.alpha:
             write_render_rgba(out / f"{name}.png", r.image, r.final_T)
         else:

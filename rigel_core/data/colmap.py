@@ -10,6 +10,9 @@
 - Images are read from ``images/`` next to ``sparse/`` (by ``image.name``, which may contain sub-folders).
   Registered images whose file is missing are skipped with one warning.
 - ``points3D`` give ``Dataset.points`` (M,3) float64 and ``point_colors`` (M,3) in [0, 1].
+- Before pycolmap reads anything, :func:`rigel_core.data.colmap_check.check_colmap_model` walks the model's files
+  (declared counts against file lengths, camera models by id, every camera number): pycolmap trusts counts and
+  crashes on models without a focal length.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..camera import Camera
+from .colmap_check import check_colmap_model
 from .frames import Dataset, DatasetError, Distortion, FrameSpec
 from .transforms import frame_name, warn_missing
 
@@ -79,6 +83,7 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
     pycolmap = _import_pycolmap()
     root = Path(root)
     sparse = find_sparse_dir(root)
+    check_colmap_model(sparse)  # counts, sizes, camera models and numbers, before pycolmap trusts them
     try:
         rec = pycolmap.Reconstruction(str(sparse))
     except Exception as e:  # pycolmap raises a bare RuntimeError/ValueError for a corrupt model
@@ -110,6 +115,9 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
         pts = list(rec.points3D.values())
         points = np.array([p.xyz for p in pts], dtype=np.float64).reshape(-1, 3)
         colors = np.array([p.color for p in pts], dtype=np.float64).reshape(-1, 3) / 255.0
+        if not np.isfinite(points).all():
+            raise DatasetError(sparse, f"points3D: {int((~np.isfinite(points).all(1)).sum())} points have NaN or "
+                                       f"Inf coordinates")
     train, test = split_every(specs, test_every)
     return _assemble(_cap(train, max_frames), _cap(test, max_frames), root, "colmap", white_bg, downscale, device,
                      points, colors)

@@ -12,14 +12,11 @@ import numpy as np
 import torch
 
 from ..camera import Camera
+from ..io.errors import DatasetError  # defined with the other input-error families
 from .images import composite, read_image, resize_area
 from .undistort import pinhole_pixel_grid, remap_bilinear
 
 __all__ = ["Frame", "Dataset", "DatasetError", "FrameSpec", "Distortion", "load_frames", "camera_extent"]
-
-
-class DatasetError(ValueError):
-    """A dataset that cannot be loaded; the message names the file and the problem."""
 
 
 @dataclass

@@ -6,9 +6,13 @@ All arrays here are numpy ``float32`` in [0, 1], shape (H, W, C), row 0 at the t
 from __future__ import annotations
 
 import os
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
+
+from ..limits import MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, check_image_size
 
 __all__ = ["IMAGE_EXTENSIONS", "resolve_image_path", "read_image", "image_size", "composite",
            "resize_area", "write_png", "write_render_rgba"]
@@ -35,27 +39,48 @@ def resolve_image_path(base: Path, file_path: str) -> Path | None:
     return None
 
 
-def image_size(path: Path) -> tuple[int, int]:
-    """(width, height) of an image file, read from its header only. ValueError naming the file if unreadable."""
+#: What Pillow's decoders raise for a corrupt file (beyond OSError: a malformed chunk surfaces as any of these).
+_DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, TypeError, KeyError, struct.error,
+                  zlib.error)
+
+
+def _open_checked(path: Path, max_side: int, max_pixels: int):
+    """``Image.open`` (lazy: reads the header only), then the declared size checked against the caps before any
+    pixel is decoded. ValueError naming the file for an unreadable header or a size over the caps."""
     from PIL import Image
 
     try:
-        with Image.open(path) as im:
-            return im.size
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read image ({e})") from e
+        im = Image.open(path)
+    except Image.DecompressionBombError as e:  # Pillow's own cap (~179 M pixels) hit inside open()
+        raise ValueError(f"{path}: image too large to decode ({e})") from None
+    except _DECODE_ERRORS as e:
+        raise ValueError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
+    problem = check_image_size(*im.size, max_side=max_side, max_pixels=max_pixels)
+    if problem:
+        im.close()
+        raise ValueError(f"{path}: the image header declares {problem}")
+    return im
 
 
-def read_image(path: Path) -> np.ndarray:
+def image_size(path: Path, *, max_side: int = MAX_IMAGE_SIDE, max_pixels: int = MAX_IMAGE_PIXELS) -> tuple[int, int]:
+    """(width, height) of an image file, read from its header only. ValueError naming the file if unreadable or
+    larger than the caps (:mod:`rigel_core.limits`)."""
+    with _open_checked(path, max_side, max_pixels) as im:
+        return im.size
+
+
+def read_image(path: Path, *, max_side: int = MAX_IMAGE_SIDE, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
     """Decode an image file to (H, W, 3) or (H, W, 4) float32 in [0, 1] (straight, not premultiplied, alpha).
 
     8-bit and 16-bit greyscale, greyscale+alpha, palette (with transparency), RGB and RGBA files are accepted
-    (Pillow). Raises ValueError naming the file when it cannot be decoded.
+    (Pillow). The size the header declares is checked against ``max_side``/``max_pixels`` before decoding.
+    Raises ValueError naming the file when it is too large or cannot be decoded.
     """
     from PIL import Image
 
+    im = _open_checked(path, max_side, max_pixels)
     try:
-        with Image.open(path) as im:
+        with im:
             im.load()
             mode = im.mode
             if mode.startswith("I"):  # 16-bit greyscale PNG / TIFF
@@ -66,8 +91,8 @@ def read_image(path: Path) -> np.ndarray:
             has_alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or (mode == "P" and "transparency" in im.info)
             im = im.convert("RGBA" if has_alpha else "RGB")
             return np.asarray(im, dtype=np.float32) / 255.0
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: cannot read image ({e})") from e
+    except (*_DECODE_ERRORS, Image.DecompressionBombError) as e:
+        raise ValueError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
 
 
 def composite(rgba: np.ndarray, white_bg: bool) -> tuple[np.ndarray, np.ndarray | None]:

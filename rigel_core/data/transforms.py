@@ -31,27 +31,120 @@ from pathlib import Path
 
 import numpy as np
 
-from ..camera import Camera
+from ..camera import Camera, check_fov
+from ..limits import (MAX_DATASET_FRAMES, MAX_IMAGE_SIDE, MAX_JSON_BYTES, MAX_JSON_DEPTH, MAX_NAME_BYTES,
+                      MAX_PATH_LENGTH, check_image_size)
 from .frames import DatasetError, Distortion, FrameSpec
 from .images import IMAGE_EXTENSIONS, image_size, resolve_image_path
 from .undistort import OPENCV_KEYS, opencv_distort
 
-__all__ = ["read_json", "read_transforms", "frame_name", "read_ply_points"]
+__all__ = ["read_json", "read_transforms", "frame_name", "read_ply_points", "check_file_path", "number"]
 
 
 def read_json(path: Path) -> dict:
-    """Parse a transforms file; DatasetError naming it when it is unreadable or not a JSON object with frames."""
+    """Parse a transforms file; DatasetError naming it when it is unreadable, larger than
+    :data:`~rigel_core.limits.MAX_JSON_BYTES`, nested deeper than :data:`~rigel_core.limits.MAX_JSON_DEPTH`,
+    not a JSON object with a 'frames' list, or lists more than :data:`~rigel_core.limits.MAX_DATASET_FRAMES`."""
     path = Path(path)
     try:
-        with open(path) as f:
+        size = os.path.getsize(path)
+        if size > MAX_JSON_BYTES:
+            raise DatasetError(path, f"{size} bytes; a transforms file larger than {MAX_JSON_BYTES} bytes is refused")
+        with open(path, encoding="utf-8") as f:
             meta = json.load(f)
     except FileNotFoundError:
-        raise DatasetError(f"{path}: file not found") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DatasetError(f"{path}: not a readable JSON file ({e})") from e
+        raise DatasetError(path, "file not found") from None
+    except RecursionError:
+        raise DatasetError(path, f"JSON nested too deeply (a transforms file needs 4 levels; at most "
+                                 f"{MAX_JSON_DEPTH} are accepted)") from None
+    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError, an over-long integer literal
+        raise DatasetError(path, f"not a readable JSON file ({_short(e)})") from None
+    depth = _json_depth(meta)
+    if depth > MAX_JSON_DEPTH:
+        raise DatasetError(path, f"JSON nested more than {MAX_JSON_DEPTH} levels deep (a transforms file needs 4)")
     if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list):
-        raise DatasetError(f"{path}: expected a JSON object with a 'frames' list")
+        raise DatasetError(path, "expected a JSON object with a 'frames' list")
+    if len(meta["frames"]) > MAX_DATASET_FRAMES:
+        raise DatasetError(path, f"{len(meta['frames'])} frames; at most {MAX_DATASET_FRAMES} are accepted")
     return meta
+
+
+def _short(e: Exception, n: int = 200) -> str:
+    text = str(e)
+    return text if len(text) <= n else text[:n] + "…"
+
+
+def _json_depth(value) -> int:
+    """Deepest nesting of lists/dicts in a parsed JSON value (iterative: no recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, dict)):
+            deepest = max(deepest, d)
+            if d <= MAX_JSON_DEPTH:  # deeper is refused anyway: stop counting
+                stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+def check_file_path(fp) -> str | None:
+    """The problem with a frame's ``file_path`` value as a phrase, or None when it can name a file: a string
+    without NUL bytes, at most :data:`~rigel_core.limits.MAX_PATH_LENGTH` characters, no component longer than
+    :data:`~rigel_core.limits.MAX_NAME_BYTES` UTF-8 bytes."""
+    if not isinstance(fp, str):
+        return f"'file_path' must be a string, got {type(fp).__name__}"
+    if "\0" in fp:
+        return "'file_path' contains a NUL byte"
+    if len(fp) > MAX_PATH_LENGTH:
+        return f"'file_path' is {len(fp)} characters long; at most {MAX_PATH_LENGTH} are accepted"
+    try:
+        longest = max((len(part.encode("utf-8")) for part in fp.replace("\\", "/").split("/")), default=0)
+    except UnicodeEncodeError:
+        return "'file_path' is not valid Unicode text"
+    if longest > MAX_NAME_BYTES:
+        return f"'file_path' has a {longest}-byte component; at most {MAX_NAME_BYTES} bytes are accepted"
+    return None
+
+
+def number(d: dict, key: str) -> float:
+    """``d[key]`` as a float; ValueError naming the key for a bool, a string or any non-number (JSON ``true``,
+    ``"500"``), or an integer too large for a float."""
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"'{key}' must be a number, got {type(v).__name__} {json.dumps(v)[:40]}")
+    try:
+        return float(v)
+    except OverflowError:
+        raise ValueError(f"'{key}' = {str(v)[:20]}… is too large") from None
+
+
+def _finite(d: dict, key: str) -> float:
+    v = number(d, key)
+    if not math.isfinite(v):
+        raise ValueError(f"'{key}' must be finite, got {v}")
+    return v
+
+
+def _size(d: dict, key: str) -> int:
+    v = _finite(d, key)
+    if v != int(v):
+        raise ValueError(f"'{key}' must be a whole number of pixels, got {v}")
+    return int(v)
+
+
+def _matrix(value) -> np.ndarray:
+    """A ``transform_matrix`` as a (4,4) or (3,4) float64 array; ValueError unless it is rows of numbers."""
+    if (not isinstance(value, list) or len(value) not in (3, 4)
+            or not all(isinstance(r, list) and len(r) == 4 for r in value)):
+        raise ValueError("'transform_matrix' must be a 4x4 or 3x4 list of rows of numbers")
+    for r in value:
+        for v in r:
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"'transform_matrix' entries must be numbers, got {type(v).__name__} "
+                                 f"{json.dumps(v)[:40]}")
+    try:
+        return np.array(value, dtype=np.float64)
+    except OverflowError:
+        raise ValueError("'transform_matrix' has an integer too large for a float") from None
 
 
 def frame_name(frame: dict, index: int) -> str:
@@ -64,7 +157,8 @@ def frame_name(frame: dict, index: int) -> str:
     return f"frame_{index:05d}"
 
 
-def read_transforms(path, *, require_images: bool = True, size: tuple[int, int] | None = None):
+def read_transforms(path, *, require_images: bool = True, size: tuple[int, int] | None = None,
+                    max_image_size: int = MAX_IMAGE_SIDE):
     """Cameras (and image paths) of every frame of a ``transforms*.json`` file.
 
     Args:
@@ -73,12 +167,16 @@ def read_transforms(path, *, require_images: bool = True, size: tuple[int, int] 
             with False, frames keep ``image_path=None`` and the image is used only for its size, if present.
         size: (width, height) used when neither the file nor an image gives the size (the render CLI's
             ``--width/--height``).
+        max_image_size: largest width or height accepted (pixels; the pixel cap is its square).
     Returns:
         (specs, n_missing, n_total): a list of :class:`FrameSpec` in file order, how many frames had no image
         file, and how many frames the file lists.
     Raises:
-        DatasetError naming the file (and frame index) for malformed JSON, a missing or invalid
-        ``transform_matrix``, no focal length, an unknown image size, or a fisheye camera.
+        DatasetError naming the file, the frame index and the field for malformed JSON, a missing or invalid
+        ``transform_matrix``, no focal length, an unknown image size, or a fisheye camera; for a bool or string
+        where a number belongs, a non-finite number, ``camera_angle_x/y`` outside (0, π), a size that is not a
+        whole number in 1..``max_image_size``, a non-positive focal length, and a ``file_path`` that is not a
+        usable path (:func:`check_file_path`).
     """
     path = Path(path)
     meta = read_json(path)
@@ -88,14 +186,20 @@ def read_transforms(path, *, require_images: bool = True, size: tuple[int, int] 
         if not isinstance(frame, dict):
             raise DatasetError(f"{where}: expected an object, got {type(frame).__name__}")
         fp = frame.get("file_path")
-        img = resolve_image_path(path.parent, fp) if isinstance(fp, str) and fp.strip() else None
+        problem = None if fp is None else check_file_path(fp)
+        if problem:
+            raise DatasetError(f"{where}: {problem}")
+        try:
+            img = resolve_image_path(path.parent, fp) if fp is not None and fp.strip() else None
+        except OSError as e:
+            raise DatasetError(f"{where} ({fp!r:.80}): cannot look up the image ({e.strerror or e})") from None
         if img is None and require_images:
             missing += 1
             continue
         try:
-            specs.append(_frame_spec(meta, frame, img, frame_name(frame, i), size))
+            specs.append(_frame_spec(meta, frame, img, frame_name(frame, i), size, max_image_size))
         except (ValueError, TypeError, KeyError) as e:
-            raise DatasetError(f"{where} ({fp}): {e}") from e
+            raise DatasetError(f"{where} ({fp!r:.80}): {e}") from e
     return specs, missing, len(meta["frames"])
 
 
@@ -103,42 +207,57 @@ def _lookup(frame: dict, meta: dict, key: str):
     return frame[key] if key in frame else meta.get(key)
 
 
-def _frame_spec(meta: dict, frame: dict, img: Path | None, name: str, size) -> FrameSpec:
+def _level(frame: dict, meta: dict, key: str) -> dict | None:
+    """The dict (frame first, then top level) that holds a non-null ``key``, or None."""
+    for d in (frame, meta):
+        if d.get(key) is not None:
+            return d
+    return None
+
+
+def _frame_spec(meta: dict, frame: dict, img: Path | None, name: str, size, max_image_size=MAX_IMAGE_SIDE
+                ) -> FrameSpec:
     for d in (frame, meta):
         if d.get("is_fisheye") or str(d.get("camera_model", "")).upper() in ("OPENCV_FISHEYE", "FISHEYE"):
             raise ValueError("fisheye cameras are not supported (only OpenCV k1 k2 p1 p2 k3 distortion)")
     if "transform_matrix" not in frame:
         raise ValueError("no 'transform_matrix'")
-    w, h = _lookup(frame, meta, "w"), _lookup(frame, meta, "h")
+    w, h = (_size(_level(frame, meta, k), k) if _level(frame, meta, k) is not None else None for k in ("w", "h"))
     if w is None or h is None:
         if img is not None:
-            iw, ih = image_size(img)
+            iw, ih = image_size(img, max_side=max_image_size, max_pixels=max_image_size * max_image_size)
         elif size is not None:
             iw, ih = size
         else:
             raise ValueError("image size unknown: no 'w'/'h' keys and no image file (give the size explicitly, e.g. rigel-render --width W --height H)")
         w, h = (iw if w is None else w), (ih if h is None else h)
-    w, h = int(round(float(w))), int(round(float(h)))
+    problem = check_image_size(w, h, max_side=max_image_size, max_pixels=max_image_size * max_image_size)
+    if problem:
+        raise ValueError(f"'w'/'h': {problem}" + (" (rigel-render --max-image-size raises it)"
+                                                   if "exceeds" in problem else ""))
 
     fx = fy = None
     for d in (frame, meta):  # the first level that defines a focal length decides both axes
         if "fl_x" in d or "camera_angle_x" in d:
-            fx = float(d["fl_x"]) if "fl_x" in d else 0.5 * w / math.tan(0.5 * float(d["camera_angle_x"]))
+            fx = _finite(d, "fl_x") if "fl_x" in d else 0.5 * w / math.tan(0.5 * check_fov("camera_angle_x",
+                                                                                            number(d, "camera_angle_x")))
             if "fl_y" in d:
-                fy = float(d["fl_y"])
+                fy = _finite(d, "fl_y")
             elif "camera_angle_y" in d:
-                fy = 0.5 * h / math.tan(0.5 * float(d["camera_angle_y"]))
+                fy = 0.5 * h / math.tan(0.5 * check_fov("camera_angle_y", number(d, "camera_angle_y")))
             break
     if fx is None:
         raise ValueError("no focal length: needs 'fl_x' or 'camera_angle_x'")
     fy = fx if fy is None else fy
-    cx, cy = _lookup(frame, meta, "cx"), _lookup(frame, meta, "cy")
-    cx = w / 2.0 if cx is None else float(cx)
-    cy = h / 2.0 if cy is None else float(cy)
-    c2w = np.asarray(frame["transform_matrix"], dtype=np.float64)
+    for key, v in (("fl_x", fx), ("fl_y", fy)):
+        if not v > 0:
+            raise ValueError(f"'{key}' (focal length) must be > 0, got {v}")
+    cx = w / 2.0 if _level(frame, meta, "cx") is None else _finite(_level(frame, meta, "cx"), "cx")
+    cy = h / 2.0 if _level(frame, meta, "cy") is None else _finite(_level(frame, meta, "cy"), "cy")
+    c2w = _matrix(frame["transform_matrix"])
     cam = Camera.from_c2w_opengl(c2w, width=w, height=h, fx=fx, fy=fy, cx=cx, cy=cy, name=name)
 
-    coeffs = {k: float(_lookup(frame, meta, k) or 0.0) for k in OPENCV_KEYS}
+    coeffs = {k: 0.0 if _level(frame, meta, k) is None else _finite(_level(frame, meta, k), k) for k in OPENCV_KEYS}
     dist = None
     if any(v != 0.0 for v in coeffs.values()):
         dist = _opencv_distortion(coeffs, fx, fy, cx, cy, w, h)

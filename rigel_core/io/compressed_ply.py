@@ -41,7 +41,7 @@ import torch
 from ..config import SH_C0
 from ..model import GaussianModel
 from .errors import PlyFormatError
-from .ply import SceneWarning, _warn_nonfinite, read_ply_elements, read_ply_header
+from .ply import SceneWarning, _warn_nonfinite, read_ply_elements, read_ply_header, rest_property_names
 
 __all__ = ["load_compressed_ply", "is_compressed_ply_header", "CHUNK_SIZE"]
 
@@ -130,11 +130,11 @@ def load_compressed_ply(path, device=None, dtype=torch.float32) -> GaussianModel
                                    f"the file has {chunk_el.count}")
     n_sh = 0
     if sh_el is not None:
-        names = [p.name for p in sh_el.properties]
-        n_sh = len(names)
-        if n_sh not in (9, 24, 45) or names != [f"f_rest_{i}" for i in range(n_sh)]:
+        n_sh = len(sh_el.properties)
+        if n_sh not in (9, 24, 45) or any(not p.name.startswith("f_rest_") for p in sh_el.properties):
             raise PlyFormatError(path, f"compressed PLY: element 'sh' must hold f_rest_0..f_rest_M-1 with M = 9, 24 "
                                        f"or 45, got {n_sh} properties")
+        sh_names = rest_property_names(path, sh_el)  # index order; zero-padded names accepted as in the INRIA PLY
         bad = [p.name for p in sh_el.properties if p.is_list or p.type not in ("uchar", "uint8")]
         if bad:
             raise PlyFormatError(path, f"compressed PLY: sh property '{bad[0]}' is not uchar")
@@ -165,7 +165,7 @@ def load_compressed_ply(path, device=None, dtype=torch.float32) -> GaussianModel
     k1 = n_sh // 3
     if n_sh:
         sh = elements["sh"]
-        q = np.stack([np.asarray(sh[f"f_rest_{i}"], dtype=np.float64) for i in range(n_sh)], axis=1)
+        q = np.stack([np.asarray(sh[name], dtype=np.float64) for name in sh_names], axis=1)
         nrm = np.where(q == 0, 0.0, np.where(q == 255, 1.0, (q + 0.5) / 256.0))
         sh_rest = ((nrm - 0.5) * 8.0).reshape(n, 3, k1).transpose(0, 2, 1)  # channel-major → (N, K−1, 3)
     else:

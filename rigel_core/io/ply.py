@@ -19,7 +19,8 @@ Reading policy (each case is either read correctly or raises one :class:`PlyForm
 
 * formats: binary little-endian (the standard), binary big-endian and ASCII are all read;
 * the SH degree is inferred from the number of ``f_rest_*`` properties (0, 9, 24 or 45 → degree 0..3);
-  any other count, or a gap in the numbering, is an error;
+  any other count, or a gap in the numbering, is an error; zero-padded names (``f_rest_00``, as some tools
+  write them) are the same index, and two names for one index (``f_rest_1`` and ``f_rest_01``) an error;
 * ``nx ny nz`` and any property not named above (e.g. a ``transform`` float) are ignored, whatever their type;
 * the Gaussian parameters must be ``float`` or ``double``; ``double`` is converted to the requested dtype.
   Integer types (``uchar``, ``int`` …) are rejected: an integer there means a quantised or foreign layout
@@ -29,7 +30,10 @@ Reading policy (each case is either read correctly or raises one :class:`PlyForm
 * zero vertices: an empty model (N = 0, SH degree from the header) and a :class:`SceneWarning`; this keeps
   ``save_ply`` → ``load_ply`` exact for an empty model;
 * the header is parsed by this module first, and the data size it declares is checked against the file size
-  **before** ``plyfile`` allocates anything, so a header claiming 10¹² vertices fails at once;
+  **before** ``plyfile`` allocates anything, so a header claiming 10¹² vertices fails at once; so does a count
+  above :data:`~rigel_core.limits.MAX_SCENE_SPLATS`. A binary body (without list properties) must be exactly the
+  declared size: trailing bytes mean a mis-declared or corrupt file (a header declaring 0 vertices before
+  megabytes of data) and are an error, as is data after an ASCII header that declares no rows;
 * a plain point cloud (``x y z`` with or without colours, no splat properties) is an error that says so;
   a PlayCanvas compressed PLY is recognised and the error points to :func:`rigel_core.io.load_scene`.
 
@@ -48,14 +52,15 @@ import numpy as np
 import torch
 
 from ..model import GaussianModel, num_sh_bases
+from ..limits import MAX_PLY_HEADER_BYTES, MAX_SCENE_SPLATS
 from .errors import PlyFormatError
 from ..atomic import atomic_path
 
 __all__ = ["load_ply", "save_ply", "read_ply_header", "PlyHeader", "PlyElementInfo", "PlyPropertyInfo",
            "PlyFormatError", "SceneWarning", "ply_property_names", "MAX_HEADER_BYTES"]
 
-#: A PLY header longer than this is treated as corrupt (3DGS headers are ~1–2 KB).
-MAX_HEADER_BYTES = 1 << 20
+#: A PLY header longer than this is treated as corrupt (rigel_core.limits.MAX_PLY_HEADER_BYTES).
+MAX_HEADER_BYTES = MAX_PLY_HEADER_BYTES
 
 # PLY scalar type name → (numpy kind+size, bytes). Both the PLY 1.0 names and the sized aliases.
 _PLY_TYPES = {
@@ -221,10 +226,24 @@ def read_ply_header(path, *, error_cls=PlyFormatError) -> PlyHeader:
         need += e.count * e.min_row_bytes(fmt)
     if fmt == "ascii":
         need = max(0, need - 1)  # the last value may end the file without a separator
+    counts = ", ".join(f"{e.count} {e.name}" for e in elements) or "no elements"
     if need > body:
-        counts = ", ".join(f"{e.count} {e.name}" for e in elements)
         raise error_cls(path, f"the header declares {counts} (at least {need} bytes of data) but only {body} "
                               f"bytes follow the header: truncated file or corrupt header")
+    for e in elements:
+        if e.count > MAX_SCENE_SPLATS:
+            raise error_cls(path, f"element '{e.name}' declares {e.count} rows; more than {MAX_SCENE_SPLATS} is "
+                                  f"refused (rigel_core.limits.MAX_SCENE_SPLATS; a larger scene than rigel loads)")
+    exact = fmt != "ascii" and not any(p.is_list for e in elements for p in e.properties)
+    if exact and body > need:  # a binary body without lists has exactly the declared size
+        raise error_cls(path, f"the header declares {counts} ({need} bytes of data) but {body} bytes follow the "
+                              f"header: corrupt or mis-declared file ({body - need} trailing bytes)")
+    if fmt == "ascii" and need == 0 and body > 0:
+        with open(path, "rb") as f:
+            f.seek(data_offset)
+            if f.read(1 << 16).strip():
+                raise error_cls(path, f"the header declares {counts} but data follows the header: corrupt or "
+                                      f"mis-declared file")
     return PlyHeader(fmt, elements, data_offset, file_size, comments)
 
 
@@ -258,20 +277,36 @@ def read_ply_elements(path, header: PlyHeader, *, error_cls=PlyFormatError) -> d
         raise error_cls(path, f"malformed PLY data ({type(e).__name__}: {e})") from None
 
 
-def _rest_count(path, vertex: PlyElementInfo) -> int:
-    idx = sorted(int(m.group(1)) for p in vertex.properties if (m := _F_REST.match(p.name)))
-    n = len(idx)
-    if idx != list(range(n)):
-        missing = sorted(set(range(max(idx) + 1)) - set(idx))
-        raise PlyFormatError(path, f"f_rest_* properties are not numbered 0..{n - 1}: f_rest_{missing[0]} is missing")
+def rest_property_names(path, element: PlyElementInfo, error_cls=PlyFormatError) -> list[str]:
+    """The element's ``f_rest_<i>`` property names ordered by i = 0..M−1, M in (0, 9, 24, 45).
+
+    Zero-padded indices (``f_rest_00`` … ``f_rest_08``, as some tools write them) are the same index as the
+    plain ones; two names for one index, a gap in the numbering, or another count is an error naming the file
+    and the property.
+    """
+    by_index: dict[int, str] = {}
+    for p in element.properties:
+        m = _F_REST.match(p.name)
+        if m:
+            i = int(m.group(1))
+            if i in by_index:
+                raise error_cls(path, f"properties '{by_index[i]}' and '{p.name}' of element '{element.name}' both "
+                                      f"name f_rest index {i}")
+            by_index[i] = p.name
+    n = len(by_index)
+    if sorted(by_index) != list(range(n)):
+        missing = min(set(range(n)) - set(by_index))
+        raise error_cls(path, f"f_rest_* properties of element '{element.name}' are not numbered 0..{n - 1}: "
+                              f"f_rest_{missing} is missing")
     if n not in _VALID_REST_COUNTS:
-        raise PlyFormatError(path, f"{n} f_rest_* properties; an SH degree d in 0..3 has 3((d+1)²−1) = "
-                                   f"0, 9, 24 or 45")
-    return n
+        raise error_cls(path, f"{n} f_rest_* properties in element '{element.name}'; an SH degree d in 0..3 has "
+                              f"3((d+1)²−1) = 0, 9, 24 or 45")
+    return [by_index[i] for i in range(n)]
 
 
-def check_gaussian_vertex(path, header: PlyHeader) -> tuple[PlyElementInfo, int]:
-    """Validate the ``vertex`` element as a 3DGS layout; returns (vertex element, number of f_rest properties)."""
+def check_gaussian_vertex(path, header: PlyHeader) -> tuple[PlyElementInfo, list[str]]:
+    """Validate the ``vertex`` element as a 3DGS layout; returns (vertex element, its f_rest property names in
+    index order: :func:`rest_property_names`)."""
     vertex = header.element("vertex")
     if vertex is None:
         names = ", ".join(e.name for e in header.elements) or "none"
@@ -291,15 +326,15 @@ def check_gaussian_vertex(path, header: PlyHeader) -> tuple[PlyElementInfo, int]
     if missing:
         raise PlyFormatError(path, f"missing Gaussian propert{'y' if len(missing) == 1 else 'ies'} "
                                    f"{', '.join(missing)} in element 'vertex'")
-    n_rest = _rest_count(path, vertex)
-    for name in required + [f"f_rest_{i}" for i in range(n_rest)]:
+    rest = rest_property_names(path, vertex)
+    for name in required + rest:
         p = props[name]
         if p.is_list:
             raise PlyFormatError(path, f"property '{name}' is a list; Gaussian parameters are scalars")
         if not p.is_float:
             raise PlyFormatError(path, f"property '{name}' has integer type '{p.type}'; Gaussian parameters must be "
                                        f"float or double (quantised layouts are not the INRIA PLY)")
-    return vertex, n_rest
+    return vertex, rest
 
 
 def _columns(data, names, np_dtype) -> np.ndarray:
@@ -337,7 +372,8 @@ def load_ply(path, device=None, dtype=torch.float32) -> GaussianModel:
     """
     path = os.fspath(path)
     header = read_ply_header(path)
-    vertex, n_rest = check_gaussian_vertex(path, header)
+    vertex, rest = check_gaussian_vertex(path, header)
+    n_rest = len(rest)
     elements = read_ply_elements(path, header)
     data = elements["vertex"]
     n = int(data.shape[0])
@@ -349,7 +385,7 @@ def load_ply(path, device=None, dtype=torch.float32) -> GaussianModel:
     means = _columns(data, ["x", "y", "z"], np_dtype)
     sh_dc = _columns(data, ["f_dc_0", "f_dc_1", "f_dc_2"], np_dtype).reshape(n, 1, 3)
     # channel-major: f_rest_{c*k1 + j} is coefficient j+1 of channel c → sh_rest[:, j, c]
-    sh_rest = _columns(data, [f"f_rest_{i}" for i in range(n_rest)], np_dtype).reshape(n, 3, k1).transpose(0, 2, 1)
+    sh_rest = _columns(data, rest, np_dtype).reshape(n, 3, k1).transpose(0, 2, 1)
     opacity = _columns(data, ["opacity"], np_dtype).reshape(n)
     log_scales = _columns(data, ["scale_0", "scale_1", "scale_2"], np_dtype)
     quats = _columns(data, ["rot_0", "rot_1", "rot_2", "rot_3"], np_dtype)

@@ -37,7 +37,11 @@ S = diag(1, −1, −1), applied on load:
 SH degree 4 (SPZ allows it) is truncated to degree 3 with a warning. Version 1 (half-float positions, never
 released) is rejected. Every size is checked against the file before anything is allocated or decompressed:
 the header's point count must fit the compressed data (deflate expands at most ~1032×, and v4 declares every
-stream's sizes), and decompression is bounded by the expected size.
+stream's sizes) and :data:`~rigel_core.limits.MAX_SPZ_POINTS`. A gzip stream is inflated twice in bounded chunks
+(``zlib.decompressobj`` with ``max_length``, :data:`INFLATE_CHUNK`): first keeping nothing, to check it holds
+exactly the bytes the header implies, then decoding attribute by attribute, :data:`DECODE_CHUNK` points at a
+time, straight into the output arrays — so memory is the model itself plus bounded chunks, whatever the header
+claims (docs/RELIABILITY.md).
 """
 from __future__ import annotations
 
@@ -52,8 +56,9 @@ import numpy as np
 import torch
 
 from ..model import GaussianModel
+from ..limits import MAX_SPZ_EXTENSION_BYTES, MAX_SPZ_POINTS
 from .errors import SpzFormatError
-from .ply import SceneWarning, _warn_nonfinite
+from .ply import SceneWarning
 
 __all__ = ["load_spz", "SPZ_MAGIC", "MAX_POINTS", "RUB_TO_RDF_SH_SIGNS", "COLOR_SCALE"]
 
@@ -62,8 +67,12 @@ COLOR_SCALE = 0.15
 _ALPHA_EPS = 0.5 / 255.0
 _DEFLATE_MAX_RATIO = 1032  # the largest expansion deflate can produce
 _ZSTD_MAX_RATIO = 32768  # an RLE block: 4 bytes for up to 128 KiB
-#: Largest point count accepted (the reference library's own limit, ``maxPointsToRead``).
-MAX_POINTS = 10_000_000
+#: Largest point count accepted (rigel_core.limits.MAX_SPZ_POINTS: the reference library's ``maxPointsToRead``).
+MAX_POINTS = MAX_SPZ_POINTS
+#: Bytes inflated per zlib call: the gzip stream is never held whole (bounded chunks, zlib ``max_length``).
+INFLATE_CHUNK = 1 << 22
+#: Points decoded per step: temporaries stay ~100 bytes × this, whatever the file's size.
+DECODE_CHUNK = 1 << 16
 _LEGACY_HEADER = struct.Struct("<IIIBBBB")
 _V4_HEADER = struct.Struct("<IIIBBBBI12x")
 _FLAG_EXTENSIONS = 0x2
@@ -90,16 +99,57 @@ def _check_header_fields(path, version, n, sh_degree, fractional_bits):
         raise SpzFormatError(path, f"{fractional_bits} fractional bits in the header; at most 23 fit 24-bit positions")
 
 
-def _decompress_bounded(path, blob: bytes, limit: int) -> bytes:
-    """Inflate a gzip (or zlib / raw-header) stream, producing at most ``limit`` bytes."""
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = d.decompress(blob, limit)
-    except zlib.error as e:
-        raise SpzFormatError(path, f"corrupt gzip data ({e})") from None
-    if not d.eof and len(out) < limit:
-        raise SpzFormatError(path, "the gzip stream ends early: truncated file")
-    return out
+class _Source:
+    """Exact-size sequential reads from a gzip stream, inflated in bounded chunks, or from a plain buffer.
+
+    ``read(n)`` returns exactly ``n`` bytes or raises SpzFormatError (truncated); ``count(limit)`` inflates up to
+    ``limit`` bytes without keeping them and returns how many the stream holds (capped at ``limit``).
+    """
+
+    def __init__(self, path, raw: bytes, gz: bool):
+        self.path, self.gz = path, gz
+        self.produced = 0
+        if gz:
+            self._d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            self._tail = raw
+        else:
+            self._view = memoryview(raw)
+
+    def _inflate(self, n: int) -> bytes:
+        """Up to ``n`` more bytes (fewer only at the end of the stream)."""
+        if not self.gz:
+            out = bytes(self._view[self.produced:self.produced + n])
+            self.produced += len(out)
+            return out
+        parts, got = [], 0
+        while got < n and not self._d.eof:
+            try:
+                chunk = self._d.decompress(self._tail, min(n - got, INFLATE_CHUNK))
+            except zlib.error as e:
+                raise SpzFormatError(self.path, f"corrupt gzip data ({e})") from None
+            self._tail = self._d.unconsumed_tail
+            if chunk:
+                parts.append(chunk)
+                got += len(chunk)
+            elif not self._tail:
+                break  # input exhausted before the end of the stream
+        self.produced += got
+        return b"".join(parts)
+
+    def read(self, n: int, what: str) -> bytes:
+        out = self._inflate(n)
+        if len(out) < n:
+            end = "the gzip stream ends early" if self.gz else "the file ends"
+            raise SpzFormatError(self.path, f"{end} in the {what} ({self.produced} bytes of data): truncated file")
+        return out
+
+    def count(self, limit: int) -> int:
+        """Bytes left in the stream, inflating (and discarding) at most ``limit``."""
+        start = self.produced
+        while self.produced - start < limit:
+            if not self._inflate(min(INFLATE_CHUNK, limit - (self.produced - start))):
+                break
+        return self.produced - start
 
 
 def _zstd_bounded(path, frame: bytes, expected: int, what: str) -> bytes:
@@ -169,15 +219,19 @@ def _read_v4(path, raw: bytes):
     if offset < len(raw):
         warnings.warn(f"{path}: {len(raw) - offset} bytes after the last stream are ignored", SceneWarning,
                       stacklevel=3)
-    return version, n, sh_degree, fbits, streams
+    return version, n, sh_degree, fbits, [_Source(path, st, False) for st in streams]
 
 
 def _read_legacy(path, raw: bytes):
+    """Header fields and a source positioned at the first attribute of a v2/v3 file.
+
+    Pass 1 inflates the whole stream in bounded chunks, keeping nothing, to check that it holds exactly the
+    bytes the header's point count implies (extension records aside) before anything is allocated for the
+    points; pass 2 (the caller) decodes from a fresh source, attribute by attribute, in bounded chunks.
+    """
     gz = raw[:2] == b"\x1f\x8b"
-    if gz:
-        head = _decompress_bounded(path, raw, _LEGACY_HEADER.size)
-    else:
-        head = raw[:_LEGACY_HEADER.size]
+    src = _Source(path, raw, gz)
+    head = src._inflate(_LEGACY_HEADER.size)
     if len(head) < _LEGACY_HEADER.size:
         raise SpzFormatError(path, "shorter than the 16-byte SPZ header: truncated file")
     magic, version, n, sh_degree, fbits, flags, _ = _LEGACY_HEADER.unpack_from(head)
@@ -194,32 +248,24 @@ def _read_legacy(path, raw: bytes):
                                    f"data can hold: corrupt header")
     has_ext = bool(flags & _FLAG_EXTENSIONS)
     # Extension records (flag 0x2) precede the attributes; their total size is whatever is left over.
-    slack = (1 << 20) if has_ext else 0
-    if gz:
-        data = _decompress_bounded(path, raw, total + slack + 1)
-    else:
-        data = raw
-    if len(data) < total:
-        raise SpzFormatError(path, f"the data holds {len(data) - _LEGACY_HEADER.size} bytes after the header; "
-                                   f"{n} points need {payload}: truncated file")
-    extra = len(data) - total
+    slack = MAX_SPZ_EXTENSION_BYTES if has_ext else 0
+    held = src.count(payload + slack + 1)  # pass 1: one byte past the most that is accepted
+    if held < payload:
+        raise SpzFormatError(path, f"the data holds {held} bytes after the header; {n} points need {payload}: "
+                                   f"truncated file")
+    extra = held - payload
     if has_ext:
         if extra > slack:
             raise SpzFormatError(path, "more than 1 MiB of extension records: corrupt file")
         if extra:
             warnings.warn(f"{path}: SPZ extension records ({extra} bytes) are ignored", SceneWarning, stacklevel=3)
-        start = _LEGACY_HEADER.size + extra
-    else:
-        if extra:
-            more = "or more " if gz else ""  # a gzip stream is only inflated one byte past the expected size
-            warnings.warn(f"{path}: {extra} {more}unexpected bytes after the splat data are ignored", SceneWarning,
-                          stacklevel=3)
-        start = _LEGACY_HEADER.size
-    streams, off = [], start
-    for s in sizes:
-        streams.append(data[off:off + s])
-        off += s
-    return version, n, sh_degree, fbits, streams
+    elif extra:
+        more = "or more " if gz else ""  # a gzip stream is only inflated one byte past the expected size
+        warnings.warn(f"{path}: {extra} {more}unexpected bytes after the splat data are ignored", SceneWarning,
+                      stacklevel=3)
+    src = _Source(path, raw, gz)  # pass 2
+    src.read(_LEGACY_HEADER.size + (extra if has_ext else 0), "header")
+    return version, n, sh_degree, fbits, [src] * len(sizes)
 
 
 def _decode_rotations(rot: np.ndarray, version: int, n: int) -> np.ndarray:
@@ -268,34 +314,58 @@ def load_spz(path, device=None, dtype=torch.float32) -> GaussianModel:
         version, n, sh_degree, fbits, streams = _read_legacy(path, raw)
     else:
         raise SpzFormatError(path, "not an SPZ file (neither gzip data nor the 'NGSP' magic)")
-    pos_b, alpha_b, color_b, scale_b, rot_b, sh_b = (np.frombuffer(s, dtype=np.uint8) for s in streams)
-
-    # positions: 24-bit little-endian two's complement
-    p = pos_b.reshape(n, 3, 3).astype(np.int32)
-    fixed = p[..., 0] | (p[..., 1] << 8) | (p[..., 2] << 16)
-    fixed = np.where(fixed & 0x800000, fixed - (1 << 24), fixed)
-    means = fixed.astype(np.float64) / float(1 << fbits)
-    a = np.clip(alpha_b.astype(np.float64) / 255.0, _ALPHA_EPS, 1.0 - _ALPHA_EPS)
-    opacity = np.log(a / (1.0 - a))
-    sh_dc = ((color_b.reshape(n, 3).astype(np.float64) / 255.0 - 0.5) / COLOR_SCALE).reshape(n, 1, 3)
-    log_scales = scale_b.reshape(n, 3).astype(np.float64) / 16.0 - 10.0
-    q_xyzw = _decode_rotations(rot_b, version, n)
+    np_dtype = np.float64 if dtype == torch.float64 else np.float32
     dim = _SH_DIM[sh_degree]
-    sh_rest = (sh_b.reshape(n, dim, 3).astype(np.float64) - 128.0) / 128.0
+    keep = min(dim, 15)
     if dim > 15:
         warnings.warn(f"{path}: SH degree {sh_degree} truncated to 3 (rigel supports degrees 0-3)", SceneWarning,
                       stacklevel=2)
-        sh_rest = sh_rest[:, :15]
-        dim = 15
-
-    # RUB → RDF: rotate 180° about x (module docstring).
-    means[:, 1:] *= -1.0
-    quats = np.stack([q_xyzw[:, 3], q_xyzw[:, 0], -q_xyzw[:, 1], -q_xyzw[:, 2]], axis=1)
-    sh_rest *= np.asarray(RUB_TO_RDF_SH_SIGNS[:dim], dtype=np.float64)[None, :, None]
-
-    arrays = (means, log_scales, quats, opacity, sh_dc, np.ascontiguousarray(sh_rest))
-    _warn_nonfinite(path, arrays, n)
+    # Outputs allocated once the data is known to hold all n points; filled attribute by attribute, in chunks of
+    # DECODE_CHUNK points (the attributes are stored one after the other, each for all points).
+    means = np.empty((n, 3), np_dtype)
+    opacity = np.empty(n, np_dtype)
+    sh_dc = np.empty((n, 1, 3), np_dtype)
+    log_scales = np.empty((n, 3), np_dtype)
+    quats = np.empty((n, 4), np_dtype)
+    sh_rest = np.empty((n, keep, 3), np_dtype)
+    signs = np.asarray(RUB_TO_RDF_SH_SIGNS[:keep], dtype=np.float64)[None, :, None]
+    per_point = [9, 1, 3, 3, 4 if version >= 3 else 3, 3 * dim]
+    for attr, what in enumerate(_ATTR_NAMES):
+        if per_point[attr] == 0:
+            continue
+        for lo in range(0, n, DECODE_CHUNK):
+            k = min(DECODE_CHUNK, n - lo)
+            b = np.frombuffer(streams[attr].read(k * per_point[attr], what), dtype=np.uint8)
+            sl = slice(lo, lo + k)
+            if attr == 0:
+                means[sl] = _decode_positions(b, k, fbits)
+            elif attr == 1:
+                a = np.clip(b.astype(np.float64) / 255.0, _ALPHA_EPS, 1.0 - _ALPHA_EPS)
+                opacity[sl] = np.log(a / (1.0 - a))
+            elif attr == 2:
+                sh_dc[sl] = (b.reshape(k, 1, 3).astype(np.float64) / 255.0 - 0.5) / COLOR_SCALE
+            elif attr == 3:
+                log_scales[sl] = b.reshape(k, 3).astype(np.float64) / 16.0 - 10.0
+            elif attr == 4:
+                q = _decode_rotations(b, version, k)  # (x, y, z, w) in RUB
+                quats[sl] = np.stack([q[:, 3], q[:, 0], -q[:, 1], -q[:, 2]], axis=1)  # RUB → RDF: S·R·S
+            else:  # in place in the output (the largest attribute): (q − 128)/128 is exact in float32
+                out = sh_rest[sl]
+                out[...] = b.reshape(k, dim, 3)[:, :keep]
+                out -= 128.0
+                out *= signs / 128.0
+    # SPZ values are finite by construction (bytes mapped to bounded floats): no NaN scan needed.
     if n == 0:
         warnings.warn(f"{path}: the SPZ file has 0 points; returning an empty model", SceneWarning, stacklevel=2)
-    return GaussianModel(*(torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=dtype)
-                           for x in arrays))
+    return GaussianModel(*(torch.from_numpy(x).to(device=device, dtype=dtype)
+                           for x in (means, log_scales, quats, opacity, sh_dc, sh_rest)))
+
+
+def _decode_positions(b: np.ndarray, k: int, fbits: int) -> np.ndarray:
+    """(k,3) float64 RDF positions from 24-bit little-endian two's complement fixed point (RUB: y, z negated)."""
+    p = b.reshape(k, 3, 3).astype(np.int32)
+    fixed = p[..., 0] | (p[..., 1] << 8) | (p[..., 2] << 16)
+    fixed = np.where(fixed & 0x800000, fixed - (1 << 24), fixed)
+    out = fixed.astype(np.float64) / float(1 << fbits)
+    out[:, 1:] *= -1.0  # RUB → RDF: rotate 180° about x (module docstring)
+    return out

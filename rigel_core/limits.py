@@ -1,0 +1,79 @@
+"""The input limits every loader and CLI checks, in one place (docs/RELIABILITY.md lists them with the checks).
+
+A limit bounds what a *declared* number in a file (a header's count, a JSON size) may ask for, so that a corrupt
+or hostile file is refused with one clear line before anything is allocated, and memory stays proportional to
+the bytes actually present. Each is a plain module constant; where a user may need more, the CLI that applies it
+has an override flag (named in the constant's docstring).
+"""
+from __future__ import annotations
+
+__all__ = ["MAX_IMAGE_SIDE", "MAX_IMAGE_PIXELS", "MAX_CAMERA_SIDE", "MAX_SCENE_SPLATS", "MAX_SPZ_POINTS",
+           "MAX_DATASET_FRAMES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_PATH_LENGTH", "MAX_NAME_BYTES",
+           "MAX_COLMAP_CAMERAS", "MAX_PLY_HEADER_BYTES", "MAX_SPZ_EXTENSION_BYTES", "check_image_size"]
+
+MAX_IMAGE_SIDE = 16384
+"""Largest image width or height (pixels) accepted from a dataset image, a transforms file's ``w``/``h`` or
+``rigel-render --width/--height``. ``rigel-render --max-image-size N`` raises it (and the pixel cap to N²)."""
+
+MAX_IMAGE_PIXELS = 1 << 28
+"""Largest width × height (268 M pixels = 16384²): one such image is 4 GiB as float32 RGBA. Raised together with
+:data:`MAX_IMAGE_SIDE` by ``rigel-render --max-image-size``."""
+
+MAX_CAMERA_SIDE = 1 << 20
+"""Hard bound on a :class:`rigel_core.Camera`'s width and height (no override): far above any sensor or render
+target, it keeps pixel coordinates exact in float32 and width·height far from int64 overflow. The per-use cap is
+:data:`MAX_IMAGE_SIDE`."""
+
+MAX_SCENE_SPLATS = 50_000_000
+"""Largest number of splats a scene file (PLY, compressed PLY) may declare (a 12 GB INRIA PLY at SH degree 3);
+beyond it the header is taken as corrupt. Declared counts are also checked against the file size."""
+
+MAX_SPZ_POINTS = 10_000_000
+"""Largest point count an SPZ header may declare: the limit of Niantic's reference reader
+(``maxPointsToRead``), so no valid SPZ file exceeds it."""
+
+MAX_PLY_HEADER_BYTES = 1 << 20
+"""Longest PLY header read (1 MiB; 3DGS headers are ~1–2 KB): a file without ``end_header`` within it is corrupt."""
+
+MAX_SPZ_EXTENSION_BYTES = 1 << 20
+"""Most bytes of extension records accepted in a gzip SPZ (v2/v3: their size is only known by inflating)."""
+
+MAX_DATASET_FRAMES = 100_000
+"""Most frames (images) one transforms file or COLMAP model may list."""
+
+MAX_COLMAP_CAMERAS = 100_000
+"""Most cameras a COLMAP ``cameras.bin|txt`` may declare (one per physical camera or image)."""
+
+MAX_JSON_BYTES = 256 << 20
+"""Largest transforms ``.json`` file read (256 MiB; a 100 000-frame file is ~50 MB)."""
+
+MAX_JSON_DEPTH = 32
+"""Deepest nesting of arrays/objects accepted in a transforms file (the format needs 4: object → frames →
+frame → matrix row); deeper files are refused, and Python's parser recursion limit is never reached."""
+
+MAX_PATH_LENGTH = 4096
+"""Longest image path (characters) a dataset may name (Linux ``PATH_MAX``)."""
+
+MAX_NAME_BYTES = 255
+"""Longest single path component (UTF-8 bytes) a dataset may name (Linux ``NAME_MAX``); frame names become
+output file names."""
+
+
+def check_image_size(width: int, height: int, *, max_side: int = MAX_IMAGE_SIDE,
+                     max_pixels: int = MAX_IMAGE_PIXELS) -> str | None:
+    """None when a ``width × height`` image is within the caps, else the problem as a phrase for an error message.
+
+    ``width``/``height`` are Python ints (any size: no overflow).
+    """
+    size = f"{_n(width)}x{_n(height)}"
+    if width < 1 or height < 1:
+        return f"image size {size} is not positive"
+    if width > max_side or height > max_side:
+        return f"image size {size} exceeds the limit of {max_side} pixels per side"
+    if width * height > max_pixels:
+        return f"image size {size} ({_n(width * height)} pixels) exceeds the limit of {max_pixels} pixels"
+    return None
+
+
+def _n(v: int) -> str:
+    return str(v) if abs(v) < 10**12 else f"{float(v):.3g}"
