@@ -13,7 +13,7 @@ import torch
 
 from ..camera import Camera
 from .images import composite, read_image, read_mask, resize_area
-from .undistort import MASK_THRESHOLD, Distortion, mask_all, remap, undistort_map
+from .undistort import Distortion, mask_all, remap, remap_mask, undistort_map
 
 __all__ = ["Frame", "Dataset", "DatasetError", "FrameSpec", "Distortion", "load_frames", "camera_extent"]
 
@@ -117,10 +117,11 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
 
     Masks (``Frame.mask``; None when every pixel counts): the AND of the lens-validity mask
     (:func:`~rigel_core.data.undistort.undistort_map`), the user's mask file (``spec.mask_path``, undistorted
-    with the image: an output pixel is kept only when every photo pixel it interpolates is kept) and, with
-    ``alpha_as_mask``, the image's alpha channel (alpha > 0 keeps; the colour is then used as stored, not
-    composited, and ``Frame.alpha`` is None). ``--downscale``: a downscaled pixel is valid only when every
-    full-resolution pixel it averages is (box-filtered mask ≥ :data:`~rigel_core.data.undistort.MASK_THRESHOLD`).
+    with the image: an output pixel is kept only when every photo pixel it interpolates with a non-zero weight is
+    kept) and, with ``alpha_as_mask``, the image's alpha channel (alpha > 0 keeps; the colour is then used as
+    stored, not composited, and ``Frame.alpha`` is None). ``--downscale``: a downscaled pixel is valid only when
+    every full-resolution pixel its box filter averages with a non-zero weight is (the box-filtered *ignored*
+    mask is exactly 0).
 
     Raises DatasetError naming the image (or mask) when it cannot be decoded.
     """
@@ -155,7 +156,7 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
             rgb = remap(rgb, mx, my, valid)
             alpha = None if alpha is None else remap(alpha, mx, my, valid)
             if mask is not None:
-                mask = (remap(mask.astype(np.float32), mx, my, valid) >= MASK_THRESHOLD) & valid
+                mask = remap_mask(mask, mx, my, valid)
             else:
                 mask = mask_all(valid)
         if downscale != 1:
@@ -163,7 +164,7 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
             rgb = resize_area(rgb, cam.width, cam.height)
             alpha = None if alpha is None else resize_area(alpha, cam.width, cam.height)
             if mask is not None:
-                mask = mask_all(resize_area(mask.astype(np.float32), cam.width, cam.height) >= MASK_THRESHOLD)
+                mask = mask_all(resize_area((~mask).astype(np.float32), cam.width, cam.height) == 0.0)
         frames.append(Frame(cam, torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)).to(device),
                             None if alpha is None else torch.from_numpy(np.ascontiguousarray(alpha)).to(device),
                             spec.name, None if mask is None else torch.from_numpy(np.ascontiguousarray(mask)).to(device)))

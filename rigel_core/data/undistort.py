@@ -37,15 +37,12 @@ import numpy as np
 
 __all__ = ["opencv_distort", "fisheye_distort", "pinhole_pixel_grid", "opencv_source_coords", "remap_bilinear",
            "undistort_opencv", "OPENCV_KEYS", "FISHEYE_KEYS", "Distortion", "opencv_lens", "fisheye_lens",
-           "fold_radius", "undistort_map", "remap", "mask_all", "MASK_THRESHOLD"]
+           "fold_radius", "undistort_map", "remap", "mask_all", "remap_mask"]
 
 #: instant-ngp / nerfstudio / OpenCV distortion coefficient names (radial k1..k3, tangential p1, p2).
 OPENCV_KEYS = ("k1", "k2", "p1", "p2", "k3")
 #: nerfstudio / OpenCV fisheye coefficient names.
 FISHEYE_KEYS = ("k1", "k2", "k3", "k4")
-#: A resampled (bilinear or area-averaged) 0/1 mask value at or above this counts as valid: every source pixel
-#: that contributed was valid (float rounding of weights that sum to 1 stays far above it).
-MASK_THRESHOLD = 0.999
 
 
 def opencv_distort(x: np.ndarray, y: np.ndarray, k1=0.0, k2=0.0, p1=0.0, p2=0.0, k3=0.0, k4=0.0, k5=0.0, k6=0.0):
@@ -211,6 +208,13 @@ def remap(img: np.ndarray, map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarr
     if valid is not None:
         out[~valid] = 0.0
     return out
+
+
+def remap_mask(keep: np.ndarray, map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Resample a bool mask (H_in, W_in) of the photo like the image: an output pixel is kept only when every photo
+    pixel that its bilinear interpolation reads with a non-zero weight is kept (the *ignored* mask, resampled
+    with the same maps, is exactly 0 there) and it is ``valid``. Returns (H, W) bool."""
+    return (remap((~keep).astype(np.float32), map_x, map_y, valid) == 0.0) & valid
 
 
 def mask_all(mask: np.ndarray | None) -> np.ndarray | None:
