@@ -346,3 +346,36 @@ def test_training_on_distorted_copy_matches_undistorted(tmp_path, rng):
           f"distorted without masks {p_nomask:.2f} dB")
     assert p_dist > p_clean - 1.0
     assert p_nomask < p_dist - 0.5
+
+
+@pytest.mark.parametrize("model", ["SIMPLE_RADIAL", "RADIAL", "OPENCV", "FULL_OPENCV", "OPENCV_FISHEYE",
+                                   "SIMPLE_RADIAL_FISHEYE", "RADIAL_FISHEYE", "FOV", "THIN_PRISM_FISHEYE"])
+def test_colmap_forward_models_match_pycolmap(model, rng):
+    """Our forward projection of each COLMAP model (pycolmap's for the models we do not implement) against
+    pycolmap's ``img_from_cam``, on random rays and coefficients; the pinhole models need no lens."""
+    from rigel_core.data.colmap import _colmap_distortion
+
+    g = np_rng(rng)
+    w, h = int(g.integers(40, 90)), int(g.integers(40, 90))
+    c = pycolmap.Camera.create_from_model_name(1, model, 1.0, w, h)
+    names = c.params_info.replace(" ", "").split(",")
+    vals = []
+    for n in names:
+        if n in ("f", "fx", "fy"):
+            vals.append(g.uniform(40, 60))
+        elif n in ("cx", "cy"):
+            vals.append((w if n == "cx" else h) / 2 + g.uniform(-4, 4))
+        elif n == "omega":
+            vals.append(g.uniform(0.5, 0.9))
+        else:
+            vals.append(g.uniform(-0.05, 0.05))
+    c.params = vals
+    lens = _colmap_distortion(model, vals, w, h)
+    xy = g.uniform(-0.6, 0.6, size=(300, 2))
+    u, v = lens.to_pixels(xy[:, 0], xy[:, 1])
+    ref = np.asarray(c.img_from_cam(np.concatenate([xy, np.ones((300, 1))], 1)))
+    np.testing.assert_allclose(np.stack([u, v], 1), ref, atol=1e-8)
+    assert _colmap_distortion("PINHOLE", [50, 51, w / 2, h / 2], w, h) is None
+    assert _colmap_distortion("SIMPLE_PINHOLE", [50, w / 2, h / 2], w, h) is None
+    with pytest.raises(ValueError, match=f"{model} takes {len(vals)} parameters"):
+        _colmap_distortion(model, vals + [0.0], w, h)
