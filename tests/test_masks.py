@@ -313,3 +313,26 @@ def test_cli_writes_masked_gt_and_counts(tmp_path, rng):
     gt = np.asarray(Image.open(run / "renders" / "it000004" / "f0_gt.png"))
     assert gt.shape == (h, w, 4) and np.array_equal(gt[..., 3] > 0, test_mask)
     assert np.asarray(Image.open(run / "renders" / "it000004" / "f0_pred.png")).shape == (h, w, 3)
+
+
+@pytest.mark.gpu
+def test_masked_loss_on_cuda_matches_cpu(rng):
+    """The fused CUDA SSIM with masked inputs: same masked loss and same image gradient as the CPU path, and the
+    gradient is exactly 0 on masked pixels there too."""
+    g = np_rng(rng)
+    h, w = 45, 61
+    pred = torch.rand(h, w, 3, generator=rng)
+    gt = torch.rand(h, w, 3, generator=rng)
+    mask = torch.from_numpy(block_mask(g, h, w, 4, 0.75))
+    gt_poisoned = gt.clone()
+    gt_poisoned[~mask] = float("nan")
+    out = {}
+    for dev in ("cpu", "cuda"):
+        p = pred.to(dev).requires_grad_(True)
+        loss = 0.8 * l1_loss(p, gt_poisoned.to(dev), mask.to(dev)) + 0.2 * (1 - ssim(p, gt_poisoned.to(dev),
+                                                                                      mask=mask.to(dev)))
+        loss.backward()
+        out[dev] = (float(loss), p.grad.cpu())
+    assert out["cuda"][0] == pytest.approx(out["cpu"][0], abs=1e-6)
+    torch.testing.assert_close(out["cuda"][1], out["cpu"][1], atol=1e-7, rtol=1e-4)
+    assert torch.all(out["cuda"][1][~mask] == 0)
