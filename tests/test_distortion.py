@@ -4,12 +4,12 @@ The procedural scene (made smooth at pixel scale: larger Gaussians, so that resa
 is rendered by the CPU reference renderer. The distorted "photo" of a lens is made independently of rigel's lens
 code: for each photo pixel centre, pycolmap's *inverse* lens model (``Camera.cam_from_img``, an iterative solver)
 gives the ray, and a pinhole render with a margin, at the same pixel pitch, is sampled there (cubic spline; a
-supersampled render would be a different image: the rasterizer's 0.3 px² screen-space low-pass does not scale). After loading
-(instant-ngp transforms.json or COLMAP text files written here), the undistorted image must match the pinhole
-render of the same camera to ≥ 40 dB over its valid pixels (measured: ≥ 49.6 dB) and be aligned with it to
-0.03 px (measured: < 0.01 px), and the mask must be exactly the set of pixels whose
-source (pycolmap's *forward* model, ``img_from_cam``) lies at least half a pixel inside the photo. Invalid pixels
-are then poisoned (NaN, 1e6) and the loss and the metrics must not change.
+supersampled render would be a different image: the rasterizer's 0.3 px² screen-space low-pass does not scale).
+After loading (instant-ngp transforms.json or COLMAP text files written here), the undistorted image must match
+the pinhole render of the same camera to ≥ 40 dB over its valid pixels (measured: ≥ 49.6 dB) and be aligned with
+it to 0.03 px (measured: < 0.01 px), and the mask must be exactly the set of pixels whose source (pycolmap's
+*forward* model, ``img_from_cam``) lies at least half a pixel inside the photo. Invalid pixels are then poisoned
+(NaN, 1e6) and the loss and the metrics must not change.
 """
 import json
 import math
@@ -139,7 +139,8 @@ def colmap_text(root, entries):
     for i, (name, model, w, h, params, vm) in enumerate(entries, start=1):
         cams.append(f"{i} {model} {w} {h} " + " ".join(repr(float(p)) for p in params))
         q = rotmat_to_quat(vm[None, :3, :3])[0]
-        ims.append(f"{i} {' '.join(repr(float(x)) for x in q)} {' '.join(repr(float(x)) for x in vm[:3, 3])} {i} {name}")
+        fmt = lambda a: " ".join(repr(float(x)) for x in a)
+        ims.append(f"{i} {fmt(q)} {fmt(vm[:3, 3])} {i} {name}")
         ims.append("")
     (d / "cameras.txt").write_text("\n".join(cams) + "\n")
     (d / "images.txt").write_text("\n".join(ims) + "\n")

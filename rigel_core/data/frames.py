@@ -156,7 +156,7 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
             rgb = remap(rgb, mx, my, valid)
             alpha = None if alpha is None else remap(alpha, mx, my, valid)
             if mask is not None:
-                mask = remap_mask(mask, mx, my, valid)
+                mask = mask_all(remap_mask(mask, mx, my, valid))
             else:
                 mask = mask_all(valid)
         if downscale != 1:
@@ -167,7 +167,8 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
                 mask = mask_all(resize_area((~mask).astype(np.float32), cam.width, cam.height) == 0.0)
         frames.append(Frame(cam, torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)).to(device),
                             None if alpha is None else torch.from_numpy(np.ascontiguousarray(alpha)).to(device),
-                            spec.name, None if mask is None else torch.from_numpy(np.ascontiguousarray(mask)).to(device)))
+                            spec.name,
+                            None if mask is None else torch.from_numpy(np.ascontiguousarray(mask)).to(device)))
     if resized:
         warnings.warn(f"{source}: {resized} image(s) differ in size from their camera's declared size; "
                       "intrinsics were rescaled to the image size", stacklevel=3)

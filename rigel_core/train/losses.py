@@ -32,8 +32,8 @@ import torch.nn.functional as F
 
 from . import ssim_cuda as _fused
 
-__all__ = ["l1_loss", "mse", "psnr", "apply_mask", "psnr_from_mse", "gaussian_window_1d", "ssim_map", "ssim", "dssim", "SSIM_C1",
-           "SSIM_C2"]
+__all__ = ["l1_loss", "mse", "psnr", "apply_mask", "psnr_from_mse", "gaussian_window_1d", "ssim_map", "ssim", "dssim",
+           "SSIM_C1", "SSIM_C2"]
 
 SSIM_C1 = 0.01 ** 2  # (K1·L)², L = 1
 SSIM_C2 = 0.03 ** 2  # (K2·L)²
