@@ -336,3 +336,18 @@ def test_masked_loss_on_cuda_matches_cpu(rng):
     assert out["cuda"][0] == pytest.approx(out["cpu"][0], abs=1e-6)
     torch.testing.assert_close(out["cuda"][1], out["cpu"][1], atol=1e-7, rtol=1e-4)
     assert torch.all(out["cuda"][1][~mask] == 0)
+
+
+def test_bad_masks_are_one_clear_error(tmp_path, rng):
+    w, h = 12, 10
+    cam = Camera.look_at((3, 0, 1), (0, 0, 0), width=w, height=h, name="a")
+    save_u8(tmp_path / "images" / "a.png", np.zeros((h, w, 3)))
+    (tmp_path / "masks").mkdir()
+    (tmp_path / "masks" / "a.png").write_bytes(b"not an image")
+    (tmp_path / "transforms.json").write_text(json.dumps(
+        {"fl_x": 10.0, "frames": [{"file_path": "images/a.png", "transform_matrix": c2w(cam)}]}))
+    with pytest.raises(DatasetError, match=r"masks/a.png: cannot read mask"):
+        load_dataset(tmp_path, test_every=0)
+    frame = Frame(cam, torch.zeros(h, w, 3), None, "a", torch.ones(h, w + 1, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"frame 'a' mask has shape \(10, 13\)"):
+        Trainer(Dataset([frame], [], np.zeros(3), 1.0), TrainConfig(init_points=10), device="cpu")
