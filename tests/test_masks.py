@@ -210,14 +210,16 @@ def test_masks_folder_mask_path_and_downscale_ngp(tmp_path, rng):
         frames.append(frame)
     meta = {"fl_x": 30.0, "w": w, "h": h, "frames": frames}
     (tmp_path / "transforms.json").write_text(json.dumps(meta))
-    ds = load_dataset(tmp_path, test_every=0)
+    with pytest.warns(UserWarning, match=r"masks: 1 of 4 images have no mask file here"):
+        ds = load_dataset(tmp_path, test_every=0)
     for f in ds.train:
         if masks[f.name] is None:
             assert f.mask is None
         else:
             assert f.mask.dtype == torch.bool and np.array_equal(f.mask.numpy(), masks[f.name])
     # downscale 2: a pixel is valid only when all four of its source pixels are
-    ds2 = load_dataset(tmp_path, test_every=0, downscale=2)
+    with pytest.warns(UserWarning, match="1 of 4"):
+        ds2 = load_dataset(tmp_path, test_every=0, downscale=2)
     for f in ds2.train:
         mk = masks[f.name]
         if mk is None:

@@ -24,7 +24,7 @@ import numpy as np
 from ..camera import Camera
 from .frames import Dataset, DatasetError, FrameSpec
 from .images import find_mask
-from .transforms import frame_name, warn_missing
+from .transforms import frame_name, warn_missing, warn_unmasked
 from .undistort import Distortion, fisheye_lens, opencv_lens
 
 __all__ = ["load_colmap", "find_sparse_dir"]
@@ -150,6 +150,7 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
             raise DatasetError(f"{sparse}: image {image.name} (camera {image.camera_id}, {model}): {e}") from e
         specs.append(FrameSpec(pin, path, pin.name, dist, mask_path=find_mask(masks_dir, image.name)))
     warn_missing(images_dir, missing, total)
+    warn_unmasked(masks_dir, specs)
     if not specs:
         raise DatasetError(f"{sparse}: none of its {total} registered images was found in {images_dir}")
     points = colors = None

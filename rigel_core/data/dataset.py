@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .frames import Dataset, DatasetError, FrameSpec, camera_extent, load_frames
-from .transforms import read_transforms, warn_missing
+from .transforms import read_transforms, warn_missing, warn_unmasked
 
 __all__ = ["load_dataset", "detect_format", "load_blender", "load_ngp", "FORMATS"]
 
@@ -122,6 +122,7 @@ def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames
     warn_missing(json_path, missing, total)
     if not specs:
         raise DatasetError(f"{json_path}: none of its {total} frames has an image file")
+    warn_unmasked(json_path.parent / "masks", specs)
     train, test = split_every(sorted(specs, key=lambda s: str(s.image_path)), test_every)
     return _assemble(_cap(train, max_frames), _cap(test, max_frames), json_path, "ngp", white_bg, downscale,
                      device, alpha_as_mask=alpha_as_mask)

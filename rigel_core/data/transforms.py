@@ -167,6 +167,15 @@ def _frame_spec(meta: dict, frame: dict, img: Path | None, name: str, size) -> F
     return FrameSpec(cam, img, name, dist)
 
 
+def warn_unmasked(masks_dir: Path, specs: list) -> None:
+    """The one warning when a ``masks/`` folder exists but some images have no mask file in it (every pixel of
+    those images counts)."""
+    n = sum(s.mask_path is None for s in specs)
+    if n and Path(masks_dir).is_dir():
+        warnings.warn(f"{masks_dir}: {n} of {len(specs)} images have no mask file here; all their pixels count",
+                      stacklevel=3)
+
+
 def warn_missing(path: Path, missing: int, total: int) -> None:
     """The one warning for frames skipped because their image file does not exist."""
     if missing:
