@@ -1,6 +1,7 @@
 """``rigel-train``: fit 3D Gaussians to a dataset, headless.
 
-    rigel-train --data DIR --out RUN [--iters 30000] [--appearance sh|mlp] [--white-bg] [--downscale N]
+    rigel-train --data DIR --out RUN [--iters 30000] [--appearance sh|mlp] [--white-bg] [--alpha-as-mask]
+                [--downscale N]
                 [--max-gaussians N] [--eval-every N] [--resume] [--device cuda|cpu] [--seed S]
                 [--init-points N] [--sh-degree D] [--test-every N] [--checkpoint-every N] [--n-renders K]
                 [--exposure] [--init-background N] [--position-lr-max-steps N] [--set FIELD=VALUE ...]
@@ -15,7 +16,10 @@ instant-ngp, COLMAP). Writes into ``RUN``:
 - ``checkpoint.safetensors`` (:mod:`rigel_core.checkpoint`; ``--resume`` continues from it, and an ``--out``
   that holds one is refused without ``--resume``), ``model.ply`` (INRIA layout), both written atomically;
 - ``renders/it<NNNNNN>/<view>_pred.png`` and ``<view>_gt.png`` for the first ``--n-renders`` held-out views
-  at each evaluation;
+  at each evaluation. A view with a mask (lens borders of an undistorted capture, a ``masks/`` folder) has its
+  ``_gt.png`` written as RGBA with alpha 0 on the pixels that do not count (the metrics ignore them).
+  ``metrics.json`` gives the masked pixel counts: ``dataset.masked_pixels`` per split, and each evaluation's
+  ``masked_pixels`` (total) and per-view ``masked_pixels``;
 - with ``--exposure``: ``exposure.json``, the learnt colour correction ``A``, ``b`` of every training image
   (written with the checkpoint), and each evaluation's ``psnr_exposure`` / ``ssim_exposure`` in ``metrics.json``
   (also without ``--exposure`` under ``--set eval_exposure=true``, to compare runs on equal terms).
@@ -62,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(model.ply is then baked to SH of --sh-degree; a resumed run keeps its own)")
     p.add_argument("--sh-degree", type=int, default=3, help="maximum SH degree (0..3)")
     p.add_argument("--white-bg", action="store_true", help="composite alpha onto white (NeRF-synthetic)")
+    p.add_argument("--alpha-as-mask", action="store_true",
+                   help="use the images' alpha channel as a mask (alpha 0 = pixel ignored) instead of compositing")
     p.add_argument("--downscale", type=float, default=1, help="divide image sizes by this")
     p.add_argument("--test-every", type=int, default=8, help="hold-out stride for instant-ngp / COLMAP data")
     p.add_argument("--max-gaussians", type=int, default=None, help="hard cap on the Gaussian count")
@@ -129,12 +135,27 @@ def _write_json_atomic(path: Path, obj) -> None:
             json.dump(obj, f, indent=1, allow_nan=False)
 
 
-def _save_png(path: Path, img) -> None:
+def _save_png(path: Path, img, mask=None) -> None:
+    """8-bit PNG of an (H,W,3) float image; RGBA with alpha 0 where ``mask`` (H,W) is False, when given."""
     import numpy as np
     from PIL import Image
 
     arr = (img.detach().clamp(0, 1).cpu().numpy() * 255.0 + 0.5).astype(np.uint8)
+    if mask is not None:
+        m = mask.detach().cpu().numpy()
+        alpha = np.where(m if m.dtype == bool else m > 0.5, 255, 0).astype(np.uint8)
+        arr = np.concatenate([arr, alpha[..., None]], axis=-1)
     Image.fromarray(arr).save(path)
+
+
+def _masked_pixels(frames) -> int:
+    """Pixels that do not count (``Frame.mask`` False), summed over ``frames``."""
+    n = 0
+    for f in frames:
+        m = getattr(f, "mask", None)
+        if m is not None:
+            n += int(m.numel() - int((m > 0.5).sum())) if m.is_floating_point() else int((~m).sum())
+    return n
 
 
 def _make_logger(run_dir: Path, progress) -> logging.Logger:
@@ -207,7 +228,8 @@ def main(argv=None) -> int:
         return 2
     t_start = time.perf_counter()
     try:
-        ds = load_dataset(args.data, white_bg=args.white_bg, downscale=args.downscale, test_every=args.test_every)
+        ds = load_dataset(args.data, white_bg=args.white_bg, downscale=args.downscale, test_every=args.test_every,
+                          alpha_as_mask=args.alpha_as_mask)
     except (DatasetError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"rigel-train: {e}", file=sys.stderr)
         return 2
@@ -253,13 +275,19 @@ def main(argv=None) -> int:
     metrics.update({"data": str(args.data), "device": device, "config": cfg.to_dict(),
                     "dataset": {"train_views": len(ds.train), "test_views": len(ds.test),
                                 "scene_extent": trainer.extent, "white_bg": trainer.white_bg,
-                                "resolution": [ds.train[0].camera.width, ds.train[0].camera.height]}})
+                                "resolution": [ds.train[0].camera.width, ds.train[0].camera.height],
+                                "masked_pixels": {"train": _masked_pixels(ds.train), "test": _masked_pixels(ds.test)},
+                                "masked_views": {"train": sum(f.mask is not None for f in ds.train),
+                                                 "test": sum(f.mask is not None for f in ds.test)}}})
 
     progress = _Progress(cfg.iterations, trainer.iteration, not args.quiet)
     log = _make_logger(run_dir, progress)
     log.info(f"data {args.data}: {len(ds.train)} train / {len(ds.test)} test views, "
              f"{ds.train[0].camera.width}x{ds.train[0].camera.height}, extent {trainer.extent:.3f}, "
-             f"{'white' if trainer.white_bg else 'black'} background")
+             f"{'white' if trainer.white_bg else 'black'} background"
+             + (f", {metrics['dataset']['masked_views']['train']} train views with masked pixels "
+                f"({metrics['dataset']['masked_pixels']['train']} pixels ignored)"
+                if metrics['dataset']['masked_views']['train'] else ""))
     log.info(f"{'resumed at iteration ' + str(trainer.iteration) if trainer.iteration else 'start'}: "
              f"{trainer.model.num_gaussians} Gaussians, device {device}, {cfg.iterations} iterations")
     if device == "cuda":
@@ -322,7 +350,7 @@ def main(argv=None) -> int:
         out_dir.mkdir(parents=True, exist_ok=True)
         for f in trainer.test_frames[:max(0, args.n_renders)]:
             _save_png(out_dir / f"{f.name}_pred.png", trainer.render_frame(f))
-            _save_png(out_dir / f"{f.name}_gt.png", f.image)
+            _save_png(out_dir / f"{f.name}_gt.png", f.image, getattr(f, "mask", None))
         write_metrics()
 
     status = 0

@@ -1,7 +1,8 @@
 """Datasets (Blender / NeRF-synthetic, instant-ngp, COLMAP), the procedural scene, and camera paths.
 
 ``load_dataset(path)`` detects the format and returns a :class:`Dataset` of :class:`Frame` s whose cameras are
-ideal pinholes (lens distortion is removed from the images at load). ``make_scene`` / ``make_dataset`` build and
+ideal pinholes (lens distortion is removed from the images at load; ``Frame.mask`` flags the pixels left without
+a source and those a user's mask ignores). ``make_scene`` / ``make_dataset`` build and
 render the procedural scene; ``default_scene_path()`` is the small scene shipped with the package.
 """
 from pathlib import Path

@@ -1,14 +1,18 @@
 """COLMAP sparse reconstructions (``sparse/0`` or ``sparse``, binary or text) read through pycolmap.
 
 - Poses: ``image.cam_from_world`` is world-to-camera in OpenCV axes — our ``viewmat`` as it stands.
-- Cameras: PINHOLE and SIMPLE_PINHOLE are used directly. Every other model (SIMPLE_RADIAL, RADIAL, OPENCV,
-  FULL_OPENCV, …) is undistorted at load: each pixel centre of the output pinhole image (same size, same
-  focal lengths and principal point) is sent through the model's own forward projection
-  (``pycolmap.Camera.img_from_cam``) and the input image is sampled there bilinearly
-  (:mod:`rigel_core.data.undistort`). pycolmap's ``undistort_image`` is not used because it changes the
-  image size and intrinsics; keeping them lets one map per camera serve all its images.
+- Cameras: PINHOLE and SIMPLE_PINHOLE are used directly. SIMPLE_RADIAL, RADIAL, OPENCV, FULL_OPENCV,
+  OPENCV_FISHEYE, SIMPLE_RADIAL_FISHEYE and RADIAL_FISHEYE are undistorted at load with our own forward models
+  (COLMAP's documented formulas, :mod:`rigel_core.data.undistort`): each pixel centre of the output pinhole
+  image (same size, same focal lengths and principal point) is sent through the forward model and the photo
+  is sampled there bilinearly; ``Frame.mask`` flags the pixels left without a source. Any other model (FOV,
+  THIN_PRISM_FISHEYE, …) uses pycolmap's own forward projection (``Camera.img_from_cam``). pycolmap's
+  ``undistort_image`` is not used because it changes the image size and intrinsics; keeping them lets one
+  map per camera serve all its images.
 - Images are read from ``images/`` next to ``sparse/`` (by ``image.name``, which may contain sub-folders).
   Registered images whose file is missing are skipped with one warning.
+- Masks: ``masks/`` next to ``images/``, a file per image with the same relative name and any image extension
+  (``a.jpg`` → ``masks/a.png``, ``masks/a.jpg.png`` or ``masks/a.jpg``); non-zero keeps, black ignores.
 - ``points3D`` give ``Dataset.points`` (M,3) float64 and ``point_colors`` (M,3) in [0, 1].
 - Before pycolmap reads anything, :func:`rigel_core.data.colmap_check.check_colmap_model` walks the model's files
   (declared counts against file lengths, camera models by id, every camera number): pycolmap trusts counts and
@@ -22,8 +26,10 @@ import numpy as np
 
 from ..camera import Camera
 from .colmap_check import check_colmap_model
-from .frames import Dataset, DatasetError, Distortion, FrameSpec
-from .transforms import frame_name, warn_missing
+from .frames import Dataset, DatasetError, FrameSpec
+from .images import find_mask
+from .transforms import frame_name, warn_missing, warn_unmasked
+from .undistort import Distortion, fisheye_lens, opencv_lens
 
 __all__ = ["load_colmap", "find_sparse_dir"]
 
@@ -57,22 +63,61 @@ def _cam_from_world(image) -> np.ndarray:
     return vm
 
 
-def _colmap_distortion(cam) -> Distortion:
-    """The lens of a pycolmap camera as a :class:`Distortion` (its own forward projection)."""
-    params = tuple(float(p) for p in cam.params)
+#: parameter names of the models whose forward projection is ours (COLMAP ``src/colmap/sensor/models.h``).
+COLMAP_MODELS = {
+    "SIMPLE_RADIAL": ("f", "cx", "cy", "k1"),
+    "RADIAL": ("f", "cx", "cy", "k1", "k2"),
+    "OPENCV": ("fx", "fy", "cx", "cy", "k1", "k2", "p1", "p2"),
+    "FULL_OPENCV": ("fx", "fy", "cx", "cy", "k1", "k2", "p1", "p2", "k3", "k4", "k5", "k6"),
+    "OPENCV_FISHEYE": ("fx", "fy", "cx", "cy", "k1", "k2", "k3", "k4"),
+    "SIMPLE_RADIAL_FISHEYE": ("f", "cx", "cy", "k1"),
+    "RADIAL_FISHEYE": ("f", "cx", "cy", "k1", "k2"),
+}
+
+
+def _colmap_distortion(model_name: str, params, width: int, height: int) -> Distortion | None:
+    """The lens of a COLMAP camera as a :class:`~rigel_core.data.undistort.Distortion` (None for the pinhole
+    models). A pure function of the camera's model name, parameters and size.
+
+    The models of :data:`COLMAP_MODELS` use our forward models (``*_FISHEYE``: equidistant; the others: OpenCV
+    radial-tangential); any other model goes through a pycolmap camera built from the same four values.
+    Raises ValueError when the parameter count does not fit the model.
+    """
+    params = tuple(float(p) for p in params)
+    if model_name in PINHOLE_MODELS:
+        return None
+    names = COLMAP_MODELS.get(model_name)
+    if names is not None:
+        if len(params) != len(names):
+            raise ValueError(f"camera model {model_name} takes {len(names)} parameters, got {len(params)}")
+        p = dict(zip(names, params))
+        if "f" in p:
+            p["fx"] = p["fy"] = p["f"]
+        lens = fisheye_lens if model_name.endswith("FISHEYE") else opencv_lens
+        return lens(p, p["fx"], p["fy"], p["cx"], p["cy"], width, height)
+    import pycolmap
+
+    cam = pycolmap.Camera.create_from_model_name(1, model_name, 1.0, int(width), int(height))
+    if len(cam.params) != len(params):
+        raise ValueError(f"camera model {model_name} takes {len(cam.params)} parameters, got {len(params)}")
+    cam.params = list(params)
+    fx, fy, cx, cy = cam.focal_length_x, cam.focal_length_y, cam.principal_point_x, cam.principal_point_y
 
     def to_pixels(x, y):
         pts = np.stack([x.ravel(), y.ravel(), np.ones(x.size)], axis=-1)  # all in front: z = 1
-        try:
-            uv = np.asarray(cam.img_from_cam(pts))
-        except TypeError:  # pycolmap < 3.10 takes normalised 2D points
-            uv = np.asarray(cam.img_from_cam(pts[:, :2]))
+        uv = np.asarray(cam.img_from_cam(pts), dtype=np.float64)
         return uv[:, 0].reshape(x.shape), uv[:, 1].reshape(x.shape)
 
-    return Distortion(("colmap", cam.model_name, params, cam.width, cam.height), to_pixels, cam.width, cam.height)
+    def profile(r):  # along the +x axis, in pixels from the principal point
+        u, v = to_pixels(r, np.zeros_like(r))
+        return np.hypot((u - cx) / fx, (v - cy) / fy)
+
+    return Distortion(("colmap", model_name, params, int(width), int(height)), to_pixels, int(width),
+                      int(height), profile)
 
 
-def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None, test_every=8) -> Dataset:
+def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None, test_every=8,
+                alpha_as_mask=False) -> Dataset:
     """A COLMAP dataset directory (``images/`` + ``sparse/0``); see the module docstring.
 
     Images sorted by name; every ``test_every``-th (indices 0, N, 2N, …) is held out (3DGS llffhold).
@@ -89,6 +134,7 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
     except Exception as e:  # pycolmap raises a bare RuntimeError/ValueError for a corrupt model
         raise DatasetError(f"{sparse}: cannot read the COLMAP model ({e})") from e
     images_dir = root / "images"
+    masks_dir = root / "masks"
     specs, missing, total = [], 0, 0
     for image in sorted(rec.images.values(), key=lambda im: im.name):
         if hasattr(image, "has_pose") and not image.has_pose:
@@ -104,10 +150,12 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
             pin = Camera(cam.width, cam.height, cam.focal_length_x, cam.focal_length_y,
                          cam.principal_point_x, cam.principal_point_y, _cam_from_world(image),
                          frame_name({"file_path": image.name}, image.image_id))
+            dist = _colmap_distortion(model, cam.params, cam.width, cam.height)
         except ValueError as e:
             raise DatasetError(f"{sparse}: image {image.name} (camera {image.camera_id}, {model}): {e}") from e
-        specs.append(FrameSpec(pin, path, pin.name, None if model in PINHOLE_MODELS else _colmap_distortion(cam)))
+        specs.append(FrameSpec(pin, path, pin.name, dist, mask_path=find_mask(masks_dir, image.name)))
     warn_missing(images_dir, missing, total)
+    warn_unmasked(masks_dir, specs)
     if not specs:
         raise DatasetError(f"{sparse}: none of its {total} registered images was found in {images_dir}")
     points = colors = None
@@ -120,4 +168,4 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
                                        f"Inf coordinates")
     train, test = split_every(specs, test_every)
     return _assemble(_cap(train, max_frames), _cap(test, max_frames), root, "colmap", white_bg, downscale, device,
-                     points, colors)
+                     points, colors, alpha_as_mask=alpha_as_mask)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .frames import Dataset, DatasetError, FrameSpec, camera_extent, load_frames
-from .transforms import read_ply_points, read_transforms, warn_missing
+from .transforms import read_ply_points, read_transforms, warn_missing, warn_unmasked
 
 __all__ = ["load_dataset", "detect_format", "load_blender", "load_ngp", "FORMATS"]
 
@@ -40,7 +40,8 @@ def detect_format(path) -> tuple[str, Path]:
 
 
 def load_dataset(path, *, white_bg: bool = False, downscale: float = 1, test_every: int = 8,
-                 device="cpu", max_frames: int | None = None, format: str | None = None) -> Dataset:
+                 device="cpu", max_frames: int | None = None, format: str | None = None,
+                 alpha_as_mask: bool = False) -> Dataset:
     """Load a dataset eagerly (all images decoded into tensors on ``device``).
 
     Args:
@@ -53,9 +54,13 @@ def load_dataset(path, *, white_bg: bool = False, downscale: float = 1, test_eve
             Blender uses its own ``transforms_test.json``.
         device: torch device of the image tensors.
         max_frames: load at most this many frames per split (the first ones), e.g. for tests.
+        alpha_as_mask: use each image's alpha channel as a mask (alpha 0 = ignored pixel) instead of compositing
+            it onto the background (see :func:`~rigel_core.data.frames.load_frames`).
     Returns:
         :class:`~rigel_core.data.frames.Dataset`. Cameras are ideal pinholes: lens distortion is removed from the
-        images at load (once). ``scene_center``/``scene_extent`` come from the training cameras.
+        images at load (once); pixels left without a source, and pixels that a ``masks/`` folder (instant-ngp,
+        COLMAP) or ``mask_path`` marks black, are flagged in ``Frame.mask``. ``scene_center``/``scene_extent``
+        come from the training cameras.
     Raises:
         DatasetError (a ValueError) naming the file: unknown layout, malformed file, no usable frame.
         ImportError for COLMAP data when pycolmap is not installed.
@@ -70,7 +75,8 @@ def load_dataset(path, *, white_bg: bool = False, downscale: float = 1, test_eve
         root = Path(path)
         if format == "ngp" and root.is_dir():
             root = root / "transforms.json"
-    kw = dict(white_bg=white_bg, downscale=downscale, device=device, max_frames=max_frames)
+    kw = dict(white_bg=white_bg, downscale=downscale, device=device, max_frames=max_frames,
+              alpha_as_mask=alpha_as_mask)
     if format == "blender":
         return load_blender(root, **kw)
     if format == "ngp":
@@ -84,7 +90,7 @@ def _cap(specs: list, max_frames: int | None) -> list:
     return specs if max_frames is None else specs[: max(0, int(max_frames))]
 
 
-def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None) -> Dataset:
+def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None, alpha_as_mask=False) -> Dataset:
     """A Blender / NeRF-synthetic directory: ``transforms_train.json`` (required), ``transforms_test.json``
     (optional; ``transforms_val.json`` is ignored). Frames whose image is missing are skipped with one warning
     per file; a training file with no usable frame is an error (an empty test split only warns)."""
@@ -103,10 +109,12 @@ def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=
             if split == "train":
                 raise DatasetError(f"{f}: none of its {total} frames has an image file")
         splits[split] = _cap(specs, max_frames)
-    return _assemble(splits["train"], splits["test"], root, "blender", white_bg, downscale, device)
+    return _assemble(splits["train"], splits["test"], root, "blender", white_bg, downscale, device,
+                     alpha_as_mask=alpha_as_mask)
 
 
-def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames=None, test_every=8) -> Dataset:
+def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames=None, test_every=8,
+             alpha_as_mask=False) -> Dataset:
     """An instant-ngp (or nerfstudio) ``transforms.json``: one file, every ``test_every``-th frame (sorted by
     image name) held out; nerfstudio's ``ply_file_path`` gives ``points``/``point_colors``. See
     :mod:`rigel_core.data.transforms` for the keys read and ignored."""
@@ -116,9 +124,10 @@ def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames
     if not specs:
         raise DatasetError(f"{json_path}: none of its {total} frames has an image file")
     points, colors = read_ply_points(json_path)  # nerfstudio's ply_file_path (SfM points), else None
+    warn_unmasked(json_path.parent / "masks", specs)
     train, test = split_every(sorted(specs, key=lambda s: str(s.image_path)), test_every)
     return _assemble(_cap(train, max_frames), _cap(test, max_frames), json_path, "ngp", white_bg, downscale,
-                     device, points, colors)
+                     device, points, colors, alpha_as_mask=alpha_as_mask)
 
 
 def split_every(items: list, test_every: int) -> tuple[list, list]:
@@ -130,8 +139,8 @@ def split_every(items: list, test_every: int) -> tuple[list, list]:
 
 
 def _assemble(train: list[FrameSpec], test: list[FrameSpec], source: Path, fmt: str, white_bg, downscale, device,
-              points=None, point_colors=None) -> Dataset:
-    kw = dict(white_bg=white_bg, downscale=downscale, device=device, source=source)
+              points=None, point_colors=None, alpha_as_mask=False) -> Dataset:
+    kw = dict(white_bg=white_bg, downscale=downscale, device=device, source=source, alpha_as_mask=alpha_as_mask)
     train_frames, test_frames = load_frames(train, **kw), load_frames(test, **kw)
     center, extent = camera_extent([f.camera for f in (train_frames or test_frames)])
     return Dataset(train_frames, test_frames, center, extent, points, point_colors, white_bg, fmt, str(source))

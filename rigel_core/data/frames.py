@@ -1,20 +1,20 @@
 """``Frame`` and ``Dataset`` (what every loader returns), and the shared load step of one frame:
-decode → composite alpha → undistort → downscale → torch.
+decode → composite alpha (or take it as a mask) → read the user's mask → undistort (+ validity mask) →
+downscale (image and mask) → torch.
 """
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
 from ..camera import Camera
 from ..io.errors import DatasetError  # defined with the other input-error families
-from .images import composite, read_image, resize_area
-from .undistort import pinhole_pixel_grid, remap_bilinear
+from .images import composite, read_image, read_mask, resize_area
+from .undistort import Distortion, mask_all, remap, remap_mask, undistort_map
 
 __all__ = ["Frame", "Dataset", "DatasetError", "FrameSpec", "Distortion", "load_frames", "camera_extent"]
 
@@ -28,12 +28,18 @@ class Frame:
         image: (H, W, 3) float32 in [0, 1]; alpha already composited onto the dataset's background.
         alpha: (H, W) float32 in [0, 1], or None when the image file has no alpha channel.
         name: frame name (the image file's stem), used for output file names.
+        mask: (H, W) bool (or float in {0, 1}) on the image's device: the pixels that count — True / 1 where the
+            pixel has a source in the photo (lens undistortion leaves none near the borders of a distorted
+            capture) and the user's mask keeps it; False / 0 pixels never enter a loss, a densification
+            statistic or a metric (their ``image`` values are meaningless, 0 for pixels with no source).
+            None (the usual case) means every pixel counts and costs nothing.
     """
 
     camera: Camera
     image: torch.Tensor
     alpha: torch.Tensor | None
     name: str
+    mask: torch.Tensor | None = None
 
 
 @dataclass
@@ -72,29 +78,17 @@ class Dataset:
 
 
 @dataclass
-class Distortion:
-    """A lens model to remove at load.
-
-    ``to_pixels(x, y)`` maps normalised pinhole coordinates (arrays, float64) to pixel positions ``(u, v)`` in
-    the distorted image of size ``width × height`` (the size its intrinsics refer to). ``key`` is hashable and
-    equal for equal models (used to cache the per-pixel map).
-    """
-
-    key: tuple
-    to_pixels: Callable
-    width: int
-    height: int
-
-
-@dataclass
 class FrameSpec:
-    """A frame before its image is read: pinhole camera at the declared size, image path, lens model."""
+    """A frame before its image is read: pinhole camera at the declared size, image path, lens model, and the
+    user's mask file (nerfstudio / Brush convention: non-zero keeps, black ignores; see
+    :func:`~rigel_core.data.images.read_mask`)."""
 
     camera: Camera
     image_path: Path | None
     name: str
     distortion: Distortion | None = None
     extra: dict = field(default_factory=dict)
+    mask_path: Path | None = None
 
 
 def camera_extent(cameras: list[Camera]) -> tuple[np.ndarray, float]:
@@ -111,12 +105,22 @@ def camera_extent(cameras: list[Camera]) -> tuple[np.ndarray, float]:
     return center, (radius if radius > 0 else 1.0)
 
 
-def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, device, source: Path) -> list[Frame]:
-    """Read, composite, undistort and downscale the images of ``specs``.
+def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, device, source: Path,
+                alpha_as_mask: bool = False) -> list[Frame]:
+    """Read, composite, mask, undistort and downscale the images of ``specs``.
 
     When an image's size differs from the size its camera declares, the intrinsics are rescaled to the image
     (a dataset shipped with downsampled images); a warning says so once per call.
-    Raises DatasetError naming the image when it cannot be decoded.
+
+    Masks (``Frame.mask``; None when every pixel counts): the AND of the lens-validity mask
+    (:func:`~rigel_core.data.undistort.undistort_map`), the user's mask file (``spec.mask_path``, undistorted
+    with the image: an output pixel is kept only when every photo pixel it interpolates with a non-zero weight is
+    kept) and, with ``alpha_as_mask``, the image's alpha channel (alpha > 0 keeps; the colour is then used as
+    stored, not composited, and ``Frame.alpha`` is None). ``--downscale``: a downscaled pixel is valid only when
+    every full-resolution pixel its box filter averages with a non-zero weight is (the box-filtered *ignored*
+    mask is exactly 0).
+
+    Raises DatasetError naming the image (or mask) when it cannot be decoded.
     """
     frames, maps, resized = [], {}, 0
     for spec in specs:
@@ -129,29 +133,40 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
         if (w, h) != (cam.width, cam.height):
             cam = cam.with_size(w, h)
             resized += 1
-        rgb, alpha = composite(rgba, white_bg)
+        keep = None  # (h, w) bool in the photo's pixels
+        if spec.mask_path is not None:
+            try:
+                keep = read_mask(spec.mask_path, (w, h))
+            except ValueError as e:
+                raise DatasetError(str(e)) from e
+        if alpha_as_mask and rgba.shape[-1] == 4:
+            rgb, alpha = np.ascontiguousarray(rgba[..., :3]), None
+            keep = rgba[..., 3] > 0 if keep is None else keep & (rgba[..., 3] > 0)
+        else:
+            rgb, alpha = composite(rgba, white_bg)
+        mask = mask_all(keep)
         if spec.distortion is not None:
             key = (spec.distortion.key, w, h, cam.fx, cam.fy, cam.cx, cam.cy)
             if key not in maps:
-                maps[key] = _source_coords(cam, spec.distortion)
-            rgb = remap_bilinear(rgb, maps[key])
-            alpha = None if alpha is None else remap_bilinear(alpha, maps[key])
+                maps[key] = undistort_map(w, h, cam.fx, cam.fy, cam.cx, cam.cy, spec.distortion, (w, h))
+            mx, my, valid = maps[key]
+            rgb = remap(rgb, mx, my, valid)
+            alpha = None if alpha is None else remap(alpha, mx, my, valid)
+            if mask is not None:
+                mask = mask_all(remap_mask(mask, mx, my, valid))
+            else:
+                mask = mask_all(valid)
         if downscale != 1:
             cam = cam.scaled(1.0 / downscale)
             rgb = resize_area(rgb, cam.width, cam.height)
             alpha = None if alpha is None else resize_area(alpha, cam.width, cam.height)
+            if mask is not None:
+                mask = mask_all(resize_area((~mask).astype(np.float32), cam.width, cam.height) == 0.0)
         frames.append(Frame(cam, torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)).to(device),
                             None if alpha is None else torch.from_numpy(np.ascontiguousarray(alpha)).to(device),
-                            spec.name))
+                            spec.name,
+                            None if mask is None else torch.from_numpy(np.ascontiguousarray(mask)).to(device)))
     if resized:
         warnings.warn(f"{source}: {resized} image(s) differ in size from their camera's declared size; "
                       "intrinsics were rescaled to the image size", stacklevel=3)
     return frames
-
-
-def _source_coords(cam: Camera, dist: Distortion) -> np.ndarray:
-    """(H, W, 2) position in the distorted image (actual size) of each pixel centre of the pinhole ``cam``."""
-    x, y = pinhole_pixel_grid(cam.width, cam.height, cam.fx, cam.fy, cam.cx, cam.cy)
-    u, v = dist.to_pixels(x, y)
-    # the lens model's pixels refer to its declared size; the image may have been stored at another size
-    return np.stack([np.asarray(u) * (cam.width / dist.width), np.asarray(v) * (cam.height / dist.height)], -1)

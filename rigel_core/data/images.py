@@ -14,8 +14,8 @@ import numpy as np
 
 from ..limits import MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, check_image_size
 
-__all__ = ["IMAGE_EXTENSIONS", "resolve_image_path", "read_image", "image_size", "composite",
-           "resize_area", "write_png", "write_render_rgba"]
+__all__ = ["IMAGE_EXTENSIONS", "resolve_image_path", "read_image", "read_mask", "find_mask", "image_size",
+           "composite", "resize_area", "write_png", "write_render_rgba"]
 
 #: Extensions tried, in order, when a dataset names an image without one (NeRF-synthetic ``./train/r_0``).
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".PNG", ".JPG", ".JPEG", ".WEBP")
@@ -93,6 +93,40 @@ def read_image(path: Path, *, max_side: int = MAX_IMAGE_SIDE, max_pixels: int = 
             return np.asarray(im, dtype=np.float32) / 255.0
     except (*_DECODE_ERRORS, Image.DecompressionBombError) as e:
         raise ValueError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
+
+
+def read_mask(path: Path, size: tuple[int, int] | None = None) -> np.ndarray:
+    """Decode a mask image to an (H, W) bool array: True (keep) where the mask is non-zero, False (ignore) where
+    it is black — the nerfstudio / Brush convention. Colour masks are reduced to their luminance (any
+    non-black colour keeps); an alpha channel, if present, is ignored. Store masks losslessly (PNG): JPEG noise
+    turns black into small non-zero values.
+
+    ``size`` (width, height): the photo's size; a mask of another size is resized to it (nearest neighbour).
+    Raises ValueError naming the file when it cannot be decoded.
+    """
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            im.load()
+            if im.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
+                a = np.asarray(im, dtype=np.float64)
+            else:
+                im = im.convert("RGB").convert("L") if im.mode not in ("L", "1") else im.convert("L")
+                a = np.asarray(im, dtype=np.float64)
+            if size is not None and (a.shape[1], a.shape[0]) != tuple(size):
+                a = np.asarray(Image.fromarray(a.astype(np.float32), mode="F").resize(tuple(size), Image.NEAREST))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot read mask ({e})") from e
+    return a > 0
+
+
+def find_mask(masks_dir: Path, image_name: str) -> Path | None:
+    """The mask file of an image in ``masks_dir``, or None: the same relative name (``a/b.jpg``), that name
+    plus an image extension (COLMAP's ``b.jpg.png``), or the same stem with any of :data:`IMAGE_EXTENSIONS`."""
+    if not Path(masks_dir).is_dir():
+        return None
+    return resolve_image_path(masks_dir, image_name)
 
 
 def composite(rgba: np.ndarray, white_bg: bool) -> tuple[np.ndarray, np.ndarray | None]:

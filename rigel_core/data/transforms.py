@@ -10,9 +10,13 @@ One parser serves both (and the ``rigel-render`` CLI, which needs only the camer
   own size), ``fl_x``/``fl_y`` in pixels or ``camera_angle_x``/``camera_angle_y`` in radians
   (``fx = 0.5·w / tan(0.5·camera_angle_x)``; ``fy`` defaults to ``fx``), ``cx``/``cy`` (default ``w/2``,
   ``h/2``; pixel centres at +0.5, DESIGN §3).
-- OpenCV lens distortion ``k1 k2 p1 p2`` (+ ``k3``): removed from the image once, at load
-  (:mod:`rigel_core.data.undistort`); the camera returned is the ideal pinhole with the same ``fx fy cx cy``.
-  Fisheye models (``is_fisheye``, ``camera_model: OPENCV_FISHEYE``) are rejected with an error.
+- Lens distortion, removed from the image once, at load (:mod:`rigel_core.data.undistort`); the camera returned
+  is the ideal pinhole with the same ``fx fy cx cy`` and ``Frame.mask`` flags the pixels left without a source.
+  OpenCV ``k1 k2 p1 p2`` (+ ``k3``) (``camera_model`` absent, ``OPENCV`` or ``PERSPECTIVE``); fisheye
+  ``k1 k2 k3 k4`` (equidistant) when ``camera_model`` is ``OPENCV_FISHEYE`` (or ``FISHEYE``) or ``is_fisheye``
+  is true. Other ``camera_model`` values (``EQUIRECTANGULAR``, ``FISHEYE624``, …) are rejected with an error.
+- Masks: a frame's ``mask_path`` (relative to the JSON file), else ``masks/<image file name>`` next to the JSON
+  file (any image extension; nerfstudio / Brush convention: non-zero keeps, black ignores).
 - ``file_path`` is relative to the JSON file and may lack an extension (any of
   :data:`~rigel_core.data.images.IMAGE_EXTENSIONS` is accepted).
 - nerfstudio's ``ply_file_path`` (relative to the JSON file): a PLY ``vertex`` element with ``x y z`` and
@@ -34,9 +38,9 @@ import numpy as np
 from ..camera import Camera, check_fov
 from ..limits import (MAX_DATASET_FRAMES, MAX_IMAGE_SIDE, MAX_JSON_BYTES, MAX_JSON_DEPTH, MAX_NAME_BYTES,
                       MAX_PATH_LENGTH, check_image_size)
-from .frames import DatasetError, Distortion, FrameSpec
-from .images import IMAGE_EXTENSIONS, image_size, resolve_image_path
-from .undistort import OPENCV_KEYS, opencv_distort
+from .frames import DatasetError, FrameSpec
+from .images import IMAGE_EXTENSIONS, find_mask, image_size, resolve_image_path
+from .undistort import FISHEYE_KEYS, OPENCV_KEYS, fisheye_lens, opencv_lens
 
 __all__ = ["read_json", "read_transforms", "frame_name", "read_ply_points", "check_file_path", "number"]
 
@@ -173,7 +177,8 @@ def read_transforms(path, *, require_images: bool = True, size: tuple[int, int] 
         file, and how many frames the file lists.
     Raises:
         DatasetError naming the file, the frame index and the field for malformed JSON, a missing or invalid
-        ``transform_matrix``, no focal length, an unknown image size, or a fisheye camera; for a bool or string
+        ``transform_matrix``, no focal length, an unknown image size, an unsupported ``camera_model``, or a
+        ``mask_path`` that names no file; for a bool or string
         where a number belongs, a non-finite number, ``camera_angle_x/y`` outside (0, π), a size that is not a
         whole number in 1..``max_image_size``, a non-positive focal length, and a ``file_path`` that is not a
         usable path (:func:`check_file_path`).
@@ -197,9 +202,12 @@ def read_transforms(path, *, require_images: bool = True, size: tuple[int, int] 
             missing += 1
             continue
         try:
-            specs.append(_frame_spec(meta, frame, img, frame_name(frame, i), size, max_image_size))
+            spec = _frame_spec(meta, frame, img, frame_name(frame, i), size, max_image_size)
+            if require_images:  # masks matter only to a loader of the images
+                spec.mask_path = _mask_path(path.parent, frame, img)
         except (ValueError, TypeError, KeyError) as e:
             raise DatasetError(f"{where} ({fp!r:.80}): {e}") from e
+        specs.append(spec)
     return specs, missing, len(meta["frames"])
 
 
@@ -215,11 +223,28 @@ def _level(frame: dict, meta: dict, key: str) -> dict | None:
     return None
 
 
+def _mask_path(base: Path, frame: dict, img: Path | None) -> Path | None:
+    """The frame's ``mask_path`` (must exist), else ``base/masks/<image name>`` when that exists, else None."""
+    mp = frame.get("mask_path")
+    if isinstance(mp, str) and mp.strip():
+        found = resolve_image_path(base, mp)
+        if found is None:
+            raise ValueError(f"mask_path {mp!r}: file not found")
+        return found
+    return None if img is None else find_mask(base / "masks", img.name)
+
+
+#: ``camera_model`` values of nerfstudio's transforms.json that this loader understands.
+_PINHOLE_MODELS, _FISHEYE_MODELS = ("OPENCV", "PERSPECTIVE", "PINHOLE", ""), ("OPENCV_FISHEYE", "FISHEYE")
+
+
 def _frame_spec(meta: dict, frame: dict, img: Path | None, name: str, size, max_image_size=MAX_IMAGE_SIDE
                 ) -> FrameSpec:
-    for d in (frame, meta):
-        if d.get("is_fisheye") or str(d.get("camera_model", "")).upper() in ("OPENCV_FISHEYE", "FISHEYE"):
-            raise ValueError("fisheye cameras are not supported (only OpenCV k1 k2 p1 p2 k3 distortion)")
+    model = str(_lookup(frame, meta, "camera_model") or "").upper()
+    if model not in _PINHOLE_MODELS + _FISHEYE_MODELS:
+        raise ValueError(f"camera_model {model!r} is not supported (supported: OPENCV, PERSPECTIVE, "
+                         "OPENCV_FISHEYE)")
+    fisheye = model in _FISHEYE_MODELS or bool(_lookup(frame, meta, "is_fisheye"))
     if "transform_matrix" not in frame:
         raise ValueError("no 'transform_matrix'")
     w, h = (_size(_level(frame, meta, k), k) if _level(frame, meta, k) is not None else None for k in ("w", "h"))
@@ -257,20 +282,23 @@ def _frame_spec(meta: dict, frame: dict, img: Path | None, name: str, size, max_
     c2w = _matrix(frame["transform_matrix"])
     cam = Camera.from_c2w_opengl(c2w, width=w, height=h, fx=fx, fy=fy, cx=cx, cy=cy, name=name)
 
-    coeffs = {k: 0.0 if _level(frame, meta, k) is None else _finite(_level(frame, meta, k), k) for k in OPENCV_KEYS}
+    coeffs = {k: 0.0 if _level(frame, meta, k) is None else _finite(_level(frame, meta, k), k)
+              for k in (FISHEYE_KEYS if fisheye else OPENCV_KEYS)}
     dist = None
-    if any(v != 0.0 for v in coeffs.values()):
-        dist = _opencv_distortion(coeffs, fx, fy, cx, cy, w, h)
+    if fisheye:  # even with k = 0 the equidistant projection is not a pinhole
+        dist = fisheye_lens(coeffs, fx, fy, cx, cy, w, h)
+    elif any(v != 0.0 for v in coeffs.values()):
+        dist = opencv_lens(coeffs, fx, fy, cx, cy, w, h)
     return FrameSpec(cam, img, name, dist)
 
 
-def _opencv_distortion(coeffs: dict, fx, fy, cx, cy, w, h) -> Distortion:
-    def to_pixels(x, y):
-        xd, yd = opencv_distort(x, y, **coeffs)
-        return fx * xd + cx, fy * yd + cy
-
-    key = ("opencv", tuple(coeffs[k] for k in OPENCV_KEYS), fx, fy, cx, cy, w, h)
-    return Distortion(key, to_pixels, w, h)
+def warn_unmasked(masks_dir: Path, specs: list) -> None:
+    """The one warning when a ``masks/`` folder exists but some images have no mask file in it (every pixel of
+    those images counts)."""
+    n = sum(s.mask_path is None for s in specs)
+    if n and Path(masks_dir).is_dir():
+        warnings.warn(f"{masks_dir}: {n} of {len(specs)} images have no mask file here; all their pixels count",
+                      stacklevel=3)
 
 
 def warn_missing(path: Path, missing: int, total: int) -> None:

@@ -87,20 +87,27 @@ def fit_affine(pred: torch.Tensor, gt: torch.Tensor,
 
 
 @torch.no_grad()
-def left_right_metrics(pred: torch.Tensor, gt: torch.Tensor) -> dict:
+def left_right_metrics(pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
     """The exposure evaluation protocol (module docstring) of one (H, W, 3) render against its ground truth:
     fit ``A, b`` on columns ``[0, W//2)``, apply them to columns ``[W//2, W)``, clamp to [0, 1] and score there.
+    ``mask`` (H, W) bool (None = every pixel valid) restricts both the fit and the score to valid pixels (as
+    :func:`.losses.mse` and :func:`.losses.ssim` do with a mask).
     Returns ``{"psnr": dB, "ssim": ..., "A": 3×3 list, "b": 3 list}`` (SSIM as :func:`.losses.ssim` on the
-    right half as an image of its own). Raises ValueError for an image narrower than 2 px."""
+    right half as an image of its own). Raises ValueError for an image narrower than 2 px or a left half with no
+    valid pixel."""
+    from .losses import mse
+
     w = pred.shape[1]
     if w < 2:
         raise ValueError(f"left_right_metrics: image width {w} px, need at least 2")
     half = w // 2
-    A, b = fit_affine(pred[:, :half], gt[:, :half])
+    A, b = fit_affine(pred[:, :half], gt[:, :half], None if mask is None else mask[:, :half])
     right = apply_affine(pred[:, half:].float(), A, b).clamp(0.0, 1.0)
     g = gt[:, half:].float()
-    m = float(((right - g) ** 2).mean())
-    return {"psnr": psnr_from_mse(m), "ssim": float(ssim(right, g)), "A": A.cpu().tolist(), "b": b.cpu().tolist()}
+    mr = None if mask is None else mask[:, half:]
+    m = float(mse(right, g, mr))
+    return {"psnr": psnr_from_mse(m), "ssim": float(ssim(right, g, mask=mr)), "A": A.cpu().tolist(),
+            "b": b.cpu().tolist()}
 
 
 class Exposure:

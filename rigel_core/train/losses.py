@@ -11,6 +11,14 @@ by 5 pixels and averages the SSIM map over every pixel — what the 3DGS referen
 uses for its D-SSIM loss and its reported SSIM, so our figures compare with theirs; ``padding="valid"`` keeps
 only windows fully inside the image (Wang et al.'s MATLAB code, scikit-image with ``gaussian_weights=True``).
 
+Masks: every function takes an optional ``mask`` — (H, W) or (B, H, W), bool or float in {0, 1} (True / 1 = the
+pixel counts; ``rigel_core.data.Frame.mask``). Masked-out pixels of *both* images are replaced by 0 (``torch.where``,
+so a NaN or any other value there changes nothing) before anything is computed, and the mean is taken over the
+valid pixels only: L1 / MSE = sum over valid pixels / (their count × C); SSIM = the SSIM map of the two masked
+images averaged over the valid pixels. A masked pixel's value therefore has exactly zero effect on the result and
+on every gradient. (The SSIM of a valid pixel next to masked ones sees zeros in its window, as a pixel at the
+image border sees the zero padding.) ``mask=None`` runs the unmasked code unchanged.
+
 On float32 CUDA images with the default window and padding, :func:`ssim_map` (hence :func:`ssim`, :func:`dssim`)
 runs the fused kernels of ``csrc/ssim.cu`` instead (same contract, gradient to ``pred`` only; the rules, the layout
 and the derivative are in :mod:`.ssim_cuda`); ``RIGEL_SSIM=torch`` in the environment forces the PyTorch path.
@@ -24,8 +32,8 @@ import torch.nn.functional as F
 
 from . import ssim_cuda as _fused
 
-__all__ = ["l1_loss", "mse", "psnr", "psnr_from_mse", "gaussian_window_1d", "ssim_map", "ssim", "dssim", "SSIM_C1",
-           "SSIM_C2"]
+__all__ = ["l1_loss", "mse", "psnr", "apply_mask", "psnr_from_mse", "gaussian_window_1d", "ssim_map", "ssim", "dssim",
+           "SSIM_C1", "SSIM_C2"]
 
 SSIM_C1 = 0.01 ** 2  # (K1·L)², L = 1
 SSIM_C2 = 0.03 ** 2  # (K2·L)²
@@ -45,24 +53,52 @@ def _check_pair(pred: torch.Tensor, target: torch.Tensor) -> None:
         raise ValueError(f"prediction {tuple(pred.shape)} and target {tuple(target.shape)} differ in shape")
 
 
-def l1_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean absolute error over all pixels and channels (a 0-d tensor)."""
+def _as_mask(mask: torch.Tensor, img: torch.Tensor) -> torch.Tensor:
+    """``mask`` (H,W) or (B,H,W), bool or {0,1} float → bool (…, H, W, 1) broadcastable against ``img``."""
+    m = mask if mask.dtype == torch.bool else mask > 0.5
+    if m.shape != img.shape[-3:-1] and m.shape != img.shape[:-1]:
+        raise ValueError(f"mask {tuple(mask.shape)} does not fit image {tuple(img.shape)} (expected (H, W) or "
+                         "(B, H, W))")
+    return m.to(img.device)[..., None]
+
+
+def apply_mask(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor):
+    """``(pred_m, target_m, m, count)``: both images with masked-out pixels replaced by exactly 0 (``where``:
+    neither the value nor its gradient leaks), the bool (…, H, W, 1) mask, and the number of valid values
+    (pixels × channels, ≥ 1 so that an all-masked image gives 0, not NaN)."""
     _check_pair(pred, target)
-    return (pred - target).abs().mean()
+    m = _as_mask(mask, pred)
+    zero = pred.new_zeros(())
+    count = (m.expand(*pred.shape[:-1], 1).sum() * pred.shape[-1]).clamp_min(1)
+    return torch.where(m, pred, zero), torch.where(m, target, zero.to(target.dtype)), m, count
 
 
-def mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean squared error over all pixels and channels (a 0-d tensor)."""
-    _check_pair(pred, target)
-    return ((pred - target) ** 2).mean()
+def l1_loss(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean absolute error over all pixels and channels (a 0-d tensor); over the valid pixels with ``mask``."""
+    if mask is None:
+        _check_pair(pred, target)
+        return (pred - target).abs().mean()
+    p, t, _, count = apply_mask(pred, target, mask)
+    return (p - t).abs().sum() / count
 
 
-def psnr(pred: torch.Tensor, target: torch.Tensor, max_val: float = 1.0) -> torch.Tensor:
-    """Peak signal-to-noise ratio in dB, ``10·log10(max_val² / MSE)`` over the whole image (0-d tensor).
+def mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean squared error over all pixels and channels (a 0-d tensor); over the valid pixels with ``mask``."""
+    if mask is None:
+        _check_pair(pred, target)
+        return ((pred - target) ** 2).mean()
+    p, t, _, count = apply_mask(pred, target, mask)
+    return ((p - t) ** 2).sum() / count
+
+
+def psnr(pred: torch.Tensor, target: torch.Tensor, max_val: float = 1.0,
+         mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Peak signal-to-noise ratio in dB, ``10·log10(max_val² / MSE)`` over the whole image (0-d tensor), or over
+    the valid pixels of ``mask``.
 
     Identical images give +inf. For a set of views, average the per-view values (as 3DGS reports).
     """
-    m = mse(pred, target)
+    m = mse(pred, target, mask)
     return 10.0 * torch.log10(max_val ** 2 / m)
 
 
@@ -121,13 +157,24 @@ def ssim_map(pred: torch.Tensor, target: torch.Tensor, *, window_size: int = 11,
 
 
 def ssim(pred: torch.Tensor, target: torch.Tensor, *, window_size: int = 11, sigma: float = 1.5,
-         padding: str = "same") -> torch.Tensor:
-    """Mean SSIM (0-d tensor; 1 for identical images) — see :func:`ssim_map` and the module docstring."""
-    return ssim_map(pred, target, window_size=window_size, sigma=sigma, padding=padding).mean()
+         padding: str = "same", mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean SSIM (0-d tensor; 1 for identical images) — see :func:`ssim_map` and the module docstring.
+
+    With ``mask`` (``padding="same"`` only): the SSIM map of the masked images averaged over the valid pixels.
+    """
+    if mask is None:
+        return ssim_map(pred, target, window_size=window_size, sigma=sigma, padding=padding).mean()
+    if padding != "same":
+        raise ValueError("a masked SSIM needs padding='same' (one SSIM value per pixel)")
+    p, t, m, count = apply_mask(pred, target, mask)
+    smap = ssim_map(p, t, window_size=window_size, sigma=sigma, padding=padding)  # (B, C, H, W)
+    mb = m if m.dim() == 4 else m[None]  # (B|1, H, W, 1)
+    return torch.where(mb.permute(0, 3, 1, 2), smap, smap.new_zeros(())).sum() / count
 
 
 def dssim(pred: torch.Tensor, target: torch.Tensor, **kw) -> torch.Tensor:
-    """Structural dissimilarity as the 3DGS loss uses it: ``1 − SSIM`` (0-d tensor, 0 for identical images)."""
+    """Structural dissimilarity as the 3DGS loss uses it: ``1 − SSIM`` (0-d tensor, 0 for identical images);
+    ``mask=`` as :func:`ssim`."""
     return 1.0 - ssim(pred, target, **kw)
 
 

@@ -6,7 +6,9 @@ The CLI (``rigel-train``) and the viewer's training thread drive the same object
 1. learning rates for this iteration (position: exponential decay × scene extent; :mod:`.optim`), active SH
    degree = ``min(sh_degree, iteration // sh_degree_interval)``;
 2. the next training view (a fresh random permutation of the training set each epoch), render, loss
-   ``(1 − λ)·L1 + λ·(1 − SSIM)`` (:mod:`.losses`), backward;
+   ``(1 − λ)·L1 + λ·(1 − SSIM)`` (:mod:`.losses`), backward; over the frame's valid pixels only when it has a
+   ``mask`` (lens borders, user masks): a masked pixel has exactly zero effect on every gradient, hence on the
+   densification statistics too;
 3. **NaN guard**: a non-finite loss, parameter gradient or means2D gradient skips the update (no Adam step,
    no densification statistics; decided on the device, no host sync), and is counted in ``nan_skips`` and
    reported in the :class:`StepResult`;
@@ -38,7 +40,7 @@ from .config import TrainConfig
 from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_grad, prepare_means2D_grad, \
     reset_opacity
 from .exposure import Exposure, exposure_lr, left_right_metrics
-from .losses import l1_loss, psnr_from_mse, ssim
+from .losses import l1_loss, mse, psnr_from_mse, ssim
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
 
@@ -48,7 +50,9 @@ __all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "backgro
 @dataclass
 class EvalResult:
     """Held-out metrics at one iteration: means over the test views of the per-view PSNR (dB) and SSIM
-    (renders clamped to [0, 1]; SSIM as :func:`.losses.ssim`, zero-padded 11×11 window)."""
+    (renders clamped to [0, 1]; SSIM as :func:`.losses.ssim`, zero-padded 11×11 window), each over the view's
+    valid pixels (``Frame.mask``); ``per_view`` entries also give ``masked_pixels`` (0 without a mask) and
+    ``masked_pixels`` is their total."""
 
     iteration: int
     psnr: float
@@ -56,7 +60,8 @@ class EvalResult:
     num_gaussians: int
     n_views: int
     seconds: float
-    per_view: list = field(default_factory=list)  # [{"name", "psnr", "ssim"}]
+    per_view: list = field(default_factory=list)  # [{"name", "psnr", "ssim", "masked_pixels"}]
+    masked_pixels: int = 0
     #: with ``TrainConfig.exposure`` or ``eval_exposure``: the means of the left-half-fit / right-half-scored protocol
     #: (:func:`.exposure.left_right_metrics`; per view under "psnr_exposure", "ssim_exposure", "exposure_fit")
     psnr_exposure: float | None = None
@@ -69,7 +74,7 @@ class EvalResult:
 @dataclass
 class StepResult:
     """What one :meth:`Trainer.step` did. ``loss``, ``l1``, ``ssim``, ``psnr`` are those of the training view
-    (``nan`` when not finite); ``skipped`` is True when the NaN guard dropped the update; ``nan_skips`` counts
+    over its valid pixels (``nan`` when not finite); ``skipped`` is True when the NaN guard dropped the update; ``nan_skips`` counts
     the skipped steps so far.
 
     Those six values stay on the training device until first read (one small device→host copy then, cached), so
@@ -266,14 +271,16 @@ class Trainer:
 
     Args:
         dataset: a ``rigel_core.data.Dataset`` (or anything with ``train``/``test`` lists of frames having
-            ``camera``, ``image`` (H,W,3) float in [0,1], ``alpha``, ``name``; ``scene_center``,
+            ``camera``, ``image`` (H,W,3) float in [0,1], ``alpha``, ``name``, optionally ``mask`` (H,W) bool:
+            the pixels that count, None = all); ``scene_center``,
             ``scene_extent``, ``points``, ``point_colors``, ``white_bg``).
         config: a :class:`TrainConfig` (default: 3DGS defaults); edited live, read at every step.
         model: start from this model (its SH are padded/truncated to ``config.sh_degree``); default: SfM
             points when the dataset has them, else :func:`random_init_points`.
         device: where to train (default: CUDA when available with built kernels, else CPU).
 
-    Raises: ValueError for an empty training set, images that do not match their camera, or a bad config.
+    Raises: ValueError for an empty training set, images or masks that do not match their camera, or a bad
+    config.
     """
 
     def __init__(self, dataset, config: TrainConfig | None = None, *, model: GaussianModel | None = None,
@@ -299,6 +306,8 @@ class Trainer:
         self.white_bg = bool(getattr(dataset, "white_bg", False))
         self.background = torch.full((3,), 1.0 if self.white_bg else 0.0, device=self.device)
         self._train_images = [f.image.to(self.device, torch.float32) for f in self.train_frames]
+        #: per training frame: its mask as a bool tensor on the device, or None (every pixel counts)
+        self._train_masks = [self._device_mask(f) for f in self.train_frames]
         #: CPU generator for every random choice (view order, split offsets, init, random background):
         #: saved in checkpoints so a resumed run continues bit for bit.
         self.generator = torch.Generator().manual_seed(int(cfg.seed))
@@ -362,11 +371,27 @@ class Trainer:
             self._view_stack = torch.randperm(len(self.train_frames), generator=self.generator).tolist()
         return self._view_stack.pop()
 
-    def compute_loss(self, pred: torch.Tensor, gt: torch.Tensor):
-        """``(loss, l1, ssim)`` 0-d tensors: loss = (1 − λ)·L1 + λ·(1 − SSIM), λ = ``lambda_dssim``."""
+    def _device_mask(self, frame) -> torch.Tensor | None:
+        """``frame.mask`` as a bool tensor on the training device, or None when absent (or all valid)."""
+        m = getattr(frame, "mask", None)
+        if m is None:
+            return None
+        h, w = frame.camera.height, frame.camera.width
+        if tuple(m.shape) != (h, w):
+            raise ValueError(f"Trainer: frame {frame.name!r} mask has shape {tuple(m.shape)}, its camera expects "
+                             f"({h}, {w})")
+        m = (m if m.dtype == torch.bool else m > 0.5).to(self.device)
+        return None if bool(m.all()) else m
+
+    def compute_loss(self, pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor | None = None):
+        """``(loss, l1, ssim)`` 0-d tensors: loss = (1 − λ)·L1 + λ·(1 − SSIM), λ = ``lambda_dssim``.
+
+        ``mask`` (H, W) bool (True = counts), or None for every pixel: L1 and SSIM are then means over the valid
+        pixels of the masked images (:mod:`.losses`), so a masked pixel of ``pred`` or ``gt`` has exactly zero
+        effect on the loss and its gradient."""
         lam = self.config.lambda_dssim
-        l1 = l1_loss(pred, gt)
-        s = ssim(pred, gt)
+        l1 = l1_loss(pred, gt, mask)
+        s = ssim(pred, gt, mask=mask)
         return (1.0 - lam) * l1 + lam * (1.0 - s), l1, s
 
     def _all_finite(self, loss: torch.Tensor, g2d: torch.Tensor | None) -> torch.Tensor:
@@ -414,7 +439,7 @@ class Trainer:
         model.active_sh_degree = min(model.sh_degree, it // max(1, cfg.sh_degree_interval))
 
         idx = self._next_view()
-        frame, gt = self.train_frames[idx], self._train_images[idx]
+        frame, gt, mask = self.train_frames[idx], self._train_images[idx], self._train_masks[idx]
         bg = self.background
         if cfg.random_background and frame.alpha is not None:
             bg = host_to_device(torch.rand(3, generator=self.generator), self.device)
@@ -423,7 +448,7 @@ class Trainer:
         out = render(model, frame.camera, background=bg)
         prepare_means2D_grad(out)
         pred = self._apply_exposure(out.image, idx, it)  # out.image itself when config.exposure is off
-        loss, l1, s = self.compute_loss(pred, gt)
+        loss, l1, s = self.compute_loss(pred, gt) if mask is None else self.compute_loss(pred, gt, mask)
 
         g2d = None
         if loss.requires_grad:
@@ -455,7 +480,7 @@ class Trainer:
         self.iteration = it
 
         with torch.no_grad():
-            m_t = ((pred.detach() - gt) ** 2).mean()
+            m_t = mse(pred.detach(), gt, mask)
             values = torch.stack([loss.detach(), l1.detach(), s.detach(), m_t]).double()
             values = torch.cat([values, (~ok).double().reshape(1), self._nan_skips.reshape(1)])
         res = StepResult(it, model.num_gaussians, frame.name, model.active_sh_degree, lrs["means3D"], 0.0, report,
@@ -483,15 +508,17 @@ class Trainer:
         for f in frames:
             pred = self.render_frame(f)
             gt = f.image.to(self.device, torch.float32)
-            m = float(((pred - gt) ** 2).mean())
-            per_view.append({"name": f.name, "psnr": psnr_from_mse(m), "ssim": float(ssim(pred, gt))})
+            mask = self._device_mask(f)
+            m = float(mse(pred, gt, mask))
+            per_view.append({"name": f.name, "psnr": psnr_from_mse(m), "ssim": float(ssim(pred, gt, mask=mask)),
+                             "masked_pixels": 0 if mask is None else int((~mask).sum())})
             if self.config.exposure or self.config.eval_exposure:  # fit left half, score right half (exposure.py)
-                ex = left_right_metrics(pred, gt)
+                ex = left_right_metrics(pred, gt, mask)
                 per_view[-1].update(psnr_exposure=ex["psnr"], ssim_exposure=ex["ssim"],
                                     exposure_fit={"A": ex["A"], "b": ex["b"]})
         res = EvalResult(self.iteration, float(np.mean([v["psnr"] for v in per_view])),
                          float(np.mean([v["ssim"] for v in per_view])), self.model.num_gaussians, len(frames),
-                         time.perf_counter() - t0, per_view)
+                         time.perf_counter() - t0, per_view, sum(v["masked_pixels"] for v in per_view))
         if self.config.exposure or self.config.eval_exposure:
             res.psnr_exposure = float(np.mean([v["psnr_exposure"] for v in per_view]))
             res.ssim_exposure = float(np.mean([v["ssim_exposure"] for v in per_view]))
