@@ -1,0 +1,126 @@
+"""The cull rule on the CPU reference backend (docs/PIPELINE.md "Non-finite parameters"): a Gaussian with any
+non-finite parameter (mean, log-scale, quaternion, opacity logit, SH coefficient, MLP latent) renders exactly as
+if its row were deleted, and receives finite zero gradients.
+
+Before the rule covered colours, NaN/Inf in 1 % of the rows' SH coefficients turned every tile they touched
+(in practice the whole image) NaN — saved as black; +Inf opacity logits and −Inf log-scales were drawn.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rigel_core as rc
+from rigel_core.appearance import MLPAppearance
+from rigel_core.model import GaussianModel
+
+from helpers import random_camera
+
+BAD = (float("nan"), float("inf"), float("-inf"))
+
+
+def _scene(gen, n=300, degree=3, dtype=torch.float64):
+    means = (torch.rand(n, 3, generator=gen, dtype=dtype) * 2 - 1)
+    log_scales = -3.0 + 1.5 * torch.rand(n, 3, generator=gen, dtype=dtype)
+    quats = torch.randn(n, 4, generator=gen, dtype=dtype)
+    logits = torch.randn(n, generator=gen, dtype=dtype)
+    sh_dc = torch.randn(n, 1, 3, generator=gen, dtype=dtype) * 0.5
+    sh_rest = torch.randn(n, (degree + 1) ** 2 - 1, 3, generator=gen, dtype=dtype) * 0.1
+    return GaussianModel.from_tensors(means, log_scales, quats, logits, sh_dc, sh_rest)
+
+
+def _poison(model, field, rows, value, gen):
+    """Put ``value`` into one random entry of ``field`` (a parameter name or 'latents') in each of ``rows``."""
+    t = model.appearance.latents if field == "latents" else getattr(model, field)
+    t = t.detach().clone()
+    flat = t.reshape(t.shape[0], -1)
+    cols = torch.randint(0, flat.shape[1], (rows.numel(),), generator=gen)
+    flat[rows, cols] = value
+    if field == "latents":
+        model.appearance.latents = t
+    else:
+        setattr(model, field, t)
+
+
+def _deleted(model, rows):
+    keep = torch.ones(len(model), dtype=torch.bool)
+    keep[rows] = False
+    return model.subset(keep)
+
+
+def _render(model, cam):
+    return rc.render(model, cam, background=(0.2, 0.3, 0.4))
+
+
+CASES = [("sh_dc", 0), ("sh_dc", 3), ("sh_rest", 3), ("sh_rest", 0), ("means3D", 3), ("quats", 3),
+         ("log_scales", 3), ("opacity_logits", 3)]
+
+
+@pytest.mark.parametrize("field,degree", CASES)
+@pytest.mark.parametrize("value", BAD, ids=["nan", "inf", "-inf"])
+def test_poisoned_rows_render_as_deleted(rng, field, degree, value):
+    gen = rng
+    model = _scene(gen)
+    model.active_sh_degree = degree
+    cam = random_camera(gen, 64, 48, dist=3.0)
+    rows = torch.randperm(len(model), generator=gen)[:3]  # 1 %
+    want = _render(_deleted(model, rows), cam)
+    _poison(model, field, rows, value, gen)
+    got = _render(model, cam)
+    assert torch.isfinite(got.image).all()
+    assert (got.radii[rows] == 0).all()
+    torch.testing.assert_close(got.image, want.image, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got.final_T, want.final_T, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("value", BAD, ids=["nan", "inf", "-inf"])
+def test_poisoned_latents_render_as_deleted(rng, value):
+    gen = rng
+    model = _scene(gen, degree=0)
+    model.appearance = MLPAppearance.create(len(model), 8, 16, dtype=torch.float64, generator=gen)
+    cam = random_camera(gen, 64, 48, dist=3.0)
+    rows = torch.randperm(len(model), generator=gen)[:3]
+    want = _render(_deleted(model, rows), cam)
+    _poison(model, "latents", rows, value, gen)
+    got = _render(model, cam)
+    assert torch.isfinite(got.image).all()
+    torch.testing.assert_close(got.image, want.image, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("field", ["sh_dc", "sh_rest", "means3D", "log_scales", "opacity_logits", "quats",
+                                   "latents"])
+def test_poisoned_rows_get_zero_gradients(rng, field):
+    gen = rng
+    model = _scene(gen)
+    if field == "latents":
+        model.appearance = MLPAppearance.create(len(model), 8, 16, dtype=torch.float64, generator=gen)
+    cam = random_camera(gen, 48, 32, dist=3.0)
+    rows = torch.randperm(len(model), generator=gen)[:3]
+    for i, v in enumerate(BAD):
+        _poison(model, field, rows[i:i + 1], v, gen)
+    names = ("means3D", "log_scales", "quats", "opacity_logits") + (("sh_dc", "sh_rest") if field != "latents" else ())
+    params = [getattr(model, p) for p in names]
+    per_row = list(params)
+    if model.appearance is not None:
+        app = model.appearance
+        params += [app.latents, app.W1, app.b1, app.W2, app.b2]
+        per_row.append(app.latents)
+    for p in params:
+        p.requires_grad_(True)
+    out = _render(model, cam)
+    target = torch.rand(out.image.shape, generator=gen, dtype=out.image.dtype)
+    ((out.image - target) ** 2).sum().backward()
+    for p in params:
+        assert p.grad is not None and torch.isfinite(p.grad).all()
+    for p in per_row:
+        assert (p.grad[rows] == 0).all()
+    assert params[0].grad.abs().sum() > 0  # the rest of the scene still learns
+
+
+def test_all_rows_poisoned_gives_background(rng):
+    gen = rng
+    model = _scene(gen, n=20)
+    _poison(model, "sh_dc", torch.arange(20), float("nan"), gen)
+    out = _render(model, random_camera(gen, 40, 24, dist=3.0))
+    assert (out.radii == 0).all()
+    torch.testing.assert_close(out.image, torch.tensor([0.2, 0.3, 0.4], dtype=out.image.dtype).expand(24, 40, 3))
