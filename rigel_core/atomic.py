@@ -7,11 +7,18 @@ temporary file is removed and the old file, if any, is left untouched.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "umask"]
+__all__ = ["atomic_path", "umask", "temp_name_pattern", "remove_stale_temp_files"]
+
+# atomic_path's temporary names: "." + the destination's name + "." + tempfile.mkstemp's 8 random characters
+# (lower-case letters, digits, "_") + ".tmp". A kill -9 between mkstemp and os.replace leaves one behind.
+_TEMP_PREFIX = "."
+_TEMP_SUFFIX = ".tmp"
+_TEMP_RANDOM = r"[a-z0-9_]{8}"
 
 
 def umask() -> int:
@@ -37,7 +44,7 @@ def atomic_path(path):
     path = Path(path)
     directory = path.absolute().parent
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix="." + path.name + ".", suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=_TEMP_PREFIX + path.name + ".", suffix=_TEMP_SUFFIX, dir=directory)
     os.close(fd)
     try:
         yield tmp
@@ -51,3 +58,27 @@ def atomic_path(path):
         except OSError:
             pass
         raise
+
+
+def temp_name_pattern(name: str) -> "re.Pattern":
+    """The regular expression matching exactly the temporary names :func:`atomic_path` uses for a file ``name``."""
+    return re.compile(re.escape(_TEMP_PREFIX + name + ".") + _TEMP_RANDOM + re.escape(_TEMP_SUFFIX) + r"\Z")
+
+
+def remove_stale_temp_files(directory, names) -> list[Path]:
+    """Delete the temporary files that interrupted :func:`atomic_path` writes of the files ``names`` left in
+    ``directory`` (regular files whose whole name matches :func:`temp_name_pattern`; nothing else, no
+    recursion, symlinks left alone). Call it only while no other process writes there (rigel-train holds the
+    run lock). Returns the removed paths.
+
+    Raises: OSError when ``directory`` cannot be listed or a match cannot be removed.
+    """
+    directory = Path(directory)
+    patterns = [temp_name_pattern(n) for n in names]
+    removed = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if not entry.is_file(follow_symlinks=False) or not any(p.match(entry.name) for p in patterns):
+            continue
+        os.unlink(entry.path)
+        removed.append(Path(entry.path))
+    return removed

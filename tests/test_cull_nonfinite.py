@@ -124,3 +124,75 @@ def test_all_rows_poisoned_gives_background(rng):
     out = _render(model, random_camera(gen, 40, 24, dist=3.0))
     assert (out.radii == 0).all()
     torch.testing.assert_close(out.image, torch.tensor([0.2, 0.3, 0.4], dtype=out.image.dtype).expand(24, 40, 3))
+
+
+# ---- the same rule in the CUDA kernels (run on the H200; skipped without a GPU) ----------------------------
+
+def _gpu_case(rng, field, value, degree=3, mlp=False):
+    gen = rng
+    model = _scene(gen, n=2000, degree=degree, dtype=torch.float32)
+    if mlp:
+        model.appearance = MLPAppearance.create(len(model), 8, 16, dtype=torch.float32, generator=gen)
+    cam = random_camera(gen, 96, 64, dist=3.0)
+    rows = torch.randperm(len(model), generator=gen)[:20]  # 1 %
+    clean = _deleted(model, rows)
+    _poison(model, field, rows, value, gen)
+    return model, clean, cam, rows
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("field", ["sh_dc", "sh_rest", "means3D", "quats", "log_scales", "opacity_logits", "latents"])
+@pytest.mark.parametrize("value", BAD, ids=["nan", "inf", "-inf"])
+def test_cuda_poisoned_rows_render_as_deleted(rng, field, value):
+    model, clean, cam, rows = _gpu_case(rng, field, value, mlp=field == "latents")
+    dev = torch.device("cuda")
+    got = _render(model.to(dev), cam)
+    want = _render(clean.to(dev), cam)
+    assert torch.isfinite(got.image).all()
+    assert (got.radii[rows.to(dev)] == 0).all()
+    torch.testing.assert_close(got.image, want.image, rtol=0, atol=1e-6)
+    # and the CUDA render agrees with the float64 reference of the deleted scene (test_cuda_forward's bound)
+    ref = _render(clean.to(dtype=torch.float64), cam).image
+    mse = float(((got.image.double().cpu() - ref) ** 2).mean())
+    assert mse == 0 or -10 * torch.log10(torch.tensor(mse)) >= 60
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("field", ["sh_dc", "sh_rest", "means3D", "log_scales", "opacity_logits", "latents"])
+def test_cuda_poisoned_rows_get_zero_gradients(rng, field):
+    gen = rng
+    model, _, cam, rows = _gpu_case(rng, field, float("nan"), mlp=field == "latents")
+    for i, v in enumerate(BAD):  # NaN, +Inf, −Inf in different rows
+        _poison(model, field, rows[i * 5:(i + 1) * 5], v, gen)
+    model = model.to(torch.device("cuda"))
+    names = ("means3D", "log_scales", "quats", "opacity_logits") + (("sh_dc", "sh_rest") if field != "latents" else ())
+    params = [getattr(model, p) for p in names]
+    per_row = list(params)
+    if model.appearance is not None:
+        app = model.appearance
+        params += [app.latents, app.W1, app.b1, app.W2, app.b2]
+        per_row.append(app.latents)
+    for p in params:
+        p.requires_grad_(True)
+    out = _render(model, cam)
+    target = torch.rand(out.image.shape, generator=gen).to(out.image)
+    ((out.image - target) ** 2).sum().backward()
+    r = rows.to(out.image.device)
+    for p in params:
+        assert p.grad is not None and torch.isfinite(p.grad).all()
+    for p in per_row:
+        assert (p.grad[r] == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("degree", [0, 3])
+def test_cuda_sh_colors_mark_poisoned_rows(rng, degree):
+    from rigel_core.cuda_backend import sh_colors_cuda
+    from rigel_core.reference import sh_colors
+
+    model, _, cam, rows = _gpu_case(rng, "sh_rest", float("inf"), degree=3)
+    campos = cam.campos_tensor(torch.device("cpu"), torch.float32)
+    want = sh_colors(degree, model.sh_coeffs, model.means3D, campos)
+    got = sh_colors_cuda(degree, model.sh_coeffs.cuda(), model.means3D.cuda(), campos.cuda()).cpu()
+    assert torch.isnan(got[rows]).all() and torch.isnan(want[rows]).all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
