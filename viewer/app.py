@@ -883,9 +883,9 @@ def _make_trainer(args, device: str, run_dir: Path):
                              "(TrainConfig.appearance / Trainer.set_appearance missing)")
     ckpt = run_dir / CHECKPOINT_NAME
     if args.resume and ckpt.is_file():
-        from rigel_core.checkpoint import read_checkpoint
+        from rigel_core.checkpoint import read_checkpoint, validate_checkpoint
 
-        saved = read_checkpoint(ckpt)[1]["config"]
+        saved = validate_checkpoint(ckpt, *read_checkpoint(ckpt)).to_dict()  # CheckpointError naming the field
         saved.update(overrides)
         trainer = Trainer.from_checkpoint(ckpt, ds, device=device, config=TrainConfig.from_dict(saved))
     else:
