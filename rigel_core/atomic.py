@@ -1,8 +1,11 @@
 """Atomic file writes: readers (and a crash or Ctrl-C mid-write) never see a partial file.
 
 The data goes to a temporary file in the destination directory, is flushed to disk, given the permissions a
-plain ``open`` would have, and moved into place with ``os.replace`` (atomic on POSIX); on any error the
-temporary file is removed and the old file, if any, is left untouched.
+plain ``open`` would have, and moved into place with ``os.replace`` (atomic on POSIX), the directory fsync'ed
+after; on any error the temporary file is removed and the old file, if any, is left untouched. Only a kill -9
+(or a power loss) between the temporary file's creation and the rename leaves it behind, named
+``.<name>.<8 random characters>.tmp`` (:func:`temp_name_pattern`); :func:`remove_stale_temp_files` clears
+those (``rigel-train`` does at start, holding its run lock).
 """
 from __future__ import annotations
 
@@ -35,6 +38,19 @@ def umask() -> int:
     return mask
 
 
+def _fsync_dir(directory) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def atomic_path(path):
     """Yield a temporary path beside ``path`` to write to; on success it replaces ``path``.
@@ -52,6 +68,7 @@ def atomic_path(path):
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp creates 0600; give the file the usual permissions
         os.replace(tmp, path)
+        _fsync_dir(directory)  # make the rename itself durable (a power loss after it keeps the new file)
     except BaseException:
         try:
             os.unlink(tmp)
