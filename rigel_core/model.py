@@ -192,12 +192,14 @@ class GaussianModel:
         return m.min(0).values, m.max(0).values
 
     def center(self) -> torch.Tensor:
-        """(3,) centre of the robust (1 %–99 %) bounding box."""
+        """(3,) centre of the robust (1 %–99 %) bounding box of the finite means; the origin when there is none
+        (0 Gaussians, or none with a finite mean), the mean itself for one Gaussian."""
         lo, hi = self.bounds(0.01)
         return 0.5 * (lo + hi)
 
     def extent(self) -> float:
-        """Half-diagonal of the robust bounding box (world units)."""
+        """Half-diagonal of the robust bounding box (world units); 0.0 for fewer than two distinct finite means
+        (callers that divide by it need a floor — the viewer frames such scenes by the splats' scales)."""
         lo, hi = self.bounds(0.01)
         return float(0.5 * torch.linalg.norm(hi - lo))
 

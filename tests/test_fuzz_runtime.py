@@ -381,3 +381,24 @@ def test_fuzz_nonfinite_rows_never_black(rng):
         covered = want.amax(-1) > 1e-3
         assert (got.amax(-1)[covered] > 0).all(), case
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+def test_checkpoint_opened_as_a_scene(real_run, tmp_path):
+    """load_checkpoint_model (rigel-render / the viewer opening a checkpoint) checks the model part: wrong shapes
+    are one CheckpointError naming the file; non-finite values load (the cull rule draws the rest)."""
+    from rigel_core.checkpoint import load_checkpoint_model
+    from rigel_core.model import GaussianModel
+
+    _, run = real_run
+    tensors, meta = read_checkpoint(run / "checkpoint.safetensors")
+    bad = dict(tensors, **{"model.quats": tensors["model.quats"][:, :3]})
+    _save(bad, meta, tmp_path / "bad.safetensors")
+    with pytest.raises(CheckpointError, match=r"bad\.safetensors: model\.quats: shape"):
+        load_checkpoint_model(tmp_path / "bad.safetensors")
+    nan = {k: v.clone() for k, v in tensors.items()}
+    nan["model.sh_dc"][0, 0, 0] = float("nan")
+    _save(nan, meta, tmp_path / "nan.safetensors")
+    m = load_checkpoint_model(tmp_path / "nan.safetensors")
+    assert isinstance(m, GaussianModel) and torch.isnan(m.sh_dc[0, 0, 0])
+    assert (m.center() == m.center()).all() and GaussianModel.from_tensors(
+        torch.zeros(0, 3), torch.zeros(0, 3), torch.zeros(0, 4), torch.zeros(0), torch.zeros(0, 1, 3)).extent() == 0.0
