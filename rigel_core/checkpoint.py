@@ -165,7 +165,8 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
     (``exp_avg`` and ``exp_avg_sq`` of the parameter's shape and dtype, finite, ``exp_avg_sq`` ≥ 0, a scalar
     integral ``step`` in [0, iteration]) — only the SH groups of an MLP model, and every group at iteration 0,
     may have none; the densification statistics (N,) float32, finite, ≥ 0; ``rng.cpu`` a uint8 generator state
-    of the right size; ``views.stack`` distinct int64 view indices (in [0, ``n_train_views``) when given).
+    of the right size that torch accepts; ``views.stack`` distinct int64 view indices (in [0,
+    ``n_train_views``) when given).
 
     Raises: CheckpointError "<file>: <field>: <problem>".
     """
@@ -256,6 +257,10 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
         _check_tensor(path, tensors, f"stats.{k}", (n,), (torch.float32,), finite=True, nonneg=True)
     rng_size = torch.Generator().get_state().numel()
     _check_tensor(path, tensors, "rng.cpu", (rng_size,), (torch.uint8,))
+    try:  # torch checks the Mersenne-Twister state's own consistency: a flipped bit can break it
+        torch.Generator().set_state(tensors["rng.cpu"])
+    except RuntimeError as e:
+        _fail(path, "rng.cpu", f"not a generator state ({e})")
     _check_tensor(path, tensors, "views.stack", (-1,), (torch.int64,))
     validate_view_stack(path, tensors, n_train_views)
     known |= {f"stats.{k}" for k in STATS_KEYS} | {"rng.cpu", "views.stack"}

@@ -75,8 +75,8 @@ def mutate(rng: random.Random, tensors: dict, meta: dict, raw: bytes):
     t = {k: v.clone() for k, v in tensors.items()}
     m = json.loads(json.dumps(meta))
     kind = rng.choice(["drop_key", "drop_meta", "shape", "dtype", "nonfinite", "iteration", "views", "adam_shape",
-                       "rng_size", "config", "unknown_tensor", "format", "nan_skips", "adam_step", "negative",
-                       "truncate", "header_flip", "foreign", "eval_history", "extent"])
+                       "rng_size", "rng_state", "config", "unknown_tensor", "format", "nan_skips", "adam_step",
+                       "negative", "truncate", "header_flip", "foreign", "eval_history", "extent"])
     if kind == "drop_key":
         del t[rng.choice(sorted(t))]
     elif kind == "drop_meta":
@@ -112,6 +112,8 @@ def mutate(rng: random.Random, tensors: dict, meta: dict, raw: bytes):
         t[k] = torch.zeros(t[k].shape[0] + 1 + rng.randrange(4), *t[k].shape[1:])
     elif kind == "rng_size":
         t["rng.cpu"] = t["rng.cpu"][: rng.randrange(t["rng.cpu"].numel())]
+    elif kind == "rng_state":  # the right size, not a Mersenne-Twister state torch accepts
+        t["rng.cpu"] = torch.tensor([rng.randrange(256) for _ in range(t["rng.cpu"].numel())], dtype=torch.uint8)
     elif kind == "config":
         key, val = rng.choice([("sh_degree", 7), ("iterations", -5), ("bogus_field", 1), ("appearance", "nerf"),
                                ("lambda_dssim", 3.0), ("sh_degree", "three")])
@@ -182,7 +184,7 @@ def test_fuzz_checkpoint_validation(real_run, tmp_path):
             kinds.add(kind)
             continue
         assert kind == "header_flip", f"case {case} ({kind}) was accepted"
-    assert len(kinds) >= 18, kinds  # the generator reached (nearly) every kind
+    assert len(kinds) >= 19, kinds  # the generator reached (nearly) every kind
 
 
 # ---- through the command line -------------------------------------------------------------------------------
