@@ -102,7 +102,8 @@ void launch_project_fwd(const at::Tensor& means3D, const at::Tensor& quats, cons
     if (n == 0) return;
     project_fwd_kernel<<<num_blocks(n, kBlock1D), kBlock1D, 0, at::cuda::getCurrentCUDAStream()>>>(
         n, means3D.data_ptr<float>(), quats.data_ptr<float>(), scales.data_ptr<float>(), opacities.data_ptr<float>(),
-        colors != nullptr ? colors->data_ptr<float>() : nullptr, colors != nullptr ? static_cast<int>(colors->size(1)) : 0,
+        colors != nullptr ? colors->data_ptr<float>() : nullptr,
+        colors != nullptr ? static_cast<int>(colors->size(1)) : 0,
         viewmat.data_ptr<float>(), K.data_ptr<float>(), width, height, near_plane, far_plane,
         means2D.data_ptr<float>(), conics.data_ptr<float>(), depths.data_ptr<float>(), radii.data_ptr<int32_t>());
     RIGEL_CHECK_LAUNCH("project_fwd_kernel");

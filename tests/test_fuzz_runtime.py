@@ -404,3 +404,19 @@ def test_checkpoint_opened_as_a_scene(real_run, tmp_path):
     assert isinstance(m, GaussianModel) and torch.isnan(m.sh_dc[0, 0, 0])
     assert (m.center() == m.center()).all() and GaussianModel.from_tensors(
         torch.zeros(0, 3), torch.zeros(0, 3), torch.zeros(0, 4), torch.zeros(0), torch.zeros(0, 1, 3)).extent() == 0.0
+
+
+def test_resume_with_a_damaged_metrics_json(real_run, tmp_path, capsys):
+    """metrics.json is a report, not state: a damaged one is started afresh on --resume (no traceback)."""
+    from rigel_core.cli.train import main
+
+    data, run = real_run
+    for i, junk in enumerate(['{"train": 5}', "[1, 2", '"text"']):
+        rd = tmp_path / f"run{i}"
+        shutil.copytree(run, rd)
+        (rd / "metrics.json").write_text(junk)
+        assert main(["--data", str(data), "--out", str(rd), "--resume", "--device", "cpu", "--quiet",
+                     "--eval-every", "0", "--n-renders", "0"]) == 0
+        m = json.loads((rd / "metrics.json").read_text())
+        assert m["iterations_done"] == 20 and m["resumed_at"] == [20]
+    capsys.readouterr()

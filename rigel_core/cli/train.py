@@ -259,7 +259,7 @@ def _main(args, lock: _RunLock) -> int:
     overrides = {k: v for k, v in {"iterations": args.iters, "max_gaussians": args.max_gaussians,
                                    "eval_every": args.eval_every, "seed": args.seed,
                                    "init_points": args.init_points}.items() if v is not None}
-    checkpoint = None
+    resume_cfg = None
     if args.resume and ckpt.is_file():  # validated completely before the dataset loads and anything is written
         from ..checkpoint import CheckpointError, read_checkpoint, validate_checkpoint
 
@@ -275,7 +275,7 @@ def _main(args, lock: _RunLock) -> int:
         except ValueError as e:
             print(f"rigel-train: {ckpt}: config with the command line's overrides: {e}", file=sys.stderr)
             return 2
-        checkpoint = (tensors, cfg)
+        resume_cfg = cfg
     t_start = time.perf_counter()
     try:
         ds = load_dataset(args.data, white_bg=args.white_bg, downscale=args.downscale, test_every=args.test_every)
@@ -287,14 +287,17 @@ def _main(args, lock: _RunLock) -> int:
     metrics_path = run_dir / "metrics.json"
     metrics = None
     try:
-        if checkpoint is not None:
-            trainer = Trainer.from_checkpoint(ckpt, ds, device=device, config=checkpoint[1])
+        if resume_cfg is not None:
+            trainer = Trainer.from_checkpoint(ckpt, ds, device=device, config=resume_cfg)
             if metrics_path.is_file():
                 try:
                     metrics = json.loads(metrics_path.read_text())
                 except (OSError, ValueError):
-                    metrics = None  # a damaged metrics.json: start a fresh one (the checkpoint holds the state)
-                if not isinstance(metrics, dict):
+                    metrics = None
+                # a damaged metrics.json starts afresh (the checkpoint holds the training state)
+                if not (isinstance(metrics, dict) and isinstance(metrics.get("timings"), dict)
+                        and all(isinstance(metrics.get(k), list) for k in ("train", "eval", "densify"))
+                        and isinstance(metrics.get("resumed_at", []), list)):
                     metrics = None
         else:
             cfg = TrainConfig(sh_degree=args.sh_degree, appearance=args.appearance, **overrides)
@@ -315,7 +318,7 @@ def _main(args, lock: _RunLock) -> int:
     cfg = trainer.config
     if metrics is None:
         metrics = {"train": [], "eval": [], "densify": [], "timings": {}, "resumed_at": []}
-    else:
+    if resume_cfg is not None:
         metrics.setdefault("resumed_at", []).append(trainer.iteration)
     metrics.update({"data": str(args.data), "device": device, "config": cfg.to_dict(),
                     "dataset": {"train_views": len(ds.train), "test_views": len(ds.test),
