@@ -196,3 +196,35 @@ def test_cuda_sh_colors_mark_poisoned_rows(rng, degree):
     got = sh_colors_cuda(degree, model.sh_coeffs.cuda(), model.means3D.cuda(), campos.cuda()).cpu()
     assert torch.isnan(got[rows]).all() and torch.isnan(want[rows]).all()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+@pytest.mark.gpu
+def test_cuda_mlp_kernel_marks_poisoned_rows(rng):
+    """The fused appearance kernel against the reference on rows with non-finite latents or means: NaN colour
+    rows in both, equal elsewhere; backward: zero rows, finite weight gradients equal to the reference's."""
+    from rigel_core.appearance import mlp_colors
+
+    gen = rng
+    n, L, H = 3000, 8, 32
+    app = MLPAppearance.create(n, L, H, generator=gen)
+    means = torch.rand(n, 3, generator=gen) * 2 - 1
+    campos = torch.tensor([0.3, -2.5, 1.0])
+    rows = torch.randperm(n, generator=gen)[:30]
+    lat = app.latents.clone()
+    lat[rows[:10], 0] = float("nan")
+    lat[rows[10:20], L - 1] = float("inf")
+    means[rows[20:], 1] = float("-inf")
+    v = torch.rand(n, 3, generator=gen)
+    outs = []
+    for dev in ("cpu", "cuda"):
+        args = [t.to(dev).requires_grad_(True) for t in (lat, means, campos, app.W1, app.b1, app.W2, app.b2)]
+        c = mlp_colors(*args)
+        (c.nan_to_num(0.0) * v.to(dev)).sum().backward()
+        outs.append((c.detach().cpu(), [a.grad.cpu() for a in args]))
+    (c0, g0), (c1, g1) = outs
+    assert torch.isnan(c1[rows]).all() and torch.isfinite(c1[~torch.isin(torch.arange(n), rows)]).all()
+    torch.testing.assert_close(c1, c0, rtol=1e-5, atol=1e-6, equal_nan=True)
+    for a, b in zip(g1, g0):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert (g1[0][rows] == 0).all() and (g1[1][rows] == 0).all()
