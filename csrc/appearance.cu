@@ -255,7 +255,8 @@ __global__ void __launch_bounds__(kAppearanceBlock) appearance_bwd_kernel(
         // a culled row (non-finite latent or mean) is carried like a lane past N: zero inputs, zero gradients
         const bool valid = load_input<IN_PAD>(g, in_range, L, latents, means3D, campos, x, len);
         float vz0 = 0.f, vz1 = 0.f, vz2 = 0.f;  // dL/d(pre-sigmoid), sigmoid' = c (1 - c)
-        if (valid) {
+        // a colour that overflowed to NaN from finite inputs was culled as well: no gradient from it
+        if (valid && isfinite(colors[3 * g + 0]) && isfinite(colors[3 * g + 1]) && isfinite(colors[3 * g + 2])) {
             const float cr = colors[3 * g + 0], cg = colors[3 * g + 1], cb = colors[3 * g + 2];
             vz0 = v_colors[3 * g + 0] * cr * (1.f - cr);
             vz1 = v_colors[3 * g + 1] * cg * (1.f - cg);

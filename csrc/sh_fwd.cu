@@ -25,9 +25,9 @@ __global__ void __launch_bounds__(kBlock1D) sh_fwd_kernel(
         return;
     }
     const ShEval<DEGREE> e = sh_eval<DEGREE>(g, coeffs_per_gaussian, sh_coeffs, means3D, campos);
-    colors[3 * g + 0] = fmaxf(e.raw[0] + 0.5f, 0.f);
-    colors[3 * g + 1] = fmaxf(e.raw[1] + 0.5f, 0.f);
-    colors[3 * g + 2] = fmaxf(e.raw[2] + 0.5f, 0.f);
+    // a NaN sum of finite but huge coefficients (Inf - Inf) stays NaN, as torch.clamp_min keeps it: culled too
+#pragma unroll
+    for (int ch = 0; ch < 3; ++ch) colors[3 * g + ch] = isnan(e.raw[ch]) ? e.raw[ch] : fmaxf(e.raw[ch] + 0.5f, 0.f);
 }
 
 }  // namespace

@@ -130,6 +130,7 @@ def reference_backward(latents, means3D, campos, W1, b1, W2, b2, colors, v_color
     pre = x @ W1.T + b1
     hidden = torch.relu(pre)
     v_z = v_colors * colors * (1 - colors)  # through the sigmoid
+    ok = ok & torch.isfinite(colors).all(-1)  # a colour that overflowed to NaN was culled too
     v_z = torch.where(ok[:, None], v_z, torch.zeros((), dtype=v_z.dtype, device=v_z.device))
     v_W2 = v_z.T @ hidden
     v_b2 = v_z.sum(0)
