@@ -51,16 +51,21 @@ __device__ __forceinline__ float* stage_weights(float* s_w1, int L, int H, const
     return s_hid;
 }
 
-// x = [d, latent, 0...] of Gaussian g (all zero when !valid); len = |mean - campos| for the backward.
-// A mean at the camera centre gives d = 0 (never NaN), as the reference.
+// x = [d, latent, 0...] of Gaussian g (all zero when !valid or the row is culled); len = |mean - campos| for
+// the backward. A mean at the camera centre gives d = 0 (never NaN), as the reference. Returns false for a row
+// the cull rule removes (a non-finite latent or mean, docs/PIPELINE.md "Non-finite parameters"): its inputs
+// stay 0, so no NaN reaches the shared weight gradients.
 template <int IN_PAD>
-__device__ __forceinline__ void load_input(int64_t g, bool valid, int L, const float* __restrict__ latents,
+__device__ __forceinline__ bool load_input(int64_t g, bool valid, int L, const float* __restrict__ latents,
                                            const float* __restrict__ means3D, const float* __restrict__ campos,
                                            float (&x)[IN_PAD], float& len) {
 #pragma unroll
     for (int i = 0; i < IN_PAD; ++i) x[i] = 0.f;
     len = 0.f;
-    if (!valid) return;
+    if (!valid) return false;
+    bool finite = isfinite(means3D[3 * g + 0]) && isfinite(means3D[3 * g + 1]) && isfinite(means3D[3 * g + 2]);
+    for (int i = 0; i < L; ++i) finite = finite && isfinite(latents[g * L + i]);
+    if (!finite) return false;
     const float dx = means3D[3 * g + 0] - __ldg(campos + 0);
     const float dy = means3D[3 * g + 1] - __ldg(campos + 1);
     const float dz = means3D[3 * g + 2] - __ldg(campos + 2);
@@ -72,6 +77,7 @@ __device__ __forceinline__ void load_input(int64_t g, bool valid, int L, const f
     const float* z = latents + g * L;
 #pragma unroll
     for (int i = 0; i < IN_PAD - 3; ++i) x[3 + i] = i < L ? z[i] : 0.f;
+    return true;
 }
 
 // bias + <w1 row, x> (padding columns are 0 in both).
@@ -116,7 +122,10 @@ __global__ void __launch_bounds__(kAppearanceBlock) appearance_fwd_kernel(
     for (int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; g < n; g += stride) {
         float x[IN_PAD];
         float len;
-        load_input<IN_PAD>(g, true, L, latents, means3D, campos, x, len);
+        if (!load_input<IN_PAD>(g, true, L, latents, means3D, campos, x, len)) {  // culled: the NaN marker
+            colors[3 * g + 0] = colors[3 * g + 1] = colors[3 * g + 2] = __int_as_float(0x7fc00000);
+            continue;
+        }
         float z0 = c0, z1 = c1, z2 = c2;
         for (int j = 0; j < H; ++j) {
             const float4 hv = hid4[j];
@@ -240,12 +249,14 @@ __global__ void __launch_bounds__(kAppearanceBlock) appearance_bwd_kernel(
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x; base < n; base += stride) {
         const int64_t g = base + threadIdx.x;
-        const bool valid = g < n;
+        const bool in_range = g < n;
         float x[IN_PAD];
         float len;
-        load_input<IN_PAD>(g, valid, L, latents, means3D, campos, x, len);
+        // a culled row (non-finite latent or mean) is carried like a lane past N: zero inputs, zero gradients
+        const bool valid = load_input<IN_PAD>(g, in_range, L, latents, means3D, campos, x, len);
         float vz0 = 0.f, vz1 = 0.f, vz2 = 0.f;  // dL/d(pre-sigmoid), sigmoid' = c (1 - c)
-        if (valid) {
+        // a colour that overflowed to NaN from finite inputs was culled as well: no gradient from it
+        if (valid && isfinite(colors[3 * g + 0]) && isfinite(colors[3 * g + 1]) && isfinite(colors[3 * g + 2])) {
             const float cr = colors[3 * g + 0], cg = colors[3 * g + 1], cb = colors[3 * g + 2];
             vz0 = v_colors[3 * g + 0] * cr * (1.f - cr);
             vz1 = v_colors[3 * g + 1] * cg * (1.f - cg);
@@ -279,7 +290,7 @@ __global__ void __launch_bounds__(kAppearanceBlock) appearance_bwd_kernel(
             warp_transpose_sum<4>(v, lane);
             if (lane < 3) atomicAdd(&s_vb2[lane], v[0]);
         }
-        if (valid) {
+        if (in_range) {  // every row's gradients are written; a culled row's are vx = 0 and x = 0, so 0
             float* vl = v_latents + g * L;
 #pragma unroll
             for (int i = 0; i < IN_PAD - 3; ++i)

@@ -32,8 +32,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("project_gaussians", &rigel::project_gaussians, py::arg("means3D"), py::arg("quats"), py::arg("scales"),
           py::arg("opacities"), py::arg("viewmat"), py::arg("K"), py::arg("width"), py::arg("height"),
           py::arg("near_plane") = RIGEL_NEAR_PLANE, py::arg("far_plane") = RIGEL_FAR_PLANE,
-          "[1] means3D (N,3), quats (N,4) wxyz, scales (N,3), opacities (N,), viewmat (4,4), K (3,3) -> "
-          "(means2D (N,2), conics (N,3), depths (N,), radii (N,) int32; culled: radius 0, zeros)");
+          py::arg("colors") = py::none(),
+          "[1] means3D (N,3), quats (N,4) wxyz, scales (N,3), opacities (N,), viewmat (4,4), K (3,3), colors (N,C) "
+          "or None (checked for finiteness only) -> (means2D (N,2), conics (N,3), depths (N,), radii (N,) int32; "
+          "culled (any non-finite parameter, degenerate, off-screen): radius 0, zeros)");
     m.def("sh_colors", &rigel::sh_colors, py::arg("degree"), py::arg("sh_coeffs"), py::arg("means3D"),
           py::arg("campos"), "[0] degree 0..3, sh_coeffs (N,K,3), means3D (N,3), campos (3,) -> colors (N,3)");
     m.def("bin_gaussians", &rigel::bin_gaussians, py::arg("means2D"), py::arg("conics"), py::arg("opacities"),

@@ -13,7 +13,8 @@ namespace rigel {
 // project_fwd.cu. means3D [N,3], quats [N,4], scales [N,3], opacities [N], viewmat [4,4], K [3,3]
 // -> means2D [N,2], conics [N,3], depths [N], radii [N] int32 (all written, culled = 0).
 void launch_project_fwd(const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales,
-                        const at::Tensor& opacities, const at::Tensor& viewmat, const at::Tensor& K, int width,
+                        const at::Tensor& opacities, const at::Tensor* colors, const at::Tensor& viewmat,
+                        const at::Tensor& K, int width,
                         int height, double near_plane, double far_plane, at::Tensor& means2D, at::Tensor& conics,
                         at::Tensor& depths, at::Tensor& radii);
 

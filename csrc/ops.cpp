@@ -147,15 +147,17 @@ CheckedInputs check_raster_inputs(const char* op, const at::Tensor& means2D, con
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> project_gaussians(
     const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales, const at::Tensor& opacities,
     const at::Tensor& viewmat, const at::Tensor& K, int64_t width, int64_t height, double near_plane,
-    double far_plane) {
+    double far_plane, const c10::optional<at::Tensor>& colors) {
     const auto [dev, n] =
         check_projection_inputs("project_gaussians", means3D, quats, scales, &opacities, viewmat, K, width, height);
+    if (colors.has_value()) check("project_gaussians", "colors", *colors, at::kFloat, dev, {n, -1}, "(N, C)");
     const c10::cuda::CUDAGuard guard(dev);
     const auto f32 = means3D.options();
     at::Tensor means2D = at::empty({n, 2}, f32), conics = at::empty({n, 3}, f32), depths = at::empty({n}, f32);
     at::Tensor radii = at::empty({n}, f32.dtype(at::kInt));
-    launch_project_fwd(means3D, quats, scales, opacities, viewmat, K, static_cast<int>(width), static_cast<int>(height),
-                       near_plane, far_plane, means2D, conics, depths, radii);
+    launch_project_fwd(means3D, quats, scales, opacities, colors.has_value() ? &*colors : nullptr, viewmat, K,
+                       static_cast<int>(width), static_cast<int>(height), near_plane, far_plane, means2D, conics,
+                       depths, radii);
     return {means2D, conics, depths, radii};
 }
 

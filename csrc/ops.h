@@ -10,11 +10,12 @@
 
 namespace rigel {
 
-// [1] -> (means2D [N,2], conics [N,3], depths [N], radii [N] int32)
+// [1] -> (means2D [N,2], conics [N,3], depths [N], radii [N] int32); colors [N,C] (optional) are only checked
+// for finiteness (the cull rule: any non-finite parameter culls the Gaussian).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> project_gaussians(
     const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales, const at::Tensor& opacities,
     const at::Tensor& viewmat, const at::Tensor& K, int64_t width, int64_t height, double near_plane,
-    double far_plane);
+    double far_plane, const c10::optional<at::Tensor>& colors);
 
 // [1] backward -> (v_means3D [N,3], v_quats [N,4], v_scales [N,3])
 std::tuple<at::Tensor, at::Tensor, at::Tensor> project_gaussians_backward(

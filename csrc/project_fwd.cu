@@ -14,6 +14,8 @@ __global__ void __launch_bounds__(kBlock1D) project_fwd_kernel(
     const float* __restrict__ quats,      // [N, 4] (w, x, y, z), any norm
     const float* __restrict__ scales,     // [N, 3]
     const float* __restrict__ opacities,  // [N]
+    const float* __restrict__ colors,     // [N, C] or nullptr: only checked for finiteness
+    int colors_per_gaussian,              // C
     const float* __restrict__ viewmat,    // [4, 4] row-major world-to-camera
     const float* __restrict__ K,          // [3, 3]
     int width, int height, double near_plane, double far_plane,
@@ -44,6 +46,12 @@ __global__ void __launch_bounds__(kBlock1D) project_fwd_kernel(
                         isfinite(qf.z) && isfinite(qf.w) && isfinite(sf[0]) && isfinite(sf[1]) && isfinite(sf[2]) &&
                         isfinite(of);
     if (!finite) return cull();
+    // The cull rule covers the colour too (docs/PIPELINE.md "Non-finite parameters"): the colour stages mark a
+    // Gaussian with a non-finite SH coefficient or latent by a NaN colour, and a colour that overflowed is Inf.
+    // Drawn, either would turn its tiles NaN (0 * Inf in the blend).
+    if (colors != nullptr)
+        for (int ch = 0; ch < colors_per_gaussian; ++ch)
+            if (!isfinite(colors[static_cast<int64_t>(colors_per_gaussian) * g + ch])) return cull();
     const double qw = qf.x, qx = qf.y, qy = qf.z, qz = qf.w;
     const double qn2 = qw * qw + qx * qx + qy * qy + qz * qz;
     if (!(qn2 >= 1e-24)) return cull();  // degenerate quaternion
@@ -86,13 +94,16 @@ __global__ void __launch_bounds__(kBlock1D) project_fwd_kernel(
 }  // namespace
 
 void launch_project_fwd(const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales,
-                        const at::Tensor& opacities, const at::Tensor& viewmat, const at::Tensor& K, int width,
+                        const at::Tensor& opacities, const at::Tensor* colors, const at::Tensor& viewmat,
+                        const at::Tensor& K, int width,
                         int height, double near_plane, double far_plane, at::Tensor& means2D, at::Tensor& conics,
                         at::Tensor& depths, at::Tensor& radii) {
     const int64_t n = means3D.size(0);
     if (n == 0) return;
     project_fwd_kernel<<<num_blocks(n, kBlock1D), kBlock1D, 0, at::cuda::getCurrentCUDAStream()>>>(
         n, means3D.data_ptr<float>(), quats.data_ptr<float>(), scales.data_ptr<float>(), opacities.data_ptr<float>(),
+        colors != nullptr ? colors->data_ptr<float>() : nullptr,
+        colors != nullptr ? static_cast<int>(colors->size(1)) : 0,
         viewmat.data_ptr<float>(), K.data_ptr<float>(), width, height, near_plane, far_plane,
         means2D.data_ptr<float>(), conics.data_ptr<float>(), depths.data_ptr<float>(), radii.data_ptr<int32_t>());
     RIGEL_CHECK_LAUNCH("project_fwd_kernel");

@@ -23,6 +23,12 @@ __global__ void __launch_bounds__(kBlock1D) sh_bwd_kernel(
     const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (g >= n) return;
     constexpr int kBases = num_sh_bases(DEGREE);
+    if (!sh_row_finite(g, coeffs_per_gaussian, sh_coeffs, means3D)) {  // culled: zero gradients, never NaN
+        float* vz = v_sh_coeffs + g * coeffs_per_gaussian * 3;
+        for (int i = 0; i < 3 * coeffs_per_gaussian; ++i) vz[i] = 0.f;
+        v_means3D[3 * g + 0] = v_means3D[3 * g + 1] = v_means3D[3 * g + 2] = 0.f;
+        return;
+    }
     // recompute the forward (the raw colour says where the clamp is active)
     const ShEval<DEGREE> e = sh_eval<DEGREE>(g, coeffs_per_gaussian, sh_coeffs, means3D, campos);
     const float3 d = e.d;

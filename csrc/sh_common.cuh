@@ -108,6 +108,17 @@ __device__ inline float3 view_direction(const float* __restrict__ mean, const fl
     return make_float3(dx * inv, dy * inv, dz * inv);
 }
 
+// The cull rule (docs/PIPELINE.md "Non-finite parameters"): are all K coefficients (not only the evaluated
+// degree's) and the mean of Gaussian g finite? A Gaussian that fails gets the colour NaN in the forward (the
+// projection culls it by it) and zero gradients in the backward.
+__device__ inline bool sh_row_finite(int64_t g, int coeffs_per_gaussian, const float* __restrict__ sh_coeffs,
+                                     const float* __restrict__ means3D) {
+    bool ok = isfinite(means3D[3 * g + 0]) && isfinite(means3D[3 * g + 1]) && isfinite(means3D[3 * g + 2]);
+    const float* c = sh_coeffs + g * coeffs_per_gaussian * 3;
+    for (int i = 0; i < 3 * coeffs_per_gaussian; ++i) ok = ok && isfinite(c[i]);
+    return ok;
+}
+
 // What the forward and the backward both evaluate for Gaussian g: the view direction d and its length, the
 // bases Y at d, and the colour before the +0.5 offset and the clamp, raw[ch] = sum_k Y_k c_k[ch] (k ascending).
 template <int DEGREE>

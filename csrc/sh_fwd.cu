@@ -8,7 +8,8 @@
 namespace rigel {
 namespace {
 
-// colors = max(sum_k Y_k(dir) c_k + 0.5, 0), dir = normalize(mean - campos).
+// colors = max(sum_k Y_k(dir) c_k + 0.5, 0), dir = normalize(mean - campos); NaN for a non-finite row (fmaxf
+// would turn a NaN sum into 0, a drawn black splat).
 template <int DEGREE>
 __global__ void __launch_bounds__(kBlock1D) sh_fwd_kernel(
     int64_t n, int coeffs_per_gaussian,
@@ -19,10 +20,14 @@ __global__ void __launch_bounds__(kBlock1D) sh_fwd_kernel(
 {
     const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (g >= n) return;
+    if (!sh_row_finite(g, coeffs_per_gaussian, sh_coeffs, means3D)) {  // culled: the NaN marker
+        colors[3 * g + 0] = colors[3 * g + 1] = colors[3 * g + 2] = __int_as_float(0x7fc00000);
+        return;
+    }
     const ShEval<DEGREE> e = sh_eval<DEGREE>(g, coeffs_per_gaussian, sh_coeffs, means3D, campos);
-    colors[3 * g + 0] = fmaxf(e.raw[0] + 0.5f, 0.f);
-    colors[3 * g + 1] = fmaxf(e.raw[1] + 0.5f, 0.f);
-    colors[3 * g + 2] = fmaxf(e.raw[2] + 0.5f, 0.f);
+    // a NaN sum of finite but huge coefficients (Inf - Inf) stays NaN, as torch.clamp_min keeps it: culled too
+#pragma unroll
+    for (int ch = 0; ch < 3; ++ch) colors[3 * g + ch] = isnan(e.raw[ch]) ? e.raw[ch] : fmaxf(e.raw[ch] + 0.5f, 0.f);
 }
 
 }  // namespace

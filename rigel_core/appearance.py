@@ -94,11 +94,25 @@ def reference_forward(latents, means3D, campos, W1, b1, W2, b2) -> torch.Tensor:
 
     Args: latents (N,L), means3D (N,3) world units, campos (3,) camera centre, W1 (H,L+3), b1 (H,),
     W2 (3,H), b2 (3,). Input order of W1's columns: the L latent entries, then the direction (x, y, z).
+
+    Cull rule (docs/PIPELINE.md "Non-finite parameters"): a row with a non-finite latent or mean gets the
+    colour NaN (the projection culls it by it) and zero gradients; its inputs are replaced before any arithmetic.
     """
+    ok, latents, means3D = _finite_rows(latents, means3D, campos)
     dirs, _ = view_directions(means3D, campos)
     x = torch.cat([latents, dirs], dim=-1)
     hidden = torch.relu(x @ W1.T + b1)
-    return torch.sigmoid(hidden @ W2.T + b2)
+    colors = torch.sigmoid(hidden @ W2.T + b2)
+    return torch.where(ok[:, None], colors, torch.full_like(colors, float("nan")))
+
+
+def _finite_rows(latents, means3D, campos):
+    """(ok (N,) bool, latents, means3D) with the rows of non-finite latents or means replaced by harmless values
+    (latent 0, mean = campos) — the cull of :func:`reference_forward` and :func:`reference_backward`."""
+    ok = torch.isfinite(latents).all(-1) & torch.isfinite(means3D).all(-1)
+    latents = torch.where(ok[:, None], latents, torch.zeros((), dtype=latents.dtype, device=latents.device))
+    means3D = torch.where(ok[:, None], means3D, campos.to(means3D).reshape(1, 3).expand_as(means3D))
+    return ok, latents, means3D
 
 
 def reference_backward(latents, means3D, campos, W1, b1, W2, b2, colors, v_colors, *, need_means: bool = True):
@@ -110,11 +124,14 @@ def reference_backward(latents, means3D, campos, W1, b1, W2, b2, colors, v_color
     ReLU passes gradient where its input is > 0 (0 at exactly 0, as ``torch.relu``).
     """
     L = latents.shape[1]
+    ok, latents, means3D = _finite_rows(latents, means3D, campos)  # culled rows: zero gradients
     dirs, length = view_directions(means3D, campos)
     x = torch.cat([latents, dirs], dim=-1)
     pre = x @ W1.T + b1
     hidden = torch.relu(pre)
     v_z = v_colors * colors * (1 - colors)  # through the sigmoid
+    ok = ok & torch.isfinite(colors).all(-1)  # a colour that overflowed to NaN was culled too
+    v_z = torch.where(ok[:, None], v_z, torch.zeros((), dtype=v_z.dtype, device=v_z.device))
     v_W2 = v_z.T @ hidden
     v_b2 = v_z.sum(0)
     v_pre = (v_z @ W2) * (pre > 0).to(pre.dtype)  # through the ReLU

@@ -19,21 +19,30 @@ uninterrupted run would have taken (tests/test_trainer.py checks bit equality on
 
 Writes are atomic: the file is written next to its destination under a temporary name, flushed, fsync'ed and
 moved into place with ``os.replace``.
+
+Reading for ``--resume`` validates the whole file first (:func:`validate_checkpoint`: every key, shape, dtype
+and range), so a damaged or foreign checkpoint is one :class:`CheckpointError` line naming the file and the
+field, raised before anything is built or written. Nothing is ever unpickled (safetensors only).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import torch
 
-from .model import PARAM_NAMES, GaussianModel
+from .model import PARAM_NAMES, GaussianModel, num_sh_bases
 from .atomic import atomic_path
 
-__all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "save_checkpoint", "read_checkpoint", "load_checkpoint_model",
-           "load_trainer"]
+__all__ = ["CHECKPOINT_FORMAT", "MAX_ITERATION", "CheckpointError", "save_checkpoint", "read_checkpoint",
+           "validate_checkpoint", "validate_view_stack", "load_checkpoint_model", "load_trainer"]
 
 CHECKPOINT_FORMAT = 1
+#: the largest iteration count a checkpoint may hold (a 30k-iteration run is the usual; 10^18 is damage)
+MAX_ITERATION = 100_000_000
+ADAM_KEYS = ("exp_avg", "exp_avg_sq", "step")
+STATS_KEYS = ("grad_accum", "denom", "max_radii")
 
 
 class CheckpointError(ValueError):
@@ -109,6 +118,205 @@ def read_checkpoint(path, device="cpu") -> tuple[dict, dict]:
     return tensors, meta
 
 
+def _fail(path, field: str, problem: str):
+    raise CheckpointError(f"{path}: {field}: {problem}")
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).replace('torch.', '')} {tuple(t.shape)}"
+
+
+def _check_tensor(path, tensors: dict, name: str, shape: tuple, dtypes, *, finite: bool = False,
+                  nonneg: bool = False) -> torch.Tensor:
+    """tensors[name] must exist with exactly ``shape`` (-1 = any size) and a dtype in ``dtypes``; optionally all
+    finite / ≥ 0. CheckpointError naming the file and the tensor otherwise."""
+    t = tensors.get(name)
+    if t is None:
+        _fail(path, name, "missing")
+    if t.dtype not in dtypes:
+        _fail(path, name, f"dtype {str(t.dtype).replace('torch.', '')}, expected "
+                          + " or ".join(str(d).replace("torch.", "") for d in dtypes))
+    if t.dim() != len(shape) or any(e >= 0 and a != e for a, e in zip(t.shape, shape)):
+        want = "(" + ", ".join("*" if e < 0 else str(e) for e in shape) + ("," if len(shape) == 1 else "") + ")"
+        _fail(path, name, f"shape {tuple(t.shape)}, expected {want}")
+    if finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        _fail(path, name, f"{int((~torch.isfinite(t)).sum())} non-finite value(s)")
+    if nonneg and bool((t < 0).any()):
+        _fail(path, name, "negative value(s)")
+    return t
+
+
+def _meta_int(path, meta: dict, key: str, lo: int, hi: int) -> int:
+    v = meta.get(key)
+    if isinstance(v, bool) or not isinstance(v, int):
+        _fail(path, f"metadata {key}", f"expected an integer, got {v!r}"[:200])
+    if not lo <= v <= hi:
+        _fail(path, f"metadata {key}", f"{v} outside [{lo}, {hi}]")
+    return v
+
+
+def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool = True, n_train_views=None):
+    """Check a checkpoint completely before anything uses it; returns its saved TrainConfig (None when
+    ``for_training`` is False).
+
+    Every tensor name must be known; the model tensors have the shapes of one model of N Gaussians (float32 or
+    float64, one dtype); the MLP appearance, when present, fits that N. With ``for_training`` (``--resume``) also:
+    metadata ``iteration`` in [0, MAX_ITERATION] and ≤ the saved config's ``iterations``, ``nan_skips`` in
+    [0, iteration], ``active_sh_degree`` in 0..3, ``extent`` finite > 0, ``config`` a valid TrainConfig
+    (``from_dict`` + ``validate``) whose SH degree / appearance match the model, ``eval_history`` a list of
+    evaluation records; every model tensor finite; for every optimiser group the Adam state complete
+    (``exp_avg`` and ``exp_avg_sq`` of the parameter's shape and dtype, finite, ``exp_avg_sq`` ≥ 0, a scalar
+    integral ``step`` in [0, iteration]) — only the SH groups of an MLP model, and every group at iteration 0,
+    may have none; the densification statistics (N,) float32, finite, ≥ 0; ``rng.cpu`` a uint8 generator state
+    of the right size that torch accepts; ``views.stack`` distinct int64 view indices (in [0,
+    ``n_train_views``) when given).
+
+    Raises: CheckpointError "<file>: <field>: <problem>".
+    """
+    from .appearance import WEIGHT_NAMES
+
+    path = os.fspath(path)
+    floats = (torch.float32, torch.float64)
+    n = tensors["model.means3D"].shape[0] if tensors["model.means3D"].dim() >= 1 else -1
+    if n < 0:
+        _fail(path, "model.means3D", f"shape {tuple(tensors['model.means3D'].shape)}, expected (N, 3)")
+    sh_rest = tensors["model.sh_rest"]
+    k_rest = sh_rest.shape[1] if sh_rest.dim() == 3 else -1
+    if k_rest not in (0, 3, 8, 15):
+        _fail(path, "model.sh_rest", f"shape {tuple(sh_rest.shape)}, expected (N, K-1, 3) with K in 1, 4, 9, 16")
+    shapes = {"means3D": (n, 3), "log_scales": (n, 3), "quats": (n, 4), "opacity_logits": (n,),
+              "sh_dc": (n, 1, 3), "sh_rest": (n, k_rest, 3)}
+    dtype = tensors["model.means3D"].dtype
+    for name, shape in shapes.items():
+        _check_tensor(path, tensors, f"model.{name}", shape, floats if name == "means3D" else (dtype,),
+                      finite=for_training)
+    app = None
+    if "model.appearance.latents" in tensors:
+        lat = _check_tensor(path, tensors, "model.appearance.latents", (n, -1), (dtype,), finite=for_training)
+        L = lat.shape[1]
+        W1 = _check_tensor(path, tensors, "model.appearance.W1", (-1, L + 3), (dtype,), finite=for_training)
+        H = W1.shape[0]
+        if not (1 <= L <= 32 and 1 <= H <= 64):
+            _fail(path, "model.appearance", f"latent dimension {L} / hidden dimension {H} outside 1..32 / 1..64")
+        for name, shape in {"b1": (H,), "W2": (3, H), "b2": (3,)}.items():
+            _check_tensor(path, tensors, f"model.appearance.{name}", shape, (dtype,), finite=for_training)
+        app = {"latents": lat.shape, **{w: tensors[f"model.appearance.{w}"].shape for w in WEIGHT_NAMES}}
+    known = {f"model.{p}" for p in PARAM_NAMES}
+    if app is not None:
+        known |= {f"model.appearance.{w}" for w in app}
+    if not for_training:
+        stray = sorted(k for k in tensors if k.startswith("model.") and k not in known)
+        if stray:
+            _fail(path, stray[0], "unknown model tensor")
+        return None
+
+    # ---- the training state (--resume) ----
+    it = _meta_int(path, meta, "iteration", 0, MAX_ITERATION)
+    _meta_int(path, meta, "nan_skips", 0, it)
+    _meta_int(path, meta, "active_sh_degree", 0, 3)
+    extent = meta.get("extent")
+    if isinstance(extent, bool) or not isinstance(extent, (int, float)) or not math.isfinite(extent) or extent <= 0:
+        _fail(path, "metadata extent", f"expected a finite number > 0, got {extent!r}"[:200])
+    cfg = _config_of(path, meta)
+    if it > cfg.iterations:
+        _fail(path, "metadata iteration", f"{it} beyond the run's own {cfg.iterations} iterations")
+    if app is None and cfg.appearance == "mlp" or app is not None and cfg.appearance != "mlp":
+        _fail(path, "config.appearance", f"{cfg.appearance!r} but the model {'has' if app else 'has no'} "
+                                         "MLP appearance tensors")
+    if app is None and num_sh_bases(cfg.sh_degree) != k_rest + 1:
+        _fail(path, "config.sh_degree", f"{cfg.sh_degree} but the model holds {k_rest + 1} SH coefficients")
+    history = meta.get("eval_history", [])
+    if not isinstance(history, list):
+        _fail(path, "metadata eval_history", "expected a list")
+    from .train.trainer import EvalResult
+
+    for i, e in enumerate(history):
+        try:
+            r = EvalResult(**e)
+            ok = all(isinstance(getattr(r, f), (int, float)) and not isinstance(getattr(r, f), bool)
+                     for f in ("iteration", "psnr", "ssim", "num_gaussians", "n_views", "seconds"))
+        except TypeError:
+            ok = False
+        if not ok:
+            _fail(path, f"metadata eval_history[{i}]", "not an evaluation record")
+
+    params = {p: shapes[p] for p in PARAM_NAMES}
+    if app is not None:
+        params.update({f"appearance.{w}": tuple(s) for w, s in app.items()})
+    for name, shape in params.items():
+        present = [k for k in ADAM_KEYS if f"adam.{name}.{k}" in tensors]
+        optional = it == 0 or (app is not None and name in ("sh_dc", "sh_rest"))
+        if not present and optional:
+            continue
+        for k in ("exp_avg", "exp_avg_sq"):
+            _check_tensor(path, tensors, f"adam.{name}.{k}", shape, (dtype,), finite=True,
+                          nonneg=k == "exp_avg_sq")
+        step = _check_tensor(path, tensors, f"adam.{name}.step", (), floats + (torch.int64,), finite=True)
+        sv = float(step)
+        if not (sv == int(sv) and 0 <= sv <= it):
+            _fail(path, f"adam.{name}.step", f"{sv} is not an integer in [0, {it}]")
+    known |= {f"adam.{name}.{k}" for name in params for k in ADAM_KEYS}
+    for k in STATS_KEYS:
+        _check_tensor(path, tensors, f"stats.{k}", (n,), (torch.float32,), finite=True, nonneg=True)
+    rng_size = torch.Generator().get_state().numel()
+    _check_tensor(path, tensors, "rng.cpu", (rng_size,), (torch.uint8,))
+    try:  # torch checks the Mersenne-Twister state's own consistency: a flipped bit can break it
+        torch.Generator().set_state(tensors["rng.cpu"])
+    except RuntimeError as e:
+        _fail(path, "rng.cpu", f"not a generator state ({e})")
+    _check_tensor(path, tensors, "views.stack", (-1,), (torch.int64,))
+    validate_view_stack(path, tensors, n_train_views)
+    known |= {f"stats.{k}" for k in STATS_KEYS} | {"rng.cpu", "views.stack"}
+    if "exposure.affine" in tensors:  # per-image exposure (train/exposure.py); count checked against the dataset
+        aff = _check_tensor(path, tensors, "exposure.affine", (-1, 3, 4), (torch.float32,), finite=True)
+        if aff.shape[0] < 1:
+            _fail(path, "exposure.affine", "no corrections (shape (0, 3, 4))")
+        present = [k for k in ADAM_KEYS if f"exposure.adam.{k}" in tensors]
+        if present or it > 0 and cfg.exposure:
+            for k in ("exp_avg", "exp_avg_sq"):
+                _check_tensor(path, tensors, f"exposure.adam.{k}", tuple(aff.shape), (torch.float32,), finite=True,
+                              nonneg=k == "exp_avg_sq")
+            step = _check_tensor(path, tensors, "exposure.adam.step", (), floats + (torch.int64,), finite=True)
+            sv = float(step)
+            if not (sv == int(sv) and 0 <= sv <= it):
+                _fail(path, "exposure.adam.step", f"{sv} is not an integer in [0, {it}]")
+        known |= {"exposure.affine"} | {f"exposure.adam.{k}" for k in ADAM_KEYS}
+    stray = sorted(set(tensors) - known)
+    if stray:
+        _fail(path, stray[0], "unknown tensor (not written by rigel-train)")
+    return cfg
+
+
+def validate_view_stack(path, tensors: dict, n_train_views=None) -> None:
+    """``views.stack`` must hold distinct indices ≥ 0 (a part of a permutation of the training views), each
+    < ``n_train_views`` when given. CheckpointError naming the file otherwise."""
+    v = tensors["views.stack"]
+    if v.numel() and int(v.min()) < 0:
+        _fail(path, "views.stack", f"negative view index {int(v.min())}")
+    if v.unique().numel() != v.numel():
+        _fail(path, "views.stack", "repeated view indices (not part of a permutation)")
+    if n_train_views is not None:
+        if v.numel() > n_train_views:
+            _fail(path, "views.stack", f"{v.numel()} views left, the dataset has {n_train_views} training views")
+        if v.numel() and int(v.max()) >= n_train_views:
+            _fail(path, "views.stack", f"view index {int(v.max())} out of range for {n_train_views} training views")
+
+
+def _config_of(path, meta: dict):
+    """The saved TrainConfig, validated; CheckpointError naming the file and the field."""
+    from .train import TrainConfig
+
+    d = meta.get("config")
+    if not isinstance(d, dict):
+        _fail(path, "metadata config", "missing or not an object")
+    try:
+        cfg = TrainConfig.from_dict(d)
+        cfg.validate()
+    except (TypeError, ValueError) as e:
+        _fail(path, "config", str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
+    return cfg
+
+
 def _model_from_tensors(path, tensors: dict) -> GaussianModel:
     """The GaussianModel of a checkpoint's tensors, with its MLP appearance when it has one."""
     from .appearance import MLPAppearance
@@ -128,8 +336,11 @@ def load_checkpoint_model(path, device="cpu") -> GaussianModel:
     with the active SH degree it was trained to). Raises CheckpointError (see :func:`read_checkpoint`) or
     ValueError from the model's shape checks."""
     tensors, meta = read_checkpoint(path, device)
+    validate_checkpoint(path, tensors, meta, for_training=False)
     model = _model_from_tensors(path, tensors)
-    model.active_sh_degree = min(int(meta.get("active_sh_degree", model.sh_degree)), model.sh_degree)
+    deg = meta.get("active_sh_degree", model.sh_degree)
+    deg = deg if isinstance(deg, int) and not isinstance(deg, bool) else model.sh_degree
+    model.active_sh_degree = max(0, min(deg, model.sh_degree))
     return model
 
 
@@ -142,7 +353,8 @@ def load_trainer(path, dataset, *, device=None, config=None):
     from .train import TrainConfig, Trainer
 
     tensors, meta = read_checkpoint(path, "cpu")
-    cfg = config if config is not None else TrainConfig.from_dict(meta["config"])
+    saved_cfg = validate_checkpoint(path, tensors, meta, n_train_views=len(dataset.train))
+    cfg = config if config is not None else saved_cfg
     model = _model_from_tensors(path, tensors)
     if model.appearance is None and model.sh_degree != cfg.sh_degree:
         raise CheckpointError(f"{path}: model has SH degree {model.sh_degree}, config asks for {cfg.sh_degree}")

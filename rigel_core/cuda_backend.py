@@ -40,10 +40,11 @@ def _f32(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 class _ProjectGaussians(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, means3D, quats, scales, opacities, viewmat, K, width, height, near_plane, far_plane):
+    def forward(ctx, means3D, quats, scales, opacities, viewmat, K, width, height, near_plane, far_plane,
+                colors=None):
         C = _ext.get()
         means2D, conics, depths, radii = C.project_gaussians(means3D, quats, scales, opacities, viewmat, K, width,
-                                                             height, near_plane, far_plane)
+                                                             height, near_plane, far_plane, colors)
         ctx.save_for_backward(means3D, quats, scales, viewmat, K, radii)
         ctx.size = (width, height)
         ctx.mark_non_differentiable(radii)
@@ -61,7 +62,7 @@ class _ProjectGaussians(torch.autograd.Function):
         v_means3D, v_quats, v_scales = _ext.get().project_gaussians_backward(
             means3D, quats, scales, viewmat, K, ctx.size[0], ctx.size[1], radii, grad(v_means2D, 2),
             grad(v_conics, 3), grad(v_depths))
-        return v_means3D, v_quats, v_scales, None, None, None, None, None, None, None
+        return v_means3D, v_quats, v_scales, None, None, None, None, None, None, None, None
 
 
 class _RasterizeTiles(torch.autograd.Function):
@@ -118,16 +119,18 @@ class _ShColors(torch.autograd.Function):
 
 
 def project_gaussians_cuda(means3D, quats, scales, opacities, viewmat, K, width: int, height: int,
-                           near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE):
+                           near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE, colors=None):
     """[1] Projection on the GPU, differentiable w.r.t. means3D, quats and scales.
 
     Shapes as :func:`rigel_core.reference.project_gaussians`; returns (means2D (N,2), conics (N,3), depths (N,),
-    radii (N,) int32), culled Gaussians with radius 0 and zeros.
+    radii (N,) int32), culled Gaussians with radius 0 and zeros. ``colors`` (N,C) or None is only checked for
+    finiteness: a Gaussian with any non-finite parameter is culled (docs/PIPELINE.md "Non-finite parameters").
     """
     dev = means3D.device
     args = [_f32(n, t, dev) for n, t in (("means3D", means3D), ("quats", quats), ("scales", scales),
                                          ("opacities", opacities), ("viewmat", viewmat), ("K", K))]
-    return _ProjectGaussians.apply(*args, int(width), int(height), float(near_plane), float(far_plane))
+    cols = None if colors is None else _f32("colors", colors.detach(), dev)
+    return _ProjectGaussians.apply(*args, int(width), int(height), float(near_plane), float(far_plane), cols)
 
 
 def bin_gaussians_cuda(means2D, conics, opacities, depths, radii, width: int, height: int,
@@ -174,7 +177,7 @@ def rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat,
     RuntimeError when more than ``config.MAX_ENTRIES`` (Gaussian, tile) entries are needed.
     """
     means2D, conics, depths, radii = project_gaussians_cuda(means3D, quats, scales, opacities, viewmat, K, width,
-                                                            height, near_plane, far_plane)
+                                                            height, near_plane, far_plane, colors)
     keys, gaussian_ids, tile_ranges, tiles_touched = bin_gaussians_cuda(means2D, conics, opacities, depths, radii,
                                                                         width, height)
     image, final_T, n_contrib = rasterize_tiles_cuda(means2D, conics, colors, opacities, gaussian_ids, tile_ranges,

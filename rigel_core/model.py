@@ -24,6 +24,14 @@ __all__ = ["GaussianModel", "num_sh_bases", "sh_degree_from_bases", "rgb_to_sh",
 PARAM_NAMES = ("means3D", "log_scales", "quats", "opacity_logits", "sh_dc", "sh_rest")
 
 
+def _finite_or_nan(x: torch.Tensor, activation) -> torch.Tensor:
+    """``activation(x)`` where x is finite, NaN elsewhere; the activation sees 0 there, so the gradient of a
+    non-finite entry is exactly 0 (a ``where`` after the activation would give 0·Inf = NaN)."""
+    ok = torch.isfinite(x)
+    y = activation(torch.where(ok, x, torch.zeros((), dtype=x.dtype, device=x.device)))
+    return torch.where(ok, y, torch.full((), float("nan"), dtype=y.dtype, device=y.device))
+
+
 def num_sh_bases(degree: int) -> int:
     """K = (degree + 1)² SH coefficients per channel."""
     return (degree + 1) ** 2
@@ -148,13 +156,16 @@ class GaussianModel:
 
     @property
     def scales(self) -> torch.Tensor:
-        """(N,3) standard deviations, ``exp(log_scales)``."""
-        return torch.exp(self.log_scales)
+        """(N,3) standard deviations, ``exp(log_scales)``; NaN where a log-scale is non-finite (±Inf too: exp(−Inf)
+        = 0 would be drawn as a point), so the projection culls that Gaussian (docs/PIPELINE.md "Non-finite
+        parameters"); its gradient there is 0."""
+        return _finite_or_nan(self.log_scales, torch.exp)
 
     @property
     def opacities(self) -> torch.Tensor:
-        """(N,) opacities in (0, 1), ``sigmoid(opacity_logits)``."""
-        return torch.sigmoid(self.opacity_logits)
+        """(N,) opacities in (0, 1), ``sigmoid(opacity_logits)``; NaN where a logit is non-finite (sigmoid(+Inf) = 1
+        would be drawn), so the projection culls that Gaussian (docs/PIPELINE.md "Non-finite parameters")."""
+        return _finite_or_nan(self.opacity_logits, torch.sigmoid)
 
     @property
     def sh_coeffs(self) -> torch.Tensor:
@@ -181,12 +192,14 @@ class GaussianModel:
         return m.min(0).values, m.max(0).values
 
     def center(self) -> torch.Tensor:
-        """(3,) centre of the robust (1 %–99 %) bounding box."""
+        """(3,) centre of the robust (1 %–99 %) bounding box of the finite means; the origin when there is none
+        (0 Gaussians, or none with a finite mean), the mean itself for one Gaussian."""
         lo, hi = self.bounds(0.01)
         return 0.5 * (lo + hi)
 
     def extent(self) -> float:
-        """Half-diagonal of the robust bounding box (world units)."""
+        """Half-diagonal of the robust bounding box (world units); 0.0 for fewer than two distinct finite means
+        (callers that divide by it need a floor — the viewer frames such scenes by the splats' scales)."""
         lo, hi = self.bounds(0.01)
         return float(0.5 * torch.linalg.norm(hi - lo))
 

@@ -189,3 +189,27 @@ def test_render_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(render_mod, "render", fake("a bug"))
     with pytest.raises(RuntimeError, match="a bug"):
         main(["default", "--cameras", str(cams), "--out", str(tmp_path / "o"), "--device", "cpu"])
+
+
+def _tiny_model(n, at=(0.3, -0.2, 0.1)):
+    from rigel_core.model import GaussianModel
+
+    return GaussianModel.from_tensors(torch.tensor([at] * n, dtype=torch.float32).reshape(n, 3),
+                                      torch.full((n, 3), -1.0), torch.tensor([[1.0, 0, 0, 0]] * n).reshape(n, 4),
+                                      torch.full((n,), 3.0), torch.full((n, 1, 3), 1.0), torch.zeros(n, 15, 3))
+
+
+@pytest.mark.filterwarnings("ignore:.*0 vertices")
+def test_render_empty_and_single_splat_scenes(tmp_path):
+    """A valid 0-splat scene renders the background with exit 0 (issue 13); one splat is drawn."""
+    cams = tmp_path / "transforms.json"
+    orbit_transforms((0, 0, 0), 4.0, 2, 24, 16, 55.0, out=cams, elevation_deg=20)
+    bg = (51, 102, 153)
+    for name, n in (("zero", 0), ("one", 1)):
+        io.save_ply(_tiny_model(n), tmp_path / f"{name}.ply")
+        out = tmp_path / name
+        assert main([str(tmp_path / f"{name}.ply"), "--cameras", str(cams), "--out", str(out), "--device", "cpu",
+                     "--background", ",".join(map(str, bg))]) == 0
+        img = read_png(out / "orbit_000.png")
+        is_bg = np.all(np.abs(img * 255 - np.array(bg)) < 0.6, axis=-1)
+        assert is_bg.all() if n == 0 else not is_bg.all(), name

@@ -392,6 +392,33 @@ def test_offscreen_cli_fails_loudly(procedural_64, tmp_path, capsys):
     assert main(["--data", str(procedural_64), "--offscreen", "--out", str(tmp_path), "--frames", "0"]) == 1
 
 
+@needs_vulkan
+@pytest.mark.filterwarnings("ignore:.*0 vertices")
+def test_offscreen_tiny_scenes(tmp_path, capsys):
+    """A valid 0-splat scene shows the background (exit 0, not "the camera sees no Gaussian"); a single splat,
+    or several at one point, far from the origin, is framed and seen (issue 13: framing used a zero-size box)."""
+    from rigel_core.io import save_ply
+    from rigel_core.model import GaussianModel
+    from viewer.app import main
+
+    def model(n, at):
+        return GaussianModel.from_tensors(torch.tensor([at] * n, dtype=torch.float32).reshape(n, 3),
+                                          torch.full((n, 3), -2.0), torch.tensor([[1.0, 0, 0, 0]] * n).reshape(n, 4),
+                                          torch.full((n,), 3.0), torch.full((n, 1, 3), 1.0), torch.zeros(n, 3, 3))
+
+    for name, n, at in (("zero", 0, (0, 0, 0)), ("one", 1, (40.0, -7.0, 3.0)), ("stack", 5, (0.2, 0.1, -0.3))):
+        save_ply(model(n, at), tmp_path / f"{name}.ply")
+        out = tmp_path / f"view_{name}"
+        assert main([str(tmp_path / f"{name}.ply"), "--offscreen", "--frames", "1", "--out", str(out),
+                     "--size", "96x64", "--device", "cpu"]) == 0, capsys.readouterr().err
+        s = json.loads((out / "summary.json").read_text())
+        assert s["ok"] and s["gaussians"] == n
+        if n == 0:
+            assert s["last_frame"]["alpha_mean"] == 0 and "empty scene" in s["note"]
+        else:
+            assert s["last_frame"]["alpha_mean"] > 0.005
+
+
 # ---- the window (Xvfb + lavapipe) ----------------------------------------------------------------------------------
 def _px(viewer):
     p = viewer.step(capture=True)

@@ -77,6 +77,29 @@ def _pick_render_device(device: str) -> str:
     return "cuda"
 
 
+
+def framing_box(model):
+    """(lo (3,), hi (3,)) float64 numpy: the box the first view fits — the model's robust bounds
+    (``model.bounds(0.01)``), widened by 3σ of its largest finite scale where the means alone span (almost)
+    nothing: one splat, or several at one point. An empty scene (or one without a finite mean) gets the unit
+    box around the origin, so there is always a camera to show the background from."""
+    import numpy as np
+    import torch
+
+    lo, hi = (t.detach().cpu().double().numpy() for t in model.bounds(0.01))
+    size = float(np.linalg.norm(hi - lo))
+    if size > 1e-9 * max(1.0, float(np.abs(lo).max()), float(np.abs(hi).max())):
+        return lo, hi
+    pad = 0.0
+    if model.num_gaussians > 0:
+        s = model.scales.detach().double()
+        s = s[torch.isfinite(s).all(-1)]
+        if s.numel():
+            pad = 3.0 * float(s.max())
+    if not pad > 0 or not np.isfinite(pad):
+        pad = 1.0
+    return lo - pad, hi + pad
+
 class Viewer:
     """Window or offscreen viewer of the model in ``model_slot``.
 
@@ -264,14 +287,14 @@ class Viewer:
             return
         from .ui import PANEL_WIDTH
 
-        lo, hi = self._model.bounds(0.01)
+        lo, hi = framing_box(self._model)
         fw, fh = self.frame_size()
         region = (0.0, 1.0)
         tw = max(self.target.width, 1)
         if self.settings.show_panels and self.settings.mode != C.MODE_SIDE_BY_SIDE and \
                 self.train_state is None and tw >= 3 * (PANEL_WIDTH + 20):
             region = ((PANEL_WIDTH + 20) / tw, 1.0)        # centred right of the main panel
-        self.camera.frame_box(lo.detach().cpu().numpy(), hi.detach().cpu().numpy(), aspect=fw / fh, region=region)
+        self.camera.frame_box(lo, hi, aspect=fw / fh, region=region)
         self.camera_index = None
 
     def _face_origin(self):
@@ -862,9 +885,9 @@ def _make_trainer(args, device: str, run_dir: Path):
                              "(TrainConfig.appearance / Trainer.set_appearance missing)")
     ckpt = run_dir / CHECKPOINT_NAME
     if args.resume and ckpt.is_file():
-        from rigel_core.checkpoint import read_checkpoint
+        from rigel_core.checkpoint import read_checkpoint, validate_checkpoint
 
-        saved = read_checkpoint(ckpt)[1]["config"]
+        saved = validate_checkpoint(ckpt, *read_checkpoint(ckpt)).to_dict()  # CheckpointError naming the field
         saved.update(overrides)
         trainer = Trainer.from_checkpoint(ckpt, ds, device=device, config=TrainConfig.from_dict(saved))
     else:

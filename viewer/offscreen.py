@@ -88,8 +88,11 @@ def _finish(viewer, out: Path, summary: dict) -> dict:
     if viewer.ctx.validation:
         summary["validation_errors"] = validation_log.errors
     if summary["ok"] and summary["last_frame"]["alpha_mean"] <= 0:
-        summary["ok"] = False
-        summary["error"] = "the last frame is empty: the camera sees no Gaussian"
+        if summary.get("gaussians") == 0:   # a valid empty scene: its frame is the background, not an error
+            summary["note"] = "empty scene (0 Gaussians): the frames show the background"
+        else:
+            summary["ok"] = False
+            summary["error"] = "the last frame is empty: the camera sees no Gaussian"
     (out / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
     return summary
 

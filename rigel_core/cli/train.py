@@ -35,7 +35,13 @@ these keep the saved run's values unless given again. ``--set FIELD=VALUE`` (rep
 --set grad_threshold=4e-4 --set init_box=[-1,-1,-1,1,1,1]``), else as a string; it wins over the other flags.
 
 Ctrl-C finishes the current iteration, saves the checkpoint, the PLY and the metrics, then exits with status
-130 (a second Ctrl-C aborts at once). Exit status 0 on success, 2 for bad arguments or an unreadable dataset.
+130 (a second Ctrl-C aborts at once). Exit status 0 on success, 2 for bad arguments, an unreadable dataset, a
+damaged checkpoint, an ``--out`` that cannot be written or one another ``rigel-train`` is using.
+
+Before training starts nothing is written into ``RUN``: ``--out`` is checked for writability before the dataset
+loads, a ``--resume`` checkpoint is validated completely (:func:`rigel_core.checkpoint.validate_checkpoint`),
+and only then is ``RUN`` created, locked (``RUN/.lock``, ``fcntl.flock``, held until exit) and cleared of the
+temporary files of interrupted atomic writes (:func:`rigel_core.atomic.remove_stale_temp_files`, logged).
 """
 from __future__ import annotations
 
@@ -48,12 +54,85 @@ import sys
 import threading
 import time
 from pathlib import Path
-from ..atomic import atomic_path
+from ..atomic import atomic_path, remove_stale_temp_files
 
 __all__ = ["main", "build_parser"]
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
+LOCK_NAME = ".lock"
+#: the files of RUN written through rigel_core.atomic (their stale temporaries are removed at start)
+ATOMIC_NAMES = (CHECKPOINT_NAME, "model.ply", "metrics.json")
 EXIT_INTERRUPTED = 130
+
+
+def _out_problem(run_dir: Path) -> str | None:
+    """Why ``run_dir`` cannot be used as a run directory (one line), or None: it (or, when it does not exist yet,
+    its nearest existing ancestor) must be a directory this process may write into."""
+    import os
+
+    if run_dir.exists() or run_dir.is_symlink():
+        if not run_dir.is_dir():
+            return f"--out {run_dir}: exists and is not a directory"
+        if not os.access(run_dir, os.W_OK | os.X_OK):
+            return f"--out {run_dir}: directory is not writable"
+        return None
+    parent = run_dir.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"--out {run_dir}: cannot be created, {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"--out {run_dir}: cannot be created, {parent} is not writable"
+    return None
+
+
+class _RunLock:
+    """An exclusive ``fcntl.flock`` on ``RUN/.lock`` held until :meth:`release` (or process exit): two
+    ``rigel-train`` on one ``--out`` never interleave. The file is left in place (removing it would let a third
+    process lock a new inode while a second still holds the old one)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / LOCK_NAME
+        self.fd = None
+
+    def try_existing(self) -> bool:
+        """Lock the lock file if it exists already (writes nothing); False when another process holds it."""
+        import os
+
+        if self.fd is not None or not self.path.is_file():
+            return True
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return True  # vanished or unreadable: acquire() decides
+        return self._lock(fd)
+
+    def acquire(self) -> bool:
+        """Create (if needed) and lock the file; False when another process holds it."""
+        import os
+
+        if self.fd is not None:
+            return True
+        return self._lock(os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644))
+
+    def _lock(self, fd) -> bool:
+        import fcntl
+        import os
+
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        import os
+
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -207,6 +286,20 @@ class _Progress:
 def main(argv=None) -> int:
     """Run ``rigel-train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     args = build_parser().parse_args(argv)
+    lock = _RunLock(Path(args.out))
+    try:
+        return _main(args, lock)
+    finally:
+        lock.release()
+
+
+def _busy(run_dir: Path) -> int:
+    print(f"rigel-train: --out {run_dir}: another rigel-train is using this run directory ({LOCK_NAME} is locked)",
+          file=sys.stderr)
+    return 2
+
+
+def _main(args, lock: _RunLock) -> int:
     import torch
 
     from .. import cuda_available
@@ -215,6 +308,12 @@ def main(argv=None) -> int:
 
     run_dir = Path(args.out)
     ckpt = run_dir / CHECKPOINT_NAME
+    problem = _out_problem(run_dir)  # before the dataset loads: a bad --out costs nothing
+    if problem:
+        print(f"rigel-train: {problem}", file=sys.stderr)
+        return 2
+    if not lock.try_existing():
+        return _busy(run_dir)
     if ckpt.is_file() and not args.resume:
         print(f"rigel-train: {run_dir} already holds a run ({CHECKPOINT_NAME}); pass --resume to continue it, "
               "or choose another --out", file=sys.stderr)
@@ -226,15 +325,6 @@ def main(argv=None) -> int:
         print("rigel-train: --device cuda asked, but no CUDA device or no built kernels (rigel_core._C)",
               file=sys.stderr)
         return 2
-    t_start = time.perf_counter()
-    try:
-        ds = load_dataset(args.data, white_bg=args.white_bg, downscale=args.downscale, test_every=args.test_every,
-                          alpha_as_mask=args.alpha_as_mask)
-    except (DatasetError, ValueError, FileNotFoundError, ImportError) as e:
-        print(f"rigel-train: {e}", file=sys.stderr)
-        return 2
-    t_loaded = time.perf_counter()
-
     overrides = {k: v for k, v in {"iterations": args.iters, "max_gaussians": args.max_gaussians,
                                    "eval_every": args.eval_every, "seed": args.seed,
                                    "init_points": args.init_points, "exposure": args.exposure,
@@ -245,18 +335,47 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"rigel-train: {e}", file=sys.stderr)
         return 2
+    resume_cfg = None
+    if args.resume and ckpt.is_file():  # validated completely before the dataset loads and anything is written
+        from ..checkpoint import CheckpointError, read_checkpoint, validate_checkpoint
+
+        try:
+            tensors, meta = read_checkpoint(ckpt)
+            saved = validate_checkpoint(ckpt, tensors, meta).to_dict()
+            saved.update(overrides)
+            cfg = TrainConfig.from_dict(saved)
+            cfg.validate()
+        except CheckpointError as e:
+            print(f"rigel-train: {e}", file=sys.stderr)
+            return 2
+        except ValueError as e:
+            print(f"rigel-train: {ckpt}: config with the command line's overrides: {e}", file=sys.stderr)
+            return 2
+        resume_cfg = cfg
+    t_start = time.perf_counter()
+    try:
+        ds = load_dataset(args.data, white_bg=args.white_bg, downscale=args.downscale, test_every=args.test_every,
+                          alpha_as_mask=args.alpha_as_mask)
+    except (DatasetError, ValueError, FileNotFoundError, ImportError) as e:
+        print(f"rigel-train: {e}", file=sys.stderr)
+        return 2
+    t_loaded = time.perf_counter()
+
     metrics_path = run_dir / "metrics.json"
     metrics = None
     try:
-        if args.resume and ckpt.is_file():
-            from ..checkpoint import read_checkpoint
-
-            saved = read_checkpoint(ckpt)[1]["config"]
-            saved.update(overrides)
-            cfg = TrainConfig.from_dict(saved)
-            trainer = Trainer.from_checkpoint(ckpt, ds, device=device, config=cfg)
+        if resume_cfg is not None:
+            trainer = Trainer.from_checkpoint(ckpt, ds, device=device, config=resume_cfg)
             if metrics_path.is_file():
-                metrics = json.loads(metrics_path.read_text())
+                try:
+                    metrics = json.loads(metrics_path.read_text())
+                except (OSError, ValueError):
+                    metrics = None
+                # a damaged metrics.json starts afresh (the checkpoint holds the training state)
+                if not (isinstance(metrics, dict) and isinstance(metrics.get("timings"), dict)
+                        and all(isinstance(metrics.get(k), list) for k in ("train", "eval", "densify"))
+                        and isinstance(metrics.get("resumed_at", []), list)):
+                    metrics = None
         else:
             cfg = TrainConfig(**{"sh_degree": args.sh_degree, "appearance": args.appearance, **overrides})
             trainer = Trainer(ds, cfg, device=device)
@@ -265,12 +384,20 @@ def main(argv=None) -> int:
             raise
         print(f"rigel-train: {e}", file=sys.stderr)
         return 2
-    run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that cannot start leaves no empty directory
+    # only now: a run that cannot start leaves nothing behind (no directory, no log, no lock file)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not lock.acquire():
+            return _busy(run_dir)
+        stale = remove_stale_temp_files(run_dir, ATOMIC_NAMES)
+    except OSError as e:
+        print(f"rigel-train: --out {run_dir}: {e.strerror or e}", file=sys.stderr)
+        return 2
     t_init = time.perf_counter()
     cfg = trainer.config
     if metrics is None:
         metrics = {"train": [], "eval": [], "densify": [], "timings": {}, "resumed_at": []}
-    else:
+    if resume_cfg is not None:
         metrics.setdefault("resumed_at", []).append(trainer.iteration)
     metrics.update({"data": str(args.data), "device": device, "config": cfg.to_dict(),
                     "dataset": {"train_views": len(ds.train), "test_views": len(ds.test),
@@ -288,6 +415,9 @@ def main(argv=None) -> int:
              + (f", {metrics['dataset']['masked_views']['train']} train views with masked pixels "
                 f"({metrics['dataset']['masked_pixels']['train']} pixels ignored)"
                 if metrics['dataset']['masked_views']['train'] else ""))
+    if stale:
+        log.info(f"removed {len(stale)} stale temporary file(s) of interrupted writes: "
+                 + ", ".join(p.name for p in stale))
     log.info(f"{'resumed at iteration ' + str(trainer.iteration) if trainer.iteration else 'start'}: "
              f"{trainer.model.num_gaussians} Gaussians, device {device}, {cfg.iterations} iterations")
     if device == "cuda":

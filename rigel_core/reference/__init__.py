@@ -20,7 +20,7 @@ def render_reference(means3D, quats, scales, opacities, colors, viewmat, K, widt
 
     proj = project_gaussians(means3D, quats, scales, opacities, viewmat, K, width, height,
                              config.NEAR_PLANE if near_plane is None else near_plane,
-                             config.FAR_PLANE if far_plane is None else far_plane)
+                             config.FAR_PLANE if far_plane is None else far_plane, colors=colors)
     binning = bin_gaussians(proj.means2D, proj.conics, opacities, proj.depths, proj.radii, width, height)
     raster = rasterize_tiles(proj.means2D, proj.conics, colors, opacities, binning.gaussian_ids,
                              binning.tile_ranges, binning.tiles_x, binning.tiles_y, width, height, background)

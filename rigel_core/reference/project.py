@@ -57,13 +57,17 @@ def tile_rects(means2D: torch.Tensor, radii: torch.Tensor, width: int, height: i
 
 
 def project_gaussians(means3D, quats, scales, opacities, viewmat, K, width: int, height: int,
-                      near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE) -> Projection:
+                      near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE,
+                      colors=None) -> Projection:
     """Project N Gaussians into a pinhole camera.
 
     Args:
         means3D (N,3), quats (N,4) (w,x,y,z; any norm), scales (N,3) (> 0, world units),
         opacities (N,) (only checked for finiteness here), all one floating dtype;
-        viewmat (4,4) row-major world-to-camera (OpenCV axes); K (3,3) pixels; width, height in pixels.
+        viewmat (4,4) row-major world-to-camera (OpenCV axes); K (3,3) pixels; width, height in pixels;
+        colors (N,C) or None: only checked for finiteness here.
+    A Gaussian with any non-finite mean, quaternion, scale, opacity or colour entry is culled (docs/PIPELINE.md
+    "Non-finite parameters"), as are degenerate, behind-the-camera and off-screen ones.
     Returns:
         :class:`Projection` — means2D (N,2) px, conics (N,3), depths (N,), radii (N,) int32 (0 = culled),
         cov2D (N,3). Outputs of culled Gaussians are 0.
@@ -76,6 +80,8 @@ def project_gaussians(means3D, quats, scales, opacities, viewmat, K, width: int,
 
     finite = (torch.isfinite(means3D).all(-1) & torch.isfinite(quats).all(-1) & torch.isfinite(scales).all(-1)
               & torch.isfinite(opacities))
+    if colors is not None:
+        finite = finite & torch.isfinite(colors.detach()).all(-1)
     qn2 = (quats * quats).sum(-1)
     ok_q = finite & (qn2 >= 1e-24)
     ok = ok_q

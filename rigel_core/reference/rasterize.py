@@ -95,7 +95,9 @@ def rasterize_tiles(means2D, conics, colors, opacities, gaussian_ids, tile_range
             w = torch.where(blended, a * Tfull[:, :-1], torch.zeros_like(a))
             n_go = (~stop).sum(1, keepdim=True)  # (na, 1, P)
             Tr_next = Tfull.gather(1, n_go).squeeze(1)
-        col = colors[g] * valid[..., None].to(dtype)
+        # padding entries read Gaussian 0: a where, not a product, so its colour (even a culled one's NaN/Inf)
+        # never reaches the sum (0·NaN = NaN would poison the whole tile)
+        col = torch.where(valid[..., None], colors[g], torch.zeros((), dtype=dtype, device=dev))
         rgb = rgb + torch.einsum("tbp,tbc->tpc", w, col)
         Tr = Tr_next
         pos1 = (pos + 1).to(torch.int32)[None, :, None]

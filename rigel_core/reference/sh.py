@@ -56,8 +56,16 @@ def sh_colors(degree: int, sh_coeffs: torch.Tensor, means3D: torch.Tensor, campo
 
     The clamp passes zero gradient where it is active (``torch.clamp_min`` semantics). A mean equal to the
     camera centre gives direction 0 (only the DC term survives), never NaN.
+
+    Cull rule (docs/PIPELINE.md "Non-finite parameters"): a Gaussian with any non-finite coefficient (all K,
+    not only the evaluated degree's) or mean gets the colour NaN — the marker the projection culls it by
+    (radius 0) — and exactly zero gradients: its inputs are replaced by harmless values before any arithmetic.
     """
+    ok = torch.isfinite(sh_coeffs).all(-1).all(-1) & torch.isfinite(means3D).all(-1)
     d = means3D - campos.to(means3D)
+    d = torch.where(ok[:, None], d, torch.zeros_like(d))
+    c = torch.where(ok[:, None, None], sh_coeffs, torch.zeros_like(sh_coeffs))
     n = torch.linalg.norm(d, dim=-1, keepdim=True)
     dirs = d / torch.where(n > 0, n, torch.ones_like(n))
-    return torch.clamp_min(eval_sh(degree, sh_coeffs, dirs) + 0.5, 0.0)
+    colors = torch.clamp_min(eval_sh(degree, c, dirs) + 0.5, 0.0)
+    return torch.where(ok[:, None], colors, torch.full_like(colors, float("nan")))
