@@ -97,7 +97,7 @@ def finite_mask(model: GaussianModel) -> torch.Tensor:
     n = model.num_gaussians
     ok = torch.ones(n, dtype=torch.bool, device=model.device)
     for t in model.parameters().values():
-        ok &= torch.isfinite(t.detach().reshape(n, -1)).all(dim=1)
+        ok &= torch.isfinite(t.detach().reshape(n, t[0].numel() if n else 0)).all(dim=1)
     return ok
 
 
@@ -138,7 +138,7 @@ def model_arrays(model: GaussianModel, path, what: str, sh_degree: int | None = 
     q /= norm[:, None]
     return ModelArrays(get(model.means3D).reshape(n, 3), get(model.log_scales).reshape(n, 3), q,
                        get(model.opacity_logits).reshape(n), get(model.sh_dc).reshape(n, 3),
-                       get(model.sh_rest).reshape(n, -1, 3))
+                       get(model.sh_rest).reshape(n, model.sh_rest.shape[1], 3))
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
