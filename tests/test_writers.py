@@ -589,3 +589,35 @@ def test_real_scene_render_psnr(shared_data, tmp_path, scene, fmt):
     bound = 50.0 if (m.sh_degree == 0 or fmt == "splat") else 38.0
     print(f"{scene} → {fmt}: {value:.1f} dB (bound {bound} dB), {out.stat().st_size} bytes vs {path.stat().st_size}")
     assert value >= bound
+
+
+# ---- the viewer's Export → save scene ---------------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::rigel_core.io.SceneWarning")  # .splat drops SH degree 1 (tested above)
+def test_viewer_save_scene_formats_and_unused_names(tmp_path, rng):
+    """Viewer.start_save_ply writes the panel's chosen format under a name that never overwrites (the double
+    .compressed.ply suffix kept); called on a stand-in object, no window needed."""
+    from types import SimpleNamespace
+
+    from viewer.app import Viewer
+    from viewer.export import EXPORT_CHOICES, export_path
+    from viewer.ui import ViewSettings
+
+    m = random_model(rng, 40, 1, dtype=torch.float32)
+    (tmp_path / "model.compressed.ply").write_bytes(b"taken")
+    assert export_path(tmp_path, "compressed_ply") == tmp_path / "model_2.compressed.ply"
+    fake = SimpleNamespace(_model=m, screenshot_dir=tmp_path, settings=ViewSettings(), jobs={})
+    written = []
+    for key, suffix, _ in EXPORT_CHOICES:
+        fake.settings.export_format = key
+        for _ in range(2):
+            job = Viewer.start_save_ply(fake)
+            assert job.join(30) and not job.error, job.error
+            written.append(job.result)
+            assert job.result.name.endswith(suffix) and format_for_path(job.result) == key
+    assert len(set(written)) == len(written) and (tmp_path / "model.compressed.ply").read_bytes() == b"taken"
+    for p in written:
+        assert read_rigel(p).num_gaussians == 40
+    assert indep_spz(tmp_path / "model.spz")["n"] == 40
+    # an explicit path decides the format by its suffix
+    job = Viewer.start_save_ply(fake, tmp_path / "mine.splat")
+    assert job.join(30) and job.result == tmp_path / "mine.splat" and indep_splat(job.result)["n"] == 40

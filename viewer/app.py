@@ -410,22 +410,31 @@ class Viewer:
                                        background=bg, sh_degree=degree)
         return job
 
-    def start_save_ply(self, path=None):
-        """Write the shown model as an INRIA PLY on a background thread (an MLP appearance is baked to SH)."""
+    def start_save_ply(self, path=None, fmt=None):
+        """Write the shown model on a background thread (an MLP appearance is baked to SH), in ``fmt`` (default:
+        the Export panel's choice: INRIA PLY, compressed PLY, SPZ or .splat; viewer/export.py)."""
+        from .export import export_path
         from .ui_state import Job
 
-        path = _unused(Path(path or self.screenshot_dir / "model.ply"))   # never overwrite a file
+        if path:  # never overwrite a file
+            from rigel_core.io.export import format_for_path
+
+            path = _unused(Path(path))
+            fmt = fmt or format_for_path(path)
+        else:
+            fmt = fmt or getattr(self.settings, "export_format", "ply")
+            path = export_path(self.screenshot_dir, fmt)
         model = self._model
 
         def save(job):
-            from rigel_core.io import save_ply
+            from rigel_core.io import save_scene
 
             m = model
             if getattr(m, "appearance", None) is not None:
                 from rigel_core.appearance import to_sh
 
                 m, _ = to_sh(m, 3)
-            save_ply(m.to("cpu"), path)
+            save_scene(m.to("cpu"), path, format=fmt)
             print(f"rigel-viewer: wrote {path}")
             return path
 
