@@ -517,6 +517,27 @@ def test_convert_cli(tmp_path, rng, capsys):
     assert read_rigel(tmp_path / "nan.splat").num_gaussians == 299
 
 
+def test_convert_cli_from_checkpoint(tmp_path, rng, capsys):
+    """A rigel checkpoint (safetensors with the model's tensors and rigel metadata, as the trainer writes it)
+    converts like a scene file."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from rigel_core.checkpoint import CHECKPOINT_FORMAT
+    from rigel_core.model import PARAM_NAMES
+
+    m = random_model(rng, 70, 1, dtype=torch.float32)
+    ckpt = tmp_path / "run.safetensors"
+    save_file({f"model.{k}": getattr(m, k).contiguous() for k in PARAM_NAMES}, str(ckpt),
+              metadata={"rigel": json.dumps({"format": CHECKPOINT_FORMAT, "active_sh_degree": 1})})
+    out = tmp_path / "from_ckpt.compressed.ply"
+    assert run_convert(ckpt, out) == 0, capsys.readouterr().err
+    back = read_rigel(out)
+    assert (back.num_gaussians, back.sh_degree) == (70, 1)
+    assert np.allclose(np.sort(np64(back.means3D), 0), np.sort(np64(m.means3D), 0), atol=0.5)
+
+
 def test_convert_cli_unwritable_output(tmp_path, rng, capsys):
     if os.geteuid() == 0:
         blocker = tmp_path / "file"
@@ -539,10 +560,11 @@ REAL = {"fruit": "ply/fruit_drops_minimal_sh3.ply", "donut": "ply/donut_mipsplat
 _CACHE = {}
 
 
-def _render_front(model, size=64):
-    c = model.center().double().numpy()
-    cam = Camera.look_at(c + np.array([0.0, 0.0, -2.2 * model.extent()]), c, up=(0.0, -1.0, 0.0), width=size,
-                         height=size, fov_x_deg=50.0)
+def _render_front(model, cam=None, size=64):
+    if cam is None:  # from −z towards the centre, world −y up; the converted scene reuses the original's camera
+        c = model.center().double().numpy()
+        cam = Camera.look_at(c + np.array([0.0, 0.0, -2.2 * model.extent()]), c, up=(0.0, -1.0, 0.0), width=size,
+                             height=size, fov_x_deg=50.0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # see tests/test_formats.py: one thread is faster on this busy 2-core box
     try:
@@ -581,10 +603,10 @@ def test_real_scene_render_psnr(shared_data, tmp_path, scene, fmt):
         back = load_scene(out)
     assert back.num_gaussians == m.num_gaussians
     if fmt == "splat" and m.sh_degree > 0:
-        ref0 = _render_front(m.with_sh_degree(0))[0]
+        ref0 = _render_front(m.with_sh_degree(0), cam)[0]
         print(f"{scene}: dropping SH degree {m.sh_degree} alone costs {psnr(ref0, ref):.1f} dB")
         ref = ref0
-    got = _render_front(back)[0]
+    got = _render_front(back, cam)[0]
     value = psnr(got, ref)
     bound = 50.0 if (m.sh_degree == 0 or fmt == "splat") else 38.0
     print(f"{scene} → {fmt}: {value:.1f} dB (bound {bound} dB), {out.stat().st_size} bytes vs {path.stat().st_size}")
