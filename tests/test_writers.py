@@ -364,7 +364,7 @@ def test_morton_order_and_tighter_chunks(tmp_path, rng):
     assert errs[True] * 2 < errs[False]
 
 
-# ---- clamps, edge cases, errors ---------------------------------------------------------------------------------------
+# ---- clamps, edge cases, errors --------------------------------------------------------------------------------------
 def test_out_of_range_values_clamp_to_the_format_ends(tmp_path):
     """Values outside a format's range come back at its nearest representable end (every clamp branch), and a
     zero quaternion is written as the identity."""
@@ -554,7 +554,7 @@ def test_convert_cli_unwritable_output(tmp_path, rng, capsys):
     assert len(err) == 1 and "cannot write" in err[0]
 
 
-# ---- real scenes: convert, render, compare ------------------------------------------------------------------------------
+# ---- real scenes: convert, render, compare ---------------------------------------------------------------------------
 REAL = {"fruit": "ply/fruit_drops_minimal_sh3.ply", "donut": "ply/donut_mipsplatting_sh0.ply",
         "guitar": "compressed/guitar.compressed.ply"}
 _CACHE = {}
@@ -579,6 +579,7 @@ def psnr(a, b):
     return 10 * math.log10(1.0 / max(mse, 1e-20))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ("compressed", "spz3", "splat"))
 @pytest.mark.parametrize("scene", list(REAL))
 def test_real_scene_render_psnr(shared_data, tmp_path, scene, fmt):
@@ -613,7 +614,7 @@ def test_real_scene_render_psnr(shared_data, tmp_path, scene, fmt):
     assert value >= bound
 
 
-# ---- the viewer's Export → save scene ---------------------------------------------------------------------------------
+# ---- the viewer's Export → save scene --------------------------------------------------------------------------------
 @pytest.mark.filterwarnings("ignore::rigel_core.io.SceneWarning")  # .splat drops SH degree 1 (tested above)
 def test_viewer_save_scene_formats_and_unused_names(tmp_path, rng):
     """Viewer.start_save_ply writes the panel's chosen format under a name that never overwrites (the double

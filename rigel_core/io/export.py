@@ -3,9 +3,9 @@
 | suffix | format | writer | lossy? |
 |---|---|---|---|
 | ``.ply`` | INRIA / graphdeco 3DGS PLY (float32) | :func:`rigel_core.io.save_ply` | no (float32 rounding) |
-| ``.compressed.ply`` | PlayCanvas / SuperSplat compressed PLY | :func:`rigel_core.io.compressed_ply_write.save_compressed_ply` | yes |
-| ``.spz`` | Niantic SPZ v2 / v3 (gzip) | :func:`rigel_core.io.spz_write.save_spz` | yes |
-| ``.splat`` | antimatter15 ``.splat`` (SH degree 0 only) | :func:`rigel_core.io.splat_write.save_splat` | yes |
+| ``.compressed.ply`` | PlayCanvas / SuperSplat compressed PLY | ``compressed_ply_write.save_compressed_ply`` | yes |
+| ``.spz`` | Niantic SPZ v2 / v3 (gzip) | ``spz_write.save_spz`` | yes |
+| ``.splat`` | antimatter15 ``.splat`` (SH degree 0 only) | ``splat_write.save_splat`` | yes |
 
 The quantisation error of each lossy format is stated in its writer's docstring and in docs/PIPELINE.md
 ("Scene file formats"); :func:`roundtrip_errors` measures it for a written file.

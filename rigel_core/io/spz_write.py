@@ -12,12 +12,16 @@ re-derived here from the public reference (nianticlabs/spz ``load-spz.cc``, ``pa
 | colours | 3 | ``round(f_dc · 0.15 · 255 + 127.5)`` (0.15, not C0: room for DC colours outside [0, 1]) |
 | scales | 3 | ``round((log_scale + 10) · 16)`` |
 | rotations v2 | 3 | unit quaternion with w ≥ 0: ``round(x·127.5 + 127.5)`` for x, y, z |
-| rotations v3 | 4 | "smallest three", u32 LE: bits 30–31 index (x, y, z, w order) of the largest \\|component\\|, which is made positive and dropped; the others, lowest index in the highest bits, 10 bits each: sign bit 9 and magnitude ``round(511 · \\|c\\| · √2)`` |
-| SH | 3·(K−1) | coefficient-major (``[coef][r, g, b]``), ``q = 128 + 128·c`` rounded to a multiple of 8 (degree 1, 5 bits) or 16 (degrees 2–3, 4 bits) — the reference's default bit depths — clamped to 0..255 |
+| rotations v3 | 4 | "smallest three", u32 LE (below) |
+| SH | 3·(K−1) | coefficient-major (``[coef][r, g, b]``), ``128 + 128·c`` rounded to a multiple of 8 or 16 (below) |
 
-Every byte is rounded to nearest and clamped to 0..255. Axes: SPZ stores RUB; rigel is RDF: positions
-``(x, y, z) → (x, −y, −z)``, quaternions (w, x, y, z) → (w, x, −y, −z), SH coefficients times
-:data:`rigel_core.io.spz.RUB_TO_RDF_SH_SIGNS` (the conversion is its own inverse).
+SH: degree-1 coefficients keep 5 bits (multiples of 8), degrees 2–3 keep 4 bits (multiples of 16) — the reference
+library's default depths — clamped to 0..255. v3 rotations: bits 30–31 hold the index (in x, y, z, w order) of the
+largest-magnitude component, which is made positive and dropped; the other three follow, the lowest index in the
+highest bits, 10 bits each: a sign bit (bit 9) and the magnitude ``round(511 · |c| · √2)``. Every byte is rounded
+to nearest and clamped to 0..255. Axes: SPZ stores RUB; rigel is RDF: positions ``(x, y, z) → (x, −y, −z)``,
+quaternions (w, x, y, z) → (w, x, −y, −z), SH coefficients times :data:`rigel_core.io.spz.RUB_TO_RDF_SH_SIGNS`
+(the conversion is its own inverse).
 
 **Quantisation error** (what :func:`rigel_core.io.spz.load_spz` gives back vs the input, float64):
 
