@@ -644,3 +644,36 @@ def test_viewer_save_scene_formats_and_unused_names(tmp_path, rng):
     # an explicit path decides the format by its suffix
     job = Viewer.start_save_ply(fake, tmp_path / "mine.splat")
     assert job.join(30) and job.result == tmp_path / "mine.splat" and indep_splat(job.result)["n"] == 40
+
+
+# ---- PlayCanvas's own readers, when installed ------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::rigel_core.io.SceneWarning")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_playcanvas_splat_transform_reads_what_we_write(tmp_path, rng, fmt):
+    """PlayCanvas's splat-transform (npm @playcanvas/splat-transform; set RIGEL_SPLAT_TRANSFORM to its executable
+    or put it on PATH) converts our file to an INRIA PLY, which must hold what rigel's reader decodes — to float32
+    rounding, beyond the alpha bytes 0 and 255 that rigel clamps (≤ 0.5/255) and the .splat quaternion bytes that
+    splat-transform centres at 127.5 instead of 128 (≤ 1/128 per component). splat-transform 3.7 decodes SPZ bytes
+    with no axis conversion (its source says so), so its PLY is rigel's scene in SPZ's RUB axes: flipped back here."""
+    import shutil
+    import subprocess
+
+    exe = os.environ.get("RIGEL_SPLAT_TRANSFORM") or shutil.which("splat-transform")
+    if not exe:
+        pytest.skip("splat-transform not installed (npm i @playcanvas/splat-transform; RIGEL_SPLAT_TRANSFORM=path)")
+    m = random_model(rng, 700, 0 if fmt == "splat" else 3, pos_range=5.0)
+    src, out = tmp_path / f"x{SUFFIX[fmt]}", tmp_path / "theirs.ply"
+    write(fmt, m, src)
+    r = subprocess.run([exe, "-w", str(src), str(out)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    mine, theirs = rigel_as_dict(read_rigel(src)), rigel_as_dict(read_rigel(out))
+    if fmt.startswith("spz"):
+        theirs["means"] = theirs["means"] * [1, -1, -1]
+        theirs["quats"] = theirs["quats"] * [1, 1, -1, -1]
+        theirs["sh_rest"] = theirs["sh_rest"] * rub_sh_signs(15)[None, :, None]
+    for k in ("means", "log_scales", "rgb", "sh_rest"):
+        np.testing.assert_allclose(theirs[k], mine[k], rtol=1e-6, atol=1e-6, err_msg=k)
+    assert np.abs(theirs["alpha"] - mine["alpha"]).max() <= 0.5 / 255 + 1e-6
+    qa, qb = unit(mine["quats"]), unit(theirs["quats"])
+    qb = qb * np.where((qa * qb).sum(1) < 0, -1.0, 1.0)[:, None]
+    assert np.abs(qa - qb).max() <= (1e-6 if fmt != "splat" else 2 * 2 / 128)
