@@ -677,3 +677,54 @@ def test_playcanvas_splat_transform_reads_what_we_write(tmp_path, rng, fmt):
     qa, qb = unit(mine["quats"]), unit(theirs["quats"])
     qb = qb * np.where((qa * qb).sum(1) < 0, -1.0, 1.0)[:, None]
     assert np.abs(qa - qb).max() <= (1e-6 if fmt != "splat" else 2 * 2 / 128)
+
+
+_NIANTIC_JS = """
+import create from %s;
+import fs from 'fs';
+const m = await create();
+const g = m.loadSpzFromBuffer(new Uint8Array(fs.readFileSync(process.argv[2])), {to: m.CoordinateSystem.RDF});
+const out = {};
+for (const k of ['numPoints', 'shDegree', 'positions', 'scales', 'rotations', 'alphas', 'colors', 'sh'])
+    out[k] = (typeof g[k] === 'number') ? g[k] : Array.from(g[k], v => Number.isFinite(v) ? v : String(v));
+fs.writeFileSync(process.argv[3], JSON.stringify(out));
+"""
+
+
+@pytest.mark.parametrize("version", (2, 3))
+def test_niantic_reference_reader_reads_our_spz(tmp_path, rng, version):
+    """Niantic's own SPZ library (its WebAssembly build, which splat-transform ships as dist/spz-*.js), asked for
+    RDF axes, decodes our file to what rigel's reader gives: positions, log-scales and SH exactly, colours and
+    opacity logits to float32, quaternions to float32 (v2: its w = √(1 − |xyz|²) in float32)."""
+    import glob
+    import json
+    import shutil
+    import subprocess
+
+    exe = os.environ.get("RIGEL_SPLAT_TRANSFORM") or shutil.which("splat-transform")
+    node = shutil.which("node")
+    mods = sorted(glob.glob(os.path.join(os.path.dirname(os.path.realpath(exe)), "..", "dist", "spz-*.js"))) \
+        if exe else []
+    mods = [p for p in mods if "createSpzModule as default" in open(p, errors="replace").read()[-400:]]
+    if not (node and mods):
+        pytest.skip("needs node and splat-transform's bundled Niantic SPZ module (npm i @playcanvas/splat-transform)")
+    m = random_model(rng, 500, 3, pos_range=5.0)
+    src, js, dump = tmp_path / "x.spz", tmp_path / "read.mjs", tmp_path / "dump.json"
+    save_spz(m, src, version=version)
+    js.write_text(_NIANTIC_JS % json.dumps("file://" + os.path.abspath(mods[0])))
+    r = subprocess.run([node, str(js), str(src), str(dump)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    g = json.loads(dump.read_text())
+    num = lambda key, shape: np.array([float(v) for v in g[key]], dtype=np.float64).reshape(shape)
+    mine = read_rigel(src)
+    assert (g["numPoints"], g["shDegree"]) == (500, 3)
+    assert np.array_equal(num("positions", (500, 3)), np64(mine.means3D))
+    assert np.array_equal(num("scales", (500, 3)), np64(mine.log_scales))
+    assert np.array_equal(num("sh", (500, 15, 3)), np64(mine.sh_rest))
+    np.testing.assert_allclose(num("colors", (500, 3)), np64(mine.sh_dc)[:, 0], atol=1e-6)
+    alphas = num("alphas", (500,))
+    ok = np.isfinite(alphas)  # bytes 0 / 255 give ±inf there; rigel clamps them to ±log(509)
+    np.testing.assert_allclose(alphas[ok], np64(mine.opacity_logits)[ok], atol=1e-5)
+    assert np.all(np.sign(alphas[~ok]) == np.sign(np64(mine.opacity_logits)[~ok]))
+    q = num("rotations", (500, 4))[:, [3, 0, 1, 2]]  # (x, y, z, w) → (w, x, y, z)
+    np.testing.assert_allclose(unit(q), unit(np64(mine.quats)), atol=1e-4 if version == 2 else 1e-6)
