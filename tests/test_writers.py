@@ -419,6 +419,14 @@ def test_spz_fractional_bits_and_header(tmp_path, rng):
     assert err <= 2.0 ** -12 + 1e-9
     with pytest.raises(ExportError, match="version 4"):
         save_spz(m, p, version=4)
+    # a small scene gets more fractional bits: the fewest (≥ 12) whose step is ≤ 2^-16 of the bounding box's side
+    small = random_model(rng, 200, 0, pos_range=0.1)
+    side = float((np64(small.means3D).max(0) - np64(small.means3D).min(0)).max())
+    want = next(b for b in range(12, 24) if 2.0 ** -b <= side * 2.0 ** -16)
+    save_scene(small, tmp_path / "small.spz")
+    ind = indep_spz(tmp_path / "small.spz")
+    assert ind["fractional_bits"] == want
+    assert np.abs(ind["means"] - np64(small.means3D)).max() <= 2.0 ** -(want + 1) + 1e-12
 
 
 def test_nonfinite_refused_and_sh_degree_option(tmp_path, rng):
@@ -598,9 +606,9 @@ def test_real_scene_render_psnr(shared_data, tmp_path, scene, fmt):
         _CACHE[scene] = (m, *_render_front(m))
     m, ref, cam = _CACHE[scene]
     out = tmp_path / f"x{SUFFIX[fmt]}"
-    write(fmt, m, out)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SceneWarning)
+        save_scene(m, out)  # as rigel-convert and the viewer write it (SPZ: v3, fractional bits for the scene)
         back = load_scene(out)
     assert back.num_gaussians == m.num_gaussians
     if fmt == "splat" and m.sh_degree > 0:

@@ -789,8 +789,8 @@ def _parse_size(s: str):
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rigel-viewer", description="View or train a 3D Gaussian Splatting scene "
                                                                   "(Vulkan).")
-    ap.add_argument("scene", nargs="?", help="scene file (.ply, compressed .ply, .spz, checkpoint); default: the "
-                                             "bundled scene")
+    ap.add_argument("scene", nargs="?", help="scene file (.ply, compressed .ply, .spz, .splat, checkpoint); default: "
+                                             "the bundled scene")
     ap.add_argument("--offscreen", action="store_true", help="no window: render frames to PNG files (needs --out)")
     ap.add_argument("--frames", type=int, default=None, help="offscreen: frames to write (default 8); windowed: "
                                                              "quit after this many")

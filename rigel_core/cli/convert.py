@@ -79,7 +79,7 @@ def convert(src, dst, *, sh_degree=None, force=False, spz_version=3, out=print, 
     if fmt == "splat" and model.sh_degree > 0:
         out(f"note: .splat holds SH degree 0 only; the degree-{model.sh_degree} coefficients are dropped")
         model = model.with_sh_degree(0)
-    options = {"version": spz_version, "fractional_bits": None} if fmt == "spz" else {}
+    options = {"version": spz_version} if fmt == "spz" else {}  # save_scene picks SPZ's fractional bits
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the notes above say what the writers would warn about
         order = save_scene(model, dst, format=fmt, **options)

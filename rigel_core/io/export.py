@@ -65,7 +65,9 @@ def save_scene(model: GaussianModel, path, *, format: str | None = None, **optio
         model: the scene (any device/dtype; written from float64 copies on the CPU).
         path: output file; ``.ply``, ``.compressed.ply``, ``.spz`` or ``.splat``.
         format: overrides the suffix.
-        **options: passed to the writer (e.g. ``version=2`` for SPZ).
+        **options: passed to the writer (e.g. ``version=2`` for SPZ). SPZ gets ``fractional_bits=None`` unless
+            given: 12 as the reference, more for a small scene (the reference's 2.4e−4-unit steps are coarse for
+            a scene a few tenths of a unit across), fewer for one beyond ±2048 (``save_spz``).
     Returns: for the lossy formats, the (N,) int64 array ``order`` with file row i = input Gaussian
         ``order[i]`` (compressed PLY and .splat reorder); None for the INRIA PLY (rows kept).
     Raises: ExportError (unknown suffix, values the format cannot store), OSError (directory not writable).
@@ -82,6 +84,8 @@ def save_scene(model: GaussianModel, path, *, format: str | None = None, **optio
         from .compressed_ply_write import save_compressed_ply as writer
     elif fmt == "spz":
         from .spz_write import save_spz as writer
+
+        options.setdefault("fractional_bits", None)
     elif fmt == "splat":
         from .splat_write import save_splat as writer
     else:
