@@ -12,7 +12,7 @@ checkpoint); without it the bundled default scene. ``--data`` trains on a datase
 (``--out``, default ``runs/<dataset name>``, or ``runs/<dataset name>-2``, ``-3``, … when that one holds a run)
 receives ``checkpoint.safetensors`` and ``model.ply`` when the training finishes, when the window is closed, on
 Ctrl-C and after a failure of the training thread. No run is ever replaced: an ``--out`` that holds one is
-refused without ``--resume``; Save PLY, screenshots and videos take a new name when theirs exists.
+refused without ``--resume``; saved scenes, screenshots and videos take a new name when theirs exists.
 
 ``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
 ``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`).
