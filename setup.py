@@ -84,6 +84,7 @@ setup(
         "rigel-render=rigel_core.cli.render:main",
         "rigel-train=rigel_core.cli.train:main",
         "rigel-import-colmap=rigel_core.cli.import_colmap:main",
+        "rigel-convert=rigel_core.cli.convert:main",
         "rigel-viewer=viewer.app:main",
         "rigel-bench=rigel_core.cli.bench:main",
     ]},

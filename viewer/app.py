@@ -12,7 +12,7 @@ checkpoint); without it the bundled default scene. ``--data`` trains on a datase
 (``--out``, default ``runs/<dataset name>``, or ``runs/<dataset name>-2``, ``-3``, … when that one holds a run)
 receives ``checkpoint.safetensors`` and ``model.ply`` when the training finishes, when the window is closed, on
 Ctrl-C and after a failure of the training thread. No run is ever replaced: an ``--out`` that holds one is
-refused without ``--resume``; Save PLY, screenshots and videos take a new name when theirs exists.
+refused without ``--resume``; saved scenes, screenshots and videos take a new name when theirs exists.
 
 ``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
 ``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`).
@@ -433,22 +433,31 @@ class Viewer:
                                        background=bg, sh_degree=degree)
         return job
 
-    def start_save_ply(self, path=None):
-        """Write the shown model as an INRIA PLY on a background thread (an MLP appearance is baked to SH)."""
+    def start_save_ply(self, path=None, fmt=None):
+        """Write the shown model on a background thread (an MLP appearance is baked to SH), in ``fmt`` (default:
+        the Export panel's choice: INRIA PLY, compressed PLY, SPZ or .splat; viewer/export.py)."""
+        from .export import export_path
         from .ui_state import Job
 
-        path = _unused(Path(path or self.screenshot_dir / "model.ply"))   # never overwrite a file
+        if path:  # never overwrite a file
+            from rigel_core.io.export import format_for_path
+
+            path = _unused(Path(path))
+            fmt = fmt or format_for_path(path)
+        else:
+            fmt = fmt or getattr(self.settings, "export_format", "ply")
+            path = export_path(self.screenshot_dir, fmt)
         model = self._model
 
         def save(job):
-            from rigel_core.io import save_ply
+            from rigel_core.io import save_scene
 
             m = model
             if getattr(m, "appearance", None) is not None:
                 from rigel_core.appearance import to_sh
 
                 m, _ = to_sh(m, 3)
-            save_ply(m.to("cpu"), path)
+            save_scene(m.to("cpu"), path, format=fmt)
             print(f"rigel-viewer: wrote {path}")
             return path
 
@@ -803,8 +812,8 @@ def _parse_size(s: str):
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rigel-viewer", description="View or train a 3D Gaussian Splatting scene "
                                                                   "(Vulkan).")
-    ap.add_argument("scene", nargs="?", help="scene file (.ply, compressed .ply, .spz, checkpoint); default: the "
-                                             "bundled scene")
+    ap.add_argument("scene", nargs="?", help="scene file (.ply, compressed .ply, .spz, .splat, checkpoint); default: "
+                                             "the bundled scene")
     ap.add_argument("--offscreen", action="store_true", help="no window: render frames to PNG files (needs --out)")
     ap.add_argument("--frames", type=int, default=None, help="offscreen: frames to write (default 8); windowed: "
                                                              "quit after this many")

@@ -25,6 +25,7 @@ import numpy as np
 
 from . import messages as M
 from .camera_control import UP_AXES
+from .export import format_combo
 from .present import panel_rects, scale_bar_rect
 from .shaderio import C
 
@@ -65,6 +66,7 @@ class ViewSettings:
     video_frames: int = 60
     video_size: tuple = (640, 480)
     video_fps: int = 30
+    export_format: str = "ply"      # Export → save scene: a key of viewer.export.EXPORT_CHOICES
     #: adopt a new training snapshot at most this often (s); the CLI sets 0.5 when the CPU renders, so that the
     #: reference renderer does not take the cores the trainer needs
     model_refresh_s: float = 0.0
@@ -232,8 +234,11 @@ def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_m
         if imgui.button("screenshot (F12)"):
             requests.append("screenshot")
         imgui.same_line()
-        if training is None and imgui.button("save PLY"):
-            requests.append("save_ply")
+        if training is None:  # save the shown scene as PLY / compressed PLY / SPZ / splat (viewer/export.py)
+            if imgui.button("save scene"):
+                requests.append("save_ply")
+            imgui.same_line()
+            settings.export_format = format_combo(imgui, settings.export_format)
         imgui.push_item_width(140)
         _, settings.video_frames = imgui.slider_int("video frames", settings.video_frames, 8, 360)
         w, h = settings.video_size
