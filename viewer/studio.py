@@ -10,7 +10,7 @@
 * editing (:mod:`viewer.edit_panel` over :mod:`rigel_core.edit`): the selection tints the colours of the one
   render (:meth:`Studio.tint`); the crop box / sphere, the selection rectangle and the brush are drawn as lines.
 
-All of it is shown in the **Studio** window. Requests are strings the app hands to :meth:`Studio.handle`.
+All of it is shown in the **Studio** window (top right, collapsed until clicked; its state is kept in imgui.ini). Requests are strings the app hands to :meth:`Studio.handle`.
 """
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ class Studio:
         self.opener = SceneOpener()
         self.editor = Editor()
         self._seg_cache = (None, None)
-        self.first_frame_s: float | None = None
+        self._last_error, self._error_t = "", 0.0
+        self.expand = False      # open the (first collapsed) Studio window on the next frame
 
     # ---- progressive -------------------------------------------------------------------------------------------
     def set_progressive(self, on: bool):
@@ -246,6 +247,7 @@ class Studio:
                 segs = box_segments(ed.box_center, ed.box_half) if ed.crop_shape == "box" else \
                     sphere_segments(ed.sphere_center, ed.sphere_radius)
                 self._lines(imgui, dl, segs, cam, fsize, panel, fb, col(0.3, 0.8, 1.0, 0.9), 1.5)
+            self._status_text(imgui, dl, fb, panel, col)
             inp = v.input
             if inp is not None and getattr(inp, "select_rect", None) is not None:
                 ax, ay, bx, by = inp.select_rect
@@ -256,6 +258,22 @@ class Studio:
                 dl.add_circle(imgui.ImVec2(bx, by), ed.brush_px, col(1.0, 0.5, 0.1), 32, 1.5)
         finally:
             dl.pop_clip_rect()
+
+    def _status_text(self, imgui, dl, fb, panel, col):
+        """The loading line (and a failed load's error, for 10 s) in the view's bottom-left corner, visible with
+        the Studio window collapsed or the panels hidden."""
+        op = self.opener
+        if op.error != self._last_error:
+            self._last_error, self._error_t = op.error, time.perf_counter()
+        text, c = "", None
+        if op.loading:
+            text, c = op.status(), col(0.5, 0.8, 1.0)
+        elif op.error and time.perf_counter() - self._error_t < 10.0:
+            text, c = op.error, col(1.0, 0.4, 0.35)
+        if text:
+            x, y = panel[0] / fb[0] + 10, (panel[1] + panel[3]) / fb[1] - 24
+            dl.add_text(imgui.ImVec2(x + 1, y + 1), col(0, 0, 0, 0.9), text)
+            dl.add_text(imgui.ImVec2(x, y), c, text)
 
     def draw(self, imgui) -> list:
         """This frame's overlay and the Studio window; returns requests."""
@@ -271,6 +289,9 @@ class Studio:
         imgui.set_next_window_pos(imgui.ImVec2(x, 10), imgui.Cond_.first_use_ever, imgui.ImVec2(1.0, 0.0))
         imgui.set_next_window_size_constraints(imgui.ImVec2(PANEL_WIDTH + 40, 0), imgui.ImVec2(PANEL_WIDTH + 40, 1e6))
         imgui.set_next_window_bg_alpha(0.85)
+        # collapsed the first time (a title bar in the corner: the view stays free); expand=True opens it once
+        imgui.set_next_window_collapsed(not self.expand, imgui.Cond_.always if self.expand else imgui.Cond_.first_use_ever)
+        self.expand = False
         if imgui.begin("Studio", None, imgui.WindowFlags_.always_auto_resize)[0]:
             draw_open_section(imgui, self.opener, requests, enabled=v.training is None)
             if imgui.collapsing_header("View", imgui.TreeNodeFlags_.default_open):
