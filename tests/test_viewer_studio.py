@@ -340,6 +340,21 @@ def test_viewer_edits_with_tint_undo_and_save(tmp_path, one_thread):
         # the overlay is a tint in the one render: redder where the scene is
         assert (tinted[..., 0] - tinted[..., 2]).mean() > (plain[..., 0] - plain[..., 2]).mean() + 5
         n_sel = st.num_selected
+        # rect and brush (window pixels = frame pixels here) against projecting the means with the frame's camera
+        from rigel_core.edit import brush_mask, screen_rect_mask
+
+        cam = v.camera.camera(200, 150)
+        v.requests.append("select_rect:150,110,50,40:replace")
+        v.step()
+        assert np.array_equal(st.selected, screen_rect_mask(model.means3D, cam, (50, 40, 150, 110)))
+        v.requests.append("brush:100,75,20:subtract")
+        v.step()
+        brushed = brush_mask(model.means3D, cam, (100, 75), 20)
+        want = screen_rect_mask(model.means3D, cam, (50, 40, 150, 110)) & ~brushed
+        assert brushed.any() and np.array_equal(st.selected, want)
+        v.requests += ["edit:undo", "edit:undo"]   # back to the first selection
+        v.step()
+        assert st.num_selected == n_sel
         v.requests.append("edit:delete")
         v.step()
         assert v.model.num_gaussians == 500 - n_sel
@@ -429,6 +444,29 @@ def test_first_frame_time_in_a_window_is_recorded(display, one_thread, capsys): 
             v.step()
         full = time.perf_counter() - t0
         assert v.stats.frame_size == (640, 400)
+        # the window's input: Ctrl+drag -> a rectangle, a click, Ctrl+Z / Ctrl+Shift+Z, Delete, a dropped file
+        import glfw
+
+        inp = v.input
+        inp.actions.clear()
+        inp._on_cursor(v.window, 420.0, 250.0)
+        inp._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.PRESS, glfw.MOD_CONTROL | glfw.MOD_SHIFT)
+        inp._on_cursor(v.window, 500.0, 330.0)
+        assert inp.select_rect == (420.0, 250.0, 500.0, 330.0)
+        yaw = v.camera.yaw
+        inp._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.RELEASE, glfw.MOD_CONTROL)
+        assert inp.actions[-1] == "select_rect:420.0,250.0,500.0,330.0:add" and v.camera.yaw == yaw
+        inp._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.PRESS, 0)
+        inp._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.RELEASE, 0)
+        assert inp.actions[-1].startswith("click:")
+        inp._on_key(v.window, glfw.KEY_Z, 0, glfw.PRESS, glfw.MOD_CONTROL)
+        inp._on_key(v.window, glfw.KEY_Z, 0, glfw.PRESS, glfw.MOD_CONTROL | glfw.MOD_SHIFT)
+        inp._on_key(v.window, glfw.KEY_DELETE, 0, glfw.PRESS, 0)
+        inp._on_drop(v.window, ["/tmp/some scene.ply"])
+        assert inp.actions[-4:] == ["edit:undo", "edit:redo", "edit:delete", "open:/tmp/some scene.ply"]
+        v.step()     # the app applies them: the selection, then the open fails in one line
+        v.studio.opener.wait(30)
+        assert "some scene.ply" in v.studio.opener.error
     with capsys.disabled():
         print(f"\n[first frame] bundled scene ({model.num_gaussians} Gaussians), CPU, 640x400 window: first "
               f"present {first:.2f} s at {fw}x{fh}; full resolution after {full:.2f} s")

@@ -63,6 +63,7 @@ class GlfwInput:
         self.dt = 0.0
         self.select_rect = None   # (x0, y0, x1, y1) window coordinates of a Ctrl+drag in progress
         self.brush_at = None      # (x, y) of an Alt+drag in progress
+        self._cursor = None       # the last cursor position reported
         self._press = None        # (x, y, mods) of the left press, for clicks and selections
         glfw.set_cursor_pos_callback(window, self._on_cursor)
         glfw.set_mouse_button_callback(window, self._on_button)
@@ -82,6 +83,7 @@ class GlfwInput:
 
     def _on_cursor(self, window, x, y):
         self.io.add_mouse_pos_event(float(x), float(y))
+        self._cursor = (x, y)
         if self.select_rect is not None:
             self.select_rect = (*self.select_rect[:2], x, y)
             return
@@ -109,7 +111,7 @@ class GlfwInput:
         glfw = self.glfw
         left = button == glfw.MOUSE_BUTTON_LEFT
         if action == glfw.PRESS and not self.io.want_capture_mouse:
-            x, y = glfw.get_cursor_pos(window)
+            x, y = self._cursor or glfw.get_cursor_pos(window)
             if left and mods & glfw.MOD_CONTROL:
                 self.select_rect = (x, y, x, y)
                 self._select_mode = "add" if mods & glfw.MOD_SHIFT else ("subtract" if mods & glfw.MOD_ALT else
@@ -130,7 +132,7 @@ class GlfwInput:
             elif left and self.brush_at is not None:
                 self.brush_at = None
             elif left and self._press is not None:
-                x, y = glfw.get_cursor_pos(window)
+                x, y = self._cursor or glfw.get_cursor_pos(window)
                 if abs(x - self._press[0]) + abs(y - self._press[1]) <= 3:
                     self.actions.append(f"click:{x:.1f},{y:.1f}")
             self._press = None

@@ -260,7 +260,7 @@ class Studio:
             dl.pop_clip_rect()
 
     def _status_text(self, imgui, dl, fb, panel, col):
-        """The loading line (and a failed load's error, for 10 s) in the view's bottom-left corner, visible with
+        """The loading line (and a failed load's error, for 10 s) at the bottom of the view, visible with
         the Studio window collapsed or the panels hidden."""
         op = self.opener
         if op.error != self._last_error:
@@ -271,7 +271,8 @@ class Studio:
         elif op.error and time.perf_counter() - self._error_t < 10.0:
             text, c = op.error, col(1.0, 0.4, 0.35)
         if text:
-            x, y = panel[0] / fb[0] + 10, (panel[1] + panel[3]) / fb[1] - 24
+            w = imgui.calc_text_size(text).x
+            x, y = (panel[0] + 0.5 * panel[2]) / fb[0] - 0.5 * w, (panel[1] + panel[3]) / fb[1] - 28
             dl.add_text(imgui.ImVec2(x + 1, y + 1), col(0, 0, 0, 0.9), text)
             dl.add_text(imgui.ImVec2(x, y), c, text)
 

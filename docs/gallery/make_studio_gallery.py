@@ -36,10 +36,9 @@ def _shot(v, **kw):
 def _caption(img, text):
     from PIL import Image, ImageDraw
 
-    im = Image.fromarray(img)
-    d = ImageDraw.Draw(im)
-    d.rectangle([0, im.height - 22, im.width, im.height], fill=(0, 0, 0))
-    d.text((8, im.height - 18), text, fill=(255, 255, 255))
+    im = Image.new("RGB", (img.shape[1], img.shape[0] + 22), (0, 0, 0))
+    im.paste(Image.fromarray(img), (0, 0))
+    ImageDraw.Draw(im).text((8, img.shape[0] + 4), text, fill=(255, 255, 255))
     return np.asarray(im)
 
 
@@ -67,7 +66,7 @@ def progressive(donut, out):
         t_full = time.perf_counter() - t0
     a = _caption(first, f"first frame (moving): {fs0[0]}x{fs0[1]} after {t_first:.1f} s")
     b = _caption(full, f"camera at rest: refined to {size[0]}x{size[1]} after {t_full:.1f} s")
-    _save(np.concatenate([a, np.full((size[1], 4, 3), 255, np.uint8), b], 1), out / "viewer_progressive.png")
+    _save(np.concatenate([a, np.full((size[1] + 22, 4, 3), 255, np.uint8), b], 1), out / "viewer_progressive.png")
 
 
 def cameras(scene, lego, out):
@@ -85,7 +84,7 @@ def cameras(scene, lego, out):
 
 
 def open_file(scene, donut_path, out):
-    size = (640, 400)
+    size = (1024, 600)
     with _viewer(scene, size, None, 0.5, "bundled scene") as v:
         v.studio.expand = True
         v.step()
@@ -95,9 +94,9 @@ def open_file(scene, donut_path, out):
             v.step()
         for _ in range(2):
             done = _shot(v)
-    _save(np.concatenate([_caption(loading, "dropped/opened: loading on a thread"),
-                          np.full((size[1], 4, 3), 255, np.uint8),
-                          _caption(done, "loaded: the view re-frames to the new scene")], 1), out / "viewer_open.png")
+    _save(np.concatenate([_caption(loading, "File > open (or a file dropped on the window): loading on a thread"),
+                          np.full((4, size[0], 3), 255, np.uint8),
+                          _caption(done, "loaded: the view re-frames to the new scene")], 0), out / "viewer_open.png")
 
 
 def edit(donut, out):
@@ -106,14 +105,14 @@ def edit(donut, out):
         v.step()
         ed = v.studio.editor
         ed.crop_shape, ed.show_gizmo, ed.keep_inside = "sphere", True, True
-        ed.sphere_radius *= 0.75
-        v.requests.append("edit:crop_sphere")
+        ed.sphere_radius *= 0.8
+        v.requests.append("edit:crop_sphere")       # the Apply crop button: keep inside the sphere
         v.step()
-        v.requests.append("select_rect:600,200,800,420:replace")   # as a Ctrl+drag would send
+        v.requests.append("select_rect:540,180,640,620:replace")   # as a Ctrl+drag would send
         v.step()
-        v.requests.append("edit:delete")
+        v.requests.append("edit:delete")            # the Delete key
         v.step()
-        v.requests.append("select_rect:420,330,620,470:replace")
+        v.requests.append("select_rect:380,190,560,330:replace")   # the selection, tinted in the render
         for _ in range(2):
             img = _shot(v)
     _save(img, out / "viewer_edit.png")
