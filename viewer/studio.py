@@ -47,6 +47,7 @@ class Studio:
         self.editor = Editor()
         self._seg_cache = (None, None)
         self._last_error, self._error_t = "", 0.0
+        self._tint_mask = (None, None)
         self.expand = False      # open the (first collapsed) Studio window on the next frame
 
     # ---- progressive -------------------------------------------------------------------------------------------
@@ -106,9 +107,14 @@ class Studio:
         sel = self.editor.selection_for(model)
         if sel is None or sel.shape[0] != colors.shape[0]:
             return colors
+        import torch
+
         from rigel_core.edit import tint_colors
 
-        return tint_colors(colors, sel)
+        key = (self.editor.stack.version, colors.device)
+        if self._tint_mask[0] != key:      # one host -> device copy per selection change, not per frame
+            self._tint_mask = (key, torch.from_numpy(sel).to(colors.device))
+        return tint_colors(colors, self._tint_mask[1])
 
     # ---- geometry of the shown frame --------------------------------------------------------------------------
     def _frame_geometry(self):
