@@ -193,15 +193,21 @@ class EditStack:
         return out
 
     # ---- changes -------------------------------------------------------------------------------------------
-    def _commit(self, label: str, alive, selected) -> bool:
+    def _commit(self, label: str, alive, selected, merge=None) -> bool:
+        """Make (alive, selected) the state as one undo step; ``merge``: a key that joins this change to the
+        last step when that step has the same key and nothing was undone since (the dabs of one brush stroke
+        undo together: consecutive flips compose by symmetric difference)."""
         alive, selected = np.asarray(alive, dtype=bool), np.asarray(selected, dtype=bool) & alive
         da = np.flatnonzero(alive != self.alive)
         ds = np.flatnonzero(selected != self.selected)
         if not len(da) and not len(ds):
             return False
-        self._undo.append((label, da, ds))
-        self._redo.clear()
         self._flip(da, ds)
+        if merge is not None and self._undo and not self._redo and self._undo[-1][3] == merge:
+            last = self._undo.pop()
+            da, ds = np.setxor1d(last[1], da), np.setxor1d(last[2], ds)
+        self._undo.append((label, da, ds, merge))
+        self._redo.clear()
         return True
 
     def _flip(self, da, ds):
@@ -229,10 +235,11 @@ class EditStack:
         self._undo.append(e)
         return e[0]
 
-    def select_base(self, mask, mode: str = "replace", label: str = "select") -> bool:
+    def select_base(self, mask, mode: str = "replace", label: str = "select", merge=None) -> bool:
         """Merge a mask over the base's Gaussians into the selection (deleted ones never selected). Returns
-        whether anything changed (an unchanged state adds no undo step)."""
-        return self._commit(label, self.alive, combine(self.selected, np.asarray(mask, dtype=bool) & self.alive, mode))
+        whether anything changed (an unchanged state adds no undo step). ``merge``: see :meth:`_commit`."""
+        return self._commit(label, self.alive, combine(self.selected, np.asarray(mask, dtype=bool) & self.alive, mode),
+                            merge)
 
     def select(self, mask_current, mode: str = "replace", label: str = "select") -> bool:
         """Like :meth:`select_base` for a mask over the edited model's Gaussians."""
@@ -242,8 +249,11 @@ class EditStack:
         """Select the alive Gaussians whose centres project into the pixel rectangle (see :func:`screen_rect_mask`)."""
         return self.select_base(screen_rect_mask(self.means, camera, rect), mode, "rect select")
 
-    def select_brush(self, camera, center, radius_px: float, mode: str = "add") -> bool:
-        return self.select_base(brush_mask(self.means, camera, center, radius_px), mode, "brush")
+    def select_brush(self, camera, center, radius_px: float, mode: str = "add", stroke=None) -> bool:
+        """Merge the Gaussians under a brush dab (see :func:`brush_mask`) into the selection; the dabs with the
+        same ``stroke`` key (not None) form one undo step."""
+        return self.select_base(brush_mask(self.means, camera, center, radius_px), mode, "brush",
+                                None if stroke is None else ("brush", stroke))
 
     def select_all(self) -> bool:
         return self._commit("select all", self.alive, self.alive.copy())

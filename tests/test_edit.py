@@ -188,3 +188,31 @@ def test_save_model_round_trip(tmp_path):
     if getattr(rio, "save_scene", None) is None:
         with pytest.raises(ValueError, match="edited.xyz"):
             save_model(st.model, tmp_path / "edited.xyz")
+
+
+def test_brush_dabs_of_one_stroke_undo_together():
+    rng = np.random.default_rng()
+    model = _model(400, int(rng.integers(1 << 30)))
+    cam = Camera.look_at([0, -6, 0.5], [0, 0, 0], (0, 0, 1), width=160, height=120, fov_x_deg=60)
+    px = cam.project(model.means3D.numpy())
+    st = EditStack(model)
+    sel = np.zeros(400, bool)
+    for i in rng.choice(400, 3, replace=False):          # stroke 1: three dabs, each on a Gaussian's centre
+        st.select_brush(cam, px[i], 10, "add", stroke=1)
+        sel |= brush_mask(model.means3D, cam, px[i], 10)
+    after_first = sel.copy()
+    j = int(rng.choice(np.flatnonzero(~sel)))            # stroke 2: add an unselected one, subtract a selected one
+    st.select_brush(cam, px[j], 4, "add", stroke=2)
+    sel |= brush_mask(model.means3D, cam, px[j], 4)
+    k = int(rng.choice(np.flatnonzero(after_first)))
+    st.select_brush(cam, px[k], 4, "subtract", stroke=2)
+    sel &= ~brush_mask(model.means3D, cam, px[k], 4)
+    assert np.array_equal(st.selected, sel)
+    assert st.history == ["brush", "brush"]
+    assert st.undo() == "brush" and np.array_equal(st.selected, after_first)
+    assert st.undo() == "brush" and not st.selected.any() and not st.can_undo
+    st.redo()
+    st.redo()
+    assert np.array_equal(st.selected, sel)
+    st.select_brush(cam, px[j], 4, "add")                # no stroke key: its own step
+    assert len(st.history) == 3 or np.array_equal(st.selected, sel)

@@ -8,8 +8,8 @@ second render. Screen-space selection uses the camera and frame size of the show
 
 Requests (strings, applied by the app at one point of its loop, STYLE 10): ``edit:undo``, ``edit:redo``,
 ``edit:delete``, ``edit:invert``, ``edit:clear``, ``edit:all``, ``edit:crop_box``, ``edit:crop_sphere``,
-``edit:save``, ``select_rect:X0,Y0,X1,Y1:MODE`` and ``brush:X,Y:MODE`` (frame pixels, MODE one of
-``rigel_core.edit.SELECT_MODES``).
+``edit:save``, ``select_rect:X0,Y0,X1,Y1:MODE`` and ``brush:X,Y[,R]:MODE[:STROKE]`` (frame pixels, MODE one of
+``rigel_core.edit.SELECT_MODES``; the dabs of one STROKE undo together).
 """
 from __future__ import annotations
 
@@ -106,6 +106,7 @@ class Editor:
                     raise ValueError(f"unknown edit {arg!r}")
             elif kind in ("select_rect", "brush"):
                 coords, _, mode = arg.partition(":")
+                mode, _, stroke = mode.partition(":")
                 mode = mode or ("replace" if kind == "select_rect" else "add")
                 if mode not in SELECT_MODES:
                     raise ValueError(f"unknown selection mode {mode!r}")
@@ -115,7 +116,7 @@ class Editor:
                 if kind == "select_rect":
                     st.select_rect(camera, v[:4], mode)
                 else:
-                    st.select_brush(camera, v[:2], v[2] if len(v) > 2 else self.brush_px, mode)
+                    st.select_brush(camera, v[:2], v[2] if len(v) > 2 else self.brush_px, mode, stroke or None)
                 self.message = f"{st.num_selected:,} selected"
             else:
                 return False

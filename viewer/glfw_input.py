@@ -64,6 +64,7 @@ class GlfwInput:
         self.select_rect = None   # (x0, y0, x1, y1) window coordinates of a Ctrl+drag in progress
         self.brush_at = None      # (x, y) of an Alt+drag in progress
         self._cursor = None       # the last cursor position reported
+        self._stroke = 0          # brush strokes so far
         self._press = None        # (x, y, mods) of the left press, for clicks and selections
         glfw.set_cursor_pos_callback(window, self._on_cursor)
         glfw.set_mouse_button_callback(window, self._on_button)
@@ -75,6 +76,10 @@ class GlfwInput:
     def _on_drop(self, window, paths):
         if paths:
             self.actions.append("open:" + str(paths[0]))
+
+    def _brush_action(self, x, y) -> str:
+        """A brush dab at window point (x, y); the dabs of one Alt+drag share a stroke number (one undo step)."""
+        return f"brush:{x:.1f},{y:.1f}:{'subtract' if self._brush_sub else 'add'}:{self._stroke}"
 
     def _scale(self):
         w, h = self.glfw.get_window_size(self.window)
@@ -89,7 +94,7 @@ class GlfwInput:
             return
         if self.brush_at is not None:
             self.brush_at = (x, y)
-            self.actions.append(f"brush:{x:.1f},{y:.1f}:{'subtract' if self._brush_sub else 'add'}")
+            self.actions.append(self._brush_action(x, y))
             return
         if self._drag is not None and not self.io.want_capture_mouse:
             button, lx, ly = self._drag
@@ -120,7 +125,8 @@ class GlfwInput:
             if left and mods & glfw.MOD_ALT:
                 self.brush_at = (x, y)
                 self._brush_sub = bool(mods & glfw.MOD_SHIFT)
-                self.actions.append(f"brush:{x:.1f},{y:.1f}:{'subtract' if self._brush_sub else 'add'}")
+                self._stroke += 1
+                self.actions.append(self._brush_action(x, y))
                 return
             self._drag = (button, x, y)
             self._press = (x, y) if left else None

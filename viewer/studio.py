@@ -180,7 +180,7 @@ class Studio:
             kind, _, arg = r.partition(":")
             cam = None
             if kind in ("select_rect", "brush"):
-                coords, _, mode = arg.partition(":")
+                coords, _, mode = arg.partition(":")   # mode may carry ":STROKE"
                 vals = [float(x) for x in coords.split(",")]
                 n = 2 if kind == "select_rect" else 1
                 fpts, cam, fsize, panel = self._window_to_frame(np.reshape(vals[:2 * n], (n, 2)))
