@@ -60,10 +60,21 @@ def test_progressive_first_frame_is_small_and_moving_frames_meet_the_budget():
     want = min(1.0, math.sqrt((100 - fixed) / (per_px * full)))
     assert math.isclose(hist[-1][1], max(want, p.min_scale), rel_tol=0.05)
     assert abs(hist[-1][2] - min(100, fixed + per_px * full)) < 6 or hist[-1][1] == 1.0
-    # a renderer whose fixed cost alone exceeds the budget: the scale stops at min_scale
-    p2 = Progressive(budget_ms=100, min_scale=0.05)
-    hist2, _, _ = _simulate(p2, lambda px: 150 + per_px * px, full, 40)
-    assert hist2[-1][1] == pytest.approx(0.05)
+    line = p.cost_line()
+    assert line is None or line == pytest.approx((fixed, per_px), rel=1e-6)
+    # a renderer whose fixed cost alone exceeds the budget (45k Gaussians on the CPU): shrinking the frame gains
+    # little, so it settles where the pixels add a quarter to the fixed cost, not at a tiny frame
+    fixed2 = rng.uniform(150, 1500)
+    p2 = Progressive(budget_ms=100, min_scale=0.01)
+    hist2, _, _ = _simulate(p2, lambda px: fixed2 + per_px * px, full, 40)
+    want2 = min(1.0, math.sqrt(0.25 * fixed2 / (per_px * full)))
+    assert hist2[-1][1] == pytest.approx(want2, rel=1e-6)
+    assert p2.cost_line() == pytest.approx((fixed2, per_px), rel=1e-6)
+    assert all(h[1] == pytest.approx(want2, rel=1e-6) for h in hist2[-10:])      # and stays there
+    # before the frames span sizes (ms per pixel only) the same renderer drives the scale down to min_scale
+    p3 = Progressive(budget_ms=100, min_scale=0.05, first_pixels=int(0.05 ** 2 * full))
+    hist3, _, _ = _simulate(p3, lambda px: 150 + per_px * px, full, 10)
+    assert p3.cost_line() is None and hist3[-1][1] == pytest.approx(0.05)
 
 
 def test_progressive_rest_refines_to_full_and_a_move_drops_back():
@@ -99,6 +110,10 @@ def test_progressive_rejects_bad_settings_and_ignores_bad_timings():
     p.record(10.0, 1000)
     p.record(30.0, 1000)
     assert p.ms_per_px == pytest.approx(0.5 * 0.01 + 0.5 * 0.03)
+    p.record(50.0, 3000)
+    assert p.cost_line() is not None
+    p.reset_costs()
+    assert p.ms_per_px is None and p.cost_line() is None and not p.samples
 
 
 # ---- frustums --------------------------------------------------------------------------------------------------------

@@ -91,6 +91,8 @@ class Studio:
     def _show_opened(self, got):
         v = self.v
         info = {"file": got.path, "load": f"{got.seconds:.2f} s"}
+        if self.progressive is not None:
+            self.progressive.reset_costs()
         v.slot_source.publish(got.model, **info)
         v._model_t = 0.0
         v._take_model()
