@@ -142,8 +142,7 @@ def test_project_segments_clips_at_the_near_plane():
     a, b = np.array([0.3, -2.0, 0.2]), np.array([-0.4, -8.0, 0.5])    # b is 3 units behind the eye
     near = 0.01
     px, vis = project_segments(np.stack([a, b])[None], view, near=near)
-    f = (5 - near - 3.0) / (6.0)   # z along the view: a at 3, b at -3; z = 3 - 6 f = near
-    f = (3.0 - near) / 6.0
+    f = (3.0 - near) / 6.0          # view depth: a at 3, b at -3, so z = 3 - 6 f reaches near at this f
     c = a + f * (b - a)
     assert vis[0] and np.allclose(px[0, 0], view.project(a[None])[0])
     assert np.allclose(px[0, 1], view.project(c[None])[0])
@@ -178,8 +177,8 @@ def test_pick_camera_finds_the_frustum_under_the_click():
     fs, panel = (320, 240), (100, 0, 800, 600)
     assert pick_camera(cams, depth, view, frame_to_target(px[k], fs, panel), frame_size=fs, panel=panel) == k
     # a camera behind the view never matches
-    behind = Camera.look_at([0, 0, 20.0], [0, 0, 30.0], (0, 1, 0), width=64, height=48)
-    assert pick_camera([behind], 0.5, view, view.project(np.array([[0, 0, 20.0]]))[0] * 0 + 160) is None
+    behind = Camera.look_at([0, 0, 20.0], [0, 0, 30.0], (0, 1, 0), width=64, height=48)   # on the view axis
+    assert pick_camera([behind], 0.5, view, (view.cx, view.cy), radius=1e6) is None
     assert frustum_depth(cams[:1], 10.0) == pytest.approx(0.5)
 
 

@@ -14,6 +14,10 @@ receives ``checkpoint.safetensors`` and ``model.ply`` when the training finishes
 Ctrl-C and after a failure of the training thread. No run is ever replaced: an ``--out`` that holds one is
 refused without ``--resume``; Save PLY, screenshots and videos take a new name when theirs exists.
 
+``--cameras DATASET`` draws a dataset's training cameras as frustums in the view of a SCENE (click one to snap
+to it); progressive rendering, opening files (drop / File → open) and editing live in the Studio window
+(:mod:`viewer.studio`).
+
 ``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
 ``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`).
 Exit status: 0 on success, 1 when something failed, 2 when Vulkan or a display is unavailable (the message says
