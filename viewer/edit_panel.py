@@ -13,7 +13,6 @@ Requests (strings, applied by the app at one point of its loop, STYLE 10): ``edi
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
