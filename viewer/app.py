@@ -1,6 +1,6 @@
 """``rigel-viewer``: look at a Gaussian scene or watch one train, in a window or offscreen.
 
-    rigel-viewer [SCENE] [--offscreen --frames N --out DIR] [--size 1280x720] [--mode image|alpha|overdraw|
+    rigel-viewer [SCENE] [--cameras DATASET] [--offscreen --frames N --out DIR] [--size 1280x720] [--mode image|alpha|overdraw|
                  side-by-side] [--device auto|cpu|cuda] [--render-scale S] [--up +z] [--white-bg] [--no-vsync]
                  [--debug]
     rigel-viewer --data DIR [--appearance sh|mlp] [--iters N] [--white-bg] [--downscale F] [--max-gaussians N]
@@ -13,6 +13,10 @@ checkpoint); without it the bundled default scene. ``--data`` trains on a datase
 receives ``checkpoint.safetensors`` and ``model.ply`` when the training finishes, when the window is closed, on
 Ctrl-C and after a failure of the training thread. No run is ever replaced: an ``--out`` that holds one is
 refused without ``--resume``; saved scenes, screenshots and videos take a new name when theirs exists.
+
+``--cameras DATASET`` draws a dataset's training cameras as frustums in the view of a SCENE (click one to snap
+to it); progressive rendering, opening files (drop / File → open) and editing live in the Studio window
+(:mod:`viewer.studio`).
 
 ``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
 ``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`).
@@ -205,6 +209,9 @@ class Viewer:
             self._auto_scale = self.settings.render_scale is None
             if self._auto_scale:
                 self.settings.render_scale = 1.0
+            from .studio import Studio
+
+            self.studio = Studio(self)   # progressive rendering, frustums, open, edit (viewer/studio.py)
             self.input = None
             if not offscreen:
                 from .glfw_input import GlfwInput
@@ -358,7 +365,8 @@ class Viewer:
         if snapped is not None:
             fit = min(cw / snapped.width, ch / snapped.height)
             cw, ch = snapped.width * fit, snapped.height * fit
-        return max(1, round(cw * s.render_scale)), max(1, round(ch * s.render_scale))
+        scale = s.render_scale * self.studio.scale   # the progressive scale (1 when off)
+        return max(1, round(cw * scale)), max(1, round(ch * scale))
 
     def _apply_requests(self):
         from . import messages as M
@@ -371,6 +379,8 @@ class Viewer:
             if isinstance(r, M.Command):
                 if self.training is not None:
                     self.training.send(r)
+            elif self.studio.handle(r):
+                pass
             elif r.startswith("mode:"):
                 self.settings.mode = int(r[5:])
             elif r == "reset":
@@ -519,7 +529,7 @@ class Viewer:
             if stream is not None:
                 ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
                 ev[0].record(stream)
-            colors = compute_colors(model, cam, degree)
+            colors = self.studio.tint(compute_colors(model, cam, degree), model)   # the selection overlay
             if stream is not None:
                 ev[1].record(stream)
             t1 = time.perf_counter()
@@ -535,6 +545,7 @@ class Viewer:
                 self.stats.stage_ms["rasterize"] = (t2 - t1) * 1e3
                 self.stats.render_ms = (t2 - t0) * 1e3
                 self.stats.render_ms_history.append(self.stats.render_ms)
+                self.studio.record_render(self.stats.render_ms, fw * fh)
             self._update_error(slot)
             self.ring.release(slot, stream)
         self.stats.frame_size = (fw, fh)
@@ -657,6 +668,7 @@ class Viewer:
                                      windowed=self.window is not None, training=self.train_state,
                                      error_view=self.error_view, jobs=self.jobs, n_cameras=len(self.frames),
                                      camera_index=self.camera_index, appearance=self.appearance)
+            self.requests += self.studio.draw(imgui)
         finally:
             self.settings.show_panels = show
         imgui.render()
@@ -672,6 +684,7 @@ class Viewer:
         model_changed = self._take_model()
         if self._model is None:
             raise RuntimeError("the viewer has no model to show")
+        self.studio.begin_frame(panels)
         fw, fh = self.frame_size(panels)
         key = (self.camera.version, self._model_version, self.settings.render_key(), (fw, fh), self.settings.up)
         if force_render or key != self._rendered_key or model_changed or self.ring.latest is None:
@@ -834,6 +847,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-panels", action="store_true", help="hide the ImGui panels")
     ap.add_argument("--slots", type=int, default=3, help="frame ring slots K (>= 2)")
     ap.add_argument("--debug", action="store_true", help="Vulkan validation layer on")
+    ap.add_argument("--cameras", type=Path, default=None,
+                    help="dataset folder or transforms .json whose training cameras are drawn in the scene (click "
+                         "one to snap to it; [ ] cycle); images downscaled by --downscale")
     ap.add_argument("--threads", type=int, default=None, help="PyTorch CPU threads (default: PyTorch's choice; 1 "
                                                               "is often fastest on a busy machine)")
     t = ap.add_argument_group("live training (--data)")
@@ -974,6 +990,10 @@ def main(argv=None) -> int:
     if args.slots < 2:
         print(f"rigel-viewer: --slots must be >= 2, got {args.slots}", file=sys.stderr)
         return 1
+    if args.data is not None and args.cameras is not None:
+        print("rigel-viewer: --cameras is for viewing a SCENE; with --data the dataset's cameras are shown",
+              file=sys.stderr)
+        return 1
     if args.data is not None and args.scene:
         print("rigel-viewer: give either a SCENE to view or --data DIR to train, not both", file=sys.stderr)
         return 1
@@ -1032,8 +1052,13 @@ def main(argv=None) -> int:
                 settings.up = args.up or default_up(args.scene, model)
             else:
                 model, name = default_scene()
+            frames = None
+            if args.cameras is not None:   # a dataset's training cameras, drawn as frustums (viewer/studio.py)
+                from rigel_core.data import load_dataset
+
+                frames = list(load_dataset(args.cameras, downscale=args.downscale).train)
             viewer = Viewer(ModelSlot(model), offscreen=args.offscreen, size=args.size, device=args.device,
-                            debug=args.debug, settings=settings, scene_name=name, slots=args.slots,
+                            debug=args.debug, settings=settings, scene_name=name, slots=args.slots, frames=frames,
                             ini_path=None if args.offscreen else config_dir() / "imgui.ini")
             if args.out is not None:
                 viewer.screenshot_dir = args.out

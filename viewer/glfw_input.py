@@ -6,7 +6,10 @@ W/S, A/D, E/Q fly forward/back, right/left, up/down while held (Shift ×10, Ctrl
 units per second: the motion per frame is speed × the frame's duration, whatever the frame rate.
 Keys (when ImGui does not want the keyboard): 1–4 render modes, F orbit/fly, R reset view, T snap to the nearest
 training camera, [ and ] previous / next training camera, Space pause/resume training, F12 or P screenshot,
-H hide panels, Esc quit.
+H hide panels, Esc quit, C show/hide the training cameras; editing: Ctrl+drag selects a rectangle (with Shift
+adds to the selection, with Alt subtracts), Alt+drag paints with the brush, Delete deletes the selection, Ctrl+I
+inverts it, Ctrl+Z undoes, Ctrl+Shift+Z or Ctrl+Y redoes. A click (no drag) on a training camera's frustum snaps
+the view to it. A file dropped on the window is opened ("open:PATH").
 """
 from __future__ import annotations
 
@@ -58,11 +61,25 @@ class GlfwInput:
         self._time = None
         self.fly_mode = False
         self.dt = 0.0
+        self.select_rect = None   # (x0, y0, x1, y1) window coordinates of a Ctrl+drag in progress
+        self.brush_at = None      # (x, y) of an Alt+drag in progress
+        self._cursor = None       # the last cursor position reported
+        self._stroke = 0          # brush strokes so far
+        self._press = None        # (x, y, mods) of the left press, for clicks and selections
         glfw.set_cursor_pos_callback(window, self._on_cursor)
         glfw.set_mouse_button_callback(window, self._on_button)
         glfw.set_scroll_callback(window, self._on_scroll)
         glfw.set_key_callback(window, self._on_key)
         glfw.set_char_callback(window, self._on_char)
+        glfw.set_drop_callback(window, self._on_drop)
+
+    def _on_drop(self, window, paths):
+        if paths:
+            self.actions.append("open:" + str(paths[0]))
+
+    def _brush_action(self, x, y) -> str:
+        """A brush dab at window point (x, y); the dabs of one Alt+drag share a stroke number (one undo step)."""
+        return f"brush:{x:.1f},{y:.1f}:{'subtract' if self._brush_sub else 'add'}:{self._stroke}"
 
     def _scale(self):
         w, h = self.glfw.get_window_size(self.window)
@@ -71,6 +88,14 @@ class GlfwInput:
 
     def _on_cursor(self, window, x, y):
         self.io.add_mouse_pos_event(float(x), float(y))
+        self._cursor = (x, y)
+        if self.select_rect is not None:
+            self.select_rect = (*self.select_rect[:2], x, y)
+            return
+        if self.brush_at is not None:
+            self.brush_at = (x, y)
+            self.actions.append(self._brush_action(x, y))
+            return
         if self._drag is not None and not self.io.want_capture_mouse:
             button, lx, ly = self._drag
             dx, dy = x - lx, y - ly
@@ -88,10 +113,35 @@ class GlfwInput:
     def _on_button(self, window, button, action, mods):
         if 0 <= button < 5:
             self.io.add_mouse_button_event(button, action == self.glfw.PRESS)
-        if action == self.glfw.PRESS and not self.io.want_capture_mouse:
-            x, y = self.glfw.get_cursor_pos(window)
+        glfw = self.glfw
+        left = button == glfw.MOUSE_BUTTON_LEFT
+        if action == glfw.PRESS and not self.io.want_capture_mouse:
+            x, y = self._cursor or glfw.get_cursor_pos(window)
+            if left and mods & glfw.MOD_CONTROL:
+                self.select_rect = (x, y, x, y)
+                self._select_mode = "add" if mods & glfw.MOD_SHIFT else ("subtract" if mods & glfw.MOD_ALT else
+                                                                         "replace")
+                return
+            if left and mods & glfw.MOD_ALT:
+                self.brush_at = (x, y)
+                self._brush_sub = bool(mods & glfw.MOD_SHIFT)
+                self._stroke += 1
+                self.actions.append(self._brush_action(x, y))
+                return
             self._drag = (button, x, y)
-        elif action == self.glfw.RELEASE:
+            self._press = (x, y) if left else None
+        elif action == glfw.RELEASE:
+            if left and self.select_rect is not None:
+                x0, y0, x1, y1 = self.select_rect
+                self.select_rect = None
+                self.actions.append(f"select_rect:{x0:.1f},{y0:.1f},{x1:.1f},{y1:.1f}:{self._select_mode}")
+            elif left and self.brush_at is not None:
+                self.brush_at = None
+            elif left and self._press is not None:
+                x, y = self._cursor or glfw.get_cursor_pos(window)
+                if abs(x - self._press[0]) + abs(y - self._press[1]) <= 3:
+                    self.actions.append(f"click:{x:.1f},{y:.1f}")
+            self._press = None
             self._drag = None
 
     def _on_scroll(self, window, dx, dy):
@@ -112,7 +162,14 @@ class GlfwInput:
             return
         shortcuts = {glfw.KEY_F: "fly", glfw.KEY_T: "snap", glfw.KEY_RIGHT_BRACKET: "next_camera",
                      glfw.KEY_LEFT_BRACKET: "prev_camera", glfw.KEY_SPACE: "toggle_training"}
-        if glfw.KEY_1 <= key <= glfw.KEY_4:
+        if mods & glfw.MOD_CONTROL and key in (glfw.KEY_Z, glfw.KEY_Y, glfw.KEY_I):
+            redo = key == glfw.KEY_Y or (key == glfw.KEY_Z and mods & glfw.MOD_SHIFT)
+            self.actions.append("edit:invert" if key == glfw.KEY_I else ("edit:redo" if redo else "edit:undo"))
+        elif key == glfw.KEY_DELETE:
+            self.actions.append("edit:delete")
+        elif key == glfw.KEY_C:
+            self.actions.append("toggle_cameras")
+        elif glfw.KEY_1 <= key <= glfw.KEY_4:
             self.actions.append(f"mode:{key - glfw.KEY_1}")
         elif key in shortcuts:
             self.actions.append(shortcuts[key])

@@ -1,0 +1,147 @@
+"""Regenerate the studio screenshots (issue 18): viewer_progressive.png, viewer_cameras.png, viewer_open.png,
+viewer_edit.png — a ``rigel-viewer`` window (run under ``xvfb-run -a``; any Vulkan device, lavapipe here) driven
+through the same requests its mouse, keys and panels send, on the CPU renderer; the frames are the app's own
+read-back (panels included).
+
+    xvfb-run -a -s "-screen 0 1400x900x24" python docs/gallery/make_studio_gallery.py [--data ../shared/data]
+
+Needs the donut (``ply/donut_mipsplatting_sh0.ply``) and lego's ``transforms_train.json`` under ``--data``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def _viewer(model, size, frames=None, render_scale=0.5, name=""):
+    from viewer.app import Viewer
+    from viewer.model_slot import ModelSlot
+    from viewer.ui import ViewSettings
+
+    return Viewer(ModelSlot(model), size=size, device="cpu", frames=frames, scene_name=name,
+                  settings=ViewSettings(render_scale=render_scale, up="+z"))
+
+
+def _shot(v, **kw):
+    return v.read_pixels(v.step(capture=True, **kw))[..., :3].copy()
+
+
+def _caption(img, text):
+    from PIL import Image, ImageDraw
+
+    im = Image.new("RGB", (img.shape[1], img.shape[0] + 22), (0, 0, 0))
+    im.paste(Image.fromarray(img), (0, 0))
+    ImageDraw.Draw(im).text((8, img.shape[0] + 4), text, fill=(255, 255, 255))
+    return np.asarray(im)
+
+
+def _save(img, path):
+    from PIL import Image
+
+    Image.fromarray(img).save(path, optimize=True)
+    print(f"wrote {path} ({path.stat().st_size // 1024} kB)")
+
+
+def progressive(donut, out):
+    from viewer.app import Viewer
+    from viewer.model_slot import ModelSlot
+    from viewer.ui import ViewSettings
+
+    size = (640, 400)
+    t0 = time.perf_counter()
+    with Viewer(ModelSlot(donut), size=size, device="cpu", settings=ViewSettings(render_scale=None)) as v:
+        first = _shot(v, panels=False)
+        t_first = time.perf_counter() - t0
+        fs0 = v.stats.frame_size
+        while v.stats.frame_size != size:
+            v.step()
+        full = _shot(v, panels=False)
+        t_full = time.perf_counter() - t0
+    a = _caption(first, f"first frame (moving): {fs0[0]}x{fs0[1]} after {t_first:.1f} s")
+    b = _caption(full, f"camera at rest: refined to {size[0]}x{size[1]} after {t_full:.1f} s")
+    _save(np.concatenate([a, np.full((size[1] + 22, 4, 3), 255, np.uint8), b], 1), out / "viewer_progressive.png")
+
+
+def cameras(scene, lego, out):
+    from rigel_core.data import load_dataset
+
+    frames = list(load_dataset(lego, downscale=16, white_bg=True).train)
+    with _viewer(scene, (1024, 640), frames, 0.5, "bundled scene + lego cameras") as v:
+        v.camera.distance *= 3.5
+        v.camera.pitch = 0.6
+        v.camera._touch()
+        v.studio.expand = True
+        for _ in range(3):
+            img = _shot(v)
+    _save(img, out / "viewer_cameras.png")
+
+
+def open_file(scene, donut_path, out):
+    size = (1024, 600)
+    with _viewer(scene, size, None, 0.5, "bundled scene") as v:
+        v.studio.expand = True
+        v.step()
+        v.requests.append(f"open:{donut_path}")
+        loading = _shot(v)
+        while v.studio.opener.loading:
+            v.step()
+        for _ in range(2):
+            done = _shot(v)
+    _save(np.concatenate([_caption(loading, "File > open (or a file dropped on the window): loading on a thread"),
+                          np.full((4, size[0], 3), 255, np.uint8),
+                          _caption(done, "loaded: the view re-frames to the new scene")], 0), out / "viewer_open.png")
+
+
+def edit(donut, out):
+    with _viewer(donut, (1024, 640), None, 0.5, "donut") as v:
+        v.studio.expand = True
+        v.step()
+        ed = v.studio.editor
+        ed.crop_shape, ed.show_gizmo, ed.keep_inside = "sphere", True, True
+        ed.sphere_radius *= 0.8
+        v.requests.append("edit:crop_sphere")       # the Apply crop button: keep inside the sphere
+        v.step()
+        v.requests.append("select_rect:540,180,640,620:replace")   # as a Ctrl+drag would send
+        v.step()
+        v.requests.append("edit:delete")            # the Delete key
+        v.step()
+        v.requests.append("select_rect:380,190,560,330:replace")   # the selection, tinted in the render
+        for _ in range(2):
+            img = _shot(v)
+    _save(img, out / "viewer_edit.png")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--data", type=Path, default=ROOT.parent.parent / "shared" / "data")
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "gallery")
+    ap.add_argument("--only", nargs="*", default=None)
+    args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    from viewer.scene import default_scene, load_scene_file
+
+    donut_path = args.data / "ply" / "donut_mipsplatting_sh0.ply"
+    donut = load_scene_file(donut_path)
+    scene, _ = default_scene()
+    todo = args.only or ["progressive", "cameras", "open", "edit"]
+    if "progressive" in todo:
+        progressive(donut, args.out)
+    if "cameras" in todo:
+        cameras(scene, args.data / "lego", args.out)
+    if "open" in todo:
+        open_file(scene, donut_path, args.out)
+    if "edit" in todo:
+        edit(donut, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,486 @@
+"""The viewer as a studio (issue 18): progressive rendering, training-camera frustums and picking, opening files,
+editing with undo — the logic without a window, then the viewer offscreen (lavapipe) and in a window (Xvfb).
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from rigel_core import Camera
+from viewer.frustums import (EDGES, box_segments, frame_to_target, frustum_depth, frustum_points, frustum_segments,
+                             pick_camera, project_segments, sphere_segments, target_to_frame)
+from viewer.open_panel import SceneOpener, one_line
+from viewer.progressive import Progressive
+
+
+def _ring_cameras(rng, n=8, radius=4.0, size=(64, 48)):
+    cams = []
+    phase = rng.uniform(0, 2 * math.pi)
+    for i in range(n):
+        a = phase + 2 * math.pi * i / n
+        eye = np.array([radius * math.cos(a), radius * math.sin(a), rng.uniform(0.5, 1.5)])
+        cams.append(Camera.look_at(eye, rng.normal(size=3) * 0.1, (0, 0, 1), width=size[0], height=size[1],
+                                   fov_x_deg=rng.uniform(40, 70), name=f"c{i}"))
+    return cams
+
+
+# ---- progressive ---------------------------------------------------------------------------------------------------
+def _simulate(p, cost, full_px, frames, *, moving=True, t0=0.0, dt=0.05, version0=0):
+    """Drive ``p`` like the viewer: update, 'render' at cost(pixels), record. Returns (times, scales, ms)."""
+    t, v = t0, version0
+    out = []
+    for _ in range(frames):
+        if moving:
+            v += 1
+        s = p.update(t, v, full_px)
+        px = max(1, round(s * s * full_px))
+        ms = cost(px)
+        p.record(ms, px)
+        out.append((t, s, ms))
+        t += dt + ms / 1e3
+    return out, t, v
+
+
+def test_progressive_first_frame_is_small_and_moving_frames_meet_the_budget():
+    rng = np.random.default_rng()
+    full = int(rng.integers(600, 2000)) * int(rng.integers(400, 1200))
+    p = Progressive(budget_ms=100, first_pixels=160 * 90)
+    assert math.isclose(p.update(0.0, 0, full), math.sqrt(160 * 90 / full))
+    p = Progressive(budget_ms=100, first_pixels=160 * 90)
+    fixed, per_px = rng.uniform(5, 40), rng.uniform(5e-4, 5e-3)      # a renderer: fixed + per-pixel cost
+    hist, _, _ = _simulate(p, lambda px: fixed + per_px * px, full, 40)
+    assert hist[0][1] < 0.2 and p.moving
+    # converged: a moving frame costs about the budget (or the full frame is cheaper than that)
+    want = min(1.0, math.sqrt((100 - fixed) / (per_px * full)))
+    assert math.isclose(hist[-1][1], max(want, p.min_scale), rel_tol=0.05)
+    assert abs(hist[-1][2] - min(100, fixed + per_px * full)) < 6 or hist[-1][1] == 1.0
+    line = p.cost_line()
+    assert line is None or line == pytest.approx((fixed, per_px), rel=1e-6)
+    # a renderer whose fixed cost alone exceeds the budget (45k Gaussians on the CPU): shrinking the frame gains
+    # little, so it settles where the pixels add a quarter to the fixed cost, not at a tiny frame
+    fixed2 = rng.uniform(150, 1500)
+    p2 = Progressive(budget_ms=100, min_scale=0.01)
+    hist2, _, _ = _simulate(p2, lambda px: fixed2 + per_px * px, full, 40)
+    want2 = min(1.0, math.sqrt(0.25 * fixed2 / (per_px * full)))
+    assert hist2[-1][1] == pytest.approx(want2, rel=1e-6)
+    assert p2.cost_line() == pytest.approx((fixed2, per_px), rel=1e-6)
+    assert all(h[1] == pytest.approx(want2, rel=1e-6) for h in hist2[-10:])      # and stays there
+    # before the frames span sizes (ms per pixel only) the same renderer drives the scale down to min_scale
+    p3 = Progressive(budget_ms=100, min_scale=0.05, first_pixels=int(0.05 ** 2 * full))
+    hist3, _, _ = _simulate(p3, lambda px: 150 + per_px * px, full, 10)
+    assert p3.cost_line() is None and hist3[-1][1] == pytest.approx(0.05)
+
+
+def test_progressive_rest_refines_to_full_and_a_move_drops_back():
+    rng = np.random.default_rng()
+    full = 1280 * 720
+    cost = lambda px: 2e-3 * px + float(rng.uniform(0, 3))
+    p = Progressive(budget_ms=100, rest_s=0.3)
+    hist, t, v = _simulate(p, cost, full, 10)
+    moving_scale = hist[-1][1]
+    assert moving_scale < 0.5
+    # the camera stops: scales stay at the budget scale until rest_s has passed, then double up to 1
+    s = p.update(t + 0.1, v, full)
+    assert not math.isclose(s, 1.0) and p.moving
+    seen = [p.update(t + 0.31 + 0.01 * k, v, full) for k in range(12)]
+    assert not p.moving
+    assert seen[0] == pytest.approx(min(1.0, 2 * s), rel=1e-9)
+    assert all(b == pytest.approx(min(1.0, 2 * a)) for a, b in zip(seen, seen[1:]))
+    assert seen[-1] == 1.0 and not p.refining
+    # a move: back to a budget scale, moving
+    s2 = p.update(t + 1.0, v + 1, full)
+    assert p.moving and s2 < 0.5
+
+
+def test_progressive_rejects_bad_settings_and_ignores_bad_timings():
+    with pytest.raises(ValueError):
+        Progressive(budget_ms=0)
+    with pytest.raises(ValueError):
+        Progressive(min_scale=1.5)
+    p = Progressive()
+    p.record(float("nan"), 100)
+    p.record(5.0, 0)
+    assert p.ms_per_px is None
+    p.record(10.0, 1000)
+    p.record(30.0, 1000)
+    assert p.ms_per_px == pytest.approx(0.5 * 0.01 + 0.5 * 0.03)
+    p.record(50.0, 3000)
+    assert p.cost_line() is not None
+    p.reset_costs()
+    assert p.ms_per_px is None and p.cost_line() is None and not p.samples
+
+
+# ---- frustums --------------------------------------------------------------------------------------------------------
+def test_frustum_corners_project_to_the_image_corners():
+    rng = np.random.default_rng()
+    for cam in _ring_cameras(rng, 4):
+        d = float(rng.uniform(0.1, 2.0))
+        pts = frustum_points(cam, d)
+        assert np.allclose(pts[0], cam.campos)
+        w, h = cam.width, cam.height
+        assert np.allclose(cam.project(pts[1:5]), [[0, 0], [w, 0], [w, h], [0, h]], atol=1e-6)
+        z = (pts[1:] @ cam.R.T + cam.t)[:, 2]
+        assert np.allclose(z, d)
+        assert cam.project(pts[5:6])[0, 1] < 0          # the up marker lies above the image's top edge
+    segs = frustum_segments(_ring_cameras(rng, 3), 0.5)
+    assert segs.shape == (3, len(EDGES), 2, 3)
+
+
+def test_project_segments_clips_at_the_near_plane():
+    rng = np.random.default_rng()
+    view = Camera.look_at([0, -5, 0], [0, 0, 0], (0, 0, 1), width=200, height=100, fov_x_deg=60)
+    front = rng.normal(size=(20, 2, 3))
+    px, vis = project_segments(front, view)
+    assert vis.all() and np.allclose(px, view.project(front.reshape(-1, 3)).reshape(20, 2, 2))
+    # one end behind the camera: the clipped end is the point of the segment on the near plane
+    a, b = np.array([0.3, -2.0, 0.2]), np.array([-0.4, -8.0, 0.5])    # b is 3 units behind the eye
+    near = 0.01
+    px, vis = project_segments(np.stack([a, b])[None], view, near=near)
+    f = (3.0 - near) / 6.0          # view depth: a at 3, b at -3, so z = 3 - 6 f reaches near at this f
+    c = a + f * (b - a)
+    assert vis[0] and np.allclose(px[0, 0], view.project(a[None])[0])
+    assert np.allclose(px[0, 1], view.project(c[None])[0])
+    _, vis = project_segments(np.array([[[0, -7, 0], [1, -9, 0]]], dtype=float), view)
+    assert not vis[0]
+
+
+def test_frame_to_target_is_the_present_fit_and_inverts():
+    # a square frame in a wide panel: letterboxed left and right, scale ph / fh
+    t = frame_to_target([[0, 0], [100, 100], [50, 25]], (100, 100), (10, 20, 300, 200))
+    assert np.allclose(t, [[10 + 50, 20], [10 + 50 + 200, 220], [10 + 50 + 100, 70]])
+    rng = np.random.default_rng()
+    fs, panel = (int(rng.integers(10, 500)), int(rng.integers(10, 500))), (5, 7, 640, 480)
+    p = rng.uniform(0, 100, size=(10, 2))
+    assert np.allclose(target_to_frame(frame_to_target(p, fs, panel), fs, panel), p)
+
+
+def test_pick_camera_finds_the_frustum_under_the_click():
+    rng = np.random.default_rng()
+    cams = _ring_cameras(rng, 10)
+    view = Camera.look_at([0.3, 0.2, 14.0], [0, 0, 0], (0, 1, 0), width=320, height=240, fov_x_deg=60)
+    depth = frustum_depth(cams)
+    assert 0 < depth < 4.0
+    centres = np.stack([frustum_points(c, depth)[:5].mean(0) for c in cams])
+    px = view.project(centres)
+    k = int(rng.integers(len(cams)))
+    assert pick_camera(cams, depth, view, px[k] + rng.uniform(-3, 3, 2)) == k
+    others = np.delete(px, k, 0)
+    far = px[k] + 60.0 * (px[k] - others.mean(0)) / np.linalg.norm(px[k] - others.mean(0))
+    assert pick_camera(cams, depth, view, far, radius=8.0) is None
+    # the same through the frame -> target mapping of a panel
+    fs, panel = (320, 240), (100, 0, 800, 600)
+    assert pick_camera(cams, depth, view, frame_to_target(px[k], fs, panel), frame_size=fs, panel=panel) == k
+    # a camera behind the view never matches
+    behind = Camera.look_at([0, 0, 20.0], [0, 0, 30.0], (0, 1, 0), width=64, height=48)   # on the view axis
+    assert pick_camera([behind], 0.5, view, (view.cx, view.cy), radius=1e6) is None
+    assert frustum_depth(cams[:1], 10.0) == pytest.approx(0.5)
+
+
+def test_gizmo_segments():
+    rng = np.random.default_rng()
+    c, h = rng.normal(size=3), rng.uniform(0.1, 2, 3)
+    segs = box_segments(c, h)
+    assert segs.shape == (12, 2, 3)
+    lengths = sorted(np.round(np.linalg.norm(segs[:, 1] - segs[:, 0], axis=1), 9))
+    assert np.allclose(lengths, sorted(np.repeat(2 * h, 4)))
+    assert np.allclose(np.abs(segs.reshape(-1, 3) - c), h)
+    r = float(rng.uniform(0.5, 2))
+    s = sphere_segments(c, r, n=16)
+    assert s.shape == (48, 2, 3) and np.allclose(np.linalg.norm(s.reshape(-1, 3) - c, axis=1), r)
+
+
+# ---- open ----------------------------------------------------------------------------------------------------------
+def _tiny_model(n, seed=0):
+    from rigel_core.data import make_scene
+
+    return make_scene(n=n, sh_degree=1, seed=seed)
+
+
+def test_scene_opener_loads_in_the_background_and_reports_errors(tmp_path):
+    from rigel_core.io import save_ply
+
+    path = tmp_path / "scene one.ply"
+    save_ply(_tiny_model(321), path)
+    op = SceneOpener()
+    assert op.start(f'  "{path}" ')        # quotes and spaces of a pasted path are dropped
+    assert op.loading and "scene one.ply" in op.status()
+    got = op.wait(30)
+    assert got is not None and got.model.num_gaussians == 321 and got.path == str(path) and got.up in ("+z", "-y")
+    assert not op.loading and op.status() == "" and op.poll() is None
+    # a file that is not a scene: one line naming the file
+    bad = tmp_path / "bad.ply"
+    bad.write_bytes(b"ply\nformat nonsense\n")
+    assert op.start(bad) and op.wait(30) is None
+    assert "bad.ply" in op.error and "\n" not in op.error
+    assert op.start(tmp_path / "missing.ply") and op.wait(30) is None and "missing.ply" in op.error
+    assert not op.start("   ") and "no file" in op.error
+    # one load at a time
+    gate = threading.Event()
+    slow = SceneOpener(loader=lambda p: (gate.wait(10), "+z"))
+    assert slow.start("a.ply") and not slow.start("b.ply") and "still loading a.ply" in slow.error
+    gate.set()
+    assert slow.wait(10) is not None
+
+
+def test_one_line():
+    assert one_line("a\nb") == "a"
+    assert one_line("x" * 200, 20) == "x" * 17 + "..."
+
+
+# ---- the viewer (offscreen: lavapipe) --------------------------------------------------------------------------------
+from test_vulkan import VK_OK, VK_REASON, display  # noqa: E402,F401
+
+needs_viewer = pytest.mark.skipif(not VK_OK or importlib.util.find_spec("imgui_bundle") is None,
+                                  reason=f"no usable Vulkan device or imgui-bundle: {VK_REASON}")
+
+
+@pytest.fixture
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _frames_around(model, rng, n=8):
+    from rigel_core.data.frames import Frame
+
+    lo, hi = model.bounds(0.01)
+    c = (0.5 * (lo + hi)).double().numpy()
+    r = float(torch.linalg.norm(hi - lo))
+    cams = _ring_cameras(rng, n, radius=1.5 * r, size=(48, 36))
+    cams = [Camera(c_.width, c_.height, c_.fx, c_.fy, c_.cx, c_.cy, _shift(c_.viewmat, c), c_.name) for c_ in cams]
+    return [Frame(cam, torch.zeros(cam.height, cam.width, 3), None, cam.name) for cam in cams]
+
+
+def _shift(viewmat, c):
+    vm = viewmat.copy()
+    vm[:3, 3] = vm[:3, 3] - vm[:3, :3] @ c
+    return vm
+
+
+@needs_viewer
+def test_viewer_draws_frustums_offscreen_and_a_click_snaps(one_thread):
+    from viewer.app import Viewer
+    from viewer.model_slot import ModelSlot
+    from viewer.ui import ViewSettings
+
+    rng = np.random.default_rng()
+    model = _tiny_model(400, int(rng.integers(1000)))
+    frames = _frames_around(model, rng)
+    with Viewer(ModelSlot(model), offscreen=True, size=(320, 240), device="cpu", frames=frames,
+                settings=ViewSettings(render_scale=0.5)) as v:
+        assert v.studio.progressive is None        # offscreen: frames do not depend on timing
+        v.camera.distance *= 3.0                    # from outside the ring of cameras
+        v.camera._touch()
+        with_cams = v.read_pixels(v.step(capture=True, panels=False)).astype(int)
+        v.studio.show_cameras = False
+        without = v.read_pixels(v.step(capture=True, panels=False)).astype(int)
+        diff = np.abs(with_cams - without).sum(-1) > 60
+        assert diff.mean() > 0.002                  # the frustums' lines
+        ys, xs = np.nonzero(diff)
+        yellow = with_cams[ys, xs, :3].mean(0)
+        assert yellow[0] > yellow[2] + 40 and yellow[1] > yellow[2] + 40
+        v.studio.show_cameras = True
+        # click on camera k's frustum centre (offscreen: window = target pixels)
+        cam, fs, panel = v.studio._frame_geometry()
+        depth = frustum_depth([f.camera for f in frames], model.extent())
+        centres = np.stack([frustum_points(f.camera, depth)[:5].mean(0) for f in frames])
+        t = frame_to_target(cam.project(centres), fs, panel)
+        inside = [i for i in range(len(frames)) if 5 < t[i, 0] < 315 and 5 < t[i, 1] < 235]
+        k = inside[int(rng.integers(len(inside)))]
+        v.requests.append(f"click:{t[k, 0]:.2f},{t[k, 1]:.2f}")
+        v.step()
+        assert v.camera_index == k and v.camera.snapped is not None
+        v.requests.append("click:1,1")            # nothing there: the view stays
+        v.step()
+        assert v.camera_index == k
+
+
+@needs_viewer
+def test_viewer_opens_a_file_and_reframes(tmp_path, one_thread):
+    from rigel_core.io import save_ply
+    from viewer.app import Viewer
+    from viewer.model_slot import ModelSlot
+    from viewer.ui import ViewSettings
+
+    other = _tiny_model(250, 7)
+    other = other.subset(torch.arange(250))
+    other.means3D = other.means3D * 5.0 + torch.tensor([1.0, 2.0, 0.5])    # elsewhere and larger
+    path = tmp_path / "other.ply"
+    save_ply(other, path)
+    with Viewer(ModelSlot(_tiny_model(300)), offscreen=True, size=(240, 180), device="cpu",
+                settings=ViewSettings(render_scale=0.5)) as v:
+        v.step()
+        d0 = v.camera.distance
+        v.requests.append(f"open:{tmp_path / 'nope.ply'}")
+        v.step()
+        v.studio.opener.wait(30)
+        v.step()
+        assert "nope.ply" in v.studio.opener.error and v.model.num_gaussians == 300
+        v.requests.append(f"open:{path}")
+        t0 = time.perf_counter()
+        while v.model.num_gaussians == 300 and time.perf_counter() - t0 < 30:
+            v.step()      # the UI keeps drawing (the loading line) while the thread loads
+        assert not v.studio.opener.loading and not v.studio.opener.error
+        assert v.model.num_gaussians == 250 and v.stats.scene == str(path)
+        assert v.camera.distance > 2.0 * d0          # re-framed to the larger scene
+        assert np.linalg.norm(v.camera.target - np.array([1.0, 2.0, 0.5])) < 2.0
+
+
+@needs_viewer
+def test_viewer_edits_with_tint_undo_and_save(tmp_path, one_thread):
+    from rigel_core.edit import box_mask
+    from rigel_core.io import load_scene
+    from viewer.app import Viewer
+    from viewer.model_slot import ModelSlot
+    from viewer.ui import ViewSettings
+
+    model = _tiny_model(500, 3)
+    with Viewer(ModelSlot(model), offscreen=True, size=(200, 150), device="cpu",
+                settings=ViewSettings(render_scale=1.0)) as v:
+        v.screenshot_dir = tmp_path
+        plain = v.read_pixels(v.step(capture=True, panels=False)).astype(float)
+        v.requests.append("select_rect:0,0,200,150:replace")   # window coordinates: everything in view
+        tinted = v.read_pixels(v.step(capture=True, panels=False)).astype(float)
+        st = v.studio.editor.stack
+        assert st.num_selected > 0.5 * 500
+        # the overlay is a tint in the one render: redder where the scene is
+        assert (tinted[..., 0] - tinted[..., 2]).mean() > (plain[..., 0] - plain[..., 2]).mean() + 5
+        n_sel = st.num_selected
+        # rect and brush (window pixels = frame pixels here) against projecting the means with the frame's camera
+        from rigel_core.edit import brush_mask, screen_rect_mask
+
+        cam = v.camera.camera(200, 150)
+        v.requests.append("select_rect:150,110,50,40:replace")
+        v.step()
+        assert np.array_equal(st.selected, screen_rect_mask(model.means3D, cam, (50, 40, 150, 110)))
+        v.requests.append("brush:100,75,20:subtract")
+        v.step()
+        brushed = brush_mask(model.means3D, cam, (100, 75), 20)
+        want = screen_rect_mask(model.means3D, cam, (50, 40, 150, 110)) & ~brushed
+        assert brushed.any() and np.array_equal(st.selected, want)
+        v.requests += ["edit:undo", "edit:undo"]   # back to the first selection
+        v.step()
+        assert st.num_selected == n_sel
+        v.requests.append("edit:delete")
+        v.step()
+        assert v.model.num_gaussians == 500 - n_sel
+        v.requests.append("edit:undo")
+        v.step()
+        assert v.model.num_gaussians == 500 and v.studio.editor.stack.num_selected == n_sel
+        v.requests += ["edit:clear", "edit:redo"]   # clear, then redo has nothing (the clear dropped the branch)
+        v.step()
+        assert v.model.num_gaussians == 500 and "nothing to redo" in v.studio.editor.message
+        ed = v.studio.editor
+        lo, hi = (t.double().numpy() for t in model.bounds(0.01))
+        c, h = 0.5 * (lo + hi), 0.25 * (hi - lo)
+        ed.box_center, ed.box_half, ed.keep_inside = c, h, True
+        v.requests.append("edit:crop_box")
+        v.step()
+        want = box_mask(model.means3D, c, h)
+        assert 0 < want.sum() < 500
+        assert v.model.num_gaussians == int(want.sum())
+        assert torch.equal(v.model.means3D, model.means3D[torch.from_numpy(want)])
+        v.requests.append("edit:save")
+        v.step()
+        ed.save_job.join(30)
+        assert not ed.save_job.error
+        assert load_scene(ed.save_job.result).num_gaussians == int(want.sum())
+        v.requests.append("edit:save")
+        v.step()
+        ed.save_job.join(30)
+        assert ed.save_job.result != tmp_path / "edited.ply" and str(ed.save_job.result).endswith("edited_2.ply")
+
+
+@needs_viewer
+def test_viewer_progressive_starts_small_and_refines_to_full(one_thread):
+    from viewer.app import Viewer
+    from viewer.model_slot import ModelSlot
+
+    from viewer.ui import ViewSettings
+
+    with Viewer(ModelSlot(_tiny_model(400)), offscreen=True, size=(320, 200), device="cpu",
+                settings=ViewSettings(render_scale=None)) as v:
+        v.studio.set_progressive(True)
+        p = v.studio.progressive
+        v.step()
+        fw, fh = v.stats.frame_size
+        assert fw * fh <= 1.2 * p.first_pixels and fw < 320
+        p.rest_s = 0.0                       # the camera has rested long enough: refine
+        sizes = []
+        for _ in range(8):
+            v.step()
+            sizes.append(v.stats.frame_size)
+        assert sizes[-1] == (320, 200)
+        assert all(b[0] >= a[0] for a, b in zip(sizes, sizes[1:]))
+        v.studio.set_progressive(False)
+        v.step()
+        assert v.stats.frame_size[0] * v.stats.frame_size[1] <= 320 * 240 * 1.05   # the CPU's automatic scale
+
+
+@needs_viewer
+def test_cli_cameras_bad_path_is_one_line(tmp_path, capsys):
+    from viewer.app import main
+
+    assert main(["--offscreen", "--out", str(tmp_path / "o"), "--cameras", str(tmp_path / "none"),
+                 "--frames", "1"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "none" in err[0]
+
+
+@needs_viewer
+def test_first_frame_time_in_a_window_is_recorded(display, one_thread, capsys):  # noqa: F811
+    """The first frame of the bundled scene on the CPU in a window (Xvfb + lavapipe): the time from creating the
+    viewer to its first present is printed (a record, not a timed assertion); the first frame is low-res and
+    later frames refine to the full window."""
+    from viewer.app import Viewer
+    from viewer.model_slot import ModelSlot
+    from viewer.scene import default_scene
+    from viewer.ui import ViewSettings
+
+    model, _ = default_scene()
+    t0 = time.perf_counter()
+    with Viewer(ModelSlot(model), size=(640, 400), device="cpu", settings=ViewSettings(render_scale=None)) as v:
+        assert v.studio.progressive is not None
+        assert v.step() is not None
+        first = time.perf_counter() - t0
+        fw, fh = v.stats.frame_size
+        assert fw * fh <= 1.2 * v.studio.progressive.first_pixels
+        t1 = time.perf_counter()
+        while v.stats.frame_size != (640, 400) and time.perf_counter() - t1 < 60:
+            v.step()
+        full = time.perf_counter() - t0
+        assert v.stats.frame_size == (640, 400)
+        # the window's input: Ctrl+drag -> a rectangle, a click, Ctrl+Z / Ctrl+Shift+Z, Delete, a dropped file
+        import glfw
+
+        inp = v.input
+        inp.actions.clear()
+        inp._on_cursor(v.window, 420.0, 250.0)
+        inp._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.PRESS, glfw.MOD_CONTROL | glfw.MOD_SHIFT)
+        inp._on_cursor(v.window, 500.0, 330.0)
+        assert inp.select_rect == (420.0, 250.0, 500.0, 330.0)
+        yaw = v.camera.yaw
+        inp._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.RELEASE, glfw.MOD_CONTROL)
+        assert inp.actions[-1] == "select_rect:420.0,250.0,500.0,330.0:add" and v.camera.yaw == yaw
+        inp._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.PRESS, 0)
+        inp._on_button(v.window, glfw.MOUSE_BUTTON_LEFT, glfw.RELEASE, 0)
+        assert inp.actions[-1].startswith("click:")
+        inp._on_key(v.window, glfw.KEY_Z, 0, glfw.PRESS, glfw.MOD_CONTROL)
+        inp._on_key(v.window, glfw.KEY_Z, 0, glfw.PRESS, glfw.MOD_CONTROL | glfw.MOD_SHIFT)
+        inp._on_key(v.window, glfw.KEY_DELETE, 0, glfw.PRESS, 0)
+        inp._on_drop(v.window, ["/tmp/some scene.ply"])
+        assert inp.actions[-4:] == ["edit:undo", "edit:redo", "edit:delete", "open:/tmp/some scene.ply"]
+        v.step()     # the app applies them: the selection, then the open fails in one line
+        v.studio.opener.wait(30)
+        assert "some scene.ply" in v.studio.opener.error
+    with capsys.disabled():
+        print(f"\n[first frame] bundled scene ({model.num_gaussians} Gaussians), CPU, 640x400 window: first "
+              f"present {first:.2f} s at {fw}x{fh}; full resolution after {full:.2f} s")
