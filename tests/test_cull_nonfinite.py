@@ -217,7 +217,8 @@ def test_cuda_mlp_kernel_marks_poisoned_rows(rng):
     v = torch.rand(n, 3, generator=gen)
     outs = []
     for dev in ("cpu", "cuda"):
-        args = [t.to(dev).requires_grad_(True) for t in (lat, means, campos, app.W1, app.b1, app.W2, app.b2)]
+        args = [t.detach().to(dev).requires_grad_(True)  # a fresh leaf on each device
+                for t in (lat, means, campos, app.W1, app.b1, app.W2, app.b2)]
         c = mlp_colors(*args)
         (c.nan_to_num(0.0) * v.to(dev)).sum().backward()
         outs.append((c.detach().cpu(), [a.grad.cpu() for a in args]))

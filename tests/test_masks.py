@@ -330,7 +330,7 @@ def test_masked_loss_on_cuda_matches_cpu(rng):
     gt_poisoned[~mask] = float("nan")
     out = {}
     for dev in ("cpu", "cuda"):
-        p = pred.to(dev).requires_grad_(True)
+        p = pred.detach().to(dev).requires_grad_(True)  # a fresh leaf on each device (.to("cpu") is a no-op)
         loss = 0.8 * l1_loss(p, gt_poisoned.to(dev), mask.to(dev)) + 0.2 * (1 - ssim(p, gt_poisoned.to(dev),
                                                                                       mask=mask.to(dev)))
         loss.backward()
