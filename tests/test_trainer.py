@@ -663,3 +663,37 @@ def test_init_scale_rms_option(rng):
     one = knn_rms_distance(torch.zeros(1, 3))
     assert one.shape == (1,) and float(one) == 1.0
     assert float(knn_rms_distance(torch.zeros(4, 3))[0]) == pytest.approx(1e-7 ** 0.5)  # the d² clamp
+
+
+def test_densify_visibility_rules_against_brute_force(rng):
+    """Which views count in a Gaussian's average gradient: 'radius' (radii > 0), 'opacity' (gsplat's
+    opacity-aware extent reaches the image, opacity ≥ 1/255), 'contrib' (a non-zero gradient), each checked
+    per Gaussian against a plain-Python rule on fresh random inputs with every branch present."""
+    n, w, h = 400, 64, 48
+    radii = torch.randint(0, 12, (n,), generator=rng, dtype=torch.int32)
+    means2D = torch.rand(n, 2, generator=rng) * torch.tensor([w + 40.0, h + 40.0]) - 20.0
+    opac = torch.rand(n, generator=rng) ** 3          # many faint ones, some below 1/255
+    opac[:5] = 1.0 / 255.0 - 1e-6
+    opac[5:10] = float("nan")                           # culled rows: never visible under 'opacity'
+    grad = torch.randn(n, 2, generator=rng) * 1e-3
+    grad[torch.rand(n, generator=rng) < 0.3] = 0.0      # views a Gaussian did not draw in
+    for vis in ("radius", "opacity", "contrib"):
+        stats = DensifyStats(n)
+        stats.update(grad, radii, w, h, visibility=vis, means2D=means2D, opacities=opac)
+        for i in range(n):
+            r, (u, v), o = int(radii[i]), means2D[i].tolist(), float(opac[i])
+            want = r > 0
+            if vis == "opacity":
+                ok_o = o == o and o >= 1 / 255
+                e = min(3.33, math.sqrt(2 * math.log(max(255 * o, 1.0)))) if ok_o else 0.0
+                rr = r * e / 3
+                want = want and ok_o and u + rr > 0 and u - rr < w and v + rr > 0 and v - rr < h
+            elif vis == "contrib":
+                want = want and bool((grad[i] != 0).any())
+            assert float(stats.denom[i]) == float(want), (vis, i)
+            norm = math.hypot(float(grad[i, 0]) * w / 2, float(grad[i, 1]) * h / 2)
+            assert float(stats.grad_accum[i]) == pytest.approx(norm if want else 0.0, rel=1e-5, abs=1e-12)
+    with pytest.raises(ValueError, match="visibility"):
+        DensifyStats(n).update(grad, radii, w, h, visibility="bogus")
+    with pytest.raises(ValueError, match="densify_visibility"):
+        TrainConfig(densify_visibility="bogus").validate()

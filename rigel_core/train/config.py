@@ -59,6 +59,10 @@ class TrainConfig:
     densify_interval: int = 100
     #: threshold on the view-averaged |∂L/∂means2D| in NDC units (pixel gradient × (W/2, H/2); see densify.py)
     grad_threshold: float = 2e-4
+    #: which views count in a Gaussian's view-averaged gradient (DensifyStats.update): "radius" (3DGS: its 3σ
+    #: square reaches the image), "opacity" (gsplat's opacity-aware extent reaches the image), "contrib" (it drew
+    #: a pixel in the view)
+    densify_visibility: str = "radius"
     #: clone when max scale ≤ percent_dense·extent, split otherwise
     percent_dense: float = 0.01
     split_factor: float = 1.6  # children's scale = parent's / split_factor (3DGS: 0.8·N with N = 2)
@@ -141,6 +145,9 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.sh_degree <= 3:
             raise ValueError(f"TrainConfig.sh_degree must be in 0..3, got {self.sh_degree}")
+        if self.densify_visibility not in ("radius", "opacity", "contrib"):
+            raise ValueError(f"TrainConfig.densify_visibility must be 'radius', 'opacity' or 'contrib', got "
+                             f"{self.densify_visibility!r}")
         if self.appearance not in ("sh", "mlp"):
             raise ValueError(f"TrainConfig.appearance must be 'sh' or 'mlp', got {self.appearance!r}")
         if not 1 <= self.mlp_latent_dim <= 32 or not 1 <= self.mlp_hidden_dim <= 64:

@@ -91,11 +91,34 @@ class DensifyStats:
 
     @torch.no_grad()
     def update(self, grad_px: torch.Tensor | None, radii: torch.Tensor, width: int, height: int,
-               valid: torch.Tensor | bool = True) -> None:
+               valid: torch.Tensor | bool = True, *, visibility: str = "radius", means2D=None,
+               opacities=None) -> None:
         """Add one view: ``grad_px`` (N,2) pixel gradient of the means2D (None = all zero), ``radii`` (N,).
         ``valid``: a 0-d bool tensor (or bool); when False the view adds nothing (the trainer's NaN guard,
-        decided on the device without a host sync). ``grad_px`` must be finite where it is added."""
+        decided on the device without a host sync). ``grad_px`` must be finite where it is added.
+
+        ``visibility`` decides which views count in a Gaussian's average (its denominator):
+
+        - ``"radius"`` (3DGS): ``radii > 0`` — its 3σ square reaches a tile of the image;
+        - ``"opacity"`` (gsplat ≥ 1.4's projection): its *opacity-aware* extent reaches the image: the square of
+          half-size ``radius · e/3`` with ``e = min(3.33, sqrt(2·ln(255·opacity)))`` (where ``opacity·exp(−d²/2)``
+          falls to 1/255) intersects ``[0, W) × [0, H)``, and ``opacity ≥ 1/255``. Needs ``means2D`` (N,2) px and
+          ``opacities`` (N,) activated. Faint and edge Gaussians count in fewer views, so their average gradient is
+          larger: at the same ``grad_threshold`` more of them densify, as in a gsplat loop;
+        - ``"contrib"``: the view's gradient is non-zero — the Gaussian drew at least one pixel.
+        """
         visible = radii > 0
+        if visibility == "opacity":
+            o = opacities.detach().float()
+            e = torch.sqrt(2.0 * torch.log((255.0 * o).clamp_min(1.0))).clamp_max(3.33)
+            r = radii.float() * (e / 3.0)
+            u, v = means2D.detach().float().unbind(-1)
+            visible = visible & (o >= 1.0 / 255.0) & (u + r > 0) & (u - r < width) & (v + r > 0) & (v - r < height)
+        elif visibility == "contrib" and grad_px is not None:
+            visible = visible & (grad_px.detach() != 0).any(-1)
+        elif visibility not in ("radius", "contrib"):
+            raise ValueError(f"DensifyStats.update: visibility must be 'radius', 'opacity' or 'contrib', got "
+                             f"{visibility!r}")
         if not isinstance(valid, bool) or not valid:
             visible = visible & valid
         if grad_px is not None:

@@ -466,7 +466,10 @@ class Trainer:
             if it < cfg.densify_until:
                 if g2d is not None:
                     g2d = torch.where(ok, g2d, 0.0)
-                self.stats.update(g2d, out.radii, frame.camera.width, frame.camera.height, valid=ok)
+                vis = cfg.densify_visibility
+                self.stats.update(g2d, out.radii, frame.camera.width, frame.camera.height, valid=ok, visibility=vis,
+                                  means2D=out.means2D if vis == "opacity" else None,
+                                  opacities=model.opacities if vis == "opacity" else None)
                 if it > cfg.densify_from and it % cfg.densify_interval == 0:
                     report = densify_and_prune(model, self.optimizer, self.stats, cfg, self.extent, it,
                                                self.generator)
