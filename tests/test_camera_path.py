@@ -1,0 +1,256 @@
+"""Camera paths (rigel_core/camera_path.py), their videos (rigel_core/render_video.py, ``rigel-render --path``) and
+the viewer's camera-path panel state (viewer/path_panel.py, no window)."""
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from rigel_core import Camera
+from rigel_core.camera import quat_to_rotmat_np
+from rigel_core.camera_path import (CameraPath, CameraPathError, Keyframe, load_path, rotmat_to_quat, save_nerfstudio,
+                                    save_path, slerp)
+
+
+@pytest.fixture
+def g(rng):
+    """A numpy generator seeded from the test's torch generator (fresh inputs each run)."""
+    return np.random.default_rng(int(torch.randint(0, 2**31 - 1, (1,), generator=rng)))
+
+
+def random_rotation(g) -> np.ndarray:
+    q, r = np.linalg.qr(g.normal(size=(3, 3)))
+    q = q * np.sign(np.diag(r))
+    return q if np.linalg.det(q) > 0 else -q
+
+
+def random_keyframes(g, n, times=False):
+    """``n`` keyframes at uneven distances (spacings spread over a factor ~20), random orientations and fov."""
+    steps = g.normal(size=(n, 3)) * g.uniform(0.2, 4.0, size=(n, 1))
+    pos = np.cumsum(steps, axis=0)
+    t = np.cumsum(g.uniform(0.2, 2.0, size=n)) if times else [None] * n
+    return [Keyframe(p, rotmat_to_quat(random_rotation(g)), g.uniform(20, 90), ti) for p, ti in zip(pos, t)]
+
+
+def quat_angle(a, b) -> float:
+    """Rotation angle (rad) between the rotations of two unit quaternions."""
+    return 2.0 * math.acos(min(abs(float(np.dot(a, b))), 1.0))
+
+
+# ---- quaternions ---------------------------------------------------------------------------------------------------
+def test_rotmat_quat_round_trip(g):
+    for _ in range(50):
+        R = random_rotation(g)
+        q = rotmat_to_quat(R)
+        assert abs(np.linalg.norm(q) - 1) < 1e-12 and q[0] >= 0
+        np.testing.assert_allclose(quat_to_rotmat_np(q), R, atol=1e-12)
+    # each pivot branch of Shepperd's method: rotations by ~π about each axis and the identity
+    for axis in np.eye(3):
+        R = quat_to_rotmat_np(np.concatenate([[1e-3], axis]))
+        np.testing.assert_allclose(quat_to_rotmat_np(rotmat_to_quat(R)), R, atol=1e-12)
+    np.testing.assert_allclose(rotmat_to_quat(np.eye(3)), [1, 0, 0, 0])
+
+
+def test_slerp_unit_norm_and_short_arc(g):
+    for _ in range(20):
+        q0, q1 = rotmat_to_quat(random_rotation(g)), rotmat_to_quat(random_rotation(g))
+        theta = quat_angle(q0, q1)   # ≤ π: the shorter way round
+        for u in np.linspace(0, 1, 11):
+            a, b = slerp(q0, q1, u), slerp(q0, -q1, u)
+            assert abs(np.linalg.norm(a) - 1) < 1e-12
+            assert quat_angle(a, b) < 1e-7          # q1 and −q1 are one rotation: one path
+            # on the shortest geodesic, at the fraction u of it
+            assert quat_angle(a, q0) == pytest.approx(u * theta, abs=1e-6)
+            assert quat_angle(a, q1) == pytest.approx((1 - u) * theta, abs=1e-6)
+    q = rotmat_to_quat(random_rotation(g))
+    np.testing.assert_allclose(slerp(q, q, 0.3), q, atol=1e-12)   # the near-identical branch
+
+
+# ---- interpolation ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("loop", [False, True])
+@pytest.mark.parametrize("times", [False, True])
+def test_passes_through_every_keyframe(g, loop, times):
+    kfs = random_keyframes(g, 6, times=times)
+    path = CameraPath(kfs, duration=float(g.uniform(2, 9)) if not times else kfs[-1].time + 1.0, loop=loop,
+                      smoothness=float(g.uniform(0.3, 1.0)))
+    t = path._times()
+    for k, ti in zip(kfs, t):
+        p, q, f = path.evaluate(ti)
+        np.testing.assert_allclose(p, k.position, atol=1e-9)
+        assert quat_angle(q, k.orientation) < 1e-7
+        assert f == pytest.approx(k.fov_y_deg, abs=1e-9)
+    if loop:   # the end of a loop is its start
+        p, q, _ = path.evaluate(t[-1])
+        np.testing.assert_allclose(p, kfs[0].position, atol=1e-9)
+
+
+def _kink(f, t, h):
+    """|right − left one-sided derivative| at t, relative to the speed there."""
+    left = (f(t) - f(t - h)) / h
+    right = (f(t + h) - f(t)) / h
+    return np.linalg.norm(right - left) / max(np.linalg.norm(right), 1e-12)
+
+
+@pytest.mark.parametrize("loop", [False, True])
+def test_position_is_c1_at_keyframes(g, loop):
+    kfs = random_keyframes(g, 6, times=True)
+    path = CameraPath(kfs, duration=kfs[-1].time + 1.5, loop=loop)
+    t = path._times()
+    h = 1e-6 * (t[-1] - t[0])
+    inner = t[1:-1] if not loop else t[1:-1]
+    for ti in inner:
+        assert _kink(lambda s: path.evaluate(s)[0], ti, h) < 1e-3
+    # the same measure sees the corner of straight segments between the same keyframes (the test has power)
+    P = np.stack([k.position for k in kfs])
+    poly = lambda s: np.array([np.interp(s, t[: len(P)], P[:, j]) for j in range(3)])  # noqa: E731
+    assert max(_kink(poly, ti, h) for ti in t[1:len(P) - 1]) > 0.05
+
+
+def test_constant_speed_steps_are_uniform(g):
+    kfs = random_keyframes(g, 5)
+    path = CameraPath(kfs, frames=60)
+    pos = path.sample(constant_speed=True)[0]
+    # the arc between consecutive frames, measured by 16 chords each (a chord alone is short at a tight turn)
+    fine = path.sample(59 * 16 + 1, constant_speed=True)[0]
+    np.testing.assert_allclose(fine[::16], pos, atol=1e-6 * np.abs(pos).max())
+    arcs = np.add.reduceat(np.linalg.norm(np.diff(fine, axis=0), axis=1), np.arange(0, 59 * 16, 16))
+    assert arcs.std() / arcs.mean() < 2e-3
+    assert arcs.sum() == pytest.approx(path.arc_length(), rel=2e-3)
+    # timed by keyframes the steps vary with the uneven spacing (what the option is for)
+    t_steps = np.linalg.norm(np.diff(path.sample(constant_speed=False)[0], axis=0), axis=1)
+    assert t_steps.max() / t_steps.min() > 1.5
+
+
+def test_two_keyframes_are_a_straight_line(g):
+    a, b = random_keyframes(g, 2)
+    T = float(g.uniform(1, 5))
+    path = CameraPath([a, b], duration=T, frames=17)
+    pos, _, fov, times = path.sample()
+    for p, f, t in zip(pos, fov, times):   # uniform speed on the segment, fov linear
+        np.testing.assert_allclose(p, a.position + (t / T) * (b.position - a.position), atol=1e-9)
+        assert f == pytest.approx(a.fov_y_deg + (t / T) * (b.fov_y_deg - a.fov_y_deg), abs=1e-9)
+
+
+def test_smoothness_zero_stops_at_keyframes(g):
+    kfs = random_keyframes(g, 4, times=True)
+    path = CameraPath(kfs, smoothness=0.0)
+    h = 1e-5
+    for k in kfs[1:-1]:
+        v = (path.evaluate(k.time + h)[0] - path.evaluate(k.time)[0]) / h
+        assert np.linalg.norm(v) < 1e-3 * np.linalg.norm(kfs[1].position - kfs[0].position)
+
+
+def test_cameras_match_keyframes(g):
+    kfs = random_keyframes(g, 3)
+    path = CameraPath(kfs, frames=5)           # samples 0, 2, 4 are the keyframes (even times)
+    cams = path.cameras(40, 30)
+    assert [c.name for c in cams] == [f"path_{i:04d}" for i in range(5)]
+    for k, cam in zip(kfs, cams[::2]):
+        assert (cam.width, cam.height, cam.cx, cam.cy) == (40, 30, 20.0, 15.0)
+        assert cam.fy == pytest.approx(15.0 / math.tan(math.radians(k.fov_y_deg) / 2)) and cam.fx == cam.fy
+        np.testing.assert_allclose(cam.campos, k.position, atol=1e-9)
+        np.testing.assert_allclose(cam.c2w[:3, :3], quat_to_rotmat_np(k.orientation), atol=1e-9)
+        back = Keyframe.from_camera(cam)
+        assert back.fov_y_deg == pytest.approx(k.fov_y_deg)
+
+
+def test_bad_keyframe_times():
+    kf = [Keyframe(np.zeros(3), [1, 0, 0, 0], 40, 1.0), Keyframe(np.ones(3), [1, 0, 0, 0], 40, 0.5)]
+    with pytest.raises(ValueError, match="strictly increasing"):
+        CameraPath(kf).evaluate(0.7)
+    kf[1].time = None
+    with pytest.raises(ValueError, match="every keyframe"):
+        CameraPath(kf).evaluate(0.7)
+    with pytest.raises(ValueError, match="no keyframes"):
+        CameraPath([]).sample()
+
+
+# ---- files ------------------------------------------------------------------------------------------------------------
+def test_json_round_trip(tmp_path, g):
+    path = CameraPath(random_keyframes(g, 4, times=True), duration=9.0, fps=24, frames=7, loop=True,
+                      smoothness=0.6, constant_speed=True, width=96, height=64)
+    out = save_path(path, tmp_path / "p.json")
+    d = json.loads(out.read_text())
+    assert d["format"] == "rigel-camera-path" and d["version"] == 1
+    back = load_path(out)
+    for f in ("duration", "fps", "frames", "loop", "smoothness", "constant_speed", "width", "height"):
+        assert getattr(back, f) == getattr(path, f), f
+    for a, b in zip(path.cameras(), back.cameras()):
+        np.testing.assert_allclose(a.viewmat, b.viewmat, atol=1e-12)
+        assert (a.fx, a.width, a.height) == (b.fx, b.width, b.height)
+    with pytest.raises(FileExistsError):
+        save_path(path, out)
+    save_path(path, out, force=True)
+
+
+def _nerfstudio_file(g, n=5, w=80, h=60, fps=12):
+    c2ws, fovs = [], []
+    for _ in range(n):
+        m = np.eye(4)
+        m[:3, :3] = random_rotation(g)
+        m[:3, 3] = g.normal(size=3) * 3
+        c2ws.append(m)
+        fovs.append(float(g.uniform(20, 80)))
+    d = {"keyframes": [{"matrix": "ignored"}], "camera_type": "perspective", "render_height": h, "render_width": w,
+         "camera_path": [{"camera_to_world": m.reshape(-1).tolist(), "fov": f, "aspect": w / h}
+                         for m, f in zip(c2ws, fovs)], "fps": fps, "seconds": n / fps}
+    return d, c2ws, fovs
+
+
+def test_nerfstudio_read(tmp_path, g):
+    d, c2ws, fovs = _nerfstudio_file(g)
+    (tmp_path / "camera_path.json").write_text(json.dumps(d))
+    path = load_path(tmp_path / "camera_path.json")
+    assert (path.width, path.height, path.fps, path.num_frames()) == (80, 60, 12.0, 5)
+    cams = path.cameras()
+    assert len(cams) == 5
+    for cam, m, fov in zip(cams, c2ws, fovs):
+        f = 30.0 / math.tan(math.radians(fov) / 2)          # vertical fov over the 60-pixel height
+        ref = Camera.from_c2w_opengl(m, width=80, height=60, fx=f, fy=f)
+        np.testing.assert_allclose(cam.viewmat, ref.viewmat, atol=1e-9)
+        assert (cam.fx, cam.fy, cam.cx, cam.cy) == pytest.approx((ref.fx, ref.fy, ref.cx, ref.cy))
+
+
+def test_nerfstudio_write_round_trip(tmp_path, g):
+    path = CameraPath(random_keyframes(g, 3), frames=6, width=50, height=40)
+    out = save_nerfstudio(path, tmp_path / "camera_path.json")
+    d = json.loads(out.read_text())
+    assert len(d["camera_path"]) == 6 and len(d["camera_path"][0]["camera_to_world"]) == 16
+    for a, b in zip(path.cameras(), load_path(out).cameras()):
+        np.testing.assert_allclose(a.viewmat, b.viewmat, atol=1e-9)
+        assert a.fy == pytest.approx(b.fy)
+
+
+@pytest.mark.parametrize("text, field", [
+    ("{not json", "not valid JSON"),
+    ('[1, 2]', "top level"),
+    ('{"format": "other"}', "'format'"),
+    ('{"format": "rigel-camera-path", "version": 7, "keyframes": []}', "'version'"),
+    ('{"format": "rigel-camera-path", "version": 1}', "'keyframes'"),
+    ('{"format": "rigel-camera-path", "version": 1, "keyframes": [{"position": [0, 0], "orientation": [1, 0, 0, 0],'
+     ' "fov_y_deg": 40}]}', "keyframes[0].position"),
+    ('{"format": "rigel-camera-path", "version": 1, "keyframes": [{"position": [0, 0, 0], "orientation": [0, 0, 0, 0],'
+     ' "fov_y_deg": 40}]}', "keyframes[0].orientation"),
+    ('{"format": "rigel-camera-path", "version": 1, "keyframes": [{"position": [0, 0, 0], "orientation": [1, 0, 0, 0]'
+     '}]}', "'fov_y_deg'"),
+    ('{"format": "rigel-camera-path", "version": 1, "keyframes": [{"position": [0, 0, 0], "orientation": [1, 0, 0, 0],'
+     ' "fov_y_deg": 400}]}', "keyframes[0].fov_y_deg"),
+    ('{"format": "rigel-camera-path", "version": 1, "keyframes": [], "fps": -1}', "'fps'"),
+    ('{"format": "rigel-camera-path", "version": 1, "keyframes": [], "loop": "yes"}', "'loop'"),
+    ('{"camera_path": []}', "'camera_path'"),
+    ('{"camera_path": [{"fov": 40}]}', "camera_path[0]: missing field 'camera_to_world'"),
+    ('{"camera_path": [{"camera_to_world": [1, 0, 0], "fov": 40}]}', "camera_path[0].camera_to_world"),
+    ('{"camera_path": [{"camera_to_world": [2,0,0,0, 0,1,0,0, 0,0,1,0, 0,0,0,1], "fov": 40}]}', "not a rotation"),
+    ('{"camera_path": [{"camera_to_world": [1,0,0,0, 0,1,0,0, 0,0,1,0, 0,0,0,1]}]}', "'fov'"),
+])
+def test_bad_files_name_file_and_field(tmp_path, text, field):
+    p = tmp_path / "bad.json"
+    p.write_text(text)
+    with pytest.raises(CameraPathError) as e:
+        load_path(p)
+    msg = str(e.value)
+    assert msg.startswith(str(p) + ": ") and field in msg and "\n" not in msg
+    with pytest.raises(CameraPathError, match="cannot read"):
+        load_path(tmp_path / "missing.json")
