@@ -254,3 +254,134 @@ def test_bad_files_name_file_and_field(tmp_path, text, field):
     assert msg.startswith(str(p) + ": ") and field in msg and "\n" not in msg
     with pytest.raises(CameraPathError, match="cannot read"):
         load_path(tmp_path / "missing.json")
+
+
+# ---- videos (rigel_core/render_video.py, rigel-render --path) ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_scene(tmp_path_factory):
+    """A PLY of 60 random Gaussians (renders in milliseconds on the CPU)."""
+    from rigel_core.io import save_ply
+    from rigel_core.model import GaussianModel
+
+    gen = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+    pts = (torch.rand(60, 3, generator=gen, dtype=torch.float64) * 2 - 1)
+    cols = torch.rand(60, 3, generator=gen, dtype=torch.float64)
+    model = GaussianModel.from_points(pts, cols, sh_degree=1, scale=0.3)
+    path = tmp_path_factory.mktemp("scene") / "tiny.ply"
+    save_ply(model, path)
+    return path
+
+
+def _path_file(tmp_path, frames=4):
+    cams = [Camera.look_at([4 * math.cos(a), 4 * math.sin(a), 1.0], [0, 0, 0]) for a in (0.0, 0.8, 1.6)]
+    path = CameraPath([Keyframe.from_camera(c) for c in cams], frames=frames, fps=8)
+    return save_path(path, tmp_path / "path.json"), path
+
+
+def _read_frames(p):
+    import imageio.v2 as imageio
+
+    with imageio.get_reader(p) as r:
+        return [np.asarray(f)[..., :3] for f in r]
+
+
+def _reference_frames(scene_path, path, w, h):
+    from rigel_core import render
+    from rigel_core.io import load_scene
+
+    model = load_scene(scene_path, device="cpu")
+    out = []
+    for cam in path.cameras(w, h):
+        with torch.no_grad():
+            out.append((render(model, cam).image.clamp(0, 1) * 255).numpy())
+    return out
+
+
+def test_cli_writes_mp4(tmp_path, tiny_scene):
+    pytest.importorskip("imageio_ffmpeg", reason="imageio-ffmpeg is not installed: no MP4 writer")
+    from rigel_core.cli.render import main
+
+    pj, path = _path_file(tmp_path)
+    out = tmp_path / "v" / "out.mp4"
+    argv = [str(tiny_scene), "--path", str(pj), "--video", str(out), "--width", "32", "--height", "24",
+            "--device", "cpu"]
+    assert main(argv) == 0
+    frames = _read_frames(out)
+    assert len(frames) == 4 and frames[0].shape == (24, 32, 3)
+    ref = _reference_frames(tiny_scene, path, 32, 24)
+    for f, r in zip(frames, ref):   # H.264 is lossy: the mean error of a faithful encode is a few levels
+        assert np.abs(f.astype(np.float64) - r).mean() < 12
+    assert np.abs(frames[0].astype(np.float64) - ref[2]).mean() > np.abs(frames[0].astype(np.float64)
+                                                                          - ref[0]).mean()
+    # never overwritten without --force; with it, replaced (here by 6 frames)
+    before = out.read_bytes()
+    assert main(argv) == 1 and out.read_bytes() == before
+    assert main(argv + ["--frames", "6", "--force"]) == 0 and len(_read_frames(out)) == 6
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out.mp4"]   # no temporary file left
+
+
+def test_gif_fallback_without_ffmpeg(tmp_path, tiny_scene, monkeypatch):
+    import rigel_core.render_video as rv
+    from rigel_core.cli.render import main
+
+    monkeypatch.setattr(rv, "ffmpeg_available", lambda: False)
+    pj, path = _path_file(tmp_path, frames=3)
+    assert main([str(tiny_scene), "--path", str(pj), "--video", str(tmp_path / "out.mp4"), "--width", "20",
+                 "--height", "16", "--device", "cpu"]) == 0
+    assert not (tmp_path / "out.mp4").exists()
+    frames = _read_frames(tmp_path / "out.gif")
+    assert len(frames) == 3 and frames[0].shape == (16, 20, 3)
+    for f, r in zip(frames, _reference_frames(tiny_scene, path, 20, 16)):   # GIF: a 256-colour palette
+        assert np.abs(f.astype(np.float64) - r).mean() < 6
+
+
+def test_interrupt_and_cancel_leave_no_file(tmp_path, tiny_scene, monkeypatch):
+    import sys
+
+    from rigel_core.cli.render import main
+    from rigel_core.io import load_scene
+    from rigel_core.render_video import VideoCancelled, render_path_video
+
+    rrender = sys.modules["rigel_core.render"]          # the module (rigel_core.render is also the function)
+    pj, path = _path_file(tmp_path, frames=4)
+    real, calls = rrender.render, []
+
+    def interrupted(*a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(rrender, "render", interrupted)
+    out = tmp_path / "v" / "out.gif"
+    assert main([str(tiny_scene), "--path", str(pj), "--video", str(out), "--width", "16", "--height", "12",
+                 "--device", "cpu"]) == 130
+    assert len(calls) == 3 and list(out.parent.iterdir()) == []
+    monkeypatch.setattr(rrender, "render", real)
+
+    class FakeJob:      # the viewer's Job as render_path_video sees it; the user cancels at half way
+        progress, message = 0.0, ""
+
+        @property
+        def cancelled(self):
+            return self.progress >= 0.5
+
+    job = FakeJob()
+    model = load_scene(tiny_scene, device="cpu")
+    with pytest.raises(VideoCancelled):
+        render_path_video(model, path.cameras(16, 12), out, progress=False, job=job)
+    assert job.progress == pytest.approx(0.5) and list(out.parent.iterdir()) == []
+
+
+def test_cli_path_errors(tmp_path, tiny_scene, capsys):
+    from rigel_core.cli.render import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "rigel-camera-path", "version": 1, "keyframes": [{"position": [0, 0]}]}')
+    assert main([str(tiny_scene), "--path", str(bad), "--video", str(tmp_path / "o.mp4"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(bad) in err and "keyframes[0]" in err
+    with pytest.raises(SystemExit):
+        main([str(tiny_scene), "--path", str(bad)])          # --video missing
+    with pytest.raises(SystemExit):
+        main([str(tiny_scene), "--out", str(tmp_path)])      # neither --cameras nor --path
