@@ -3,6 +3,7 @@ the viewer's camera-path panel state (viewer/path_panel.py, no window)."""
 import json
 import math
 import os
+import time
 
 import numpy as np
 import pytest
@@ -385,3 +386,152 @@ def test_cli_path_errors(tmp_path, tiny_scene, capsys):
         main([str(tiny_scene), "--path", str(bad)])          # --video missing
     with pytest.raises(SystemExit):
         main([str(tiny_scene), "--out", str(tmp_path)])      # neither --cameras nor --path
+
+
+# ---- the viewer's panel state (viewer/path_panel.py, no window) --------------------------------------------------------
+def _kf(x):
+    return Keyframe([x, 0.0, 0.0], [1, 0, 0, 0], 40.0)
+
+
+def test_editor_add_replace_delete_reorder_clear():
+    from viewer.path_panel import PathEditor
+
+    e = PathEditor()
+    for x in (1, 2, 3):
+        e.add(_kf(x))
+    xs = lambda: [k.position[0] for k in e.path.keyframes]  # noqa: E731
+    assert xs() == [1, 2, 3] and e.selected == 2
+    e.selected = 0
+    e.add(_kf(9))                        # inserted after the selection, and selected
+    assert xs() == [1, 9, 2, 3] and e.selected == 1
+    e.replace(_kf(5))
+    assert xs() == [1, 5, 2, 3] and e.selected == 1
+    e.move(+1)
+    assert xs() == [1, 2, 5, 3] and e.selected == 2
+    e.move(-1)
+    e.move(-1)
+    e.move(-1)                           # clamped at the top
+    assert xs() == [5, 1, 2, 3] and e.selected == 0
+    e.selected = 3
+    e.delete()                           # the last one: the selection moves to the new last
+    assert xs() == [5, 1, 2] and e.selected == 2
+    e.selected = 0
+    e.delete()
+    assert xs() == [1, 2] and e.selected == 0
+    e.selected = None
+    e.replace(_kf(7))
+    e.delete()
+    e.move(1)                            # nothing selected: no change
+    assert xs() == [1, 2]
+    e.clear()
+    assert xs() == [] and e.selected is None and not e.playing
+
+
+def test_editor_preview_clock_and_frames():
+    from viewer.path_panel import PathEditor
+
+    e = PathEditor()
+    for x in (0, 1, 2):
+        e.add(_kf(x))
+    e.path.duration, e.path.fps = 2.0, 10.0             # 20 frames: the span is 19 / 10 s
+    assert e.span == pytest.approx(1.9)
+    cams = e.cameras(32, 24)
+    assert len(cams) == 20 and e.cameras(32, 24) is cams          # cached
+    assert e.cameras(40, 24) is not cams                           # size changed
+    assert e.frame_at(0.0, 32, 24).campos == pytest.approx([0, 0, 0])
+    assert e.frame_at(0.95, 32, 24).campos == pytest.approx([1, 0, 0], abs=0.06)
+    e.play()
+    e.tick(100.0)                                      # the first tick only starts the clock
+    assert e.time == 0.0
+    e.tick(100.5)
+    assert e.time == pytest.approx(0.5) and e.playing
+    e.tick(103.0)                                      # an open path stops at its end
+    assert e.time == pytest.approx(1.9) and not e.playing
+    e.play()                                           # played again from the start
+    assert e.time == 0.0
+    e.path.loop = True
+    e.tick(0.0)
+    e.tick(2.5)
+    assert e.time == pytest.approx(2.5 % e.span) and e.playing
+    assert e.frame_at(e.span + 0.1, 32, 24).name == "path_0001"   # a loop wraps
+
+
+def test_editor_save_and_load(tmp_path):
+    from viewer.path_panel import PathEditor
+
+    e = PathEditor()
+    e.file = str(tmp_path / "p.json")
+    assert e.save() is None and e.error                # nothing to save
+    e.add(_kf(1))
+    e.add(_kf(2))
+    assert e.save() == tmp_path / "p.json" and not e.error
+    e.add(_kf(3))
+    assert e.save() is None and e.error and "exists" in e.message   # asks first
+    assert len(load_path(tmp_path / "p.json").keyframes) == 2
+    assert e.save() == tmp_path / "p.json"                         # the second save replaces it
+    f = PathEditor(file=str(tmp_path / "p.json"))
+    assert f.load() and len(f.path.keyframes) == 3 and f.selected == 0 and f.expand
+    (tmp_path / "bad.json").write_text('{"format": "rigel-camera-path", "version": 1, "keyframes": 3}')
+    f.file = str(tmp_path / "bad.json")
+    assert not f.load() and f.error and "bad.json" in f.message and "'keyframes'" in f.message
+    assert len(f.path.keyframes) == 3                               # the path is kept
+
+
+def test_viewer_panel_requests_offscreen(tmp_path):
+    """The panel's requests in an offscreen viewer (Vulkan, e.g. lavapipe): keyframes from the view, the
+    preview moves the view onto the video's frames, the video job writes every frame."""
+    pytest.importorskip("imgui_bundle", reason="the viewer's UI package imgui-bundle is not installed")
+    from test_vulkan import VK_OK, VK_REASON
+
+    if not VK_OK:
+        pytest.skip(f"no usable Vulkan device: {VK_REASON}")
+    from rigel_core.data import make_scene
+    from viewer.app import Viewer
+    from viewer.model_slot import ModelSlot
+    from viewer.ui import ViewSettings
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        slot = ModelSlot(make_scene(n=200, sh_degree=1, seed=4))
+        with Viewer(slot, offscreen=True, size=(320, 240), device="cpu", settings=ViewSettings(render_scale=0.2)) as v:
+            e = v.settings.camera_path
+            v.settings.video_size = (32, 24)
+            eyes = []
+            for i in range(3):
+                v.camera.orbit(150.0 * (i > 0), 0.0)
+                eyes.append(v.camera.eye.copy())
+                v.requests.append("path:add")
+                v.step()
+            assert len(e.path.keyframes) == 3
+            for k, eye in zip(e.path.keyframes, eyes):
+                np.testing.assert_allclose(k.position, eye, atol=1e-9)
+            fw, fh = v.frame_size()
+            v.requests.append("path:replace")   # the selected (last) keyframe takes the current view
+            v.step()
+            e.path.duration, e.path.fps = 1.0, 6.0
+            e.time = 0.5
+            v.requests.append("path:scrub")
+            v.step()
+            cam = e.frame_at(0.5, 32, 24)
+            assert v.camera.snapped is cam and cam.name == "path_0003"
+            v.requests.append("path:play")
+            v.step()
+            assert e.playing and v.requests == ["path:tick"]   # the section asks for a tick each frame
+            time.sleep(0.05)
+            v.step()
+            v.step()
+            assert e.time > 0.05 and v.camera.snapped is e.frame_at(e.time, 32, 24)
+            v.requests.append("path:stop")
+            v.screenshot_dir = tmp_path
+            v.requests.append("path:video")
+            v.step()
+            job = v.jobs["video"]
+            assert job.join(120) and not job.error, job.traceback
+            import imageio.v2 as imageio
+
+            with imageio.get_reader(job.result) as r:
+                assert len([f for f in r]) == 6
+            assert job.result.parent == tmp_path and e.message.startswith("rendering")
+    finally:
+        torch.set_num_threads(n)

@@ -385,6 +385,10 @@ class Viewer:
                 self.start_video()
             elif r == "cancel_video" and self.jobs.get("video") is not None:
                 self.jobs["video"].cancel()
+            elif r.startswith("path:"):
+                from .path_panel import apply_request
+
+                apply_request(self, r)
             elif r == "quit" and self.window is not None:
                 self._glfw.set_window_should_close(self.window, True)
         if self.camera.snapped is None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import messages as M
+from . import path_panel
 from .camera_control import UP_AXES
 from .present import panel_rects, scale_bar_rect
 from .shaderio import C
@@ -68,6 +69,7 @@ class ViewSettings:
     #: adopt a new training snapshot at most this often (s); the CLI sets 0.5 when the CPU renders, so that the
     #: reference renderer does not take the cores the trainer needs
     model_refresh_s: float = 0.0
+    camera_path: path_panel.PathEditor = field(default_factory=path_panel.PathEditor)   # the Camera path section
 
     def render_key(self):
         """The settings that change the rendered frame (a change triggers a re-render)."""
@@ -254,6 +256,7 @@ def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_m
                     imgui.text_colored(imgui.ImVec4(1, 0.35, 0.3, 1), job.error[:80])
                 elif job.result is not None:
                     imgui.text_wrapped(f"wrote {job.result}")
+    path_panel.draw_section(imgui, settings.camera_path, jobs, requests)
     if settings.panels.get("stats", True):
         _stats_header(imgui, implot, stats, overdraw_max)
     imgui.text("show:")
