@@ -532,6 +532,15 @@ def test_viewer_panel_requests_offscreen(tmp_path):
 
             with imageio.get_reader(job.result) as r:
                 assert len([f for f in r]) == 6
-            assert job.result.parent == tmp_path and e.message.startswith("rendering")
+            assert job.result.parent == tmp_path
+            assert e.message == f"wrote {job.result}"
+            e.path.duration = 30.0                       # 180 frames: cancelled long before the end
+            v.requests.append("path:video")
+            v.step()
+            v.requests.append("path:cancel_video")
+            v.step()
+            job2 = v.jobs["video"]
+            assert job2 is not job and job2.join(120) and not job2.error and job2.result is None
+            assert e.message == "video cancelled" and list(tmp_path.iterdir()) == [job.result]
     finally:
         torch.set_num_threads(n)

@@ -279,10 +279,6 @@ def draw_section(imgui, editor: PathEditor, jobs: dict, requests: list):
         if imgui.button("render path video"):
             requests.append("path:video")
         imgui.end_disabled()
-        if job is not None and job.error:
-            editor._say(job.error, True)
-        elif job is not None and job.result is not None and editor.message.startswith("rendering"):
-            editor._say(f"wrote {job.result}")
     if editor.message:
         imgui.push_text_wrap_pos(0.0)
         if editor.error:
@@ -341,7 +337,7 @@ def start_path_video(viewer, path=None):
     """Render the edited path to ``path`` (default ``<screenshot dir>/rigel_path_<time>.mp4``, ``.gif``
     without imageio-ffmpeg) as the viewer's ``jobs["video"]``; returns the Job (the running one when a video
     is already being rendered; None for fewer than two keyframes)."""
-    from rigel_core.render_video import render_path_video, video_path
+    from rigel_core.render_video import VideoCancelled, render_path_video, video_path
 
     from .ui_state import Job
 
@@ -364,9 +360,18 @@ def start_path_video(viewer, path=None):
     degree = min(s.sh_degree, viewer.model.active_sh_degree)
 
     def render(job):
-        return render_path_video(viewer.model, cams, path, fps=editor.path.fps, background=bg, sh_degree=degree,
-                                 progress=False, job=job)
+        try:
+            out = render_path_video(viewer.model, cams, path, fps=editor.path.fps, background=bg,
+                                    sh_degree=degree, progress=False, job=job)
+        except VideoCancelled:   # asked for: not an error (nothing was written)
+            editor._say("video cancelled")
+            return None
+        except Exception as e:   # the Job keeps and logs the traceback; the section shows the line
+            editor._say(f"video failed: {type(e).__name__}: {e}", True)
+            raise
+        editor._say(f"wrote {out}")
+        return out
 
     viewer.jobs["video"] = job = Job("video", render)
-    editor._say(f"rendering {len(cams)} frames to {path}")
+    editor._say(f"rendering {len(cams)} frames to {Path(path).name}")
     return job
