@@ -168,7 +168,7 @@ def test_bad_keyframe_times():
         CameraPath([]).sample()
 
 
-# ---- files ------------------------------------------------------------------------------------------------------------
+# ---- files -----------------------------------------------------------------------------------------------------------
 def test_json_round_trip(tmp_path, g):
     path = CameraPath(random_keyframes(g, 4, times=True), duration=9.0, fps=24, frames=7, loop=True,
                       smoothness=0.6, constant_speed=True, width=96, height=64)
@@ -257,7 +257,7 @@ def test_bad_files_name_file_and_field(tmp_path, text, field):
         load_path(tmp_path / "missing.json")
 
 
-# ---- videos (rigel_core/render_video.py, rigel-render --path) ------------------------------------------------------------
+# ---- videos (rigel_core/render_video.py, rigel-render --path) --------------------------------------------------------
 @pytest.fixture(scope="module")
 def tiny_scene(tmp_path_factory):
     """A PLY of 60 random Gaussians (renders in milliseconds on the CPU)."""
@@ -388,7 +388,7 @@ def test_cli_path_errors(tmp_path, tiny_scene, capsys):
         main([str(tiny_scene), "--out", str(tmp_path)])      # neither --cameras nor --path
 
 
-# ---- the viewer's panel state (viewer/path_panel.py, no window) --------------------------------------------------------
+# ---- the viewer's panel state (viewer/path_panel.py, no window) ------------------------------------------------------
 def _kf(x):
     return Keyframe([x, 0.0, 0.0], [1, 0, 0, 0], 40.0)
 

@@ -4,8 +4,9 @@ Windows (dockable into each other when ImGui's docking is on; their places are k
 
 * **rigel-viewer** — render mode, render scale, SH degree, background, up axis, camera (orbit / fly, reset,
   snap to and cycle through training cameras), appearance (viewing a scene), export (screenshot, PLY, orbit
-  video with a progress bar), camera path (keyframes, preview, save / load, path video: viewer/path_panel.py), stats (Gaussians, fps, ms per stage: appearance, rasterize, present, UI; GPU
-  memory on CUDA), and which panels are shown;
+  video with a progress bar), camera path (keyframes, preview, save / load, path video: viewer/path_panel.py),
+  stats (Gaussians, fps, ms per stage: appearance, rasterize, present, UI; GPU memory on CUDA), and which panels
+  are shown;
 * **Training** — start / pause / step, iteration, loss, elapsed, densification sliders applied live,
   appearance SH ↔ MLP, save checkpoint / PLY, and any failure of the training thread, in red;
 * **PSNR** — train PSNR per iteration and held-out PSNR at each evaluation (implot), beside the per-pixel
@@ -444,8 +445,8 @@ def draw_ui(settings: ViewSettings, stats: Stats, *, overdraw_max: int, content,
         n_cameras, camera_index: training cameras available and the one the view is snapped to.
         appearance: "sh" or "mlp", the colour model of the scene shown.
     Returns: requests for the app — strings ("reset", "screenshot", "vsync", "up", "snap", "next_camera",
-    "prev_camera", "save_ply", "video", "cancel_video", "appearance:sh|mlp", "path:<action>") and :mod:`viewer.messages`
-    commands for the training thread.
+    "prev_camera", "save_ply", "video", "cancel_video", "appearance:sh|mlp", "path:<action>") and
+    :mod:`viewer.messages` commands for the training thread.
     """
     from imgui_bundle import imgui, implot
 
