@@ -544,3 +544,34 @@ def test_viewer_panel_requests_offscreen(tmp_path):
             assert e.message == "video cancelled" and list(tmp_path.iterdir()) == [job.result]
     finally:
         torch.set_num_threads(n)
+
+
+def test_viewer_offscreen_path_frames(tmp_path, capsys):
+    """``rigel-viewer SCENE --offscreen --path P --out DIR`` writes one PNG per frame of the path."""
+    pytest.importorskip("imgui_bundle", reason="the viewer's UI package imgui-bundle is not installed")
+    from test_vulkan import VK_OK, VK_REASON
+
+    if not VK_OK:
+        pytest.skip(f"no usable Vulkan device: {VK_REASON}")
+    from rigel_core.data import make_scene
+    from rigel_core.io import save_ply
+    from viewer.app import main
+
+    save_ply(make_scene(n=200, sh_degree=1, seed=5), tmp_path / "s.ply")
+    cams = [Camera.look_at([6 * math.cos(a), 6 * math.sin(a), 2.0], [0, 0, 0]) for a in (0.0, 1.0)]
+    save_path(CameraPath([Keyframe.from_camera(c) for c in cams], frames=3, width=40, height=30), tmp_path / "p.json")
+    out = tmp_path / "out"
+    n = torch.get_num_threads()
+    try:
+        assert main([str(tmp_path / "s.ply"), "--offscreen", "--path", str(tmp_path / "p.json"), "--out", str(out),
+                     "--size", "200x150", "--device", "cpu", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(n)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["ok"] and s["frames"] == 3 and s["size"] == [40, 30]
+    assert sorted(p.name for p in out.glob("path_*.png")) == ["path_0000.png", "path_0001.png", "path_0002.png"]
+    (tmp_path / "bad.json").write_text("{}")
+    assert main([str(tmp_path / "s.ply"), "--offscreen", "--path", str(tmp_path / "bad.json"), "--out", str(out),
+                 "--size", "200x150", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "bad.json: field 'format'" in err

@@ -375,3 +375,46 @@ def start_path_video(viewer, path=None):
     viewer.jobs["video"] = job = Job("video", render)
     editor._say(f"rendering {len(cams)} frames to {Path(path).name}")
     return job
+
+
+# ---- rigel-viewer --path -----------------------------------------------------------------------------------------------
+def open_path(viewer, file) -> PathEditor:
+    """Load ``file`` into the Camera path section (opened on the next draw); the video size becomes the path's
+    own when it has one. Raises :class:`~rigel_core.camera_path.CameraPathError` (one line naming the file and
+    the field)."""
+    editor: PathEditor = viewer.settings.camera_path
+    editor.file = str(file)
+    editor.path = load_path(file)
+    editor.selected = 0 if editor.path.keyframes else None
+    editor.expand = True
+    if editor.path.width and editor.path.height:
+        viewer.settings.video_size = (editor.path.width, editor.path.height)
+    return editor
+
+
+def run_offscreen_path(viewer, out_dir, frames: int | None = None) -> dict:
+    """``rigel-viewer SCENE --offscreen --path P --out DIR``: the view moved onto each camera of the path (its
+    frame count, or ``frames``), each frame written with the panels to ``DIR/path_XXXX.png``; returns the
+    summary (also ``DIR/summary.json``; ``ok`` false with an ``error`` for a path without keyframes)."""
+    from .offscreen import _capture
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    editor: PathEditor = viewer.settings.camera_path
+    summary = {"ok": True, "scene": viewer.stats.scene, "path": editor.file, "files": []}
+    if not editor.path.keyframes:
+        summary.update(ok=False, error=f"{editor.file}: the path has no keyframes")
+    else:
+        w, h = viewer.settings.video_size
+        cams = editor.path.cameras(w, h, frames=frames)
+        viewer.build_ui()      # ImGui measures auto-sized panels on their first frame
+        t0 = time.perf_counter()
+        for i, cam in enumerate(cams):
+            viewer.camera.snap_to(cam, pivot=viewer.scene_center())
+            editor.selected, editor.time = None, i / float(editor.path.fps)
+            name = f"path_{i:04d}.png"
+            _capture(viewer, out / name)
+            summary["files"].append(name)
+        summary.update(frames=len(cams), seconds=round(time.perf_counter() - t0, 3), size=[w, h])
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
