@@ -575,3 +575,23 @@ def test_viewer_offscreen_path_frames(tmp_path, capsys):
                  "--size", "200x150", "--device", "cpu"]) == 1
     err = capsys.readouterr().err
     assert "bad.json: field 'format'" in err
+
+
+def test_markers_land_where_the_present_pass_puts_the_frame(g):
+    from viewer.path_panel import screen_points
+
+    eye = g.normal(size=3) * 5
+    target = g.normal(size=3) * 0.5
+    fw, fh = int(g.integers(20, 200)), int(g.integers(20, 200))
+    cam = Camera.look_at(eye, target, (0, 0, 1), width=fw, height=fh, fov_x_deg=float(g.uniform(30, 90)))
+    content = (int(g.integers(0, 300)), int(g.integers(0, 50)), int(g.integers(100, 900)), int(g.integers(100, 700)))
+    # the target projects to the frame's centre, shown at the centre of the fitted frame, i.e. of the content
+    xy, front = screen_points(cam, [target, eye - (target - eye)], (fw, fh), content, fb_scale=(2.0, 2.0))
+    cx, cy, cw, ch = content
+    assert front.tolist() == [True, False]
+    np.testing.assert_allclose(xy[0], [(cx + cw / 2) / 2, (cy + ch / 2) / 2], atol=0.51)
+    # a frame corner lands on the corner of the fitted rectangle (scale min(cw/fw, ch/fh), centred)
+    s = min(cw / fw, ch / fh)
+    corner = cam.c2w[:3, :3] @ np.array([-cam.cx / cam.fx, -cam.cy / cam.fy, 1.0]) + cam.campos
+    xy, _ = screen_points(cam, [corner], (fw, fh), content)
+    np.testing.assert_allclose(xy[0], [cx + (cw - round(fw * s)) // 2, cy + (ch - round(fh * s)) // 2], atol=1e-6)

@@ -608,6 +608,8 @@ class Viewer:
         """ImGui frame for the current state; returns its draw data."""
         from imgui_bundle import imgui
 
+        from . import path_panel
+
         t0 = time.perf_counter()
         io = imgui.get_io()
         if self.input is not None:
@@ -631,6 +633,7 @@ class Viewer:
                                      windowed=self.window is not None, training=self.train_state,
                                      error_view=self.error_view, jobs=self.jobs, n_cameras=len(self.frames),
                                      camera_index=self.camera_index, appearance=self.appearance)
+            path_panel.draw_markers(imgui, self, scale)   # the camera path over the view (viewer/path_panel.py)
         finally:
             self.settings.show_panels = show
         imgui.render()

@@ -52,6 +52,8 @@ class PathEditor:
     error: bool = False
     #: open the section on the next draw (after a load, or a path given on the command line)
     expand: bool = False
+    #: draw the path and its keyframes over the view
+    show_markers: bool = True
     _confirm_overwrite: str = ""
     _cache_key: str = ""
     _cache: list = field(default_factory=list)
@@ -247,6 +249,7 @@ def draw_section(imgui, editor: PathEditor, jobs: dict, requests: list):
     _, p.loop = imgui.checkbox("loop", p.loop)
     imgui.same_line()
     _, p.constant_speed = imgui.checkbox("constant speed", p.constant_speed)
+    _, editor.show_markers = imgui.checkbox("show path in the view", editor.show_markers)
     imgui.begin_disabled(len(kfs) < 2)
     if imgui.button("stop##path" if editor.playing else "play##path"):
         requests.append("path:stop" if editor.playing else "path:play")
@@ -286,6 +289,61 @@ def draw_section(imgui, editor: PathEditor, jobs: dict, requests: list):
         else:
             imgui.text_disabled(editor.message)
         imgui.pop_text_wrap_pos()
+
+
+def screen_points(cam, points, frame_size, content, fb_scale=(1.0, 1.0)):
+    """Where world ``points`` (M, 3) appear on screen: the pinhole projection by ``cam`` (a Camera of the frame's
+    size) mapped as the present pass maps the frame into the content area (scaled to fit, keeping its aspect,
+    centred: shaders/present_modes.comp), in ImGui display coordinates (target pixels / ``fb_scale``).
+    Returns (M, 2) float64 and (M,) bool, True where the point is in front of the camera."""
+    import numpy as np
+
+    pts = np.asarray(points, dtype=np.float64).reshape(-1, 3)
+    fw, fh = frame_size
+    cx, cy, cw, ch = content
+    s = min(cw / fw, ch / fh)
+    sw, sh = max(int(np.floor(fw * s + 0.5)), 1), max(int(np.floor(fh * s + 0.5)), 1)
+    ox, oy = cx + (cw - sw) // 2, cy + (ch - sh) // 2
+    z = (pts @ cam.R.T + cam.t)[:, 2]
+    front = z > 1e-6
+    uv = cam.project(np.where(front[:, None], pts, pts + cam.R[2]))   # behind: any finite value, masked
+    xy = np.stack([ox + uv[:, 0] * sw / fw, oy + uv[:, 1] * sh / fh], axis=1)
+    return xy / np.asarray(fb_scale, dtype=np.float64), front
+
+
+def draw_markers(imgui, viewer, fb_scale=(1.0, 1.0)):
+    """The path (its frames' positions, a polyline) and its keyframes (numbered dots, the selected one larger)
+    over the view, on ImGui's background draw list (under the panels). Only in the single-image modes."""
+    from .shaderio import C
+
+    editor: PathEditor = viewer.settings.camera_path
+    if not (editor.show_markers and editor.path.keyframes and viewer.settings.show_panels) \
+            or viewer.settings.mode == C.MODE_SIDE_BY_SIDE:
+        return
+    import numpy as np
+
+    fw, fh = viewer.frame_size()
+    cam = viewer.camera.camera(fw, fh)
+    content = viewer.content_rect()
+    w, h = viewer.settings.video_size
+    track = np.stack([c.campos for c in editor.cameras(w, h)])
+    keys = np.stack([k.position for k in editor.path.keyframes])
+    dl = imgui.get_background_draw_list()
+    line = imgui.get_color_u32(imgui.ImVec4(1.0, 0.8, 0.2, 0.9))
+    dot = imgui.get_color_u32(imgui.ImVec4(1.0, 0.55, 0.1, 1.0))
+    sel = imgui.get_color_u32(imgui.ImVec4(0.3, 0.8, 1.0, 1.0))
+    white = imgui.get_color_u32(imgui.ImVec4(1, 1, 1, 1))
+    if len(track) > 1:
+        xy, front = screen_points(cam, track, (fw, fh), content, fb_scale)
+        for i in range(len(track) - 1):
+            if front[i] and front[i + 1]:
+                dl.add_line(imgui.ImVec2(*xy[i]), imgui.ImVec2(*xy[i + 1]), line, 2.0)
+    xy, front = screen_points(cam, keys, (fw, fh), content, fb_scale)
+    for i, (p, f) in enumerate(zip(xy, front)):
+        if f:
+            chosen = editor.selected == i
+            dl.add_circle_filled(imgui.ImVec2(*p), 7.0 if chosen else 5.0, sel if chosen else dot)
+            dl.add_text(imgui.ImVec2(p[0] + 8, p[1] - 8), white, str(i + 1))
 
 
 # ---- the app's side --------------------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@ device, e.g. lavapipe; no display needed).
 
 The bundled scene is opened as ``rigel-viewer`` opens it, four keyframes are added from views a quarter turn
 apart through the panel's requests (as the buttons send them), the second one is selected, the preview is
-scrubbed to 40 % of the path (the view shows that frame of the video, letterboxed to the video's aspect) and a
-path video is started so that its progress bar shows; the frame with the panels is read back and saved.
+scrubbed to 40 % of the path, the view stepped back and up to show the path drawn over the scene (the frames'
+positions as a line, numbered keyframes, the selected one in blue), and a path video is started so that its
+progress bar shows; the frame with the panels is read back and saved.
 """
 from __future__ import annotations
 
@@ -55,6 +56,10 @@ def main(argv=None) -> int:
         editor.time = 0.4 * editor.span
         editor.file = "~/paths/turntable.json"
         v.requests.append("path:scrub")
+        v.step()
+        v.camera.reset()                        # step back to see the whole path drawn over the scene
+        v.camera.pitch = math.radians(60)
+        v.camera.zoom(-14)
         v.step()
         v.screenshot_dir = Path(tmp)
         v.requests.append("path:video")
