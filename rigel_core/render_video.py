@@ -153,6 +153,8 @@ def cli_path_video(ap, args, load_scene) -> int:
         ap.error("--path and --video go together")
     if args.cameras is not None or args.out is not None:
         ap.error("--path renders a video: use --video, not --cameras/--out")
+    if args.alpha or args.split is not None:
+        ap.error("--alpha and --split are for --cameras (PNG frames), not --path")
     for name in ("width", "height", "frames"):
         v = getattr(args, name)
         if v is not None and v <= 0:
@@ -165,20 +167,21 @@ def cli_path_video(ap, args, load_scene) -> int:
         return 1
     device = args.device or ("cuda" if cuda_available() else "cpu")
     try:
-        path = load_path(args.path)
-        if not path.keyframes:
-            raise ValueError(f"{args.path}: field 'keyframes' is empty")
-        if args.width and not args.height and path.width and path.height:   # keep the path's aspect
-            args.height = max(1, round(path.height * args.width / path.width))
-        elif args.height and not args.width and path.width and path.height:
-            args.width = max(1, round(path.width * args.height / path.height))
-        model = load_scene(args.scene, device)
-    except (OSError, ValueError) as e:   # CameraPathError and the scene readers' errors are ValueErrors
-        print(f"rigel-render: error: {e}", file=sys.stderr)
-        return 2
-    if dest.suffix != Path(args.video).suffix:
-        print(f"rigel-render: imageio-ffmpeg is not installed: writing a GIF, {dest}", file=sys.stderr)
-    try:
+        try:
+            path = load_path(args.path)
+            if not path.keyframes:
+                raise ValueError(f"{args.path}: field 'keyframes' is empty")
+            if args.width and not args.height and path.width and path.height:   # keep the path's aspect
+                args.height = max(1, round(path.height * args.width / path.width))
+            elif args.height and not args.width and path.width and path.height:
+                args.width = max(1, round(path.width * args.height / path.height))
+            model = load_scene(args.scene, device)
+        except (OSError, ValueError) as e:   # CameraPathError and the scene readers' errors are ValueErrors
+            print(f"rigel-render: error: {e}", file=sys.stderr)
+            return 2
+        if dest.suffix != Path(args.video).suffix:
+            why = "imageio-ffmpeg is not installed" if dest.suffix == ".gif" else "videos are MP4 or GIF"
+            print(f"rigel-render: {why}: writing {dest}", file=sys.stderr)
         written = render_path_video(model, path, dest, width=args.width, height=args.height, fps=args.fps,
                                     frames=args.frames, background=args.background, sh_degree=args.sh_degree,
                                     force=args.force)
