@@ -201,6 +201,12 @@ def _hermite(p0, p1, m0, m1, h, u):
             + (u3 - u2) * h * m1)
 
 
+def _per_segment(segments: int) -> int:
+    """Dense samples per segment for arc lengths: 256, fewer for long paths (a nerfstudio file of hundreds of
+    samples) so that the viewer's UI thread stays responsive."""
+    return max(16, min(256, 20000 // max(segments, 1)))
+
+
 def _pchip_slopes(x, y, periodic: bool) -> np.ndarray:
     """Fritsch–Carlson monotone slopes at the nodes of a strictly increasing (x, y) (weighted harmonic means of
     the neighbouring secants, Fritsch & Butland 1984); ends: the secant (open) or wrap around (periodic, where
@@ -385,10 +391,12 @@ class CameraPath:
         fov = np.array([o[2] for o in out])
         return pos, quat, fov, t0 + fr * (t1 - t0)
 
-    def _arc_length_taus(self, state, fractions, per_segment: int = 256):
-        """τ at the given fractions of the total arc length: dense samples, cumulative chord length, inverted by
-        linear interpolation (error O(1/per_segment²) of the segment length)."""
+    def _arc_length_taus(self, state, fractions):
+        """τ at the given fractions of the total arc length: dense samples (256 per segment, fewer for paths of
+        over 80 segments: 20 000 in all, at least 16 per segment), cumulative chord length, inverted by linear
+        interpolation (relative error O(1/samples²) per segment)."""
         P, F, tau, TP, TF, Q, _ = state
+        per_segment = _per_segment(len(tau) - 1)
         dense = np.concatenate([np.linspace(tau[i], tau[i + 1], per_segment, endpoint=False)
                                 for i in range(len(tau) - 1)] + [[tau[-1]]])
         pts = np.stack([self._at_tau(state, tv)[0] for tv in dense])
@@ -403,7 +411,7 @@ class CameraPath:
         if len(state[0]) == 1:
             return 0.0
         tau = state[2]
-        dense = np.linspace(tau[0], tau[-1], 256 * (len(tau) - 1) + 1)
+        dense = np.linspace(tau[0], tau[-1], _per_segment(len(tau) - 1) * (len(tau) - 1) + 1)
         pts = np.stack([self._at_tau(state, tv)[0] for tv in dense])
         return float(np.linalg.norm(np.diff(pts, axis=0), axis=1).sum())
 
