@@ -20,6 +20,8 @@ to it); progressive rendering, opening files (drop / File → open) and editing 
 
 ``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
 ``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`).
+``--path FILE`` opens a camera path in the Camera path section; with ``--offscreen`` it writes the path's frames
+instead, ``path_XXXX.png`` (see :mod:`viewer.path_panel`).
 Exit status: 0 on success, 1 when something failed, 2 when Vulkan or a display is unavailable (the message says
 what to install), 130 after Ctrl-C (the training was saved).
 
@@ -418,6 +420,10 @@ class Viewer:
                 self.start_video()
             elif r == "cancel_video" and self.jobs.get("video") is not None:
                 self.jobs["video"].cancel()
+            elif r.startswith("path:"):
+                from .path_panel import apply_request
+
+                apply_request(self, r)
             elif r == "quit" and self.window is not None:
                 self._glfw.set_window_should_close(self.window, True)
         if self.camera.snapped is None:
@@ -645,6 +651,8 @@ class Viewer:
         """ImGui frame for the current state; returns its draw data."""
         from imgui_bundle import imgui
 
+        from . import path_panel
+
         t0 = time.perf_counter()
         io = imgui.get_io()
         if self.input is not None:
@@ -669,6 +677,7 @@ class Viewer:
                                      error_view=self.error_view, jobs=self.jobs, n_cameras=len(self.frames),
                                      camera_index=self.camera_index, appearance=self.appearance)
             self.requests += self.studio.draw(imgui)
+            path_panel.draw_markers(imgui, self, scale)   # the camera path over the view (viewer/path_panel.py)
         finally:
             self.settings.show_panels = show
         imgui.render()
@@ -832,6 +841,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "quit after this many")
     ap.add_argument("--out", type=Path, default=None, help="output folder (offscreen frames, screenshots, videos; "
                                                            "with --data the run folder)")
+    ap.add_argument("--path", type=Path, default=None, help="camera path .json to open in the Camera path section; "
+                                                            "with --offscreen: write its frames")
     ap.add_argument("--size", type=_parse_size, default=(1280, 720), help="window / image size, e.g. 1280x720")
     ap.add_argument("--mode", choices=list(MODE_NAMES), default="image", help="initial render mode")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
@@ -1063,8 +1074,18 @@ def main(argv=None) -> int:
             if args.out is not None:
                 viewer.screenshot_dir = args.out
         status = 0
+        if args.path is not None:   # the Camera path section (viewer/path_panel.py)
+            from .path_panel import open_path, run_offscreen_path
+
+            open_path(viewer, args.path)
         if args.offscreen:
             n = 8 if args.frames is None else args.frames
+            if args.path is not None and session is None:
+                summary = run_offscreen_path(viewer, args.out, args.frames)
+                print(f"rigel-viewer: {summary.get('frames', 0)} frames of {args.path} -> {args.out}")
+                if not summary["ok"]:
+                    print(f"rigel-viewer: {summary['error']}", file=sys.stderr)
+                return 0 if summary["ok"] else 1
             if session is not None:
                 with _sigint_flag(viewer):
                     summary = run_offscreen_training(viewer, n, args.out)

@@ -4,8 +4,9 @@ Windows (dockable into each other when ImGui's docking is on; their places are k
 
 * **rigel-viewer** — render mode, render scale, SH degree, background, up axis, camera (orbit / fly, reset,
   snap to and cycle through training cameras), appearance (viewing a scene), export (screenshot, PLY, orbit
-  video with a progress bar), stats (Gaussians, fps, ms per stage: appearance, rasterize, present, UI; GPU
-  memory on CUDA), and which panels are shown;
+  video with a progress bar), camera path (keyframes, preview, save / load, path video: viewer/path_panel.py),
+  stats (Gaussians, fps, ms per stage: appearance, rasterize, present, UI; GPU memory on CUDA), and which panels
+  are shown;
 * **Training** — start / pause / step, iteration, loss, elapsed, densification sliders applied live,
   appearance SH ↔ MLP, save checkpoint / PLY, and any failure of the training thread, in red;
 * **PSNR** — train PSNR per iteration and held-out PSNR at each evaluation (implot), beside the per-pixel
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import messages as M
+from . import path_panel
 from .camera_control import UP_AXES
 from .export import format_combo
 from .present import panel_rects, scale_bar_rect
@@ -70,6 +72,7 @@ class ViewSettings:
     #: adopt a new training snapshot at most this often (s); the CLI sets 0.5 when the CPU renders, so that the
     #: reference renderer does not take the cores the trainer needs
     model_refresh_s: float = 0.0
+    camera_path: path_panel.PathEditor = field(default_factory=path_panel.PathEditor)   # the Camera path section
 
     def render_key(self):
         """The settings that change the rendered frame (a change triggers a re-render)."""
@@ -259,6 +262,7 @@ def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_m
                     imgui.text_colored(imgui.ImVec4(1, 0.35, 0.3, 1), job.error[:80])
                 elif job.result is not None:
                     imgui.text_wrapped(f"wrote {job.result}")
+    path_panel.draw_section(imgui, settings.camera_path, jobs, requests)
     if settings.panels.get("stats", True):
         _stats_header(imgui, implot, stats, overdraw_max)
     imgui.text("show:")
@@ -446,8 +450,8 @@ def draw_ui(settings: ViewSettings, stats: Stats, *, overdraw_max: int, content,
         n_cameras, camera_index: training cameras available and the one the view is snapped to.
         appearance: "sh" or "mlp", the colour model of the scene shown.
     Returns: requests for the app — strings ("reset", "screenshot", "vsync", "up", "snap", "next_camera",
-    "prev_camera", "save_ply", "video", "cancel_video", "appearance:sh|mlp") and :mod:`viewer.messages`
-    commands for the training thread.
+    "prev_camera", "save_ply", "video", "cancel_video", "appearance:sh|mlp", "path:<action>") and
+    :mod:`viewer.messages` commands for the training thread.
     """
     from imgui_bundle import imgui, implot
 

@@ -2,6 +2,7 @@
 
     rigel-render SCENE --cameras TRANSFORMS_JSON [--split train|test] --out DIR
                  [--width W --height H] [--background R,G,B] [--device cpu|cuda] [--max-image-size N]
+    rigel-render SCENE --path PATH_JSON --video OUT.mp4 [--width W --height H] [--fps F] [--frames N] [--force]
 
 SCENE is any file :func:`rigel_core.io.load_scene` reads (graphdeco PLY, compressed PLY, SPZ), or ``default``
 for the bundled procedural scene. ``--cameras`` is a transforms ``.json`` file or a dataset directory
@@ -15,8 +16,12 @@ Image sizes (from the cameras file or ``--width/--height``) are capped at
 :data:`rigel_core.limits.MAX_IMAGE_SIDE` pixels per side and :data:`~rigel_core.limits.MAX_IMAGE_PIXELS` in all;
 ``--max-image-size N`` raises the caps to N per side and N² in all (up to
 :data:`~rigel_core.limits.MAX_CAMERA_SIDE`).
-Exit status 0 on success, 2 for bad arguments or input files (one line on stderr naming the file and the field),
-1 when a valid scene or image is too large for the machine's memory (one line).
+
+With ``--path`` (a camera path: rigel's JSON or nerfstudio's ``camera_path.json``, see
+:mod:`rigel_core.camera_path`) the path is rendered to one video instead (:mod:`rigel_core.render_video`: MP4
+through imageio-ffmpeg, else GIF; written atomically; an existing file is kept unless ``--force``).
+Exit status 0 on success, 2 for bad arguments or input files (1 for a refused overwrite, 130 after Ctrl-C).
+(Without ``--path``: 1 when a valid scene or image is too large for the machine's memory, one line.)
 """
 from __future__ import annotations
 
@@ -123,10 +128,10 @@ def _load_scene(scene: str, device):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rigel-render", description=__doc__.split("\n\n")[0])
     ap.add_argument("scene", help="scene file (.ply, .compressed.ply, .spz) or 'default' for the bundled scene")
-    ap.add_argument("--cameras", required=True, help="transforms .json file (Blender or instant-ngp) or directory")
+    ap.add_argument("--cameras", help="transforms .json file (Blender or instant-ngp) or directory")
     ap.add_argument("--split", choices=("train", "test"), default=None,
                     help="Blender: which transforms_<split>.json of a directory; instant-ngp: every-8th hold-out")
-    ap.add_argument("--out", required=True, help="output directory for <frame>.png")
+    ap.add_argument("--out", help="output directory for <frame>.png")
     ap.add_argument("--width", type=int, default=None, help="image width (default: from the cameras file)")
     ap.add_argument("--height", type=int, default=None, help="image height (default: from the cameras file)")
     ap.add_argument("--background", type=parse_background, default=(0.0, 0.0, 0.0), metavar="R,G,B",
@@ -134,6 +139,11 @@ def main(argv=None) -> int:
     ap.add_argument("--alpha", action="store_true", help="write RGBA with alpha = 1 - final_T")
     ap.add_argument("--sh-degree", type=int, default=None, help="evaluate SH up to this degree (default: all)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when the kernels are available)")
+    ap.add_argument("--path", help="camera path .json (rigel or nerfstudio camera_path.json): render a video")
+    ap.add_argument("--video", help="with --path: output video (.mp4; .gif without imageio-ffmpeg)")
+    ap.add_argument("--fps", type=float, default=None, help="with --path: frames per second (default: the path's)")
+    ap.add_argument("--frames", type=int, default=None, help="with --path: number of frames (default: the path's)")
+    ap.add_argument("--force", action="store_true", help="with --path: replace an existing video")
     ap.add_argument("--max-image-size", type=int, default=MAX_IMAGE_SIDE, metavar="N",
                     help=f"largest image side accepted, in pixels; the pixel count is capped at N² "
                          f"(default {MAX_IMAGE_SIDE}, at most {MAX_CAMERA_SIDE})")
@@ -141,6 +151,12 @@ def main(argv=None) -> int:
     cap = args.max_image_size
     if not 1 <= cap <= MAX_CAMERA_SIDE:
         ap.error(f"--max-image-size must be in 1..{MAX_CAMERA_SIDE}, got {cap}")
+    if args.path is not None or args.video is not None:   # a camera-path video (rigel_core/render_video.py)
+        from ..render_video import cli_path_video
+
+        return cli_path_video(ap, args, _load_scene)
+    if args.cameras is None or args.out is None:
+        ap.error("--cameras and --out are required (or --path with --video)")
     for name in ("width", "height"):
         v = getattr(args, name)
         if v is not None and v <= 0:
