@@ -38,6 +38,15 @@ def shared_data():
 
 
 @pytest.fixture
+def one_thread():
+    """One PyTorch thread for the test (much faster than two on a busy 2-core machine); restored after."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def rng():
     """A fresh, logged seed per test: inputs differ every run, failures are reproducible."""
     seed = int.from_bytes(os.urandom(4), "little") if "RIGEL_SEED" not in os.environ else int(os.environ["RIGEL_SEED"])

@@ -30,12 +30,7 @@ from rigel_core.train.losses import ssim  # noqa: E402
 FAR = 10 ** 9
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one PyTorch thread
 
 
 # ---- a stand-in gsplat ----------------------------------------------------------------------------------------

@@ -14,12 +14,7 @@ from rigel_core.train.losses import psnr_from_mse, ssim
 from test_trainer import _assert_same_state, _state, make_dataset, random_scene, small_config
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one PyTorch thread
 
 
 def _random_affine(rng, dtype=torch.float64):

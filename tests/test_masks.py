@@ -23,12 +23,7 @@ from rigel_core.train.losses import l1_loss, mse, psnr, ssim, ssim_map
 FLIP = np.diag([1.0, -1.0, -1.0, 1.0])
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one PyTorch thread
 
 
 def np_rng(rng):

@@ -22,12 +22,7 @@ from rigel_core.train.densify import DensifyStats, densify_and_prune, means2D_gr
 from rigel_core.train.optim import group_lrs, make_optimizer, per_gaussian_tensors
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one PyTorch thread
 
 
 # ---- tiny datasets ---------------------------------------------------------------------------------------

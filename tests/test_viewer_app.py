@@ -35,14 +35,6 @@ needs_ui = pytest.mark.skipif(importlib.util.find_spec("imgui_bundle") is None,
                               reason="the viewer's UI package imgui-bundle is not installed")
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny_dataset(rng, *, size=24, n_train=6, n_test=2):
     """A procedural scene (a few hundred Gaussians) rendered from cameras around it, in memory."""
     from rigel_core import Camera, render

@@ -240,14 +240,6 @@ needs_viewer = pytest.mark.skipif(not VK_OK or importlib.util.find_spec("imgui_b
                                   reason=f"no usable Vulkan device or imgui-bundle: {VK_REASON}")
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _frames_around(model, rng, n=8):
     from rigel_core.data.frames import Frame
 
