@@ -422,7 +422,7 @@ def test_cli_cameras_bad_path_is_one_line(tmp_path, capsys):
     from viewer.app import main
 
     assert main(["--offscreen", "--out", str(tmp_path / "o"), "--cameras", str(tmp_path / "none"),
-                 "--frames", "1"]) == 1
+                 "--frames", "1"]) == 2   # bad input: exit 2, as for a bad scene file (docs/RELIABILITY.md)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "none" in err[0]
 
