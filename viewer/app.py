@@ -22,8 +22,9 @@ to it); progressive rendering, opening files (drop / File → open) and editing 
 ``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`).
 ``--path FILE`` opens a camera path in the Camera path section; with ``--offscreen`` it writes the path's frames
 instead, ``path_XXXX.png`` (see :mod:`viewer.path_panel`).
-Exit status: 0 on success, 1 when something failed, 2 when Vulkan or a display is unavailable (the message says
-what to install), 130 after Ctrl-C (the training was saved).
+Exit status: 0 on success, 1 when something failed, 2 for an input rigel cannot use (a bad scene, dataset or
+``--cameras`` file: one line naming it) or when Vulkan or a display is unavailable (the message says what to
+install), 130 after Ctrl-C (the training was saved).
 
 The :class:`Viewer` is the UI thread of DESIGN §6: each :meth:`Viewer.step` drains the training events, applies
 the pending requests, takes the latest model snapshot from its :class:`~viewer.model_slot.ModelSlot` (the
