@@ -205,7 +205,9 @@ class GaussianModel:
 
     def to(self, device=None, dtype=None) -> "GaussianModel":
         """A copy on ``device`` / in ``dtype`` (detached; the appearance module too, when it has ``to``)."""
-        conv = lambda t: t.detach().to(device=device or t.device, dtype=dtype or t.dtype)
+        # copy=True: without it ``.to`` of a tensor already on that device and dtype returns the same storage, and
+        # a "copy" (Trainer.snapshot, the viewer's published model) would change under Adam's in-place steps
+        conv = lambda t: t.detach().to(device=device or t.device, dtype=dtype or t.dtype, copy=True)
         out = GaussianModel(*(conv(getattr(self, p)) for p in PARAM_NAMES), active_sh_degree=self.active_sh_degree)
         # an appearance module with its own tensors (MLPAppearance) is copied alongside, never aliased
         app = self.appearance

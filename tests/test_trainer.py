@@ -692,3 +692,20 @@ def test_densify_visibility_rules_against_brute_force(rng):
         DensifyStats(n).update(grad, radii, w, h, visibility="bogus")
     with pytest.raises(ValueError, match="densify_visibility"):
         TrainConfig(densify_visibility="bogus").validate()
+
+
+def test_snapshot_is_a_copy_that_training_does_not_change(rng):
+    """Trainer.snapshot() and GaussianModel.to() on the same device and dtype return copies: before, ``.to``
+    aliased the storage, so a published snapshot moved with Adam's in-place steps."""
+    ds = make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=0)
+    tr = Trainer(ds, small_config(init_points=40, densify_from=10 ** 6), device="cpu")
+    tr.step()
+    snap = tr.snapshot()
+    before = {p: getattr(snap, p).clone() for p in ("means3D", "log_scales", "quats", "opacity_logits", "sh_dc")}
+    for p in before:
+        assert getattr(snap, p).data_ptr() != getattr(tr.model, p).data_ptr(), p
+    for _ in range(3):
+        tr.step()
+    assert not torch.equal(tr.model.means3D, before["means3D"])   # the model did move
+    for p, t in before.items():
+        assert torch.equal(getattr(snap, p), t), p                  # the snapshot did not
