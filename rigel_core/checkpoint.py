@@ -40,7 +40,7 @@ __all__ = ["CHECKPOINT_FORMAT", "MAX_ITERATION", "CheckpointError", "save_checkp
 
 CHECKPOINT_FORMAT = 1
 #: the largest iteration count a checkpoint may hold (a 30k-iteration run is the usual; 10^18 is damage)
-MAX_ITERATION = 100_000_000
+from .train.config import MAX_ITERATION  # noqa: E402  (one bound for runs and checkpoints)
 ADAM_KEYS = ("exp_avg", "exp_avg_sq", "step")
 STATS_KEYS = ("grad_accum", "denom", "max_radii")
 

@@ -101,3 +101,22 @@ def test_python_constants_all_in_header():
         assert f"SH_C2_{i}" in consts
     for i in range(7):
         assert f"SH_C3_{i}" in consts
+
+
+def test_config_fields_are_type_checked():
+    """--set and checkpoint configs reach TrainConfig as JSON values: before, 'maybe' turned exposure on, True
+    was a max_gaussians, '0.1' failed later with a message naming no field, 1e30 iterations were accepted."""
+    from rigel_core.train import TrainConfig
+    from rigel_core.train.config import MAX_ITERATION
+
+    bad = {"exposure": "maybe", "max_gaussians": True, "exposure_lr_init": "0.1", "iterations": 1e30,
+           "init_background_radius": float("inf"), "appearance": 3, "init_box": [0, 0, 0, 1, 1, "x"],
+           "seed": 1.5, "densify_interval": None}
+    for field, value in bad.items():
+        with pytest.raises(ValueError, match=f"TrainConfig.{field} "):
+            TrainConfig(**{field: value}).validate()
+    with pytest.raises(ValueError, match="TrainConfig.iterations must be ≤"):
+        TrainConfig(iterations=MAX_ITERATION + 1).validate()
+    c = TrainConfig(iterations=1e4, max_gaussians=None, init_box=(0, 0, 0, 1, 1, 1))  # JSON's 1e4 is an integer
+    c.validate()
+    assert c.iterations == 10000 and type(c.iterations) is int

@@ -421,3 +421,23 @@ def test_real_captures(shared_data, tmp_path, name):
     a = load_dataset(res.path, max_frames=1)
     b = load_dataset(src, max_frames=1)
     assert_same_dataset(a, b)
+
+
+def test_corrupt_model_files_are_checked_before_pycolmap(tmp_path, scene, rng, capsys):
+    """The converter runs the loader's COLMAP pre-check: a cameras.bin one byte short or long was converted
+    (exit 0), a truncated points3D.bin reached pycolmap's multi-GB allocation."""
+    g = np_rng(rng)
+    make_colmap(tmp_path / "src", scene, g, ["PINHOLE", "SIMPLE_RADIAL"])
+    sparse = tmp_path / "src" / "sparse" / "0"
+    good = {f: (sparse / f).read_bytes() for f in ("cameras.bin", "points3D.bin")}
+    for k, (f, data) in enumerate([("cameras.bin", good["cameras.bin"][:-1]),
+                                   ("cameras.bin", good["cameras.bin"] + b"\0"),
+                                   ("points3D.bin", good["points3D.bin"][: len(good["points3D.bin"]) // 2])]):
+        (sparse / f).write_bytes(data)
+        out = tmp_path / f"out{k}"
+        assert import_main([str(tmp_path / "src"), str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f in err, err
+        assert not (out / "transforms.json").exists()
+        (sparse / f).write_bytes(good[f])
+    assert import_main([str(tmp_path / "src"), str(tmp_path / "ok")]) == 0

@@ -348,3 +348,25 @@ def test_bad_masks_are_one_clear_error(tmp_path, rng):
     frame = Frame(cam, torch.zeros(h, w, 3), None, "a", torch.ones(h, w + 1, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"frame 'a' mask has shape \(10, 13\)"):
         Trainer(Dataset([frame], [], np.zeros(3), 1.0), TrainConfig(init_points=10), device="cpu")
+
+
+def test_fully_masked_training_set_is_refused_and_blind_test_views_left_out(rng):
+    """Every training pixel masked: one clear error, no training on nothing (before: 'psnr inf', exit 0). A
+    held-out view with no valid pixel is left out of the evaluation with a warning instead of scoring inf."""
+    w, h = 24, 16
+    cams = [Camera.look_at((0.5 + 0.1 * i, -3.0, 1.2), (0, 0, 0), (0, 0, 1), width=w, height=h, fov_x_deg=60,
+                           name=f"v{i}") for i in range(4)]
+    img = lambda: torch.rand(h, w, 3, generator=rng)
+    none, every = torch.zeros(h, w, dtype=torch.bool), torch.ones(h, w, dtype=torch.bool)
+    cfg = dict(sh_degree=0, init_points=50, eval_every=0)
+
+    ds = Dataset([Frame(c, img(), None, c.name, none) for c in cams[:2]], [], np.zeros(3), 3.0)
+    with pytest.raises(ValueError, match="every pixel of every training image is masked"):
+        Trainer(ds, TrainConfig(**cfg), device="cpu")
+    ds = Dataset([Frame(cams[0], img(), None, "v0", none), Frame(cams[1], img(), None, "v1", every)],
+                 [Frame(cams[2], img(), None, "t0", none), Frame(cams[3], img(), None, "t1", None)], np.zeros(3), 3.0)
+    with pytest.warns(UserWarning, match="1 held-out view"):
+        tr = Trainer(ds, TrainConfig(**cfg), device="cpu")
+    tr.step()
+    ev = tr.evaluate()
+    assert ev.n_views == 1 and ev.per_view[0]["name"] == "t1" and math.isfinite(ev.psnr)

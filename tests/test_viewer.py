@@ -298,7 +298,7 @@ def test_cli_reports_bad_input(tmp_path, capsys):
     from viewer.app import main
 
     missing = tmp_path / "nope.ply"
-    assert main([str(missing), "--offscreen", "--out", str(tmp_path)]) == 1
+    assert main([str(missing), "--offscreen", "--out", str(tmp_path)]) == 2  # bad input: 2
     assert str(missing) in capsys.readouterr().err
     junk = tmp_path / "junk.ply"
     junk.write_bytes(b"this is not a scene")

@@ -1126,8 +1126,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("rigel-viewer: interrupted" + (", saving the run" if session is not None else ""), file=sys.stderr)
         return EXIT_INTERRUPTED
-    except InputError as e:  # a bad scene or dataset file: one line naming it, status 2 as rigel-render/-train
-        print(f"rigel-viewer: {e}", file=sys.stderr)
+    except (InputError, FileNotFoundError, IsADirectoryError) as e:  # a bad or missing scene / dataset file: one
+        print(f"rigel-viewer: {e}", file=sys.stderr)                 # line naming it, status 2 as rigel-render/-train
         return 2
     except (FileNotFoundError, ValueError, RuntimeError, OSError, ImportError) as e:
         print(f"rigel-viewer: {e}", file=sys.stderr)

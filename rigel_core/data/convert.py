@@ -45,6 +45,7 @@ import numpy as np
 from ..atomic import atomic_path
 from ..camera import Camera
 from .colmap import _cam_from_world, _import_pycolmap, find_sparse_dir
+from .colmap_check import check_colmap_model
 from .frames import DatasetError
 
 __all__ = ["colmap_to_transforms", "ConvertResult", "COLMAP_PARAMS", "PLY_NAME", "IMAGE_MODES"]
@@ -146,6 +147,7 @@ def colmap_to_transforms(src, dst, *, images: str = "reference", images_dir: str
         raise FileExistsError(f"{out_json}: already exists (use --force to replace it)")
     pycolmap = _import_pycolmap()
     sparse = find_sparse_dir(src)
+    check_colmap_model(sparse)  # the loader's pre-check: counts, sizes and camera models before pycolmap reads them
     try:
         rec = pycolmap.Reconstruction(str(sparse))
     except Exception as e:  # pycolmap raises a bare RuntimeError/ValueError for a corrupt model

@@ -258,8 +258,8 @@ def _frame_spec(meta: dict, frame: dict, img: Path | None, name: str, size, max_
         w, h = (iw if w is None else w), (ih if h is None else h)
     problem = check_image_size(w, h, max_side=max_image_size, max_pixels=max_image_size * max_image_size)
     if problem:
-        raise ValueError(f"'w'/'h': {problem}" + (" (rigel-render --max-image-size raises it)"
-                                                   if "exceeds" in problem else ""))
+        raise ValueError(f"'w'/'h': {problem}" + (" (the limits: docs/RELIABILITY.md; rigel-render has "
+                                                   "--max-image-size)" if "exceeds" in problem else ""))
 
     fx = fy = None
     for d in (frame, meta):  # the first level that defines a focal length decides both axes

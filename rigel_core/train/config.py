@@ -11,7 +11,11 @@ construction: ``sh_degree`` (it sizes the SH tensors) and the initialisation fie
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
+
+#: the largest iteration count a run (or a checkpoint) may declare; rigel_core.checkpoint uses the same bound
+MAX_ITERATION = 100_000_000
 
 __all__ = ["TrainConfig"]
 
@@ -136,8 +140,43 @@ class TrainConfig:
             d["init_box"] = tuple(d["init_box"])
         return cls(**d)
 
+    def _check_types(self) -> None:
+        """Each field holds its annotated type: a bool for bool fields (not 1, not "maybe"), an int for int fields
+        (an integral float such as 1e4 from JSON is converted), a finite number for float fields, a string, or a
+        6-number tuple for ``init_box``; None only where the annotation allows it."""
+        for f in dataclasses.fields(self):
+            v, t = getattr(self, f.name), str(f.type).replace(" ", "")
+            base, optional = t.split("|")[0], t.endswith("|None")
+            where = f"TrainConfig.{f.name}"
+            if v is None:
+                if optional:
+                    continue
+                raise ValueError(f"{where} must be {base}, got None")
+            if base == "bool":
+                ok = isinstance(v, bool)
+            elif base == "int":
+                if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+                    v = int(v)
+                    setattr(self, f.name, v)
+                ok = isinstance(v, int) and not isinstance(v, bool)
+            elif base == "float":
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            elif base == "str":
+                ok = isinstance(v, str)
+            elif base == "tuple":
+                ok = isinstance(v, (tuple, list)) and all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+            else:  # pragma: no cover - a new annotation this check does not know yet
+                ok = True
+            if not ok:
+                raise ValueError(f"{where} must be {'a finite number' if base == 'float' else base}"
+                                 f"{' or None' if optional else ''}, got {v!r}"[:200])
+
     def validate(self) -> None:
-        """Raise ValueError naming the first field whose value is out of range."""
+        """Raise ValueError naming the first field whose value has the wrong type or is out of range."""
+        self._check_types()
+        if self.iterations > MAX_ITERATION:
+            raise ValueError(f"TrainConfig.iterations must be ≤ {MAX_ITERATION:,}, got {self.iterations}")
         positive = ["iterations", "densify_interval", "sh_degree_interval", "opacity_reset_interval",
                     "split_factor", "feature_lr", "sh_rest_lr_divisor"]
         for name in positive:

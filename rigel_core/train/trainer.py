@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -302,6 +303,20 @@ class Trainer:
             if tuple(f.image.shape) != (h, w, 3):
                 raise ValueError(f"Trainer: frame {f.name!r} image has shape {tuple(f.image.shape)}, "
                                  f"its camera expects ({h}, {w}, 3)")
+        src = getattr(dataset, "path", "") or "the dataset"
+
+        def no_valid_pixel(f) -> bool:
+            m = getattr(f, "mask", None)
+            return m is not None and not bool(torch.as_tensor(m).bool().any())
+
+        if all(no_valid_pixel(f) for f in self.train_frames):
+            raise ValueError(f"{src}: every pixel of every training image is masked (masks/, mask_path, alpha or a "
+                             "lens that covers none of the image): nothing to train on")
+        blind = [f.name for f in self.test_frames if no_valid_pixel(f)]
+        if blind:  # a view with no valid pixel has no PSNR: leave it out of the held-out set, loudly
+            warnings.warn(f"{src}: {len(blind)} held-out view(s) have every pixel masked and are not evaluated: "
+                          + ", ".join(blind[:5]) + (" …" if len(blind) > 5 else ""), stacklevel=2)
+            self.test_frames = [f for f in self.test_frames if not no_valid_pixel(f)]
         self.extent = float(dataset.scene_extent) if dataset.scene_extent and dataset.scene_extent > 0 else 1.0
         self.white_bg = bool(getattr(dataset, "white_bg", False))
         self.background = torch.full((3,), 1.0 if self.white_bg else 0.0, device=self.device)
