@@ -411,6 +411,28 @@ def test_offscreen_tiny_scenes(tmp_path, capsys):
             assert s["last_frame"]["alpha_mean"] > 0.005
 
 
+@needs_vulkan
+def test_offscreen_scene_with_no_finite_gaussian_is_an_empty_scene(tmp_path, capsys):
+    """Every Gaussian with a NaN colour: all culled, so the offscreen viewer shows the background and exits 0 with
+    a note, as for a 0-splat scene (before: exit 1, "the camera sees no Gaussian")."""
+    from rigel_core.io import save_ply
+    from rigel_core.model import GaussianModel
+    from viewer.app import main
+
+    n = 6
+    dc = torch.full((n, 1, 3), 1.0)
+    dc[:, 0, torch.arange(n) % 3] = float("nan")
+    m = GaussianModel.from_tensors(torch.randn(n, 3) * 0.2, torch.full((n, 3), -2.0),
+                                   torch.tensor([[1.0, 0, 0, 0]] * n), torch.full((n,), 3.0), dc, torch.zeros(n, 3, 3))
+    save_ply(m, tmp_path / "nan.ply")
+    out = tmp_path / "view"
+    assert main([str(tmp_path / "nan.ply"), "--offscreen", "--frames", "1", "--out", str(out), "--size", "64x48",
+                 "--device", "cpu"]) == 0, capsys.readouterr().err
+    s = json.loads((out / "summary.json").read_text())
+    assert s["ok"] and s["gaussians"] == n and s["last_frame"]["alpha_mean"] == 0
+    assert "no drawable Gaussian" in s["note"]
+
+
 # ---- the window (Xvfb + lavapipe) ----------------------------------------------------------------------------------
 def _px(viewer):
     p = viewer.step(capture=True)

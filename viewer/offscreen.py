@@ -88,13 +88,36 @@ def _finish(viewer, out: Path, summary: dict) -> dict:
     if viewer.ctx.validation:
         summary["validation_errors"] = validation_log.errors
     if summary["ok"] and summary["last_frame"]["alpha_mean"] <= 0:
+        finite = _finite_gaussians(getattr(viewer, "_model", None))
         if summary.get("gaussians") == 0:   # a valid empty scene: its frame is the background, not an error
             summary["note"] = "empty scene (0 Gaussians): the frames show the background"
+        elif finite == 0:                   # every Gaussian culled (a non-finite parameter in each): empty too
+            summary["note"] = (f"no drawable Gaussian: all {summary.get('gaussians')} have a non-finite parameter "
+                               "and are culled (docs/PIPELINE.md); the frames show the background")
         else:
             summary["ok"] = False
             summary["error"] = "the last frame is empty: the camera sees no Gaussian"
     (out / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
     return summary
+
+
+def _finite_gaussians(model) -> int | None:
+    """How many Gaussians of ``model`` have every parameter finite (the others are culled); None without one."""
+    if model is None:
+        return None
+    import torch
+
+    from rigel_core.model import PARAM_NAMES
+
+    ok = None
+    for name in PARAM_NAMES:
+        t = getattr(model, name).detach()
+        if t[0:1].numel():  # rows with values (not N = 0, not an empty (N, 0, 3) sh_rest)
+            row = torch.isfinite(t.reshape(t.shape[0], -1)).all(1)
+        else:
+            row = torch.ones(t.shape[0], dtype=torch.bool, device=t.device)
+        ok = row if ok is None else ok & row
+    return int(ok.sum())
 
 
 def _finite(obj):
