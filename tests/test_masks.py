@@ -248,6 +248,10 @@ def test_alpha_as_mask_or_composited(tmp_path, rng):
     for f in ds.train:
         assert f.mask is None
         np.testing.assert_allclose(f.image.numpy(), u8[..., :3] * u8[..., 3:] + 1 - u8[..., 3:], atol=1e-6)
+    save_u8(tmp_path / "images" / "b.png", rgba[..., :3], "RGB")  # an image without alpha: said, not silent
+    with pytest.warns(UserWarning, match="alpha as mask asked, but 1 of 2 image"):
+        ds = load_dataset(tmp_path, test_every=0, alpha_as_mask=True)
+    assert ds.train[0].mask is not None and ds.train[1].mask is None
 
 
 def test_colmap_masks_and_with_lens_mask(tmp_path, rng):

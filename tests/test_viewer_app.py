@@ -742,3 +742,21 @@ def test_unused_never_returns_an_existing_path(tmp_path):
     p.write_bytes(b"1")
     (tmp_path / "model_2.ply").write_bytes(b"2")
     assert _unused(p) == tmp_path / "model_3.ply"
+
+
+@needs_vulkan
+def test_viewer_warnings_are_one_line(tmp_path):
+    """A scene file's warning (here: a PLY declaring 0 vertices) prints as one 'rigel-viewer: warning:' line, not
+    as Python's file:line report with the source line (fresh-user finding)."""
+    (tmp_path / "zero.ply").write_bytes(b"ply\nformat binary_little_endian 1.0\nelement vertex 0\n"
+                                        + b"".join(f"property float {p}\n".encode() for p in
+                                                   ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",
+                                                    "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2",
+                                                    "rot_3"]) + b"end_header\n")
+    r = subprocess.run([sys.executable, "-m", "viewer.app", str(tmp_path / "zero.ply"), "--offscreen", "--frames",
+                        "1", "--out", str(tmp_path / "o"), "--size", "32x24", "--device", "cpu"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "default"})
+    assert r.returncode == 0, r.stderr
+    warn = [ln for ln in r.stderr.splitlines() if "warning" in ln.lower()]
+    assert warn and all(ln.startswith("rigel-viewer: warning: ") for ln in warn), r.stderr
+    assert "return load_ply" not in r.stderr and ".py:" not in r.stderr

@@ -987,7 +987,22 @@ def _unused(path: Path) -> Path:
     return out
 
 def main(argv=None) -> int:
-    """Entry point of ``rigel-viewer``; returns the exit status."""
+    """Entry point of ``rigel-viewer``; returns the exit status. Warnings (a scene file's, a dataset's) print as one
+    ``rigel-viewer: warning: …`` line, not as Python's two-line source report."""
+    import warnings
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        print(f"rigel-viewer: warning: {message}", file=file or sys.stderr)
+
+    shown = warnings.showwarning
+    warnings.showwarning = one_line
+    try:
+        return _main(argv)
+    finally:
+        warnings.showwarning = shown
+
+
+def _main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from rigel_core.io.errors import InputError
 

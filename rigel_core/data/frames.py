@@ -122,7 +122,7 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
 
     Raises DatasetError naming the image (or mask) when it cannot be decoded.
     """
-    frames, maps, resized = [], {}, 0
+    frames, maps, resized, no_alpha = [], {}, 0, 0
     for spec in specs:
         try:
             rgba = read_image(spec.image_path)
@@ -139,6 +139,7 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
                 keep = read_mask(spec.mask_path, (w, h))
             except ValueError as e:
                 raise DatasetError(str(e)) from e
+        no_alpha += alpha_as_mask and rgba.shape[-1] != 4
         if alpha_as_mask and rgba.shape[-1] == 4:
             rgb, alpha = np.ascontiguousarray(rgba[..., :3]), None
             keep = rgba[..., 3] > 0 if keep is None else keep & (rgba[..., 3] > 0)
@@ -166,6 +167,9 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
                             None if alpha is None else torch.from_numpy(np.ascontiguousarray(alpha)).to(device),
                             spec.name,
                             None if mask is None else torch.from_numpy(np.ascontiguousarray(mask)).to(device)))
+    if no_alpha:
+        warnings.warn(f"{source}: alpha as mask asked, but {no_alpha} of {len(specs)} image(s) have no alpha "
+                      "channel: every pixel of those counts", stacklevel=3)
     if resized:
         warnings.warn(f"{source}: {resized} image(s) differ in size from their camera's declared size; "
                       "intrinsics were rescaled to the image size", stacklevel=3)
