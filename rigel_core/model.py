@@ -243,14 +243,23 @@ class GaussianModel:
                 f"dtype={self.dtype}, device={self.device})")
 
 
-def knn_mean_distance(points: torch.Tensor, k: int = 3) -> torch.Tensor:
-    """(N,) mean Euclidean distance of each point to its ``k`` nearest other points (scipy's cKDTree)."""
+def knn_distances(points: torch.Tensor, k: int = 3):
+    """(N, min(k, N−1)) float64 numpy distances of each point to its nearest other points, nearest first
+    (scipy's cKDTree in float64); None for N ≤ 1."""
     from scipy.spatial import cKDTree
 
     n = points.shape[0]
     if n <= 1:
-        return torch.ones(n, dtype=points.dtype, device=points.device)
-    k = min(k, n - 1)
+        return None
     p = points.detach().cpu().double().numpy()
-    d, _ = cKDTree(p).query(p, k=k + 1)
-    return torch.as_tensor(d[:, 1:].mean(-1), dtype=points.dtype, device=points.device)
+    d, _ = cKDTree(p).query(p, k=min(k, n - 1) + 1)
+    return d[:, 1:]
+
+
+def knn_mean_distance(points: torch.Tensor, k: int = 3) -> torch.Tensor:
+    """(N,) mean Euclidean distance of each point to its ``k`` nearest other points (:func:`knn_distances`);
+    1 for a single point."""
+    d = knn_distances(points, k)
+    if d is None:
+        return torch.ones(points.shape[0], dtype=points.dtype, device=points.device)
+    return torch.as_tensor(d.mean(-1), dtype=points.dtype, device=points.device)

@@ -940,8 +940,10 @@ def _db(x) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
 
 
+from . import training as _training  # noqa: E402  (the run folder's file names live there)
+
 #: files whose presence means a folder holds a run (of rigel-train or of the viewer)
-RUN_FILES = ("checkpoint.safetensors", "model.ply", "metrics.json", "log.txt", "viewer.log")
+RUN_FILES = (_training.CHECKPOINT_NAME, _training.PLY_NAME, "metrics.json", "log.txt", "viewer.log")
 
 
 class RunFolderTaken(ValueError):

@@ -172,16 +172,13 @@ def random_init_points(cameras: list[Camera], n: int, center, extent: float, *, 
 def knn_rms_distance(points: torch.Tensor, k: int = 3, min_sq: float = 1e-7) -> torch.Tensor:
     """(N,) ``sqrt(max(mean of the squared distances to the k nearest other points, min_sq))`` — the initial
     scale of the 3DGS code (``distCUDA2`` then ``sqrt``, d² clamped ≥ 1e-7) and of gsplat. scipy's cKDTree in
-    float64; same dtype and device as ``points``; 1 for a single point."""
-    from scipy.spatial import cKDTree
+    float64 (:func:`rigel_core.model.knn_distances`); same dtype and device as ``points``; 1 for a single point."""
+    from ..model import knn_distances
 
-    n = points.shape[0]
-    if n <= 1:
-        return torch.ones(n, dtype=points.dtype, device=points.device)
-    k = min(k, n - 1)
-    p = points.detach().cpu().double().numpy()
-    d, _ = cKDTree(p).query(p, k=k + 1)
-    sq = np.maximum((d[:, 1:] ** 2).mean(-1), min_sq)
+    d = knn_distances(points, k)
+    if d is None:
+        return torch.ones(points.shape[0], dtype=points.dtype, device=points.device)
+    sq = np.maximum((d ** 2).mean(-1), min_sq)
     return torch.as_tensor(np.sqrt(sq), dtype=points.dtype, device=points.device)
 
 
