@@ -8,6 +8,9 @@ their centres ``means3D``:
 * :func:`screen_rect_mask` / :func:`brush_mask` — centres in front of a camera whose projection falls in a
   pixel rectangle / within a pixel radius of a point (the same pinhole projection as
   ``rigel_core.Camera.project``: OpenCV axes, pixel centres at +0.5);
+* :func:`footprint_rect_mask` / :func:`footprint_brush_mask` — what the viewer's rectangle and brush select:
+  every Gaussian whose *visible footprint* in the rendered frame meets the rectangle / the brush disc, plus (a
+  superset of the centre rule) every Gaussian whose centre projects into it (see :func:`footprint`);
 * :func:`combine` — a new mask merged into a selection (replace, add, subtract, intersect).
 
 :class:`EditStack` holds the edit state of one loaded model: the original model (``base``, never modified), an
@@ -27,7 +30,8 @@ import os
 import numpy as np
 import torch
 
-__all__ = ["box_mask", "sphere_mask", "project_means", "screen_rect_mask", "brush_mask", "combine",
+__all__ = ["box_mask", "sphere_mask", "project_means", "screen_rect_mask", "brush_mask", "footprint",
+           "footprint_rect_mask", "footprint_brush_mask", "ellipse_meets_rect", "ellipse_meets_disc", "combine",
            "tint_colors", "EditStack", "save_model", "SELECT_MODES"]
 
 SELECT_MODES = ("replace", "add", "subtract", "intersect")
@@ -86,6 +90,120 @@ def brush_mask(means, camera, center, radius_px: float, near: float = 1e-6) -> n
         return (z > near) & (np.einsum("ij,ij->i", d, d) <= float(radius_px) ** 2)
 
 
+def footprint(model, camera):
+    """The visible footprint of each of ``model``'s N Gaussians in the frame of ``camera``: the ellipse
+    ``(p − m)ᵀ Q (p − m) ≤ k²`` in pixels, where the renderer draws it (DESIGN §3, docs/PIPELINE.md): centre
+    ``m`` = the projection's means2D, ``Q`` = its conic (inverse 2D covariance incl. the low-pass), and ``k²`` =
+    min(RADIUS_SIGMA², 2·ln(opacity / ALPHA_MIN)) — inside it the splat is within the 3σ cut *and* its alpha
+    o·exp(−½ d²) reaches ALPHA_MIN (1/255), so it changes the pixel; outside it the rasterizer skips it.
+
+    Computed with the float64 reference projection (``rigel_core.reference.project``) on the CPU.
+
+    Returns (m (N, 2) float64, Q (N, 2, 2) float64, k2 (N,) float64, visible (N,) bool); ``visible`` is False
+    where the projection culls the Gaussian (radii == 0: behind the near plane, off-screen, degenerate or
+    non-finite) or its opacity is below ALPHA_MIN (an empty footprint: k2 < 0).
+    """
+    from rigel_core import config
+    from rigel_core.reference.project import project_gaussians
+
+    with torch.no_grad():
+        dev = torch.device("cpu")
+        means = model.means3D.detach().to(dev, torch.float64)
+        proj = project_gaussians(means, model.quats.detach().to(dev, torch.float64),
+                                 model.scales.detach().to(dev, torch.float64),
+                                 model.opacities.detach().to(dev, torch.float64),
+                                 camera.viewmat_tensor(dev, torch.float64), camera.K_tensor(dev, torch.float64),
+                                 int(camera.width), int(camera.height))
+    m = proj.means2D.numpy()
+    a, b, c = proj.conics.numpy().T
+    Q = np.stack([np.stack([a, b], -1), np.stack([b, c], -1)], -2)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        k2 = np.minimum(config.RADIUS_SIGMA ** 2, 2.0 * np.log(_np(model.opacities) / config.ALPHA_MIN))
+    visible = (proj.radii.numpy() > 0) & (k2 >= 0)
+    return m, Q, np.where(visible, k2, -1.0), visible
+
+
+def _qform(Q, v):
+    """vᵀ Q v row-wise: Q (N, 2, 2), v (N, 2) → (N,)."""
+    return np.einsum("ni,nij,nj->n", v, Q, v)
+
+
+def ellipse_meets_rect(m, Q, k2, rect) -> np.ndarray:
+    """(N,) bool: the ellipses ``(p − m)ᵀ Q (p − m) ≤ k2`` (m (N, 2), Q (N, 2, 2) positive definite, k2 (N,))
+    meet the axis-aligned rectangle ``rect`` = (x0, y0, x1, y1) (corners in any order, inclusive).
+
+    Exact: the least ``(p − m)ᵀ Q (p − m)`` over the rectangle is 0 when the centre is inside; otherwise it is
+    reached on an edge ``p(t) = a + t·e``, t ∈ [0, 1], where the quadratic in t has its minimum at
+    t* = clamp(−eᵀQ(a − m) / eᵀQe, 0, 1). The ellipse meets the rectangle iff that least value is ≤ k2."""
+    x0, y0, x1, y1 = (float(v) for v in rect)
+    x0, x1 = min(x0, x1), max(x0, x1)
+    y0, y1 = min(y0, y1), max(y0, y1)
+    m, Q, k2 = np.asarray(m, np.float64), np.asarray(Q, np.float64), np.asarray(k2, np.float64)
+    inside = (m[:, 0] >= x0) & (m[:, 0] <= x1) & (m[:, 1] >= y0) & (m[:, 1] <= y1)
+    best = np.full(len(m), np.inf)
+    corners = np.array([[x0, y0], [x1, y0], [x1, y1], [x0, y1]])
+    for i in range(4):
+        a, e = corners[i], corners[(i + 1) % 4] - corners[i]
+        am = a - m                                              # (N, 2)
+        eQe = np.einsum("i,nij,j->n", e, Q, e)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.clip(np.where(eQe > 0, -np.einsum("i,nij,nj->n", e, Q, am) / eQe, 0.0), 0.0, 1.0)
+        best = np.minimum(best, _qform(Q, am + t[:, None] * e))
+    return (k2 >= 0) & (inside | (best <= k2))
+
+
+def ellipse_meets_disc(m, Q, k2, center, radius: float, iters: int = 60) -> np.ndarray:
+    """(N,) bool: the ellipses ``(p − m)ᵀ Q (p − m) ≤ k2`` meet the disc |p − center| ≤ ``radius``.
+
+    The least ``f(x) = (x − d)ᵀ Q (x − d)`` over |x| ≤ r (x = p − center, d = m − center) is 0 when |d| ≤ r;
+    otherwise it lies on the circle, where (a trust-region problem) x(λ) = (Q + λI)⁻¹ Q d for the λ ≥ 0 with
+    |x(λ)| = r. In Q's eigenbasis (eigenvalues q_i, d's coordinates d_i) |x(λ)|² = Σ (q_i d_i / (q_i + λ))²
+    falls monotonically in λ, from |d|² at λ = 0 to below r² at λ = q_max·|d| / r; bisection (``iters``
+    halvings) finds λ, and f = Σ q_i (λ d_i / (q_i + λ))²."""
+    m, Q, k2 = np.asarray(m, np.float64), np.asarray(Q, np.float64), np.asarray(k2, np.float64)
+    r = float(radius)
+    d = m - np.asarray(center, dtype=np.float64).reshape(2)
+    dist = np.linalg.norm(d, axis=1)
+    near = dist <= r
+    out = (k2 >= 0) & near
+    todo = np.flatnonzero((k2 >= 0) & ~near)
+    if len(todo) == 0:
+        return out
+    if r <= 0:      # a point: inside the ellipse?
+        out[todo] = _qform(Q[todo], d[todo]) <= k2[todo]
+        return out
+    q, V = np.linalg.eigh(Q[todo])                             # (n, 2), (n, 2, 2)
+    dd = np.einsum("nji,nj->ni", V, d[todo])                    # d in the eigenbasis
+    lo = np.zeros(len(todo))
+    hi = q.max(1) * dist[todo] / r
+    for _ in range(iters):
+        lam = 0.5 * (lo + hi)
+        x2 = ((q * dd / (q + lam[:, None])) ** 2).sum(1)
+        big = x2 > r * r
+        lo, hi = np.where(big, lam, lo), np.where(big, hi, lam)
+    lam = hi                                                   # |x(hi)| <= r: a feasible point, f(hi) >= min
+    f = (q * (lam[:, None] * dd / (q + lam[:, None])) ** 2).sum(1)
+    out[todo] = f <= k2[todo] * (1 + 1e-9)
+    return out
+
+
+def footprint_rect_mask(model, camera, rect, *, fp=None) -> np.ndarray:
+    """``fp``: :func:`footprint` of (model, camera) when already computed. (N,) bool: the Gaussians of ``model`` whose visible footprint (:func:`footprint`) meets the pixel
+    rectangle ``rect`` = (x0, y0, x1, y1) of ``camera``'s frame, or whose centre projects into it
+    (:func:`screen_rect_mask`: an invisible Gaussian — transparent, degenerate — among selected ones is
+    selected with them). Occluded Gaussians count: the selection goes through the scene, as a crop does."""
+    m, Q, k2, vis = footprint(model, camera) if fp is None else fp
+    return screen_rect_mask(model.means3D, camera, rect) | (vis & ellipse_meets_rect(m, Q, k2, rect))
+
+
+def footprint_brush_mask(model, camera, center, radius_px: float, *, fp=None) -> np.ndarray:
+    """``fp``: as for :func:`footprint_rect_mask`. (N,) bool: the Gaussians whose visible footprint meets the brush disc of ``radius_px`` pixels about
+    ``center`` (x, y), or whose centre projects into it (see :func:`footprint_rect_mask`)."""
+    m, Q, k2, vis = footprint(model, camera) if fp is None else fp
+    return brush_mask(model.means3D, camera, center, radius_px) | \
+        (vis & ellipse_meets_disc(m, Q, k2, center, radius_px))
+
+
 def combine(selection, mask, mode: str = "replace") -> np.ndarray:
     """Merge ``mask`` into ``selection`` (both (N,) bool): "replace" → mask, "add" → union, "subtract" →
     selection minus mask, "intersect" → both. Raises ValueError for another mode or mismatched shapes."""
@@ -139,6 +257,7 @@ class EditStack:
         self._model_alive_version = 0
         self._alive_version = 0
         self._means = None
+        self._fp = (None, None)   # (camera key, footprint of the base): the dabs of a stroke share one view
 
     # ---- views of the state --------------------------------------------------------------------------------
     @property
@@ -147,6 +266,13 @@ class EditStack:
         if self._means is None:
             self._means = _np(self.base.means3D)
         return self._means
+
+    def footprint(self, camera):
+        """:func:`footprint` of the base model through ``camera`` (cached for the last camera)."""
+        key = (camera.viewmat.tobytes(), camera.K.tobytes(), int(camera.width), int(camera.height))
+        if self._fp[0] != key:
+            self._fp = (key, footprint(self.base, camera))
+        return self._fp[1]
 
     @property
     def model(self):
@@ -245,15 +371,21 @@ class EditStack:
         """Like :meth:`select_base` for a mask over the edited model's Gaussians."""
         return self.select_base(self.lift(mask_current), mode, label)
 
-    def select_rect(self, camera, rect, mode: str = "replace") -> bool:
-        """Select the alive Gaussians whose centres project into the pixel rectangle (see :func:`screen_rect_mask`)."""
-        return self.select_base(screen_rect_mask(self.means, camera, rect), mode, "rect select")
+    def select_rect(self, camera, rect, mode: str = "replace", *, by: str = "footprint") -> bool:
+        """Select the alive Gaussians whose footprint meets the pixel rectangle (:func:`footprint_rect_mask`;
+        ``by="centre"``: whose centres project into it, :func:`screen_rect_mask`)."""
+        mask = footprint_rect_mask(self.base, camera, rect, fp=self.footprint(camera)) if by == "footprint" else \
+            screen_rect_mask(self.means, camera, rect)
+        return self.select_base(mask, mode, "rect select")
 
-    def select_brush(self, camera, center, radius_px: float, mode: str = "add", stroke=None) -> bool:
-        """Merge the Gaussians under a brush dab (see :func:`brush_mask`) into the selection; the dabs with the
-        same ``stroke`` key (not None) form one undo step."""
-        return self.select_base(brush_mask(self.means, camera, center, radius_px), mode, "brush",
-                                None if stroke is None else ("brush", stroke))
+    def select_brush(self, camera, center, radius_px: float, mode: str = "add", stroke=None, *,
+                     by: str = "footprint") -> bool:
+        """Merge the Gaussians under a brush dab (:func:`footprint_brush_mask`; ``by="centre"``:
+        :func:`brush_mask`) into the selection; the dabs with the same ``stroke`` key (not None) form one undo
+        step."""
+        mask = footprint_brush_mask(self.base, camera, center, radius_px, fp=self.footprint(camera)) if by == "footprint" else \
+            brush_mask(self.means, camera, center, radius_px)
+        return self.select_base(mask, mode, "brush", None if stroke is None else ("brush", stroke))
 
     def select_all(self) -> bool:
         return self._commit("select all", self.alive, self.alive.copy())

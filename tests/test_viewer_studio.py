@@ -346,17 +346,20 @@ def test_viewer_edits_with_tint_undo_and_save(tmp_path, one_thread):
         # the overlay is a tint in the one render: redder where the scene is
         assert (tinted[..., 0] - tinted[..., 2]).mean() > (plain[..., 0] - plain[..., 2]).mean() + 5
         n_sel = st.num_selected
-        # rect and brush (window pixels = frame pixels here) against projecting the means with the frame's camera
-        from rigel_core.edit import brush_mask, screen_rect_mask
+        # rect and brush (window pixels = frame pixels here) select by footprint (rigel_core.edit.footprint),
+        # through the frame's camera
+        from rigel_core.edit import footprint_brush_mask, footprint_rect_mask, screen_rect_mask
 
         cam = v.camera.camera(200, 150)
         v.requests.append("select_rect:150,110,50,40:replace")
         v.step()
-        assert np.array_equal(st.selected, screen_rect_mask(model.means3D, cam, (50, 40, 150, 110)))
+        rect_sel = footprint_rect_mask(model, cam, (50, 40, 150, 110))
+        assert np.array_equal(st.selected, rect_sel)
+        assert rect_sel.sum() > screen_rect_mask(model.means3D, cam, (50, 40, 150, 110)).sum()
         v.requests.append("brush:100,75,20:subtract")
         v.step()
-        brushed = brush_mask(model.means3D, cam, (100, 75), 20)
-        want = screen_rect_mask(model.means3D, cam, (50, 40, 150, 110)) & ~brushed
+        brushed = footprint_brush_mask(model, cam, (100, 75), 20)
+        want = rect_sel & ~brushed
         assert brushed.any() and np.array_equal(st.selected, want)
         v.requests += ["edit:undo", "edit:undo"]   # back to the first selection
         v.step()

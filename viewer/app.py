@@ -221,7 +221,9 @@ class Viewer:
 
                 self.input = GlfwInput(self.window, self.camera)
             self._take_model()
-            if self.frames:
+            if self.frames and training is None:
+                self.studio.frame_with_cameras()   # --cameras: the cameras and the scene together (viewer/studio.py)
+            elif self.frames:
                 self.camera.frame_cameras([f.camera for f in self.frames])
             else:
                 self._face_origin()

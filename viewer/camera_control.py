@@ -12,7 +12,10 @@ so the motion does not depend on the frame rate; Shift ×10, Ctrl ×0.1).
 
 :meth:`OrbitCamera.snap_to` adopts a dataset camera (its pose *and* intrinsics: the viewer then renders exactly
 that view until the camera moves); :func:`nearest_camera` picks the training camera closest to the current eye;
-:func:`up_from_cameras` guesses a dataset's up axis from its cameras.
+:func:`up_from_cameras` guesses a dataset's up axis from its cameras, :func:`mean_up` gives their mean up
+direction (any vector: captures are often neither z-up nor y-up), and :meth:`OrbitCamera.frame_with_cameras`
+(``rigel-viewer SCENE --cameras DATASET``) frames the cameras and the scene together about that up direction.
+:func:`region_offset` is the principal-point shift that centres the orbit target in the free part of the image.
 ``version`` increases on every change, so the UI re-renders only when the view moved.
 """
 from __future__ import annotations
@@ -21,7 +24,8 @@ import math
 
 import numpy as np
 
-__all__ = ["OrbitCamera", "UP_AXES", "nearest_camera", "focus_of_cameras", "up_from_cameras", "FLY_FAST", "FLY_SLOW", "MAX_FLY_DT"]
+__all__ = ["OrbitCamera", "UP_AXES", "nearest_camera", "focus_of_cameras", "up_from_cameras", "mean_up",
+           "region_offset", "FLY_FAST", "FLY_SLOW", "MAX_FLY_DT"]
 
 UP_AXES = {"+z": (0.0, 0.0, 1.0), "-z": (0.0, 0.0, -1.0), "+y": (0.0, 1.0, 0.0), "-y": (0.0, -1.0, 0.0),
            "+x": (1.0, 0.0, 0.0), "-x": (-1.0, 0.0, 0.0)}
@@ -131,24 +135,34 @@ class OrbitCamera:
         """Look at the centre of the box [lo, hi] from the current direction, from the distance at which its
         eight corners fill ``margin`` of the narrower half-extent of the image columns ``region`` = (u0, u1)
         (fractions of the width; default the whole image; ``aspect`` = width / height of the whole image),
-        the box centred in them (:attr:`view_offset`); the home view for :meth:`reset`.
-
-        Closed form: a corner at (x, y) across and z0 along the viewing direction from the target is at depth
-        z0 + d, and stays inside when |x| ≤ t_x (z0 + d) and |y| ≤ t_y (z0 + d) with t_y = margin·tan(half-FOV_y)
-        and t_x = t_y·aspect·(u1 − u0) (pinhole with square pixels, principal point at the region's centre), so
-        d = max over corners of max(|x| / t_x, |y| / t_y) − z0.
+        the box centred in them (:attr:`view_offset`); the home view for :meth:`reset`. See :meth:`frame_points`.
         """
         lo, hi = (np.asarray(v, dtype=np.float64).reshape(3) for v in (lo, hi))
+        corners = np.array([[(lo, hi)[i >> k & 1][k] for k in range(3)] for i in range(8)])
+        self.frame_points(corners, aspect, margin, region)
+
+    def frame_points(self, points, aspect: float = 16 / 9, margin: float = 0.9, region=(0.0, 1.0)):
+        """Look at the centre of the bounding box of ``points`` (M, 3) from the current direction, from the
+        distance at which every point lies within ``margin`` of the narrower half-extent of the image columns
+        ``region`` (see :meth:`frame_box`); the home view for :meth:`reset`.
+
+        Closed form: a point at (x, y) across and z0 along the viewing direction from the target is at depth
+        z0 + d, and stays inside when |x| ≤ t_x (z0 + d) and |y| ≤ t_y (z0 + d) with t_y = margin·tan(half-FOV_y)
+        and t_x = t_y·aspect·(u1 − u0) (pinhole with square pixels, principal point at the region's centre), so
+        d = max over points of max(|x| / t_x, |y| / t_y) − z0. The target (the box centre) projects to the
+        region's centre column and the image's centre row.
+        """
+        pts = np.asarray(points, dtype=np.float64).reshape(-1, 3)
+        lo, hi = pts.min(0), pts.max(0)
         u0, u1 = (min(max(float(u), 0.0), 1.0) for u in region)
         if u1 - u0 < 1e-3:
             u0, u1 = 0.0, 1.0
         self.snapped = None
-        self.view_offset = 0.5 * (u0 + u1) - 0.5
+        self.view_offset = region_offset((u0, u1))
         self.target = 0.5 * (lo + hi)
-        corners = np.array([[(lo, hi)[i >> k & 1][k] for k in range(3)] for i in range(8)])
         self.distance = 1.0
         R = self.camera(64, 64).viewmat[:3, :3]  # rows: right, down, forward (world → camera)
-        rel = (corners - self.target) @ R.T
+        rel = (pts - self.target) @ R.T
         t = margin * math.tan(math.radians(self.fov_deg) / 2)
         tx, ty = t * (u1 - u0), t / max(aspect, 1e-6)
         d = np.max(np.maximum(np.abs(rel[:, 0]) / tx, np.abs(rel[:, 1]) / ty) - rel[:, 2])
@@ -156,6 +170,42 @@ class OrbitCamera:
         self.fly_speed = max(0.5 * float(np.linalg.norm(hi - lo)), 1e-6)
         self._home = (self.target.copy(), self.distance, self.yaw, self.pitch, self.fov_deg, self.view_offset)
         self._touch()
+
+    def set_region(self, region) -> bool:
+        """Centre the target in the image columns ``region`` = (u0, u1) (:func:`region_offset`) without moving
+        the camera: e.g. after the side panel was hidden or shown. Returns whether the view changed (a snapped
+        dataset view, which has its own principal point, is left alone)."""
+        off = region_offset(region)
+        if self.snapped is not None or abs(off - self.view_offset) < 1e-12:
+            return False
+        self.view_offset = off
+        if self._home is not None:
+            self._home = self._home[:5] + (off,)
+        self.version += 1
+        return True
+
+    def frame_with_cameras(self, cameras, points=(), aspect: float = 16 / 9, margin: float = 0.9,
+                           region=(0.0, 1.0), pitch_deg: float = 35.0):
+        """Home view showing a dataset's cameras and the scene together (``rigel-viewer SCENE --cameras``):
+        world up becomes :func:`mean_up` of the cameras (the orbit turns about it); the view looks from the side
+        of ``cameras[0]`` (its direction from the centre, projected on the plane perpendicular to up), raised
+        ``pitch_deg`` above that plane so that a ring of cameras is seen as a ring; the distance fits the camera
+        centres and ``points`` (M, 3) (e.g. the scene's box corners and the frustums' vertices) by
+        :meth:`frame_points`. Raises ValueError for an empty camera list."""
+        if not cameras:
+            raise ValueError("frame_with_cameras: no cameras")
+        up = mean_up(cameras)
+        self.up = up
+        self.up_name = next((k for k, v in UP_AXES.items() if np.allclose(v, up, atol=1e-12)), "custom")
+        centres = np.stack([np.asarray(c.campos, dtype=np.float64) for c in cameras])
+        pts = np.concatenate([centres, np.asarray(points, dtype=np.float64).reshape(-1, 3)])
+        centre = 0.5 * (pts.min(0) + pts.max(0))
+        a, b, u = _basis(up)
+        d = centres[0] - centre
+        if math.hypot(float(d @ a), float(d @ b)) > 1e-12:
+            self.yaw = math.atan2(float(d @ b), float(d @ a))
+        self.pitch = min(max(math.radians(pitch_deg), -_MAX_PITCH), _MAX_PITCH)
+        self.frame_points(pts, aspect, margin, region)
 
     def reset(self):
         """Back to the view of the last :meth:`frame` / :meth:`frame_box` (the home view)."""
@@ -318,3 +368,27 @@ def up_from_cameras(cameras) -> str:
     if np.linalg.norm(m) < 1e-9:
         return "+z"
     return max(UP_AXES, key=lambda k: float(np.dot(UP_AXES[k], m)))
+
+
+def mean_up(cameras) -> np.ndarray:
+    """(3,) unit vector: the cameras' mean "up" (camera −y in world coordinates, OpenCV axes), normalised. When the
+    ups cancel out (|mean| < 1e-6: e.g. cameras rolled every way) the :data:`UP_AXES` axis of
+    :func:`up_from_cameras` instead. Raises ValueError for an empty list."""
+    if not cameras:
+        raise ValueError("mean_up: no cameras")
+    ups = np.stack([-np.asarray(c.R[1], dtype=np.float64) for c in cameras])
+    m = ups.mean(0)
+    n = float(np.linalg.norm(m))
+    if n < 1e-6:
+        return np.asarray(UP_AXES[up_from_cameras(cameras)], dtype=np.float64)
+    return m / n
+
+
+def region_offset(region) -> float:
+    """The :attr:`OrbitCamera.view_offset` (principal-point shift, a fraction of the width) that draws the orbit
+    target at the centre of the image columns ``region`` = (u0, u1) (fractions of the width, clamped to [0, 1];
+    a region narrower than 0.1 % counts as the whole image): 0.5·(u0 + u1) − 0.5."""
+    u0, u1 = (min(max(float(u), 0.0), 1.0) for u in region)
+    if u1 - u0 < 1e-3:
+        u0, u1 = 0.0, 1.0
+    return 0.5 * (u0 + u1) - 0.5

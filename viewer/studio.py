@@ -10,7 +10,13 @@
 * editing (:mod:`viewer.edit_panel` over :mod:`rigel_core.edit`): the selection tints the colours of the one
   render (:meth:`Studio.tint`); the crop box / sphere, the selection rectangle and the brush are drawn as lines.
 
-All of it is shown in the **Studio** window (top right, collapsed until clicked; its state is kept in imgui.ini). Requests are strings the app hands to :meth:`Studio.handle`.
+All of it is shown in the **Studio** window (top right, collapsed until clicked — a click anywhere on its title bar
+opens it, not only on ImGui's small arrow; its state is kept in imgui.ini). Requests are strings the app hands to
+:meth:`Studio.handle`.
+
+Framing: :meth:`Studio.frame_with_cameras` is the home view of ``--cameras`` (the cameras and the scene together,
+the cameras' mean up as the orbit's up); :meth:`Studio.free_region` is the part of the image the side panel leaves
+free, and :meth:`Studio.begin_frame` keeps the orbit target centred in it when the panel is hidden or shown.
 """
 from __future__ import annotations
 
@@ -81,12 +87,51 @@ class Studio:
         if v.training is None and v._model is not None and \
                 v._model_version not in (self.editor.base_version, self.editor.published_version):
             self.editor.attach(v._model, v._model_version)
+        v.camera.set_region(self.free_region(panels))   # the target stays centred in the free part of the view
         if self.progressive is not None:
             self.scale = 1.0
             fw, fh = v.frame_size(panels)
             self.scale = self.progressive.update(time.perf_counter(), v.camera.version, fw * fh)
         else:
             self.scale = 1.0
+
+    def free_region(self, panels: bool | None = None):
+        """(u0, u1): the image columns (fractions of the width) the main panel leaves free — right of it when the
+        panels are shown in a window at least three panel widths wide (not in side-by-side, which gives the
+        panel its own column, nor while training, whose panels sit on both sides), else the whole width. The rule
+        of ``Viewer.frame_scene``."""
+        from .shaderio import C
+        from .ui import PANEL_WIDTH
+
+        v = self.v
+        show = v.settings.show_panels if panels is None else panels
+        tw = max(v.target.width, 1)
+        if show and v.settings.mode != C.MODE_SIDE_BY_SIDE and v.train_state is None and tw >= 3 * (PANEL_WIDTH + 20):
+            return ((PANEL_WIDTH + 20) / tw, 1.0)
+        return (0.0, 1.0)
+
+    def frame_with_cameras(self):
+        """Home view of a scene shown with a dataset's cameras: the camera centres, their frustums and the
+        scene's framing box (``viewer.app.framing_box``) fitted together, world up the cameras' mean up
+        (:meth:`viewer.camera_control.OrbitCamera.frame_with_cameras`); the Camera section's up-axis combo shows
+        the nearest axis (:func:`viewer.camera_control.up_from_cameras`)."""
+        from .app import framing_box
+        from .camera_control import up_from_cameras
+
+        v = self.v
+        cams = [f.camera for f in v.frames]
+        pts = []
+        if v._model is not None:
+            lo, hi = framing_box(v._model)
+            pts.append(np.array([[(lo, hi)[i >> k & 1][k] for k in range(3)] for i in range(8)]))
+        segs = self.camera_segments()
+        if segs is not None:
+            pts.append(segs.reshape(-1, 3))
+        fw, fh = v.frame_size()
+        v.camera.frame_with_cameras(cams, np.concatenate(pts) if pts else (), aspect=fw / fh,
+                                    region=self.free_region())
+        v.settings.up = up_from_cameras(cams)
+        v.camera_index = None
 
     def _show_opened(self, got):
         v = self.v
@@ -301,7 +346,12 @@ class Studio:
         # collapsed the first time (a title bar in the corner: the view stays free); expand=True opens it once
         imgui.set_next_window_collapsed(not self.expand, imgui.Cond_.always if self.expand else imgui.Cond_.first_use_ever)
         self.expand = False
-        if imgui.begin("Studio", None, imgui.WindowFlags_.always_auto_resize)[0]:
+        expanded = imgui.begin("Studio", None, imgui.WindowFlags_.always_auto_resize)[0]
+        if not expanded and imgui.is_window_hovered() and imgui.is_mouse_released(0):
+            d = imgui.get_mouse_drag_delta(0)
+            if d.x == 0 and d.y == 0:   # a click on the collapsed title bar (not a drag of the window): open it
+                self.expand = True
+        if expanded:
             draw_open_section(imgui, self.opener, requests, enabled=v.training is None)
             if imgui.collapsing_header("View", imgui.TreeNodeFlags_.default_open):
                 ch, on = imgui.checkbox("progressive (low-res while moving)", self.progressive is not None)

@@ -74,10 +74,7 @@ def cameras(scene, lego, out):
 
     frames = list(load_dataset(lego, downscale=16, white_bg=True).train)
     with _viewer(scene, (1024, 640), frames, 0.5, "bundled scene + lego cameras") as v:
-        v.camera.distance *= 3.5
-        v.camera.pitch = 0.6
-        v.camera._touch()
-        v.studio.expand = True
+        v.studio.expand = True      # the first view as it opens: cameras and scene framed together
         for _ in range(3):
             img = _shot(v)
     _save(img, out / "viewer_cameras.png")
