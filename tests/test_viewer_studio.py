@@ -195,6 +195,103 @@ def test_gizmo_segments():
     assert s.shape == (48, 2, 3) and np.allclose(np.linalg.norm(s.reshape(-1, 3) - c, axis=1), r)
 
 
+# ---- framing: --cameras home view, the free region ------------------------------------------------------------------
+def _random_rotation(rng):
+    q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    return q * np.sign(np.linalg.det(q))
+
+
+def _tilted_ring(rng, Rg, n=9, radius=4.0, h=1.5, size=(64, 48)):
+    """A ring of cameras at equal height looking at the origin with up +z, then the whole rig turned by Rg:
+    the ups' horizontal parts cancel over the ring, so their mean is Rg·z exactly."""
+    cams = []
+    for i in range(n):
+        a = 2 * math.pi * i / n
+        c = Camera.look_at([radius * math.cos(a), radius * math.sin(a), h], [0, 0, 0], (0, 0, 1), width=size[0],
+                           height=size[1], fov_x_deg=60)
+        vm = np.eye(4)
+        vm[:3, :3] = c.R @ Rg.T            # X_cam = R (Rgᵀ X') + t
+        vm[:3, 3] = c.t
+        cams.append(Camera(c.width, c.height, c.fx, c.fy, c.cx, c.cy, vm, f"c{i}"))
+    return cams
+
+
+def test_mean_up_and_framing_cameras_with_the_scene():
+    from viewer.camera_control import OrbitCamera, mean_up, up_from_cameras
+
+    rng = np.random.default_rng()
+    Rg = _random_rotation(rng)
+    cams = _tilted_ring(rng, Rg)
+    up = Rg @ np.array([0.0, 0.0, 1.0])
+    assert np.allclose(mean_up(cams), up, atol=1e-9)
+    scene = Rg @ (rng.uniform(-1, 1, size=(50, 3)) * [1.5, 1.5, 0.5]).T
+    scene = scene.T + rng.normal(size=3) * 0.2
+    W, H, u0 = 800, 500, float(rng.uniform(0.0, 0.4))
+    oc = OrbitCamera(up="+z")
+    oc.frame_with_cameras(cams, scene, aspect=W / H, region=(u0, 1.0), pitch_deg=35.0)
+    assert np.allclose(oc.up, up) and oc.up_name == "custom"
+    cam = oc.camera(W, H)
+    assert abs(float(cam.R[0] @ up)) < 1e-9 and float(-cam.R[1] @ up) > 0.5   # no roll, up is up on screen
+    assert math.degrees(math.asin(float(-oc.forward @ up))) == pytest.approx(35.0)
+    pts = np.concatenate([np.stack([c.campos for c in cams]), scene])
+    assert ((pts @ cam.R.T + cam.t)[:, 2] > 0).all()              # all in front
+    uv = cam.project(pts)
+    cu = (u0 + 1.0) / 2 * W
+    reach = np.maximum(np.abs(uv[:, 0] - cu) / ((1 - u0) * W / 2), np.abs(uv[:, 1] - H / 2) / (H / 2))
+    assert reach.max() == pytest.approx(0.9, abs=1e-9)             # every camera and the scene, tightly
+    centre = 0.5 * (pts.min(0) + pts.max(0))
+    assert cam.project([centre])[0] == pytest.approx((cu, H / 2))
+    side = lambda v: v - (v @ up) * up
+    assert float(side(oc.eye - centre) @ side(cams[0].campos - centre)) > 0   # seen from camera 0's side
+    oc.orbit(50, 10)
+    oc.reset()                                                      # R: back to this home view
+    assert cam.project([oc.target])[0] == pytest.approx((cu, H / 2)) and np.allclose(oc.up, up)
+    # ups that cancel (a camera and the same camera upside down): the nearest axis of up_from_cameras
+    c0 = cams[0]
+    flip = np.eye(4)
+    flip[:3, :3] = np.diag([-1.0, -1.0, 1.0]) @ c0.R
+    flip[:3, 3] = np.diag([-1.0, -1.0, 1.0]) @ c0.t
+    pair = [c0, Camera(c0.width, c0.height, c0.fx, c0.fy, c0.cx, c0.cy, flip)]
+    from viewer.camera_control import UP_AXES
+
+    assert np.allclose(mean_up(pair), UP_AXES[up_from_cameras(pair)])
+    with pytest.raises(ValueError):
+        mean_up([])
+    with pytest.raises(ValueError):
+        oc.frame_with_cameras([], scene)
+    # axis-aligned rigs keep the axis' name (the up-axis combo shows it)
+    oc.frame_with_cameras(_tilted_ring(rng, np.eye(3)), scene)
+    assert oc.up_name == "+z"
+
+
+def test_a_framed_point_is_centred_in_the_free_region_and_stays_centred_when_panels_hide():
+    """Framing a single point (a one-splat or stacked scene, a selection) beside the panel puts it at the centre of
+    the free columns; hiding the panel (set_region to the whole width) moves it to the image centre without moving
+    the camera; showing it again moves it back; a snapped dataset view keeps its own principal point."""
+    from viewer.camera_control import OrbitCamera, region_offset
+
+    rng = np.random.default_rng()
+    assert region_offset((0.3, 1.0)) == pytest.approx(0.15) and region_offset((0.5, 0.5)) == 0.0
+    assert region_offset((-1.0, 2.0)) == 0.0
+    p = rng.normal(size=3) * 3
+    W, H, u0 = 960, 540, 310 / 960
+    oc = OrbitCamera(up="+z", yaw=float(rng.uniform(0, 6)), pitch=float(rng.uniform(-1, 1)))
+    oc.frame_box(p - 0.05, p + 0.05, aspect=W / H, region=(u0, 1.0))
+    cu = (u0 + 1.0) / 2 * W
+    assert oc.camera(W, H).project([p])[0] == pytest.approx((cu, H / 2))
+    eye, v = oc.eye.copy(), oc.version
+    assert oc.set_region((0.0, 1.0)) and oc.version > v
+    assert oc.camera(W, H).project([p])[0] == pytest.approx((W / 2, H / 2))
+    assert np.allclose(oc.eye, eye) and not oc.set_region((0.0, 1.0))
+    assert oc.set_region((u0, 1.0)) and oc.camera(W, H).project([p])[0] == pytest.approx((cu, H / 2))
+    oc.set_region((0.0, 1.0))
+    oc.orbit(30, 5)
+    oc.reset()                                  # the home view keeps the current region
+    assert oc.camera(W, H).project([p])[0] == pytest.approx((W / 2, H / 2))
+    oc.snap_to(_ring_cameras(rng, 3)[0])
+    assert not oc.set_region((u0, 1.0))
+
+
 # ---- open ----------------------------------------------------------------------------------------------------------
 def _tiny_model(n, seed=0):
     from rigel_core.data import make_scene
@@ -479,3 +576,53 @@ def test_first_frame_time_in_a_window_is_recorded(display, one_thread, capsys): 
     with capsys.disabled():
         print(f"\n[first frame] bundled scene ({model.num_gaussians} Gaussians), CPU, 640x400 window: first "
               f"present {first:.2f} s at {fw}x{fh}; full resolution after {full:.2f} s")
+
+
+@needs_viewer
+def test_a_click_on_the_collapsed_studio_title_bar_opens_it(one_thread):
+    """ImGui opens a collapsed window only from its small arrow or a double click; the Studio window (collapsed
+    at first) opens on a single click anywhere on its title bar; a drag of the title bar moves it instead."""
+    from imgui_bundle import imgui
+
+    from viewer.app import Viewer
+    from viewer.model_slot import ModelSlot
+    from viewer.ui import ViewSettings
+
+    with Viewer(ModelSlot(_tiny_model(200)), offscreen=True, size=(1000, 600), device="cpu",
+                settings=ViewSettings(render_scale=0.25)) as v:
+        io = imgui.get_io()
+        rect = {}
+        begin = imgui.begin
+
+        def spy(name, *a, **k):
+            r = begin(name, *a, **k)
+            if name == "Studio":
+                p, s = imgui.get_window_pos(), imgui.get_window_size()
+                rect.update(x=p.x, y=p.y, w=s.x, h=s.y, collapsed=imgui.is_window_collapsed())
+            return r
+
+        imgui.begin = spy
+        try:
+            v.step()
+            assert rect["collapsed"] and rect["x"] > 500 and rect["h"] < 30
+            x, y = rect["x"] + 0.6 * rect["w"], rect["y"] + 0.5 * rect["h"]    # the title, far from the arrow
+
+            def press_release(x1, y1):
+                io.add_mouse_pos_event(x, y)
+                v.step()
+                io.add_mouse_button_event(0, True)
+                v.step()
+                io.add_mouse_pos_event(x1, y1)
+                v.step()
+                io.add_mouse_button_event(0, False)
+                v.step()
+                v.step()
+
+            x0, y0 = rect["x"], rect["y"]
+            press_release(x - 40, y + 30)            # a drag: the window moves, stays collapsed
+            assert rect["collapsed"] and (rect["x"], rect["y"]) == pytest.approx((x0 - 40, y0 + 30))
+            x, y = rect["x"] + 0.6 * rect["w"], rect["y"] + 0.5 * rect["h"]
+            press_release(x, y)                      # a click: open
+            assert not rect["collapsed"] and rect["h"] > 100
+        finally:
+            imgui.begin = begin
