@@ -626,3 +626,28 @@ def test_a_click_on_the_collapsed_studio_title_bar_opens_it(one_thread):
             assert not rect["collapsed"] and rect["h"] > 100
         finally:
             imgui.begin = begin
+
+
+@needs_viewer
+def test_rigel_viewer_first_frame_is_a_progressive_low_res_one(display, one_thread, tmp_path, monkeypatch):  # noqa: F811
+    """``rigel-viewer`` (the bundled scene, CPU, a window): its first presented frame is the progressive first frame
+    (about FIRST_PIXELS pixels, far below the window's), which is what puts it on screen within ~2 s of launch on a
+    2-core CPU (measured by bench/first_frame.py, README); a record, not a timed assertion."""
+    import viewer.app as app
+    from viewer.progressive import FIRST_PIXELS
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    seen = []
+    step = app.Viewer.step
+
+    def spy(self, *a, **k):
+        p = step(self, *a, **k)
+        if p is not None:
+            seen.append((self.stats.frame_size, self.studio.progressive is not None))
+        return p
+
+    monkeypatch.setattr(app.Viewer, "step", spy)
+    assert app.main(["--device", "cpu", "--size", "640x400", "--frames", "1"]) == 0
+    (fw, fh), progressive = seen[0]
+    assert progressive and fw * fh <= 1.2 * FIRST_PIXELS and fw < 640 // 4
