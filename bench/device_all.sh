@@ -17,6 +17,8 @@
 #   train:DATA:DS:APP:ITERS[:TIMEOUT]  rigel-train on $RIGEL_SHARED_DATA/DATA (or "orbit": the procedural orbit dataset,
 #                             generated here) at --downscale DS with --appearance APP for ITERS iterations
 #   viewer:DATA:DS:ITERS[:TIMEOUT]     rigel-viewer --offscreen training live on the same data (needs --ui)
+#   studiogallery             the studio screenshots offscreen on the CUDA renderer (docs/gallery/make_studio_gallery.py
+#                             --offscreen --device cuda): $OUT/gallery/h200_offscreen_viewer_*.png (needs --ui)
 #   real:SCENES:ITERS[:TIMEOUT[:METHODS]]  bench/real.py (rigel vs a plain gsplat loop: held-out PSNR/SSIM, time,
 #                             memory) on SCENES (comma-separated folders of $RIGEL_SHARED_DATA/real, or "all") with
 #                             checkpoints ITERS (e.g. 7000,30000), METHODS rigel,gsplat (default both; "rigel" in one
@@ -132,6 +134,11 @@ job() {  # job NAME -> one summary line on stdout; everything else into $LOGS
 import json,sys
 s=json.load(open('$run/summary.json'))
 print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','fps','ms_per_iter','seconds') if k in s})" 2>&1 | tail -1)" ;;
+    studiogallery)  # PNGs outside logs.tgz so that they come back as files
+      local gal; gal=$(dirname "$LOGS")/gallery; mkdir -p "$gal"
+      timeout ${JOB_TIMEOUT:-330} $PY docs/gallery/make_studio_gallery.py --offscreen --device cuda \
+        --data "$RIGEL_SHARED_DATA" --out "$gal" --prefix h200_offscreen_ >"$LOGS/studiogallery.log" 2>&1
+      line="rc=$? $(cd "$gal" && ls *.png 2>/dev/null | tr '\n' ' ')" ;;
     real)  # real:SCENES:ITERS[:TIMEOUT[:METHODS]]
       local rout=$LOGS/$name scenes=""
       [ "${a:-all}" != all ] && scenes="--scenes $a"

@@ -1,9 +1,15 @@
 """Regenerate the studio screenshots (issue 18): viewer_progressive.png, viewer_cameras.png, viewer_open.png,
-viewer_edit.png — a ``rigel-viewer`` window (run under ``xvfb-run -a``; any Vulkan device, lavapipe here) driven
-through the same requests its mouse, keys and panels send, on the CPU renderer; the frames are the app's own
-read-back (panels included).
+viewer_edit.png, viewer_crop_box.png, viewer_select_footprint.png — a ``rigel-viewer`` window (run under
+``xvfb-run -a``; any Vulkan device, lavapipe here) driven through the same requests its mouse, keys and panels
+send, on the CPU renderer; the frames are the app's own read-back (panels included).
 
     xvfb-run -a -s "-screen 0 1400x900x24" python docs/gallery/make_studio_gallery.py [--data ../shared/data]
+
+Offscreen on a GPU machine (no display; the CUDA renderer; files named PREFIX + the names above, progressive
+left out: it is for slow backends and is off offscreen):
+
+    python docs/gallery/make_studio_gallery.py --offscreen --device cuda --data $RIGEL_SHARED_DATA \
+        --out $OUT/gallery --prefix h200_offscreen_
 
 Needs the donut (``ply/donut_mipsplatting_sh0.ply``) and lego's ``transforms_train.json`` under ``--data``.
 """
@@ -20,13 +26,19 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
+#: set by --offscreen / --device
+OPTS = {"offscreen": False, "device": "cpu", "prefix": ""}
+
+
 def _viewer(model, size, frames=None, render_scale=0.5, name=""):
     from viewer.app import Viewer
     from viewer.model_slot import ModelSlot
     from viewer.ui import ViewSettings
 
-    return Viewer(ModelSlot(model), size=size, device="cpu", frames=frames, scene_name=name,
-                  settings=ViewSettings(render_scale=render_scale, up="+z"))
+    if OPTS["device"] != "cpu":
+        render_scale = 1.0
+    return Viewer(ModelSlot(model), size=size, device=OPTS["device"], frames=frames, scene_name=name,
+                  offscreen=OPTS["offscreen"], settings=ViewSettings(render_scale=render_scale, up="+z"))
 
 
 def _shot(v, **kw):
@@ -45,6 +57,7 @@ def _caption(img, text):
 def _save(img, path):
     from PIL import Image
 
+    path = path.with_name(OPTS["prefix"] + path.name)
     Image.fromarray(img).save(path, optimize=True)
     print(f"wrote {path} ({path.stat().st_size // 1024} kB)")
 
@@ -115,12 +128,58 @@ def edit(donut, out):
     _save(img, out / "viewer_edit.png")
 
 
+def crop_box(scene, out):
+    """The crop box drawn in the view (not applied yet) and a brush stroke's selection tinted in the one render."""
+    with _viewer(scene, (1024, 640), None, 0.5, "bundled scene") as v:
+        v.studio.expand = True
+        v.step()
+        ed = v.studio.editor
+        ed.crop_shape, ed.show_gizmo = "box", True
+        ed.box_half = ed.box_half * [0.55, 0.55, 0.8]
+        for i, x in enumerate(range(430, 700, 12)):     # an Alt+drag: the dabs of one stroke
+            v.requests.append(f"brush:{x},{300 + 40 * np.sin(x / 40):.0f},18:add:1")
+        v.step()
+        for _ in range(2):
+            img = _shot(v)
+    _save(img, out / "viewer_crop_box.png")
+
+
+def select_footprint(scene, out):
+    """The same rectangle selected by projected centres (left) and by footprint (right, the viewer's rule): the
+    splats whose visible ellipse reaches into the rectangle are selected too."""
+    from PIL import Image, ImageDraw
+
+    size, rect = (640, 400), (300, 150, 420, 260)
+    imgs = []
+    with _viewer(scene, size, None, 1.0, "bundled scene") as v:
+        v.step(panels=False)
+        for by in ("centre", "footprint"):
+            v.requests.append("edit:clear")
+            v.step(panels=False)
+            fpts, cam, _, _ = v.studio._window_to_frame(np.reshape(rect, (2, 2)), fb=(1.0, 1.0))
+            st = v.studio.editor.ensure_stack(v.model)
+            st.select_rect(cam, fpts.reshape(-1), "replace", by=by)
+            v.studio._publish_edit()
+            for _ in range(2):
+                img = _shot(v, panels=False)
+            im = Image.fromarray(img)
+            ImageDraw.Draw(im).rectangle(rect, outline=(255, 140, 20), width=2)
+            imgs.append(_caption(np.asarray(im), f"by {by}: {st.num_selected:,} selected"))
+    _save(np.concatenate([imgs[0], np.full((size[1] + 22, 4, 3), 255, np.uint8), imgs[1]], 1),
+          out / "viewer_select_footprint.png")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=ROOT.parent.parent / "shared" / "data")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "gallery")
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--offscreen", action="store_true", help="no display: offscreen Vulkan (a GPU machine)")
+    ap.add_argument("--device", default="cpu", help="renderer: cpu (default) or cuda")
+    ap.add_argument("--prefix", default="", help="prefix of the written file names (e.g. h200_offscreen_)")
     args = ap.parse_args()
+    OPTS.update(offscreen=args.offscreen, device=args.device, prefix=args.prefix)
+    args.out.mkdir(parents=True, exist_ok=True)
     import torch
 
     torch.set_num_threads(1)
@@ -129,7 +188,8 @@ def main():
     donut_path = args.data / "ply" / "donut_mipsplatting_sh0.ply"
     donut = load_scene_file(donut_path)
     scene, _ = default_scene()
-    todo = args.only or ["progressive", "cameras", "open", "edit"]
+    todo = args.only or (["cameras", "open", "edit", "crop_box", "footprint"] if args.offscreen else
+                         ["progressive", "cameras", "open", "edit", "crop_box", "footprint"])
     if "progressive" in todo:
         progressive(donut, args.out)
     if "cameras" in todo:
@@ -138,6 +198,10 @@ def main():
         open_file(scene, donut_path, args.out)
     if "edit" in todo:
         edit(donut, args.out)
+    if "crop_box" in todo:
+        crop_box(scene, args.out)
+    if "footprint" in todo:
+        select_footprint(scene, args.out)
 
 
 if __name__ == "__main__":
