@@ -166,7 +166,12 @@ def ellipse_meets_disc(m, Q, k2, center, radius: float, iters: int = 60) -> np.n
     dist = np.linalg.norm(d, axis=1)
     near = dist <= r
     out = (k2 >= 0) & near
-    todo = np.flatnonzero((k2 >= 0) & ~near)
+    # the ellipse lies within sqrt(k2 / q_min) of its centre (q_min: Q's smaller eigenvalue): farther ones cannot meet
+    a, b, c = Q[:, 0, 0], Q[:, 0, 1], Q[:, 1, 1]
+    q_min = 0.5 * (a + c) - np.sqrt(0.25 * (a - c) ** 2 + b * b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        reach = np.sqrt(np.maximum(k2, 0.0) / q_min)
+    todo = np.flatnonzero((k2 >= 0) & ~near & ~(dist - r > reach * (1 + 1e-9)))
     if len(todo) == 0:
         return out
     if r <= 0:      # a point: inside the ellipse?

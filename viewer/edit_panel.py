@@ -4,7 +4,10 @@ The edit state is a :class:`rigel_core.edit.EditStack` over the model the viewer
 began (:class:`Editor` makes one lazily and drops it when another scene arrives). Each change publishes the
 edited model into the viewer's model slot, so the one render of the scene shows it; the selection is drawn in
 that same render by tinting the selected Gaussians' colours (:func:`rigel_core.edit.tint_colors`), never by a
-second render. Screen-space selection uses the camera and frame size of the shown frame.
+second render. Screen-space selection uses the camera and frame size of the shown frame and selects by footprint:
+every Gaussian whose visible ellipse in that frame meets the rectangle or the brush disc
+(:func:`rigel_core.edit.footprint_rect_mask`, :func:`rigel_core.edit.footprint_brush_mask`), not only those whose
+centre lies inside.
 
 Requests (strings, applied by the app at one point of its loop, STYLE 10): ``edit:undo``, ``edit:redo``,
 ``edit:delete``, ``edit:invert``, ``edit:clear``, ``edit:all``, ``edit:crop_box``, ``edit:crop_sphere``,
@@ -187,6 +190,7 @@ def draw_edit_section(imgui, editor: Editor, requests: list, *, enabled: bool = 
     imgui.text_disabled("Ctrl+drag: select rectangle")
     imgui.text_disabled("  +Shift add, +Alt subtract")
     imgui.text_disabled("Alt+drag: brush (+Shift subtract)")
+    imgui.text_disabled("  (selects every splat drawn there)")
     imgui.push_item_width(120)
     _, editor.brush_px = imgui.slider_float("brush px", float(editor.brush_px), 2.0, 200.0, "%.0f")
     imgui.pop_item_width()
