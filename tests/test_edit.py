@@ -311,6 +311,12 @@ def test_footprint_selection_differs_from_centres_where_it_should():
     c = (float(m[0, 0]) + 20 * gap * 1.2, float(m[0, 1]))
     got_b = footprint_brush_mask(model, cam, c, 20 * gap * 0.2)
     assert got_b.tolist()[:3] == [True, False, False] and not brush_mask(model.means3D, cam, c, 20 * gap * 0.2)[0]
+    # a splat hidden right behind an opaque one (same pixel, deeper) is selected with it: selection goes through
+    hidden = _one_splat_model([[1.5, 0.0, 5.0], [3.0, 0.0, 10.0]], [[s(8.0)] * 3, [s(8.0)] * 3],
+                              [[1, 0, 0, 0]] * 2, [0.99, 0.9])
+    mh, _, _, _ = footprint(hidden, cam)
+    assert np.allclose(mh[0], mh[1])                                            # one pixel, two depths
+    assert footprint_rect_mask(hidden, cam, (125.0, 75.0, 135.0, 85.0)).tolist() == [True, True]
     # the stack selects by footprint (default) or by centre
     st = EditStack(model)
     assert st.select_rect(cam, rect) and st.selected.tolist() == got.tolist()
