@@ -4,10 +4,11 @@ Usage (a display is needed; here Xvfb + lavapipe):
     xvfb-run -a -s "-screen 0 1400x900x24" python bench/first_frame.py [--runs 3] [--size 1280x720] [-- VIEWER ARGS]
 
 Each run starts ``python -c`` that imports torch (timed on its own: about 1.3 s of any launch on a 2-core box,
-more when the box is busy), wraps ``viewer.app.Viewer.step`` to print the wall-clock time of the first present, then runs ``viewer.app.main([...,'--frames', '1'])`` (the bundled scene on the CPU unless VIEWER ARGS say
-otherwise). Reported: launch → first present (wall s; and the process's CPU seconds until then, which a busy shared box
-inflates less than the wall time), and the first frame's size (the progressive first frame is
-small). Also printed: the torch import alone and everything but it. Not a test: a measurement.
+more when the box is busy), wraps ``viewer.app.Viewer.step`` to print the wall-clock time of the first present,
+then runs ``viewer.app.main([...,'--frames', '1'])`` (the bundled scene on the CPU unless VIEWER ARGS say
+otherwise). Reported: launch → first present (wall s; and the process's CPU seconds until then, which a busy
+shared box inflates less than the wall time), and the first frame's size (the progressive first frame is small).
+Also printed: the torch import alone and everything but it. Not a test: a measurement.
 """
 from __future__ import annotations
 

@@ -155,7 +155,8 @@ def ellipse_meets_rect(m, Q, k2, rect) -> np.ndarray:
 def ellipse_meets_disc(m, Q, k2, center, radius: float, iters: int = 60) -> np.ndarray:
     """(N,) bool: the ellipses ``(p − m)ᵀ Q (p − m) ≤ k2`` meet the disc |p − center| ≤ ``radius``.
 
-    The least ``f(x) = (x − d)ᵀ Q (x − d)`` over |x| ≤ r (x = p − center, d = m − center) is 0 when |d| ≤ r;
+    The least ``f(x) = (x − d)ᵀ Q (x − d)`` over |x| ≤ r (x = p − center, d = m − center) is 0 when
+    |d| ≤ r;
     otherwise it lies on the circle, where (a trust-region problem) x(λ) = (Q + λI)⁻¹ Q d for the λ ≥ 0 with
     |x(λ)| = r. In Q's eigenbasis (eigenvalues q_i, d's coordinates d_i) |x(λ)|² = Σ (q_i d_i / (q_i + λ))²
     falls monotonically in λ, from |d|² at λ = 0 to below r² at λ = q_max·|d| / r; bisection (``iters``
@@ -193,17 +194,18 @@ def ellipse_meets_disc(m, Q, k2, center, radius: float, iters: int = 60) -> np.n
 
 
 def footprint_rect_mask(model, camera, rect, *, fp=None) -> np.ndarray:
-    """``fp``: :func:`footprint` of (model, camera) when already computed. (N,) bool: the Gaussians of ``model`` whose visible footprint (:func:`footprint`) meets the pixel
+    """(N,) bool: the Gaussians of ``model`` whose visible footprint (:func:`footprint`) meets the pixel
     rectangle ``rect`` = (x0, y0, x1, y1) of ``camera``'s frame, or whose centre projects into it
     (:func:`screen_rect_mask`: an invisible Gaussian — transparent, degenerate — among selected ones is
-    selected with them). Occluded Gaussians count: the selection goes through the scene, as a crop does."""
+    selected with them). Occluded Gaussians count: the selection goes through the scene, as a crop does.
+    ``fp``: :func:`footprint` of (model, camera) when already computed."""
     m, Q, k2, vis = footprint(model, camera) if fp is None else fp
     return screen_rect_mask(model.means3D, camera, rect) | (vis & ellipse_meets_rect(m, Q, k2, rect))
 
 
 def footprint_brush_mask(model, camera, center, radius_px: float, *, fp=None) -> np.ndarray:
-    """``fp``: as for :func:`footprint_rect_mask`. (N,) bool: the Gaussians whose visible footprint meets the brush disc of ``radius_px`` pixels about
-    ``center`` (x, y), or whose centre projects into it (see :func:`footprint_rect_mask`)."""
+    """(N,) bool: the Gaussians whose visible footprint meets the brush disc of ``radius_px`` pixels about
+    ``center`` (x, y), or whose centre projects into it (see :func:`footprint_rect_mask`; ``fp`` likewise)."""
     m, Q, k2, vis = footprint(model, camera) if fp is None else fp
     return brush_mask(model.means3D, camera, center, radius_px) | \
         (vis & ellipse_meets_disc(m, Q, k2, center, radius_px))
