@@ -295,3 +295,38 @@ def test_ply_without_or_with_unknown_comment(rng, tmp_path):
             comments=["SplatRenderMode: 2dgs"]).write(str(tmp_path / "odd.ply"))
     with pytest.warns(SceneWarning, match=r"odd\.ply: unknown 'SplatRenderMode: 2dgs'"):
         assert load_ply(tmp_path / "odd.ply").render_mode == "default"
+
+
+# ---- training in the mip mode ---------------------------------------------------------------------------------
+@pytest.mark.usefixtures("one_thread")
+def test_trainer_mip_mode_filter_densify_checkpoint_export(rng, tmp_path):
+    """The 3D filter follows the Gaussians through densification, lives in checkpoints (and their reload), and
+    export bakes it under a 'SplatRenderMode: mip' header."""
+    from test_trainer import make_dataset, small_config
+
+    from rigel_core.checkpoint import load_checkpoint_model
+    from rigel_core.train import Trainer
+
+    ds = make_dataset(rng, n_gauss=40, size=16, n_train=4, n_test=1)
+    tr = Trainer(ds, small_config(iterations=30, init_points=100, densify_from=5, densify_interval=10,
+                                  densify_until=30, grad_threshold=1e-6, render_mode="mip"), device="cpu")
+    m = tr.model
+    assert m.render_mode == "mip" and m.filter_3D is not None and m.filter_3D.shape == (m.num_gaussians,)
+    torch.testing.assert_close(m.filter_3D, compute_filter_3d(m.means3D, [f.camera for f in tr.train_frames]))
+    n0, densified = m.num_gaussians, False
+    for _ in range(30):
+        r = tr.step()
+        densified |= r.densify is not None and tr.model.num_gaussians != n0
+        assert tr.model.filter_3D.shape == (tr.model.num_gaussians,)
+    assert densified, "the run densified, so the filter was recomputed for a new N"
+    assert tr.model.log_scales.grad is None  # the filter is not a trained tensor
+    tr.save_checkpoint(tmp_path / "ck.safetensors")
+    back = load_checkpoint_model(tmp_path / "ck.safetensors")
+    assert back.render_mode == "mip" and torch.equal(back.filter_3D, tr.model.filter_3D)
+    tr.export_ply(tmp_path / "model.ply")
+    loaded = load_ply(tmp_path / "model.ply")
+    assert loaded.render_mode == "mip" and loaded.filter_3D is None
+    cam = ds.test[0].camera
+    torch.testing.assert_close(render(loaded, cam).image, render(tr.model, cam).image, rtol=0, atol=2e-5)
+    with pytest.raises(ValueError, match="TrainConfig.render_mode must be 'default' or 'mip'"):
+        small_config(render_mode="aa").validate()
