@@ -328,5 +328,6 @@ def test_trainer_mip_mode_filter_densify_checkpoint_export(rng, tmp_path):
     assert loaded.render_mode == "mip" and loaded.filter_3D is None
     cam = ds.test[0].camera
     torch.testing.assert_close(render(loaded, cam).image, render(tr.model, cam).image, rtol=0, atol=2e-5)
+    assert (render(tr.model, cam, render_mode="default").image - render(tr.model, cam).image).abs().max() > 1e-4
     with pytest.raises(ValueError, match="TrainConfig.render_mode must be 'default' or 'mip'"):
         small_config(render_mode="aa").validate()
