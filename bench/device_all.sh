@@ -25,6 +25,10 @@
 #                             lane and "gsplat" in the other halves the wall time: join them afterwards with
 #                             bench/real.py --merge DIR DIR --out DIR); $REAL_ARGS is passed on (e.g. "--downscale 2
 #                             --rigel-config k=v"); one summary line per scene; outputs in logs/real_*/
+#   mip:ITERS[:TIMEOUT[:MODES[:DATA]]]  bench/mip.py (issue 17): train DATA (default lego, white background) at half
+#                             resolution in MODES (default "default,mip"; give "default" in one lane and "mip" in the
+#                             other to halve the wall time) for ITERS iterations, evaluate held-out PSNR/SSIM at ¼, ½,
+#                             1 and 2× the training resolution (2× = the 800×800 originals); table in logs/mip_*/mip.md
 # A lane entry "JOB+JOB" runs those jobs at the same time on the lane's GPU (their timings then share it).
 # Per-job time limits: TIMEOUT in the spec, else JOB_TIMEOUT (default 330 s; training gets SIGINT, which saves
 # the run and its last evaluation).
@@ -152,6 +156,18 @@ print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','f
       else
         line+=" $(tail -1 "$LOGS/$name.log")"
       fi ;;
+    mip)  # mip:ITERS[:TIMEOUT[:MODES[:DATA]]]
+      local mout=$LOGS/$name
+      OUT=$mout timeout -s INT ${b:-${JOB_TIMEOUT:-330}} $PY bench/mip.py --data "$(data_dir "${d:-lego}")" \
+        --iters "${a:-30000}" --modes "${c:-default,mip}" --out "$mout" >"$LOGS/$name.log" 2>&1
+      local rc=$?
+      line="rc=$rc"
+      if [ -s "$mout/summary.txt" ]; then
+        line+=" (mip.md)"
+        while IFS= read -r l; do line+=$'\n'"$spec | $l"; done <"$mout/summary.txt"
+      else
+        line+=" $(tail -1 "$LOGS/$name.log")"
+      fi ;;
     *) line="unknown job" ;;
   esac
   echo "$spec | $(( $(date +%s) - t0 ))s | $line"
@@ -189,7 +205,7 @@ else
 fi
 cat "$LOGS"/lane*.txt >"$OUT/summary.txt"
 for f in forward.md train_step.md ring_overhead.md; do [ -f "$LOGS/$f" ] && cat "$LOGS/$f" >>"$OUT/summary.txt"; done
-for f in "$LOGS"/real_*/real.md; do [ -f "$f" ] && cat "$f" >>"$OUT/summary.txt"; done
+for f in "$LOGS"/real_*/real.md "$LOGS"/mip_*/mip.md; do [ -f "$f" ] && cat "$f" >>"$OUT/summary.txt"; done
 tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 echo "== device_all: $ngpu GPU(s), $(( $(date +%s) - t_start ))s =="
 cat "$OUT/summary.txt"

@@ -25,6 +25,7 @@ constexpr float kTMinF = static_cast<float>(RIGEL_T_MIN);
 
 // double projection: the exact decimal values of the float64 reference.
 constexpr double kLowpass = RIGEL_LOWPASS;
+constexpr double kMipFilter2D = RIGEL_MIP_FILTER_2D;
 constexpr double kRadiusSigma = RIGEL_RADIUS_SIGMA;
 constexpr double kTanClamp = RIGEL_TAN_CLAMP;
 

@@ -13,6 +13,16 @@
 // EWA low-pass filter (px^2) added to the diagonal of the 2D covariance so every splat covers ~1 pixel
 // (Zwicker et al. 2002; Kerbl et al. 2023 use 0.3).
 #define RIGEL_LOWPASS 0.3
+// Anti-aliased ("mip") mode (issue 17; Yu et al., "Mip-Splatting", CVPR 2024; docs/PIPELINE.md "Anti-aliased
+// mode"). MIP_FILTER_2D: the 2D Mip filter's variance (px^2), added to the screen covariance INSTEAD of LOWPASS,
+// with the opacity compensation sqrt(det(cov2D) / det(cov2D + MIP_FILTER_2D I)); it approximates the one-pixel
+// box filter of the sensor (a box of width 1 px has variance 1/12 ~ 0.083 px^2); 0.1 is Mip-Splatting's value and
+// the one Brush applies to files tagged "SplatRenderMode: mip".
+#define RIGEL_MIP_FILTER_2D 0.1
+// MIP_FILTER_3D: the 3D smoothing filter's variance in units of the squared world-space sample spacing: each
+// Gaussian gets Sigma + MIP_FILTER_3D * (depth / focal)^2 I, at the highest sampling rate focal / depth over the
+// training cameras that see it (Mip-Splatting eq. 7-8, s = 0.2). Applied in Python (rigel_core/mip.py) only.
+#define RIGEL_MIP_FILTER_3D 0.2
 // Screen radius in standard deviations of the major axis; the rasterizer also cuts at this distance.
 #define RIGEL_RADIUS_SIGMA 3.0
 // x/z and y/z are clamped to TAN_CLAMP times the frustum half-width before building the Jacobian,

@@ -32,10 +32,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("project_gaussians", &rigel::project_gaussians, py::arg("means3D"), py::arg("quats"), py::arg("scales"),
           py::arg("opacities"), py::arg("viewmat"), py::arg("K"), py::arg("width"), py::arg("height"),
           py::arg("near_plane") = RIGEL_NEAR_PLANE, py::arg("far_plane") = RIGEL_FAR_PLANE,
-          py::arg("colors") = py::none(),
+          py::arg("colors") = py::none(), py::arg("compensations") = py::none(),
           "[1] means3D (N,3), quats (N,4) wxyz, scales (N,3), opacities (N,), viewmat (4,4), K (3,3), colors (N,C) "
           "or None (checked for finiteness only) -> (means2D (N,2), conics (N,3), depths (N,), radii (N,) int32; "
-          "culled (any non-finite parameter, degenerate, off-screen): radius 0, zeros)");
+          "culled (any non-finite parameter, degenerate, off-screen): radius 0, zeros); compensations (N,) or None: "
+          "when given, the mip mode (MIP_FILTER_2D instead of LOWPASS) and its opacity compensation written there");
     m.def("sh_colors", &rigel::sh_colors, py::arg("degree"), py::arg("sh_coeffs"), py::arg("means3D"),
           py::arg("campos"), "[0] degree 0..3, sh_coeffs (N,K,3), means3D (N,3), campos (3,) -> colors (N,3)");
     m.def("bin_gaussians", &rigel::bin_gaussians, py::arg("means2D"), py::arg("conics"), py::arg("opacities"),
@@ -50,8 +51,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "[3] writes image (H,W,3), final_T (H,W), n_contrib (H,W) int32 in place; background (3,) or None");
     m.def("project_gaussians_backward", &rigel::project_gaussians_backward, py::arg("means3D"), py::arg("quats"),
           py::arg("scales"), py::arg("viewmat"), py::arg("K"), py::arg("width"), py::arg("height"), py::arg("radii"),
-          py::arg("v_means2D"), py::arg("v_conics"), py::arg("v_depths"),
-          "[1] backward -> (v_means3D (N,3), v_quats (N,4), v_scales (N,3)); zero for culled Gaussians");
+          py::arg("v_means2D"), py::arg("v_conics"), py::arg("v_depths"), py::arg("v_compensations") = py::none(),
+          "[1] backward -> (v_means3D (N,3), v_quats (N,4), v_scales (N,3)); zero for culled Gaussians; "
+          "v_compensations (N,) or None: when given, the mip mode's backward");
     m.def("sh_colors_backward", &rigel::sh_colors_backward, py::arg("degree"), py::arg("sh_coeffs"),
           py::arg("means3D"), py::arg("campos"), py::arg("v_colors"),
           "[0] backward -> (v_sh_coeffs (N,K,3), v_means3D (N,3))");

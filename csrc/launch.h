@@ -11,19 +11,22 @@
 namespace rigel {
 
 // project_fwd.cu. means3D [N,3], quats [N,4], scales [N,3], opacities [N], viewmat [4,4], K [3,3]
-// -> means2D [N,2], conics [N,3], depths [N], radii [N] int32 (all written, culled = 0).
+// -> means2D [N,2], conics [N,3], depths [N], radii [N] int32 (all written, culled = 0); compensations [N] or
+// nullptr: when given, the mip mode (MIP_FILTER_2D instead of LOWPASS) and its opacity compensation written there.
 void launch_project_fwd(const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales,
                         const at::Tensor& opacities, const at::Tensor* colors, const at::Tensor& viewmat,
                         const at::Tensor& K, int width,
                         int height, double near_plane, double far_plane, at::Tensor& means2D, at::Tensor& conics,
-                        at::Tensor& depths, at::Tensor& radii);
+                        at::Tensor& depths, at::Tensor& radii, at::Tensor* compensations);
 
 // project_bwd.cu. Inputs as the forward plus radii [N]; v_means2D [N,2], v_conics [N,3], v_depths [N]
-// -> v_means3D [N,3], v_quats [N,4], v_scales [N,3] (zero for culled Gaussians).
+// -> v_means3D [N,3], v_quats [N,4], v_scales [N,3] (zero for culled Gaussians); v_compensations [N] or nullptr:
+// when given, the mip mode's backward (through its filter and the compensation).
 void launch_project_bwd(const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales,
                         const at::Tensor& viewmat, const at::Tensor& K, int width, int height,
                         const at::Tensor& radii, const at::Tensor& v_means2D, const at::Tensor& v_conics,
-                        const at::Tensor& v_depths, at::Tensor& v_means3D, at::Tensor& v_quats, at::Tensor& v_scales);
+                        const at::Tensor& v_depths, at::Tensor& v_means3D, at::Tensor& v_quats, at::Tensor& v_scales,
+                        const at::Tensor* v_compensations);
 
 // sh_fwd.cu. sh_coeffs [N,K,3], means3D [N,3], campos [3] -> colors [N,3].
 void launch_sh_fwd(int degree, const at::Tensor& sh_coeffs, const at::Tensor& means3D, const at::Tensor& campos,

@@ -147,17 +147,22 @@ CheckedInputs check_raster_inputs(const char* op, const at::Tensor& means2D, con
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> project_gaussians(
     const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales, const at::Tensor& opacities,
     const at::Tensor& viewmat, const at::Tensor& K, int64_t width, int64_t height, double near_plane,
-    double far_plane, const c10::optional<at::Tensor>& colors) {
+    double far_plane, const c10::optional<at::Tensor>& colors, const c10::optional<at::Tensor>& compensations) {
     const auto [dev, n] =
         check_projection_inputs("project_gaussians", means3D, quats, scales, &opacities, viewmat, K, width, height);
     if (colors.has_value()) check("project_gaussians", "colors", *colors, at::kFloat, dev, {n, -1}, "(N, C)");
+    at::Tensor comp_out;  // a handle to the caller's tensor (written in place), undefined in the default mode
+    if (compensations.has_value()) {
+        check("project_gaussians", "compensations", *compensations, at::kFloat, dev, {n}, "(N,)");
+        comp_out = *compensations;
+    }
     const c10::cuda::CUDAGuard guard(dev);
     const auto f32 = means3D.options();
     at::Tensor means2D = at::empty({n, 2}, f32), conics = at::empty({n, 3}, f32), depths = at::empty({n}, f32);
     at::Tensor radii = at::empty({n}, f32.dtype(at::kInt));
     launch_project_fwd(means3D, quats, scales, opacities, colors.has_value() ? &*colors : nullptr, viewmat, K,
                        static_cast<int>(width), static_cast<int>(height), near_plane, far_plane, means2D, conics,
-                       depths, radii);
+                       depths, radii, comp_out.defined() ? &comp_out : nullptr);
     return {means2D, conics, depths, radii};
 }
 
@@ -220,18 +225,20 @@ void rasterize_tiles(const at::Tensor& means2D, const at::Tensor& conics, const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> project_gaussians_backward(
     const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales, const at::Tensor& viewmat,
     const at::Tensor& K, int64_t width, int64_t height, const at::Tensor& radii, const at::Tensor& v_means2D,
-    const at::Tensor& v_conics, const at::Tensor& v_depths) {
+    const at::Tensor& v_conics, const at::Tensor& v_depths, const c10::optional<at::Tensor>& v_compensations) {
     const char* op = "project_gaussians_backward";
     const auto [dev, n] = check_projection_inputs(op, means3D, quats, scales, nullptr, viewmat, K, width, height);
     check(op, "radii", radii, at::kInt, dev, {n}, "(N,)");
     check(op, "v_means2D", v_means2D, at::kFloat, dev, {n, 2}, "(N, 2)");
     check(op, "v_conics", v_conics, at::kFloat, dev, {n, 3}, "(N, 3)");
     check(op, "v_depths", v_depths, at::kFloat, dev, {n}, "(N,)");
+    if (v_compensations.has_value()) check(op, "v_compensations", *v_compensations, at::kFloat, dev, {n}, "(N,)");
     const c10::cuda::CUDAGuard guard(dev);
     at::Tensor v_means3D = at::empty({n, 3}, means3D.options()), v_quats = at::empty({n, 4}, means3D.options());
     at::Tensor v_scales = at::empty({n, 3}, means3D.options());
     launch_project_bwd(means3D, quats, scales, viewmat, K, static_cast<int>(width), static_cast<int>(height), radii,
-                       v_means2D, v_conics, v_depths, v_means3D, v_quats, v_scales);
+                       v_means2D, v_conics, v_depths, v_means3D, v_quats, v_scales,
+                       v_compensations.has_value() ? &*v_compensations : nullptr);
     return {v_means3D, v_quats, v_scales};
 }
 

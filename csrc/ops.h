@@ -11,17 +11,22 @@
 namespace rigel {
 
 // [1] -> (means2D [N,2], conics [N,3], depths [N], radii [N] int32); colors [N,C] (optional) are only checked
-// for finiteness (the cull rule: any non-finite parameter culls the Gaussian).
+// for finiteness (the cull rule: any non-finite parameter culls the Gaussian). compensations [N] (optional, written
+// in place): when given, the anti-aliased (mip) mode — MIP_FILTER_2D replaces LOWPASS and the opacity
+// compensation sqrt(det(cov2D) / det(cov2D + MIP_FILTER_2D I)) is written there (0 for culled Gaussians).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> project_gaussians(
     const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales, const at::Tensor& opacities,
     const at::Tensor& viewmat, const at::Tensor& K, int64_t width, int64_t height, double near_plane,
-    double far_plane, const c10::optional<at::Tensor>& colors);
+    double far_plane, const c10::optional<at::Tensor>& colors,
+    const c10::optional<at::Tensor>& compensations = c10::nullopt);
 
-// [1] backward -> (v_means3D [N,3], v_quats [N,4], v_scales [N,3])
+// [1] backward -> (v_means3D [N,3], v_quats [N,4], v_scales [N,3]); v_compensations [N] (optional): when given,
+// the mip mode's backward.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> project_gaussians_backward(
     const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales, const at::Tensor& viewmat,
     const at::Tensor& K, int64_t width, int64_t height, const at::Tensor& radii, const at::Tensor& v_means2D,
-    const at::Tensor& v_conics, const at::Tensor& v_depths);
+    const at::Tensor& v_conics, const at::Tensor& v_depths,
+    const c10::optional<at::Tensor>& v_compensations = c10::nullopt);
 
 // [0] -> colors [N,3]
 at::Tensor sh_colors(int64_t degree, const at::Tensor& sh_coeffs, const at::Tensor& means3D, const at::Tensor& campos);

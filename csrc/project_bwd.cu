@@ -1,7 +1,8 @@
 // [1] Projection, backward: one thread per Gaussian, in double like the forward (project_common.cuh).
 // Chain (forward order): p = R m + t; (u, v) = (fx x/z + cx, fy y/z + cy); depth = z;
 // Sigma = M M^T, M = Rq(q/|q|) diag(s); Sc = R Sigma R^T; J(p) with the tangent clamp;
-// (a, b, c) = J Sc J^T + LOWPASS I; conic = (c, -b, a) / (ac - b^2).
+// (a, b, c) = J Sc J^T + filt I; conic = (c, -b, a) / (ac - b^2); in the mip mode (filt = MIP_FILTER_2D) also
+// comp = sqrt(det0 / det), det0 = (a - filt)(c - filt) - b^2 (project_common.cuh, mip_compensation).
 // Culled Gaussians (radius 0) get zero gradients, as the reference's zeroed outputs give.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -26,8 +27,10 @@ __global__ void __launch_bounds__(kBlock1D) project_bwd_kernel(
     const float* __restrict__ v_depths,   // [N]
     float* __restrict__ v_means3D,        // [N, 3] out
     float* __restrict__ v_quats,          // [N, 4] out
-    float* __restrict__ v_scales)         // [N, 3] out
+    float* __restrict__ v_scales,         // [N, 3] out
+    const float* __restrict__ v_compensations)  // [N] or nullptr: the mip mode
 {
+    const bool mip = v_compensations != nullptr;
     const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (g >= n) return;
     if (radii[g] <= 0) {
@@ -50,14 +53,27 @@ __global__ void __launch_bounds__(kBlock1D) project_bwd_kernel(
     double Rq[3][3], Sc[3][3];
     Jacobian J;
     double a, b, c;
-    const double det = screen_covariance(cam, qw, qx, qy, qz, s, x, y, z, Rq, Sc, J, a, b, c);
+    const double det =
+        screen_covariance(cam, qw, qx, qy, qz, s, x, y, z, Rq, Sc, J, a, b, c, mip ? kMipFilter2D : kLowpass);
     const double inv_det2 = 1.0 / (det * det);
 
     // ---- conic (A, B, C) = (c, -b, a) / det  ->  (a, b, c) ----
     const double vA = v_conics[3 * g + 0], vB = v_conics[3 * g + 1], vC = v_conics[3 * g + 2];
-    const double va = (-c * c * vA + b * c * vB - b * b * vC) * inv_det2;
-    const double vb = (2.0 * b * c * vA - (a * c + b * b) * vB + 2.0 * a * b * vC) * inv_det2;
-    const double vc = (-b * b * vA + a * b * vB - a * a * vC) * inv_det2;
+    double va = (-c * c * vA + b * c * vB - b * b * vC) * inv_det2;
+    double vb = (2.0 * b * c * vA - (a * c + b * b) * vB + 2.0 * a * b * vC) * inv_det2;
+    double vc = (-b * b * vA + a * b * vB - a * a * vC) * inv_det2;
+    // ---- mip: comp = sqrt(det0 / det)  ->  d comp = comp/2 (d det0 / det0 - d det / det)  (0 where comp = 0) ----
+    if (mip) {
+        double det0;
+        const double comp = mip_compensation(a, b, c, det, det0);
+        if (comp > 0.0) {
+            const double h = 0.5 * comp * static_cast<double>(v_compensations[g]);
+            const double i0 = 1.0 / det0, i1 = 1.0 / det;
+            va += h * ((c - kMipFilter2D) * i0 - c * i1);
+            vb += h * 2.0 * b * (i1 - i0);
+            vc += h * ((a - kMipFilter2D) * i0 - a * i1);
+        }
+    }
     // symmetric gradient of the 2x2 covariance: b sits in both off-diagonal entries
     const double G00 = va, G01 = 0.5 * vb, G11 = vc;
 
@@ -157,14 +173,15 @@ __global__ void __launch_bounds__(kBlock1D) project_bwd_kernel(
 void launch_project_bwd(const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales,
                         const at::Tensor& viewmat, const at::Tensor& K, int width, int height,
                         const at::Tensor& radii, const at::Tensor& v_means2D, const at::Tensor& v_conics,
-                        const at::Tensor& v_depths, at::Tensor& v_means3D, at::Tensor& v_quats, at::Tensor& v_scales) {
+                        const at::Tensor& v_depths, at::Tensor& v_means3D, at::Tensor& v_quats, at::Tensor& v_scales,
+                        const at::Tensor* v_compensations) {
     const int64_t n = means3D.size(0);
     if (n == 0) return;
     project_bwd_kernel<<<num_blocks(n, kBlock1D), kBlock1D, 0, at::cuda::getCurrentCUDAStream()>>>(
         n, means3D.data_ptr<float>(), quats.data_ptr<float>(), scales.data_ptr<float>(), viewmat.data_ptr<float>(),
         K.data_ptr<float>(), width, height, radii.data_ptr<int32_t>(), v_means2D.data_ptr<float>(),
         v_conics.data_ptr<float>(), v_depths.data_ptr<float>(), v_means3D.data_ptr<float>(), v_quats.data_ptr<float>(),
-        v_scales.data_ptr<float>());
+        v_scales.data_ptr<float>(), v_compensations != nullptr ? v_compensations->data_ptr<float>() : nullptr);
     RIGEL_CHECK_LAUNCH("project_bwd_kernel");
 }
 

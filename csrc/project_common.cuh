@@ -108,17 +108,28 @@ __device__ inline Jacobian ewa_jacobian(const CameraD& cam, double x, double y, 
     return J;
 }
 
-// Screen covariance (a, b, c) = J Sc J^T + LOWPASS I.
-__device__ inline void covariance_2d(const Jacobian& J, const double Sc[3][3], double& a, double& b, double& c) {
+// Screen covariance (a, b, c) = J Sc J^T + filt I (filt = kLowpass, or kMipFilter2D in the mip mode).
+__device__ inline void covariance_2d(const Jacobian& J, const double Sc[3][3], double filt, double& a, double& b,
+                                     double& c) {
     // rows of J Sc
     const double t00 = J.j00 * Sc[0][0] + J.j02 * Sc[2][0];
     const double t01 = J.j00 * Sc[0][1] + J.j02 * Sc[2][1];
     const double t02 = J.j00 * Sc[0][2] + J.j02 * Sc[2][2];
     const double t11 = J.j11 * Sc[1][1] + J.j12 * Sc[2][1];
     const double t12 = J.j11 * Sc[1][2] + J.j12 * Sc[2][2];
-    a = t00 * J.j00 + t02 * J.j02 + kLowpass;
+    a = t00 * J.j00 + t02 * J.j02 + filt;
     b = t01 * J.j11 + t02 * J.j12;
-    c = t11 * J.j11 + t12 * J.j12 + kLowpass;
+    c = t11 * J.j11 + t12 * J.j12 + filt;
+}
+
+// The anti-aliased ("mip") mode's opacity compensation (Yu et al., "Mip-Splatting", CVPR 2024, eq. 9): the
+// screen Gaussian convolved with the 2D Mip filter, Sigma2D + s I, keeps the integral of the unfiltered one
+// when its peak is scaled by comp = sqrt(det0 / det), det0 = det(Sigma2D), det = det(Sigma2D + s I).
+// (a, b, c) is the FILTERED covariance and det its determinant; det0 <= 0 (degenerate, or negative by rounding)
+// gives comp = 0: the Gaussian vanishes, with zero gradient.
+__device__ inline double mip_compensation(double a, double b, double c, double det, double& det0) {
+    det0 = (a - kMipFilter2D) * (c - kMipFilter2D) - b * b;
+    return det0 > 0.0 ? sqrt(det0 / det) : 0.0;
 }
 
 // Camera-space point p = R m + t.
@@ -129,17 +140,18 @@ __device__ __forceinline__ void world_to_camera(const CameraD& cam, const double
 
 // The forward chain from the unit quaternion (qw, qx, qy, qz), the scales and the camera point p = (x, y, z) to
 // the screen covariance, as both the forward and the backward (which recomputes it) evaluate it:
-// Rq = Rq(q), Sigma = Rq diag(s)^2 Rq^T, Sc = R Sigma R^T, J = J(p), (a, b, c) = J Sc J^T + LOWPASS I.
+// Rq = Rq(q), Sigma = Rq diag(s)^2 Rq^T, Sc = R Sigma R^T, J = J(p), (a, b, c) = J Sc J^T + filt I.
 // Returns det = ac - b^2; Rq, Sc and J are written out for the backward.
 __device__ __forceinline__ double screen_covariance(const CameraD& cam, double qw, double qx, double qy, double qz,
                                                    const double s[3], double x, double y, double z, double Rq[3][3],
-                                                   double Sc[3][3], Jacobian& J, double& a, double& b, double& c) {
+                                                   double Sc[3][3], Jacobian& J, double& a, double& b, double& c,
+                                                   double filt) {
     double Sigma[3][3];
     quat_to_rotmat(qw, qx, qy, qz, Rq);
     covariance_3d(Rq, s, Sigma);
     covariance_camera(cam.R, Sigma, Sc);
     J = ewa_jacobian(cam, x, y, z);
-    covariance_2d(J, Sc, a, b, c);
+    covariance_2d(J, Sc, filt, a, b, c);
     return a * c - b * b;
 }
 

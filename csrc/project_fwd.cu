@@ -22,8 +22,10 @@ __global__ void __launch_bounds__(kBlock1D) project_fwd_kernel(
     float* __restrict__ means2D,  // [N, 2] out
     float* __restrict__ conics,   // [N, 3] out
     float* __restrict__ depths,   // [N] out
-    int32_t* __restrict__ radii)  // [N] out, 0 = culled
+    int32_t* __restrict__ radii,  // [N] out, 0 = culled
+    float* __restrict__ compensations)  // [N] out or nullptr: the mip mode (2D Mip filter + opacity compensation)
 {
+    const bool mip = compensations != nullptr;
     const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (g >= n) return;
 
@@ -36,6 +38,7 @@ __global__ void __launch_bounds__(kBlock1D) project_fwd_kernel(
         conics[3 * g + 2] = 0.f;
         depths[g] = 0.f;
         radii[g] = 0;
+        if (mip) compensations[g] = 0.f;
     };
 
     const float mf[3] = {means3D[3 * g + 0], means3D[3 * g + 1], means3D[3 * g + 2]};
@@ -69,7 +72,8 @@ __global__ void __launch_bounds__(kBlock1D) project_fwd_kernel(
     Jacobian J;
     double a, b, c;
     const double det =
-        screen_covariance(cam, qw * inv_qn, qx * inv_qn, qy * inv_qn, qz * inv_qn, s, x, y, z, Rq, Sc, J, a, b, c);
+        screen_covariance(cam, qw * inv_qn, qx * inv_qn, qy * inv_qn, qz * inv_qn, s, x, y, z, Rq, Sc, J, a, b, c,
+                          mip ? kMipFilter2D : kLowpass);
     if (!(isfinite(det) && det > 0.0)) return cull();  // degenerate
 
     const double u = cam.fx * x / z + cam.cx;
@@ -89,6 +93,10 @@ __global__ void __launch_bounds__(kBlock1D) project_fwd_kernel(
     conics[3 * g + 2] = static_cast<float>(a / det);
     depths[g] = static_cast<float>(z);
     radii[g] = static_cast<int32_t>(r);
+    if (mip) {
+        double det0;
+        compensations[g] = static_cast<float>(mip_compensation(a, b, c, det, det0));
+    }
 }
 
 }  // namespace
@@ -97,7 +105,7 @@ void launch_project_fwd(const at::Tensor& means3D, const at::Tensor& quats, cons
                         const at::Tensor& opacities, const at::Tensor* colors, const at::Tensor& viewmat,
                         const at::Tensor& K, int width,
                         int height, double near_plane, double far_plane, at::Tensor& means2D, at::Tensor& conics,
-                        at::Tensor& depths, at::Tensor& radii) {
+                        at::Tensor& depths, at::Tensor& radii, at::Tensor* compensations) {
     const int64_t n = means3D.size(0);
     if (n == 0) return;
     project_fwd_kernel<<<num_blocks(n, kBlock1D), kBlock1D, 0, at::cuda::getCurrentCUDAStream()>>>(
@@ -105,7 +113,8 @@ void launch_project_fwd(const at::Tensor& means3D, const at::Tensor& quats, cons
         colors != nullptr ? colors->data_ptr<float>() : nullptr,
         colors != nullptr ? static_cast<int>(colors->size(1)) : 0,
         viewmat.data_ptr<float>(), K.data_ptr<float>(), width, height, near_plane, far_plane,
-        means2D.data_ptr<float>(), conics.data_ptr<float>(), depths.data_ptr<float>(), radii.data_ptr<int32_t>());
+        means2D.data_ptr<float>(), conics.data_ptr<float>(), depths.data_ptr<float>(), radii.data_ptr<int32_t>(),
+        compensations != nullptr ? compensations->data_ptr<float>() : nullptr);
     RIGEL_CHECK_LAUNCH("project_fwd_kernel");
 }
 

@@ -6,6 +6,7 @@ Layout of the file (safetensors: a JSON header + raw little-endian tensors):
 |---|---|
 | ``model.<name>`` | the six Gaussian parameters (``means3D``, ``log_scales``, ``quats``, ``opacity_logits``, ``sh_dc``, ``sh_rest``), pre-activation |
 | ``model.appearance.<name>`` | MLP appearance only: ``latents`` (N,L), ``W1``, ``b1``, ``W2``, ``b2`` (:class:`~rigel_core.appearance.MLPAppearance`) |
+| ``model.filter_3D`` | anti-aliased (mip) mode only: the 3D smoothing filter's variances (N,) (:mod:`rigel_core.mip`); the metadata's ``render_mode`` says the mode |
 | ``adam.<name>.<key>`` | the optimizer state of that parameter's group (``exp_avg``, ``exp_avg_sq``, ``step``) |
 | ``stats.<key>`` | the densification accumulators (``grad_accum``, ``denom``, ``max_radii``) |
 | ``rng.cpu`` | the trainer's ``torch.Generator`` state (uint8) |
@@ -64,6 +65,8 @@ def save_checkpoint(trainer, path) -> None:
     tensors = {f"model.{n}": getattr(model, n) for n in PARAM_NAMES}
     if getattr(model, "appearance", None) is not None:
         tensors.update(model.appearance.state_tensors("model.appearance."))
+    if getattr(model, "filter_3D", None) is not None:  # anti-aliased mode's 3D filter (rigel_core/mip.py)
+        tensors["model.filter_3D"] = model.filter_3D
     for g in opt.param_groups:
         state = opt.state.get(g["params"][0], {})
         for key, value in state.items():
@@ -80,6 +83,7 @@ def save_checkpoint(trainer, path) -> None:
         "iteration": trainer.iteration,
         "nan_skips": trainer.nan_skips,
         "active_sh_degree": model.active_sh_degree,
+        "render_mode": getattr(model, "render_mode", "default"),
         "extent": trainer.extent,
         "config": trainer.config.to_dict(),
         "eval_history": [e.to_dict() for e in trainer.eval_history],
@@ -202,6 +206,9 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
             _check_tensor(path, tensors, f"model.appearance.{name}", shape, (dtype,), finite=for_training)
         app = {"latents": lat.shape, **{w: tensors[f"model.appearance.{w}"].shape for w in WEIGHT_NAMES}}
     known = {f"model.{p}" for p in PARAM_NAMES}
+    if "model.filter_3D" in tensors:
+        _check_tensor(path, tensors, "model.filter_3D", (n,), (dtype,), finite=True)
+        known.add("model.filter_3D")
     if app is not None:
         known |= {f"model.appearance.{w}" for w in app}
     if not for_training:
@@ -338,6 +345,8 @@ def load_checkpoint_model(path, device="cpu") -> GaussianModel:
     tensors, meta = read_checkpoint(path, device)
     validate_checkpoint(path, tensors, meta, for_training=False)
     model = _model_from_tensors(path, tensors)
+    model.filter_3D = tensors.get("model.filter_3D")
+    model.render_mode = meta.get("render_mode") if meta.get("render_mode") in ("default", "mip") else "default"
     deg = meta.get("active_sh_degree", model.sh_degree)
     deg = deg if isinstance(deg, int) and not isinstance(deg, bool) else model.sh_degree
     model.active_sh_degree = max(0, min(deg, model.sh_degree))

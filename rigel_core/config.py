@@ -15,3 +15,8 @@ T_MIN = 1e-4
 MAX_ENTRIES = 100_000_000
 SH_C0 = 0.28209479177387814
 SH_C1 = 0.4886025119029199
+# Anti-aliased ("mip") render mode (issue 17; Mip-Splatting, CVPR 2024; docs/PIPELINE.md "Anti-aliased mode"):
+# the 2D Mip filter's variance in px² (replaces LOWPASS, with opacity compensation) and the 3D smoothing filter's
+# variance in units of (depth / focal)² (reasons in csrc/config.h).
+MIP_FILTER_2D = 0.1
+MIP_FILTER_3D = 0.2

@@ -39,19 +39,28 @@ def _f32(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 class _ProjectGaussians(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, means3D, quats, scales, opacities, viewmat, K, width, height, near_plane, far_plane,
-                colors=None):
-        C = _ext.get()
-        means2D, conics, depths, radii = C.project_gaussians(means3D, quats, scales, opacities, viewmat, K, width,
-                                                             height, near_plane, far_plane, colors)
-        ctx.save_for_backward(means3D, quats, scales, viewmat, K, radii)
-        ctx.size = (width, height)
-        ctx.mark_non_differentiable(radii)
-        return means2D, conics, depths, radii
+    """[1] -> (means2D, conics, depths, radii, compensations); ``mip`` selects the anti-aliased mode, whose
+    compensations (N,) are the 2D Mip filter's opacity factors (an empty (0,) tensor in the default mode)."""
 
     @staticmethod
-    def backward(ctx, v_means2D, v_conics, v_depths, _v_radii):
+    def forward(ctx, means3D, quats, scales, opacities, viewmat, K, width, height, near_plane, far_plane,
+                colors=None, mip=False):
+        C = _ext.get()
+        n = means3D.shape[0]
+        compensations = torch.empty(n if mip else 0, dtype=means3D.dtype, device=means3D.device)
+        means2D, conics, depths, radii = C.project_gaussians(means3D, quats, scales, opacities, viewmat, K, width,
+                                                             height, near_plane, far_plane, colors,
+                                                             compensations if mip else None)
+        ctx.save_for_backward(means3D, quats, scales, viewmat, K, radii)
+        ctx.size = (width, height)
+        ctx.mip = mip
+        ctx.mark_non_differentiable(radii)
+        if not mip:
+            ctx.mark_non_differentiable(compensations)
+        return means2D, conics, depths, radii, compensations
+
+    @staticmethod
+    def backward(ctx, v_means2D, v_conics, v_depths, _v_radii, v_compensations):
         means3D, quats, scales, viewmat, K, radii = ctx.saved_tensors
 
         n = means3D.shape[0]
@@ -61,8 +70,8 @@ class _ProjectGaussians(torch.autograd.Function):
 
         v_means3D, v_quats, v_scales = _ext.get().project_gaussians_backward(
             means3D, quats, scales, viewmat, K, ctx.size[0], ctx.size[1], radii, grad(v_means2D, 2),
-            grad(v_conics, 3), grad(v_depths))
-        return v_means3D, v_quats, v_scales, None, None, None, None, None, None, None, None
+            grad(v_conics, 3), grad(v_depths), grad(v_compensations) if ctx.mip else None)
+        return v_means3D, v_quats, v_scales, None, None, None, None, None, None, None, None, None
 
 
 class _RasterizeTiles(torch.autograd.Function):
@@ -119,18 +128,24 @@ class _ShColors(torch.autograd.Function):
 
 
 def project_gaussians_cuda(means3D, quats, scales, opacities, viewmat, K, width: int, height: int,
-                           near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE, colors=None):
+                           near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE, colors=None,
+                           render_mode: str = "default"):
     """[1] Projection on the GPU, differentiable w.r.t. means3D, quats and scales.
 
     Shapes as :func:`rigel_core.reference.project_gaussians`; returns (means2D (N,2), conics (N,3), depths (N,),
     radii (N,) int32), culled Gaussians with radius 0 and zeros. ``colors`` (N,C) or None is only checked for
     finiteness: a Gaussian with any non-finite parameter is culled (docs/PIPELINE.md "Non-finite parameters").
+    ``render_mode="mip"`` (Mip-Splatting's 2D filter) appends compensations (N,), differentiable, 0 when culled.
     """
+    from .reference.project import check_render_mode
+
+    mip = check_render_mode(render_mode) == "mip"
     dev = means3D.device
     args = [_f32(n, t, dev) for n, t in (("means3D", means3D), ("quats", quats), ("scales", scales),
                                          ("opacities", opacities), ("viewmat", viewmat), ("K", K))]
     cols = None if colors is None else _f32("colors", colors.detach(), dev)
-    return _ProjectGaussians.apply(*args, int(width), int(height), float(near_plane), float(far_plane), cols)
+    out = _ProjectGaussians.apply(*args, int(width), int(height), float(near_plane), float(far_plane), cols, mip)
+    return out if mip else out[:4]
 
 
 def bin_gaussians_cuda(means2D, conics, opacities, depths, radii, width: int, height: int,
@@ -165,7 +180,8 @@ def rasterize_tiles_cuda(means2D, conics, colors, opacities, gaussian_ids, tile_
 
 def rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat, K, width: int, height: int, *,
                              background=None, near_plane: float = config.NEAR_PLANE,
-                             far_plane: float = config.FAR_PLANE, out=None) -> RenderOutput:
+                             far_plane: float = config.FAR_PLANE, out=None,
+                             render_mode: str = "default") -> RenderOutput:
     """Render activated Gaussians with the CUDA kernels (project → bin → rasterize); see
     :func:`rigel_core.render.rasterize_gaussians` for the arguments.
 
@@ -176,8 +192,11 @@ def rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat,
     Raises: TypeError/ValueError for wrong dtypes, devices or shapes (from here or from ``rigel_core._C``);
     RuntimeError when more than ``config.MAX_ENTRIES`` (Gaussian, tile) entries are needed.
     """
-    means2D, conics, depths, radii = project_gaussians_cuda(means3D, quats, scales, opacities, viewmat, K, width,
-                                                            height, near_plane, far_plane, colors)
+    proj = project_gaussians_cuda(means3D, quats, scales, opacities, viewmat, K, width, height, near_plane,
+                                  far_plane, colors, render_mode)
+    means2D, conics, depths, radii = proj[:4]
+    if len(proj) == 5:  # mip: binning and rasterization see the compensated opacities
+        opacities = opacities * proj[4]
     keys, gaussian_ids, tile_ranges, tiles_touched = bin_gaussians_cuda(means2D, conics, opacities, depths, radii,
                                                                         width, height)
     image, final_T, n_contrib = rasterize_tiles_cuda(means2D, conics, colors, opacities, gaussian_ids, tile_ranges,

@@ -75,6 +75,11 @@ class GaussianModel:
         self.active_sh_degree = self.sh_degree if active_sh_degree is None else int(active_sh_degree)
         #: optional appearance module (e.g. the fused MLP); None means spherical harmonics.
         self.appearance = None
+        # anti-aliased mode (issue 17, rigel_core/mip.py): how ``render`` draws this model by default ("default" or
+        # "mip", read from / written to the PLY header), and the 3D smoothing filter's per-Gaussian variances (N,)
+        # (world units², not trained; None = no 3D filter, e.g. a loaded PLY whose filter is baked in)
+        self.render_mode = "default"
+        self.filter_3D: torch.Tensor | None = None
 
     # ---- construction -------------------------------------------------------------------------------
     @classmethod
@@ -212,6 +217,8 @@ class GaussianModel:
         # an appearance module with its own tensors (MLPAppearance) is copied alongside, never aliased
         app = self.appearance
         out.appearance = app.to(device=device, dtype=dtype) if hasattr(app, "to") else app
+        out.render_mode = self.render_mode
+        out.filter_3D = None if self.filter_3D is None else conv(self.filter_3D)
         return out
 
     def detach(self) -> "GaussianModel":
@@ -224,6 +231,8 @@ class GaussianModel:
                             active_sh_degree=self.active_sh_degree)
         app = self.appearance  # per-Gaussian rows of an appearance module (MLP latents) follow the selection
         out.appearance = app.subset(mask_or_index) if hasattr(app, "subset") else app
+        out.render_mode = self.render_mode
+        out.filter_3D = None if self.filter_3D is None else self.filter_3D.detach()[mask_or_index]
         return out
 
     def with_sh_degree(self, degree: int) -> "GaussianModel":
@@ -234,9 +243,11 @@ class GaussianModel:
             rest = rest[:, :k]
         else:
             rest = torch.cat([rest, rest.new_zeros(rest.shape[0], k - rest.shape[1], 3)], 1)
-        return GaussianModel(self.means3D.detach(), self.log_scales.detach(), self.quats.detach(),
-                             self.opacity_logits.detach(), self.sh_dc.detach(), rest,
-                             active_sh_degree=min(self.active_sh_degree, degree))
+        out = GaussianModel(self.means3D.detach(), self.log_scales.detach(), self.quats.detach(),
+                            self.opacity_logits.detach(), self.sh_dc.detach(), rest,
+                            active_sh_degree=min(self.active_sh_degree, degree))
+        out.render_mode, out.filter_3D = self.render_mode, self.filter_3D
+        return out
 
     def __repr__(self) -> str:
         return (f"GaussianModel(N={self.num_gaussians}, sh_degree={self.sh_degree}, "

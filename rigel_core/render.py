@@ -63,7 +63,7 @@ def _check_inputs(means3D, quats, scales, opacities, colors, viewmat, K, width, 
 
 def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, width: int, height: int, *,
                         background=None, near_plane: float = config.NEAR_PLANE,
-                        far_plane: float = config.FAR_PLANE, out=None) -> RenderOutput:
+                        far_plane: float = config.FAR_PLANE, out=None, render_mode: str = "default") -> RenderOutput:
     """Render activated Gaussians (docs/PIPELINE.md) — differentiable w.r.t. every float input.
 
     Args:
@@ -74,11 +74,17 @@ def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, w
         near_plane, far_plane: camera-space depth limits (world units).
         out: optional (image (H,W,3), final_T (H,W), n_contrib (H,W) int32) tensors written in place
              (the viewer passes views of its frame buffers); they are also the returned tensors.
+        render_mode: "default" (LOWPASS dilation) or "mip" (the anti-aliased mode's 2D Mip filter with opacity
+             compensation, Mip-Splatting eq. 9; docs/PIPELINE.md "Anti-aliased mode"). The 3D smoothing filter is
+             the caller's (``render`` applies the model's; :func:`rigel_core.mip.apply_3d_filter`).
     Returns: :class:`RenderOutput`.
-    Raises: TypeError/ValueError for wrong types, shapes or devices; RuntimeError when the image needs more
+    Raises: TypeError/ValueError for wrong types, shapes or devices, or an unknown render_mode; RuntimeError when the image needs more
         than ``config.MAX_ENTRIES`` duplicated entries, or CUDA tensors are given and the kernels are not built.
     """
     _check_inputs(means3D, quats, scales, opacities, colors, viewmat, K, width, height)
+    from .reference.project import check_render_mode
+
+    check_render_mode(render_mode)
     width, height = int(width), int(height)
     dev, dtype = means3D.device, means3D.dtype
     if background is not None:
@@ -95,11 +101,11 @@ def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, w
 
         return rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat.to(dev), K.to(dev),
                                         width, height, background=background, near_plane=near_plane,
-                                        far_plane=far_plane, out=out)
+                                        far_plane=far_plane, out=out, render_mode=render_mode)
     from .reference import render_reference
 
     proj, binning, raster = render_reference(means3D, quats, scales, opacities, colors, viewmat.to(dev), K.to(dev),
-                                             width, height, background, near_plane, far_plane)
+                                             width, height, background, near_plane, far_plane, render_mode)
     image, final_T, n_contrib = raster
     if out is not None:
         with torch.no_grad():
@@ -129,15 +135,22 @@ def compute_colors(model, camera: Camera, sh_degree: int | None = None) -> torch
 
 
 def render(model, camera: Camera, *, background=None, sh_degree: int | None = None,
-           near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE, out=None) -> RenderOutput:
+           near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE, out=None,
+           render_mode: str | None = None) -> RenderOutput:
     """Render a :class:`~rigel_core.model.GaussianModel` from a :class:`~rigel_core.camera.Camera`.
 
-    Activations (exp scales, sigmoid opacities, quaternion normalisation) and the appearance stage run
-    here, so gradients reach the model's pre-activation parameters. See :func:`rasterize_gaussians`.
+    Activations (exp scales, sigmoid opacities, quaternion normalisation, and in the mip mode the 3D smoothing
+    filter of ``model.filter_3D``, :mod:`rigel_core.mip`) and the appearance stage run here, so gradients reach
+    the model's pre-activation parameters. ``render_mode`` None: the model's own (``model.render_mode``, read
+    from the PLY header). See :func:`rasterize_gaussians`.
     """
+    from .mip import effective_scales_opacities
+
+    mode = getattr(model, "render_mode", "default") if render_mode is None else render_mode
     colors = compute_colors(model, camera, sh_degree)
     dev, dtype = model.device, model.dtype
-    return rasterize_gaussians(model.means3D, model.quats, model.scales, model.opacities, colors,
+    scales, opacities = effective_scales_opacities(model, mode)
+    return rasterize_gaussians(model.means3D, model.quats, scales, opacities, colors,
                                camera.viewmat_tensor(dev, dtype), camera.K_tensor(dev, dtype),
                                camera.width, camera.height, background=background, near_plane=near_plane,
-                               far_plane=far_plane, out=out)
+                               far_plane=far_plane, out=out, render_mode=mode)

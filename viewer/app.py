@@ -522,6 +522,7 @@ class Viewer:
         timing the appearance and rasterization stages."""
         import torch
 
+        from rigel_core.mip import effective_scales_opacities
         from rigel_core.render import compute_colors, rasterize_gaussians
 
         side = self.settings.mode == C.MODE_SIDE_BY_SIDE        # the panel has its own column there
@@ -542,9 +543,11 @@ class Viewer:
             if stream is not None:
                 ev[1].record(stream)
             t1 = time.perf_counter()
-            rasterize_gaussians(model.means3D, model.quats, model.scales, model.opacities, colors,
+            mode = self.settings.render_mode = self.settings.render_mode or getattr(model, "render_mode", "default")
+            scales, opacities = effective_scales_opacities(model, mode)   # the mip mode's 3D filter, if any
+            rasterize_gaussians(model.means3D, model.quats, scales, opacities, colors,
                                 cam.viewmat_tensor(dev, dtype), cam.K_tensor(dev, dtype), cam.width, cam.height,
-                                background=bg, out=(slot.image, slot.final_T, slot.n_contrib))
+                                background=bg, out=(slot.image, slot.final_T, slot.n_contrib), render_mode=mode)
             if stream is not None:
                 ev[2].record(stream)
                 self._pending_timing = ev

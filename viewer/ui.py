@@ -73,10 +73,12 @@ class ViewSettings:
     #: reference renderer does not take the cores the trainer needs
     model_refresh_s: float = 0.0
     camera_path: path_panel.PathEditor = field(default_factory=path_panel.PathEditor)   # the Camera path section
+    render_mode: str | None = None  # "default" | "mip" (anti-aliased); None: the scene's own, adopted at first render
 
     def render_key(self):
         """The settings that change the rendered frame (a change triggers a re-render)."""
-        return (self.mode == C.MODE_SIDE_BY_SIDE, round(self.render_scale, 4), self.white_background, self.sh_degree)
+        return (self.mode == C.MODE_SIDE_BY_SIDE, round(self.render_scale, 4), self.white_background, self.sh_degree,
+                self.render_mode)
 
 
 @dataclass
@@ -186,6 +188,9 @@ def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_m
             if changed:
                 settings.sh_degree = value
         _, settings.white_background = imgui.checkbox("white background", settings.white_background)
+        changed, mip = imgui.checkbox("anti-aliased (mip)", settings.render_mode == "mip")
+        if changed:
+            settings.render_mode = "mip" if mip else "default"
         if windowed:
             imgui.same_line()
             changed, settings.vsync = imgui.checkbox("vsync", settings.vsync)

@@ -169,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help=f"continue from RUN/{CHECKPOINT_NAME}")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when usable")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    # anti-aliased render mode (issue 17)
+    p.add_argument("--render-mode", choices=["default", "mip"], default=None,
+                   help="mip: anti-aliased training and rendering (Mip-Splatting's 3D smoothing and 2D Mip filters; "
+                        "model.ply says 'SplatRenderMode: mip'); default: 3DGS's 0.3 px² dilation")
     return p
 
 
@@ -329,7 +333,8 @@ def _main(args, lock: _RunLock) -> int:
                                    "eval_every": args.eval_every, "seed": args.seed,
                                    "init_points": args.init_points, "exposure": args.exposure,
                                    "init_background_points": args.init_background,
-                                   "position_lr_max_steps": args.position_lr_max_steps}.items() if v is not None}
+                                   "position_lr_max_steps": args.position_lr_max_steps,
+                                   "render_mode": args.render_mode}.items() if v is not None}
     try:
         overrides.update(_parse_set_fields(args.set_fields))
     except ValueError as e:

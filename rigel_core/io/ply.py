@@ -56,8 +56,8 @@ from ..limits import MAX_PLY_HEADER_BYTES, MAX_SCENE_SPLATS
 from .errors import PlyFormatError
 from ..atomic import atomic_path
 
-__all__ = ["load_ply", "save_ply", "read_ply_header", "PlyHeader", "PlyElementInfo", "PlyPropertyInfo",
-           "PlyFormatError", "SceneWarning", "ply_property_names", "MAX_HEADER_BYTES"]
+__all__ = ["load_ply", "save_ply", "read_ply_header", "render_mode_of", "RENDER_MODE_COMMENT", "PlyHeader",
+           "PlyElementInfo", "PlyPropertyInfo", "PlyFormatError", "SceneWarning", "ply_property_names", "MAX_HEADER_BYTES"]
 
 #: A PLY header longer than this is treated as corrupt (rigel_core.limits.MAX_PLY_HEADER_BYTES).
 MAX_HEADER_BYTES = MAX_PLY_HEADER_BYTES
@@ -396,7 +396,28 @@ def load_ply(path, device=None, dtype=torch.float32) -> GaussianModel:
     if n == 0:
         warnings.warn(f"{path}: the PLY has 0 vertices; returning an empty model", SceneWarning, stacklevel=2)
     tensors = [torch.from_numpy(a).to(device=device, dtype=dtype) for a in arrays]
-    return GaussianModel(*tensors)
+    model = GaussianModel(*tensors)
+    model.render_mode = render_mode_of(path, header.comments)
+    return model
+
+
+#: the header comment that says how a splat file is to be rendered (Brush, splat-transform and gsplat's
+#: exporter write it): ``comment SplatRenderMode: mip`` (anti-aliased) or ``default``
+RENDER_MODE_COMMENT = "SplatRenderMode:"
+
+
+def render_mode_of(path, comments) -> str:
+    """The render mode a PLY header's comments declare: "mip" or "default" (also when no comment says it); an
+    unknown value is a :class:`SceneWarning` naming the file and the value, and reads as "default"."""
+    for c in comments:
+        if c.lower().startswith(RENDER_MODE_COMMENT.lower()):
+            value = c[len(RENDER_MODE_COMMENT):].strip().lower()
+            if value in ("mip", "default"):
+                return value
+            warnings.warn(f"{path}: unknown '{RENDER_MODE_COMMENT} {value}' in the PLY header; rendering it in the "
+                          "default mode", SceneWarning, stacklevel=3)
+            return "default"
+    return "default"
 
 
 def _warn_nonfinite(path, arrays, n: int) -> None:
@@ -443,15 +464,22 @@ def save_ply(model: GaussianModel, path) -> None:
     reference trainer writes them), float32, binary little-endian; ``f_rest`` channel-major; values
     pre-activation. float64 models are rounded to float32. The file is written to a temporary file in the
     destination directory and moved into place with ``os.replace`` (readers never see a partial file).
+    The header says ``comment SplatRenderMode: mip|default`` (``model.render_mode``); a mip model's 3D smoothing
+    filter is baked into its scales and opacities first (:func:`rigel_core.mip.bake_3d_filter`, exact), so a
+    viewer that applies only the 2D filter of a ``mip`` file renders it as rigel does.
 
     Raises: OSError when the directory is not writable.
     """
     from plyfile import PlyData, PlyElement
 
+    from ..mip import bake_3d_filter
+
     path = os.fspath(path)
-    arr = model_to_ply_array(model)
+    mode = getattr(model, "render_mode", "default")
+    arr = model_to_ply_array(bake_3d_filter(model) if mode == "mip" else model)
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
-            PlyData([PlyElement.describe(arr, "vertex")], text=False, byte_order="<").write(f)
+            PlyData([PlyElement.describe(arr, "vertex")], text=False, byte_order="<",
+                    comments=[f"{RENDER_MODE_COMMENT} {mode}"]).write(f)
 
 

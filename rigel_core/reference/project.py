@@ -2,6 +2,10 @@
 
 Math: Zwicker et al., "EWA Splatting" (2002), eq. 29 (local affine approximation of the projection);
 Kerbl et al., "3D Gaussian Splatting" (2023), eq. 5–6 (Σ' = J W Σ Wᵀ Jᵀ, Σ = R S Sᵀ Rᵀ).
+Anti-aliased ("mip") mode: the 2D Mip filter of Yu et al., "Mip-Splatting: Alias-free 3D Gaussian Splatting"
+(CVPR 2024), eq. 9 — the screen covariance is widened by ``config.MIP_FILTER_2D`` px² instead of the
+``config.LOWPASS`` dilation, and the Gaussian's peak is scaled by ``sqrt(det Σ2D / det(Σ2D + s·I))`` so that
+its integral (the energy it deposits) is unchanged (docs/PIPELINE.md "Anti-aliased mode").
 Differentiable by autograd in float32 and float64. Culled Gaussians get radius 0 and zeroed outputs; their
 inputs are replaced by harmless values *before* any arithmetic so that no NaN reaches a gradient.
 """
@@ -13,7 +17,16 @@ import torch
 
 from .. import config
 
-__all__ = ["Projection", "project_gaussians", "quat_to_rotmat", "tile_rects"]
+__all__ = ["Projection", "project_gaussians", "quat_to_rotmat", "tile_rects", "RENDER_MODES", "check_render_mode"]
+
+RENDER_MODES = ("default", "mip")
+
+
+def check_render_mode(render_mode: str) -> str:
+    """``render_mode`` if it is one of :data:`RENDER_MODES`, else ValueError naming the choices."""
+    if render_mode not in RENDER_MODES:
+        raise ValueError(f"render_mode: expected one of {', '.join(RENDER_MODES)}, got {render_mode!r}")
+    return render_mode
 
 
 class Projection(NamedTuple):
@@ -21,7 +34,10 @@ class Projection(NamedTuple):
     conics: torch.Tensor  # (N, 3) (A, B, C) of the inverse 2D covariance
     depths: torch.Tensor  # (N,) camera-space z
     radii: torch.Tensor  # (N,) int32, 0 = culled
-    cov2D: torch.Tensor  # (N, 3) (a, b, c) of the 2D covariance, low-pass included
+    cov2D: torch.Tensor  # (N, 3) (a, b, c) of the 2D covariance, low-pass (or mip filter) included
+    # (N,) opacity compensation sqrt(det(Σ2D) / det(Σ2D + s·I)) of the mip mode (0 for culled Gaussians);
+    # None in the default mode
+    compensations: torch.Tensor | None = None
 
 
 def quat_to_rotmat(quats: torch.Tensor) -> torch.Tensor:
@@ -58,7 +74,7 @@ def tile_rects(means2D: torch.Tensor, radii: torch.Tensor, width: int, height: i
 
 def project_gaussians(means3D, quats, scales, opacities, viewmat, K, width: int, height: int,
                       near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE,
-                      colors=None) -> Projection:
+                      colors=None, render_mode: str = "default") -> Projection:
     """Project N Gaussians into a pinhole camera.
 
     Args:
@@ -66,12 +82,17 @@ def project_gaussians(means3D, quats, scales, opacities, viewmat, K, width: int,
         opacities (N,) (only checked for finiteness here), all one floating dtype;
         viewmat (4,4) row-major world-to-camera (OpenCV axes); K (3,3) pixels; width, height in pixels;
         colors (N,C) or None: only checked for finiteness here.
+        render_mode: "default" (screen covariance + LOWPASS·I, Kerbl et al.) or "mip" (+ MIP_FILTER_2D·I and
+        the opacity compensation, returned as ``compensations``; Mip-Splatting eq. 9).
     A Gaussian with any non-finite mean, quaternion, scale, opacity or colour entry is culled (docs/PIPELINE.md
     "Non-finite parameters"), as are degenerate, behind-the-camera and off-screen ones.
     Returns:
         :class:`Projection` — means2D (N,2) px, conics (N,3), depths (N,), radii (N,) int32 (0 = culled),
-        cov2D (N,3). Outputs of culled Gaussians are 0.
+        cov2D (N,3), compensations (N,) in mip mode (None otherwise). Outputs of culled Gaussians are 0.
+    Raises: ValueError for an unknown ``render_mode``.
     """
+    mip = check_render_mode(render_mode) == "mip"
+    filt = config.MIP_FILTER_2D if mip else config.LOWPASS
     dtype = means3D.dtype
     viewmat = viewmat.to(dtype)
     K = K.to(dtype)
@@ -110,9 +131,9 @@ def project_gaussians(means3D, quats, scales, opacities, viewmat, K, width: int,
         torch.stack([torch.zeros_like(z), fy / z, -fy * ty / z], -1),
     ], 1)
     S2 = J @ Sc @ J.transpose(1, 2)
-    a = S2[:, 0, 0] + config.LOWPASS
-    b = S2[:, 0, 1]
-    c = S2[:, 1, 1] + config.LOWPASS
+    a0, b, c0 = S2[:, 0, 0], S2[:, 0, 1], S2[:, 1, 1]
+    a = a0 + filt
+    c = c0 + filt
     det = a * c - b * b
     ok = ok & torch.isfinite(det) & (det > 0)
     det_s = torch.where(ok, det, torch.ones_like(det))
@@ -133,10 +154,19 @@ def project_gaussians(means3D, quats, scales, opacities, viewmat, K, width: int,
 
     radii = torch.where(ok, radius_f, torch.zeros_like(radius_f)).to(torch.int32)
     okf = ok[:, None]
+    compensations = None
+    if mip:
+        # det of the unfiltered screen covariance; <= 0 (a degenerate or rounding-negative one) gives 0: the
+        # Gaussian vanishes, with zero gradient (no sqrt at 0 is differentiated).
+        det0 = a0 * c0 - b * b
+        pos = ok & (det0 > 0)
+        ratio = torch.where(pos, det0, torch.ones_like(det0)) / det_s
+        compensations = torch.where(pos, torch.sqrt(ratio), zero)
     return Projection(
         means2D=torch.where(okf, means2D, zero),
         conics=torch.where(okf, conics, zero),
         depths=torch.where(ok, z, zero),
         radii=radii,
         cov2D=torch.where(okf, torch.stack([a, b, c], -1), zero),
+        compensations=compensations,
     )

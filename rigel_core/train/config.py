@@ -124,6 +124,13 @@ class TrainConfig:
     init_background_points: int = 0
     init_background_radius: float = 3.0
 
+    # ---- anti-aliased render mode (issue 17; rigel_core/mip.py, docs/PIPELINE.md "Anti-aliased mode") ---------
+    #: "default" (the 0.3 px² dilation of 3DGS) or "mip" (Mip-Splatting: 3D smoothing filter from the training
+    #: cameras' sampling rates + 2D Mip filter with opacity compensation); applied at construction and re-read
+    #: whenever the trainer recomputes the 3D filter (every 100 iterations); written to the PLY header
+    #: (``comment SplatRenderMode``)
+    render_mode: str = "default"
+
     def to_dict(self) -> dict:
         """A JSON-able dict of the fields."""
         return dataclasses.asdict(self)
@@ -210,5 +217,7 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.exposure_lr_*: init, final and delay_steps must be ≥ 0 and delay_mult in "
                              f"[0, 1], got {self.exposure_lr_init}, {self.exposure_lr_final}, "
                              f"{self.exposure_lr_delay_steps}, {self.exposure_lr_delay_mult}")
+        if self.render_mode not in ("default", "mip"):
+            raise ValueError(f"TrainConfig.render_mode must be 'default' or 'mip', got {self.render_mode!r}")
         if self.init_box is not None and len(self.init_box) != 6:
             raise ValueError(f"TrainConfig.init_box must have 6 numbers, got {self.init_box!r}")

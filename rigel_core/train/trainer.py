@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from ..camera import Camera, host_to_device
+from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
 from .config import TrainConfig
@@ -334,6 +335,7 @@ class Trainer:
             model, _ = to_mlp(model, cfg.mlp_latent_dim, cfg.mlp_hidden_dim, generator=self.generator)
         model.active_sh_degree = 0
         self.model = model
+        self._update_filter_3d()  # anti-aliased mode (rigel_core/mip.py): the 3D filter of the training cameras
         self.optimizer = make_optimizer(model, cfg, self.extent, appearance_groups(model, cfg))
         #: per-training-image colour corrections (:mod:`.exposure`), made when ``config.exposure`` is first on
         self.exposure: Exposure | None = Exposure(len(self.train_frames), self.device) if cfg.exposure else None
@@ -489,6 +491,8 @@ class Trainer:
                 if it % cfg.opacity_reset_interval == 0 or (self.white_bg and it == cfg.densify_from):
                     reset_opacity(model, self.optimizer, cfg.opacity_reset_value)
                     reset = True
+            if report is not None or it % FILTER_3D_INTERVAL == 0:
+                self._update_filter_3d()
         self.optimizer.zero_grad(set_to_none=True)
         if self.exposure is not None:
             self.exposure.zero_grad()
@@ -504,6 +508,16 @@ class Trainer:
             res.eval = self.evaluate()
         res.seconds = time.perf_counter() - t0
         return res
+
+    def _update_filter_3d(self) -> None:
+        """Anti-aliased mode: set ``model.render_mode`` from the config and (re)compute ``model.filter_3D`` from
+        the training cameras (:func:`rigel_core.mip.compute_filter_3d`); the default mode clears both."""
+        model = self.model
+        model.render_mode = self.config.render_mode
+        if model.render_mode == "mip":
+            model.filter_3D = compute_filter_3d(model.means3D, [f.camera for f in self.train_frames])
+        else:
+            model.filter_3D = None
 
     # ---- evaluation, snapshots ------------------------------------------------------------------------
     @torch.no_grad()
@@ -569,6 +583,7 @@ class Trainer:
                     if state:
                         opt.state[g["params"][0]] = state
             self.model, self.optimizer = model, opt
+            self._update_filter_3d()
             cfg.appearance = kind
         return float(rmse)
 
@@ -617,6 +632,8 @@ class Trainer:
         from ..appearance import to_sh
         from ..io.ply import save_ply
 
-        model, rmse = to_sh(self.snapshot(), self.config.sh_degree)
+        snap = self.snapshot()
+        model, rmse = to_sh(snap, self.config.sh_degree)
+        model.render_mode, model.filter_3D = snap.render_mode, snap.filter_3D  # save_ply bakes a mip model's filter
         save_ply(model, path)
         return float(rmse)
