@@ -9,7 +9,8 @@ from .rasterize import Raster, RasterDepth, expected_depth, rasterize_tiles
 from .sh import eval_sh, sh_basis, sh_colors
 
 __all__ = ["Binning", "bin_gaussians", "depth_bits", "footprint_threshold", "min_q_over_box", "Projection",
-           "project_gaussians", "quat_to_rotmat", "tile_rects", "Raster", "RasterDepth", "expected_depth", "rasterize_tiles", "eval_sh",
+           "project_gaussians", "quat_to_rotmat", "tile_rects", "Raster", "RasterDepth", "expected_depth",
+           "rasterize_tiles", "eval_sh",
            "sh_basis", "sh_colors", "render_reference"]
 
 

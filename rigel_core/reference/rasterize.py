@@ -3,9 +3,9 @@
 Front-to-back alpha compositing, C = Σ_i c_i α_i Π_{j<i}(1 − α_j) (Kerbl et al. 2023, eq. 3), with every
 guard of DESIGN §3: the 3σ cut, α = min(ALPHA_MAX, o·exp(power)), skip below ALPHA_MIN, stop before T
 would fall under T_MIN. Optionally, from the same walk, depth (docs/PIPELINE.md "Depth"): D = Σ_i w_i z_i with
-w_i = α_i Π_{j<i}(1 − α_j) and the median depth (z of the first entry after which T ≤ ½). Vectorised over tiles and pixels;
-the kernel's batches are mimicked by walking all tiles' lists a block of entries at a time. Differentiable by
-autograd.
+w_i = α_i Π_{j<i}(1 − α_j) and the median depth (z of the first entry after which T ≤ ½). Vectorised over tiles
+and pixels; the kernel's batches are mimicked by walking all tiles' lists a block of entries at a time.
+Differentiable by autograd.
 """
 from __future__ import annotations
 
