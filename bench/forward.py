@@ -5,10 +5,14 @@ Gaussians, and the real PLYs of ``$RIGEL_SHARED_DATA/ply`` (default ``../shared/
 1920x1080, 3840x2160. Per stage (SH + projection, binning, rasterization) and in total: median of ``--iters``
 (>= 50) CUDA-event timings after warm-up. gsplat's ``rasterization`` (SH evaluated inside, as ours) runs in the
 same process on the same tensors; ``speedup`` = gsplat time / rigel time (> 1: rigel is faster). Also reports the
-duplicated (Gaussian, tile) entries of the ellipse test against the 3-sigma-square count.
+duplicated (Gaussian, tile) entries of the ellipse test against the 3-sigma-square count, and the cost of the
+depth output (``render(..., depth=True)``: expected + median depth from the same rasterization pass): the
+rasterization stage timed with and without depth on the same entries, ``depth +%`` = the extra time relative to
+the whole colour-only forward (SH + projection + binning + rasterization).
 
 Run on the GPU machine (bench/device_run.sh): ``python bench/forward.py [--scenes 160k,1M,3M,donut,fruit]
-[--res 720p,1080p,4k] [--iters 50] [--no-gsplat] [--no-backward]``. Writes ``$OUT/forward.md`` when OUT is set.
+[--res 720p,1080p,4k] [--iters 50] [--no-gsplat] [--no-backward] [--no-depth]``. Writes ``$OUT/forward.md`` when
+OUT is set.
 """
 from __future__ import annotations
 
@@ -107,6 +111,20 @@ def rigel_stages(x: Inputs, ev):
     return out, keys.numel(), means2D, radii
 
 
+def rigel_raster(x: Inputs, pre, depth: bool, ev):
+    """The rasterization stage alone on prepared (means2D, conics, colors, depths, ids, ranges), with or without
+    the depth outputs (the kernels' kDepth instantiation, plus the expected-depth division render() does)."""
+    from rigel_core.reference import expected_depth
+
+    means2D, conics, colors, depths, ids, ranges = pre
+    ev[0].record()
+    out = cuda_backend.rasterize_tiles_cuda(means2D, conics, colors, x.opacities, ids, ranges, x.width, x.height,
+                                            depths=depths if depth else None)
+    if depth:
+        expected_depth(out[3], out[1])
+    ev[1].record()
+
+
 def rigel_train_step(x: Inputs, ev):
     ev[0].record()
     colors = cuda_backend.sh_colors_cuda(x.degree, x.sh, x.means3D, x.campos)
@@ -168,6 +186,16 @@ def run(args):
                 row.update(entries=n_entries, box_entries=int(box), coverage=float(1 - final_T.mean()))
                 stage = median_ms(lambda ev: rigel_stages(x, ev), args.iters, n_events=4)
                 row.update(proj_sh=stage[0], bin=stage[1], raster=stage[2], total=stage[3])
+                if not args.no_depth:   # depth output (issue 17.2): same entries, raster with and without depth
+                    colors = cuda_backend.sh_colors_cuda(x.degree, x.sh, x.means3D, x.campos)
+                    m2, con, dep, rad = cuda_backend.project_gaussians_cuda(
+                        x.means3D, x.quats, x.scales, x.opacities, x.viewmat, x.K, w, h)
+                    _, ids, ranges, _ = cuda_backend.bin_gaussians_cuda(m2, con, x.opacities, dep, rad, w, h)
+                    pre = (m2, con, colors, dep, ids, ranges)
+                    plain = median_ms(lambda ev: rigel_raster(x, pre, False, ev), args.iters)[0]
+                    with_depth = median_ms(lambda ev: rigel_raster(x, pre, True, ev), args.iters)[0]
+                    row.update(raster_plain=plain, raster_depth=with_depth,
+                               depth_pct=100.0 * (with_depth - plain) / stage[3])
                 if have_gsplat:
                     if not getattr(run, "gsplat_warm", False):
                         t1 = time.time()
@@ -205,16 +233,20 @@ def format_row(r):
             f"({r['entries'] / max(r['box_entries'], 1):.2f}) | proj+SH {r['proj_sh']:.3f} bin {r['bin']:.3f} "
             f"raster {r['raster']:.3f} total {r['total']:.3f} ms | gsplat {fmt(r.get('gsplat'), '.3f')} "
             f"x{fmt(sp)} | fwd+bwd {fmt(r.get('train'), '.3f')} gsplat {fmt(r.get('gsplat_train'), '.3f')} "
-            f"x{fmt(spt)} | PSNR vs gsplat {fmt(r.get('psnr_vs_gsplat'), '.1f')}")
+            f"x{fmt(spt)} | PSNR vs gsplat {fmt(r.get('psnr_vs_gsplat'), '.1f')} | raster+depth "
+            f"{fmt(r.get('raster_depth'), '.3f')} (raster alone {fmt(r.get('raster_plain'), '.3f')}) "
+            f"depth +{fmt(r.get('depth_pct'), '.1f')} % of forward")
 
 
 def markdown(rows, meta):
     lines = [f"# rigel forward benchmark ({meta})", "",
              "Median of CUDA-event timings after warm-up (ms). speedup = gsplat / rigel (> 1: rigel faster). "
-             "entries: duplicated (Gaussian, tile) pairs after the ellipse test; box: the 3-sigma square's count.", "",
+             "entries: duplicated (Gaussian, tile) pairs after the ellipse test; box: the 3-sigma square's count. "
+             "raster+depth: the rasterization stage with the depth outputs (expected + median depth, same pass); "
+             "depth +%: its extra time over the colour-only raster, relative to the whole forward (total).", "",
              "| scene | N | resolution | entries | box | ratio | SH+proj | bin | raster | total | gsplat | speedup | "
-             "fwd+bwd | gsplat fwd+bwd | speedup | PSNR vs gsplat |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "fwd+bwd | gsplat fwd+bwd | speedup | PSNR vs gsplat | raster+depth | depth +% |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         sp = r["gsplat"] / r["total"] if "gsplat" in r else None
         spt = r["gsplat_train"] / r["train"] if "gsplat_train" in r and "train" in r else None
@@ -222,7 +254,8 @@ def markdown(rows, meta):
                      f"{r['entries'] / max(r['box_entries'], 1):.2f} | {r['proj_sh']:.3f} | {r['bin']:.3f} | "
                      f"{r['raster']:.3f} | {r['total']:.3f} | {fmt(r.get('gsplat'), '.3f')} | {fmt(sp)} | "
                      f"{fmt(r.get('train'), '.3f')} | {fmt(r.get('gsplat_train'), '.3f')} | {fmt(spt)} | "
-                     f"{fmt(r.get('psnr_vs_gsplat'), '.1f')} |")
+                     f"{fmt(r.get('psnr_vs_gsplat'), '.1f')} | {fmt(r.get('raster_depth'), '.3f')} | "
+                     f"{fmt(r.get('depth_pct'), '.1f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -233,6 +266,7 @@ def main():
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--no-gsplat", action="store_true")
     ap.add_argument("--no-backward", action="store_true", help="skip the forward+backward timings")
+    ap.add_argument("--no-depth", action="store_true", help="skip the depth-output timings")
     args = ap.parse_args()
     if args.iters < 50:
         print("note: fewer than 50 timed iterations", file=sys.stderr)

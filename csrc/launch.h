@@ -53,20 +53,25 @@ std::pair<at::Tensor, at::Tensor> launch_emit_and_sort(const at::Tensor& means2D
                                                        const at::Tensor& large_count, int64_t total,
                                                        at::Tensor& tile_ranges);
 
-// rasterize_fwd.cu. Writes image [H,W,3], final_T [H,W], n_contrib [H,W] int32 (caller-provided).
+// rasterize_fwd.cu. Writes image [H,W,3], final_T [H,W], n_contrib [H,W] int32 (caller-provided); with depths [N]
+// also depth_sum [H,W] and depth_median [H,W] (all three given or none).
 void launch_rasterize_fwd(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
                           const at::Tensor& opacities, const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges,
                           int width, int height, const c10::optional<at::Tensor>& background, at::Tensor& image,
-                          at::Tensor& final_T, at::Tensor& n_contrib);
+                          at::Tensor& final_T, at::Tensor& n_contrib, const c10::optional<at::Tensor>& depths,
+                          const c10::optional<at::Tensor>& depth_sum, const c10::optional<at::Tensor>& depth_median);
 
 // rasterize_bwd.cu. v_image [H,W,3], v_final_T [H,W] -> v_means2D [N,2], v_conics [N,3], v_colors [N,3],
 // v_opacities [N], v_means2D_abs [N,2] (sum over pixels of |per-pixel d loss / d means2D|, for densification);
+// with depths [N] and v_depth_sum [H,W] also v_depths [N] (all three given or none);
 // the outputs must be zeroed by the caller (the kernel accumulates).
 void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
                           const at::Tensor& opacities, const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges,
                           int width, int height, const c10::optional<at::Tensor>& background,
                           const at::Tensor& final_T, const at::Tensor& n_contrib, const at::Tensor& v_image,
                           const at::Tensor& v_final_T, at::Tensor& v_means2D, at::Tensor& v_conics,
-                          at::Tensor& v_colors, at::Tensor& v_opacities, at::Tensor& v_means2D_abs);
+                          at::Tensor& v_colors, at::Tensor& v_opacities, at::Tensor& v_means2D_abs,
+                          const c10::optional<at::Tensor>& depths, const c10::optional<at::Tensor>& v_depth_sum,
+                          const c10::optional<at::Tensor>& v_depths);
 
 }  // namespace rigel

@@ -210,16 +210,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> bin_gaussian
 void rasterize_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
                      const at::Tensor& opacities, const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges,
                      int64_t width, int64_t height, const c10::optional<at::Tensor>& background, at::Tensor image,
-                     at::Tensor final_T, at::Tensor n_contrib) {
+                     at::Tensor final_T, at::Tensor n_contrib, const c10::optional<at::Tensor>& depths,
+                     const c10::optional<at::Tensor>& depth_sum, const c10::optional<at::Tensor>& depth_median) {
     const char* op = "rasterize_tiles";
     const auto [dev, n] = check_raster_inputs(op, means2D, conics, colors, opacities, gaussian_ids, tile_ranges, width,
                                               height, background);
     check(op, "image", image, at::kFloat, dev, {height, width, 3}, "(H, W, 3)");
     check(op, "final_T", final_T, at::kFloat, dev, {height, width}, "(H, W)");
     check(op, "n_contrib", n_contrib, at::kInt, dev, {height, width}, "(H, W)");
+    // depth output (issue 17.2): depths, depth_sum and depth_median come together or not at all
+    if (depths.has_value() != depth_sum.has_value() || depths.has_value() != depth_median.has_value())
+        TORCH_CHECK_VALUE(false, prefix(op) + "depths, depth_sum and depth_median must be given together");
+    if (depths.has_value()) {
+        check(op, "depths", *depths, at::kFloat, dev, {n}, "(N,)");
+        check(op, "depth_sum", *depth_sum, at::kFloat, dev, {height, width}, "(H, W)");
+        check(op, "depth_median", *depth_median, at::kFloat, dev, {height, width}, "(H, W)");
+    }
     const c10::cuda::CUDAGuard guard(dev);
     launch_rasterize_fwd(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, static_cast<int>(width),
-                         static_cast<int>(height), background, image, final_T, n_contrib);
+                         static_cast<int>(height), background, image, final_T, n_contrib, depths, depth_sum,
+                         depth_median);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> project_gaussians_backward(
@@ -254,11 +264,12 @@ std::tuple<at::Tensor, at::Tensor> sh_colors_backward(int64_t degree, const at::
     return {v_sh_coeffs, v_means3D};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_tiles_backward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_tiles_backward(
     const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors, const at::Tensor& opacities,
     const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges, int64_t width, int64_t height,
     const c10::optional<at::Tensor>& background, const at::Tensor& final_T, const at::Tensor& n_contrib,
-    const at::Tensor& v_image, const at::Tensor& v_final_T) {
+    const at::Tensor& v_image, const at::Tensor& v_final_T, const c10::optional<at::Tensor>& depths,
+    const c10::optional<at::Tensor>& v_depth_sum) {
     const char* op = "rasterize_tiles_backward";
     const auto [dev, n] = check_raster_inputs(op, means2D, conics, colors, opacities, gaussian_ids, tile_ranges, width,
                                               height, background);
@@ -266,15 +277,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize
     check(op, "n_contrib", n_contrib, at::kInt, dev, {height, width}, "(H, W)");
     check(op, "v_image", v_image, at::kFloat, dev, {height, width, 3}, "(H, W, 3)");
     check(op, "v_final_T", v_final_T, at::kFloat, dev, {height, width}, "(H, W)");
+    // depth output (issue 17.2): depths and v_depth_sum come together or not at all
+    if (depths.has_value() != v_depth_sum.has_value())
+        TORCH_CHECK_VALUE(false, prefix(op) + "depths and v_depth_sum must be given together");
+    if (depths.has_value()) {
+        check(op, "depths", *depths, at::kFloat, dev, {n}, "(N,)");
+        check(op, "v_depth_sum", *v_depth_sum, at::kFloat, dev, {height, width}, "(H, W)");
+    }
     const c10::cuda::CUDAGuard guard(dev);
     const auto f32 = means2D.options();
     at::Tensor v_means2D = at::zeros({n, 2}, f32), v_conics = at::zeros({n, 3}, f32);
     at::Tensor v_colors = at::zeros({n, 3}, f32), v_opacities = at::zeros({n}, f32);
     at::Tensor v_means2D_abs = at::zeros({n, 2}, f32);
+    c10::optional<at::Tensor> v_depths;
+    if (depths.has_value()) v_depths = at::zeros({n}, f32);
     launch_rasterize_bwd(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, static_cast<int>(width),
                          static_cast<int>(height), background, final_T, n_contrib, v_image, v_final_T, v_means2D,
-                         v_conics, v_colors, v_opacities, v_means2D_abs);
-    return {v_means2D, v_conics, v_colors, v_opacities, v_means2D_abs};
+                         v_conics, v_colors, v_opacities, v_means2D_abs, depths, v_depth_sum, v_depths);
+    return {v_means2D, v_conics, v_colors, v_opacities, v_means2D_abs,
+            v_depths.has_value() ? *v_depths : at::Tensor()};
 }
 
 }  // namespace rigel

@@ -43,17 +43,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> bin_gaussian
     const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& depths,
     const at::Tensor& radii, int64_t width, int64_t height, int64_t max_entries);
 
-// [3] writes image [H,W,3], final_T [H,W], n_contrib [H,W] int32 in place.
+// [3] writes image [H,W,3], final_T [H,W], n_contrib [H,W] int32 in place; with depths [N] (camera-space z) also
+// depth_sum [H,W] (sum_i w_i z_i) and depth_median [H,W] from the same pass (all three or none).
 void rasterize_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
                      const at::Tensor& opacities, const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges,
                      int64_t width, int64_t height, const c10::optional<at::Tensor>& background, at::Tensor image,
-                     at::Tensor final_T, at::Tensor n_contrib);
+                     at::Tensor final_T, at::Tensor n_contrib, const c10::optional<at::Tensor>& depths,
+                     const c10::optional<at::Tensor>& depth_sum, const c10::optional<at::Tensor>& depth_median);
 
-// [3] backward -> (v_means2D [N,2], v_conics [N,3], v_colors [N,3], v_opacities [N], v_means2D_abs [N,2])
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_tiles_backward(
+// [3] backward -> (v_means2D [N,2], v_conics [N,3], v_colors [N,3], v_opacities [N], v_means2D_abs [N,2],
+// v_depths [N] when depths and v_depth_sum [H,W] are given, else undefined (None))
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_tiles_backward(
     const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors, const at::Tensor& opacities,
     const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges, int64_t width, int64_t height,
     const c10::optional<at::Tensor>& background, const at::Tensor& final_T, const at::Tensor& n_contrib,
-    const at::Tensor& v_image, const at::Tensor& v_final_T);
+    const at::Tensor& v_image, const at::Tensor& v_final_T, const c10::optional<at::Tensor>& depths,
+    const c10::optional<at::Tensor>& v_depth_sum);
 
 }  // namespace rigel

@@ -6,6 +6,9 @@
 // With S_i = sum_{j>i} c_j alpha_j T_j + final_T * background (what lies behind entry i):
 //   d image / d c_i     = alpha_i T_i
 //   d image / d alpha_i = T_i c_i - S_i / (1 - alpha_i),     d final_T / d alpha_i = -final_T / (1 - alpha_i)
+// Depth (kDepth): depth_sum = sum_i w_i z_i is one more channel with no background, so with
+// S^z_i = sum_{j>i} z_j alpha_j T_j:  d depth_sum / d z_i = alpha_i T_i,
+// d depth_sum / d alpha_i = T_i z_i - S^z_i / (1 - alpha_i). The median depth has no gradient.
 // then alpha = min(ALPHA_MAX, vis) (zero gradient where clamped), vis = opacity exp(-q/2), q the conic form.
 // Per-Gaussian sums are reduced across each warp with shuffles before one atomicAdd per warp and value.
 #include <ATen/ATen.h>
@@ -17,7 +20,9 @@
 namespace rigel {
 namespace {
 
-constexpr int kGradValues = 11;  // v_means2D (2), v_conics (3), v_colors (3), v_opacity, |v_means2D| (2)
+// v_means2D (2), v_conics (3), v_colors (3), v_opacity, |v_means2D| (2), and v_depth when kDepth
+template <bool kDepth>
+constexpr int kGradValues = kDepth ? 12 : 11;
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -25,6 +30,7 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+template <bool kDepth>
 __global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
     int width, int height, int tiles_x,
     const int32_t* __restrict__ tile_ranges,   // [n_tiles, 2]
@@ -42,12 +48,17 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
     float* __restrict__ v_conics,              // [N, 3] accumulated
     float* __restrict__ v_colors,              // [N, 3] accumulated
     float* __restrict__ v_opacities,           // [N] accumulated
-    float* __restrict__ v_means2D_abs)         // [N, 2] accumulated
+    float* __restrict__ v_means2D_abs,         // [N, 2] accumulated
+    const float* __restrict__ depths,          // [N] (kDepth only)
+    const float* __restrict__ v_depth_sum,     // [H, W] (kDepth only)
+    float* __restrict__ v_depths)              // [N] accumulated (kDepth only)
 {
+    constexpr int kG = kGradValues<kDepth>;
     __shared__ int32_t s_id[kTilePixels];
     __shared__ float2 s_xy[kTilePixels];
     __shared__ float4 s_conic_opacity[kTilePixels];  // (A, 2B, C, opacity)
     __shared__ float3 s_rgb[kTilePixels];
+    __shared__ float s_z[kDepth ? kTilePixels : 1];
     __shared__ int s_max_contrib;
 
     const int tile = blockIdx.y * tiles_x + blockIdx.x;
@@ -70,7 +81,9 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
     float T = T_final;
     float vr = 0.f, vg = 0.f, vb = 0.f, vT = 0.f;
     float Sr = 0.f, Sg = 0.f, Sb = 0.f;
+    float vD = 0.f, SD = 0.f;  // kDepth only
     if (inside) {
+        if constexpr (kDepth) vD = v_depth_sum[pix];
         vr = v_image[3 * pix + 0];
         vg = v_image[3 * pix + 1];
         vb = v_image[3 * pix + 2];
@@ -93,13 +106,14 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
             s_conic_opacity[tid] =
                 make_float4(conics[3 * id + 0], 2.f * conics[3 * id + 1], conics[3 * id + 2], opacities[id]);
             s_rgb[tid] = make_float3(colors[3 * id + 0], colors[3 * id + 1], colors[3 * id + 2]);
+            if constexpr (kDepth) s_z[tid] = depths[id];
         }
         __syncthreads();
         for (int j = batch_end - batch_start - 1; j >= 0; --j) {
             const int position = batch_start - start + j;  // 0-based place in the tile's list
-            float grad[kGradValues];
+            float grad[kG];
 #pragma unroll
-            for (int i = 0; i < kGradValues; ++i) grad[i] = 0.f;
+            for (int i = 0; i < kG; ++i) grad[i] = 0.f;
             bool active = false;
             if (position < last) {
                 const float4 co = s_conic_opacity[j];
@@ -117,8 +131,14 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
                     grad[6] = vg * w;
                     grad[7] = vb * w;
                     const float inv = 1.f / one_minus;
-                    const float v_alpha = vr * (T_i * c.x - Sr * inv) + vg * (T_i * c.y - Sg * inv) +
-                                          vb * (T_i * c.z - Sb * inv) - vT * T_final * inv;
+                    float v_alpha = vr * (T_i * c.x - Sr * inv) + vg * (T_i * c.y - Sg * inv) +
+                                    vb * (T_i * c.z - Sb * inv) - vT * T_final * inv;
+                    if constexpr (kDepth) {
+                        const float z = s_z[j];
+                        v_alpha += vD * (T_i * z - SD * inv);
+                        SD += z * w;
+                        grad[kG - 1] = vD * w;  // v_depth
+                    }
                     Sr += c.x * w;
                     Sg += c.y * w;
                     Sb += c.z * w;
@@ -139,7 +159,7 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
             }
             if (!__any_sync(0xffffffffu, active)) continue;  // nothing for this Gaussian in this warp
 #pragma unroll
-            for (int i = 0; i < kGradValues; ++i) grad[i] = warp_sum(grad[i]);
+            for (int i = 0; i < kG; ++i) grad[i] = warp_sum(grad[i]);
             if (lane == 0) {
                 const int32_t id = s_id[j];
                 atomicAdd(v_means2D + 2 * id + 0, grad[0]);
@@ -153,6 +173,7 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
                 atomicAdd(v_opacities + id, grad[8]);
                 atomicAdd(v_means2D_abs + 2 * id + 0, grad[9]);
                 atomicAdd(v_means2D_abs + 2 * id + 1, grad[10]);
+                if constexpr (kDepth) atomicAdd(v_depths + id, grad[kG - 1]);
             }
         }
     }
@@ -165,17 +186,32 @@ void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, c
                           int width, int height, const c10::optional<at::Tensor>& background,
                           const at::Tensor& final_T, const at::Tensor& n_contrib, const at::Tensor& v_image,
                           const at::Tensor& v_final_T, at::Tensor& v_means2D, at::Tensor& v_conics,
-                          at::Tensor& v_colors, at::Tensor& v_opacities, at::Tensor& v_means2D_abs) {
+                          at::Tensor& v_colors, at::Tensor& v_opacities, at::Tensor& v_means2D_abs,
+                          const c10::optional<at::Tensor>& depths, const c10::optional<at::Tensor>& v_depth_sum,
+                          const c10::optional<at::Tensor>& v_depths) {
     if (means2D.size(0) == 0) return;
     const int tiles_x = (width + kTileSize - 1) / kTileSize, tiles_y = (height + kTileSize - 1) / kTileSize;
     const dim3 grid(tiles_x, tiles_y), block(kTileSize, kTileSize);
-    rasterize_bwd_kernel<<<grid, block, 0, at::cuda::getCurrentCUDAStream()>>>(
-        width, height, tiles_x, tile_ranges.data_ptr<int32_t>(), gaussian_ids.data_ptr<int32_t>(),
-        means2D.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(), opacities.data_ptr<float>(),
-        background.has_value() ? background->data_ptr<float>() : nullptr, final_T.data_ptr<float>(),
-        n_contrib.data_ptr<int32_t>(), v_image.data_ptr<float>(), v_final_T.data_ptr<float>(),
-        v_means2D.data_ptr<float>(), v_conics.data_ptr<float>(), v_colors.data_ptr<float>(),
-        v_opacities.data_ptr<float>(), v_means2D_abs.data_ptr<float>());
+    const auto stream = at::cuda::getCurrentCUDAStream();
+    const float* bg = background.has_value() ? background->data_ptr<float>() : nullptr;
+    if (depths.has_value()) {
+        rasterize_bwd_kernel<true><<<grid, block, 0, stream>>>(
+            width, height, tiles_x, tile_ranges.data_ptr<int32_t>(), gaussian_ids.data_ptr<int32_t>(),
+            means2D.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(),
+            opacities.data_ptr<float>(), bg, final_T.data_ptr<float>(), n_contrib.data_ptr<int32_t>(),
+            v_image.data_ptr<float>(), v_final_T.data_ptr<float>(), v_means2D.data_ptr<float>(),
+            v_conics.data_ptr<float>(), v_colors.data_ptr<float>(), v_opacities.data_ptr<float>(),
+            v_means2D_abs.data_ptr<float>(), depths->data_ptr<float>(), v_depth_sum->data_ptr<float>(),
+            v_depths->data_ptr<float>());
+    } else {
+        rasterize_bwd_kernel<false><<<grid, block, 0, stream>>>(
+            width, height, tiles_x, tile_ranges.data_ptr<int32_t>(), gaussian_ids.data_ptr<int32_t>(),
+            means2D.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(),
+            opacities.data_ptr<float>(), bg, final_T.data_ptr<float>(), n_contrib.data_ptr<int32_t>(),
+            v_image.data_ptr<float>(), v_final_T.data_ptr<float>(), v_means2D.data_ptr<float>(),
+            v_conics.data_ptr<float>(), v_colors.data_ptr<float>(), v_opacities.data_ptr<float>(),
+            v_means2D_abs.data_ptr<float>(), nullptr, nullptr, nullptr);
+    }
     RIGEL_CHECK_LAUNCH("rasterize_bwd_kernel");
 }
 

@@ -2,6 +2,9 @@
 // front-to-back alpha compositing C = sum_i c_i alpha_i prod_{j<i} (1 - alpha_j) (Kerbl et al. 2023, eq. 3).
 // The block stages its tile's entries in shared memory, kTilePixels at a time (one load per thread), and
 // leaves as soon as every pixel of the tile is done (__syncthreads_count vote).
+// Depth (docs/PIPELINE.md "Depth") comes from the same walk when kDepth: depth_sum = sum_i w_i z_i and the median
+// depth (z of the first blended entry after which T <= 1/2; 0 if none). kDepth = false is the colour-only kernel,
+// compiled without the depth loads, shared memory or arithmetic.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
@@ -11,6 +14,7 @@
 namespace rigel {
 namespace {
 
+template <bool kDepth>
 __global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
     int width, int height, int tiles_x,
     const int32_t* __restrict__ tile_ranges,   // [n_tiles, 2] [start, end) into gaussian_ids
@@ -22,11 +26,15 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
     const float* __restrict__ background,      // [3] or nullptr (black)
     float* __restrict__ image,                 // [H, W, 3] out
     float* __restrict__ final_T,               // [H, W] out
-    int32_t* __restrict__ n_contrib)           // [H, W] out
+    int32_t* __restrict__ n_contrib,           // [H, W] out
+    const float* __restrict__ depths,          // [N] camera-space z (kDepth only)
+    float* __restrict__ depth_sum,             // [H, W] out, sum_i w_i z_i (kDepth only)
+    float* __restrict__ depth_median)          // [H, W] out (kDepth only)
 {
     __shared__ float2 s_xy[kTilePixels];
     __shared__ float4 s_conic_opacity[kTilePixels];  // (A, 2B, C, opacity)
     __shared__ float3 s_rgb[kTilePixels];
+    __shared__ float s_z[kDepth ? kTilePixels : 1];
 
     const int tile = blockIdx.y * tiles_x + blockIdx.x;
     const int tid = threadIdx.y * kTileSize + threadIdx.x;
@@ -37,6 +45,7 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
     const int start = tile_ranges[2 * tile + 0], end = tile_ranges[2 * tile + 1];
     bool done = !inside;
     float T = 1.f, r = 0.f, g = 0.f, b = 0.f;
+    float dsum = 0.f, dmed = 0.f;  // kDepth only
     int last = 0;
     for (int base = start; base < end; base += kTilePixels) {
         // Everyone votes (and the barrier protects the previous batch); all done -> the block leaves.
@@ -48,6 +57,7 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
             s_conic_opacity[tid] =
                 make_float4(conics[3 * id + 0], 2.f * conics[3 * id + 1], conics[3 * id + 2], opacities[id]);
             s_rgb[tid] = make_float3(colors[3 * id + 0], colors[3 * id + 1], colors[3 * id + 2]);
+            if constexpr (kDepth) s_z[tid] = depths[id];
         }
         __syncthreads();
         const int batch = min(kTilePixels, end - base);
@@ -67,6 +77,11 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
             r += c.x * w;
             g += c.y * w;
             b += c.z * w;
+            if constexpr (kDepth) {
+                const float z = s_z[j];
+                dsum += z * w;
+                if (T > 0.5f && T_new <= 0.5f) dmed = z;  // T only falls: this happens once at most
+            }
             T = T_new;
             last = base - start + j + 1;
         }
@@ -84,6 +99,10 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
     image[3 * pix + 2] = b + T * bg_b;
     final_T[pix] = T;
     n_contrib[pix] = last;
+    if constexpr (kDepth) {
+        depth_sum[pix] = dsum;
+        depth_median[pix] = dmed;
+    }
 }
 
 }  // namespace
@@ -91,14 +110,26 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
 void launch_rasterize_fwd(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
                           const at::Tensor& opacities, const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges,
                           int width, int height, const c10::optional<at::Tensor>& background, at::Tensor& image,
-                          at::Tensor& final_T, at::Tensor& n_contrib) {
+                          at::Tensor& final_T, at::Tensor& n_contrib, const c10::optional<at::Tensor>& depths,
+                          const c10::optional<at::Tensor>& depth_sum, const c10::optional<at::Tensor>& depth_median) {
     const int tiles_x = (width + kTileSize - 1) / kTileSize, tiles_y = (height + kTileSize - 1) / kTileSize;
     const dim3 grid(tiles_x, tiles_y), block(kTileSize, kTileSize);
-    rasterize_fwd_kernel<<<grid, block, 0, at::cuda::getCurrentCUDAStream()>>>(
-        width, height, tiles_x, tile_ranges.data_ptr<int32_t>(), gaussian_ids.data_ptr<int32_t>(),
-        means2D.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(), opacities.data_ptr<float>(),
-        background.has_value() ? background->data_ptr<float>() : nullptr, image.data_ptr<float>(),
-        final_T.data_ptr<float>(), n_contrib.data_ptr<int32_t>());
+    const auto stream = at::cuda::getCurrentCUDAStream();
+    const float* bg = background.has_value() ? background->data_ptr<float>() : nullptr;
+    if (depths.has_value()) {
+        rasterize_fwd_kernel<true><<<grid, block, 0, stream>>>(
+            width, height, tiles_x, tile_ranges.data_ptr<int32_t>(), gaussian_ids.data_ptr<int32_t>(),
+            means2D.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(),
+            opacities.data_ptr<float>(), bg, image.data_ptr<float>(), final_T.data_ptr<float>(),
+            n_contrib.data_ptr<int32_t>(), depths->data_ptr<float>(), depth_sum->data_ptr<float>(),
+            depth_median->data_ptr<float>());
+    } else {
+        rasterize_fwd_kernel<false><<<grid, block, 0, stream>>>(
+            width, height, tiles_x, tile_ranges.data_ptr<int32_t>(), gaussian_ids.data_ptr<int32_t>(),
+            means2D.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(),
+            opacities.data_ptr<float>(), bg, image.data_ptr<float>(), final_T.data_ptr<float>(),
+            n_contrib.data_ptr<int32_t>(), nullptr, nullptr, nullptr);
+    }
     RIGEL_CHECK_LAUNCH("rasterize_fwd_kernel");
 }
 

@@ -5,6 +5,7 @@ Stages (docs/PIPELINE.md) and their Functions:
 * ``_ProjectGaussians``   [1] means3D, quats, scales → means2D, conics, depths, radii (``csrc/project_*.cu``)
 * ``_C.bin_gaussians``    [2] not differentiable (``csrc/binning.cu``)
 * ``_RasterizeTiles``     [3] means2D, conics, colors, opacities → image, final_T, n_contrib (``csrc/rasterize_*.cu``)
+* ``_RasterizeTilesDepth`` [3] the same + depths → depth_sum, depth_median from the same pass (kernels' kDepth)
 * ``_ShColors``           [0] SH coefficients, means3D → colours (``csrc/sh_*.cu``)
 
 Projection and rasterization are separate Functions, so ``RenderOutput.means2D`` is a differentiable
@@ -99,7 +100,7 @@ class _RasterizeTiles(torch.autograd.Function):
         v_image = torch.zeros(*final_T.shape, 3, dtype=final_T.dtype, device=final_T.device) if v_image is None \
             else v_image.contiguous()
         v_final_T = torch.zeros_like(final_T) if v_final_T is None else v_final_T.contiguous()
-        v_means2D, v_conics, v_colors, v_opacities, v_means2D_abs = _ext.get().rasterize_tiles_backward(
+        v_means2D, v_conics, v_colors, v_opacities, v_means2D_abs, _ = _ext.get().rasterize_tiles_backward(
             means2D, conics, colors, opacities, gaussian_ids, tile_ranges, ctx.size[0], ctx.size[1], background,
             final_T, n_contrib, v_image, v_final_T)
         caller_means2D = ctx.means2D_ref()
@@ -109,6 +110,52 @@ class _RasterizeTiles(torch.autograd.Function):
         if background is not None and ctx.needs_input_grad[4]:
             v_background = (v_image * final_T[..., None]).sum((0, 1))
         return v_means2D, v_conics, v_colors, v_opacities, v_background, None, None, None, None, None
+
+
+class _RasterizeTilesDepth(torch.autograd.Function):
+    """:class:`_RasterizeTiles` with the depth outputs (the kernels' kDepth instantiation): one pass gives image,
+    final_T, n_contrib, depth_sum = Σ wᵢzᵢ (differentiable w.r.t. depths and, through wᵢ, means2D, conics,
+    opacities) and depth_median (not differentiable)."""
+
+    @staticmethod
+    def forward(ctx, means2D, conics, colors, opacities, depths, background, gaussian_ids, tile_ranges, width, height,
+                out):
+        dev = means2D.device
+        if out is None:
+            image = torch.empty(height, width, 3, dtype=torch.float32, device=dev)
+            final_T = torch.empty(height, width, dtype=torch.float32, device=dev)
+            n_contrib = torch.empty(height, width, dtype=torch.int32, device=dev)
+        else:
+            image, final_T, n_contrib = out
+        depth_sum = torch.empty(height, width, dtype=torch.float32, device=dev)
+        depth_median = torch.empty(height, width, dtype=torch.float32, device=dev)
+        _ext.get().rasterize_tiles(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, width, height,
+                                   background, image, final_T, n_contrib, depths, depth_sum, depth_median)
+        ctx.save_for_backward(means2D, conics, colors, opacities, depths, background, gaussian_ids, tile_ranges,
+                              final_T, n_contrib)
+        ctx.size = (width, height)
+        ctx.means2D_ref = weakref.ref(means2D)
+        ctx.mark_non_differentiable(n_contrib, depth_median)
+        return image, final_T, n_contrib, depth_sum, depth_median
+
+    @staticmethod
+    def backward(ctx, v_image, v_final_T, _v_n_contrib, v_depth_sum, _v_depth_median):
+        (means2D, conics, colors, opacities, depths, background, gaussian_ids, tile_ranges, final_T,
+         n_contrib) = ctx.saved_tensors
+        zeros = lambda *c: torch.zeros(*final_T.shape, *c, dtype=final_T.dtype, device=final_T.device)
+        v_image = zeros(3) if v_image is None else v_image.contiguous()
+        v_final_T = zeros() if v_final_T is None else v_final_T.contiguous()
+        v_depth_sum = zeros() if v_depth_sum is None else v_depth_sum.contiguous()
+        v_means2D, v_conics, v_colors, v_opacities, v_means2D_abs, v_depths = _ext.get().rasterize_tiles_backward(
+            means2D, conics, colors, opacities, gaussian_ids, tile_ranges, ctx.size[0], ctx.size[1], background,
+            final_T, n_contrib, v_image, v_final_T, depths, v_depth_sum)
+        caller_means2D = ctx.means2D_ref()
+        if caller_means2D is not None:
+            caller_means2D.absgrad = v_means2D_abs
+        v_background = None
+        if background is not None and ctx.needs_input_grad[5]:
+            v_background = (v_image * final_T[..., None]).sum((0, 1))
+        return v_means2D, v_conics, v_colors, v_opacities, v_depths, v_background, None, None, None, None, None
 
 
 class _ShColors(torch.autograd.Function):
@@ -162,10 +209,13 @@ def bin_gaussians_cuda(means2D, conics, opacities, depths, radii, width: int, he
 
 
 def rasterize_tiles_cuda(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, width: int, height: int,
-                         background=None, out=None):
+                         background=None, out=None, depths=None):
     """[3] Rasterization on the GPU, differentiable w.r.t. means2D, conics, colors, opacities, background.
 
-    Returns (image (H,W,3), final_T (H,W), n_contrib (H,W) int32), written into ``out`` when given.
+    Returns (image (H,W,3), final_T (H,W), n_contrib (H,W) int32), written into ``out`` when given. With
+    ``depths`` (N,) (the projection's camera-space z) the same kernel pass also returns depth_sum (H,W) = Σ wᵢzᵢ
+    (differentiable, also w.r.t. depths) and depth_median (H,W) (z where T crosses ½, 0 if never; no gradient):
+    a 5-tuple. See :func:`rigel_core.reference.rasterize_tiles`.
     """
     dev = means2D.device
     if out is not None:
@@ -173,6 +223,11 @@ def rasterize_tiles_cuda(means2D, conics, colors, opacities, gaussian_ids, tile_
         if len(out) != 3:
             raise ValueError(f"out: expected (image, final_T, n_contrib), got {len(out)} tensors")
     bg = None if background is None else _f32("background", background, dev)
+    if depths is not None:
+        return _RasterizeTilesDepth.apply(_f32("means2D", means2D, dev), _f32("conics", conics, dev),
+                                          _f32("colors", colors, dev), _f32("opacities", opacities, dev),
+                                          _f32("depths", depths, dev), bg, gaussian_ids.contiguous(),
+                                          tile_ranges.contiguous(), int(width), int(height), out)
     return _RasterizeTiles.apply(_f32("means2D", means2D, dev), _f32("conics", conics, dev),
                                  _f32("colors", colors, dev), _f32("opacities", opacities, dev), bg,
                                  gaussian_ids.contiguous(), tile_ranges.contiguous(), int(width), int(height), out)
@@ -181,7 +236,7 @@ def rasterize_tiles_cuda(means2D, conics, colors, opacities, gaussian_ids, tile_
 def rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat, K, width: int, height: int, *,
                              background=None, near_plane: float = config.NEAR_PLANE,
                              far_plane: float = config.FAR_PLANE, out=None,
-                             render_mode: str = "default") -> RenderOutput:
+                             render_mode: str = "default", depth: bool = False) -> RenderOutput:
     """Render activated Gaussians with the CUDA kernels (project → bin → rasterize); see
     :func:`rigel_core.render.rasterize_gaussians` for the arguments.
 
@@ -199,10 +254,16 @@ def rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat,
         opacities = opacities * proj[4]
     keys, gaussian_ids, tile_ranges, tiles_touched = bin_gaussians_cuda(means2D, conics, opacities, depths, radii,
                                                                         width, height)
-    image, final_T, n_contrib = rasterize_tiles_cuda(means2D, conics, colors, opacities, gaussian_ids, tile_ranges,
-                                                     width, height, background, out)
+    raster = rasterize_tiles_cuda(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, width, height,
+                                  background, out, depths if depth else None)
+    image, final_T, n_contrib = raster[:3]
+    depth_out = median = None
+    if depth:
+        from .reference import expected_depth
+
+        depth_out, median = expected_depth(raster[3], final_T), raster[4]
     return RenderOutput(image, final_T, n_contrib, radii, means2D, depths, conics, tiles_touched, int(keys.numel()),
-                        gaussian_ids, tile_ranges)
+                        gaussian_ids, tile_ranges, depth_out, median)
 
 
 def sh_colors_cuda(degree: int, sh_coeffs, means3D, campos) -> torch.Tensor:

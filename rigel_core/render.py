@@ -23,6 +23,9 @@ class RenderOutput:
     n_contrib (H,W) int32 (1-based position of the last blended entry of the pixel's tile list: the overdraw
     map), radii (N,) int32 (0 = culled), means2D (N,2) px, depths (N,), conics (N,3), tiles_touched (N,)
     int32 entries per Gaussian, n_entries total duplicated entries.
+    depth (H,W) expected depth Σ wᵢzᵢ / Σ wᵢ (0 where nothing was blended; differentiable) and depth_median (H,W)
+    (z where transmittance crosses ½, 0 where it never does; no gradient), camera-space z in world units, from the
+    colour pass itself: only when ``depth=True`` was asked, else None (docs/PIPELINE.md "Depth").
     """
 
     image: torch.Tensor
@@ -36,6 +39,9 @@ class RenderOutput:
     n_entries: int = 0
     gaussian_ids: torch.Tensor | None = None
     tile_ranges: torch.Tensor | None = None
+    # depth output (issue 17.2)
+    depth: torch.Tensor | None = None
+    depth_median: torch.Tensor | None = None
 
     @property
     def alpha(self) -> torch.Tensor:
@@ -63,7 +69,8 @@ def _check_inputs(means3D, quats, scales, opacities, colors, viewmat, K, width, 
 
 def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, width: int, height: int, *,
                         background=None, near_plane: float = config.NEAR_PLANE,
-                        far_plane: float = config.FAR_PLANE, out=None, render_mode: str = "default") -> RenderOutput:
+                        far_plane: float = config.FAR_PLANE, out=None, render_mode: str = "default",
+                        depth: bool = False) -> RenderOutput:
     """Render activated Gaussians (docs/PIPELINE.md) — differentiable w.r.t. every float input.
 
     Args:
@@ -77,6 +84,8 @@ def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, w
         render_mode: "default" (LOWPASS dilation) or "mip" (the anti-aliased mode's 2D Mip filter with opacity
              compensation, Mip-Splatting eq. 9; docs/PIPELINE.md "Anti-aliased mode"). The 3D smoothing filter is
              the caller's (``render`` applies the model's; :func:`rigel_core.mip.apply_3d_filter`).
+        depth: also return ``depth`` (expected) and ``depth_median`` (H,W), computed in the same rasterization
+             pass as the colour (the colour outputs are unchanged).
     Returns: :class:`RenderOutput`.
     Raises: TypeError/ValueError for wrong types, shapes or devices, or an unknown render_mode; RuntimeError when the image needs more
         than ``config.MAX_ENTRIES`` duplicated entries, or CUDA tensors are given and the kernels are not built.
@@ -101,12 +110,16 @@ def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, w
 
         return rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat.to(dev), K.to(dev),
                                         width, height, background=background, near_plane=near_plane,
-                                        far_plane=far_plane, out=out, render_mode=render_mode)
-    from .reference import render_reference
+                                        far_plane=far_plane, out=out, render_mode=render_mode, depth=depth)
+    from .reference import expected_depth, render_reference
 
     proj, binning, raster = render_reference(means3D, quats, scales, opacities, colors, viewmat.to(dev), K.to(dev),
-                                             width, height, background, near_plane, far_plane, render_mode)
-    image, final_T, n_contrib = raster
+                                             width, height, background, near_plane, far_plane, render_mode,
+                                             depth=bool(depth))
+    image, final_T, n_contrib = raster[:3]
+    depth_out = median = None
+    if depth:
+        depth_out, median = expected_depth(raster.depth_sum, raster.final_T), raster.depth_median
     if out is not None:
         with torch.no_grad():
             out[0].copy_(image)
@@ -114,7 +127,8 @@ def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, w
             out[2].copy_(n_contrib)
         image, final_T, n_contrib = out
     return RenderOutput(image, final_T, n_contrib, proj.radii, proj.means2D, proj.depths, proj.conics,
-                        binning.tiles_touched, int(binning.keys.numel()), binning.gaussian_ids, binning.tile_ranges)
+                        binning.tiles_touched, int(binning.keys.numel()), binning.gaussian_ids, binning.tile_ranges,
+                        depth_out, median)
 
 
 def compute_colors(model, camera: Camera, sh_degree: int | None = None) -> torch.Tensor:
@@ -136,7 +150,7 @@ def compute_colors(model, camera: Camera, sh_degree: int | None = None) -> torch
 
 def render(model, camera: Camera, *, background=None, sh_degree: int | None = None,
            near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE, out=None,
-           render_mode: str | None = None) -> RenderOutput:
+           render_mode: str | None = None, depth: bool = False) -> RenderOutput:
     """Render a :class:`~rigel_core.model.GaussianModel` from a :class:`~rigel_core.camera.Camera`.
 
     Activations (exp scales, sigmoid opacities, quaternion normalisation, and in the mip mode the 3D smoothing
@@ -153,4 +167,4 @@ def render(model, camera: Camera, *, background=None, sh_degree: int | None = No
     return rasterize_gaussians(model.means3D, model.quats, scales, opacities, colors,
                                camera.viewmat_tensor(dev, dtype), camera.K_tensor(dev, dtype),
                                camera.width, camera.height, background=background, near_plane=near_plane,
-                               far_plane=far_plane, out=out, render_mode=mode)
+                               far_plane=far_plane, out=out, render_mode=mode, depth=depth)

@@ -48,7 +48,7 @@ from .camera_control import UP_AXES, OrbitCamera
 from .model_slot import ModelSlot
 from .offscreen import run_offscreen, run_offscreen_training
 from .shaderio import C, MODE_NAMES
-from .ui import Stats, ViewSettings, draw_ui
+from .ui import MODE_DEPTH, Stats, ViewSettings, draw_ui
 from .ui_state import ErrorView, TrainingState
 from .vk_context import VulkanUnavailable
 
@@ -545,9 +545,13 @@ class Viewer:
             t1 = time.perf_counter()
             mode = self.settings.render_mode = self.settings.render_mode or getattr(model, "render_mode", "default")
             scales, opacities = effective_scales_opacities(model, mode)   # the mip mode's 3D filter, if any
-            rasterize_gaussians(model.means3D, model.quats, scales, opacities, colors,
-                                cam.viewmat_tensor(dev, dtype), cam.K_tensor(dev, dtype), cam.width, cam.height,
-                                background=bg, out=(slot.image, slot.final_T, slot.n_contrib), render_mode=mode)
+            depth = self.settings.mode == MODE_DEPTH   # depth display (issue 17.2)
+            r = rasterize_gaussians(model.means3D, model.quats, scales, opacities, colors,
+                                    cam.viewmat_tensor(dev, dtype), cam.K_tensor(dev, dtype), cam.width, cam.height,
+                                    background=bg, out=(slot.image, slot.final_T, slot.n_contrib), render_mode=mode,
+                                    depth=depth)
+            if depth:
+                self._colormap_depth(slot, r.depth)
             if stream is not None:
                 ev[2].record(stream)
                 self._pending_timing = ev
@@ -562,6 +566,20 @@ class Viewer:
             self.ring.release(slot, stream)
         self.stats.frame_size = (fw, fh)
         self.stats.renders += 1
+
+    def _colormap_depth(self, slot, depth):
+        """Depth display (issue 17.2): the frame's image becomes the overdraw colormap over the expected depth,
+        scaled to the near/far of the Render panel or (auto) to the frame's own depth range."""
+        import torch
+
+        from .colormap import depth_colors, depth_range, overdraw_lut
+
+        lut = getattr(self, "_depth_lut", None)
+        if lut is None or lut.device != depth.device:
+            lut = self._depth_lut = torch.from_numpy(overdraw_lut(C.COLORMAP_SIZE)).to(depth.device)
+        s = self.settings
+        near, far = depth_range(depth) if s.depth_auto else (s.depth_near, s.depth_far)
+        slot.image.copy_(depth_colors(depth, near, far, lut))
 
     def _poll_timing(self):
         ev = self._pending_timing
@@ -713,7 +731,8 @@ class Viewer:
         # one render late while renders are in flight); a capture shows exactly the latest render.
         slot = self.ring.latest if capture else (self.ring.newest_ready() or self.ring.latest)
         t0 = time.perf_counter()
-        p = self.presenter.present(slot, mode=self.settings.mode, overdraw_max=self.overdraw_max(slot),
+        mode = C.MODE_IMAGE if self.settings.mode == MODE_DEPTH else self.settings.mode   # depth: colormapped image
+        p = self.presenter.present(slot, mode=mode, overdraw_max=self.overdraw_max(slot),
                                    draw_data=draw_data, capture=capture, content=self.content_rect(panels))
         self.stats.stage_ms["present"] = (time.perf_counter() - t0) * 1e3
         if p is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ANCHORS", "overdraw_lut", "overdraw_index"]
+__all__ = ["ANCHORS", "overdraw_lut", "overdraw_index", "depth_range", "depth_index", "depth_colors"]
 
 #: (position in [0, 1], RGB in [0, 1]) anchor colours.
 ANCHORS = (
@@ -39,3 +39,37 @@ def overdraw_index(n_contrib, overdraw_max: int, size: int = 256) -> np.ndarray:
     m = max(int(overdraw_max), 1)
     n = np.clip(np.asarray(n_contrib, dtype=np.int64), 0, m)
     return (n * (size - 1)) // m
+
+
+# ---- depth display (issue 17.2): the same table over depth ------------------------------------------------------
+
+def depth_range(depth):
+    """(near, far) 0-dim tensors: min and max of the positive depths of the frame ((0, 1) where none), on the
+    depth's device without a host synchronisation."""
+    import torch
+
+    has = depth > 0
+    inf = torch.tensor(float("inf"), dtype=depth.dtype, device=depth.device)
+    near = torch.where(has, depth, inf).amin()
+    far = torch.where(has, depth, -inf).amax()
+    ok = has.any()
+    near = torch.where(ok, near, torch.zeros_like(near))
+    far = torch.where(ok, torch.maximum(far, near + 1e-6), torch.ones_like(far))
+    return near, far
+
+
+def depth_index(depth, near, far, size: int = 256):
+    """LUT index of each pixel: 0 where there is no depth (d ≤ 0), else 1 + round((size − 2)·t),
+    t = clamp((d − near)/(far − near), 0, 1): near is dark, far is bright, empty sky the darkest entry."""
+    import torch
+
+    span = torch.as_tensor(far, dtype=depth.dtype, device=depth.device) - near
+    t = ((depth - near) / torch.clamp_min(span, 1e-12)).clamp(0, 1)
+    idx = 1 + torch.round(t * (size - 2)).long()
+    return torch.where(depth > 0, idx, torch.zeros_like(idx))
+
+
+def depth_colors(depth, near, far, lut):
+    """(H, W, 3) colours of a depth map (H, W) through ``lut`` (size, 4) (a tensor of :func:`overdraw_lut` on
+    the depth's device), scaled to [near, far] (floats or 0-dim tensors)."""
+    return lut[depth_index(depth, near, far, lut.shape[0])][..., :3].to(depth.dtype)

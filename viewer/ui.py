@@ -46,8 +46,11 @@ DENSIFY_SLIDERS = {
     "prune_opacity": ("prune opacity", "float_log", 1e-4, 0.2, "%.4f"),
     "max_gaussians": ("max Gaussians", "int_log", 1000, 10_000_000, "%d"),
 }
+# depth display (issue 17.2): a host-side mode, not a shader one — the frame's image buffer receives the colormapped
+# expected depth (viewer.colormap.depth_colors) and is presented as MODE_IMAGE
+MODE_DEPTH = 100
 MODE_LABELS = (("image", C.MODE_IMAGE), ("alpha", C.MODE_ALPHA), ("overdraw", C.MODE_OVERDRAW),
-               ("side-by-side", C.MODE_SIDE_BY_SIDE))
+               ("side-by-side", C.MODE_SIDE_BY_SIDE), ("depth", MODE_DEPTH))
 
 
 @dataclass
@@ -74,11 +77,21 @@ class ViewSettings:
     model_refresh_s: float = 0.0
     camera_path: path_panel.PathEditor = field(default_factory=path_panel.PathEditor)   # the Camera path section
     render_mode: str | None = None  # "default" | "mip" (anti-aliased); None: the scene's own, adopted at first render
+    # depth display (issue 17.2): colormap range, the frame's own min/max depth when auto
+    depth_auto: bool = True
+    depth_near: float = 0.5
+    depth_far: float = 20.0
 
     def render_key(self):
         """The settings that change the rendered frame (a change triggers a re-render)."""
         return (self.mode == C.MODE_SIDE_BY_SIDE, round(self.render_scale, 4), self.white_background, self.sh_degree,
-                self.render_mode)
+                self.render_mode, self.depth_key())
+
+    def depth_key(self):
+        """None unless the depth mode is shown; then its colormap range (a change re-renders)."""
+        if self.mode != MODE_DEPTH:
+            return None
+        return True if self.depth_auto else (round(self.depth_near, 6), round(self.depth_far, 6))
 
 
 @dataclass
@@ -180,6 +193,13 @@ def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_m
         _, settings.overdraw_auto = imgui.checkbox("overdraw scale: auto", settings.overdraw_auto)
         if not settings.overdraw_auto:
             _, settings.overdraw_max = imgui.slider_int("max n_contrib", settings.overdraw_max, 1, 2000)
+        if settings.mode == MODE_DEPTH:   # depth display (issue 17.2)
+            _, settings.depth_auto = imgui.checkbox("depth range: auto", settings.depth_auto)
+            if not settings.depth_auto:
+                speed = max(settings.depth_far, 1e-3) * 0.005
+                _, settings.depth_near = imgui.drag_float("near", settings.depth_near, speed, 0.0, 1e6, "%.3f")
+                _, settings.depth_far = imgui.drag_float("far", settings.depth_far, speed, 0.0, 1e6, "%.3f")
+                settings.depth_far = max(settings.depth_far, settings.depth_near + 1e-4)
         _, settings.render_scale = imgui.slider_float("render scale", settings.render_scale, 0.1, 1.0, "%.2f")
         if max_sh_degree > 0:
             # the slider shows the clamp but only a user's change is stored: while training raises the active

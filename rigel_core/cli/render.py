@@ -2,6 +2,7 @@
 
     rigel-render SCENE --cameras TRANSFORMS_JSON [--split train|test] --out DIR
                  [--width W --height H] [--background R,G,B] [--device cpu|cuda] [--max-image-size N]
+                 [--depth [expected|median] [--depth-range NEAR,FAR] [--force]]
     rigel-render SCENE --path PATH_JSON --video OUT.mp4 [--width W --height H] [--fps F] [--frames N] [--force]
 
 SCENE is any file :func:`rigel_core.io.load_scene` reads (graphdeco PLY, compressed PLY, SPZ), or ``default``
@@ -12,6 +13,12 @@ size comes from the file's ``w``/``h``, else from an image that does exist, else
 ratio). ``--split`` with a single instant-ngp file renders that split of the every-8th hold-out used by
 :func:`rigel_core.data.load_dataset`. Output: ``DIR/<frame name>.png`` (8-bit RGB, composited onto the
 background; ``--alpha`` writes RGBA with alpha = 1 − final_T instead).
+``--depth`` also writes, from the same rasterization pass, the expected depth (``--depth median``: the median
+depth) of each view as ``DIR/<frame name>.depth.png`` (16-bit greyscale, 0 = no depth, else scaled linearly to
+[near, far]; the scale is in the PNG's text chunks, see :mod:`rigel_core.depth_image`) and
+``DIR/<frame name>.depth.npy`` (float32 (H, W), world units, 0 = no depth). [near, far] is ``--depth-range`` when
+given (depths outside are clipped), else each view's own min and max depth. Existing depth files are never
+replaced (exit 1 before anything is rendered) unless ``--force``.
 Image sizes (from the cameras file or ``--width/--height``) are capped at
 :data:`rigel_core.limits.MAX_IMAGE_SIDE` pixels per side and :data:`~rigel_core.limits.MAX_IMAGE_PIXELS` in all;
 ``--max-image-size N`` raises the caps to N per side and N² in all (up to
@@ -26,6 +33,7 @@ Exit status 0 on success, 2 for bad arguments or input files (1 for a refused ov
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -113,6 +121,21 @@ def _unique(names: list[str]) -> list[str]:
     return out
 
 
+def parse_depth_range(text: str) -> tuple[float, float]:
+    """``"NEAR,FAR"`` with 0 ≤ NEAR < FAR, finite (world units) → (near, far)."""
+    try:
+        vals = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--depth-range expects NEAR,FAR numbers, got {text!r}") from None
+    if len(vals) != 2 or not all(math.isfinite(v) for v in vals) or not 0 <= vals[0] < vals[1]:
+        raise argparse.ArgumentTypeError(f"--depth-range expects two finite numbers 0 <= NEAR < FAR, got {text!r}")
+    return vals[0], vals[1]
+
+
+def _depth_paths(out: Path, name: str) -> tuple[Path, Path]:
+    return out / f"{name}.depth.png", out / f"{name}.depth.npy"
+
+
 def _load_scene(scene: str, device):
     if scene == "default":
         from ..data import default_scene_path
@@ -143,7 +166,14 @@ def main(argv=None) -> int:
     ap.add_argument("--video", help="with --path: output video (.mp4; .gif without imageio-ffmpeg)")
     ap.add_argument("--fps", type=float, default=None, help="with --path: frames per second (default: the path's)")
     ap.add_argument("--frames", type=int, default=None, help="with --path: number of frames (default: the path's)")
-    ap.add_argument("--force", action="store_true", help="with --path: replace an existing video")
+    ap.add_argument("--force", action="store_true",
+                    help="with --path: replace an existing video; with --depth: replace existing depth files")
+    # depth output (issue 17.2)
+    ap.add_argument("--depth", nargs="?", const="expected", default=None, choices=("expected", "median"),
+                    help="also write <frame>.depth.png (16-bit) and <frame>.depth.npy (float32): the expected "
+                         "depth (default) or the median depth")
+    ap.add_argument("--depth-range", type=parse_depth_range, default=None, metavar="NEAR,FAR",
+                    help="with --depth: the PNG's depth range in world units (default: each view's min and max)")
     ap.add_argument("--max-image-size", type=int, default=MAX_IMAGE_SIDE, metavar="N",
                     help=f"largest image side accepted, in pixels; the pixel count is capped at N² "
                          f"(default {MAX_IMAGE_SIDE}, at most {MAX_CAMERA_SIDE})")
@@ -151,7 +181,11 @@ def main(argv=None) -> int:
     cap = args.max_image_size
     if not 1 <= cap <= MAX_CAMERA_SIDE:
         ap.error(f"--max-image-size must be in 1..{MAX_CAMERA_SIDE}, got {cap}")
+    if args.depth_range is not None and args.depth is None:
+        ap.error("--depth-range needs --depth")
     if args.path is not None or args.video is not None:   # a camera-path video (rigel_core/render_video.py)
+        if args.depth is not None:
+            ap.error("--depth writes per-view files: use it with --cameras/--out, not --path")
         from ..render_video import cli_path_video
 
         return cli_path_video(ap, args, _load_scene)
@@ -194,11 +228,19 @@ def main(argv=None) -> int:
     except OSError as e:
         print(f"rigel-render: error: {out}: cannot create the output directory ({e.strerror or e})", file=sys.stderr)
         return 2
+    if args.depth is not None and not args.force:  # refused before anything is rendered or written
+        existing = [p for name in names for p in _depth_paths(out, name) if p.exists()]
+        if existing:
+            more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
+            print(f"rigel-render: error: {existing[0]} exists{more} (use --force to replace depth files)",
+                  file=sys.stderr)
+            return 1
     bg = torch.tensor(args.background, dtype=model.dtype, device=model.device)
     for cam, name in zip(tqdm(cams, desc=f"rendering {len(cams)} views", unit="view"), names):
         try:
             with torch.no_grad():
-                r = render(model, cam, background=None if args.alpha else bg, sh_degree=args.sh_degree)
+                r = render(model, cam, background=None if args.alpha else bg, sh_degree=args.sh_degree,
+                           depth=args.depth is not None)
         except (MemoryError, RuntimeError) as e:  # a valid but too large scene or image for this machine
             if not _out_of_memory(e):
                 raise
@@ -209,6 +251,14 @@ def main(argv=None) -> int:
             write_render_rgba(out / f"{name}.png", r.image, r.final_T)
         else:
             write_png(out / f"{name}.png", r.image)
+        if args.depth is not None:
+            from ..depth_image import depth_range, write_depth_npy, write_depth_png
+
+            d = r.depth if args.depth == "expected" else r.depth_median
+            near, far = args.depth_range or depth_range(d)
+            png, npy = _depth_paths(out, name)
+            write_depth_png(png, d, near, far, kind=args.depth)
+            write_depth_npy(npy, d)
     print(f"rendered {len(cams)} views of {args.scene} ({model.num_gaussians} Gaussians) from {cam_file} to {out}")
     return 0
 

@@ -5,17 +5,19 @@ Each function has a CUDA twin of the same name in ``rigel_core._C`` (STYLE §6).
 """
 from .binning import Binning, bin_gaussians, depth_bits, footprint_threshold, min_q_over_box
 from .project import RENDER_MODES, Projection, check_render_mode, project_gaussians, quat_to_rotmat, tile_rects
-from .rasterize import Raster, rasterize_tiles
+from .rasterize import Raster, RasterDepth, expected_depth, rasterize_tiles
 from .sh import eval_sh, sh_basis, sh_colors
 
 __all__ = ["Binning", "bin_gaussians", "depth_bits", "footprint_threshold", "min_q_over_box", "Projection",
-           "project_gaussians", "quat_to_rotmat", "tile_rects", "RENDER_MODES", "check_render_mode", "Raster", "rasterize_tiles", "eval_sh",
+           "project_gaussians", "quat_to_rotmat", "tile_rects", "RENDER_MODES", "check_render_mode", "Raster",
+           "RasterDepth", "expected_depth", "rasterize_tiles", "eval_sh",
            "sh_basis", "sh_colors", "render_reference"]
 
 
 def render_reference(means3D, quats, scales, opacities, colors, viewmat, K, width, height, background=None,
-                     near_plane=None, far_plane=None, render_mode="default"):
-    """Project, bin and rasterize on the tensors' device with PyTorch ops; returns (Projection, Binning, Raster).
+                     near_plane=None, far_plane=None, render_mode="default", depth=False):
+    """Project, bin and rasterize on the tensors' device with PyTorch ops; returns (Projection, Binning, Raster),
+    the last a :class:`RasterDepth` (depth_sum, depth_median of the same pass) when ``depth`` is true.
 
     In ``render_mode="mip"`` binning and rasterization see the compensated opacities
     ``opacities * proj.compensations`` (Mip-Splatting's 2D filter, :func:`project_gaussians`)."""
@@ -29,5 +31,6 @@ def render_reference(means3D, quats, scales, opacities, colors, viewmat, K, widt
         opacities = opacities * proj.compensations
     binning = bin_gaussians(proj.means2D, proj.conics, opacities, proj.depths, proj.radii, width, height)
     raster = rasterize_tiles(proj.means2D, proj.conics, colors, opacities, binning.gaussian_ids,
-                             binning.tile_ranges, binning.tiles_x, binning.tiles_y, width, height, background)
+                             binning.tile_ranges, binning.tiles_x, binning.tiles_y, width, height, background,
+                             depths=proj.depths if depth else None)
     return proj, binning, raster

@@ -1,0 +1,164 @@
+"""CUDA depth output (kernels' kDepth instantiation) against the reference (docs/PIPELINE.md "Depth").
+
+* forward, same float32 projected inputs and entries on both sides: n_contrib identical, final_T bit for bit and
+  the image within 1e-6 of the colour-only kernel (depth must not change the colour pass), depth_sum within 1e-4
+  relative to the largest depth, the median identical except where a float32 T sits within rounding of ½
+  (≤ 0.1 % of pixels: CUDA's expf and the CPU's exp may differ in the last bit);
+* backward: CUDA fwd+bwd vs float64 autograd of the reference raster on the same float32 inputs, loss = random
+  weights on image, final_T and the expected depth, ≤ 1e-5 relative per group (means2D, conics, colors,
+  opacities, depths); end to end through the projection (means3D, quats, scales) on the CUDA run's entries;
+* real trained scenes: expected and median depth of ``rc.render(..., depth=True)`` vs the float64 reference,
+  PSNR ≥ 50 dB with the peak = the reference's largest depth.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import rigel_core as rc
+from rigel_core import _ext, config, cuda_backend
+from rigel_core.reference import expected_depth, project_gaussians, rasterize_tiles, render_reference, sh_colors
+
+from helpers import cam_tensors
+from test_cuda_backward import assert_close, background_scale, leaves
+from test_cuda_forward import _ply_cameras, cuda_project, make_scene
+
+pytestmark = pytest.mark.gpu
+DEV = torch.device("cuda")
+TOL = 1e-5
+
+
+def depth_psnr(a, b):
+    """PSNR of depth map a against reference b, peak = max(b)."""
+    a, b = a.double().cpu(), b.double().cpu()
+    mse = float(((a - b) ** 2).mean())
+    peak = float(b.max())
+    return float("inf") if mse == 0 else 10 * math.log10(peak * peak / mse)
+
+
+@pytest.mark.parametrize("size", [(160, 120), (203, 137)])
+def test_raster_depth_forward_matches_reference(rng, size):
+    width, height = size
+    cam, (means, quats, scales, opac, colors) = make_scene(rng, 3000, width, height)
+    m2, con, dep, rad = cuda_project(cam, means, quats, scales, opac)
+    _, ids, ranges, _ = cuda_backend.bin_gaussians_cuda(m2, con, opac.to(DEV), dep, rad, width, height)
+    C = _ext.get()
+    poisoned = lambda *s: torch.full((height, width, *s), float("nan"), device=DEV)
+    image, final_T, dsum, dmed = poisoned(3), poisoned(), poisoned(), poisoned()
+    n_contrib = torch.full((height, width), -7, dtype=torch.int32, device=DEV)
+    C.rasterize_tiles(m2, con, colors.to(DEV), opac.to(DEV), ids, ranges, width, height, None, image, final_T,
+                      n_contrib, dep, dsum, dmed)
+    img0, T0, n0 = poisoned(3), poisoned(), torch.empty_like(n_contrib)
+    C.rasterize_tiles(m2, con, colors.to(DEV), opac.to(DEV), ids, ranges, width, height, None, img0, T0, n0)
+    # the colour pass is unchanged (T bit for bit; the colour sums may differ by a fused multiply-add's rounding)
+    assert torch.equal(final_T, T0) and torch.equal(n_contrib, n0)
+    assert float((image - img0).abs().max()) <= 1e-6
+    ref = rasterize_tiles(m2.cpu(), con.cpu(), colors, opac, ids.cpu(), ranges.cpu(), -(-width // 16),
+                          -(-height // 16), width, height, depths=dep.cpu())
+    assert torch.isfinite(dsum).all() and torch.isfinite(dmed).all()
+    assert torch.equal(n_contrib.cpu(), ref.n_contrib)
+    zmax = float(dep.max())
+    assert float((dsum.cpu() - ref.depth_sum).abs().max()) <= 1e-4 * zmax
+    differ = dmed.cpu() != ref.depth_median
+    assert float(differ.double().mean()) <= 1e-3, f"{int(differ.sum())} median depths differ"
+    assert (ref.depth_median > 0).any() and (ref.depth_median == 0).any()
+    ed, ed_ref = expected_depth(dsum, final_T).cpu(), expected_depth(ref.depth_sum, ref.final_T)
+    assert float((ed - ed_ref).abs().max()) <= 1e-4 * zmax
+
+
+def test_raster_depth_backward(rng):
+    """CUDA vs float64 autograd, on the kernel's own projection and entries, incl. stopped and saturated pixels."""
+    cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False)
+    means, quats, scales, opac, colors = inputs
+    opac = torch.where(torch.rand(opac.shape, generator=rng) < 0.3, 0.999, opac)   # saturated alpha, T_MIN stops
+    w, h = cam.width, cam.height
+    vm, K = cam_tensors(cam, torch.float32)
+    m2, con, dep, rad = _ext.get().project_gaussians(*(t.to(DEV) for t in (means, quats, scales, opac, vm, K)), w, h,
+                                                     config.NEAR_PLANE, config.FAR_PLANE)
+    _, ids, ranges, _ = cuda_backend.bin_gaussians_cuda(m2, con, opac.to(DEV), dep, rad, w, h)
+    w_img, w_T, w_D = (torch.randn(h, w, 3, generator=rng), torch.randn(h, w, generator=rng),
+                       torch.randn(h, w, generator=rng))
+    bg = torch.rand(3, generator=rng)
+    base = (m2, con, colors, opac, dep, bg)
+    x32 = leaves(base, DEV, torch.float32)
+    out = cuda_backend.rasterize_tiles_cuda(*x32[:4], ids, ranges, w, h, background=x32[5], depths=x32[4])
+    image, final_T, _, dsum, dmed = out
+    assert not dmed.requires_grad
+    ed = expected_depth(dsum, final_T)
+    ((image * w_img.to(DEV)).sum() + (final_T * w_T.to(DEV)).sum() + (ed * w_D.to(DEV)).sum()).backward()
+    x64 = leaves(base, "cpu", torch.float64)
+    ref = rasterize_tiles(*x64[:4], ids.cpu(), ranges.cpu(), -(-w // 16), -(-h // 16), w, h, x64[5], depths=x64[4])
+    ed64 = expected_depth(ref.depth_sum, ref.final_T)
+    ((ref.image * w_img.double()).sum() + (ref.final_T * w_T.double()).sum() + (ed64 * w_D.double()).sum()).backward()
+    names = ("means2D", "conics", "colors", "opacities", "depths", "background")
+    assert_close([(n, a.grad, b.grad) for n, a, b in zip(names, x32, x64)], TOL,
+                 {"background": background_scale(w_img, ref.final_T)})
+    assert float((final_T < 1e-3).float().mean()) > 0.0, "no pixel stops at T_MIN"
+
+
+def test_end_to_end_depth_gradients(rng):
+    """rc.rasterize_gaussians(..., depth=True): ∂(Σ u·ED)/∂(means3D, quats, scales, opacities) vs float64 through
+    the reference projection and raster on the CUDA run's entries (test_cuda_backward's composition)."""
+    cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False, with_near=False)
+    h, w = cam.height, cam.width
+    u = torch.randn(h, w, generator=rng)
+    vm, K = cam_tensors(cam, torch.float32)
+    x = leaves(inputs, DEV, torch.float32)
+    out = rc.rasterize_gaussians(*x, vm.to(DEV), K.to(DEV), w, h, depth=True)
+    (out.depth * u.to(DEV)).sum().backward()
+    y = leaves(inputs, "cpu", torch.float64)
+    vm64, K64 = cam_tensors(cam, torch.float64)
+    p = project_gaussians(y[0], y[1], y[2], y[3], vm64, K64, w, h)
+    ref = rasterize_tiles(p.means2D, p.conics, y[4], y[3], out.gaussian_ids.cpu(), out.tile_ranges.cpu(),
+                          -(-w // 16), -(-h // 16), w, h, depths=p.depths)
+    (expected_depth(ref.depth_sum, ref.final_T) * u.double()).sum().backward()
+    names = ("means3D", "quats", "scales", "opacities")
+    assert_close([(n, a.grad, b.grad) for n, a, b in zip(names, x, y)], TOL)
+    assert x[4].grad is None or float(x[4].grad.abs().max()) == 0.0   # colours do not enter the depth
+
+
+@pytest.mark.parametrize("name", ["ply/donut_mipsplatting_sh0.ply", "ply/fruit_drops_minimal_sh3.ply",
+                                  "compressed/guitar.compressed.ply"])
+def test_real_scene_depth_psnr(shared_data, name):
+    from rigel_core.io import load_scene
+
+    path = shared_data / name
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    model = load_scene(path, device=DEV)
+    model64 = model.to(dtype=torch.float64)
+    for cam in _ply_cameras(model):
+        got = rc.render(model, cam, depth=True)
+        colors = sh_colors(model64.sh_degree, model64.sh_coeffs, model64.means3D,
+                           torch.as_tensor(cam.campos, device=DEV))
+        _, _, rr = render_reference(model64.means3D, model64.quats, model64.scales, model64.opacities, colors,
+                                    cam.viewmat_tensor(DEV, torch.float32).double(),
+                                    cam.K_tensor(DEV, torch.float32).double(), cam.width, cam.height, depth=True)
+        ed = expected_depth(rr.depth_sum, rr.final_T)
+        assert float(got.final_T.min()) < 0.5 and (rr.depth_median > 0).any(), "camera does not see the scene"
+        p_ed, p_med = depth_psnr(got.depth, ed), depth_psnr(got.depth_median, rr.depth_median)
+        assert p_ed >= 50, f"{name}: expected depth PSNR {p_ed:.1f} dB < 50"
+        assert p_med >= 50, f"{name}: median depth PSNR {p_med:.1f} dB < 50"
+
+
+def test_depth_argument_errors(rng):
+    """The depth tensors come together, with their shapes (one clear ValueError each)."""
+    cam, (means, quats, scales, opac, colors) = make_scene(rng, 50, 32, 32, edges=False, duplicates=0)
+    m2, con, dep, rad = cuda_project(cam, means, quats, scales, opac)
+    _, ids, ranges, _ = cuda_backend.bin_gaussians_cuda(m2, con, opac.to(DEV), dep, rad, 32, 32)
+    C = _ext.get()
+    img, fT = torch.empty(32, 32, 3, device=DEV), torch.empty(32, 32, device=DEV)
+    nc = torch.empty(32, 32, dtype=torch.int32, device=DEV)
+    c, o = colors.to(DEV), opac.to(DEV)
+    with pytest.raises(ValueError, match="together"):
+        C.rasterize_tiles(m2, con, c, o, ids, ranges, 32, 32, None, img, fT, nc, dep, None, None)
+    with pytest.raises(ValueError, match="depth_sum"):
+        C.rasterize_tiles(m2, con, c, o, ids, ranges, 32, 32, None, img, fT, nc, dep, fT[:16].contiguous(),
+                          fT.clone())
+    with pytest.raises(ValueError, match="depths"):
+        C.rasterize_tiles(m2, con, c, o, ids, ranges, 32, 32, None, img, fT, nc, dep[:3].contiguous(), fT.clone(),
+                          fT.clone())
+    with pytest.raises(ValueError, match="together"):
+        C.rasterize_tiles_backward(m2, con, c, o, ids, ranges, 32, 32, None, fT, nc, img, fT, dep, None)

@@ -1,0 +1,55 @@
+"""The viewer's depth display (no Vulkan needed): colormap indices and the frame-image fill of ``_colormap_depth``."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("viewer.app")
+from viewer import shaderio  # noqa: E402
+from viewer.app import Viewer  # noqa: E402
+from viewer.colormap import depth_colors, depth_index, depth_range, overdraw_lut  # noqa: E402
+from viewer.ui import MODE_DEPTH, MODE_LABELS, ViewSettings  # noqa: E402
+
+
+def test_depth_index_and_range(rng):
+    d = 1 + 9 * torch.rand(13, 17, generator=rng)
+    d[torch.rand(13, 17, generator=rng) < 0.25] = 0
+    near, far = depth_range(d)
+    assert float(near) == float(d[d > 0].min()) and float(far) == float(d.max())
+    idx = depth_index(d, near, far, 256).numpy()
+    dn = d.numpy()
+    assert np.all(idx[dn == 0] == 0) and idx[dn > 0].min() == 1 and idx.max() == 255
+    ref = 1 + np.rint((dn - float(near)) / (float(far) - float(near)) * 254)   # independent: numpy, float64
+    assert np.abs(idx[dn > 0] - ref[dn > 0]).max() <= 1
+    # a fixed range clips; no depth at all gives (0, 1) and index 0 everywhere
+    assert set(np.unique(depth_index(d, 4.0, 6.0)[d > 0].numpy())) <= set(range(1, 256))
+    assert int(depth_index(torch.tensor([3.0, 100.0]), 4.0, 6.0)[0]) == 1
+    assert int(depth_index(torch.tensor([3.0, 100.0]), 4.0, 6.0)[1]) == 255
+    z = torch.zeros(4, 5)
+    n0, f0 = depth_range(z)
+    assert (float(n0), float(f0)) == (0.0, 1.0) and not depth_index(z, n0, f0).any()
+
+
+def test_colormap_depth_fills_the_frame_image(rng):
+    """The depth mode is in the mode list and re-renders on range changes; ``_colormap_depth`` writes the LUT
+    colours of the depth into the slot's image (auto range and a fixed one)."""
+    assert ("depth", MODE_DEPTH) in MODE_LABELS
+    s = ViewSettings(mode=MODE_DEPTH)
+    k_auto = s.render_key()
+    s.depth_auto = False
+    assert s.render_key() != k_auto
+    s.depth_near, s.depth_far = 2.0, 5.0
+    d = 1 + 6 * torch.rand(9, 11, generator=rng)
+    d[0, :3] = 0
+    slot = SimpleNamespace(image=torch.full((9, 11, 3), float("nan")))
+    fake = SimpleNamespace(settings=s)
+    lut = overdraw_lut(shaderio.C.COLORMAP_SIZE)
+    for auto in (True, False):
+        s.depth_auto = auto
+        Viewer._colormap_depth(fake, slot, d)
+        near, far = (float(d[d > 0].min()), float(d.max())) if auto else (2.0, 5.0)
+        want = lut[depth_index(d, near, far, lut.shape[0]).numpy()][..., :3]
+        np.testing.assert_array_equal(slot.image.numpy(), want)
+    assert np.all(slot.image[0, :3].numpy() == lut[0, :3])   # no depth: the darkest entry
+    torch.testing.assert_close(depth_colors(d, 2.0, 5.0, torch.from_numpy(lut)), slot.image)
