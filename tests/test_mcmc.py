@@ -302,7 +302,7 @@ def test_mcmc_training_reaches_the_budget_and_learns(rng):
     assert max(r.num_gaussians for r in results) == cap == tr.model.num_gaussians
     assert reps[-1].capped and not reps[0].capped and sum(r.n_relocated for r in reps) > 0
     assert not any(r.opacity_reset for r in results) and tr.is_consistent()
-    assert after.psnr >= before.psnr + 3.0 and after.psnr > 17.0
+    assert after.psnr >= before.psnr + 3.0 and after.psnr > 15.5  # 17.1–18.5 dB over 4 seeds
 
 
 def test_mcmc_init_above_the_budget_is_trimmed(rng):
