@@ -31,7 +31,10 @@ the left half of each image and scoring the right half); ``--init-background N``
 the SfM points along training rays (``TrainConfig.init_background_points``; for captures whose SfM covers only
 the object); ``--position-lr-max-steps N`` sets the horizon of the position lr decay (``TrainConfig.
 position_lr_max_steps``; default the run's length — 3DGS uses 30000 whatever the run's length). On ``--resume``
-these keep the saved run's values unless given again. ``--set FIELD=VALUE`` (repeatable) sets any
+these keep the saved run's values unless given again. ``--strategy mcmc --max-gaussians N`` trains under a Gaussian
+budget (3DGS-MCMC, :mod:`rigel_core.train.mcmc`: dead Gaussians relocated, growth to N, position noise, opacity and
+scale regularisers; docs/TRAINING.md, "Gaussian budget"); without ``--max-gaussians`` (or ``--set max_gaussians=N``)
+it exits with status 2. ``--set FIELD=VALUE`` (repeatable) sets any
 :class:`~rigel_core.train.TrainConfig` field, the value read as JSON (``--set densify_until=5000
 --set grad_threshold=4e-4 --set init_box=[-1,-1,-1,1,1,1]``), else as a string; it wins over the other flags.
 
