@@ -55,9 +55,9 @@ in a lane of its own). real.md then has a second table, MCMC vs default per scen
 Gaussians, training time, peak memory, ΔPSNR = MCMC − default).
 
 Run on the GPU machine: ``python bench/real.py [--scenes bonsai,fern,PATH] [--iters 7000,30000] [--downscale 1]
-[--methods rigel,rigel-mcmc,gsplat] [--rigel-config key=value ...] [--time-limit S]``; default scenes: every dataset folder
-under ``$RIGEL_SHARED_DATA/real``. CPU check: ``--device cpu --iters 20 --downscale 8 --max-frames 6`` (rigel's
-PyTorch reference backend; gsplat needs CUDA and is skipped with the reason). Runs made separately (``--methods
+[--methods rigel,rigel-mcmc,gsplat] [--rigel-config key=value ...] [--time-limit S]``; default scenes: every
+dataset folder under ``$RIGEL_SHARED_DATA/real``. CPU check: ``--device cpu --iters 20 --downscale 8 --max-frames 6``
+(rigel's PyTorch reference backend; gsplat needs CUDA and is skipped with the reason). Runs made separately (``--methods
 rigel`` on one GPU, ``--methods gsplat`` on another, or in two device calls) are joined by ``python bench/real.py
 --merge DIR DIR --out DIR`` (no training; the protocols must match).
 """

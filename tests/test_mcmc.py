@@ -261,8 +261,8 @@ def test_regularizer_gradients(rng):
     r.backward()
     o = torch.sigmoid(model.opacity_logits.detach().double())
     s = torch.exp(model.log_scales.detach().double())
-    assert float(r.detach()) == pytest.approx(cfg.mcmc_opacity_reg * float(o.mean()) + cfg.mcmc_scale_reg * float(s.mean()),
-                                     rel=1e-5)
+    want = cfg.mcmc_opacity_reg * float(o.mean()) + cfg.mcmc_scale_reg * float(s.mean())
+    assert float(r.detach()) == pytest.approx(want, rel=1e-5)
     torch.testing.assert_close(model.opacity_logits.grad.double(), cfg.mcmc_opacity_reg * o * (1 - o) / 37,
                                rtol=1e-5, atol=1e-12)
     torch.testing.assert_close(model.log_scales.grad.double(), cfg.mcmc_scale_reg * s / (37 * 3), rtol=1e-5,
@@ -345,7 +345,8 @@ def test_cli_strategy_mcmc(blender_dataset, tmp_path, capsys):  # noqa: F811
     assert "--strategy mcmc needs --max-gaussians" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
     assert main(common + ["--out", str(tmp_path / "b"), "--iters", "24", "--strategy", "mcmc", "--max-gaussians",
-                          "130", "--set", "densify_from=5", "--set", "densify_interval=5", "--set", "mcmc_growth=0.15"]) == 0
+                          "130", "--set", "densify_from=5", "--set", "densify_interval=5",
+                          "--set", "mcmc_growth=0.15"]) == 0
     metrics = json.loads((tmp_path / "b" / "metrics.json").read_text())
     assert metrics["config"]["strategy"] == "mcmc" and metrics["num_gaussians"] == 130
     assert [d["iteration"] for d in metrics["densify"]] == [10, 15, 20]
