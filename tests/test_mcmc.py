@@ -356,3 +356,31 @@ def test_cli_strategy_mcmc(blender_dataset, tmp_path, capsys):  # noqa: F811
                           "max_gaussians=100", "--set", "mcmc_noise_lr=1e4"]) == 0
     cfg = json.loads((tmp_path / "c" / "metrics.json").read_text())["config"]
     assert cfg["strategy"] == "mcmc" and cfg["mcmc_noise_lr"] == 1e4
+
+
+@pytest.mark.gpu
+def test_mcmc_on_cuda(rng):
+    """The CUDA path: relocation and growth draw on the CPU generator, so a model on the GPU lands its copies on the
+    same rows as on the CPU; the noise is drawn on the device; a short run reaches the budget and stays consistent."""
+    model, opt, dead = _model_with_moments(rng, 200)
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=230)
+    gpu = type(model)(*(getattr(model, k).detach().cuda() for k in PARAM_NAMES))
+    gopt = make_optimizer(gpu, TrainConfig(), 1.0)
+    seed = int(torch.randint(0, 2 ** 31, (1,), generator=rng))
+    for m, o, dev in ((model, opt, "cpu"), (gpu, gopt, "cuda")):
+        g = torch.Generator().manual_seed(seed)
+        assert relocate_dead(m, o, cfg, g) == int(dead.sum()) and add_gaussians(m, o, cfg, g) == 10
+        assert m.means3D.device.type == dev
+    assert torch.equal(model.means3D.detach(), gpu.means3D.detach().cpu())
+    torch.testing.assert_close(model.opacities.detach(), gpu.opacities.detach().cpu(), rtol=1e-5, atol=1e-7)
+    noise = position_noise(gpu, 1e-4, cfg, torch.Generator().manual_seed(seed))
+    assert noise.is_cuda and bool(torch.isfinite(noise).all()) and float(noise.abs().max()) > 0
+
+    ds = make_dataset(rng, n_gauss=120, size=32, n_train=6, n_test=2)
+    tr = Trainer(ds, mcmc_config(iterations=60, init_points=150, max_gaussians=200, densify_from=5,
+                                 densify_interval=5, mcmc_growth=0.2), device="cuda")
+    before = tr.evaluate()
+    for _ in range(60):
+        r = tr.step()
+    assert r.num_gaussians == 200 and tr.is_consistent() and tr.nan_skips == 0
+    assert tr.evaluate().psnr > before.psnr
