@@ -29,6 +29,11 @@
 #                             resolution in MODES (default "default,mip"; give "default" in one lane and "mip" in the
 #                             other to halve the wall time) for ITERS iterations, evaluate held-out PSNR/SSIM at ¼, ½,
 #                             1 and 2× the training resolution (2× = the 800×800 originals); table in logs/mip_*/mip.md
+#   mcmc:SCENES:ITERS[:TIMEOUT]  bench/real.py --methods rigel,rigel-mcmc (issue 17): rigel's default densification, then
+#                             the MCMC budget (--strategy mcmc) capped at the default run's final Gaussian count; SCENES
+#                             "lego" / "lego_half" (Blender, white background) or real captures as for real: (comma-
+#                             separated, or "all"); $MCMC_ARGS is passed on (e.g. "--mcmc-config densify_until=25000");
+#                             real.md's second table is MCMC vs default; outputs in logs/mcmc_*/
 # A lane entry "JOB+JOB" runs those jobs at the same time on the lane's GPU (their timings then share it).
 # Per-job time limits: TIMEOUT in the spec, else JOB_TIMEOUT (default 330 s; training gets SIGINT, which saves
 # the run and its last evaluation).
@@ -168,6 +173,23 @@ print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','f
       else
         line+=" $(tail -1 "$LOGS/$name.log")"
       fi ;;
+    mcmc)  # mcmc:SCENES:ITERS[:TIMEOUT]
+      local rout=$LOGS/$name scenes="" wb=""
+      case "${a:-all}" in
+        all) ;;
+        lego|lego_half) scenes="--scenes $RIGEL_SHARED_DATA/$a"; wb="--white-bg" ;;
+        *) scenes="--scenes $a" ;;
+      esac
+      OUT=$rout timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/real.py $scenes $wb --iters "${b:-7000,30000}" \
+        --methods rigel,rigel-mcmc --out "$rout" ${MCMC_ARGS:-} >"$LOGS/$name.log" 2>&1
+      local rc=$?
+      line="rc=$rc"
+      if [ -s "$rout/summary.txt" ]; then
+        line+=" (real.md)"
+        while IFS= read -r l; do line+=$'\n'"$spec | $l"; done <"$rout/summary.txt"
+      else
+        line+=" $(tail -1 "$LOGS/$name.log")"
+      fi ;;
     *) line="unknown job" ;;
   esac
   echo "$spec | $(( $(date +%s) - t0 ))s | $line"
@@ -205,7 +227,7 @@ else
 fi
 cat "$LOGS"/lane*.txt >"$OUT/summary.txt"
 for f in forward.md train_step.md ring_overhead.md; do [ -f "$LOGS/$f" ] && cat "$LOGS/$f" >>"$OUT/summary.txt"; done
-for f in "$LOGS"/real_*/real.md "$LOGS"/mip_*/mip.md; do [ -f "$f" ] && cat "$f" >>"$OUT/summary.txt"; done
+for f in "$LOGS"/real_*/real.md "$LOGS"/mip_*/mip.md "$LOGS"/mcmc_*/real.md; do [ -f "$f" ] && cat "$f" >>"$OUT/summary.txt"; done
 tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 echo "== device_all: $ngpu GPU(s), $(( $(date +%s) - t_start ))s =="
 cat "$OUT/summary.txt"

@@ -47,10 +47,17 @@ same iteration), ``real.json`` (everything, per-view metrics included), ``summar
 ``real_<scene>_<view>.png`` (the first held-out view: ground truth | rigel | gsplat, at each method's last
 checkpoint). Nothing is written into the datasets. stdout: one line per evaluation.
 
+**MCMC vs default** (issue 17): ``--methods rigel,rigel-mcmc`` runs rigel's default strategy, then rigel with
+``strategy="mcmc"`` and ``max_gaussians`` = the count the default run ended with (its last checkpoint): the two
+at equal Gaussian counts, the same start, seed and overrides (``--rigel-config`` applies to both,
+``--mcmc-config key=value`` to the MCMC run only; ``--mcmc-cap N`` fixes the budget instead, e.g. for an MCMC run
+in a lane of its own). real.md then has a second table, MCMC vs default per scene and checkpoint (PSNR, SSIM,
+Gaussians, training time, peak memory, ΔPSNR = MCMC − default).
+
 Run on the GPU machine: ``python bench/real.py [--scenes bonsai,fern,PATH] [--iters 7000,30000] [--downscale 1]
-[--methods rigel,gsplat] [--rigel-config key=value ...] [--time-limit S]``; default scenes: every dataset folder
-under ``$RIGEL_SHARED_DATA/real``. CPU check: ``--device cpu --iters 20 --downscale 8 --max-frames 6`` (rigel's
-PyTorch reference backend; gsplat needs CUDA and is skipped with the reason). Runs made separately (``--methods
+[--methods rigel,rigel-mcmc,gsplat] [--rigel-config key=value ...] [--time-limit S]``; default scenes: every
+dataset folder under ``$RIGEL_SHARED_DATA/real``. CPU check: ``--device cpu --iters 20 --downscale 8 --max-frames 6``
+(rigel's PyTorch reference backend; gsplat needs CUDA and is skipped with the reason). Runs made separately (``--methods
 rigel`` on one GPU, ``--methods gsplat`` on another, or in two device calls) are joined by ``python bench/real.py
 --merge DIR DIR --out DIR`` (no training; the protocols must match).
 """
@@ -83,7 +90,10 @@ from rigel_core.train.losses import l1_loss, psnr_from_mse, ssim, ssim_map  # no
 from rigel_core.train.optim import position_lr  # noqa: E402
 from rigel_core.train.trainer import Trainer  # noqa: E402
 
-METHODS = ("rigel", "gsplat")
+#: "rigel-mcmc": rigel with the 3DGS-MCMC budget (``strategy="mcmc"``, rigel_core/train/mcmc.py) capped at the
+#: Gaussian count the default ``rigel`` run of the same scene ended with (or ``--mcmc-cap``): equal counts
+METHODS = ("rigel", "rigel-mcmc", "gsplat")
+RIGEL_METHODS = ("rigel", "rigel-mcmc")
 DEFAULT_ITERS = "7000,30000"
 GIB = 2 ** 30
 
@@ -172,7 +182,7 @@ def _parse_value(text: str, default):
     return value
 
 
-def parse_overrides(items) -> dict:
+def parse_overrides(items, flag: str = "--rigel-config") -> dict:
     """``["key=value", ...]`` → {field: value} for :class:`TrainConfig`. Values are Python literals (numbers,
     tuples, None; true/false for booleans; a bare word is a string). BenchError for a malformed item or a
     field TrainConfig does not have (the message lists them)."""
@@ -183,17 +193,17 @@ def parse_overrides(items) -> dict:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not key:
-            raise BenchError(f"--rigel-config {item!r}: expected key=value")
+            raise BenchError(f"{flag} {item!r}: expected key=value")
         if key not in fields:
-            raise BenchError(f"--rigel-config {item!r}: TrainConfig has no field {key!r} "
+            raise BenchError(f"{flag} {item!r}: TrainConfig has no field {key!r} "
                              f"(fields: {', '.join(fields)})")
         if key in ("iterations", "eval_every"):
-            raise BenchError(f"--rigel-config {item!r}: {key} is set by the benchmark (--iters; evaluation at the "
+            raise BenchError(f"{flag} {item!r}: {key} is set by the benchmark (--iters; evaluation at the "
                              "checkpoints)")
         try:
             out[key] = _parse_value(text, getattr(defaults, key))
         except ValueError as e:
-            raise BenchError(f"--rigel-config {item!r}: {e}") from None
+            raise BenchError(f"{flag} {item!r}: {e}") from None
     return out
 
 
@@ -208,6 +218,31 @@ def rigel_config(iterations: int, seed: int, overrides: dict) -> TrainConfig:
     except ValueError as e:
         raise BenchError(f"--rigel-config: {e}") from None
     return cfg
+
+
+def mcmc_config(cfg: TrainConfig, cap: int, overrides: dict) -> TrainConfig:
+    """The ``rigel-mcmc`` run's config: ``cfg`` (the rigel run's) with ``strategy="mcmc"``, ``max_gaussians=cap``,
+    then ``overrides`` (``--mcmc-config``). BenchError when TrainConfig rejects a value."""
+    out = dataclasses.replace(cfg, strategy="mcmc", max_gaussians=int(cap))
+    for k, v in overrides.items():
+        setattr(out, k, v)
+    try:
+        out.validate()
+    except ValueError as e:
+        raise BenchError(f"--mcmc-config: {e}") from None
+    return out
+
+
+def mcmc_cap(sc: dict, fixed: int | None) -> int:
+    """The MCMC budget for scene record ``sc``: ``fixed`` (``--mcmc-cap``) when given, else the Gaussian count at the
+    last checkpoint of the scene's default ``rigel`` run. BenchError when that run is missing or failed."""
+    if fixed:
+        return int(fixed)
+    r = sc.get("runs", {}).get("rigel") or {}
+    if not r.get("checkpoints"):
+        raise BenchError(f"{sc['scene']}: rigel-mcmc needs the default rigel run's count (it "
+                         f"{'failed' if r else 'did not run'}); give --mcmc-cap N")
+    return int(r["checkpoints"][-1]["num_gaussians"])
 
 
 # ---- loss and metrics (one code for both methods) -------------------------------------------------------
@@ -527,7 +562,8 @@ TABLE_HEAD = ("| scene | method | iters | PSNR | SSIM | N | train s | peak GiB |
 
 def markdown(results: dict) -> str:
     meta = results["meta"]
-    lines = [f"# rigel vs gsplat on real captures ({meta['device_name']}, {meta['date']}, commit {meta['commit']}, "
+    title = "rigel vs gsplat" if "gsplat" in meta["methods"] else "rigel: " + ", ".join(meta["methods"])
+    lines = [f"# {title} on real captures ({meta['device_name']}, {meta['date']}, commit {meta['commit']}, "
              f"torch {meta['torch']}, gsplat {meta['gsplat'] or 'absent'})", "",
              f"Downscale {meta['downscale']}, every 8th view held out, the same initial Gaussians (rigel's: the SfM "
              "points where the capture has them), loss (0.8·L1 + 0.2·(1 − SSIM)), learning rates, SH ramp and "
@@ -542,7 +578,7 @@ def markdown(results: dict) -> str:
         runs = sc.get("runs", {})
         if sc.get("error"):
             notes.append(f"- {sc['scene']}: {sc['error']}")
-        cmp = compare(runs["rigel"], runs["gsplat"]) if "rigel" in runs and "gsplat" in runs else {}
+        cmp = {m: compare(runs[m], runs["gsplat"]) for m in RIGEL_METHODS if m in runs and "gsplat" in runs}
         for method in METHODS:
             r = runs.get(method)
             if r is None:
@@ -555,16 +591,47 @@ def markdown(results: dict) -> str:
                 it = f"{c['iteration']:,}"
                 if r.get("stopped_at") == c["iteration"]:
                     it += f" (stopped: {r['stop_reason']})"
-                ratio, diff = cmp.get(c["iteration"], (None, None)) if method == "rigel" else (None, None)
+                ratio, diff = cmp.get(method, {}).get(c["iteration"], (None, None))
                 lines.append(f"| {sc['scene']} | {method} | {it} | {fmt(c['psnr'])} | {fmt(c['ssim'], '.4f')} | "
                              f"{c['num_gaussians']:,} | {c['train_s']:.1f} | {fmt(c['peak_gib'])} | {fmt(ratio)} | "
                              f"{fmt(diff, '+.2f')} |")
+    lines += mcmc_table(results)
     if notes:
         lines += [""] + notes
     pngs = [f"{sc['png']} ({' | '.join(sc['png_panels'])})" for sc in results["scenes"] if sc.get("png")]
     if pngs:
         lines += ["", "First held-out view, each method at its last checkpoint: " + ", ".join(pngs)]
     return "\n".join(lines) + "\n"
+
+
+MCMC_HEAD = ("| scene | iters | PSNR default | PSNR MCMC | ΔPSNR MCMC − default | SSIM default | SSIM MCMC | "
+             "N default | N MCMC | train s default | train s MCMC | peak GiB default | peak GiB MCMC |")
+
+
+def mcmc_table(results: dict) -> list[str]:
+    """The lines of the MCMC-vs-default table (rigel's two strategies at each common checkpoint of each scene where
+    both ran), with a heading; [] when no scene has both."""
+    rows = []
+    for sc in results["scenes"]:
+        runs = sc.get("runs", {})
+        a, b = runs.get("rigel") or {}, runs.get("rigel-mcmc") or {}
+        by_it = {c["iteration"]: c for c in a.get("checkpoints", [])}
+        for m in b.get("checkpoints", []):
+            d = by_it.get(m["iteration"])
+            if d is None:
+                continue
+            diff = m["psnr"] - d["psnr"] if m["psnr"] is not None and d["psnr"] is not None else None
+            rows.append(f"| {sc['scene']} | {m['iteration']:,} | {fmt(d['psnr'])} | {fmt(m['psnr'])} | "
+                        f"{fmt(diff, '+.2f')} | {fmt(d['ssim'], '.4f')} | {fmt(m['ssim'], '.4f')} | "
+                        f"{d['num_gaussians']:,} | {m['num_gaussians']:,} | {d['train_s']:.1f} | {m['train_s']:.1f} | "
+                        f"{fmt(d['peak_gib'])} | {fmt(m['peak_gib'])} |")
+    if not rows:
+        return []
+    meta = results["meta"]
+    cap = f"--mcmc-cap {meta['mcmc_cap']:,}" if meta.get("mcmc_cap") else "the default run's final Gaussian count"
+    extra = f"; MCMC overrides {meta['mcmc_config']}" if meta.get("mcmc_config") else ""
+    return ["", f"## MCMC budget vs default densification (rigel; MCMC budget = {cap}{extra})", "",
+            MCMC_HEAD, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|", *rows]
 
 
 def summary_line(sc: dict) -> str:
@@ -590,6 +657,11 @@ def summary_line(sc: dict) -> str:
         if cmp:
             it = max(cmp)
             parts.append(f"at {it}: time ratio {fmt(cmp[it][0])} ΔPSNR {fmt(cmp[it][1], '+.2f')} dB")
+    if "rigel" in runs and "rigel-mcmc" in runs:
+        cmp = compare(runs["rigel-mcmc"], runs["rigel"])
+        if cmp:
+            it = max(cmp)
+            parts.append(f"mcmc vs default at {it}: time ratio {fmt(cmp[it][0])} ΔPSNR {fmt(cmp[it][1], '+.2f')} dB")
     return f"{sc['scene']}: " + " | ".join(parts)
 
 
@@ -632,12 +704,19 @@ def parse_args(argv=None):
     ap.add_argument("--iters", default=DEFAULT_ITERS, help="comma-separated checkpoints; one run to the largest "
                     "(default: %(default)s)")
     ap.add_argument("--downscale", type=float, default=1.0, help="divide image sizes by this (default: 1)")
-    ap.add_argument("--methods", default="rigel,gsplat", help="comma-separated of rigel, gsplat (default: %(default)s)")
+    ap.add_argument("--methods", default="rigel,gsplat",
+                    help="comma-separated of rigel, rigel-mcmc (rigel with --strategy mcmc at the rigel run's final "
+                         "Gaussian count), gsplat (default: %(default)s)")
     ap.add_argument("--max-frames", type=int, default=None, help="at most this many frames per split (tests)")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     ap.add_argument("--out", default=None, help="output directory (default: $OUT, else real-<UTC time>)")
     ap.add_argument("--rigel-config", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                     help="TrainConfig overrides for the rigel run (repeatable), e.g. max_gaussians=1000000")
+    ap.add_argument("--mcmc-config", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="TrainConfig overrides for the rigel-mcmc run only (after --rigel-config), e.g. "
+                         "densify_until=25000")
+    ap.add_argument("--mcmc-cap", type=int, default=None, metavar="N",
+                    help="the rigel-mcmc budget (default: the Gaussian count the rigel run ended with)")
     ap.add_argument("--time-limit", type=float, default=None, help="stop a run after this many seconds of training")
     ap.add_argument("--white-bg", action="store_true", help="composite alpha onto white (default black)")
     ap.add_argument("--seed", type=int, default=0, help="random seed of both runs (default: 0)")
@@ -650,6 +729,11 @@ def parse_args(argv=None):
     if bad or not methods:
         ap.error(f"--methods: unknown {bad or args.methods!r}; choose from {', '.join(METHODS)}")
     args.methods = list(dict.fromkeys(methods))
+    if "rigel-mcmc" in args.methods and "rigel" in args.methods:  # the default run first: its count is the budget
+        args.methods.remove("rigel-mcmc")
+        args.methods.insert(args.methods.index("rigel") + 1, "rigel-mcmc")
+    if args.mcmc_cap is not None and args.mcmc_cap < 1:
+        ap.error("--mcmc-cap must be ≥ 1")
     if args.downscale <= 0:
         ap.error("--downscale must be positive")
     if args.time_limit is not None and args.time_limit <= 0:
@@ -675,6 +759,11 @@ def run(args) -> int:
     checkpoints = parse_iters(args.iters)
     overrides = parse_overrides(args.rigel_config)
     cfg_rigel = rigel_config(checkpoints[-1], args.seed, overrides)
+    mcmc_overrides = parse_overrides(args.mcmc_config, "--mcmc-config")
+    if "rigel-mcmc" in args.methods:
+        if args.mcmc_cap is None and "rigel" not in args.methods:
+            raise BenchError("--methods rigel-mcmc: give --mcmc-cap N, or run rigel too (its final count is the cap)")
+        mcmc_config(cfg_rigel, args.mcmc_cap or 1, mcmc_overrides)  # a bad override fails before any training
     cfg_gsplat = TrainConfig(iterations=checkpoints[-1], eval_every=0, seed=args.seed)  # the 3DGS defaults
     scenes = find_scenes(args.scenes)
     out = out_dir(args.out)
@@ -696,7 +785,8 @@ def run(args) -> int:
         "device": str(device), "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
         "date": datetime.date.today().isoformat(), "commit": commit or "unknown", "torch": torch.__version__,
         "gsplat": gsplat_version(), "downscale": args.downscale, "iters": checkpoints, "methods": args.methods,
-        "rigel_config": overrides, "time_limit_s": args.time_limit, "seed": args.seed, "white_bg": args.white_bg,
+        "rigel_config": overrides, "mcmc_config": mcmc_overrides, "mcmc_cap": args.mcmc_cap,
+        "time_limit_s": args.time_limit, "seed": args.seed, "white_bg": args.white_bg,
         "max_frames": args.max_frames, "argv": sys.argv[1:]}, "scenes": []}
     print(f"bench/real.py: {len(scenes)} scene(s) {', '.join(n for n, _ in scenes)}; "
           f"methods {', '.join(args.methods)}; "
@@ -751,6 +841,12 @@ def run(args) -> int:
                 try:
                     if method == "rigel":
                         r = run_rigel(ds, base, cfg_rigel, checkpoints, args.time_limit, device, label)
+                    elif method == "rigel-mcmc":
+                        cap = mcmc_cap(sc, args.mcmc_cap)
+                        print(f"{label}: budget {cap:,} Gaussians"
+                              + ("" if args.mcmc_cap else " (the default run's final count)"), flush=True)
+                        r = run_rigel(ds, base, mcmc_config(cfg_rigel, cap, mcmc_overrides), checkpoints,
+                                      args.time_limit, device, label)
                     else:
                         r = run_gsplat(ds, base, cfg_gsplat, checkpoints, args.time_limit, device, args.seed, label)
                 except Exception as e:  # noqa: BLE001  (one failed run must not cost the others)

@@ -343,6 +343,39 @@ def test_cli_both_methods_with_a_stand_in_gsplat(procedural, tmp_path, fake_gspl
     assert "1 (stopped: time limit" in (out2 / "real.md").read_text()
 
 
+def test_cli_mcmc_vs_default_at_equal_counts(procedural, tmp_path, capsys):
+    out = tmp_path / "out"
+    grow = ["densify_from=1", "densify_interval=2", "grad_threshold=1e-7"]
+    assert real.main(CLI + grow + ["--scenes", str(procedural), "--out", str(out), "--methods", "rigel-mcmc,rigel",
+                                   "--mcmc-config", "mcmc_growth=1.0"]) == 0
+    res = json.loads((out / "real.json").read_text())
+    runs = res["scenes"][0]["runs"]
+    assert res["meta"]["methods"] == ["rigel", "rigel-mcmc"]  # the default run first: its count is the budget
+    cap = runs["rigel"]["checkpoints"][-1]["num_gaussians"]
+    assert cap > 200  # the default densification grew
+    cfg = runs["rigel-mcmc"]["config"]
+    assert (cfg["strategy"], cfg["max_gaussians"], cfg["mcmc_growth"]) == ("mcmc", cap, 1.0)
+    assert runs["rigel"]["config"]["strategy"] == "default" and runs["rigel"]["config"]["mcmc_growth"] == 0.05
+    assert runs["rigel-mcmc"]["checkpoints"][-1]["num_gaussians"] == cap
+    md = (out / "real.md").read_text()
+    table = md.split("## MCMC budget vs default")[1]
+    head, rows = table_rows(table)
+    assert head[:5] == ["scene", "iters", "PSNR default", "PSNR MCMC", "ΔPSNR MCMC − default"]
+    assert [r[1] for r in rows] == ["4", "8"]
+    for r, a, b in zip(rows, runs["rigel"]["checkpoints"], runs["rigel-mcmc"]["checkpoints"]):
+        assert float(r[4]) == pytest.approx(b["psnr"] - a["psnr"], abs=0.006)
+        assert (int(r[7].replace(",", "")), int(r[8].replace(",", ""))) == (a["num_gaussians"], b["num_gaussians"])
+    assert "mcmc vs default at 8" in (out / "summary.txt").read_text()
+    assert "rigel-mcmc: budget" in capsys.readouterr().out
+    # rigel-mcmc alone needs a budget; a bad MCMC override fails before any training
+    assert real.main(CLI + ["--scenes", str(procedural), "--out", str(tmp_path / "o2"), "--methods",
+                            "rigel-mcmc"]) == 2
+    assert "--mcmc-cap" in capsys.readouterr().err
+    assert real.main(CLI + ["--scenes", str(procedural), "--out", str(tmp_path / "o3"), "--methods", "rigel,rigel-mcmc",
+                            "--mcmc-config", "mcmc_growth=-1"]) == 2
+    assert "mcmc_growth" in capsys.readouterr().err and not (tmp_path / "o3").exists()
+
+
 def test_merge_separate_runs(procedural, tmp_path, fake_gsplat, monkeypatch, capsys):
     monkeypatch.setattr(real, "gsplat_status", lambda device: (True, None))
     a, b, m = tmp_path / "a", tmp_path / "b", tmp_path / "m"

@@ -4,7 +4,8 @@
                 [--downscale N]
                 [--max-gaussians N] [--eval-every N] [--resume] [--device cuda|cpu] [--seed S]
                 [--init-points N] [--sh-degree D] [--test-every N] [--checkpoint-every N] [--n-renders K]
-                [--exposure] [--init-background N] [--position-lr-max-steps N] [--set FIELD=VALUE ...]
+                [--exposure] [--init-background N] [--position-lr-max-steps N] [--strategy default|mcmc]
+                [--set FIELD=VALUE ...]
 
 ``DIR`` is any dataset :func:`rigel_core.data.load_dataset` reads (Blender ``transforms_{train,test}.json``,
 instant-ngp, COLMAP). Writes into ``RUN``:
@@ -30,7 +31,10 @@ the left half of each image and scoring the right half); ``--init-background N``
 the SfM points along training rays (``TrainConfig.init_background_points``; for captures whose SfM covers only
 the object); ``--position-lr-max-steps N`` sets the horizon of the position lr decay (``TrainConfig.
 position_lr_max_steps``; default the run's length — 3DGS uses 30000 whatever the run's length). On ``--resume``
-these keep the saved run's values unless given again. ``--set FIELD=VALUE`` (repeatable) sets any
+these keep the saved run's values unless given again. ``--strategy mcmc --max-gaussians N`` trains under a Gaussian
+budget (3DGS-MCMC, :mod:`rigel_core.train.mcmc`: dead Gaussians relocated, growth to N, position noise, opacity and
+scale regularisers; docs/TRAINING.md, "Gaussian budget"); without ``--max-gaussians`` (or ``--set max_gaussians=N``)
+it exits with status 2. ``--set FIELD=VALUE`` (repeatable) sets any
 :class:`~rigel_core.train.TrainConfig` field, the value read as JSON (``--set densify_until=5000
 --set grad_threshold=4e-4 --set init_box=[-1,-1,-1,1,1,1]``), else as a string; it wins over the other flags.
 
@@ -158,6 +162,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="add N background points behind the SfM points along training rays (default 0)")
     p.add_argument("--position-lr-max-steps", type=int, default=None, metavar="N",
                    help="iterations over which the position lr decays (default: --iters; 3DGS: 30000)")
+    # Gaussian budget (issue 17): the MCMC strategy (rigel_core/train/mcmc.py)
+    p.add_argument("--strategy", choices=["default", "mcmc"], default=None,
+                   help="densification: 3DGS clone/split/prune (default) or the 3DGS-MCMC budget (mcmc: relocation "
+                        "of dead Gaussians, growth to --max-gaussians, which it needs, position noise, regularisers)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
                    help="set a TrainConfig field (repeatable; VALUE read as JSON, else as a string), "
                         "e.g. --set densify_until=5000")
@@ -334,11 +342,16 @@ def _main(args, lock: _RunLock) -> int:
                                    "init_points": args.init_points, "exposure": args.exposure,
                                    "init_background_points": args.init_background,
                                    "position_lr_max_steps": args.position_lr_max_steps,
-                                   "render_mode": args.render_mode}.items() if v is not None}
+                                   "render_mode": args.render_mode, "strategy": args.strategy}.items()
+                                   if v is not None}
     try:
         overrides.update(_parse_set_fields(args.set_fields))
     except ValueError as e:
         print(f"rigel-train: {e}", file=sys.stderr)
+        return 2
+    if overrides.get("strategy") == "mcmc" and "max_gaussians" not in overrides and not args.resume:
+        print("rigel-train: --strategy mcmc needs --max-gaussians N: the Gaussian budget it grows to",
+              file=sys.stderr)
         return 2
     resume_cfg = None
     if args.resume and ckpt.is_file():  # validated completely before the dataset loads and anything is written
@@ -499,8 +512,13 @@ def _main(args, lock: _RunLock) -> int:
             if r.densify:
                 d = r.densify
                 metrics["densify"].append(d.to_dict())
-                log.info(f"[{d.iteration}] densify clone {d.n_clone} split {d.n_split} prune {d.n_prune} "
-                         f"-> {d.n_after}{' (capped)' if d.capped else ''}")
+                if hasattr(d, "n_relocated"):  # the MCMC budget (train/mcmc.py)
+                    log.info(f"[{d.iteration}] mcmc relocate {d.n_relocated} add {d.n_added}"
+                             + (f" trim {d.n_prune}" if d.n_prune else "") + f" -> {d.n_after}"
+                             + (" (at the budget)" if d.capped else ""))
+                else:
+                    log.info(f"[{d.iteration}] densify clone {d.n_clone} split {d.n_split} prune {d.n_prune} "
+                             f"-> {d.n_after}{' (capped)' if d.capped else ''}")
             if r.opacity_reset:
                 log.info(f"[{r.iteration}] opacity reset")
             if len(window) >= args.log_every or trainer.iteration == cfg.iterations:

@@ -130,6 +130,20 @@ class TrainConfig:
     #: whenever the trainer recomputes the 3D filter (every 100 iterations); written to the PLY header
     #: (``comment SplatRenderMode``)
     render_mode: str = "default"
+    # ---- Gaussian budget: densification strategy (mcmc.py; issue 17) -------------------------------------
+    #: "default": 3DGS's clone / split / prune and opacity resets (densify.py); "mcmc": 3DGS-MCMC (Kheradmand et
+    #: al. 2024): no clone / split / prune / reset; dead Gaussians relocated onto live ones and new ones added
+    #: (``mcmc_growth`` of N per ``densify_interval`` in (densify_from, densify_until)) until N = max_gaussians,
+    #: which must then be set (the budget); position noise after each step; opacity and scale regularisers
+    strategy: str = "default"
+    mcmc_min_opacity: float = 0.005  # dead (relocated) when opacity ≤ this; also the floor of a copy's opacity
+    mcmc_growth: float = 0.05  # Gaussians added per relocation step, as a fraction of N (until the cap)
+    mcmc_max_copies: int = 51  # n of the mass-splitting formulas clamped to this (the paper's code: 51)
+    mcmc_noise_lr: float = 5e5  # λ_noise: noise = λ_noise · lr_means · σ(−k(o − t)) · Σ·η
+    mcmc_noise_k: float = 100.0  # k of the noise gate
+    mcmc_noise_t: float = 0.005  # t of the noise gate (opacity)
+    mcmc_opacity_reg: float = 0.01  # loss += λ_o · mean(opacity)
+    mcmc_scale_reg: float = 0.01  # loss += λ_s · mean(scale) (world units)
 
     def to_dict(self) -> dict:
         """A JSON-able dict of the fields."""
@@ -219,5 +233,17 @@ class TrainConfig:
                              f"{self.exposure_lr_delay_steps}, {self.exposure_lr_delay_mult}")
         if self.render_mode not in ("default", "mip"):
             raise ValueError(f"TrainConfig.render_mode must be 'default' or 'mip', got {self.render_mode!r}")
+        if self.strategy not in ("default", "mcmc"):
+            raise ValueError(f"TrainConfig.strategy must be 'default' or 'mcmc', got {self.strategy!r}")
+        if self.strategy == "mcmc" and self.max_gaussians is None:
+            raise ValueError("TrainConfig.max_gaussians must be set (the Gaussian budget) when strategy is 'mcmc'")
+        if not 0.0 < self.mcmc_min_opacity < 1.0 or not 0.0 <= self.mcmc_noise_t <= 1.0:
+            raise ValueError(f"TrainConfig.mcmc_min_opacity must be in (0, 1) and mcmc_noise_t in [0, 1], got "
+                             f"{self.mcmc_min_opacity}, {self.mcmc_noise_t}")
+        if not 1 <= self.mcmc_max_copies <= 1000:
+            raise ValueError(f"TrainConfig.mcmc_max_copies must be in 1..1000, got {self.mcmc_max_copies}")
+        for name in ("mcmc_growth", "mcmc_noise_lr", "mcmc_noise_k", "mcmc_opacity_reg", "mcmc_scale_reg"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"TrainConfig.{name} must be ≥ 0, got {getattr(self, name)!r}")
         if self.init_box is not None and len(self.init_box) != 6:
             raise ValueError(f"TrainConfig.init_box must have 6 numbers, got {self.init_box!r}")

@@ -17,6 +17,10 @@ The CLI (``rigel-train``) and the viewer's training thread drive the same object
    ``densify_from`` for white-background data, as 3DGS does) (:mod:`.densify`);
 5. held-out evaluation every ``eval_every`` iterations.
 
+With ``strategy = "mcmc"`` (:mod:`.mcmc`) step 4's densification, pruning and opacity resets are replaced by the
+3DGS-MCMC budget (relocation of dead Gaussians, growth to ``max_gaussians``, position noise after every step) and
+the loss gains its opacity and scale regularisers.
+
 Iterations are counted from 1 (``trainer.iteration`` is the number of completed steps), so every schedule test
 reads as in the reference code. The config is read at every step: a viewer may edit it while training runs.
 
@@ -43,6 +47,7 @@ from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_gra
     reset_opacity
 from .exposure import Exposure, exposure_lr, left_right_metrics
 from .losses import l1_loss, mse, psnr_from_mse, ssim
+from .mcmc import mcmc_step, regularizer as mcmc_regularizer
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
 
@@ -463,6 +468,8 @@ class Trainer:
         prepare_means2D_grad(out)
         pred = self._apply_exposure(out.image, idx, it)  # out.image itself when config.exposure is off
         loss, l1, s = self.compute_loss(pred, gt) if mask is None else self.compute_loss(pred, gt, mask)
+        if cfg.strategy == "mcmc":  # the MCMC budget's opacity and scale regularisers (mcmc.py)
+            loss = loss + mcmc_regularizer(model, cfg)
 
         g2d = None
         if loss.requires_grad:
@@ -477,7 +484,10 @@ class Trainer:
             self.optimizer.step()
             if self.exposure is not None and cfg.exposure:
                 self.exposure.step(self.optimizer.found_inf)
-            if it < cfg.densify_until:
+            if cfg.strategy == "mcmc":  # relocation / growth to the budget, position noise (mcmc.py)
+                report = mcmc_step(model, self.optimizer, self.stats, cfg, it, lrs["means3D"], self.generator, ok)
+                self.last_densify = report or self.last_densify
+            elif it < cfg.densify_until:
                 if g2d is not None:
                     g2d = torch.where(ok, g2d, 0.0)
                 vis = cfg.densify_visibility

@@ -1,0 +1,274 @@
+"""MCMC Gaussian budget: ``TrainConfig.strategy = "mcmc"`` — Kheradmand, Rebain, Sharma, Sun, Tseng, Isack,
+Kar, Tagliasacchi & Yi, "3D Gaussian Splatting as Markov Chain Monte Carlo" (NeurIPS 2024), re-derived here.
+
+The paper reads the Gaussians as samples of a distribution over the scene and the Adam updates as (stochastic
+gradient) Langevin steps. With ``strategy = "mcmc"`` the trainer does, instead of 3DGS's clone / split / prune and
+opacity resets (:mod:`.densify`):
+
+**Relocation** (:func:`relocate_dead`), every ``densify_interval`` iterations strictly between ``densify_from`` and
+``densify_until``: every *dead* Gaussian (opacity ≤ ``mcmc_min_opacity``, 0.005) is moved onto a *live* one drawn
+with probability ∝ opacity (with replacement). A live Gaussian drawn ``k`` times becomes ``n = k + 1`` identical
+copies (itself and the ``k`` dead ones it receives), each with opacity and scales chosen so that the stack renders
+like the original (below). Every parameter row of a dead one (position, rotation, colour, latent …) is overwritten
+by its source's; the Adam moments of every touched row (sources and destinations) are zeroed.
+
+**Growth** (:func:`add_gaussians`), at the same iterations, after the relocation: ``m = min(cap, ⌊(1 +
+mcmc_growth)·N⌋) − N`` new Gaussians (5 % of N per step in the paper) are made the same way from Gaussians
+drawn ∝ opacity among all of them, appended with zero moments, until ``N = max_gaussians`` — the budget. The cap
+must be set (``max_gaussians`` not None). A model larger than the cap (an initialisation with more points, or a
+cap lowered while training) is cut to the cap at the next step (:func:`trim_to_cap`: the most opaque kept).
+
+**Splitting the mass of one Gaussian into n copies** (:func:`split_mass`). Opacity ``o``, scales ``s``; the
+copies get ``o'`` and ``s' = c·s`` with the same centre, rotation and colour. Stacked copies composite to the
+opacity ``α_n(x) = 1 − (1 − o'·g'(x))ⁿ`` (``g'`` the unit-peak Gaussian of scales ``s'``). The paper asks that
+
+1. the centre keep its opacity: ``α_n(μ) = 1 − (1 − o')ⁿ = o``, so ``o' = 1 − (1 − o)^(1/n)``;
+2. the integral of the opacity along a line through the centre keep its value. Expanding the compositing layer by
+   layer, ``1 − (1 − a)ⁿ = Σ_{i=1}^{n} a·(1 − a)^{i−1} = Σ_{i=1}^{n} Σ_{k=0}^{i−1} C(i−1, k)(−1)^k a^{k+1}``,
+   and along a line ``∫ g'(x)^{k+1} dx = √(2π)·σ'/√(k+1)`` (σ' the Gaussian's standard deviation along that
+   line, c times the original's). Equating with ``∫ o·g = √(2π)·σ·o`` gives the paper's
+   ``c = o / Σ_{i=1}^{n} Σ_{k=0}^{i−1} C(i−1, k)(−1)^k o'^{k+1}/√(k+1)``. The double sum collapses (hockey-stick
+   identity ``Σ_{i=k+1}^{n} C(i−1, k) = C(n, k+1)``) to ``D = Σ_{j=1}^{n} C(n, j)(−1)^{j+1} o'^j/√j``, which is
+   what we evaluate (float64, binomials through ``lgamma``). Since every scale gets the same factor, the line
+   integral is kept along every direction through the centre, not only the axes.
+
+``n`` is clamped to ``mcmc_max_copies`` (51, as the paper's released code: beyond that the copies of a Gaussian
+drawn more often share the opacity of 51), ``o'`` to ``[mcmc_min_opacity, 1 − 2⁻²³]`` (so a copy is not born dead
+and its logit is finite) and ``c`` to ``(0, 1]`` (it is < 1 for every n ≥ 2: the stacked profile is wider than one
+Gaussian of the same peak; the clamp only guards rounding).
+
+**Position noise** (:func:`position_noise`), after every optimizer step (the Langevin term): ``μ ← μ + λ_noise ·
+lr_μ · σ(−k(o − t)) · Σ·η``, η ~ N(0, I₃), Σ = R·diag(s²)·Rᵀ the Gaussian's covariance, ``lr_μ`` the iteration's
+position learning rate (world units: × scene extent), ``λ_noise = mcmc_noise_lr`` (5·10⁵), ``k = mcmc_noise_k``
+(100), ``t = mcmc_noise_t`` (0.005). The gate σ(−k(o − t)) is ≈ 1 for a transparent Gaussian and ≈ 0 for an opaque
+one (≤ 4.6·10⁻⁵ above o = 0.1): opaque Gaussians stay where the loss puts them, faint ones explore. Note the
+noise is ``Σ·η`` — covariance Σ² — as in the paper's update rule and its code (the 5·10⁵ is calibrated for that),
+not ``Σ^{1/2}·η``. It is skipped with the rest of the update when the NaN guard drops a step.
+
+**Regularisers** (:func:`regularizer`), added to the loss at every step: ``mcmc_opacity_reg · mean(o) +
+mcmc_scale_reg · mean(s)`` over all Gaussians (and the three scales of each), activated values (``sigmoid`` of the
+logits, ``exp`` of the log-scales), 0.01 each as in the paper. They drive unused Gaussians to low opacity (then
+relocation recycles them) and keep them small. Scales are in world units, as in the paper's code (gsplat
+normalises its world to the cameras' extent first).
+
+**Determinism.** Every random choice comes from the trainer's CPU ``generator`` (saved in checkpoints): the
+sampling is done on the CPU (cumulative sums in float64 and ``searchsorted``); the noise is drawn on the training
+device from a generator seeded, at each step, with a number drawn from that CPU generator. A resumed run
+therefore continues bit for bit, and data-parallel ranks holding the same generator make the same choices. No
+other state is needed (the densification statistics are not used; they are kept at the model's length).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..reference.project import quat_to_rotmat
+from .config import TrainConfig
+from .densify import DensifyReport
+from .optim import append_rows, per_gaussian_tensors, select_rows
+
+__all__ = ["MCMCReport", "split_mass", "sample_indices", "relocate_dead", "add_gaussians", "trim_to_cap",
+           "position_noise", "regularizer", "mcmc_step"]
+
+#: largest float32 opacity below 1 the relocation hands out (logit ≈ 15.9)
+_MAX_OPACITY = 1.0 - torch.finfo(torch.float32).eps
+
+
+@dataclass
+class MCMCReport(DensifyReport):
+    """What one MCMC budget step did. The :class:`~.densify.DensifyReport` fields keep their meaning where they
+    have one (``n_clone`` = ``n_split`` = 0; ``n_prune`` = Gaussians removed by :func:`trim_to_cap`; ``capped``:
+    N reached ``max_gaussians``); ``n_relocated`` dead Gaussians moved, ``n_added`` new ones."""
+
+    n_relocated: int = 0
+    n_added: int = 0
+
+
+@torch.no_grad()
+def split_mass(opacities: torch.Tensor, scales: torch.Tensor, n_copies: torch.Tensor, *, max_copies: int = 51,
+               min_opacity: float = 0.005) -> tuple[torch.Tensor, torch.Tensor]:
+    """Opacity and scales of each of ``n`` copies that together render like one Gaussian (module docstring).
+
+    Args:
+        opacities: (M,) activated opacities in (0, 1).
+        scales: (M, 3) activated scales (standard deviations, world units).
+        n_copies: (M,) integers ≥ 1, the number of copies (the original included); clamped to ``max_copies``.
+    Returns:
+        ``(new_opacities (M,), new_scales (M, 3))`` in the dtype and device of the inputs: ``o' = 1 − (1 − o)^(1/n)``
+        clamped to ``[min_opacity, 1 − 2⁻²³]``, ``s' = c·s`` with ``c = o / Σ_{j=1}^{n} C(n, j)(−1)^{j+1}
+        o'^j/√j`` (computed in float64 from the unclamped o') clamped to (0, 1]. n = 1 returns the inputs'
+        values (c = 1).
+    """
+    dtype = opacities.dtype
+    o = opacities.double()
+    n = n_copies.to(device=o.device).long().clamp(1, max(1, int(max_copies))).double()
+    a = 1.0 - torch.pow(1.0 - o, 1.0 / n)  # (M,)
+    jmax = int(n.max()) if n.numel() else 1
+    j = torch.arange(1, jmax + 1, dtype=torch.float64, device=o.device)  # (J,)
+    log_binom = (torch.lgamma(n[:, None] + 1) - torch.lgamma(j[None] + 1)
+                 - torch.lgamma((n[:, None] - j[None]).clamp_min(0) + 1))
+    sign = torch.where(j.remainder(2) == 1, 1.0, -1.0).to(torch.float64)  # (−1)^{j+1}
+    terms = sign[None] * torch.exp(log_binom + j[None] * torch.log(a[:, None].clamp_min(1e-300))) / torch.sqrt(j)[None]
+    denom = torch.where(j[None] <= n[:, None], terms, torch.zeros_like(terms)).sum(1)
+    coeff = torch.where(denom > 0, o / denom.clamp_min(1e-300), torch.ones_like(o)).clamp(1e-12, 1.0)
+    coeff = torch.where(n > 1, coeff, torch.ones_like(coeff))
+    new_o = torch.where(n > 1, a.clamp(min_opacity, _MAX_OPACITY), o)
+    return new_o.to(dtype), scales * coeff.to(scales.dtype)[:, None]
+
+
+@torch.no_grad()
+def sample_indices(weights: torch.Tensor, m: int, generator: torch.Generator | None) -> torch.Tensor:
+    """(m,) int64 indices into ``weights`` (N,) ≥ 0, drawn with replacement with probability ∝ weight, on the
+    CPU from ``generator`` (cumulative sum in float64, then ``searchsorted`` of uniform draws: any N, and the
+    same draws on every device). Returned on ``weights``' device. An index of weight 0 is never drawn. Raises
+    ValueError when ``m`` > 0 and the weights sum to 0."""
+    w = weights.detach().to("cpu", torch.float64).clamp_min(0.0)
+    w = torch.where(torch.isfinite(w), w, torch.zeros_like(w))
+    if m <= 0:
+        return torch.zeros(0, dtype=torch.long, device=weights.device)
+    cdf = torch.cumsum(w, 0)
+    total = float(cdf[-1]) if cdf.numel() else 0.0
+    if not total > 0:
+        raise ValueError("sample_indices: the weights sum to 0")
+    u = torch.rand(m, generator=generator, dtype=torch.float64) * total
+    idx = torch.searchsorted(cdf, u, right=True).clamp_max(w.numel() - 1)
+    return idx.to(weights.device)
+
+
+def _zero_moments(optimizer, model, rows: torch.Tensor) -> None:
+    """Zero the per-row Adam state (``exp_avg``, ``exp_avg_sq``) of ``rows`` in every per-Gaussian group."""
+    for p in per_gaussian_tensors(optimizer, model).values():
+        for v in optimizer.state.get(p, {}).values():
+            if isinstance(v, torch.Tensor) and v.shape == p.shape:
+                v[rows] = 0
+
+
+def _set_opacity_and_scales(model, rows: torch.Tensor, opacities: torch.Tensor, scales: torch.Tensor) -> None:
+    model.opacity_logits[rows] = torch.logit(opacities.to(model.opacity_logits.dtype))
+    model.log_scales[rows] = torch.log(scales.to(model.log_scales.dtype))
+
+
+def _split_sampled(model, cfg: TrainConfig, src: torch.Tensor) -> torch.Tensor:
+    """Give every distinct row drawn in ``src`` (k times) the opacity and scales of one of k + 1 copies; returns
+    the distinct rows."""
+    rows, counts = torch.unique(src, return_counts=True)
+    o = model.opacities.detach()[rows]
+    s = model.scales.detach()[rows]
+    new_o, new_s = split_mass(o, s, counts + 1, max_copies=cfg.mcmc_max_copies, min_opacity=cfg.mcmc_min_opacity)
+    _set_opacity_and_scales(model, rows, new_o, new_s)
+    return rows
+
+
+@torch.no_grad()
+def relocate_dead(model, optimizer, cfg: TrainConfig, generator: torch.Generator | None) -> int:
+    """Move every dead Gaussian (opacity ≤ ``cfg.mcmc_min_opacity``) onto a live one drawn ∝ opacity (module
+    docstring), in place; zero the Adam moments of the touched rows. Returns the number moved (0 when none is
+    dead or none is alive)."""
+    o = model.opacities.detach()
+    dead = ~(o > cfg.mcmc_min_opacity)  # NaN (a non-finite logit) counts as dead
+    n_dead = int(dead.sum())
+    if n_dead == 0 or n_dead == o.numel():
+        return 0
+    alive_idx = torch.nonzero(~dead).flatten()
+    dead_idx = torch.nonzero(dead).flatten()
+    src = alive_idx[sample_indices(o[alive_idx], n_dead, generator)]
+    rows = _split_sampled(model, cfg, src)
+    for p in per_gaussian_tensors(optimizer, model).values():
+        p.data[dead_idx] = p.data[src]
+    _zero_moments(optimizer, model, torch.cat([rows, dead_idx]))
+    return n_dead
+
+
+@torch.no_grad()
+def add_gaussians(model, optimizer, cfg: TrainConfig, generator: torch.Generator | None) -> int:
+    """Append ``min(cap, ⌊(1 + mcmc_growth)·N⌋) − N`` Gaussians, copies of rows drawn ∝ opacity that share their
+    source's mass (module docstring); the sources' moments are zeroed, the new rows start at zero. Returns the
+    number added (0 at the cap, or when every opacity is 0)."""
+    n = model.num_gaussians
+    cap = cfg.max_gaussians if cfg.max_gaussians is not None else n
+    m = min(int(cap), int(math.floor(n * (1.0 + cfg.mcmc_growth)))) - n
+    o = model.opacities.detach()
+    if m <= 0 or not bool((torch.nan_to_num(o) > 0).any()):
+        return 0
+    src = sample_indices(o, m, generator)
+    rows = _split_sampled(model, cfg, src)
+    _zero_moments(optimizer, model, rows)
+    params = per_gaussian_tensors(optimizer, model)
+    append_rows(optimizer, model, {k: v.detach()[src] for k, v in params.items()})
+    return m
+
+
+@torch.no_grad()
+def trim_to_cap(model, optimizer, cap: int, generator: torch.Generator | None) -> int:
+    """Remove Gaussians until ``N ≤ cap``, keeping the most opaque (ties — e.g. an initialisation where all share
+    one opacity — broken by a random permutation from ``generator``; the kept rows keep their order). Returns the
+    number removed."""
+    n = model.num_gaussians
+    if cap is None or n <= cap:
+        return 0
+    perm = torch.randperm(n, generator=generator)
+    o = torch.nan_to_num(model.opacities.detach().to("cpu", torch.float64), nan=-1.0)
+    order = torch.argsort(o[perm], descending=True, stable=True)
+    keep = torch.sort(perm[order[:cap]]).values
+    select_rows(optimizer, model, keep.to(model.means3D.device))
+    return n - cap
+
+
+@torch.no_grad()
+def position_noise(model, lr_means: float, cfg: TrainConfig, generator: torch.Generator | None,
+                   ok: torch.Tensor | None = None) -> torch.Tensor:
+    """Add the Langevin noise ``mcmc_noise_lr · lr_means · σ(−k(o − t)) · Σ·η`` to ``model.means3D`` in place
+    (module docstring) and return it (N, 3). η is drawn on the means' device from a generator seeded with a
+    number from ``generator`` (CPU). ``ok`` (0-d bool tensor): the noise is zero where it is False (the NaN
+    guard's skipped step), decided on the device."""
+    means = model.means3D
+    seed = int(torch.randint(0, 2 ** 62, (1,), generator=generator))
+    g = torch.Generator(device=means.device)
+    g.manual_seed(seed)
+    eta = torch.randn(means.shape, generator=g, device=means.device, dtype=means.dtype)
+    rot = quat_to_rotmat(model.quats.detach())  # (N,3,3)
+    s2 = model.scales.detach() ** 2
+    # Σ·η = R·diag(s²)·Rᵀ·η
+    local = torch.einsum("nji,nj->ni", rot, eta) * s2
+    noise = torch.einsum("nij,nj->ni", rot, local)
+    gate = torch.sigmoid(-cfg.mcmc_noise_k * (model.opacities.detach() - cfg.mcmc_noise_t))
+    noise = noise * (gate * (cfg.mcmc_noise_lr * lr_means))[:, None]
+    noise = torch.nan_to_num(noise, nan=0.0, posinf=0.0, neginf=0.0)  # a non-finite Gaussian stays culled
+    if ok is not None:
+        noise = torch.where(ok, noise, torch.zeros_like(noise))
+    means.add_(noise)
+    return noise
+
+
+def regularizer(model, cfg: TrainConfig) -> torch.Tensor:
+    """0-d tensor ``mcmc_opacity_reg · mean(sigmoid(opacity_logits)) + mcmc_scale_reg · mean(exp(log_scales))``
+    (the mean of the scales over all N·3 entries), differentiable; the paper's L1 terms (the values are positive)."""
+    return (cfg.mcmc_opacity_reg * model.opacities.mean()
+            + cfg.mcmc_scale_reg * model.scales.mean())
+
+
+@torch.no_grad()
+def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_means: float,
+              generator: torch.Generator | None, ok: torch.Tensor | None = None) -> MCMCReport | None:
+    """Everything ``strategy = "mcmc"`` does after the optimizer step of ``iteration`` (``Trainer.step``): cut the
+    model to ``max_gaussians`` when above it; every ``densify_interval`` iterations strictly between
+    ``densify_from`` and ``densify_until``, :func:`relocate_dead` then :func:`add_gaussians`; then
+    :func:`position_noise` (scaled by this iteration's position lr ``lr_means``). ``stats`` (the densification
+    accumulators, unused here) is resized when the count changes. Returns an :class:`MCMCReport` when Gaussians
+    were relocated, added or removed at a scheduled step (or removed by the cap at any step), else None."""
+    n_before = model.num_gaussians
+    removed = trim_to_cap(model, optimizer, cfg.max_gaussians, generator)
+    report = None
+    if cfg.densify_from < iteration < cfg.densify_until and iteration % cfg.densify_interval == 0:
+        relocated = relocate_dead(model, optimizer, cfg, generator)
+        added = add_gaussians(model, optimizer, cfg, generator)
+        capped = cfg.max_gaussians is not None and model.num_gaussians >= cfg.max_gaussians
+        report = MCMCReport(iteration, n_before, 0, 0, removed, model.num_gaussians, capped, relocated, added)
+    elif removed:
+        report = MCMCReport(iteration, n_before, 0, 0, removed, model.num_gaussians, True, 0, 0)
+    if len(stats) != model.num_gaussians:
+        stats.reset(model.num_gaussians)
+    position_noise(model, lr_means, cfg, generator, ok)
+    return report

@@ -1,0 +1,386 @@
+"""The MCMC Gaussian budget (rigel_core/train/mcmc.py; ``TrainConfig.strategy = "mcmc"``) on the CPU.
+
+The mass-splitting formulas are checked against a float64 quadrature of the composited opacity of the stacked
+copies, ``1 − Π(1 − o_i·g_i(x))``, not against the formulas themselves; relocation, growth and the cap on small
+random models with live Adam moments; the position noise statistically (empirical covariance against Σ² with a
+margin of several standard errors); the regularisers' gradients against their closed forms; and a short training
+run and a resume on the procedural scenes of test_trainer.py.
+"""
+import json
+import math
+
+import pytest
+import torch
+
+from rigel_core.model import PARAM_NAMES
+from rigel_core.reference.project import quat_to_rotmat
+from rigel_core.train import TrainConfig, Trainer
+from rigel_core.train.mcmc import MCMCReport, add_gaussians, position_noise, regularizer, relocate_dead, \
+    sample_indices, split_mass, trim_to_cap
+from rigel_core.train.optim import make_optimizer, per_gaussian_tensors
+from test_trainer import _assert_same_state, _state, blender_dataset, make_dataset, random_scene, \
+    small_config  # noqa: F401  (blender_dataset: a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one PyTorch thread
+
+
+def mcmc_config(**kw):
+    base = dict(strategy="mcmc", max_gaussians=1000)
+    base.update(kw)
+    return small_config(**base)
+
+
+# ---- splitting one Gaussian's mass into n copies -----------------------------------------------------------------
+def _stack_opacity(o_new: float, cov_inv: torch.Tensor, n: int, pts: torch.Tensor) -> torch.Tensor:
+    """float64 ``1 − Π_{i=1}^{n}(1 − o'·g'(x))`` of n identical copies at the origin, at points (P,3)."""
+    g = torch.exp(-0.5 * torch.einsum("pi,ij,pj->p", pts, cov_inv, pts))
+    alpha = o_new * g
+    return 1.0 - torch.prod(torch.stack([1.0 - alpha] * n), 0)
+
+
+def test_split_mass_keeps_the_centre_opacity_and_every_line_integral(rng):
+    m = 24
+    o = 0.02 + 0.97 * torch.rand(m, generator=rng, dtype=torch.float64)
+    scales = torch.exp(-2 + torch.rand(m, 3, generator=rng, dtype=torch.float64))
+    n = torch.randint(2, 40, (m,), generator=rng)
+    quats = torch.randn(m, 4, generator=rng, dtype=torch.float64)
+    new_o, new_s = split_mass(o, scales, n, min_opacity=1e-9)
+    assert new_o.dtype == torch.float64 and new_s.shape == (m, 3)
+    rot = quat_to_rotmat(quats)
+    t = torch.linspace(-1, 1, 40001, dtype=torch.float64)
+    for i in range(m):
+        cov_old = rot[i] @ torch.diag(scales[i] ** 2) @ rot[i].T
+        cov_new = rot[i] @ torch.diag(new_s[i] ** 2) @ rot[i].T
+        k = int(n[i])
+        centre = _stack_opacity(float(new_o[i]), torch.linalg.inv(cov_new), k, torch.zeros(1, 3, dtype=torch.float64))
+        assert float(centre) == pytest.approx(float(o[i]), rel=1e-12)
+        # along a random line through the centre: ∫ stack = ∫ o·g (trapezoid, ±12 σ of the original)
+        d = torch.randn(3, generator=rng, dtype=torch.float64)
+        d = d / d.norm()
+        sigma_d = float(1.0 / torch.sqrt(d @ torch.linalg.inv(cov_old) @ d))
+        x = t * 12 * sigma_d
+        pts = x[:, None] * d[None]
+        stack = torch.trapezoid(_stack_opacity(float(new_o[i]), torch.linalg.inv(cov_new), k, pts), x)
+        orig = torch.trapezoid(o[i] * torch.exp(-0.5 * (x / sigma_d) ** 2), x)
+        assert float(stack) == pytest.approx(float(orig), rel=1e-6), (k, float(o[i]))
+        # an off-axis point is not preserved exactly (the stack is flatter-topped), but it is close
+        assert float(new_s[i].max() / scales[i].max()) < 1.0
+
+
+def test_split_mass_clamps_and_the_paper_double_sum(rng):
+    o = torch.tensor([0.3, 0.3, 0.3, 0.006, 0.999999], dtype=torch.float64)
+    s = torch.rand(5, 3, generator=rng, dtype=torch.float64) + 0.1
+    n = torch.tensor([1, 51, 200, 5, 3])
+    new_o, new_s = split_mass(o, s, n, max_copies=51, min_opacity=0.005)
+    assert new_o[0] == o[0] and torch.equal(new_s[0], s[0])  # n = 1: unchanged
+    assert new_o[2] == new_o[1]  # n clamped to 51
+    torch.testing.assert_close(new_s[2] / s[2], new_s[1] / s[1], rtol=1e-14, atol=0)
+    assert new_o[3] == 0.005  # 1 − 0.994^(1/5) ≈ 0.0012: floored
+    assert 0.0 < float(new_o[4]) < 1.0
+    # the paper's nested sum, term by term in Python floats, gives the same factor
+    for i in (1, 4):
+        k = 51 if i == 1 else 3
+        a = 1.0 - (1.0 - float(o[i])) ** (1.0 / k)
+        dsum = sum(math.comb(j - 1, q) * (-1) ** q * a ** (q + 1) / math.sqrt(q + 1)
+                   for j in range(1, k + 1) for q in range(j))
+        assert float(new_s[i, 0] / s[i, 0]) == pytest.approx(float(o[i]) / dsum, rel=1e-9)
+
+
+def test_sample_indices_is_proportional_deterministic_and_skips_zero_weights(rng):
+    w = torch.rand(20, generator=rng, dtype=torch.float64)
+    w[torch.randperm(20, generator=rng)[:6]] = 0.0
+    seed = int(torch.randint(0, 2 ** 31, (1,), generator=rng))
+    m = 200_000
+    idx = sample_indices(w.float(), m, torch.Generator().manual_seed(seed))
+    again = sample_indices(w.float(), m, torch.Generator().manual_seed(seed))
+    assert torch.equal(idx, again) and idx.dtype == torch.long
+    counts = torch.bincount(idx, minlength=20).double()
+    assert (counts[w == 0] == 0).all()
+    p = w / w.sum()
+    sd = torch.sqrt(m * p * (1 - p))
+    assert ((counts - m * p).abs() <= 6 * sd + 1).all()  # 6 standard deviations: every seed meets it
+    assert sample_indices(w, 0, None).numel() == 0
+    with pytest.raises(ValueError, match="sum to 0"):
+        sample_indices(torch.zeros(5), 3, None)
+
+
+# ---- relocation, growth, cap ---------------------------------------------------------------------------------------
+def _model_with_moments(rng, n, dead_frac=0.3, sh_degree=1):
+    """A random model, its optimizer after two Adam steps on random gradients (non-zero moments), and the dead
+    mask: a ``dead_frac`` of the opacities below 0.005."""
+    model = random_scene(rng, n, sh_degree=sh_degree)
+    o = 0.02 + 0.95 * torch.rand(n, generator=rng)
+    dead = torch.rand(n, generator=rng) < dead_frac
+    dead[0], dead[1] = True, False
+    o = torch.where(dead, 0.004 * torch.rand(n, generator=rng) + 1e-4, o)
+    model.opacity_logits = torch.logit(o)
+    opt = make_optimizer(model, TrainConfig(), 1.0)
+    for _ in range(2):
+        for p in per_gaussian_tensors(opt, model).values():
+            p.grad = torch.randn(p.shape, generator=rng)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return model, opt, dead
+
+
+def _moments(opt, model):
+    return {k: {s: v.clone() for s, v in opt.state[p].items() if s != "step"}
+            for k, p in per_gaussian_tensors(opt, model).items()}
+
+
+def test_relocation_moves_dead_onto_live_and_keeps_the_rest(rng):
+    n = 80
+    model, opt, dead = _model_with_moments(rng, n)
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=n)
+    before = {k: v.detach().clone() for k, v in model.parameters().items()}
+    o_before, s_before = model.opacities.detach().clone(), model.scales.detach().clone()
+    mom_before = _moments(opt, model)
+    moved = relocate_dead(model, opt, cfg, torch.Generator().manual_seed(int(torch.randint(0, 999, (1,),
+                                                                                           generator=rng))))
+    assert moved == int(dead.sum()) and model.num_gaussians == n
+    means = model.means3D.detach()
+    # each dead row now holds a live row's parameters: find its source by position (the means are distinct)
+    alive_idx = torch.nonzero(~dead).flatten()
+    src = []
+    for i in torch.nonzero(dead).flatten().tolist():
+        match = torch.nonzero((before["means3D"][alive_idx] == means[i]).all(1)).flatten()
+        assert match.numel() == 1, "a dead Gaussian must land exactly on one live one"
+        j = int(alive_idx[match[0]])
+        src.append(j)
+        for k in PARAM_NAMES:
+            assert torch.equal(getattr(model, k).detach()[i], getattr(model, k).detach()[j]), k
+    counts = torch.bincount(torch.tensor(src), minlength=n)
+    sampled = counts > 0
+    exp_o, exp_s = split_mass(o_before[sampled], s_before[sampled], counts[sampled] + 1)
+    torch.testing.assert_close(model.opacities.detach()[sampled], exp_o, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(model.scales.detach()[sampled], exp_s, rtol=1e-5, atol=0)
+    untouched = ~dead & ~sampled
+    assert untouched.any()
+    for k in PARAM_NAMES:
+        assert torch.equal(getattr(model, k).detach()[untouched], before[k][untouched]), k
+    touched = dead | sampled
+    mom = _moments(opt, model)
+    for k in mom:
+        for s in mom[k]:
+            assert (mom[k][s][touched] == 0).all(), (k, s)
+            assert torch.equal(mom[k][s][untouched], mom_before[k][s][untouched]), (k, s)
+    # all dead or none dead: nothing to do
+    model.opacity_logits.data.fill_(-10.0)
+    assert relocate_dead(model, opt, cfg, None) == 0
+    model.opacity_logits.data.fill_(0.0)
+    assert relocate_dead(model, opt, cfg, None) == 0
+
+
+def test_growth_reaches_the_cap_and_never_passes_it(rng):
+    n, cap = 100, 112
+    model, opt, _ = _model_with_moments(rng, n, dead_frac=0.0)
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=cap, mcmc_growth=0.05)
+    before = {k: v.detach().clone() for k, v in model.parameters().items()}
+    mom_before = _moments(opt, model)
+    g = torch.Generator().manual_seed(int(torch.randint(0, 999, (1,), generator=rng)))
+    assert add_gaussians(model, opt, cfg, g) == 5 and model.num_gaussians == 105
+    new_means = model.means3D.detach()[n:]
+    src = [int(torch.nonzero((before["means3D"] == m).all(1)).flatten()[0]) for m in new_means]
+    sampled = torch.bincount(torch.tensor(src), minlength=n) > 0
+    mom = _moments(opt, model)
+    for k in mom:
+        for s in mom[k]:
+            assert mom[k][s].shape[0] == 105 and (mom[k][s][n:] == 0).all() and (mom[k][s][:n][sampled] == 0).all()
+            assert torch.equal(mom[k][s][:n][~sampled], mom_before[k][s][~sampled])
+    for k in PARAM_NAMES:
+        assert torch.equal(getattr(model, k).detach()[:n][~sampled], before[k][~sampled])
+        assert torch.equal(getattr(model, k).detach()[n:], getattr(model, k).detach()[torch.tensor(src)])
+    assert add_gaussians(model, opt, cfg, g) == 5 and add_gaussians(model, opt, cfg, g) == 2
+    assert model.num_gaussians == cap and add_gaussians(model, opt, cfg, g) == 0
+    assert all(len(t) == cap for t in per_gaussian_tensors(opt, model).values())
+
+
+def test_trim_to_cap_keeps_the_most_opaque(rng):
+    model, opt, _ = _model_with_moments(rng, 50, dead_frac=0.0)
+    logits = model.opacity_logits.detach().clone()
+    g = torch.Generator().manual_seed(3)
+    assert trim_to_cap(model, opt, 30, g) == 20 and model.num_gaussians == 30
+    keep = torch.sort(torch.argsort(logits, descending=True)[:30]).values
+    assert torch.equal(model.opacity_logits.detach(), logits[keep])
+    assert trim_to_cap(model, opt, 30, g) == 0 and trim_to_cap(model, opt, None, g) == 0
+    model.opacity_logits.data.fill_(0.0)  # all tied: a random subset, the same for the same generator state
+    a = model.means3D.detach().clone()
+    m2 = type(model)(*(getattr(model, k).detach().clone() for k in PARAM_NAMES))
+    opt2 = make_optimizer(m2, TrainConfig(), 1.0)
+    trim_to_cap(model, opt, 10, torch.Generator().manual_seed(7))
+    trim_to_cap(m2, opt2, 10, torch.Generator().manual_seed(7))
+    assert torch.equal(model.means3D, m2.means3D) and not torch.equal(model.means3D.detach(), a[:10])
+
+
+# ---- noise and regularisers ----------------------------------------------------------------------------------------
+def test_position_noise_is_zero_for_opaque_and_follows_sigma_for_transparent(rng):
+    n = 20_000
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=n)
+    model = random_scene(rng, n)
+    q = torch.randn(4, generator=rng)
+    s = torch.exp(-1.5 + torch.rand(3, generator=rng))
+    model.quats = q.expand(n, 4).clone()
+    model.log_scales = torch.log(s).expand(n, 3).clone()
+    opaque = torch.rand(n, generator=rng) < 0.3
+    model.opacity_logits = torch.where(opaque, torch.logit(torch.tensor(0.2)), torch.logit(torch.tensor(1e-3)))
+    start = model.means3D.clone()
+    lr = 1e-4 * (1 + float(torch.rand(1, generator=rng)))
+    seed = int(torch.randint(0, 2 ** 31, (1,), generator=rng))
+    noise = position_noise(model, lr, cfg, torch.Generator().manual_seed(seed))
+    assert torch.equal(model.means3D, start + noise)
+    gate_opaque = 1 / (1 + math.exp(100 * (0.2 - 0.005)))  # σ(−k(o − t)) at o = 0.2: 3.4e-9
+    scale = cfg.mcmc_noise_lr * lr
+    rot = quat_to_rotmat(q[None].double())[0]
+    cov = rot @ torch.diag(s.double() ** 2) @ rot.T  # Σ; the noise is Σ·η, covariance Σ²
+    bound = 8 * scale * gate_opaque * float(torch.linalg.matrix_norm(cov, 2))
+    assert float(noise[opaque].abs().max()) <= bound
+    gate = 1 / (1 + math.exp(100 * (1e-3 - 0.005)))
+    x = noise[~opaque].double() / (scale * gate)
+    emp = x.T @ x / x.shape[0]
+    want = cov @ cov
+    # a covariance entry from m samples has standard error ≤ sqrt(2/m)·‖Σ²‖: 8 of them is a margin every seed meets
+    tol = 8 * math.sqrt(2 / x.shape[0]) * float(torch.linalg.matrix_norm(want, 2))
+    assert float((emp - want).abs().max()) <= tol
+    assert float(x.mean(0).abs().max()) <= 6 * math.sqrt(float(want.diagonal().max()) / x.shape[0])
+    # the same generator state gives the same noise; a skipped step (ok False) adds none
+    model.means3D = start.clone()
+    again = position_noise(model, lr, cfg, torch.Generator().manual_seed(seed))
+    assert torch.equal(again, noise)
+    model.means3D = start.clone()
+    none = position_noise(model, lr, cfg, torch.Generator().manual_seed(seed), ok=torch.tensor(False))
+    assert (none == 0).all() and torch.equal(model.means3D, start)
+
+
+def test_regularizer_gradients(rng):
+    model = random_scene(rng, 37)
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=100, mcmc_opacity_reg=float(torch.rand(1, generator=rng)),
+                      mcmc_scale_reg=float(torch.rand(1, generator=rng)))
+    model.opacity_logits.requires_grad_(True)
+    model.log_scales.requires_grad_(True)
+    r = regularizer(model, cfg)
+    r.backward()
+    o = torch.sigmoid(model.opacity_logits.detach().double())
+    s = torch.exp(model.log_scales.detach().double())
+    want = cfg.mcmc_opacity_reg * float(o.mean()) + cfg.mcmc_scale_reg * float(s.mean())
+    assert float(r.detach()) == pytest.approx(want, rel=1e-5)
+    torch.testing.assert_close(model.opacity_logits.grad.double(), cfg.mcmc_opacity_reg * o * (1 - o) / 37,
+                               rtol=1e-5, atol=1e-12)
+    torch.testing.assert_close(model.log_scales.grad.double(), cfg.mcmc_scale_reg * s / (37 * 3), rtol=1e-5,
+                               atol=1e-12)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="strategy"):
+        TrainConfig(strategy="relocate").validate()
+    with pytest.raises(ValueError, match="max_gaussians must be set"):
+        TrainConfig(strategy="mcmc", max_gaussians=None).validate()
+    with pytest.raises(ValueError, match="mcmc_min_opacity"):
+        TrainConfig(strategy="mcmc", mcmc_min_opacity=0.0).validate()
+    with pytest.raises(ValueError, match="mcmc_noise_lr"):
+        TrainConfig(strategy="mcmc", mcmc_noise_lr=-1.0).validate()
+    with pytest.raises(ValueError, match="mcmc_max_copies"):
+        TrainConfig(mcmc_max_copies=0).validate()
+    TrainConfig(strategy="mcmc", max_gaussians=10).validate()
+    TrainConfig(max_gaussians=None).validate()  # the default strategy needs no cap
+
+
+# ---- training ----------------------------------------------------------------------------------------------------
+def test_mcmc_training_reaches_the_budget_and_learns(rng):
+    ds = make_dataset(rng, n_gauss=120, size=24, n_train=8, n_test=3)
+    cap = 150
+    cfg = mcmc_config(iterations=160, init_points=120, max_gaussians=cap, densify_from=10, densify_interval=10,
+                      densify_until=150, mcmc_growth=0.1, seed=int(torch.randint(0, 2 ** 31, (1,), generator=rng)))
+    tr = Trainer(ds, cfg, device="cpu")
+    before = tr.evaluate()
+    results = [tr.step() for _ in range(160)]
+    after = tr.evaluate()
+    reps = [r.densify for r in results if r.densify is not None]
+    print(f"held-out PSNR {before.psnr:.2f} -> {after.psnr:.2f} dB, N {[r.n_after for r in reps]}, "
+          f"relocated {[r.n_relocated for r in reps]}")
+    assert all(isinstance(r, MCMCReport) for r in reps)
+    assert [r.iteration for r in reps] == list(range(20, 150, 10))  # strictly between densify_from and _until
+    assert max(r.num_gaussians for r in results) == cap == tr.model.num_gaussians
+    assert reps[-1].capped and not reps[0].capped and sum(r.n_relocated for r in reps) > 0
+    assert not any(r.opacity_reset for r in results) and tr.is_consistent()
+    assert after.psnr >= before.psnr + 3.0 and after.psnr > 15.5  # 17.1–18.5 dB over 4 seeds
+
+
+def test_mcmc_init_above_the_budget_is_trimmed(rng):
+    ds = make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=0)
+    tr = Trainer(ds, mcmc_config(init_points=90, max_gaussians=60), device="cpu")
+    assert tr.model.num_gaussians == 90
+    r = tr.step()
+    assert r.num_gaussians == 60 and r.densify.n_prune == 30 and tr.is_consistent()
+
+
+def test_mcmc_resume_continues_bit_for_bit(rng, tmp_path):
+    ds = make_dataset(rng, n_gauss=60, size=24, n_train=5, n_test=2)
+    start = random_scene(rng, 70)
+    dead = torch.rand(70, generator=rng) < 0.4
+    start.opacity_logits = torch.where(dead, torch.logit(torch.tensor(0.002)), start.opacity_logits)
+    cfg = mcmc_config(max_gaussians=90, densify_from=3, densify_interval=4, eval_every=5, sh_degree_interval=4)
+    tr = Trainer(ds, cfg, model=start, device="cpu")
+    for _ in range(11):  # relocation + growth at 4 and 8, mid-epoch (5 views)
+        tr.step()
+    path = tmp_path / "ckpt.safetensors"
+    tr.save_checkpoint(path)
+    resumed = Trainer.from_checkpoint(path, ds, device="cpu")
+    assert resumed.config == cfg and resumed.iteration == 11
+    reports = []
+    for _ in range(6):  # crosses the step at 12 and 16 (sampling and noise from the restored generator)
+        a, b = tr.step(), resumed.step()
+        assert (a.loss, a.view, a.num_gaussians) == (b.loss, b.view, b.num_gaussians)
+        assert a.densify == b.densify
+        reports += [a.densify] if a.densify else []
+        _assert_same_state(_state(tr), _state(resumed))
+    assert [r.iteration for r in reports] == [12, 16] and all(r.n_added > 0 for r in reports)
+
+
+def test_cli_strategy_mcmc(blender_dataset, tmp_path, capsys):  # noqa: F811
+    from rigel_core.cli.train import main
+
+    common = ["--data", str(blender_dataset), "--white-bg", "--quiet", "--init-points", "100", "--sh-degree", "1",
+              "--eval-every", "0", "--checkpoint-every", "0", "--n-renders", "0"]
+    assert main(common + ["--out", str(tmp_path / "a"), "--iters", "5", "--strategy", "mcmc"]) == 2
+    assert "--strategy mcmc needs --max-gaussians" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+    assert main(common + ["--out", str(tmp_path / "b"), "--iters", "24", "--strategy", "mcmc", "--max-gaussians",
+                          "130", "--set", "densify_from=5", "--set", "densify_interval=5",
+                          "--set", "mcmc_growth=0.15"]) == 0
+    metrics = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert metrics["config"]["strategy"] == "mcmc" and metrics["num_gaussians"] == 130
+    assert [d["iteration"] for d in metrics["densify"]] == [10, 15, 20]
+    assert "mcmc relocate" in (tmp_path / "b" / "log.txt").read_text()
+    # --set works for the strategy and its hyper-parameters
+    assert main(common + ["--out", str(tmp_path / "c"), "--iters", "3", "--set", "strategy=mcmc", "--set",
+                          "max_gaussians=100", "--set", "mcmc_noise_lr=1e4"]) == 0
+    cfg = json.loads((tmp_path / "c" / "metrics.json").read_text())["config"]
+    assert cfg["strategy"] == "mcmc" and cfg["mcmc_noise_lr"] == 1e4
+
+
+@pytest.mark.gpu
+def test_mcmc_on_cuda(rng):
+    """The CUDA path: relocation and growth draw on the CPU generator, so a model on the GPU lands its copies on the
+    same rows as on the CPU; the noise is drawn on the device; a short run reaches the budget and stays consistent."""
+    model, opt, dead = _model_with_moments(rng, 200)
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=230)
+    gpu = type(model)(*(getattr(model, k).detach().cuda() for k in PARAM_NAMES))
+    gopt = make_optimizer(gpu, TrainConfig(), 1.0)
+    seed = int(torch.randint(0, 2 ** 31, (1,), generator=rng))
+    for m, o, dev in ((model, opt, "cpu"), (gpu, gopt, "cuda")):
+        g = torch.Generator().manual_seed(seed)
+        assert relocate_dead(m, o, cfg, g) == int(dead.sum()) and add_gaussians(m, o, cfg, g) == 10
+        assert m.means3D.device.type == dev
+    assert torch.equal(model.means3D.detach(), gpu.means3D.detach().cpu())
+    torch.testing.assert_close(model.opacities.detach(), gpu.opacities.detach().cpu(), rtol=1e-5, atol=1e-7)
+    noise = position_noise(gpu, 1e-4, cfg, torch.Generator().manual_seed(seed))
+    assert noise.is_cuda and bool(torch.isfinite(noise).all()) and float(noise.abs().max()) > 0
+
+    ds = make_dataset(rng, n_gauss=120, size=32, n_train=6, n_test=2)
+    tr = Trainer(ds, mcmc_config(iterations=60, init_points=150, max_gaussians=200, densify_from=5,
+                                 densify_interval=5, mcmc_growth=0.2), device="cuda")
+    before = tr.evaluate()
+    for _ in range(60):
+        r = tr.step()
+    assert r.num_gaussians == 200 and tr.is_consistent() and tr.nan_skips == 0
+    assert tr.evaluate().psnr > before.psnr
