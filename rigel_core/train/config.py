@@ -124,6 +124,14 @@ class TrainConfig:
     init_background_points: int = 0
     init_background_radius: float = 3.0
 
+    # ---- batches and data-parallel training (train/distributed.py; issue 16) ---------------------------------
+    #: views rendered and backpropagated per step on each process; with N processes the global batch is N × this
+    #: and one optimiser step follows the mean gradient of the global batch
+    batch_size: int = 1
+    #: hyper-parameters for a global batch G > 1: "sqrt" = learning rates × √G and Adam betas ^G (Grendel-GS,
+    #: Zhao et al. 2024), "none" = as for G = 1
+    batch_lr_scaling: str = "sqrt"
+
     def to_dict(self) -> dict:
         """A JSON-able dict of the fields."""
         return dataclasses.asdict(self)
@@ -210,5 +218,9 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.exposure_lr_*: init, final and delay_steps must be ≥ 0 and delay_mult in "
                              f"[0, 1], got {self.exposure_lr_init}, {self.exposure_lr_final}, "
                              f"{self.exposure_lr_delay_steps}, {self.exposure_lr_delay_mult}")
+        if not 1 <= self.batch_size <= 4096:
+            raise ValueError(f"TrainConfig.batch_size must be in 1..4096, got {self.batch_size}")
+        if self.batch_lr_scaling not in ("sqrt", "none"):
+            raise ValueError(f"TrainConfig.batch_lr_scaling must be 'sqrt' or 'none', got {self.batch_lr_scaling!r}")
         if self.init_box is not None and len(self.init_box) != 6:
             raise ValueError(f"TrainConfig.init_box must have 6 numbers, got {self.init_box!r}")
