@@ -570,7 +570,7 @@ def _main(args, lock: _RunLock, comm=None) -> int:
         if not is_main:
             return
         if comm is not None:
-            metrics["distributed"].update(allreduce_s=comm.reduce_seconds, allreduce_calls=comm.reduce_calls)
+            metrics["distributed"].update(allreduce_calls=comm.reduce_calls)
         timings.update(train_s=train_s, eval_s=eval_s, total_s=total_before + time.perf_counter() - t_start,
                        ms_per_iter=1e3 * train_s / max(1, trainer.iteration))
         metrics.update(iterations_done=trainer.iteration, num_gaussians=trainer.model.num_gaussians,

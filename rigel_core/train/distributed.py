@@ -52,7 +52,7 @@ import time
 
 import torch
 
-__all__ = ["Comm", "RanksDiverged", "RankLost", "batch_scaling", "init_from_env", "env_world_size", "launch",
+__all__ = ["Comm", "RanksDiverged", "RankLost", "batch_scaling", "scale_schedule", "SCHEDULE_FIELDS", "init_from_env", "env_world_size", "launch",
            "free_port", "checksum_tensors", "DEFAULT_CHECK_EVERY"]
 
 #: steps between two checksums of the replicated state (rigel-train --dist-check-every)
@@ -78,6 +78,33 @@ def batch_scaling(rule: str, global_batch: int) -> tuple[float, tuple[float, flo
     if rule == "sqrt":
         return math.sqrt(global_batch), (0.9 ** global_batch, 0.999 ** global_batch)
     raise ValueError(f"batch_scaling: rule must be 'sqrt' or 'none', got {rule!r}")
+
+
+#: the TrainConfig fields that count optimiser steps (scaled by :func:`scale_schedule`)
+SCHEDULE_FIELDS = ("iterations", "densify_from", "densify_until", "densify_interval", "opacity_reset_interval",
+                   "sh_degree_interval", "position_lr_max_steps", "eval_every", "exposure_lr_delay_steps")
+
+
+def scale_schedule(cfg, global_batch: int):
+    """A copy of ``cfg`` whose step-counted fields (:data:`SCHEDULE_FIELDS`; ``position_lr_max_steps`` None =
+    ``iterations`` first) are divided by ``global_batch`` (rounded, ≥ 1 where they must be > 0): a run of G views
+    per step then densifies, resets, ramps the SH degree and decays the position lr after the same numbers of
+    *views* as the G = 1 run of ``cfg`` (Grendel-GS scales its schedule the same way). ``max_gaussians`` and the
+    thresholds are unchanged."""
+    import dataclasses
+
+    g = int(global_batch)
+    if g < 1:
+        raise ValueError(f"scale_schedule: global batch must be ≥ 1, got {global_batch}")
+    d = dataclasses.asdict(cfg)
+    if d["position_lr_max_steps"] is None:
+        d["position_lr_max_steps"] = d["iterations"]
+    for k in SCHEDULE_FIELDS:
+        v = d[k]
+        if v is None:
+            continue
+        d[k] = 0 if v == 0 else max(1, int(round(v / g)))
+    return type(cfg)(**d)
 
 
 def env_world_size() -> int:
@@ -184,7 +211,10 @@ class Comm:
         #: set by the CLI once this rank has started training (before: a failing rank calls agree(False))
         self.started = False
         self._buf: torch.Tensor | None = None
-        #: seconds spent in the step's all-reduce (flatten + all-reduce + unflatten), summed; and the count
+        #: seconds spent in the step's all-reduce (flatten + all-reduce + unflatten, waiting for the slowest rank
+        #: included), summed, and the count. Exact only with ``timing`` True (a device synchronisation before
+        #: each all-reduce; bench/multi_gpu.py sets it); otherwise it also holds whatever GPU work was still queued
+        self.timing = False
         self.reduce_seconds = 0.0
         self.reduce_calls = 0
 
@@ -197,7 +227,10 @@ class Comm:
         try:
             return fn(*args, **kw)
         except Exception as e:  # noqa: BLE001 - gloo/NCCL raise RuntimeError subclasses with long texts
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+            import re
+
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            first = re.sub(r"^\[[^\]]*\]\s*", "", first)[:160]  # gloo prefixes its source path
             raise RankLost(f"rank {self.rank}: {what} failed — another rank died or stopped answering ({first})") \
                 from e
 
@@ -228,6 +261,8 @@ class Comm:
         Returns ``(ok, grad_inc, denom_inc)`` global. Sets ``stop_all``."""
         import torch.distributed as dist
 
+        if self.timing and self.device.type == "cuda":
+            torch.cuda.synchronize()  # time the all-reduce alone, not the backward still running before it
         t0 = time.perf_counter()
         params = [g["params"][0] for g in trainer.optimizer.param_groups]
         ex = getattr(trainer, "exposure", None)
