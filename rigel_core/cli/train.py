@@ -5,6 +5,7 @@
                 [--max-gaussians N] [--eval-every N] [--resume] [--device cuda|cpu] [--seed S]
                 [--init-points N] [--sh-degree D] [--test-every N] [--checkpoint-every N] [--n-renders K]
                 [--exposure] [--init-background N] [--position-lr-max-steps N] [--set FIELD=VALUE ...]
+                [--batch-size B] [--gpus N] [--dist-check-every K]
 
 ``DIR`` is any dataset :func:`rigel_core.data.load_dataset` reads (Blender ``transforms_{train,test}.json``,
 instant-ngp, COLMAP). Writes into ``RUN``:
@@ -37,6 +38,13 @@ these keep the saved run's values unless given again. ``--set FIELD=VALUE`` (rep
 Ctrl-C finishes the current iteration, saves the checkpoint, the PLY and the metrics, then exits with status
 130 (a second Ctrl-C aborts at once). Exit status 0 on success, 2 for bad arguments, an unreadable dataset, a
 damaged checkpoint, an ``--out`` that cannot be written or one another ``rigel-train`` is using.
+
+Batches and several processes (docs/TRAINING.md, "Batches and multi-GPU training"; :mod:`rigel_core.train.distributed`):
+``--batch-size B`` renders B views per step and process (``TrainConfig.batch_size``); ``--gpus N`` runs N processes
+of this host (one GPU each, NCCL; with ``--device cpu`` N CPU processes over gloo), and the same runs under
+``torchrun --nproc-per-node N -m rigel_core.cli.train ...``. Every rank trains its part of each global batch of N·B
+views; rank 0 alone writes ``RUN``; ``--dist-check-every K`` checks every K steps that the ranks hold bit-identical
+state. ``--resume`` works with another N (the checkpoint holds global state).
 
 Before training starts nothing is written into ``RUN``: ``--out`` is checked for writability before the dataset
 loads, a ``--resume`` checkpoint is validated completely (:func:`rigel_core.checkpoint.validate_checkpoint`),
@@ -358,7 +366,7 @@ def _launch(args, argv) -> int:
             print(f"rigel-train: --gpus {args.gpus} but this host has {torch.cuda.device_count()} GPU(s)",
                   file=sys.stderr)
             return 2
-    if "--device" not in argv:
+    if args.device is None:  # every rank on the launcher's choice
         argv = argv + ["--device", device]
     return launch(main, argv, args.gpus)
 

@@ -10,8 +10,8 @@ involved but :func:`batch_scaling`; with ``N > 1`` the :class:`Comm` of each pro
   ``--batch-size N·B`` sees;
 - **one flattened all-reduce per step** (:meth:`Comm.reduce_step`): every parameter gradient (the six Gaussian
   tensors, an MLP appearance's, the per-image exposure corrections), the view-summed densification increments
-  (``grad_accum``, ``denom`` of :class:`~.densify.DensifyStats`), a "this gradient exists" flag per tensor, the
-  NaN-guard's "non-finite here" count and the Ctrl-C "stop" count travel in ONE preallocated float32 buffer
+  (``grad_accum``, ``denom`` of :class:`~.densify.DensifyStats`), the NaN-guard's "non-finite here" count and
+  the Ctrl-C "stop" count travel in ONE preallocated float32 buffer
   (``torch.distributed.all_reduce``, SUM); the gradients are then divided by ``G`` (loss = mean over the
   global batch of the per-view losses). The per-view losses are not scaled before the backward, so the 2D
   gradients that feed the densification statistic are per-view gradients as in single-view training;
@@ -169,19 +169,21 @@ def replicated_tensors(trainer) -> dict:
     ex = getattr(trainer, "exposure", None)
     if ex is not None:
         out["exposure.affine"] = ex.affine.detach()
+    out["rng.cpu"] = trainer.generator.get_state()  # the lockstep of view order, backgrounds, split offsets
+    out["views.stack"] = torch.tensor(trainer._view_stack, dtype=torch.int64)
     return out
 
 
 @torch.no_grad()
 def checksum_tensors(tensors: dict) -> torch.Tensor:
-    """(T, 3) int64 tensor on the tensors' device, per tensor: element count, the sum of its float32 bit patterns
+    """(T, 3) int64 CPU tensor, per tensor: element count, the sum of its float32 bit patterns
     read as int32 (summed exactly in int64, so any single changed bit changes it), and the bits of its float64
     sum. Chunked (16M elements) so no full-size temporary is made."""
     rows = []
     for t in tensors.values():
         flat = t.detach().reshape(-1)
-        if flat.dtype != torch.float32:
-            flat = flat.float()
+        if flat.dtype != torch.float32:  # integer state (generator, view order): exact in float32 below 2^24
+            flat = flat.to(torch.float32)
         bits = torch.zeros((), dtype=torch.int64, device=flat.device)
         total = torch.zeros((), dtype=torch.float64, device=flat.device)
         for s in range(0, flat.numel(), 1 << 24):
@@ -189,7 +191,7 @@ def checksum_tensors(tensors: dict) -> torch.Tensor:
             bits += chunk.view(torch.int32).sum(dtype=torch.int64)
             total += chunk.sum(dtype=torch.float64)
         count = torch.full((), flat.numel(), dtype=torch.int64, device=flat.device)
-        rows.append(torch.stack([count, bits, total.reshape(1).view(torch.int64)[0]]))
+        rows.append(torch.stack([count, bits, total.reshape(1).view(torch.int64)[0]]).cpu())
     if not rows:
         return torch.zeros(0, 3, dtype=torch.int64)
     return torch.stack(rows)
@@ -211,6 +213,8 @@ class Comm:
         #: set by the CLI once this rank has started training (before: a failing rank calls agree(False))
         self.started = False
         self._buf: torch.Tensor | None = None
+        self._stop_host: torch.Tensor | None = None
+        self._stop_event = None
         #: seconds spent in the step's all-reduce (flatten + all-reduce + unflatten, waiting for the slowest rank
         #: included), summed, and the count. Exact only with ``timing`` True (a device synchronisation before
         #: each all-reduce; bench/multi_gpu.py sets it); otherwise it also holds whatever GPU work was still queued
@@ -257,7 +261,7 @@ class Comm:
                     global_batch: int):
         """All-reduce one step (module docstring). ``ok``: this rank's 0-d bool "everything finite";
         ``grad_inc``/``denom_inc`` (N,) float32: this rank's view-summed densification increments (None: no
-        statistics this step). Sets every gradient to the global-batch mean (None where no rank has one).
+        statistics this step). Sets every gradient to the global-batch mean (no host sync on CUDA).
         Returns ``(ok, grad_inc, denom_inc)`` global. Sets ``stop_all``."""
         import torch.distributed as dist
 
@@ -271,46 +275,58 @@ class Comm:
         n = trainer.model.num_gaussians
         sizes = [p.numel() for p in params]
         n_stats = 2 * n if grad_inc is not None else 0
-        total = sum(sizes) + n_stats + len(params) + 2
+        total = sum(sizes) + n_stats + 2
         if self._buf is None or self._buf.numel() < total or self._buf.device != self.device:
             self._buf = torch.empty(int(total * 1.25) + 64, dtype=torch.float32, device=self.device)
         buf = self._buf[:total]
+        # which tensors have a gradient is known on the host without a sync; it is the same on every rank (every
+        # rank renders the same model with the same config) — a rank where it is not would diverge, and the
+        # checksum would say so
+        present = [p.grad is not None for p in params]
         off = 0
-        for p, k in zip(params, sizes):
-            if p.grad is None:
-                buf[off:off + k].zero_()
-            else:
+        for p, k, has in zip(params, sizes, present):
+            if has:
                 buf[off:off + k].copy_(p.grad.reshape(-1))
+            else:
+                buf[off:off + k].zero_()
             off += k
         if grad_inc is not None:
             buf[off:off + n].copy_(grad_inc)
             buf[off + n:off + 2 * n].copy_(denom_inc)
             off += 2 * n
         flags = buf[off:]
-        flags[:len(params)] = torch.tensor([0.0 if p.grad is None else 1.0 for p in params], device=self.device)
-        flags[len(params)] = (~ok).float()
-        flags[len(params) + 1] = 1.0 if self.stop_requested else 0.0
+        flags[0] = (~ok).float()
+        flags[1] = 1.0 if self.stop_requested else 0.0
         self._call(f"all-reduce of iteration {trainer.iteration + 1}", dist.all_reduce, buf)
-        host_flags = flags.tolist()  # one small device→host copy: the presence flags decide grad None or not
         off = 0
         inv = 1.0 / float(global_batch)
-        for p, k, present in zip(params, sizes, host_flags[:len(params)]):
-            if present == 0.0:
-                p.grad = None
-            else:
-                g = buf[off:off + k].view_as(p)
-                if p.grad is None:
-                    p.grad = g.mul(inv)
-                else:
-                    torch.mul(g, inv, out=p.grad)
+        for p, k, has in zip(params, sizes, present):
+            if has:
+                torch.mul(buf[off:off + k].view_as(p), inv, out=p.grad)
             off += k
         if grad_inc is not None:
             grad_inc, denom_inc = buf[off:off + n].clone(), buf[off + n:off + 2 * n].clone()
-        ok = flags[len(params)] == 0.0
-        self.stop_all = host_flags[len(params) + 1] > 0.0
+        ok = flags[0] == 0.0
+        self._read_stop(flags[1:2])
         self.reduce_seconds += time.perf_counter() - t0
         self.reduce_calls += 1
         return ok, grad_inc, denom_inc
+
+    def _read_stop(self, flag: torch.Tensor) -> None:
+        """``stop_all`` from the all-reduced stop count. On the CPU at once; on CUDA without a host sync: the count
+        is copied to pinned memory behind the all-reduce and read one step later (every rank reads the same
+        step's count at the same step, so they still stop together, one step after the request)."""
+        if self.device.type != "cuda":
+            self.stop_all = self.stop_all or float(flag.item()) > 0.0
+            return
+        if self._stop_event is not None:
+            self._stop_event.synchronize()  # recorded a step ago: long complete
+            self.stop_all = self.stop_all or float(self._stop_host[0]) > 0.0
+        if self._stop_host is None:
+            self._stop_host = torch.zeros(1, dtype=torch.float32, pin_memory=True)
+        self._stop_host.copy_(flag, non_blocking=True)
+        self._stop_event = torch.cuda.Event()
+        self._stop_event.record()
 
     def sync_stats(self, stats) -> None:
         """MAX-reduce ``stats.max_radii`` (every rank then holds the global running maximum; the sums are global

@@ -5,7 +5,9 @@ The CLI (``rigel-train``) and the viewer's training thread drive the same object
 
 1. learning rates for this iteration (position: exponential decay × scene extent; :mod:`.optim`), active SH
    degree = ``min(sh_degree, iteration // sh_degree_interval)``;
-2. the next training view (a fresh random permutation of the training set each epoch), render, loss
+2. the next training view (a fresh random permutation of the training set each epoch) — ``config.batch_size``
+   views per process, and with ``self.comm`` (:mod:`.distributed`) this process's slice of the global batch, the
+   gradients then averaged over the batch by one all-reduce —, render, loss
    ``(1 − λ)·L1 + λ·(1 − SSIM)`` (:mod:`.losses`), backward; over the frame's valid pixels only when it has a
    ``mask`` (lens borders, user masks): a masked pixel has exactly zero effect on every gradient, hence on the
    densification statistics too;
