@@ -14,6 +14,8 @@
 #   stepbench                 bench/train_step.py (rigel vs gsplat training iteration) and its --profile
 #   appbench                  bench/appearance.py (MLP kernel vs SH kernel)
 #   ringbench                 bench/ring_overhead.py $RING_ARGS (render + Vulkan ring + passes vs render alone; --ui)
+#   multigpu:RUNS:VIEWS[:TIMEOUT]  bench/multi_gpu.py --runs RUNS (jobs joined by +, @ for :, e.g.
+#                             lego@1+lego@2+allreduce@2) --views VIEWS; needs every GPU: alone in lane 0; $MG_ARGS passed on
 #   train:DATA:DS:APP:ITERS[:TIMEOUT]  rigel-train on $RIGEL_SHARED_DATA/DATA (or "orbit": the procedural orbit dataset,
 #                             generated here) at --downscale DS with --appearance APP for ITERS iterations
 #   viewer:DATA:DS:ITERS[:TIMEOUT]     rigel-viewer --offscreen training live on the same data (needs --ui)
@@ -118,6 +120,14 @@ job() {  # job NAME -> one summary line on stdout; everything else into $LOGS
     ringbench)
       OUT=$LOGS timeout ${JOB_TIMEOUT:-330} $PY bench/ring_overhead.py ${RING_ARGS:-} >"$LOGS/ring_overhead.log" 2>&1
       line="rc=$? $(grep -E '^\|' "$LOGS/ring_overhead.log" | tail -1)" ;;
+    multigpu)  # multigpu:RUNS:VIEWS[:TIMEOUT]  bench/multi_gpu.py (RUNS: jobs joined by +, @ for :, e.g. lego@1+lego@2+allreduce@2;
+      # uses every GPU of the host: run it alone, in lane 0 with lane 1 empty); $MG_ARGS is passed on
+      local mout=$LOGS/multigpu runs=${a:-lego@1+lego@2+bonsai@1+bonsai@2+allreduce@2}
+      runs=${runs//+/,}; runs=${runs//@/:}
+      OUT=$LOGS timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/multi_gpu.py --runs "$runs" --views "${b:-30000}" \
+        --out "$mout" ${MG_ARGS:-} >"$LOGS/$name.log" 2>&1
+      local rc=$?
+      line="rc=$rc $(grep -cE '^\| ' "$mout/multi_gpu.md" 2>/dev/null) table rows (multigpu/multi_gpu.md)" ;;
     train)  # train:DATA:DS:APP:ITERS[:TIMEOUT]
       local data run=/tmp/run_$name wb=""; data=$(data_dir "$a")
       [ "$a" != orbit ] && wb="--white-bg"

@@ -5,7 +5,7 @@
                 [--max-gaussians N] [--eval-every N] [--resume] [--device cuda|cpu] [--seed S]
                 [--init-points N] [--sh-degree D] [--test-every N] [--checkpoint-every N] [--n-renders K]
                 [--exposure] [--init-background N] [--position-lr-max-steps N] [--strategy default|mcmc]
-                [--set FIELD=VALUE ...]
+                [--set FIELD=VALUE ...] [--batch-size B] [--gpus N] [--dist-check-every K]
 
 ``DIR`` is any dataset :func:`rigel_core.data.load_dataset` reads (Blender ``transforms_{train,test}.json``,
 instant-ngp, COLMAP). Writes into ``RUN``:
@@ -42,6 +42,13 @@ Ctrl-C finishes the current iteration, saves the checkpoint, the PLY and the met
 130 (a second Ctrl-C aborts at once). Exit status 0 on success, 2 for bad arguments, an unreadable dataset, a
 damaged checkpoint, an ``--out`` that cannot be written or one another ``rigel-train`` is using.
 
+Batches and several processes (docs/TRAINING.md, "Batches and multi-GPU training"; :mod:`rigel_core.train.distributed`):
+``--batch-size B`` renders B views per step and process (``TrainConfig.batch_size``); ``--gpus N`` runs N processes
+of this host (one GPU each, NCCL; with ``--device cpu`` N CPU processes over gloo), and the same runs under
+``torchrun --nproc-per-node N -m rigel_core.cli.train ...``. Every rank trains its part of each global batch of N·B
+views; rank 0 alone writes ``RUN``; ``--dist-check-every K`` checks every K steps that the ranks hold bit-identical
+state. ``--resume`` works with another N (the checkpoint holds global state).
+
 Before training starts nothing is written into ``RUN``: ``--out`` is checked for writability before the dataset
 loads, a ``--resume`` checkpoint is validated completely (:func:`rigel_core.checkpoint.validate_checkpoint`),
 and only then is ``RUN`` created, locked (``RUN/.lock``, ``fcntl.flock``, held until exit) and cleared of the
@@ -50,6 +57,7 @@ temporary files of interrupted atomic writes (:func:`rigel_core.atomic.remove_st
 from __future__ import annotations
 
 import argparse
+import builtins
 import json
 import logging
 import math
@@ -181,6 +189,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--render-mode", choices=["default", "mip"], default=None,
                    help="mip: anti-aliased training and rendering (Mip-Splatting's 3D smoothing and 2D Mip filters; "
                         "model.ply says 'SplatRenderMode: mip'); default: 3DGS's 0.3 px² dilation")
+    # data-parallel training (rigel_core/train/distributed.py; issue 16)
+    p.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="train on N GPUs of this host, one process each (NCCL); with --device cpu, N CPU processes "
+                        "(gloo, for testing). Under torchrun, leave it out (or give torchrun's --nproc-per-node)")
+    p.add_argument("--batch-size", type=int, default=None, metavar="B",
+                   help="views per step and process (global batch = N x B; default 1)")
+    p.add_argument("--dist-check-every", type=int, default=None, metavar="K",
+                   help="multi-process runs: check every K steps that all ranks hold bit-identical Gaussians "
+                        "(checksum; 0 = never; default 500)")
     return p
 
 
@@ -296,13 +313,73 @@ class _Progress:
 
 
 def main(argv=None) -> int:
-    """Run ``rigel-train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    """Run ``rigel-train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    ``--gpus N`` (N > 1) outside a process group spawns N ranks running this same function
+    (:func:`rigel_core.train.distributed.launch`); with WORLD_SIZE > 1 in the environment (torchrun, or those
+    ranks) this process joins the group and trains its part of each global batch; rank 0 alone writes."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    from ..train.distributed import RankLost, RanksDiverged, env_world_size
+
+    world = env_world_size()
+    if args.gpus is not None and args.gpus < 1:
+        print(f"rigel-train: --gpus must be ≥ 1, got {args.gpus}", file=sys.stderr)
+        return 2
+    if world > 1 and args.gpus not in (None, world):
+        print(f"rigel-train: --gpus {args.gpus} but the process group has WORLD_SIZE={world} (torchrun); "
+              "leave --gpus out under torchrun", file=sys.stderr)
+        return 2
+    if world == 1 and args.gpus and args.gpus > 1:
+        return _launch(args, argv)
+    comm = None
+    if world > 1:
+        from .. import cuda_available
+        from ..train.distributed import init_from_env
+
+        device = args.device or ("cuda" if cuda_available() else "cpu")
+        try:
+            comm = init_from_env(device)
+        except (RuntimeError, ValueError) as e:
+            print(f"rigel-train: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+            return 2
     lock = _RunLock(Path(args.out))
     try:
-        return _main(args, lock)
+        return _main(args, lock, comm)
+    except (RankLost, RanksDiverged) as e:
+        print(f"rigel-train: {e}", file=sys.stderr)
+        return 1
     finally:
         lock.release()
+        if comm is not None:
+            if not comm.started:  # this rank stopped before training: tell the others (they wait in agree())
+                try:
+                    comm.agree(False)
+                except RankLost:
+                    pass
+            comm.close()
+
+
+def _launch(args, argv) -> int:
+    """``--gpus N``: check the device count, then run N ranks of :func:`main` (distributed.launch)."""
+    import torch
+
+    from .. import cuda_available
+    from ..train.distributed import launch
+
+    device = args.device or ("cuda" if cuda_available() else "cpu")
+    if device == "cuda":
+        if not cuda_available():
+            print("rigel-train: --gpus asked, but no CUDA device or no built kernels (rigel_core._C); "
+                  "--device cpu --gpus N runs N CPU processes", file=sys.stderr)
+            return 2
+        if torch.cuda.device_count() < args.gpus:
+            print(f"rigel-train: --gpus {args.gpus} but this host has {torch.cuda.device_count()} GPU(s)",
+                  file=sys.stderr)
+            return 2
+    if args.device is None:  # every rank on the launcher's choice
+        argv = argv + ["--device", device]
+    return launch(main, argv, args.gpus)
 
 
 def _busy(run_dir: Path) -> int:
@@ -311,12 +388,15 @@ def _busy(run_dir: Path) -> int:
     return 2
 
 
-def _main(args, lock: _RunLock) -> int:
+def _main(args, lock: _RunLock, comm=None) -> int:
     import torch
 
     from .. import cuda_available
     from ..data import DatasetError, load_dataset
     from ..train import TrainConfig, Trainer
+
+    is_main = comm is None or comm.is_main  # rank 0 (or the only process) alone writes and prints
+    print = builtins.print if is_main else (lambda *a, **k: None)  # noqa: A001 - other ranks stay silent
 
     run_dir = Path(args.out)
     ckpt = run_dir / CHECKPOINT_NAME
@@ -324,7 +404,7 @@ def _main(args, lock: _RunLock) -> int:
     if problem:
         print(f"rigel-train: {problem}", file=sys.stderr)
         return 2
-    if not lock.try_existing():
+    if is_main and not lock.try_existing():
         return _busy(run_dir)
     if ckpt.is_file() and not args.resume:
         print(f"rigel-train: {run_dir} already holds a run ({CHECKPOINT_NAME}); pass --resume to continue it, "
@@ -342,8 +422,8 @@ def _main(args, lock: _RunLock) -> int:
                                    "init_points": args.init_points, "exposure": args.exposure,
                                    "init_background_points": args.init_background,
                                    "position_lr_max_steps": args.position_lr_max_steps,
-                                   "render_mode": args.render_mode, "strategy": args.strategy}.items()
-                                   if v is not None}
+                                   "render_mode": args.render_mode, "strategy": args.strategy,
+                                   "batch_size": args.batch_size}.items() if v is not None}
     try:
         overrides.update(_parse_set_fields(args.set_fields))
     except ValueError as e:
@@ -403,14 +483,25 @@ def _main(args, lock: _RunLock) -> int:
         print(f"rigel-train: {e}", file=sys.stderr)
         return 2
     # only now: a run that cannot start leaves nothing behind (no directory, no log, no lock file)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not lock.acquire():
-            return _busy(run_dir)
-        stale = remove_stale_temp_files(run_dir, ATOMIC_NAMES)
-    except OSError as e:
-        print(f"rigel-train: --out {run_dir}: {e.strerror or e}", file=sys.stderr)
-        return 2
+    stale = []
+    if is_main:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            if not lock.acquire():
+                return _busy(run_dir)
+            stale = remove_stale_temp_files(run_dir, ATOMIC_NAMES)
+        except OSError as e:
+            print(f"rigel-train: --out {run_dir}: {e.strerror or e}", file=sys.stderr)
+            return 2
+    if comm is not None:  # every rank has started (or one failed: all stop, the failing one said why)
+        comm.started = True
+        if not comm.agree(True):
+            return 2
+        trainer.comm = comm
+        comm.broadcast_model(trainer)
+        if args.dist_check_every is not None:
+            comm.check_every = max(0, args.dist_check_every)
+        comm.check_identical(trainer)
     t_init = time.perf_counter()
     cfg = trainer.config
     if metrics is None:
@@ -425,8 +516,17 @@ def _main(args, lock: _RunLock) -> int:
                                 "masked_views": {"train": sum(f.mask is not None for f in ds.train),
                                                  "test": sum(f.mask is not None for f in ds.test)}}})
 
-    progress = _Progress(cfg.iterations, trainer.iteration, not args.quiet)
-    log = _make_logger(run_dir, progress)
+    world = 1 if comm is None else comm.world_size
+    metrics["distributed"] = {"world_size": world, "batch_size": cfg.batch_size,
+                              "global_batch": world * cfg.batch_size, "batch_lr_scaling": cfg.batch_lr_scaling,
+                              "backend": None if comm is None else ("nccl" if device == "cuda" else "gloo")}
+    progress = _Progress(cfg.iterations, trainer.iteration, not args.quiet and is_main)
+    if is_main:
+        log = _make_logger(run_dir, progress)
+    else:
+        log = logging.getLogger(f"rigel.train.rank{comm.rank}.{id(progress)}")
+        log.propagate = False
+        log.handlers[:] = [logging.NullHandler()]
     log.info(f"data {args.data}: {len(ds.train)} train / {len(ds.test)} test views, "
              f"{ds.train[0].camera.width}x{ds.train[0].camera.height}, extent {trainer.extent:.3f}, "
              f"{'white' if trainer.white_bg else 'black'} background"
@@ -438,6 +538,13 @@ def _main(args, lock: _RunLock) -> int:
                  + ", ".join(p.name for p in stale))
     log.info(f"{'resumed at iteration ' + str(trainer.iteration) if trainer.iteration else 'start'}: "
              f"{trainer.model.num_gaussians} Gaussians, device {device}, {cfg.iterations} iterations")
+    if world * cfg.batch_size > 1:
+        from ..train.distributed import batch_scaling
+
+        f, (b1, b2) = batch_scaling(cfg.batch_lr_scaling, world * cfg.batch_size)
+        log.info(f"{world} process(es) x {cfg.batch_size} view(s) = {world * cfg.batch_size} views per step"
+                 + (f" ({metrics['distributed']['backend']})" if comm is not None else "")
+                 + f"; learning rates x {f:.3f}, Adam betas ({b1:.4f}, {b2:.6f}) ({cfg.batch_lr_scaling})")
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
@@ -449,6 +556,8 @@ def _main(args, lock: _RunLock) -> int:
             if stop.is_set():
                 raise KeyboardInterrupt
             stop.set()
+            if comm is not None:  # the ranks stop after the same step: the flag travels in its all-reduce
+                comm.stop_requested = True
 
         old_handler = signal.signal(signal.SIGINT, _on_sigint)
 
@@ -460,7 +569,11 @@ def _main(args, lock: _RunLock) -> int:
     eval_s = float(timings.get("eval_s", 0.0))
     window = []
 
-    def save_all(reason: str) -> None:
+    def save_all(reason: str, collective: bool = True) -> None:
+        if comm is not None and collective:  # every rank: the global running maximum of the screen radii
+            comm.sync_stats(trainer.stats)
+        if not is_main:
+            return
         t0 = time.perf_counter()
         trainer.save_checkpoint(ckpt)
         try:
@@ -478,6 +591,10 @@ def _main(args, lock: _RunLock) -> int:
                  f"({trainer.model.num_gaussians} Gaussians, {time.perf_counter() - t0:.1f} s)")
 
     def write_metrics() -> None:
+        if not is_main:
+            return
+        if comm is not None:
+            metrics["distributed"].update(allreduce_calls=comm.reduce_calls)
         timings.update(train_s=train_s, eval_s=eval_s, total_s=total_before + time.perf_counter() - t_start,
                        ms_per_iter=1e3 * train_s / max(1, trainer.iteration))
         metrics.update(iterations_done=trainer.iteration, num_gaussians=trainer.model.num_gaussians,
@@ -504,9 +621,11 @@ def _main(args, lock: _RunLock) -> int:
     status = 0
     try:
         while trainer.iteration < cfg.iterations:
-            if stop.is_set():
+            if stop.is_set() and comm is None:
                 raise KeyboardInterrupt
             r = trainer.step()
+            if comm is not None and comm.stop_all:  # some rank was asked to stop: all stop after this step
+                raise KeyboardInterrupt
             train_s += r.seconds - (r.eval.seconds if r.eval else 0.0)
             window.append(r)
             if r.densify:
@@ -543,7 +662,7 @@ def _main(args, lock: _RunLock) -> int:
                 save_all("periodic")
                 write_metrics()
         progress.update(len(window))
-        if not trainer.eval_history or trainer.eval_history[-1].iteration != trainer.iteration:
+        if is_main and (not trainer.eval_history or trainer.eval_history[-1].iteration != trainer.iteration):
             ev = trainer.evaluate()
             if ev is not None:
                 on_eval(ev)
@@ -556,7 +675,8 @@ def _main(args, lock: _RunLock) -> int:
         status = EXIT_INTERRUPTED
         trainer.optimizer.zero_grad(set_to_none=True)
         if trainer.is_consistent():
-            save_all("interrupted")
+            # a second Ctrl-C aborts mid-step: the ranks may not be at the same point, so no collective then
+            save_all("interrupted", collective=comm is not None and comm.stop_all)
         else:
             log.info(f"[{trainer.iteration}] interrupted mid-update: state inconsistent, checkpoint not written")
     finally:

@@ -144,6 +144,13 @@ class TrainConfig:
     mcmc_noise_t: float = 0.005  # t of the noise gate (opacity)
     mcmc_opacity_reg: float = 0.01  # loss += λ_o · mean(opacity)
     mcmc_scale_reg: float = 0.01  # loss += λ_s · mean(scale) (world units)
+    # ---- batches and data-parallel training (train/distributed.py; issue 16) ---------------------------------
+    #: views rendered and backpropagated per step on each process; with N processes the global batch is N × this
+    #: and one optimiser step follows the mean gradient of the global batch
+    batch_size: int = 1
+    #: hyper-parameters for a global batch G > 1: "sqrt" = learning rates × √G and Adam betas ^G (Grendel-GS,
+    #: Zhao et al. 2024), "none" = as for G = 1
+    batch_lr_scaling: str = "sqrt"
 
     def to_dict(self) -> dict:
         """A JSON-able dict of the fields."""
@@ -245,5 +252,9 @@ class TrainConfig:
         for name in ("mcmc_growth", "mcmc_noise_lr", "mcmc_noise_k", "mcmc_opacity_reg", "mcmc_scale_reg"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"TrainConfig.{name} must be ≥ 0, got {getattr(self, name)!r}")
+        if not 1 <= self.batch_size <= 4096:
+            raise ValueError(f"TrainConfig.batch_size must be in 1..4096, got {self.batch_size}")
+        if self.batch_lr_scaling not in ("sqrt", "none"):
+            raise ValueError(f"TrainConfig.batch_lr_scaling must be 'sqrt' or 'none', got {self.batch_lr_scaling!r}")
         if self.init_box is not None and len(self.init_box) != 6:
             raise ValueError(f"TrainConfig.init_box must have 6 numbers, got {self.init_box!r}")

@@ -107,6 +107,17 @@ class DensifyStats:
           larger: at the same ``grad_threshold`` more of them densify, as in a gsplat loop;
         - ``"contrib"``: the view's gradient is non-zero — the Gaussian drew at least one pixel.
         """
+        g, d, r = self.increment(grad_px, radii, width, height, visibility=visibility, means2D=means2D,
+                                 opacities=opacities)
+        self.add(g, d, r, valid)
+
+    @torch.no_grad()
+    def increment(self, grad_px: torch.Tensor | None, radii: torch.Tensor, width: int, height: int, *,
+                  visibility: str = "radius", means2D=None, opacities=None):
+        """One view's contribution, not yet added: ``(grad (N,) float32 or None, denom (N,) float32, radii (N,)
+        float32)`` — the NDC gradient norm where the Gaussian counts as visible (:meth:`update` explains
+        ``visibility``), 1.0 where it does, its screen radius where it does (0 elsewhere). Sums of several views'
+        increments (a batch; every rank's, all-reduced) are added by :meth:`add`."""
         visible = radii > 0
         if visibility == "opacity":
             o = opacities.detach().float()
@@ -119,13 +130,30 @@ class DensifyStats:
         elif visibility not in ("radius", "contrib"):
             raise ValueError(f"DensifyStats.update: visibility must be 'radius', 'opacity' or 'contrib', got "
                              f"{visibility!r}")
-        if not isinstance(valid, bool) or not valid:
-            visible = visible & valid
+        g = None
         if grad_px is not None:
             norm = ndc_grad_norm(grad_px.detach().float(), width, height)
-            self.grad_accum += torch.where(visible, norm, torch.zeros_like(norm))
-        self.denom += visible.float()
-        self.max_radii = torch.maximum(self.max_radii, torch.where(visible, radii.float(), 0.0))
+            g = torch.where(visible, norm, torch.zeros_like(norm))
+        return g, visible.float(), torch.where(visible, radii.float(), 0.0)
+
+    @torch.no_grad()
+    def add(self, grad: torch.Tensor | None, denom: torch.Tensor, radii: torch.Tensor,
+            valid: torch.Tensor | bool = True) -> None:
+        """Add increments (:meth:`increment`, possibly summed over views; ``radii`` their maximum) when ``valid``
+        (a 0-d bool tensor or bool; the NaN guard's verdict, no host sync): sums into ``grad_accum`` and
+        ``denom``, running maximum into ``max_radii``. Where ``valid`` is False nothing changes, even where the
+        increments are not finite."""
+        if not isinstance(valid, bool):
+            if grad is not None:
+                grad = torch.where(valid, grad, 0.0)
+            denom = torch.where(valid, denom, 0.0)
+            radii = torch.where(valid, radii, 0.0)
+        elif not valid:
+            return
+        if grad is not None:
+            self.grad_accum += grad
+        self.denom += denom
+        self.max_radii = torch.maximum(self.max_radii, radii)
 
     def mean_grad(self) -> torch.Tensor:
         """(N,) view-averaged gradient norm (0 where never visible)."""

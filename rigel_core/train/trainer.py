@@ -5,7 +5,9 @@ The CLI (``rigel-train``) and the viewer's training thread drive the same object
 
 1. learning rates for this iteration (position: exponential decay × scene extent; :mod:`.optim`), active SH
    degree = ``min(sh_degree, iteration // sh_degree_interval)``;
-2. the next training view (a fresh random permutation of the training set each epoch), render, loss
+2. the next training view (a fresh random permutation of the training set each epoch) — ``config.batch_size``
+   views per process, and with ``self.comm`` (:mod:`.distributed`) this process's slice of the global batch, the
+   gradients then averaged over the batch by one all-reduce —, render, loss
    ``(1 − λ)·L1 + λ·(1 − SSIM)`` (:mod:`.losses`), backward; over the frame's valid pixels only when it has a
    ``mask`` (lens borders, user masks): a masked pixel has exactly zero effect on every gradient, hence on the
    densification statistics too;
@@ -351,6 +353,8 @@ class Trainer:
         self.last_densify: DensifyReport | None = None
         self.lock = threading.Lock()
         self._view_stack: list[int] = []
+        #: the process group of a data-parallel run (:class:`.distributed.Comm`), None for one process
+        self.comm = None
 
     # ---- initialisation -------------------------------------------------------------------------------
     def initial_model(self) -> GaussianModel:
@@ -448,20 +452,28 @@ class Trainer:
         self.exposure.set_lr(exposure_lr(cfg, it))
         return self.exposure.apply(image, idx)
 
-    def step(self) -> StepResult:
-        """Run one training iteration (module docstring) and return its :class:`StepResult`."""
-        t0 = time.perf_counter()
-        cfg, model = self.config, self.model
-        it = self.iteration + 1
-        lrs = group_lrs(cfg, it, self.extent)
-        set_learning_rates(self.optimizer, lrs, cfg.adam_eps)
-        model.active_sh_degree = min(model.sh_degree, it // max(1, cfg.sh_degree_interval))
+    def _batch_views(self, batch: int, world: int, rank: int) -> list:
+        """This process's ``[(view index, background or None), …]`` of the step: the global batch of
+        ``batch·world`` views is drawn from the shared permutation (and, with ``random_background``, a colour
+        drawn per view that has alpha) identically on every rank; rank ``r`` keeps positions ``r·batch …``."""
+        cfg = self.config
+        picked = []
+        for j in range(batch * world):
+            idx = self._next_view()
+            bg = None
+            if cfg.random_background and self.train_frames[idx].alpha is not None:
+                bg = torch.rand(3, generator=self.generator)
+            picked.append((idx, bg))
+        return picked[rank * batch:(rank + 1) * batch]
 
-        idx = self._next_view()
+    def _view_forward_backward(self, idx: int, bg_host, it: int) -> dict:
+        """Render training view ``idx``, its loss, backward (gradients accumulate into ``.grad``); returns the
+        view's record (frame, render output, loss terms, means2D gradient, prediction, target, mask)."""
+        cfg, model = self.config, self.model
         frame, gt, mask = self.train_frames[idx], self._train_images[idx], self._train_masks[idx]
         bg = self.background
-        if cfg.random_background and frame.alpha is not None:
-            bg = host_to_device(torch.rand(3, generator=self.generator), self.device)
+        if bg_host is not None:
+            bg = host_to_device(bg_host, self.device)
             a = frame.alpha.to(self.device, torch.float32)[..., None]
             gt = gt + (1.0 - a) * (bg - self.background)  # re-composite onto the random colour
         out = render(model, frame.camera, background=bg)
@@ -475,7 +487,59 @@ class Trainer:
         if loss.requires_grad:
             loss.backward()
             g2d = means2D_grad(out)
-        ok = self._all_finite(loss, g2d)  # stays on the device: no host sync in a step
+        return {"frame": frame, "out": out, "loss": loss, "l1": l1, "ssim": s, "g2d": g2d, "pred": pred, "gt": gt,
+                "mask": mask}
+
+    def step(self) -> StepResult:
+        """Run one training iteration (module docstring) and return its :class:`StepResult`.
+
+        ``config.batch_size`` views per process (:mod:`.distributed`: with ``self.comm`` set, every rank renders
+        its part of the global batch and one all-reduce averages the gradients); the StepResult's loss terms
+        are the means over this process's views."""
+        from .distributed import batch_scaling
+
+        t0 = time.perf_counter()
+        cfg, model, comm = self.config, self.model, self.comm
+        it = self.iteration + 1
+        world, rank = (comm.world_size, comm.rank) if comm is not None else (1, 0)
+        batch = int(cfg.batch_size)
+        lr_factor, betas = batch_scaling(cfg.batch_lr_scaling, batch * world)
+        lrs = group_lrs(cfg, it, self.extent)
+        set_learning_rates(self.optimizer, {k: v * lr_factor for k, v in lrs.items()} if lr_factor != 1.0 else lrs,
+                           cfg.adam_eps)
+        for g in self.optimizer.param_groups:
+            g["betas"] = betas
+        model.active_sh_degree = min(model.sh_degree, it // max(1, cfg.sh_degree_interval))
+
+        views = [self._view_forward_backward(idx, bg, it) for idx, bg in self._batch_views(batch, world, rank)]
+        first = views[0]
+        loss = first["loss"] if len(views) == 1 else torch.stack([v["loss"].detach() for v in views]).sum()
+        g2ds = [v["g2d"] for v in views if v["g2d"] is not None]
+        ok = self._all_finite(loss, g2ds[0] if len(g2ds) == 1 else (torch.cat(g2ds) if g2ds else None))
+        vis = cfg.densify_visibility
+        inc = None
+        if cfg.strategy != "mcmc" and it < cfg.densify_until:  # this process's densification increments
+            for v in views:
+                out = v["out"]
+                g, d, r = self.stats.increment(v["g2d"], out.radii, v["frame"].camera.width,
+                                               v["frame"].camera.height, visibility=vis,
+                                               means2D=out.means2D if vis == "opacity" else None,
+                                               opacities=model.opacities if vis == "opacity" else None)
+                if inc is None:
+                    inc = [g, d, r]
+                else:  # a view without a 2D gradient (None) adds nothing to the gradient sum
+                    inc = [g if inc[0] is None else inc[0] if g is None else inc[0] + g, inc[1] + d,
+                           torch.maximum(inc[2], r)]
+        if comm is not None:  # one flattened all-reduce: gradients (→ global-batch mean), statistics, flags
+            gi = None if inc is None else (inc[0] if inc[0] is not None else torch.zeros_like(inc[1]))
+            ok, gi, di = comm.reduce_step(self, ok, gi, None if inc is None else inc[1], batch * world)
+            if inc is not None:
+                inc = [gi, di, inc[2]]
+        elif batch > 1:  # the gradients of the views were summed by the backward passes: their mean
+            grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
+            if self.exposure is not None:
+                grads += self.exposure.grads()
+            torch._foreach_mul_(grads, 1.0 / batch)
         report, reset = None, False
         self._nan_skips += (~ok).double()
         with self.lock:
@@ -485,16 +549,14 @@ class Trainer:
             if self.exposure is not None and cfg.exposure:
                 self.exposure.step(self.optimizer.found_inf)
             if cfg.strategy == "mcmc":  # relocation / growth to the budget, position noise (mcmc.py)
-                report = mcmc_step(model, self.optimizer, self.stats, cfg, it, lrs["means3D"], self.generator, ok)
+                report = mcmc_step(model, self.optimizer, self.stats, cfg, it, lrs["means3D"] * lr_factor,
+                                   self.generator, ok)
                 self.last_densify = report or self.last_densify
             elif it < cfg.densify_until:
-                if g2d is not None:
-                    g2d = torch.where(ok, g2d, 0.0)
-                vis = cfg.densify_visibility
-                self.stats.update(g2d, out.radii, frame.camera.width, frame.camera.height, valid=ok, visibility=vis,
-                                  means2D=out.means2D if vis == "opacity" else None,
-                                  opacities=model.opacities if vis == "opacity" else None)
+                self.stats.add(inc[0], inc[1], inc[2], valid=ok)
                 if it > cfg.densify_from and it % cfg.densify_interval == 0:
+                    if comm is not None:
+                        comm.sync_stats(self.stats)
                     report = densify_and_prune(model, self.optimizer, self.stats, cfg, self.extent, it,
                                                self.generator)
                     self.last_densify = report
@@ -509,13 +571,18 @@ class Trainer:
         self.iteration = it
 
         with torch.no_grad():
-            m_t = mse(pred.detach(), gt, mask)
-            values = torch.stack([loss.detach(), l1.detach(), s.detach(), m_t]).double()
+            terms = []
+            for v in views:
+                m_t = mse(v["pred"].detach(), v["gt"], v["mask"])
+                terms.append(torch.stack([v["loss"].detach(), v["l1"].detach(), v["ssim"].detach(), m_t]).double())
+            values = terms[0] if len(terms) == 1 else torch.stack(terms).mean(0)
             values = torch.cat([values, (~ok).double().reshape(1), self._nan_skips.reshape(1)])
-        res = StepResult(it, model.num_gaussians, frame.name, model.active_sh_degree, lrs["means3D"], 0.0, report,
-                         reset, values=values)
-        if cfg.eval_every and it % cfg.eval_every == 0 and self.test_frames:
+        res = StepResult(it, model.num_gaussians, first["frame"].name, model.active_sh_degree, lrs["means3D"] * lr_factor,
+                         0.0, report, reset, values=values)
+        if cfg.eval_every and it % cfg.eval_every == 0 and self.test_frames and (comm is None or comm.is_main):
             res.eval = self.evaluate()
+        if comm is not None:
+            comm.maybe_check(self)
         res.seconds = time.perf_counter() - t0
         return res
 
