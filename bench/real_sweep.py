@@ -1,0 +1,103 @@
+"""Several seeds × several rigel settings on the real captures: which default is better, beyond seed noise.
+
+One ``bench/real.py --methods rigel`` run per (variant, scene, seed), ``--parallel P`` of them at once on the one
+GPU (rigel's step is host-bound, so a few share an H200 without changing their PSNR; their training times are
+then not comparable with single runs and are not reported as such). The result, ``sweep.md`` and
+``sweep.json`` under ``--out``: per scene and variant the held-out PSNR of every seed, its mean, and the mean
+difference to the first variant with its per-seed range — a variant counts as better on a scene only where its
+worst seed-paired difference is above zero.
+
+    python bench/real_sweep.py --scenes .data/real/fern,.data/real/beer --iters 7000 --seeds 0,1 \\
+        --variant default --variant gt15=grad_threshold=1.5e-4 --variant bg=init_background_points=20000 \\
+        --parallel 3 --out $OUT/sweep
+
+``--variant NAME[=KEY=VALUE[;KEY=VALUE...]]``: a name and TrainConfig overrides (``--rigel-config``). CPU check:
+``--device cpu --iters 20 --extra "--downscale 8 --max-frames 6"``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def parse_variant(spec: str) -> tuple[str, list[str]]:
+    name, _, rest = spec.partition("=")
+    if not name or any(not c.isalnum() and c not in "-_." for c in name):
+        raise SystemExit(f"--variant {spec!r}: the name must be letters, digits, '-', '_' or '.'")
+    return name, [kv for kv in rest.split(";") if kv]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scenes", required=True, help="comma-separated capture folders or names (bench/real.py)")
+    ap.add_argument("--iters", default="7000")
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--variant", action="append", required=True, help="NAME[=KEY=VALUE[;KEY=VALUE...]]")
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--extra", default="", help="more bench/real.py arguments (one string)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    variants = [parse_variant(v) for v in args.variant]
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    scenes = [s for s in args.scenes.split(",") if s.strip()]
+    out = Path(args.out)
+    if (out / "sweep.json").exists():
+        raise SystemExit(f"{out / 'sweep.json'}: exists (a previous sweep); choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(v, kv, sc, s) for v, kv in variants for sc in scenes for s in seeds]
+
+    def one(job):
+        v, kv, sc, seed = job
+        tag = f"{v}-{Path(sc).name}-s{seed}"
+        cmd = [sys.executable, str(HERE / "real.py"), "--scenes", sc, "--iters", args.iters, "--methods", "rigel",
+               "--seed", str(seed), "--out", str(out / tag)] + shlex.split(args.extra)
+        if args.device:
+            cmd += ["--device", args.device]
+        if kv:
+            cmd += ["--rigel-config", *kv]
+        t0 = time.perf_counter()
+        with open(out / f"{tag}.log", "w") as log:
+            rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        res = {"variant": v, "overrides": kv, "scene": Path(sc).name, "seed": seed, "rc": rc,
+               "wall_s": time.perf_counter() - t0}
+        try:
+            r = json.loads((out / tag / "real.json").read_text())["scenes"][0]["runs"]["rigel"]["checkpoints"][-1]
+            res.update(psnr=r["psnr"], ssim=r["ssim"], n=r.get("num_gaussians"))
+        except (OSError, KeyError, IndexError, ValueError) as e:
+            res["error"] = f"{type(e).__name__}: {e}"
+        print(f"{tag}: rc={rc} psnr={res.get('psnr', 'n/a')}", flush=True)
+        return res
+
+    with ThreadPoolExecutor(max(1, args.parallel)) as pool:
+        results = list(pool.map(one, jobs))
+    (out / "sweep.json").write_text(json.dumps(results, indent=1) + "\n")
+    lines = [f"iterations {args.iters}, seeds {seeds}; Δ = variant − {variants[0][0]} per seed (mean [min, max])", "",
+             "| scene | variant | PSNR per seed | mean | Δ mean [min, max] | N (mean) |", "|---|---|---|---:|---|---:|"]
+    for sc in dict.fromkeys(Path(s).name for s in scenes):
+        base = {r["seed"]: r.get("psnr") for r in results if r["scene"] == sc and r["variant"] == variants[0][0]}
+        for v, _ in variants:
+            rows = [r for r in results if r["scene"] == sc and r["variant"] == v]
+            ps = [r.get("psnr") for r in rows]
+            ok = [p for p in ps if p is not None]
+            mean = sum(ok) / len(ok) if ok else float("nan")
+            ds = [r["psnr"] - base[r["seed"]] for r in rows if r.get("psnr") is not None and base.get(r["seed"])]
+            delta = f"{sum(ds) / len(ds):+.2f} [{min(ds):+.2f}, {max(ds):+.2f}]" if ds and v != variants[0][0] else ""
+            ns = [r["n"] for r in rows if r.get("n")]
+            lines.append(f"| {sc} | {v} | {' / '.join('—' if p is None else f'{p:.2f}' for p in ps)} | {mean:.2f} | "
+                         f"{delta} | {sum(ns) / len(ns) if ns else 0:,.0f} |")
+    (out / "sweep.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(r["rc"] == 0 for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
