@@ -41,7 +41,7 @@ $PY -c "import torch, rigel_core as rc; print(torch.cuda.get_device_name(), 'tor
 
 if [ $tests = 1 ]; then
   t0=$(date +%s)
-  files="tests/test_cuda_forward.py tests/test_cuda_backward.py tests/test_config.py"
+  files="tests/test_cuda_forward.py tests/test_cuda_backward.py tests/test_config.py tests/test_cuda_depth.py"
   [ $all_tests = 1 ] && files="tests"
   # -n 4 (pytest-xdist, on the GPU image): a test that crashes its worker is reported, the others still run
   xdist=""; $PY -c "import xdist" 2>/dev/null && xdist="-n 4"
@@ -72,6 +72,10 @@ out = rc.rasterize_gaussians(x[0], x[1], x[2], x[3], colors, cam.viewmat_tensor(
 (out.image.sum() + out.final_T.sum()).backward()
 empty = rc.rasterize_gaussians(*(t[:0].detach() for t in x[:4]), colors[:0].detach(), cam.viewmat_tensor("cuda"),
                                cam.K_tensor("cuda"), W, H)
+# depth output (issue 17.2): the kDepth kernels, forward and backward
+y = [t.detach().requires_grad_() for t in x[:4]]
+dout = rc.rasterize_gaussians(*y, colors.detach(), cam.viewmat_tensor("cuda"), cam.K_tensor("cuda"), W, H, depth=True)
+(dout.image.sum() + dout.depth.sum()).backward()
 torch.cuda.synchronize()
 finite = all(bool(torch.isfinite(t.grad[5:]).all()) for t in x)  # rows 0-4 have NaN means (NaN SH colours)
 print("sanitizer scene:", out.n_entries, "entries, grads finite:", finite, "; empty scene entries:", empty.n_entries)

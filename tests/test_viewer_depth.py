@@ -53,3 +53,28 @@ def test_colormap_depth_fills_the_frame_image(rng):
         np.testing.assert_array_equal(slot.image.numpy(), want)
     assert np.all(slot.image[0, :3].numpy() == lut[0, :3])   # no depth: the darkest entry
     torch.testing.assert_close(depth_colors(d, 2.0, 5.0, torch.from_numpy(lut)), slot.image)
+
+
+def test_offscreen_viewer_depth_mode():
+    """The viewer in depth mode (lavapipe in CI): a frame renders and presents; its image holds LUT colours only,
+    more than one (the bundled scene spans depths), the empty background the darkest."""
+    from test_vulkan import VK_OK, VK_REASON
+
+    if not VK_OK:
+        pytest.skip(f"no usable Vulkan device: {VK_REASON}")
+    pytest.importorskip("imgui_bundle")
+    from rigel_core.data import default_scene_path
+    from rigel_core.io import load_scene
+    from viewer.model_slot import ModelSlot
+
+    lut = torch.from_numpy(overdraw_lut(shaderio.C.COLORMAP_SIZE))[:, :3]
+    with Viewer(ModelSlot(load_scene(default_scene_path())), size=(240, 160), device="cpu", offscreen=True,
+                settings=ViewSettings(mode=MODE_DEPTH, render_scale=0.25)) as v:
+        assert v.step() is not None
+        img = v.ring.latest.image.reshape(-1, 3).clone()   # host-mapped Vulkan memory: copied before closing
+        final_T = v.ring.latest.final_T.reshape(-1).clone()
+    match = (img[:, None, :] == lut[None]).all(-1)   # (pixels, 256)
+    assert match.any(1).all(), "a pixel outside the colormap"
+    idx = match.float().argmax(1)
+    assert len(torch.unique(idx)) > 10
+    assert (idx[final_T == 1] == 0).all() and (final_T == 1).any()
