@@ -78,8 +78,8 @@ def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, w
              compensation, Mip-Splatting eq. 9; docs/PIPELINE.md "Anti-aliased mode"). The 3D smoothing filter is
              the caller's (``render`` applies the model's; :func:`rigel_core.mip.apply_3d_filter`).
     Returns: :class:`RenderOutput`.
-    Raises: TypeError/ValueError for wrong types, shapes or devices, or an unknown render_mode; RuntimeError when the image needs more
-        than ``config.MAX_ENTRIES`` duplicated entries, or CUDA tensors are given and the kernels are not built.
+    Raises: TypeError/ValueError for wrong types, shapes or devices, or an unknown render_mode; RuntimeError when
+        the image needs more than ``config.MAX_ENTRIES`` duplicated entries, or CUDA tensors are given and the kernels are not built.
     """
     _check_inputs(means3D, quats, scales, opacities, colors, viewmat, K, width, height)
     from .reference.project import check_render_mode

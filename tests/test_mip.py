@@ -24,7 +24,7 @@ from helpers import cam_tensors, random_camera, random_gaussians
 
 # ---- an independent float64 formula of the mip projection (one batch of Gaussians, torch autograd) ----------
 def quat_matrix(q):
-    """Rotation of (w, x, y, z) via R = (w² − |v|²) I + 2 v vᵀ + 2 w [v]× (a different route from the reference)."""
+    """Rotation of (w, x, y, z) via R = (w² − |v|²) I + 2 v vᵀ + 2 w [v]× (another route than the reference's)."""
     q = q / q.norm(dim=-1, keepdim=True)
     w, v = q[:, :1], q[:, 1:]
     a, b, c = v.unbind(-1)
@@ -64,7 +64,7 @@ def centred_scene(gen, n, scale_range=(-4.0, -1.0)):
 
 
 def force_edge_cases(scales):
-    """Rows 0–2: tiny (compensation → 0), huge (→ 1), near-singular (one axis 0: det0 ≈ 0, ≤ 0 by rounding)."""
+    """Rows 0–2: tiny (compensation → 0), huge (→ 1), near-singular (det0 ≈ 0, either sign by rounding)."""
     scales = scales.clone()
     scales[0] = torch.tensor([1e-5, 2e-5, 1.5e-5])
     scales[1] = torch.tensor([3.0, 2.0, 2.5])

@@ -9,8 +9,8 @@ from .rasterize import Raster, rasterize_tiles
 from .sh import eval_sh, sh_basis, sh_colors
 
 __all__ = ["Binning", "bin_gaussians", "depth_bits", "footprint_threshold", "min_q_over_box", "Projection",
-           "project_gaussians", "quat_to_rotmat", "tile_rects", "RENDER_MODES", "check_render_mode", "Raster", "rasterize_tiles", "eval_sh",
-           "sh_basis", "sh_colors", "render_reference"]
+           "project_gaussians", "quat_to_rotmat", "tile_rects", "RENDER_MODES", "check_render_mode", "Raster",
+           "rasterize_tiles", "eval_sh", "sh_basis", "sh_colors", "render_reference"]
 
 
 def render_reference(means3D, quats, scales, opacities, colors, viewmat, K, width, height, background=None,
