@@ -73,7 +73,7 @@ class ViewSettings:
     #: reference renderer does not take the cores the trainer needs
     model_refresh_s: float = 0.0
     camera_path: path_panel.PathEditor = field(default_factory=path_panel.PathEditor)   # the Camera path section
-    render_mode: str | None = None  # "default" | "mip" (anti-aliased); None: the scene's own, adopted at first render
+    render_mode: str | None = None  # "default" | "mip" (anti-aliased); None: the scene's own, adopted when it loads
 
     def render_key(self):
         """The settings that change the rendered frame (a change triggers a re-render)."""
