@@ -41,7 +41,7 @@ $PY -c "import torch, rigel_core as rc; print(torch.cuda.get_device_name(), 'tor
 
 if [ $tests = 1 ]; then
   t0=$(date +%s)
-  files="tests/test_cuda_forward.py tests/test_cuda_backward.py tests/test_config.py tests/test_cuda_depth.py"
+  files="tests/test_cuda_forward.py tests/test_cuda_backward.py tests/test_config.py tests/test_cuda_depth.py tests/test_cuda_mip.py"
   [ $all_tests = 1 ] && files="tests"
   # -n 4 (pytest-xdist, on the GPU image): a test that crashes its worker is reported, the others still run
   xdist=""; $PY -c "import xdist" 2>/dev/null && xdist="-n 4"

@@ -45,8 +45,8 @@ from rigel_core.train import TrainConfig, Trainer  # noqa: E402
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default=os.path.join(os.environ.get("RIGEL_SHARED_DATA", str(ROOT.parent / "shared" / "data")),
-                                                   "lego"), help="Blender-layout dataset (default: lego)")
+    shared = os.environ.get("RIGEL_SHARED_DATA", str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--data", default=os.path.join(shared, "lego"), help="Blender-layout dataset (default: lego)")
     ap.add_argument("--iters", type=int, default=30_000)
     ap.add_argument("--train-downscale", type=float, default=2.0, help="training resolution = original / this")
     ap.add_argument("--scales", default="0.25,0.5,1,2", help="evaluation resolutions relative to the training one")

@@ -87,8 +87,8 @@ def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, w
         depth: also return ``depth`` (expected) and ``depth_median`` (H,W), computed in the same rasterization
              pass as the colour (the colour outputs are unchanged).
     Returns: :class:`RenderOutput`.
-    Raises: TypeError/ValueError for wrong types, shapes or devices, or an unknown render_mode; RuntimeError when the image needs more
-        than ``config.MAX_ENTRIES`` duplicated entries, or CUDA tensors are given and the kernels are not built.
+    Raises: TypeError/ValueError for wrong types, shapes or devices, or an unknown render_mode; RuntimeError when
+        the image needs more than ``config.MAX_ENTRIES`` duplicated entries, or CUDA tensors are given and the kernels are not built.
     """
     _check_inputs(means3D, quats, scales, opacities, colors, viewmat, K, width, height)
     from .reference.project import check_render_mode

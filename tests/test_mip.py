@@ -24,7 +24,7 @@ from helpers import cam_tensors, random_camera, random_gaussians
 
 # ---- an independent float64 formula of the mip projection (one batch of Gaussians, torch autograd) ----------
 def quat_matrix(q):
-    """Rotation of (w, x, y, z) via R = (w² − |v|²) I + 2 v vᵀ + 2 w [v]× (a different route from the reference)."""
+    """Rotation of (w, x, y, z) via R = (w² − |v|²) I + 2 v vᵀ + 2 w [v]× (another route than the reference's)."""
     q = q / q.norm(dim=-1, keepdim=True)
     w, v = q[:, :1], q[:, 1:]
     a, b, c = v.unbind(-1)
@@ -64,7 +64,7 @@ def centred_scene(gen, n, scale_range=(-4.0, -1.0)):
 
 
 def force_edge_cases(scales):
-    """Rows 0–2: tiny (compensation → 0), huge (→ 1), near-singular (one axis 0: det0 ≈ 0, ≤ 0 by rounding)."""
+    """Rows 0–2: tiny (compensation → 0), huge (→ 1), near-singular (det0 ≈ 0, either sign by rounding)."""
     scales = scales.clone()
     scales[0] = torch.tensor([1e-5, 2e-5, 1.5e-5])
     scales[1] = torch.tensor([3.0, 2.0, 2.5])
@@ -331,3 +331,46 @@ def test_trainer_mip_mode_filter_densify_checkpoint_export(rng, tmp_path):
     assert (render(tr.model, cam, render_mode="default").image - render(tr.model, cam).image).abs().max() > 1e-4
     with pytest.raises(ValueError, match="TrainConfig.render_mode must be 'default' or 'mip'"):
         small_config(render_mode="aa").validate()
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_rigel_train_render_mode_flag(rng, tmp_path):
+    from rigel_core.cli.train import main
+    from rigel_core.data import make_dataset as make_procedural
+    from rigel_core.io import load_scene
+
+    data = tmp_path / "data"
+    make_procedural(data, 100, 16, 16, n_train=3, n_test=1, seed=int(torch.randint(0, 1000, (1,), generator=rng)),
+                    device="cpu", progress=False)
+    run = tmp_path / "run"
+    assert main(["--data", str(data), "--out", str(run), "--device", "cpu", "--quiet", "--init-points", "60",
+                 "--iters", "3", "--eval-every", "0", "--n-renders", "0", "--render-mode", "mip"]) == 0
+    assert "SplatRenderMode: mip" in read_ply_header(run / "model.ply").comments
+    assert load_scene(run / "model.ply").render_mode == "mip"
+    import json
+
+    assert json.loads((run / "metrics.json").read_text())["config"]["render_mode"] == "mip"
+
+
+def test_viewer_follows_the_scene_mode_and_its_toggle(rng):
+    """The viewer starts in the scene's mode, the Render panel's checkbox (settings.render_mode) re-renders in the
+    other one, and the frame is the library's render in that mode (Vulkan: lavapipe in CI)."""
+    test_viewer = pytest.importorskip("test_viewer")
+    if not test_viewer.VK_OK:
+        pytest.skip(f"no usable Vulkan device: {test_viewer.VK_REASON}")
+    pytest.importorskip("imgui_bundle", reason="the viewer's UI package imgui-bundle is not installed")
+    from viewer.app import Viewer
+    from viewer.model_slot import ModelSlot
+    from viewer.ui import ViewSettings
+
+    model = test_viewer.tiny_model(rng, 200)
+    model.render_mode = "mip"
+    model.filter_3D = torch.full((200,), 1e-3)
+    with Viewer(ModelSlot(model, iteration=0), size=(96, 64), device="cpu", offscreen=True,
+                settings=ViewSettings(render_scale=1.0)) as v:
+        v.step()
+        assert v.settings.render_mode == "mip"
+        renders = v.stats.renders
+        v.settings.render_mode = "default"
+        v.step()
+        assert v.stats.renders > renders

@@ -287,6 +287,7 @@ class Viewer:
         if model.device.type != self.render_device:
             model = model.to(device=self.render_device)   # the appearance module travels with it
         self._model = model
+        self.settings.render_mode = self.settings.render_mode or getattr(model, "render_mode", "default")  # mip
         self._model_version = snap.version
         self.stats.gaussians = model.num_gaussians
         self.stats.model_info = {k: v for k, v in snap.info.items() if not str(k).startswith("_")}
@@ -543,7 +544,7 @@ class Viewer:
             if stream is not None:
                 ev[1].record(stream)
             t1 = time.perf_counter()
-            mode = self.settings.render_mode = self.settings.render_mode or getattr(model, "render_mode", "default")
+            mode = self.settings.render_mode or getattr(model, "render_mode", "default")
             scales, opacities = effective_scales_opacities(model, mode)   # the mip mode's 3D filter, if any
             depth = self.settings.mode == MODE_DEPTH   # depth display (issue 17.2)
             r = rasterize_gaussians(model.means3D, model.quats, scales, opacities, colors,

@@ -57,7 +57,8 @@ from .errors import PlyFormatError
 from ..atomic import atomic_path
 
 __all__ = ["load_ply", "save_ply", "read_ply_header", "render_mode_of", "RENDER_MODE_COMMENT", "PlyHeader",
-           "PlyElementInfo", "PlyPropertyInfo", "PlyFormatError", "SceneWarning", "ply_property_names", "MAX_HEADER_BYTES"]
+           "PlyElementInfo", "PlyPropertyInfo", "PlyFormatError", "SceneWarning", "ply_property_names",
+           "MAX_HEADER_BYTES"]
 
 #: A PLY header longer than this is treated as corrupt (rigel_core.limits.MAX_PLY_HEADER_BYTES).
 MAX_HEADER_BYTES = MAX_PLY_HEADER_BYTES
