@@ -8,7 +8,7 @@ Two ways to make the same frame of the procedural scene (``make_scene(n, sh_degr
 (b) **full frame**: the viewer's frame loop without a window (DESIGN §6): ``FrameRing.acquire`` (the stream
     waits ``free[s]``), the same render into the slot's imported tensors, ``FrameRing.release`` (overdraw scale,
     ``ready[s]`` signalled), ``Presenter.present`` (one Vulkan submit: waits ``ready[s]``, runs the present pass
-    of the mode into an :class:`~viewer.targets.OffscreenTarget`, signals ``free[s]``).
+    of the mode into an :class:`~viewer.gpu.targets.OffscreenTarget`, signals ``free[s]``).
 
 Two present policies for (b) (``--policies``):
 
@@ -275,7 +275,7 @@ class RingBench:
     def measure(self, mode_name: str, mode: int, *, frames: int, warmup: int, repeats: int,
                 sync_frames: int, policy: str) -> dict:
         """Both figures of one mode (see the module docstring)."""
-        from viewer.shaderio import C
+        from viewer.gpu.shaderio import C
 
         t = self.presenter.target
         w = max(t.width // 3, 1) if mode == C.MODE_SIDE_BY_SIDE else t.width   # as Viewer.frame_size
@@ -437,11 +437,11 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from viewer.frame_ring import FrameRing
-    from viewer.presenter import Presenter
-    from viewer.shaderio import MODE_NAMES, C
-    from viewer.targets import OffscreenTarget
-    from viewer.vk_context import VulkanContext, cuda_device_uuid, validation_log
+    from viewer.gpu.frame_ring import FrameRing
+    from viewer.gpu.presenter import Presenter
+    from viewer.gpu.shaderio import MODE_NAMES, C
+    from viewer.gpu.targets import OffscreenTarget
+    from viewer.gpu.vk_context import VulkanContext, cuda_device_uuid, validation_log
 
     gpu = args.device == "cuda"
     w, h = args.size

@@ -336,7 +336,7 @@ def test_cli_without_display_or_driver_says_what_to_do(tmp_path, monkeypatch, ca
 def test_viewer_renders_when_something_changes_and_presents_otherwise(display, rng, tmp_path):  # noqa: F811
     from test_vulkan import VALIDATION
     from viewer.app import Viewer
-    from viewer.shaderio import C
+    from viewer.gpu.shaderio import C
     from viewer.ui import ViewSettings
 
     slot = ModelSlot(tiny_model(rng), iteration=0)

@@ -448,7 +448,7 @@ def test_scripted_session_on_a_real_ply(display, shared_data, tmp_path, one_thre
     from test_vulkan import VALIDATION
     from viewer.app import Viewer
     from viewer.scene import load_scene_file
-    from viewer.shaderio import C
+    from viewer.gpu.shaderio import C
     from viewer.ui import PANEL_WIDTH, ViewSettings
 
     model = load_scene_file(shared_data / "ply" / "donut_mipsplatting_sh0.ply")

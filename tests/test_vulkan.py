@@ -2,7 +2,7 @@
 
 Runs on any Vulkan device (CI: Mesa's lavapipe on the CPU; windowed tests under Xvfb, started here when DISPLAY
 is unset). The validation layer is on whenever it is installed, and every test fails if it reports an error.
-The passes are checked against their definitions (shaders/shaderio.h, viewer/colormap.py) written out here with
+The passes are checked against their definitions (shaders/shaderio.h, viewer/gpu/colormap.py) written out here with
 numpy: 8-bit UNORM conversion is round(clamp(x, 0, 1) · 255) (Vulkan spec "Conversion from Floating-Point to
 Normalized Fixed-Point": round to nearest), exact for every pixel.
 """
@@ -24,7 +24,7 @@ if not os.environ.get("XDG_RUNTIME_DIR"):
     _xdg.mkdir(mode=0o700, exist_ok=True)
     os.environ["XDG_RUNTIME_DIR"] = str(_xdg)
 
-vkc = pytest.importorskip("viewer.vk_context", reason="the viewer needs the `vulkan` package")
+vkc = pytest.importorskip("viewer.gpu.vk_context", reason="the viewer needs the `vulkan` package")
 
 
 def _probe():
@@ -52,11 +52,11 @@ except Exception as e:  # pragma: no cover - a broken driver
 pytestmark = pytest.mark.skipif(not VK_OK, reason=f"no usable Vulkan device: {VK_REASON}")
 
 if VK_OK:
-    from viewer.colormap import overdraw_lut
-    from viewer.frame_ring import FrameRing
-    from viewer.presenter import Presenter
-    from viewer.shaderio import C
-    from viewer.targets import OffscreenTarget
+    from viewer.gpu.colormap import overdraw_lut
+    from viewer.gpu.frame_ring import FrameRing
+    from viewer.gpu.presenter import Presenter
+    from viewer.gpu.shaderio import C
+    from viewer.gpu.targets import OffscreenTarget
 
 
 # ---- fixtures shared with tests/test_viewer.py ------------------------------------------------------------
@@ -166,7 +166,7 @@ def test_committed_spirv_equals_glslc_output():
 
     for name in shaderio.SHADERS:
         assert shaderio.compile_glsl(name) == shaderio.spirv(name), \
-            f"shaders/{name}.spv is stale: run `python -m viewer.shaderio`"
+            f"shaders/{name}.spv is stale: run `python -m viewer.gpu.shaderio`"
 
 
 def test_shader_header_constants_and_push_block():
@@ -217,7 +217,7 @@ def test_validation_layer_catches_a_leak():
 
 def test_missing_driver_gives_one_clear_message(tmp_path):
     env = dict(os.environ, VK_DRIVER_FILES=str(tmp_path / "none.json"), VK_ICD_FILENAMES=str(tmp_path / "none.json"))
-    code = "from viewer.vk_context import VulkanContext\nVulkanContext().init_device()"
+    code = "from viewer.gpu.vk_context import VulkanContext\nVulkanContext().init_device()"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()[-1]
@@ -400,7 +400,7 @@ def window(display):
 
 
 def _window_stack(glfw, win, vsync=True):
-    from viewer.targets import SwapchainTarget, create_window_surface
+    from viewer.gpu.targets import SwapchainTarget, create_window_surface
 
     c = vkc.VulkanContext(validation=VALIDATION, instance_extensions=glfw.get_required_instance_extensions())
     surface = create_window_surface(c, win)
@@ -498,7 +498,7 @@ def test_cuda_interop_failure_names_the_call_and_closes_the_fd(ctx):
     """Any failed import (here: no GPU, or a pipe that is no Vulkan memory) raises CudaInteropError naming the
     CUDA call, and the fd — still ours when the import failed — is closed."""
     pytest.importorskip("cuda.bindings", reason="cuda-bindings not installed")
-    from viewer.cuda_interop import CudaInteropError, ExternalBuffer, ExternalTimelineSemaphore
+    from viewer.gpu.cuda_interop import CudaInteropError, ExternalBuffer, ExternalTimelineSemaphore
 
     for make in (lambda fd: ExternalBuffer(fd, 4096), lambda fd: ExternalTimelineSemaphore(fd)):
         r, w = os.pipe()

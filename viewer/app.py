@@ -47,10 +47,10 @@ from pathlib import Path
 from .camera_control import UP_AXES, OrbitCamera
 from .model_slot import ModelSlot
 from .offscreen import run_offscreen, run_offscreen_training
-from .shaderio import C, MODE_NAMES
+from .gpu.shaderio import C, MODE_NAMES
 from .ui import Stats, ViewSettings, draw_ui
 from .ui_state import ErrorView, TrainingState
-from .vk_context import VulkanUnavailable
+from .gpu.vk_context import VulkanUnavailable
 
 __all__ = ["Viewer", "main", "build_parser", "run_offscreen", "run_offscreen_training", "config_dir"]
 
@@ -116,7 +116,7 @@ class Viewer:
         offscreen: draw into an offscreen image (no display needed) instead of a GLFW window.
         size: (width, height) of the window / offscreen image in pixels.
         device: "auto" | "cpu" | "cuda" for rendering (CUDA uses the interop ring, CPU the host-mapped one).
-        debug: Vulkan validation layer on (errors counted in ``viewer.vk_context.validation_log``).
+        debug: Vulkan validation layer on (errors counted in ``viewer.gpu.vk_context.validation_log``).
         settings: initial :class:`ViewSettings`; ``render_scale=None`` there means automatic.
         scene_name: shown in the stats panel.
         training: the training session whose events the Training and PSNR windows show, or None.
@@ -132,10 +132,10 @@ class Viewer:
                  frames=None, ini_path=None):
         from imgui_bundle import imgui, implot
 
-        from .frame_ring import FrameRing
-        from .presenter import Presenter
-        from .targets import DisplayUnavailable, OffscreenTarget, SwapchainTarget, create_window_surface
-        from .vk_context import VulkanContext, cuda_device_uuid
+        from .gpu.frame_ring import FrameRing
+        from .gpu.presenter import Presenter
+        from .gpu.targets import DisplayUnavailable, OffscreenTarget, SwapchainTarget, create_window_surface
+        from .gpu.vk_context import VulkanContext, cuda_device_uuid
 
         self.slot_source = model_slot
         self.offscreen = offscreen
@@ -234,7 +234,7 @@ class Viewer:
 
     # ---- window --------------------------------------------------------------------------------------------
     def _open_window(self, size, title):
-        from .targets import DisplayUnavailable
+        from .gpu.targets import DisplayUnavailable
 
         if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
             raise DisplayUnavailable("no display (DISPLAY / WAYLAND_DISPLAY unset): run with --offscreen, or under a "
@@ -1008,7 +1008,7 @@ def _main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from rigel_core.io.errors import InputError
 
-    from .targets import DisplayUnavailable
+    from .gpu.targets import DisplayUnavailable
 
     if args.offscreen and args.out is None:
         print("rigel-viewer: --offscreen needs --out DIR", file=sys.stderr)
@@ -1130,7 +1130,7 @@ def _main(argv=None) -> int:
                       file=sys.stderr)
                 status = 1
         if args.debug:
-            from .vk_context import validation_log
+            from .gpu.vk_context import validation_log
 
             if validation_log.errors:
                 print(f"rigel-viewer: the validation layer reported {validation_log.errors} error(s)",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .shaderio import C, MODE_NAMES
+from .gpu.shaderio import C, MODE_NAMES
 
 __all__ = ["run_offscreen", "run_offscreen_training"]
 
@@ -83,7 +83,7 @@ def _common(viewer) -> dict:
 
 
 def _finish(viewer, out: Path, summary: dict) -> dict:
-    from .vk_context import validation_log
+    from .gpu.vk_context import validation_log
 
     if viewer.ctx.validation:
         summary["validation_errors"] = validation_log.errors

@@ -28,8 +28,8 @@ from . import messages as M
 from . import path_panel
 from .camera_control import UP_AXES
 from .export import format_combo
-from .present import panel_rects, scale_bar_rect
-from .shaderio import C
+from .gpu.present import panel_rects, scale_bar_rect
+from .gpu.shaderio import C
 
 __all__ = ["ViewSettings", "Stats", "draw_ui", "MODE_LABELS", "PANEL_WIDTH", "PANELS"]
 

@@ -13,7 +13,7 @@ them as ``rigel_core.render(model, camera, out=(slot.image, slot.final_T, slot.n
 Two paths, one protocol:
 
 * **CUDA** (``device="cuda"``): the buffers are device-local and exportable (``OPAQUE_FD``), imported once into
-  CUDA and wrapped as CUDA tensors (:mod:`viewer.cuda_interop`). Per slot two timeline semaphores, exported and
+  CUDA and wrapped as CUDA tensors (:mod:`viewer.gpu.cuda_interop`). Per slot two timeline semaphores, exported and
   imported into CUDA: ``ready[s]`` (value = render number r, signalled by CUDA after the render) and ``free[s]``
   (value = read number q: the ring counts the present submits that read any slot, and the submit that read s
   signals its q). For render r in slot s the CUDA stream waits ``free[s] ≥ last_read[s]`` (the last present
