@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import messages as M
+from . import requests as R
 from . import path_panel
 from .camera_control import UP_AXES
 from .export import format_combo
@@ -190,14 +191,14 @@ def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_m
             imgui.same_line()
             changed, settings.vsync = imgui.checkbox("vsync", settings.vsync)
             if changed:
-                requests.append("vsync")
+                requests.append(R.ApplyVsync())
         if training is None:
             jobs_busy = jobs.get("appearance") is not None and not jobs["appearance"].done
             imgui.text("colour")
             for kind, label in (("sh", "SH"), ("mlp", "MLP")):
                 imgui.same_line()
                 if imgui.radio_button(label + "##view", appearance == kind) and appearance != kind and not jobs_busy:
-                    requests.append(f"appearance:{kind}")
+                    requests.append(R.SwitchAppearance(kind))
             job = jobs.get("appearance")
             if job is not None and not job.done:
                 imgui.same_line()
@@ -216,30 +217,30 @@ def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_m
         changed, idx = imgui.combo("up axis", keys.index(settings.up) if settings.up in keys else 0, keys)
         if changed:
             settings.up = keys[idx]
-            requests.append("up")
+            requests.append(R.ApplyUp())
         if imgui.button("reset view (R)"):
-            requests.append("reset")
+            requests.append(R.ResetView())
         if n_cameras:
             imgui.same_line()
             if imgui.button("nearest (T)"):
-                requests.append("snap")
+                requests.append(R.SnapNearest())
             if imgui.button("<##cam"):
-                requests.append("prev_camera")
+                requests.append(R.CycleCamera(-1))
             imgui.same_line()
             label = f"train view {camera_index + 1}/{n_cameras}" if camera_index is not None else \
                 f"{n_cameras} train views"
             imgui.text(label)
             imgui.same_line()
             if imgui.button(">##cam"):
-                requests.append("next_camera")
+                requests.append(R.CycleCamera(1))
         imgui.pop_item_width()
     if imgui.collapsing_header("Export"):
         if imgui.button("screenshot (F12)"):
-            requests.append("screenshot")
+            requests.append(R.Screenshot())
         imgui.same_line()
         if training is None:  # save the shown scene as PLY / compressed PLY / SPZ / splat (viewer/export.py)
             if imgui.button("save scene"):
-                requests.append("save_ply")
+                requests.append(R.SaveScene())
             imgui.same_line()
             settings.export_format = format_combo(imgui, settings.export_format)
         imgui.push_item_width(140)
@@ -253,10 +254,10 @@ def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_m
         if job is not None and not job.done:
             imgui.progress_bar(job.progress, imgui.ImVec2(-1, 0), job.message or "rendering")
             if imgui.button("cancel video"):
-                requests.append("cancel_video")
+                requests.append(R.CancelVideo())
         else:
             if imgui.button("render orbit video"):
-                requests.append("video")
+                requests.append(R.OrbitVideo())
             if job is not None:
                 if job.error:
                     imgui.text_colored(imgui.ImVec4(1, 0.35, 0.3, 1), job.error[:80])
@@ -432,7 +433,7 @@ def _psnr_window(imgui, implot, training, error_view, display, requests, n_camer
                            "with its ground truth.")
         imgui.pop_text_wrap_pos()
         if n_cameras and imgui.button("show nearest training view"):
-            requests.append("snap")
+            requests.append(R.SnapNearest())
     imgui.end_group()
     imgui.end()
 
@@ -449,9 +450,8 @@ def draw_ui(settings: ViewSettings, stats: Stats, *, overdraw_max: int, content,
         jobs: {"video": Job, "appearance": Job} running or finished background jobs.
         n_cameras, camera_index: training cameras available and the one the view is snapped to.
         appearance: "sh" or "mlp", the colour model of the scene shown.
-    Returns: requests for the app — strings ("reset", "screenshot", "vsync", "up", "snap", "next_camera",
-    "prev_camera", "save_ply", "video", "cancel_video", "appearance:sh|mlp", "path:<action>") and
-    :mod:`viewer.messages` commands for the training thread.
+    Returns: requests for the app — :mod:`viewer.requests` instances, the camera path's ``"path:<action>"`` texts
+    and :mod:`viewer.messages` commands for the training thread.
     """
     from imgui_bundle import imgui, implot
 
