@@ -50,7 +50,7 @@ def grab(viewer, path: Path):
     from PIL import Image
 
     p = viewer.step(capture=True)
-    viewer.gpu.presenter.wait(p)
+    viewer.presenter.wait(p)
     presented = viewer.read_pixels(p)[..., :3]
     with tempfile.TemporaryDirectory() as tmp:
         shot = Path(tmp) / "root.png"
