@@ -27,6 +27,19 @@ if not os.environ.get("XDG_RUNTIME_DIR"):
 vkc = pytest.importorskip("viewer.gpu.vk_context", reason="the viewer needs the `vulkan` package")
 
 
+def ring_class(elide_waits: bool = True, handover: str = "semaphore"):
+    """The production FrameRing for its own protocol, else bench/ring_variants.py's BenchRing (the variants the
+    benchmark measures live there, not in viewer/gpu/)."""
+    from viewer.gpu.frame_ring import FrameRing
+
+    if (elide_waits, handover) == (True, "semaphore"):
+        return FrameRing, {}
+    sys.path.insert(0, str(ROOT / "bench"))
+    from ring_variants import BenchRing
+
+    return BenchRing, {"elide_waits": elide_waits, "handover": handover}
+
+
 def _probe():
     """(ok, reason, validation_available) for this machine."""
     try:
@@ -314,7 +327,7 @@ def test_ring_keeps_every_frame_and_grows(ctx, rng):
     with pytest.raises(ValueError, match="at least 2"):
         FrameRing(ctx, 1)
     with pytest.raises(ValueError, match="handover"):
-        FrameRing(ctx, 2, handover="fence")
+        ring_class(handover="fence")[0](ctx, 2, handover="fence")
 
 
 def test_newest_ready_never_offers_a_slot_being_written(ctx, rng):
@@ -526,7 +539,8 @@ def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits, handover):
     vk = c.vk
     try:
         w, h, k, n_frames = 64, 48, 3, 200
-        ring = FrameRing(c, k, device="cuda", capacity=(w, h), elide_waits=elide_waits, handover=handover)
+        cls, switches = ring_class(elide_waits, handover)
+        ring = cls(c, k, device="cuda", capacity=(w, h), **switches)
         slot_bytes = ring.buffers[0].size
         host = c.create_buffer(slot_bytes * n_frames, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=True)
         scratch = c.create_buffer(256 << 20, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=False)
@@ -597,7 +611,8 @@ def test_gpu_newest_ready_waits_for_the_render_to_finish(handover):
     c = vkc.VulkanContext(validation=VALIDATION)
     c.init_device(interop=True, device_uuid=vkc.cuda_device_uuid())
     try:
-        ring = FrameRing(c, 3, device="cuda", capacity=(32, 16), handover=handover)
+        cls, switches = ring_class(handover=handover)
+        ring = cls(c, 3, device="cuda", capacity=(32, 16), **switches)
         stream = torch.cuda.current_stream()
         first = ring.acquire(32, 16, stream)
         first.image.fill_(1.0)
@@ -630,7 +645,8 @@ def test_gpu_ring_render_is_bit_identical_and_presents(rng, handover):
         model = GaussianModel.from_points(torch.randn(n, 3, generator=rng), torch.rand(n, 3, generator=rng),
                                           sh_degree=1, scale=0.05, opacity=0.6).to(device="cuda")
         cam = Camera.look_at((0.0, -6.0, 2.0), (0.0, 0.0, 0.0), width=200, height=150)
-        ring = FrameRing(c, 3, device="cuda", capacity=(200, 150), handover=handover)
+        cls, switches = ring_class(handover=handover)
+        ring = cls(c, 3, device="cuda", capacity=(200, 150), **switches)
         target = OffscreenTarget(c, 200, 150)
         pr = Presenter(c, target, ring, imgui=False)
         ref = rigel_core.render(model, cam)
