@@ -572,6 +572,44 @@ def test_scripted_session_on_a_real_ply(display, shared_data, tmp_path, one_thre
 
 
 @needs_vulkan
+def test_training_window_presents_at_most_once_per_display_refresh(display, rng, tmp_path, one_thread,  # noqa: F811
+                                                                    monkeypatch):
+    """While training, with vsync off, the loop presents at most once per refresh of the display (here said to
+    be 8 Hz) and not at all while the window cannot be seen; the training goes on meanwhile (issue 15)."""
+    from viewer.app import Viewer
+    from viewer.ui import ViewSettings
+    from viewer.window import Window
+
+    hz, seconds = 8.0, 1.5
+    monkeypatch.setattr(Window, "refresh_hz", lambda self: hz)
+    trainer = tiny_trainer(rng, iterations=10_000)
+    slot = ModelSlot()
+    session = TrainingSession(trainer, slot, tmp_path / "run", eval_at_start=False).start()
+    while slot.latest() is None:
+        time.sleep(0.01)
+    v = Viewer(slot, size=(320, 200), device="cpu", settings=ViewSettings(render_scale=0.2, vsync=False),
+               training=session)
+    try:
+        def run_for(s):
+            v.interrupted = False
+            timer = threading.Timer(s, lambda: setattr(v, "interrupted", True))
+            timer.start()
+            p0, t0 = v.stats.presents, time.perf_counter()
+            v.run()
+            timer.join()
+            return v.stats.presents - p0, time.perf_counter() - t0
+
+        n, dt = run_for(seconds)
+        assert 2 <= n <= hz * dt + 2, (n, dt)
+        it = trainer.iteration
+        monkeypatch.setattr(Window, "visible", lambda self: False)        # minimised / hidden
+        n, _ = run_for(1.0)
+        assert n == 0 and trainer.iteration > it                            # no frame; the training went on
+    finally:
+        v.close()
+
+
+@needs_vulkan
 def test_closing_the_window_during_training_leaves_a_loadable_checkpoint(display, rng, tmp_path,  # noqa: F811
                                                                          one_thread):
     import glfw

@@ -229,14 +229,7 @@ class TrainingSession:
         if kind not in ("sh", "mlp"):
             self._emit(M.CommandRejected("SetAppearance", f"unknown appearance {kind!r} (sh or mlp)"))
             return
-        switch = getattr(tr, "set_appearance", None)
-        if switch is None:
-            self._emit(M.CommandRejected("SetAppearance", "this rigel_core trainer cannot switch the appearance "
-                                                          "while training (no Trainer.set_appearance)",
-                                         unsupported=True))
-            return
-        result = switch(kind)
-        rmse = float(getattr(result, "rmse", result if isinstance(result, (int, float)) else math.nan))
+        rmse = float(tr.set_appearance(kind))
         self._dirty = True
         self._publish()
         self._emit(M.AppearanceChanged(tr.iteration, kind, rmse))
