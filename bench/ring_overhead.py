@@ -8,7 +8,7 @@ Two ways to make the same frame of the procedural scene (``make_scene(n, sh_degr
 (b) **full frame**: the viewer's frame loop without a window (DESIGN §6): ``FrameRing.acquire`` (the stream
     waits ``free[s]``), the same render into the slot's imported tensors, ``FrameRing.release`` (overdraw scale,
     ``ready[s]`` signalled), ``Presenter.present`` (one Vulkan submit: waits ``ready[s]``, runs the present pass
-    of the mode into an :class:`~viewer.targets.OffscreenTarget`, signals ``free[s]``).
+    of the mode into an :class:`~viewer.gpu.targets.OffscreenTarget`, signals ``free[s]``).
 
 Two present policies for (b) (``--policies``):
 
@@ -19,13 +19,13 @@ Two present policies for (b) (``--policies``):
 * ``eager`` (the protocol as first written, commit 862c999): every render enqueues its ``free[s]`` wait and is
   presented right after its release, the Vulkan submit waiting on a ``ready[s]`` not signalled yet;
 * ``event``: as ``ready``, but the render's end reaches Vulkan as a CUDA event the host polls instead of the
-  ``ready[s]`` semaphore signal (``FrameRing(handover="event")``): the present submit waits for nothing;
+  ``ready[s]`` semaphore signal (``ring_variants.BenchRing(handover="event")``): the present submit waits for nothing;
 * ``ring-only`` (a diagnostic, not a frame): acquire, render into the slot and release as ``ready``, no present;
   it separates the ring's own cost from the present pass's;
 * ``present-only`` (a diagnostic): the render alone into ordinary tensors, then a present of a slot rendered
   before (finished): what the Vulkan pass running beside the CUDA stream costs it; ``present-compute`` and
   ``present-empty`` break it down: the present pass's compute dispatch alone (no copy into the image), and a
-  submit with no commands (``Presenter.diagnostic``; the target shows nothing usable then).
+  submit with no commands (``ring_variants.DiagnosticPresenter.diagnostic``; the target shows nothing usable then).
 
 No readback of the colour image is timed: copying a frame to host memory is not part of a frame (the viewer
 reads back only for screenshots and ``--offscreen`` PNGs); one readback *after* the timing checks that the ring
@@ -275,7 +275,7 @@ class RingBench:
     def measure(self, mode_name: str, mode: int, *, frames: int, warmup: int, repeats: int,
                 sync_frames: int, policy: str) -> dict:
         """Both figures of one mode (see the module docstring)."""
-        from viewer.shaderio import C
+        from viewer.gpu.shaderio import C
 
         t = self.presenter.target
         w = max(t.width // 3, 1) if mode == C.MODE_SIDE_BY_SIDE else t.width   # as Viewer.frame_size
@@ -437,11 +437,11 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from viewer.frame_ring import FrameRing
-    from viewer.presenter import Presenter
-    from viewer.shaderio import MODE_NAMES, C
-    from viewer.targets import OffscreenTarget
-    from viewer.vk_context import VulkanContext, cuda_device_uuid, validation_log
+    from ring_variants import BenchRing as FrameRing                # the production ring + the switches measured
+    from ring_variants import DiagnosticPresenter as Presenter
+    from viewer.gpu.shaderio import MODE_NAMES, C
+    from viewer.gpu.targets import OffscreenTarget
+    from viewer.gpu.vk_context import VulkanContext, cuda_device_uuid, validation_log
 
     gpu = args.device == "cuda"
     w, h = args.size

@@ -1,4 +1,4 @@
-// shaderio.h — the one header shared by the host (viewer/shaderio.py reads its #define lines) and the shaders.
+// shaderio.h — the one header shared by the host (viewer/gpu/shaderio.py reads its #define lines) and the shaders.
 //
 // Present pass: a compute shader, one invocation per target pixel, reads the frame ring slot's storage buffers
 // (image (H,W,3) f32, final_T (H,W) f32, n_contrib (H,W) i32, row-major, row 0 at the top) and writes one

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from viewer.camera_control import OrbitCamera  # noqa: E402
 from viewer.model_slot import ModelSlot  # noqa: E402
+from viewer import requests as R  # noqa: E402
 
 needs_vulkan = pytest.mark.skipif(not VK_OK, reason=f"no usable Vulkan device: {VK_REASON}")
 needs_ui = pytest.mark.skipif(importlib.util.find_spec("imgui_bundle") is None,
@@ -283,7 +284,8 @@ def test_offscreen_cli_on_the_bundled_scene(tmp_path):
 
 
 def test_screenshot_names_never_overwrite(tmp_path):
-    from viewer.app import _db, _unused
+    from rigel_core.run_dir import unused_path as _unused
+    from viewer.cli import _db
 
     first = tmp_path / "shot.png"
     assert _unused(first) == first
@@ -336,7 +338,7 @@ def test_cli_without_display_or_driver_says_what_to_do(tmp_path, monkeypatch, ca
 def test_viewer_renders_when_something_changes_and_presents_otherwise(display, rng, tmp_path):  # noqa: F811
     from test_vulkan import VALIDATION
     from viewer.app import Viewer
-    from viewer.shaderio import C
+    from viewer.gpu.shaderio import C
     from viewer.ui import ViewSettings
 
     slot = ModelSlot(tiny_model(rng), iteration=0)
@@ -373,7 +375,7 @@ def test_viewer_renders_when_something_changes_and_presents_otherwise(display, r
         v.step()
         assert v.stats.renders == 4 and v.stats.gaussians == 120 and v.stats.model_info == {"iteration": 500}
         v.screenshot_dir = tmp_path
-        v.requests.append("screenshot")
+        v.request(R.Screenshot())
         p = v.step()
         shots = list(tmp_path.glob("rigel_screenshot_*.png"))
         assert len(shots) == 1

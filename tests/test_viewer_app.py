@@ -26,6 +26,7 @@ from test_vulkan import VK_OK, VK_REASON, display, no_validation_errors  # noqa:
 ROOT = Path(__file__).resolve().parents[1]
 
 from viewer import messages as M  # noqa: E402
+from viewer import requests as R  # noqa: E402
 from viewer.model_slot import ModelSlot  # noqa: E402
 from viewer.training import CHECKPOINT_NAME, PLY_NAME, TrainingSession  # noqa: E402
 from viewer.ui_state import Job, TrainingState, downsample_mean, error_map  # noqa: E402
@@ -113,8 +114,13 @@ def test_training_state_folds_events():
     st.apply(M.Densified(3, 2, 1, 4, 52))
     st.apply(M.DensifyParamsChanged(3, {"grad_threshold": 5e-4}))
     assert st.num_gaussians == 52 and st.densify["grad_threshold"] == 5e-4
-    st.apply(M.CommandRejected("SetAppearance", "this rigel_core trainer cannot switch the appearance"))
-    assert not st.appearance_switchable
+    st.apply(M.CommandRejected("SetAppearance", "unknown appearance 'x'"))
+    assert st.appearance_switchable                                        # a bad value is not "unsupported"
+    st.apply(M.CommandRejected("SetAppearance", "no Trainer.set_appearance", unsupported=True))
+    assert not st.appearance_switchable                                    # typed, not recognised by its text
+    st.densify["grad_threshold"] = -1.0                                    # the slider's rejected value
+    st.apply(M.CommandRejected("SetDensifyParams", "grad_threshold must be > 0", current={"grad_threshold": 5e-4}))
+    assert st.densify["grad_threshold"] == 5e-4                            # ... reverts to the trainer's
     st.apply(M.TrainingFailed(4, "RuntimeError: boom", "Traceback ... boom"))
     st.apply(M.TrainingFailed(4, "saving after the failure failed: disk", "..."))
     assert st.status == "failed" and st.error == "RuntimeError: boom"          # the cause, not the consequence
@@ -175,8 +181,33 @@ def test_orbit_video_is_written_and_can_be_cancelled(tmp_path):
     frames = iio.imread(path, index=None)
     assert frames.shape[0] == 4 and frames.shape[1:3] == (24, 32)
     assert np.abs(frames[0].astype(int) - frames[2].astype(int)).mean() > 1   # the view turned
-    cancelled = Job("video", lambda job: (job.cancel(), write_orbit_video(job, model, cams, tmp_path / "c.mp4"))[1])
-    assert cancelled.join(60) and "cancelled" in cancelled.error
+    assert not list(tmp_path.glob("c.*"))
+
+
+def test_cancelling_an_orbit_video_is_not_a_failure(tmp_path, caplog):
+    """Cancel asked for by the user: no error in the panel, no traceback in the log, no partial file (issue 15;
+    before, the cancelled job logged a RuntimeError with its traceback as a failure)."""
+    import logging
+
+    from viewer.camera_control import OrbitCamera
+    from viewer.video import orbit_cameras, write_orbit_video
+
+    from rigel_core.data import make_scene
+
+    model = make_scene(n=100, sh_degree=0, seed=int(torch.randint(0, 2**31 - 1, (1,))))
+    oc = OrbitCamera()
+    oc.frame_box(*(t.numpy() for t in model.bounds(0.01)), aspect=1.0)
+    cams = orbit_cameras(oc, 3, 16, 16)
+    logging.getLogger("rigel.viewer").addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="rigel.viewer"):
+            cancelled = Job("video", lambda job: (job.cancel(),
+                                                  write_orbit_video(job, model, cams, tmp_path / "c.mp4"))[1])
+            assert cancelled.join(60)
+    finally:
+        logging.getLogger("rigel.viewer").removeHandler(caplog.handler)
+    assert cancelled.error == "" and cancelled.traceback == "" and cancelled.message == "cancelled"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or "Traceback" in r.getMessage()]
     assert not list(tmp_path.glob("c.*"))
 
 
@@ -195,7 +226,8 @@ def test_training_thread_obeys_commands_and_reports_events(rng, tmp_path, one_th
 
     session.send(M.Step(3))
     wait_for(ev, session, lambda e: isinstance(e, M.TrainingPaused))
-    assert [e.iteration for e in ev if isinstance(e, M.TrainingProgress)] == [1, 2, 3]
+    # one TrainingProgress per window of steps (their values read from the device once), here cut by the pause
+    assert [e.iteration for e in ev if isinstance(e, M.TrainingProgress)] == [3]
     assert trainer.iteration == 3 and slot.latest().info["iteration"] == 3   # a pause publishes the model
     snap = slot.latest().model
     assert snap.means3D is not trainer.model.means3D and not snap.means3D.requires_grad
@@ -208,6 +240,7 @@ def test_training_thread_obeys_commands_and_reports_events(rng, tmp_path, one_th
         session.send(M.SetDensifyParams(bad))
         rej = wait_for(ev, session, lambda e: isinstance(e, (M.DensifyParamsChanged, M.CommandRejected)))
         assert isinstance(rej, M.CommandRejected)
+        assert rej.current == ({"densify_interval": 3} if "densify_interval" in bad else {})   # the UI reverts to it
     assert trainer.config.densify_interval == 3 and trainer.config.lambda_dssim == 0.2   # left as they were
     session.send(M.SetAppearance("neural"))
     assert isinstance(wait_for(ev, session, lambda e: isinstance(e, (M.CommandRejected, M.AppearanceChanged))),
@@ -234,7 +267,9 @@ def test_training_thread_obeys_commands_and_reports_events(rng, tmp_path, one_th
     fin = wait_for(ev, session, lambda e: isinstance(e, M.TrainingFinished))
     assert fin.iteration == 30 and math.isfinite(fin.psnr)
     progress = [e.iteration for e in ev if isinstance(e, M.TrainingProgress)]
-    assert progress == list(range(1, 31))                                  # every iteration reported, in order
+    # in order, a window of at most progress_every steps each (cut at pauses and evaluations), up to the end
+    assert progress == sorted(set(progress)) and progress[-1] == 30
+    assert max(b - a for a, b in zip([0] + progress, progress)) <= session.progress_every
     assert any(isinstance(e, M.Densified) for e in ev)                       # the live interval 3 was used
     evals = [e for e in ev if isinstance(e, M.EvalFinished)]
     assert [e.iteration for e in evals] == [0, 10, 20, 30] and evals[-1].psnr > evals[0].psnr
@@ -247,6 +282,15 @@ def test_training_thread_obeys_commands_and_reports_events(rng, tmp_path, one_th
     ev.extend(session.drain_events())
     assert isinstance(ev[-1], M.TrainingStopped)
     assert not [e for e in ev if isinstance(e, M.Saved) and e.reason == "stopped"]   # nothing new to save
+    # the run folder has rigel-train's log.txt and metrics.json (issue 15: the viewer wrote neither)
+    run = tmp_path / "run"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert [e["iteration"] for e in metrics["train"]] == progress
+    assert [e["iteration"] for e in metrics["eval"]] == [0, 10, 20, 30]
+    assert metrics["densify"] and metrics["iterations_done"] == 30
+    assert metrics["config"]["densify_interval"] == 3 and metrics["dataset"]["train_views"] == 6
+    log = (run / "log.txt").read_text()
+    assert "test psnr" in log and "densify clone" in log and "finished: checkpoint.safetensors and model.ply" in log
 
 
 def test_a_failure_in_the_thread_is_shown_logged_and_saved(rng, tmp_path, caplog, one_thread):
@@ -448,7 +492,7 @@ def test_scripted_session_on_a_real_ply(display, shared_data, tmp_path, one_thre
     from test_vulkan import VALIDATION
     from viewer.app import Viewer
     from viewer.scene import load_scene_file
-    from viewer.shaderio import C
+    from viewer.gpu.shaderio import C
     from viewer.ui import PANEL_WIDTH, ViewSettings
 
     model = load_scene_file(shared_data / "ply" / "donut_mipsplatting_sh0.ply")
@@ -528,6 +572,44 @@ def test_scripted_session_on_a_real_ply(display, shared_data, tmp_path, one_thre
 
 
 @needs_vulkan
+def test_training_window_presents_at_most_once_per_display_refresh(display, rng, tmp_path, one_thread,  # noqa: F811
+                                                                    monkeypatch):
+    """While training, with vsync off, the loop presents at most once per refresh of the display (here said to
+    be 8 Hz) and not at all while the window cannot be seen; the training goes on meanwhile (issue 15)."""
+    from viewer.app import Viewer
+    from viewer.ui import ViewSettings
+    from viewer.window import Window
+
+    hz, seconds = 8.0, 1.5
+    monkeypatch.setattr(Window, "refresh_hz", lambda self: hz)
+    trainer = tiny_trainer(rng, iterations=10_000)
+    slot = ModelSlot()
+    session = TrainingSession(trainer, slot, tmp_path / "run", eval_at_start=False).start()
+    while slot.latest() is None:
+        time.sleep(0.01)
+    v = Viewer(slot, size=(320, 200), device="cpu", settings=ViewSettings(render_scale=0.2, vsync=False),
+               training=session)
+    try:
+        def run_for(s):
+            v.interrupted = False
+            timer = threading.Timer(s, lambda: setattr(v, "interrupted", True))
+            timer.start()
+            p0, t0 = v.stats.presents, time.perf_counter()
+            v.run()
+            timer.join()
+            return v.stats.presents - p0, time.perf_counter() - t0
+
+        n, dt = run_for(seconds)
+        assert 2 <= n <= hz * dt + 2, (n, dt)
+        it = trainer.iteration
+        monkeypatch.setattr(Window, "visible", lambda self: False)        # minimised / hidden
+        n, _ = run_for(1.0)
+        assert n == 0 and trainer.iteration > it                            # no frame; the training went on
+    finally:
+        v.close()
+
+
+@needs_vulkan
 def test_closing_the_window_during_training_leaves_a_loadable_checkpoint(display, rng, tmp_path,  # noqa: F811
                                                                          one_thread):
     import glfw
@@ -551,7 +633,7 @@ def test_closing_the_window_during_training_leaves_a_loadable_checkpoint(display
             v.step()
         assert v.train_state.status == "running" and v.train_state.iteration >= 3
         # snap to a training view: the PSNR window shows its per-pixel error
-        v.requests.append("next_camera")
+        v.request(R.CycleCamera(1))
         v.step()
         assert v.camera_index is not None and v.error_view is not None and math.isfinite(v.error_view.psnr)
         glfw.set_window_should_close(v.window, True)
@@ -575,7 +657,7 @@ def test_ctrl_c_saves_the_run_and_exits_130(display, procedural_64, tmp_path):  
                             cwd=ROOT, env=_env(XDG_CONFIG_HOME=str(tmp_path / "config")),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        log = run / "viewer.log"
+        log = run / "log.txt"
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < 120 and proc.poll() is None:
             if log.is_file() and "window open" in log.read_text():
@@ -655,7 +737,7 @@ def test_viewing_a_scene_the_colour_toggle_converts_it_without_going_black(tmp_p
     with Viewer(slot, offscreen=True, size=(160, 120), device="cpu", settings=ViewSettings(render_scale=1.0,
                                                                                           show_panels=False)) as v:
         before = _px(v).astype(float)
-        v.requests.append("appearance:mlp")
+        v.request(R.SwitchAppearance("mlp"))
         v.step()
         job = v.jobs["appearance"]
         assert job.join(120) and not job.error, job.traceback
@@ -663,7 +745,7 @@ def test_viewing_a_scene_the_colour_toggle_converts_it_without_going_black(tmp_p
         assert v.appearance == "mlp" and v.stats.model_info["appearance"].startswith("mlp")
         mse = ((after - before) ** 2).mean() / 255.0 ** 2
         assert 10 * math.log10(1 / max(mse, 1e-12)) > 20          # the same scene, in about the same colours
-        v.requests.append("appearance:sh")
+        v.request(R.SwitchAppearance("sh"))
         v.step()
         assert v.jobs["appearance"].join(120) and not v.jobs["appearance"].error
         v.step()
@@ -671,7 +753,7 @@ def test_viewing_a_scene_the_colour_toggle_converts_it_without_going_black(tmp_p
         # and the orbit video of what is shown, from the Export section's request
         v.settings.video_frames, v.settings.video_size = 3, (32, 24)
         v.screenshot_dir = tmp_path
-        v.requests.append("video")
+        v.request(R.OrbitVideo())
         v.step()
         assert v.jobs["video"].join(120) and not v.jobs["video"].error, v.jobs["video"].traceback
         assert v.jobs["video"].result.is_file()
@@ -702,14 +784,15 @@ def test_gpu_viewer_training_matches_rigel_train(tmp_path):
 def test_viewer_run_folder_never_replaces_a_run(tmp_path, monkeypatch):
     """A finished rigel-train run in runs/<name> is left alone: the viewer trains into runs/<name>-2 (then -3);
     an explicit --out holding a run is refused without --resume; --resume keeps the folder; a file is refused."""
-    from viewer.app import RUN_FILES, RunFolderTaken, _choose_run_dir, build_parser
+    from rigel_core.run_dir import RUN_FILES, RunFolderTaken, choose_run_dir
 
     monkeypatch.chdir(tmp_path)
     data = tmp_path / "datasets" / "orbit"
     data.mkdir(parents=True)
 
     def choose(*extra):
-        return _choose_run_dir(build_parser().parse_args(["--data", str(data), *extra]))
+        out = Path(extra[extra.index("--out") + 1]) if "--out" in extra else None
+        return choose_run_dir(out, Path("runs") / data.name, resume="--resume" in extra)
 
     assert choose() == Path("runs/orbit")                      # nothing there yet
     Path("runs/orbit").mkdir(parents=True)
@@ -735,7 +818,7 @@ def test_viewer_run_folder_never_replaces_a_run(tmp_path, monkeypatch):
 
 
 def test_unused_never_returns_an_existing_path(tmp_path):
-    from viewer.app import _unused
+    from rigel_core.run_dir import unused_path as _unused
 
     p = tmp_path / "model.ply"
     assert _unused(p) == p

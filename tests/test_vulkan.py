@@ -2,7 +2,7 @@
 
 Runs on any Vulkan device (CI: Mesa's lavapipe on the CPU; windowed tests under Xvfb, started here when DISPLAY
 is unset). The validation layer is on whenever it is installed, and every test fails if it reports an error.
-The passes are checked against their definitions (shaders/shaderio.h, viewer/colormap.py) written out here with
+The passes are checked against their definitions (shaders/shaderio.h, viewer/gpu/colormap.py) written out here with
 numpy: 8-bit UNORM conversion is round(clamp(x, 0, 1) · 255) (Vulkan spec "Conversion from Floating-Point to
 Normalized Fixed-Point": round to nearest), exact for every pixel.
 """
@@ -24,7 +24,20 @@ if not os.environ.get("XDG_RUNTIME_DIR"):
     _xdg.mkdir(mode=0o700, exist_ok=True)
     os.environ["XDG_RUNTIME_DIR"] = str(_xdg)
 
-vkc = pytest.importorskip("viewer.vk_context", reason="the viewer needs the `vulkan` package")
+vkc = pytest.importorskip("viewer.gpu.vk_context", reason="the viewer needs the `vulkan` package")
+
+
+def ring_class(elide_waits: bool = True, handover: str = "semaphore"):
+    """The production FrameRing for its own protocol, else bench/ring_variants.py's BenchRing (the variants the
+    benchmark measures live there, not in viewer/gpu/)."""
+    from viewer.gpu.frame_ring import FrameRing
+
+    if (elide_waits, handover) == (True, "semaphore"):
+        return FrameRing, {}
+    sys.path.insert(0, str(ROOT / "bench"))
+    from ring_variants import BenchRing
+
+    return BenchRing, {"elide_waits": elide_waits, "handover": handover}
 
 
 def _probe():
@@ -52,11 +65,11 @@ except Exception as e:  # pragma: no cover - a broken driver
 pytestmark = pytest.mark.skipif(not VK_OK, reason=f"no usable Vulkan device: {VK_REASON}")
 
 if VK_OK:
-    from viewer.colormap import overdraw_lut
-    from viewer.frame_ring import FrameRing
-    from viewer.presenter import Presenter
-    from viewer.shaderio import C
-    from viewer.targets import OffscreenTarget
+    from viewer.gpu.colormap import overdraw_lut
+    from viewer.gpu.frame_ring import FrameRing
+    from viewer.gpu.presenter import Presenter
+    from viewer.gpu.shaderio import C
+    from viewer.gpu.targets import OffscreenTarget
 
 
 # ---- fixtures shared with tests/test_viewer.py ------------------------------------------------------------
@@ -166,7 +179,7 @@ def test_committed_spirv_equals_glslc_output():
 
     for name in shaderio.SHADERS:
         assert shaderio.compile_glsl(name) == shaderio.spirv(name), \
-            f"shaders/{name}.spv is stale: run `python -m viewer.shaderio`"
+            f"shaders/{name}.spv is stale: run `python -m viewer.gpu.shaderio`"
 
 
 def test_shader_header_constants_and_push_block():
@@ -217,7 +230,7 @@ def test_validation_layer_catches_a_leak():
 
 def test_missing_driver_gives_one_clear_message(tmp_path):
     env = dict(os.environ, VK_DRIVER_FILES=str(tmp_path / "none.json"), VK_ICD_FILENAMES=str(tmp_path / "none.json"))
-    code = "from viewer.vk_context import VulkanContext\nVulkanContext().init_device()"
+    code = "from viewer.gpu.vk_context import VulkanContext\nVulkanContext().init_device()"
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()[-1]
@@ -314,7 +327,7 @@ def test_ring_keeps_every_frame_and_grows(ctx, rng):
     with pytest.raises(ValueError, match="at least 2"):
         FrameRing(ctx, 1)
     with pytest.raises(ValueError, match="handover"):
-        FrameRing(ctx, 2, handover="fence")
+        ring_class(handover="fence")[0](ctx, 2, handover="fence")
 
 
 def test_newest_ready_never_offers_a_slot_being_written(ctx, rng):
@@ -400,7 +413,7 @@ def window(display):
 
 
 def _window_stack(glfw, win, vsync=True):
-    from viewer.targets import SwapchainTarget, create_window_surface
+    from viewer.gpu.targets import SwapchainTarget, create_window_surface
 
     c = vkc.VulkanContext(validation=VALIDATION, instance_extensions=glfw.get_required_instance_extensions())
     surface = create_window_surface(c, win)
@@ -498,7 +511,7 @@ def test_cuda_interop_failure_names_the_call_and_closes_the_fd(ctx):
     """Any failed import (here: no GPU, or a pipe that is no Vulkan memory) raises CudaInteropError naming the
     CUDA call, and the fd — still ours when the import failed — is closed."""
     pytest.importorskip("cuda.bindings", reason="cuda-bindings not installed")
-    from viewer.cuda_interop import CudaInteropError, ExternalBuffer, ExternalTimelineSemaphore
+    from viewer.gpu.cuda_interop import CudaInteropError, ExternalBuffer, ExternalTimelineSemaphore
 
     for make in (lambda fd: ExternalBuffer(fd, 4096), lambda fd: ExternalTimelineSemaphore(fd)):
         r, w = os.pipe()
@@ -526,7 +539,8 @@ def test_gpu_ring_200_frames_with_slow_vulkan_side(elide_waits, handover):
     vk = c.vk
     try:
         w, h, k, n_frames = 64, 48, 3, 200
-        ring = FrameRing(c, k, device="cuda", capacity=(w, h), elide_waits=elide_waits, handover=handover)
+        cls, switches = ring_class(elide_waits, handover)
+        ring = cls(c, k, device="cuda", capacity=(w, h), **switches)
         slot_bytes = ring.buffers[0].size
         host = c.create_buffer(slot_bytes * n_frames, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=True)
         scratch = c.create_buffer(256 << 20, vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT, host_visible=False)
@@ -597,7 +611,8 @@ def test_gpu_newest_ready_waits_for_the_render_to_finish(handover):
     c = vkc.VulkanContext(validation=VALIDATION)
     c.init_device(interop=True, device_uuid=vkc.cuda_device_uuid())
     try:
-        ring = FrameRing(c, 3, device="cuda", capacity=(32, 16), handover=handover)
+        cls, switches = ring_class(handover=handover)
+        ring = cls(c, 3, device="cuda", capacity=(32, 16), **switches)
         stream = torch.cuda.current_stream()
         first = ring.acquire(32, 16, stream)
         first.image.fill_(1.0)
@@ -630,7 +645,8 @@ def test_gpu_ring_render_is_bit_identical_and_presents(rng, handover):
         model = GaussianModel.from_points(torch.randn(n, 3, generator=rng), torch.rand(n, 3, generator=rng),
                                           sh_degree=1, scale=0.05, opacity=0.6).to(device="cuda")
         cam = Camera.look_at((0.0, -6.0, 2.0), (0.0, 0.0, 0.0), width=200, height=150)
-        ring = FrameRing(c, 3, device="cuda", capacity=(200, 150), handover=handover)
+        cls, switches = ring_class(handover=handover)
+        ring = cls(c, 3, device="cuda", capacity=(200, 150), **switches)
         target = OffscreenTarget(c, 200, 150)
         pr = Presenter(c, target, ring, imgui=False)
         ref = rigel_core.render(model, cam)

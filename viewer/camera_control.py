@@ -108,6 +108,11 @@ class OrbitCamera:
         self.snapped = None
         self.version += 1
 
+    def set_yaw(self, yaw: float) -> None:
+        """Turn about the up axis to ``yaw`` radians (an orbit's frames)."""
+        self.yaw = float(yaw)
+        self._touch()
+
     def _set_direction(self, d):
         """yaw and pitch from the unit vector ``d`` pointing from the target to the eye."""
         a, b, u = _basis(self.up)

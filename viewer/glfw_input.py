@@ -13,6 +13,8 @@ the view to it. A file dropped on the window is opened ("open:PATH").
 """
 from __future__ import annotations
 
+from . import requests as R
+
 __all__ = ["GlfwInput"]
 
 
@@ -38,8 +40,9 @@ def _key_map(glfw, Key):
 class GlfwInput:
     """Installs GLFW callbacks on ``window``; call :meth:`new_frame` once per frame before ``imgui.new_frame``.
 
-    ``actions`` collects keyboard shortcuts (e.g. "mode:2", "reset", "screenshot", "toggle_panels", "quit",
-    "fly", "snap", "next_camera", "prev_camera", "toggle_training") for the app to apply at one point of its loop.
+    ``actions`` collects keyboard shortcuts (:mod:`viewer.requests`: ``SetMode``, ``ResetView``, ``Screenshot``,
+    ``TogglePanels``, ``Quit``, ``ToggleFly``, ``SnapNearest``, ``CycleCamera``, ``ToggleTraining``) and the
+    Studio's texts (``"open:…"``, ``"click:…"``, ``"edit:…"``) for the app to apply at one point of its loop.
     ``fly_mode`` (set by the app) makes a left drag look around instead of orbiting.
     """
 
@@ -55,7 +58,7 @@ class GlfwInput:
         self.camera = camera
         self.io = imgui.get_io()
         self.keys = _key_map(glfw, imgui.Key)
-        self.actions: list[str] = []
+        self.actions: list = []
         self._last = None
         self._drag = None  # (button, x, y)
         self._time = None
@@ -160,8 +163,10 @@ class GlfwInput:
         self.io.add_key_event(Key.mod_alt, bool(mods & glfw.MOD_ALT))
         if action != glfw.PRESS or self.io.want_capture_keyboard:
             return
-        shortcuts = {glfw.KEY_F: "fly", glfw.KEY_T: "snap", glfw.KEY_RIGHT_BRACKET: "next_camera",
-                     glfw.KEY_LEFT_BRACKET: "prev_camera", glfw.KEY_SPACE: "toggle_training"}
+        shortcuts = {glfw.KEY_F: R.ToggleFly(), glfw.KEY_T: R.SnapNearest(), glfw.KEY_RIGHT_BRACKET: R.CycleCamera(1),
+                     glfw.KEY_LEFT_BRACKET: R.CycleCamera(-1), glfw.KEY_SPACE: R.ToggleTraining(),
+                     glfw.KEY_R: R.ResetView(), glfw.KEY_F12: R.Screenshot(), glfw.KEY_P: R.Screenshot(),
+                     glfw.KEY_H: R.TogglePanels(), glfw.KEY_ESCAPE: R.Quit()}
         if mods & glfw.MOD_CONTROL and key in (glfw.KEY_Z, glfw.KEY_Y, glfw.KEY_I):
             redo = key == glfw.KEY_Y or (key == glfw.KEY_Z and mods & glfw.MOD_SHIFT)
             self.actions.append("edit:invert" if key == glfw.KEY_I else ("edit:redo" if redo else "edit:undo"))
@@ -170,17 +175,9 @@ class GlfwInput:
         elif key == glfw.KEY_C:
             self.actions.append("toggle_cameras")
         elif glfw.KEY_1 <= key <= glfw.KEY_4:
-            self.actions.append(f"mode:{key - glfw.KEY_1}")
+            self.actions.append(R.SetMode(key - glfw.KEY_1))
         elif key in shortcuts:
             self.actions.append(shortcuts[key])
-        elif key == glfw.KEY_R:
-            self.actions.append("reset")
-        elif key in (glfw.KEY_F12, glfw.KEY_P):
-            self.actions.append("screenshot")
-        elif key == glfw.KEY_H:
-            self.actions.append("toggle_panels")
-        elif key == glfw.KEY_ESCAPE:
-            self.actions.append("quit")
 
     def _on_char(self, window, char):
         if 0 < char < 0x10000:

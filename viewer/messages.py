@@ -169,8 +169,14 @@ class Saved(Event):
 
 @dataclass(frozen=True)
 class CommandRejected(Event):
+    """A command the training thread did not apply. ``unsupported``: this trainer can never do it (the UI hides
+    the control); ``current``: the values the trainer keeps for the fields the command tried to set (the UI shows
+    them again, so a rejected slider value does not stay on screen)."""
+
     command: str
     reason: str
+    unsupported: bool = False
+    current: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

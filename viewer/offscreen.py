@@ -14,14 +14,15 @@ into a non-zero exit status.
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .shaderio import C, MODE_NAMES
+from rigel_core.run_dir import write_json_atomic
+
+from .gpu.shaderio import C, MODE_NAMES
 
 __all__ = ["run_offscreen", "run_offscreen_training"]
 
@@ -53,8 +54,7 @@ def _last_views(viewer, out: Path, files: list) -> dict:
     for name, mode in (("image", C.MODE_IMAGE), ("alpha", C.MODE_ALPHA), ("overdraw", C.MODE_OVERDRAW)):
         _capture(viewer, out / f"{name}.png", panels=False, mode=mode)
         files.append(f"{name}.png")
-    if viewer._stream is not None:
-        viewer._stream.synchronize()   # the slot was written on the viewer's CUDA stream
+    viewer.wait_rendered()   # the slot was written on the viewer's CUDA stream
     slot = viewer.ring.latest
     alpha = (1.0 - slot.final_T.float()).cpu().numpy()
     n = slot.n_contrib.cpu().numpy()
@@ -83,12 +83,12 @@ def _common(viewer) -> dict:
 
 
 def _finish(viewer, out: Path, summary: dict) -> dict:
-    from .vk_context import validation_log
+    from .gpu.vk_context import validation_log
 
     if viewer.ctx.validation:
         summary["validation_errors"] = validation_log.errors
     if summary["ok"] and summary["last_frame"]["alpha_mean"] <= 0:
-        finite = _finite_gaussians(getattr(viewer, "_model", None))
+        finite = _finite_gaussians(viewer.model)
         if summary.get("gaussians") == 0:   # a valid empty scene: its frame is the background, not an error
             summary["note"] = "empty scene (0 Gaussians): the frames show the background"
         elif finite == 0:                   # every Gaussian culled (a non-finite parameter in each): empty too
@@ -97,7 +97,7 @@ def _finish(viewer, out: Path, summary: dict) -> dict:
         else:
             summary["ok"] = False
             summary["error"] = "the last frame is empty: the camera sees no Gaussian"
-    (out / "summary.json").write_text(json.dumps(_finite(summary), indent=2))
+    write_json_atomic(out / "summary.json", summary, indent=2)
     return summary
 
 
@@ -120,17 +120,6 @@ def _finite_gaussians(model) -> int | None:
     return int(ok.sum())
 
 
-def _finite(obj):
-    """``obj`` with non-finite floats replaced by None (strict JSON)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
-
-
 def run_offscreen(viewer, frames: int, out_dir, *, orbit_degrees: float = 360.0) -> dict:
     """Render ``frames`` views on an orbit (``orbit_degrees`` in all), each with the panels, to
     ``out_dir/frame_XXXX.png``; then ``image.png``, ``alpha.png``, ``overdraw.png`` of the last view; returns the
@@ -143,8 +132,7 @@ def run_offscreen(viewer, frames: int, out_dir, *, orbit_degrees: float = 360.0)
     viewer.build_ui()   # ImGui sizes auto-resizing panels from one frame's contents: frame 0 is then complete
     t_start = time.perf_counter()
     for i in range(frames):
-        viewer.camera.yaw = yaw0 + i * step
-        viewer.camera._touch()
+        viewer.camera.set_yaw(yaw0 + i * step)
         t0 = time.perf_counter()
         path = out / f"frame_{i:04d}.png"
         _capture(viewer, path)
@@ -170,8 +158,8 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     of the final model and ``training_view.png`` (the panels with the per-pixel error of training view 0).
     The loop presents at most ``max_fps`` frames per second (it sleeps otherwise, leaving the cores to the
     trainer). Returns the summary (also in ``summary.json``): frames, fps, iterations, held-out PSNR (first
-    and last evaluation), train-view PSNR (mean of the first and last 10 iterations), Gaussians, the run folder
-    and the files written there. ``ok`` is false when the training failed or ``timeout_s`` passed.
+    and last evaluation), train-view PSNR (mean of the first and of the last window of ≤ 10 iterations),
+    Gaussians, the run folder and the files written there. ``ok`` is false when the training failed or ``timeout_s`` passed.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -191,8 +179,7 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
         viewer.step()
         done = state.status in ("finished", "failed", "stopped")
         while k < frames and (state.iteration >= marks[k] or done):
-            viewer.camera.yaw = yaw0 + math.radians(orbit_degrees) * (k + 1) / frames
-            viewer.camera._touch()
+            viewer.camera.set_yaw(yaw0 + math.radians(orbit_degrees) * (k + 1) / frames)
             path = out / f"frame_{k:04d}.png"
             _capture(viewer, path)
             files.append(path.name)
@@ -217,14 +204,14 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     session.stop(save=True)
     viewer.drain_events()
     # the final model, then training view 0 with its per-pixel error in the PSNR window
-    viewer._take_model()
+    viewer.take_model()
     common = _common(viewer)   # before the last views re-render in single modes (another frame size)
     last = _last_views(viewer, out, files)
     if viewer.frames:
         viewer.snap_to_camera(0)
         viewer.step()
         for _ in range(3):   # the error is picked up without waiting (CUDA): give it a few frames
-            viewer._poll_error()
+            viewer.poll_error()
             if viewer.error_view is not None:
                 break
             time.sleep(0.05)
@@ -232,8 +219,8 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
         _capture(viewer, out / "training_view.png")
         files.append("training_view.png")
     train = state.train_psnr
-    first = float(np.mean(train[:10])) if train else None
-    final = float(np.mean(train[-10:])) if train else None
+    first = float(train[0]) if train else None    # each point: the mean of a window of (at most) 10 steps
+    final = float(train[-1]) if train else None
     summary = {
         "ok": error is None, **common,
         "frames": len(shots), "presents": presents, "seconds": round(elapsed, 3),

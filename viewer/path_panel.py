@@ -314,7 +314,7 @@ def screen_points(cam, points, frame_size, content, fb_scale=(1.0, 1.0)):
 def draw_markers(imgui, viewer, fb_scale=(1.0, 1.0)):
     """The path (its frames' positions, a polyline) and its keyframes (numbered dots, the selected one larger)
     over the view, on ImGui's background draw list (under the panels). Only in the single-image modes."""
-    from .shaderio import C
+    from .gpu.shaderio import C
 
     editor: PathEditor = viewer.settings.camera_path
     if not (editor.show_markers and editor.path.keyframes and viewer.settings.show_panels) \

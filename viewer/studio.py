@@ -166,8 +166,8 @@ class Studio:
     # ---- geometry of the shown frame --------------------------------------------------------------------------
     def _frame_geometry(self):
         """(view camera, frame size, panel rect in target pixels) of the latest render."""
-        from .present import panel_rects
-        from .shaderio import C
+        from .gpu.present import panel_rects
+        from .gpu.shaderio import C
 
         v = self.v
         fw, fh = v.stats.frame_size

@@ -9,6 +9,13 @@ frames. The copy is taken under ``trainer.lock`` (held by the trainer only while
 CUDA a CUDA event recorded after the copy travels with it (``info["_ready_event"]``) so the UI's render
 stream waits for the copy on the GPU, not on the host.
 
+The run folder gets what ``rigel-train`` writes (:class:`rigel_core.run_dir.RunRecord`): ``log.txt`` (a line per
+densification, evaluation, skipped step and save), ``metrics.json`` (the loss curve per window of
+``progress_every`` steps, the evaluations, the densifications; written at each evaluation and save), the checkpoint
+and ``model.ply``. A step's loss and PSNR stay on the device until a window is full (one read per window, never a
+host sync per step); the UI gets one :class:`~viewer.messages.TrainingProgress` per window, and at a pause or
+the end.
+
 Failures are never lost: an exception in the thread is logged (with its traceback) to the ``rigel.viewer``
 logger and emitted as :class:`~viewer.messages.TrainingFailed`; the checkpoint and the PLY are then written
 when the state is still consistent. :meth:`TrainingSession.stop` (window closed, Ctrl-C) saves both too.
@@ -24,13 +31,12 @@ import time
 import traceback
 from pathlib import Path
 
+from rigel_core.run_dir import CHECKPOINT_NAME, PLY_NAME, RunRecord
+
 from . import messages as M
 from .model_slot import ModelSlot
 
 __all__ = ["TrainingSession", "CHECKPOINT_NAME", "PLY_NAME", "snapshot_model"]
-
-CHECKPOINT_NAME = "checkpoint.safetensors"   # same names as rigel-train, so a viewer run can be resumed by it
-PLY_NAME = "model.ply"
 
 log = logging.getLogger("rigel.viewer")
 
@@ -59,10 +65,13 @@ class TrainingSession:
         running: step at once (else wait for :class:`~viewer.messages.Resume` or ``Step``).
         publish_every_s: minimum wall time between two snapshots while stepping.
         eval_at_start: evaluate the held-out views before the first step (a starting point for the PSNR plot).
+        progress_every: steps per :class:`~viewer.messages.TrainingProgress` (and loss-curve point): their values
+            are read from the device once per window.
+        data: the dataset's name for ``metrics.json``.
     """
 
     def __init__(self, trainer, slot: ModelSlot, run_dir, *, running: bool = True, publish_every_s: float = 0.1,
-                 eval_at_start: bool = True):
+                 eval_at_start: bool = True, progress_every: int = 10, data=""):
         self.trainer = trainer
         self.slot = slot
         self.run_dir = Path(run_dir)
@@ -76,6 +85,12 @@ class TrainingSession:
         self._dirty = False           # the model changed since the last save
         self._elapsed = 0.0
         self._last_publish = 0.0
+        self.progress_every = max(int(progress_every), 1)
+        self.data = data
+        self.record: RunRecord | None = None   # opened on the thread (the run folder is written from there only)
+        self._window: list = []
+        self._train_s = 0.0
+        self._steps = 0               # steps of this session
         self._thread = threading.Thread(target=self._run, name="rigel-training", daemon=True)
 
     # ---- the UI side ----------------------------------------------------------------------------------------
@@ -128,26 +143,35 @@ class TrainingSession:
         self._last_publish = time.perf_counter()
 
     def save(self, what: str = "both", reason: str = "request") -> tuple:
-        """Write the checkpoint and/or PLY now (called on the training thread). Returns the paths written."""
+        """Write the checkpoint and/or PLY now, then ``metrics.json`` (called on the training thread). Returns the
+        paths written."""
         tr = self.trainer
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        paths = []
-        if what in ("both", "checkpoint"):
-            p = self.run_dir / CHECKPOINT_NAME
-            tr.save_checkpoint(p)
-            paths.append(str(p.resolve()))
-        if what in ("both", "ply"):
-            p = self.run_dir / PLY_NAME
-            rmse = tr.export_ply(p)      # an MLP appearance is baked into SH first (other tools cannot run it)
-            if tr.model.appearance is not None:
-                log.info("[%d] %s: the MLP appearance baked into SH degree %d, RMSE %.4f", tr.iteration, p.name,
-                         tr.config.sh_degree, rmse)
-            paths.append(str(p.resolve()))
+        paths = tuple(str(p.resolve()) for p in self._record().save(tr, reason, what))
+        self._write_metrics()
         if what == "both":
             self._dirty = False
-        self._emit(M.Saved(tr.iteration, tuple(paths), reason))
-        log.info("[%d] %s: wrote %s", tr.iteration, reason, ", ".join(paths))
-        return tuple(paths)
+        self._emit(M.Saved(tr.iteration, paths, reason))
+        return paths
+
+    def _record(self) -> RunRecord:
+        if self.record is None:
+            self.record = RunRecord.open(self.run_dir, self.trainer, data=self.data, name=f"rigel.viewer.run.{id(self)}")
+        return self.record
+
+    def _write_metrics(self) -> None:
+        self._record().write(self.trainer, timings={"train_s": self._train_s,
+                                                    "ms_per_iter": 1e3 * self._train_s / max(1, self._steps)})
+
+    def _flush_progress(self) -> None:
+        """Read the window's step values (one device read for the window) into a TrainingProgress and a
+        loss-curve point."""
+        if not self._window:
+            return
+        window, self._window = self._window, []
+        entry = self._record().steps(window)
+        r = window[-1]
+        self._emit(M.TrainingProgress(r.iteration, entry["loss"], entry["psnr"], r.num_gaussians, self._elapsed,
+                                      entry["ms_per_iter"], r.view, any(w.skipped for w in window)))
 
     def _apply(self, cmd: M.Command):
         """Apply one command; returns the Stop command when the thread must end."""
@@ -157,6 +181,7 @@ class TrainingSession:
         if isinstance(cmd, M.Pause):
             if self._running or self._steps_left:
                 self._running, self._steps_left = False, 0
+                self._flush_progress()
                 self._publish()
                 self._emit(M.TrainingPaused(tr.iteration))
         elif isinstance(cmd, M.Resume):
@@ -193,7 +218,7 @@ class TrainingSession:
         try:
             candidate.validate()
         except ValueError as e:
-            self._emit(M.CommandRejected("SetDensifyParams", str(e)))
+            self._emit(M.CommandRejected("SetDensifyParams", str(e), current={k: getattr(before, k) for k in params}))
             return
         for k, v in params.items():          # in place: the trainer keeps reading the same config object
             setattr(before, k, v)
@@ -204,13 +229,7 @@ class TrainingSession:
         if kind not in ("sh", "mlp"):
             self._emit(M.CommandRejected("SetAppearance", f"unknown appearance {kind!r} (sh or mlp)"))
             return
-        switch = getattr(tr, "set_appearance", None)
-        if switch is None:
-            self._emit(M.CommandRejected("SetAppearance", "this rigel_core trainer cannot switch the appearance "
-                                                          "while training (no Trainer.set_appearance)"))
-            return
-        result = switch(kind)
-        rmse = float(getattr(result, "rmse", result if isinstance(result, (int, float)) else math.nan))
+        rmse = float(tr.set_appearance(kind))
         self._dirty = True
         self._publish()
         self._emit(M.AppearanceChanged(tr.iteration, kind, rmse))
@@ -233,38 +252,48 @@ class TrainingSession:
     def _step(self) -> None:
         tr = self.trainer
         r = tr.step()
-        step_s = r.seconds - (r.eval.seconds if r.eval else 0.0)
+        self._train_s += r.seconds - (r.eval.seconds if r.eval else 0.0)
         self._elapsed += r.seconds
         self._dirty = True
-        self._emit(M.TrainingProgress(r.iteration, r.loss, r.psnr, r.num_gaussians, self._elapsed, 1e3 * step_s,
-                                      r.view, r.skipped))
+        self._steps += 1
+        self._window.append(r)        # its values stay on the device until the window is read
         changed = False
         if r.densify is not None:
             d = r.densify
+            self._record().densified(d)
             self._emit(M.Densified(d.iteration, d.n_clone, d.n_split, d.n_prune, d.n_after))
             changed = True
+        if len(self._window) >= self.progress_every:
+            self._flush_progress()
         if r.eval is not None:
-            e = r.eval
-            self._emit(M.EvalFinished(e.iteration, e.psnr, e.ssim, e.num_gaussians, e.n_views))
+            self._evaluated(r.eval)
         if self._steps_left > 0:
             self._steps_left -= 1
             if self._steps_left == 0 and not self._running:
                 changed = True
+                self._flush_progress()
                 self._emit(M.TrainingPaused(tr.iteration))
         if tr.iteration >= tr.config.iterations:
             self._finish()
         elif changed or time.perf_counter() - self._last_publish >= self.publish_every_s:
             self._publish()
 
+    def _evaluated(self, e) -> None:
+        self._flush_progress()
+        self._record().evaluated(e)
+        self._write_metrics()
+        self._emit(M.EvalFinished(e.iteration, e.psnr, e.ssim, e.num_gaussians, e.n_views))
+
     def _finish(self) -> None:
         tr = self.trainer
         self._finished = True
         self._running, self._steps_left = False, 0
+        self._flush_progress()
         last = tr.eval_history[-1] if tr.eval_history else None
         if last is None or last.iteration != tr.iteration:
             e = tr.evaluate()
             if e is not None:
-                self._emit(M.EvalFinished(e.iteration, e.psnr, e.ssim, e.num_gaussians, e.n_views))
+                self._evaluated(e)
                 last = e
         self._publish()
         self.save("both", "finished")
@@ -274,10 +303,14 @@ class TrainingSession:
         tr = self.trainer
         stop = None
         try:
+            rec = self._record()
+            rec.log.info(f"{'resumed at iteration ' + str(tr.iteration) if tr.iteration else 'start'}: "
+                         f"{tr.model.num_gaussians} Gaussians, device {tr.device}, {tr.config.iterations} iterations "
+                         f"(rigel-viewer)")
             if self.eval_at_start and tr.iteration == 0 and tr.config.eval_every:
                 e = tr.evaluate()
                 if e is not None:
-                    self._emit(M.EvalFinished(e.iteration, e.psnr, e.ssim, e.num_gaussians, e.n_views))
+                    self._evaluated(e)
             self._publish()
             self._emit(M.TrainingStarted(tr.iteration, tr.config.iterations, tr.model.num_gaussians,
                                          str(tr.device), len(tr.train_frames), len(tr.test_frames),
@@ -290,6 +323,7 @@ class TrainingSession:
                     break
                 if self._should_step():
                     self._step()
+            self._flush_progress()
             if stop.save and self._dirty:
                 self.save("both", "stopped")
         except BaseException as e:  # noqa: BLE001 - reported, logged, and the state saved when possible
@@ -317,4 +351,10 @@ class TrainingSession:
                     if isinstance(cmd, M.Stop):
                         stop = cmd
         finally:
+            if self.record is not None:
+                try:
+                    self._write_metrics()
+                except OSError as e:
+                    log.error("metrics.json not written: %s", e)
+                self.record.close()
             self._emit(M.TrainingStopped(tr.iteration))

@@ -7,45 +7,36 @@ Windows (dockable into each other when ImGui's docking is on; their places are k
   video with a progress bar), camera path (keyframes, preview, save / load, path video: viewer/path_panel.py),
   stats (Gaussians, fps, ms per stage: appearance, rasterize, present, UI; GPU memory on CUDA), and which panels
   are shown;
-* **Training** — start / pause / step, iteration, loss, elapsed, densification sliders applied live,
-  appearance SH ↔ MLP, save checkpoint / PLY, and any failure of the training thread, in red;
-* **PSNR** — train PSNR per iteration and held-out PSNR at each evaluation (implot), beside the per-pixel
-  error of the training view the camera is snapped to.
+* **Training** (:mod:`viewer.panels.training`) — start / pause / step, iteration, loss, elapsed, densification
+  sliders applied live, appearance SH ↔ MLP, save checkpoint / PLY, and any failure of the training thread, in red;
+* **PSNR** (:mod:`viewer.panels.psnr`) — train PSNR per window of steps and held-out PSNR at each evaluation
+  (implot), beside the per-pixel error of the training view the camera is snapped to.
 
 :func:`draw_ui` only reads state and returns requests (STYLE 10: the app applies them at one point of its
-loop): strings ("reset", "snap", …) and, for the training thread, :mod:`viewer.messages` commands. What it edits
+loop): :mod:`viewer.requests` instances and, for the training thread, :mod:`viewer.messages` commands. What it edits
 in place lives in :class:`ViewSettings` and in the densification dict of the training state.
 """
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import messages as M
+from . import requests as R
 from . import path_panel
 from .camera_control import UP_AXES
 from .export import format_combo
-from .present import panel_rects, scale_bar_rect
-from .shaderio import C
+from .gpu.present import panel_rects, scale_bar_rect
+from .gpu.shaderio import C
+from .panels.psnr import psnr_window as _psnr_window
+from .panels.training import DENSIFY_SLIDERS, training_window as _training_window  # noqa: F401  (DENSIFY_SLIDERS)
+from .panels.widgets import PANEL_WIDTH, fmt as _fmt, gib as _gib, window as _window
 
 __all__ = ["ViewSettings", "Stats", "draw_ui", "MODE_LABELS", "PANEL_WIDTH", "PANELS"]
 
-PANEL_WIDTH = 290
 #: the panels that can be hidden (key → title): the main window's Stats section, the Training and PSNR windows
 PANELS = {"stats": "Stats", "training": "Training", "psnr": "PSNR"}
-#: densification sliders: field → (label, kind, min, max, format)
-DENSIFY_SLIDERS = {
-    "grad_threshold": ("grad threshold", "float_log", 1e-5, 1e-2, "%.1e"),
-    "densify_interval": ("interval", "int", 10, 2000, "%d"),
-    "densify_from": ("start iteration", "int_iters", 0, None, "%d"),
-    "densify_until": ("stop iteration", "int_iters", 0, None, "%d"),
-    "opacity_reset_interval": ("opacity reset every", "int", 100, 30000, "%d"),
-    "prune_opacity": ("prune opacity", "float_log", 1e-4, 0.2, "%.4f"),
-    "max_gaussians": ("max Gaussians", "int_log", 1000, 10_000_000, "%d"),
-}
 # depth display (issue 17.2): a host-side mode, not a shader one — the frame's image buffer receives the colormapped
 # expected depth (viewer.colormap.depth_colors) and is presented as MODE_IMAGE
 MODE_DEPTH = 100
@@ -156,28 +147,6 @@ def _labels(imgui, settings: ViewSettings, overdraw_max: int, content, fb_scale)
         text(px + x1 - tw, py + max(y0 - 20 * sy, 0), label)
 
 
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f}"
-
-
-def _fmt(x: float, spec: str = ".2f", none: str = "-") -> str:
-    return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else none
-
-
-def _window(imgui, title: str, pos, pivot=(0.0, 0.0), size=None, *, auto: bool = True):
-    """Begin a panel placed at ``pos`` (display coordinates, ``pivot`` the window's corner there) the first
-    time it appears (afterwards where the user and the ini file put it). Returns whether it is expanded."""
-    cond = imgui.Cond_.first_use_ever
-    imgui.set_next_window_pos(imgui.ImVec2(*pos), cond, imgui.ImVec2(*pivot))
-    if size is not None:
-        imgui.set_next_window_size(imgui.ImVec2(*size), cond)
-    if auto:
-        imgui.set_next_window_size_constraints(imgui.ImVec2(PANEL_WIDTH, 0), imgui.ImVec2(PANEL_WIDTH, 1e6))
-    imgui.set_next_window_bg_alpha(0.85)
-    flags = imgui.WindowFlags_.always_auto_resize if auto else 0
-    return imgui.begin(title, None, flags)[0]
-
-
 def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_max: int, *, max_sh_degree, windowed,
                  n_cameras, camera_index, training, appearance, jobs, requests):
     if not _window(imgui, "rigel-viewer", (10, 10)):
@@ -215,14 +184,14 @@ def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_m
             imgui.same_line()
             changed, settings.vsync = imgui.checkbox("vsync", settings.vsync)
             if changed:
-                requests.append("vsync")
+                requests.append(R.ApplyVsync())
         if training is None:
             jobs_busy = jobs.get("appearance") is not None and not jobs["appearance"].done
             imgui.text("colour")
             for kind, label in (("sh", "SH"), ("mlp", "MLP")):
                 imgui.same_line()
                 if imgui.radio_button(label + "##view", appearance == kind) and appearance != kind and not jobs_busy:
-                    requests.append(f"appearance:{kind}")
+                    requests.append(R.SwitchAppearance(kind))
             job = jobs.get("appearance")
             if job is not None and not job.done:
                 imgui.same_line()
@@ -241,30 +210,30 @@ def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_m
         changed, idx = imgui.combo("up axis", keys.index(settings.up) if settings.up in keys else 0, keys)
         if changed:
             settings.up = keys[idx]
-            requests.append("up")
+            requests.append(R.ApplyUp())
         if imgui.button("reset view (R)"):
-            requests.append("reset")
+            requests.append(R.ResetView())
         if n_cameras:
             imgui.same_line()
             if imgui.button("nearest (T)"):
-                requests.append("snap")
+                requests.append(R.SnapNearest())
             if imgui.button("<##cam"):
-                requests.append("prev_camera")
+                requests.append(R.CycleCamera(-1))
             imgui.same_line()
             label = f"train view {camera_index + 1}/{n_cameras}" if camera_index is not None else \
                 f"{n_cameras} train views"
             imgui.text(label)
             imgui.same_line()
             if imgui.button(">##cam"):
-                requests.append("next_camera")
+                requests.append(R.CycleCamera(1))
         imgui.pop_item_width()
     if imgui.collapsing_header("Export"):
         if imgui.button("screenshot (F12)"):
-            requests.append("screenshot")
+            requests.append(R.Screenshot())
         imgui.same_line()
         if training is None:  # save the shown scene as PLY / compressed PLY / SPZ / splat (viewer/export.py)
             if imgui.button("save scene"):
-                requests.append("save_ply")
+                requests.append(R.SaveScene())
             imgui.same_line()
             settings.export_format = format_combo(imgui, settings.export_format)
         imgui.push_item_width(140)
@@ -278,10 +247,10 @@ def _main_window(imgui, implot, settings: ViewSettings, stats: Stats, overdraw_m
         if job is not None and not job.done:
             imgui.progress_bar(job.progress, imgui.ImVec2(-1, 0), job.message or "rendering")
             if imgui.button("cancel video"):
-                requests.append("cancel_video")
+                requests.append(R.CancelVideo())
         else:
             if imgui.button("render orbit video"):
-                requests.append("video")
+                requests.append(R.OrbitVideo())
             if job is not None:
                 if job.error:
                     imgui.text_colored(imgui.ImVec4(1, 0.35, 0.3, 1), job.error[:80])
@@ -327,141 +296,6 @@ def _stats_header(imgui, implot, stats: Stats, overdraw_max: int):
         implot.end_plot()
 
 
-def _densify_sliders(imgui, training, requests):
-    d = training.densify
-    changed_fields = {}
-    imgui.push_item_width(130)
-    top = max(training.iterations, 1)
-    for name, (label, kind, lo, hi, fmt) in DENSIFY_SLIDERS.items():
-        if name not in d:
-            continue
-        v = d[name]
-        if kind == "float_log":
-            ch, nv = imgui.slider_float(label, float(v), lo, hi, fmt, imgui.SliderFlags_.logarithmic)
-        elif kind == "int_log":
-            ch, nv = imgui.slider_int(label, int(v if v is not None else hi), lo, hi, fmt,
-                                      imgui.SliderFlags_.logarithmic)
-        elif kind == "int_iters":
-            ch, nv = imgui.slider_int(label, int(v), lo, max(top, int(v)), fmt)
-        else:
-            ch, nv = imgui.slider_int(label, int(v), lo, hi, fmt)
-        if ch:
-            d[name] = nv
-            changed_fields[name] = nv
-    imgui.pop_item_width()
-    if changed_fields:
-        requests.append(M.SetDensifyParams(changed_fields))
-
-
-def _training_window(imgui, training, display, requests):
-    t = training
-    if not _window(imgui, "Training", (display[0] - 10, 10), (1.0, 0.0)):
-        imgui.end()
-        return
-    colours = {"running": (0.4, 0.9, 0.4, 1), "paused": (1.0, 0.8, 0.3, 1), "finished": (0.5, 0.8, 1.0, 1),
-               "failed": (1.0, 0.35, 0.3, 1), "stopped": (0.7, 0.7, 0.7, 1), "starting": (0.7, 0.7, 0.7, 1)}
-    imgui.text_colored(imgui.ImVec4(*colours.get(t.status, (1, 1, 1, 1))), t.status.upper())
-    imgui.same_line()
-    imgui.text_disabled(f"({t.device})" if t.device else "")
-    active = t.status in ("running", "paused", "starting")
-    if t.status == "running":
-        if imgui.button("pause (space)"):
-            requests.append(M.Pause())
-    elif imgui.button("start" if t.iteration == 0 else "resume") and active:
-        requests.append(M.Resume())
-    imgui.same_line()
-    if imgui.button("step") and active:
-        requests.append(M.Step(1))
-    imgui.same_line()
-    if imgui.button("step 10") and active:
-        requests.append(M.Step(10))
-    frac = t.iteration / t.iterations if t.iterations else 0.0
-    imgui.progress_bar(frac, imgui.ImVec2(-1, 0), f"{t.iteration:,} / {t.iterations:,}")
-    imgui.text(f"loss        {_fmt(t.loss, '.4f')}")
-    imgui.text(f"train PSNR  {_fmt(t.psnr, '.2f')} dB")
-    last = f"{_fmt(t.last_eval_psnr, '.2f')} dB" + (f" (it {t.eval_iters[-1]:,})" if t.eval_iters else "")
-    imgui.text(f"test PSNR   {last}")
-    imgui.text(f"Gaussians   {t.num_gaussians:,}")
-    imgui.text(f"elapsed     {t.elapsed_s:.1f} s  ({_fmt(t.ms_per_iter, '.1f')} ms/it)")
-    if imgui.collapsing_header("Densification (live)", imgui.TreeNodeFlags_.default_open):
-        _densify_sliders(imgui, t, requests)
-    if imgui.collapsing_header("Appearance", imgui.TreeNodeFlags_.default_open):
-        for kind, label in (("sh", "spherical harmonics"), ("mlp", "MLP")):
-            if kind == "mlp":
-                imgui.same_line()
-            if imgui.radio_button(label, t.appearance == kind) and t.appearance != kind and active:
-                requests.append(M.SetAppearance(kind))
-        if not t.appearance_switchable:
-            imgui.text_disabled("(this trainer cannot switch yet)")
-    if imgui.button("save checkpoint"):
-        requests.append(M.Save("checkpoint"))
-    imgui.same_line()
-    if imgui.button("save PLY"):
-        requests.append(M.Save("ply"))
-    if t.run_dir:
-        imgui.text_disabled(t.run_dir[-44:])
-    if t.error:
-        imgui.separator()
-        imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + PANEL_WIDTH - 20)
-        imgui.text_colored(imgui.ImVec4(1.0, 0.35, 0.3, 1), "training failed: " + t.error)
-        imgui.pop_text_wrap_pos()
-        if imgui.tree_node("traceback"):
-            imgui.text_wrapped(t.error_traceback[-2000:])
-            imgui.tree_pop()
-    for line in list(t.log)[-4:]:
-        imgui.text_disabled(line[:46])
-    imgui.end()
-
-
-def _psnr_window(imgui, implot, training, error_view, display, requests, n_cameras):
-    w = max(display[0] - 2 * PANEL_WIDTH - 40, 320)
-    h = 230
-    if not _window(imgui, "PSNR", (display[0] / 2, display[1] - 10), (0.5, 1.0), (w, h), auto=False):
-        imgui.end()
-        return
-    avail = imgui.get_content_region_avail()
-    heat_w = min(avail.y * 1.1, avail.x * 0.45)
-    plot_w = max(avail.x - heat_w - 8, 100)
-    if implot.begin_plot("##psnr", imgui.ImVec2(plot_w, avail.y)):
-        implot.setup_axes("iteration", "PSNR (dB)", implot.AxisFlags_.auto_fit, implot.AxisFlags_.auto_fit)
-        if training.train_iters:
-            implot.plot_line("train view", np.asarray(training.train_iters, np.float64),
-                             np.asarray(training.train_psnr, np.float64))
-        if training.eval_iters:
-            spec = implot.Spec()
-            spec.marker = implot.Marker_.circle
-            spec.line_weight = 2.0
-            implot.plot_line("held-out", np.asarray(training.eval_iters, np.float64),
-                             np.asarray(training.eval_psnr, np.float64), spec)
-        implot.end_plot()
-    imgui.same_line()
-    imgui.begin_group()
-    if error_view is not None:
-        imgui.text(f"|render - GT|  {error_view.name}")
-        imgui.text(f"PSNR {_fmt(error_view.psnr, '.2f')} dB, max {error_view.vmax:.2f}")
-        side = imgui.get_content_region_avail()
-        hh, ww = error_view.values.shape
-        scale = min(side.x / max(ww, 1), max(side.y, 20) / max(hh, 1))
-        implot.push_colormap(implot.Colormap_.hot)
-        flags = implot.Flags_.canvas_only | implot.Flags_.no_inputs
-        if implot.begin_plot("##error", imgui.ImVec2(ww * scale, hh * scale), flags):
-            implot.setup_axes("", "", implot.AxisFlags_.no_decorations, implot.AxisFlags_.no_decorations)
-            implot.setup_axis_limits(implot.ImAxis_.x1, 0, 1, implot.Cond_.always)
-            implot.setup_axis_limits(implot.ImAxis_.y1, 0, 1, implot.Cond_.always)
-            implot.plot_heatmap("##err", error_view.values, 0.0, max(error_view.vmax, 1e-6), "")
-            implot.end_plot()
-        implot.pop_colormap()
-    else:
-        imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + heat_w)
-        imgui.text_wrapped("Per-pixel error: snap the camera to a training view (T, [ ]) to compare the render "
-                           "with its ground truth.")
-        imgui.pop_text_wrap_pos()
-        if n_cameras and imgui.button("show nearest training view"):
-            requests.append("snap")
-    imgui.end_group()
-    imgui.end()
-
-
 def draw_ui(settings: ViewSettings, stats: Stats, *, overdraw_max: int, content, fb_scale=(1.0, 1.0),
             max_sh_degree: int = 3, windowed: bool = True, training=None, error_view=None, jobs=None,
             n_cameras: int = 0, camera_index=None, appearance: str = "sh") -> list:
@@ -474,9 +308,8 @@ def draw_ui(settings: ViewSettings, stats: Stats, *, overdraw_max: int, content,
         jobs: {"video": Job, "appearance": Job} running or finished background jobs.
         n_cameras, camera_index: training cameras available and the one the view is snapped to.
         appearance: "sh" or "mlp", the colour model of the scene shown.
-    Returns: requests for the app — strings ("reset", "screenshot", "vsync", "up", "snap", "next_camera",
-    "prev_camera", "save_ply", "video", "cancel_video", "appearance:sh|mlp", "path:<action>") and
-    :mod:`viewer.messages` commands for the training thread.
+    Returns: requests for the app — :mod:`viewer.requests` instances, the camera path's ``"path:<action>"`` texts
+    and :mod:`viewer.messages` commands for the training thread.
     """
     from imgui_bundle import imgui, implot
 

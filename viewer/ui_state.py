@@ -96,8 +96,9 @@ class TrainingState:
             self.log.append(f"[{ev.iteration}] saved ({ev.reason}): " + ", ".join(p.rsplit("/", 1)[-1]
                                                                                     for p in ev.paths))
         elif isinstance(ev, M.CommandRejected):
-            if ev.command == "SetAppearance":
-                self.appearance_switchable = "cannot switch" not in ev.reason
+            if ev.unsupported and ev.command == "SetAppearance":
+                self.appearance_switchable = False
+            self.densify.update({k: v for k, v in ev.current.items() if k in self.densify})   # the slider reverts
             self.log.append(f"{ev.command} rejected: {ev.reason}")
         elif isinstance(ev, M.TrainingFinished):
             self.status = "finished"
@@ -171,6 +172,11 @@ class Job:
             self.result = fn(self, *args, **kwargs)
             self.progress = 1.0
         except BaseException as e:  # noqa: BLE001 - kept for the UI and the log
+            from rigel_core.render_video import VideoCancelled
+
+            if isinstance(e, VideoCancelled):   # asked for (cancel()): not a failure, no traceback
+                self.message = "cancelled"
+                return
             self.error = f"{type(e).__name__}: {e}"
             self.traceback = traceback.format_exc()
             import logging

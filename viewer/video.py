@@ -18,11 +18,9 @@ __all__ = ["orbit_cameras", "video_format", "write_orbit_video"]
 
 def video_format() -> str:
     """"mp4" when imageio-ffmpeg is importable, else "gif"."""
-    try:
-        import imageio_ffmpeg  # noqa: F401
-    except ImportError:
-        return "gif"
-    return "mp4"
+    from rigel_core.render_video import ffmpeg_available
+
+    return "mp4" if ffmpeg_available() else "gif"
 
 
 def orbit_cameras(orbit, frames: int, width: int, height: int) -> list:
@@ -46,7 +44,7 @@ def orbit_cameras(orbit, frames: int, width: int, height: int) -> list:
 def write_orbit_video(job, model, cameras, path, *, fps: int = 30, background=None, sh_degree=None) -> Path:
     """Render ``cameras`` and encode them to ``path`` (its suffix replaced by ``.mp4`` or ``.gif``, see
     :func:`video_format`). ``job`` (a :class:`~viewer.ui_state.Job` or None) receives ``progress`` and is
-    checked for ``cancelled`` between frames; a cancelled video is deleted. Returns the path written.
+    checked for ``cancelled`` between frames; a cancelled video is deleted (VideoCancelled). Returns the path written.
     Raises ValueError for an empty camera list; imageio's errors for an unwritable path."""
     import imageio.v2 as imageio
     import torch
@@ -55,8 +53,10 @@ def write_orbit_video(job, model, cameras, path, *, fps: int = 30, background=No
 
     if not cameras:
         raise ValueError("write_orbit_video: no cameras")
-    fmt = video_format()
-    path = Path(path).with_suffix("." + fmt)
+    from rigel_core.render_video import video_path
+
+    path = video_path(path)
+    fmt = path.suffix[1:].lower()
     path.parent.mkdir(parents=True, exist_ok=True)
     kwargs = {"fps": fps, "macro_block_size": 1, "quality": 8} if fmt == "mp4" else {"duration": 1000.0 / fps,
                                                                                       "loop": 0}
@@ -86,5 +86,7 @@ def write_orbit_video(job, model, cameras, path, *, fps: int = 30, background=No
         if not ok:
             path.unlink(missing_ok=True)
     if not ok:
-        raise RuntimeError("video cancelled")
+        from rigel_core.render_video import VideoCancelled
+
+        raise VideoCancelled(f"video cancelled: {path} not written")
     return path

@@ -198,6 +198,13 @@ def main(argv=None) -> int:
         if v is not None and v > cap:
             ap.error(f"--{name} {v} exceeds the limit of {cap} pixels per side (--max-image-size raises it)")
 
+    from ..run_dir import out_problem
+
+    problem = out_problem(Path(args.out))   # before the cameras and the scene load: a bad --out costs nothing
+    if problem:
+        print(f"rigel-render: error: {problem}", file=sys.stderr)
+        return 2
+
     import torch
     from tqdm import tqdm
 

@@ -22,7 +22,7 @@ import torch
 from ..config import SH_C0
 from ..model import GaussianModel
 
-__all__ = ["save_scene", "format_for_path", "ExportError", "EXPORT_FORMATS", "roundtrip_errors", "RoundTripErrors",
+__all__ = ["save_scene", "bake_for_export", "EXPORT_SH_DEGREE", "format_for_path", "ExportError", "EXPORT_FORMATS", "roundtrip_errors", "RoundTripErrors",
            "finite_mask"]
 
 #: format name → (suffix, description). ``.compressed.ply`` is tested before ``.ply``.
@@ -91,6 +91,25 @@ def save_scene(model: GaussianModel, path, *, format: str | None = None, **optio
     else:
         raise ExportError(path, f"unknown export format {fmt!r}; one of {', '.join(EXPORT_FORMATS)}")
     return writer(model, path, **options)
+
+
+#: SH degree an MLP appearance is baked into for a file when nothing else says (a trainer's ``config.sh_degree``
+#: does): 3, the INRIA layout's full degree
+EXPORT_SH_DEGREE = 3
+
+
+def bake_for_export(model: GaussianModel, degree: int | None = None):
+    """``(model, rmse)``: the model to write to a file. Other tools cannot run an MLP appearance, so it is baked
+    into SH of ``degree`` (default :data:`EXPORT_SH_DEGREE`) first (:func:`rigel_core.appearance.to_sh`:
+    per-Gaussian least squares over 128 view directions; ``rmse`` in colour units); an SH model is returned as
+    it is with rmse 0.0. The one place of the rule "bake the MLP, then save" (rigel-train, the viewer)."""
+    from ..appearance import to_sh
+
+    baked, rmse = to_sh(model, EXPORT_SH_DEGREE if degree is None else int(degree))
+    # the render mode and a mip model's 3D filter travel with it (save_ply bakes the filter and writes the mode)
+    baked.render_mode = getattr(model, "render_mode", "default")
+    baked.filter_3D = getattr(model, "filter_3D", None)
+    return baked, float(rmse)
 
 
 # ---------------------------------------------------------------------------------------------------------

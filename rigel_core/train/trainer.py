@@ -706,11 +706,9 @@ class Trainer:
         baked into SH of degree ``config.sh_degree`` first (:func:`rigel_core.appearance.to_sh`: per-Gaussian
         least squares over 128 view directions). Returns the baking RMSE in colour units (0.0 for an SH model):
         how far the PLY's colours are from the MLP's on the sampled directions."""
-        from ..appearance import to_sh
+        from ..io.export import bake_for_export
         from ..io.ply import save_ply
 
-        snap = self.snapshot()
-        model, rmse = to_sh(snap, self.config.sh_degree)
-        model.render_mode, model.filter_3D = snap.render_mode, snap.filter_3D  # save_ply bakes a mip model's filter
+        model, rmse = bake_for_export(self.snapshot(), self.config.sh_degree)  # keeps a mip model's filter
         save_ply(model, path)
-        return float(rmse)
+        return rmse

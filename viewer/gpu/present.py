@@ -1,7 +1,7 @@
 """The present pass: a compute pass that shows a frame-ring slot in one render mode in the target image.
 
 Modes (shaders/shaderio.h): image; accumulated alpha ``1 − final_T`` (grey); overdraw, the colormap of
-:mod:`viewer.colormap` over ``n_contrib`` scaled by ``overdraw_max``, with a scale bar at the right edge;
+:mod:`viewer.gpu.colormap` over ``n_contrib`` scaled by ``overdraw_max``, with a scale bar at the right edge;
 side-by-side (image | alpha | overdraw in three panels). The compute shader (shaders/present_modes.comp, one
 invocation per target pixel) reads the slot's storage buffers directly and writes 8-bit pixels into the frame's
 output buffer; a buffer → image copy fills the target, which the ImGui render pass then loads and draws on.

@@ -4,7 +4,7 @@ The integer ``#define`` lines of the header are the constants the host needs (re
 size, scale-bar geometry, bindings); :data:`C` holds them, read from the same file the shaders include, so the
 two sides cannot drift. SPIR-V is committed next to its GLSL as ``<name>.spv``
 (``present_modes.comp`` → ``present_modes.comp.spv``) and built with :data:`GLSLC_ARGS`;
-``python -m viewer.shaderio`` rebuilds it and tests/test_vulkan.py checks that it is up to date.
+``python -m viewer.gpu.shaderio`` rebuilds it and tests/test_vulkan.py checks that it is up to date.
 """
 from __future__ import annotations
 
@@ -25,10 +25,10 @@ def _shader_dir() -> Path:
     if os.environ.get("RIGEL_SHADER_DIR"):
         return Path(os.environ["RIGEL_SHADER_DIR"])
     here = Path(__file__).resolve().parent
-    for cand in (here.parent / "shaders", here / "shaders"):
+    for cand in (here.parents[1] / "shaders", here.parent / "shaders"):
         if (cand / "shaderio.h").is_file():
             return cand
-    return here.parent / "shaders"
+    return here.parents[1] / "shaders"
 
 
 SHADER_DIR = _shader_dir()
@@ -77,7 +77,7 @@ def spirv(name: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as e:
-        raise FileNotFoundError(f"{path}: compiled shader missing ({e}); run `python -m viewer.shaderio` "
+        raise FileNotFoundError(f"{path}: compiled shader missing ({e}); run `python -m viewer.gpu.shaderio` "
                                 "(needs glslc: `apt-get install glslc`)") from None
 
 

@@ -1,6 +1,6 @@
 """Render targets of the present and ImGui passes: an offscreen colour image, or a GLFW window's swapchain.
 
-Both have the same interface for :class:`viewer.presenter.Presenter`:
+Both have the same interface for :class:`viewer.gpu.presenter.Presenter`:
 
 * ``acquire(f) -> (index, wait_semaphore | None) | None`` — an image to draw into for frame-in-flight ``f``;
   None when nothing can be drawn now (window minimised, swapchain out of date and being rebuilt).

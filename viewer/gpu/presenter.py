@@ -49,9 +49,6 @@ class Presenter:
         self.readback = [None] * frames
         self.captured: dict[int, int] = {}  # present number -> frame index holding its capture
         self.background = 0.08   # grey level around and behind the shown frame
-        # None; or, for bench/ring_overhead.py's breakdown of the present's cost only (the target then shows
-        # nothing usable): "compute" = the present pass's dispatch alone, "empty" = a submit with no commands
-        self.diagnostic: str | None = None
         self._init_frame_structs()
         ctx.own(self)
 
@@ -100,6 +97,26 @@ class Presenter:
         return b
 
     # ---- the frame -----------------------------------------------------------------------------------------
+    def _record_passes(self, cmd, f: int, slot, index: int, *, mode, overdraw_max, scale_bar, content, draw_data):
+        """Record the present pass (slot → target image ``index``) and the ImGui pass over it into ``cmd``
+        (bench/ring_variants.py records less, to break the present's cost down)."""
+        vk, lib = self.vk, self.vk.lib
+        w, h = self.target.width, self.target.height
+        self.present_pass.record(cmd, f, slot, self.target.image(index), w, h, bgra=self.target.bgra, mode=mode,
+                                 overdraw_max=overdraw_max, scale_bar=scale_bar, background=self.background,
+                                 content=content)
+        if self.imgui_pass is not None and draw_data is not None:
+            begin = self._c_pass_begin
+            begin.renderPass = self.target.render_pass
+            begin.framebuffer = self.target.framebuffer(index)
+            begin.renderArea.extent.width = w
+            begin.renderArea.extent.height = h
+            lib.vkCmdBeginRenderPass(cmd, begin, vk.VK_SUBPASS_CONTENTS_INLINE)
+            self.imgui_pass.record(cmd, draw_data, f, w, h)
+            lib.vkCmdEndRenderPass(cmd)
+        else:   # nothing to draw on top: no render pass, a barrier takes the copied image to the target's layout
+            self.present_pass.finish(cmd, self.target.image(index), self.target.final_layout)
+
     def present(self, slot, *, mode: int = C.MODE_IMAGE, overdraw_max: int | None = None, draw_data=None,
                 capture: bool = False, scale_bar: bool = True, content=None):
         """Draw ``slot`` in ``mode`` (+ ImGui ``draw_data``) and present it.
@@ -129,25 +146,8 @@ class Presenter:
         check_result(vk, lib.vkBeginCommandBuffer(cmd, self._c_cmd_begin), "vkBeginCommandBuffer")
         if self.imgui_pass is not None:
             self.imgui_pass.update_textures(cmd, draw_data, frame_garbage)
-        w, h = self.target.width, self.target.height
-        if self.diagnostic != "empty":
-            self.present_pass.record(cmd, f, slot, self.target.image(index), w, h, bgra=self.target.bgra,
-                                     mode=mode, overdraw_max=overdraw_max, scale_bar=scale_bar,
-                                     background=self.background, content=content,
-                                     copy=self.diagnostic != "compute")
-        if self.diagnostic is not None:
-            pass   # bench/ring_overhead.py's cost breakdown: no render pass, the image is not presentable
-        elif self.imgui_pass is not None and draw_data is not None:
-            begin = self._c_pass_begin
-            begin.renderPass = self.target.render_pass
-            begin.framebuffer = self.target.framebuffer(index)
-            begin.renderArea.extent.width = w
-            begin.renderArea.extent.height = h
-            lib.vkCmdBeginRenderPass(cmd, begin, vk.VK_SUBPASS_CONTENTS_INLINE)
-            self.imgui_pass.record(cmd, draw_data, f, w, h)
-            lib.vkCmdEndRenderPass(cmd)
-        else:   # nothing to draw on top: no render pass, a barrier takes the copied image to the target's layout
-            self.present_pass.finish(cmd, self.target.image(index), self.target.final_layout)
+        self._record_passes(cmd, f, slot, index, mode=mode, overdraw_max=overdraw_max, scale_bar=scale_bar,
+                            content=content, draw_data=draw_data)
         if capture:
             self.target.record_capture(cmd, index, self._readback_buffer(f))
         check_result(vk, lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")

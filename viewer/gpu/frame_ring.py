@@ -13,7 +13,7 @@ them as ``rigel_core.render(model, camera, out=(slot.image, slot.final_T, slot.n
 Two paths, one protocol:
 
 * **CUDA** (``device="cuda"``): the buffers are device-local and exportable (``OPAQUE_FD``), imported once into
-  CUDA and wrapped as CUDA tensors (:mod:`viewer.cuda_interop`). Per slot two timeline semaphores, exported and
+  CUDA and wrapped as CUDA tensors (:mod:`viewer.gpu.cuda_interop`). Per slot two timeline semaphores, exported and
   imported into CUDA: ``ready[s]`` (value = render number r, signalled by CUDA after the render) and ``free[s]``
   (value = read number q: the ring counts the present submits that read any slot, and the submit that read s
   signals its q). For render r in slot s the CUDA stream waits ``free[s] ≥ last_read[s]`` (the last present
@@ -66,7 +66,6 @@ class Slot:
     n_contrib: object = None  # torch (H, W) int32
     overdraw_max: int = 1     # max of n_contrib of `frame`, once known
     rendering: bool = False   # between acquire and release: its memory is being written
-    handover: str = "semaphore"  # how its render's end was published: ready[s] signal, or a CUDA event
 
 
 class FrameRing:
@@ -78,25 +77,20 @@ class FrameRing:
         device: "cpu" (host-visible memory, host-signalled semaphores) or "cuda" (exported memory and
             semaphores imported into CUDA device ``cuda_device``).
         capacity: (width, height) to allocate for up front.
-        elide_waits: CUDA path: enqueue the ``free[s]`` wait only when the host sees it unmet (see above);
-            False enqueues it for every render (the protocol as first written; bench/ring_overhead.py compares).
-        handover: CUDA path: how the end of a render reaches Vulkan. "semaphore": CUDA signals ``ready[s]``
-            on the render stream and the present submit waits for it. "event": the render stream records a
-            CUDA event instead; the host polls it (:meth:`is_ready`) and a present of a finished render needs no
-            wait (:meth:`present_wait` gives None; a present of an unfinished one waits for the event on the
-            host first). Can be changed between frames.
+
+    The CUDA path's two hand-overs are methods (:meth:`_wait_free`, :meth:`_signal_ready`, with :meth:`is_ready`
+    and :meth:`present_wait`), so that bench/ring_variants.py can measure other protocols (every wait enqueued;
+    a CUDA event instead of the ``ready[s]`` signal) without switches here.
     Raises:
         ValueError: K < 2 or an unknown device; VulkanUnavailable / CudaInteropError from the allocations.
     """
 
     def __init__(self, ctx: VulkanContext, slots: int = 3, *, device: str = "cpu", capacity=(640, 480),
-                 cuda_device: int = 0, elide_waits: bool = True, handover: str = "semaphore"):
+                 cuda_device: int = 0):
         if slots < 2:
             raise ValueError(f"FrameRing needs at least 2 slots, got {slots}")
         if device not in ("cpu", "cuda"):
             raise ValueError(f"FrameRing device must be 'cpu' or 'cuda', got {device!r}")
-        if handover not in ("semaphore", "event"):
-            raise ValueError(f"FrameRing handover must be 'semaphore' or 'event', got {handover!r}")
         if device == "cuda" and not ctx.interop:
             raise ValueError("FrameRing(device='cuda') needs a context created with init_device(interop=True)")
         self.ctx = ctx
@@ -104,9 +98,7 @@ class FrameRing:
         self.k = int(slots)
         self.device = device
         self.cuda_device = cuda_device
-        self.elide_waits = bool(elide_waits)
-        self.handover = handover
-        self.waits_enqueued = 0   # free[s] waits put on the render stream (CUDA path), for the benchmark
+        self.waits_enqueued = 0   # free[s] waits put on the render stream (CUDA path)
         self.generation = 0
         self.capacity = 0
         self.render_count = 0
@@ -132,10 +124,6 @@ class FrameRing:
                 self._ext_ready.append(ExternalTimelineSemaphore(ctx.semaphore_fd(sem), device=cuda_device))
             for sem in self.free:
                 self._ext_free.append(ExternalTimelineSemaphore(ctx.semaphore_fd(sem), device=cuda_device))
-            import torch
-
-            with torch.cuda.device(cuda_device):
-                self._done = [torch.cuda.Event() for _ in range(self.k)]   # per slot: end of its last render
         self._allocate(max(1, int(capacity[0]) * int(capacity[1])))
 
     # ---- layout ------------------------------------------------------------------------------------------
@@ -232,10 +220,7 @@ class FrameRing:
         s = self.render_count % self.k
         slot = self.slots[s]
         if self.device == "cuda":
-            need = self.last_read[s]
-            if need > 0 and not (self.elide_waits and self.ctx.timeline_value(self.free[s]) >= need):
-                self._ext_free[s].wait(need, stream)
-                self.waits_enqueued += 1
+            self._wait_free(s, stream)
         else:
             self.ctx.wait_timeline(self.free[s], self.last_read[s])
         views = self._views[s]
@@ -267,11 +252,7 @@ class FrameRing:
             else:
                 with torch.cuda.stream(stream):
                     self._stat_slices[s].copy_(slot.n_contrib.amax().reshape(1), non_blocking=True)
-            if self.handover == "event":
-                self._done[s].record(stream if stream is not None else torch.cuda.current_stream(self.cuda_device))
-            else:
-                self._ext_ready[s].signal(r, stream)
-            slot.handover = self.handover
+            self._signal_ready(s, r, stream)
         else:
             slot.overdraw_max = max(int(slot.n_contrib.max()), 1) if slot.n_contrib.numel() else 1
             self.ctx.signal_timeline(self.ready[s], r)
@@ -280,15 +261,24 @@ class FrameRing:
         self.latest = slot
         return r
 
+    def _wait_free(self, s: int, stream) -> None:
+        """CUDA: make ``stream`` wait for the last present of slot s, enqueued only when the host does not see it
+        met already (a GPU wait before the other API's signal is expensive; see the module docstring)."""
+        need = self.last_read[s]
+        if need > 0 and self.ctx.timeline_value(self.free[s]) < need:
+            self._ext_free[s].wait(need, stream)
+            self.waits_enqueued += 1
+
+    def _signal_ready(self, s: int, r: int, stream) -> None:
+        """CUDA: signal ``ready[s] = r`` on ``stream`` after the render."""
+        self._ext_ready[s].signal(r, stream)
+
     def is_ready(self, slot: Slot) -> bool:
-        """The slot's render has finished (CUDA: ``ready[s]`` reached, or its event done, polled; CPU:
-        released)."""
+        """The slot's render has finished (CUDA: ``ready[s]`` reached, polled; CPU: released)."""
         if slot.rendering or slot.frame <= 0:
             return False
         if self.device != "cuda":
             return True
-        if slot.handover == "event":
-            return self._done[slot.index].query()
         return self.ctx.timeline_value(self.ready[slot.index]) >= slot.frame
 
     def newest_ready(self) -> Slot | None:
@@ -309,11 +299,7 @@ class FrameRing:
 
     # ---- the Vulkan side ----------------------------------------------------------------------------------
     def present_wait(self, slot: Slot):
-        """(semaphore, value) the present submit must wait for: ``ready[s] ≥ frame``; None when it needs no
-        wait (handover "event": the host has seen the render finish — it waits for it here when not)."""
-        if slot.handover == "event" and self.device == "cuda":
-            self._done[slot.index].synchronize()   # returns at once for a finished render (newest_ready's)
-            return None
+        """(semaphore, value) the present submit must wait for: ``ready[s] ≥ frame`` (None: no wait)."""
         return self.ready[slot.index], slot.frame
 
     def mark_read(self, slot: Slot):

@@ -1,0 +1,140 @@
+"""What ``rigel-train`` and ``rigel-viewer --data`` share: the training flags, and building a
+:class:`~rigel_core.train.Trainer` from them (new, or resumed from a run folder's checkpoint).
+
+Both commands call :func:`add_training_args` on their parser, :func:`resume_config` before the dataset loads (a
+damaged checkpoint costs nothing) and :func:`build_trainer` after; so a flag, its default and its meaning exist
+once.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..run_dir import CHECKPOINT_NAME
+
+__all__ = ["add_training_args", "config_overrides", "resume_config", "build_trainer", "load_training_data"]
+
+
+def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
+    """The dataset and :class:`~rigel_core.train.TrainConfig` flags (``--data`` … ``--resume``) on parser or
+    argument group ``p``, but those in ``skip`` (a caller's own flag of that name)."""
+
+    def add(flag, **kw):
+        if flag not in skip:
+            p.add_argument(flag, **kw)
+
+    add("--data", required=data_required, type=Path,
+        help="dataset directory (Blender, instant-ngp or COLMAP)")
+    add("--iters", type=int, default=None, help="total iterations (default 30000)")
+    add("--appearance", choices=["sh", "mlp"], default="sh",
+        help="colour model: spherical harmonics, or per-Gaussian latents decoded by a shared MLP "
+             "(model.ply is then baked to SH of --sh-degree; a resumed run keeps its own)")
+    add("--sh-degree", type=int, default=3, help="maximum SH degree (0..3)")
+    add("--white-bg", action="store_true", help="composite alpha onto white (NeRF-synthetic)")
+    add("--alpha-as-mask", action="store_true",
+        help="use the images' alpha channel as a mask (alpha 0 = pixel ignored) instead of compositing")
+    add("--downscale", type=float, default=1, help="divide image sizes by this")
+    add("--test-every", type=int, default=8, help="hold-out stride for instant-ngp / COLMAP data")
+    add("--max-gaussians", type=int, default=None, help="hard cap on the Gaussian count")
+    add("--init-points", type=int, default=None, help="random initial points without SfM points")
+    add("--exposure", action="store_true", default=None,
+        help="learn a per-training-image affine colour correction (held-out views are also scored by "
+             "fitting it on the left half and scoring the right half)")
+    add("--init-background", type=int, default=None, metavar="N",
+        help="add N background points behind the SfM points along training rays (default 0)")
+    add("--position-lr-max-steps", type=int, default=None, metavar="N",
+        help="iterations over which the position lr decays (default: --iters; 3DGS: 30000)")
+    # anti-aliased render mode and the Gaussian budget (issue 17)
+    add("--render-mode", choices=["default", "mip"], default=None,
+        help="mip: anti-aliased training and rendering (Mip-Splatting's 3D smoothing and 2D Mip filters; "
+             "model.ply says 'SplatRenderMode: mip'); default: 3DGS's 0.3 px² dilation")
+    add("--strategy", choices=["default", "mcmc"], default=None,
+        help="densification: 3DGS clone/split/prune (default) or the 3DGS-MCMC budget (mcmc: relocation "
+             "of dead Gaussians, growth to --max-gaussians, which it needs, position noise, regularisers)")
+    # batches (issue 16; --gpus is rigel-train's own)
+    add("--batch-size", type=int, default=None, metavar="B",
+        help="views per step and process (global batch = N x B; default 1)")
+    add("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
+        help="set a TrainConfig field (repeatable; VALUE read as JSON, else as a string), "
+             "e.g. --set densify_until=5000")
+    add("--eval-every", type=int, default=None, help="held-out evaluation interval (0 = only at the end)")
+    add("--seed", type=int, default=None, help="random seed")
+    add("--resume", action="store_true", help=f"continue from RUN/{CHECKPOINT_NAME}")
+
+
+def _parse_set_fields(items: list[str]) -> dict:
+    """``{field: value}`` of ``--set FIELD=VALUE`` arguments; ValueError naming a malformed item or an unknown
+    field."""
+    import dataclasses
+
+    from ..train import TrainConfig
+
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
+        if key not in names:
+            raise ValueError(f"--set {item!r}: TrainConfig has no field {key!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out[key] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def config_overrides(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields the command line sets (absent flags leave the default, or a resumed run's value);
+    ``--set`` wins. Raises ValueError for a bad ``--set``."""
+    out = {k: v for k, v in {"iterations": args.iters, "max_gaussians": args.max_gaussians,
+                             "eval_every": args.eval_every, "seed": args.seed,
+                             "init_points": args.init_points, "exposure": args.exposure,
+                             "init_background_points": args.init_background,
+                             "position_lr_max_steps": args.position_lr_max_steps,
+                             "render_mode": args.render_mode, "strategy": args.strategy,
+                             "batch_size": args.batch_size}.items() if v is not None}
+    out.update(_parse_set_fields(args.set_fields))
+    return out
+
+
+def resume_config(ckpt: Path, overrides: dict):
+    """The TrainConfig of the checkpoint ``ckpt`` with ``overrides``, validated completely before anything loads.
+    Raises CheckpointError (naming the file and field) or ValueError (the overrides make it invalid)."""
+    from ..checkpoint import read_checkpoint, validate_checkpoint
+    from ..train import TrainConfig
+
+    tensors, meta = read_checkpoint(ckpt)
+    saved = validate_checkpoint(ckpt, tensors, meta).to_dict()
+    saved.update(overrides)
+    cfg = TrainConfig.from_dict(saved)
+    try:
+        cfg.validate()
+    except ValueError as e:
+        raise ValueError(f"{ckpt}: config with the command line's overrides: {e}") from None
+    return cfg
+
+
+def load_training_data(args: argparse.Namespace):
+    """The dataset ``--data`` names, read with the dataset flags (``rigel_core.data.load_dataset``)."""
+    from ..data import load_dataset
+
+    return load_dataset(args.data, white_bg=args.white_bg, downscale=args.downscale, test_every=args.test_every,
+                        alpha_as_mask=args.alpha_as_mask)
+
+
+def build_trainer(args: argparse.Namespace, dataset, device: str, *, resume_cfg=None, ckpt: Path | None = None,
+                  overrides: dict | None = None):
+    """The Trainer: resumed from ``ckpt`` with ``resume_cfg`` (:func:`resume_config`) when given, else new with
+    ``--sh-degree``, ``--appearance`` and the overrides (:func:`config_overrides`). Raises ValueError / TypeError
+    (a ``--set`` value of the wrong type) for a configuration the trainer refuses."""
+    from ..train import TrainConfig, Trainer
+
+    if resume_cfg is not None:
+        return Trainer.from_checkpoint(ckpt, dataset, device=device, config=resume_cfg)
+    overrides = config_overrides(args) if overrides is None else overrides
+    cfg = TrainConfig(**{"sh_degree": args.sh_degree, "appearance": args.appearance, **overrides})
+    return Trainer(dataset, cfg, device=device)

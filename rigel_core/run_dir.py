@@ -1,0 +1,367 @@
+"""The run folder: the one home of its policy, shared by ``rigel-train``, ``rigel-render`` and ``rigel-viewer``.
+
+A run folder (``--out`` of ``rigel-train``; the viewer's ``--data`` run) holds:
+
+- :data:`CHECKPOINT_NAME` (``checkpoint.safetensors``) and :data:`PLY_NAME` (``model.ply``, INRIA layout: an
+  MLP appearance baked into SH first, :meth:`rigel_core.train.Trainer.export_ply`), both written atomically;
+- :data:`METRICS_NAME` (``metrics.json``: configuration, loss curve, evaluations, densification, timings; strict
+  JSON, non-finite numbers as ``null``, written atomically by :func:`write_json_atomic`);
+- :data:`LOG_NAME` (``log.txt``: one line per event, appended; :func:`open_run_log`);
+- :data:`LOCK_NAME` (``.lock``: an ``fcntl.flock`` held by the one process using the folder, :class:`RunLock`).
+
+Rules (README "Runs are never lost"): a folder that holds a run (:func:`holds_run`) is refused without
+``--resume`` (:class:`RunFolderTaken`), or, when the folder was not named by the user, a fresh one is picked
+(:func:`fresh_run_dir`: ``runs/<name>-2``, ``-3``, …); two processes never share a run folder (:class:`RunLock`);
+an ``--out`` that cannot be written is said in one line before any data loads (:func:`out_problem`); exports never
+replace a file (:func:`unused_path`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+from .atomic import atomic_path
+
+__all__ = ["CHECKPOINT_NAME", "PLY_NAME", "METRICS_NAME", "LOG_NAME", "LOCK_NAME", "EXPOSURE_NAME", "RUN_FILES",
+           "ATOMIC_NAMES", "RunFolderTaken", "RunBusy", "RunLock", "out_problem", "holds_run", "fresh_run_dir",
+           "choose_run_dir", "unused_path", "finite_or_none", "write_json_atomic", "open_run_log", "new_metrics",
+           "read_metrics", "train_entry", "RunRecord", "close_run_log"]
+
+CHECKPOINT_NAME = "checkpoint.safetensors"
+PLY_NAME = "model.ply"
+METRICS_NAME = "metrics.json"
+LOG_NAME = "log.txt"
+LOCK_NAME = ".lock"
+EXPOSURE_NAME = "exposure.json"
+#: files whose presence means a folder holds a run (of rigel-train or of the viewer; viewer.log: older viewers)
+RUN_FILES = (CHECKPOINT_NAME, PLY_NAME, METRICS_NAME, LOG_NAME, "viewer.log")
+#: the files of a run written through rigel_core.atomic (their stale temporaries are removed at start)
+ATOMIC_NAMES = (CHECKPOINT_NAME, PLY_NAME, METRICS_NAME, EXPOSURE_NAME)
+
+
+class RunFolderTaken(ValueError):
+    """The folder already holds a run and ``--resume`` was not given (or it is a file, not a folder)."""
+
+
+class RunBusy(RuntimeError):
+    """Another process holds the run folder's lock."""
+
+
+def out_problem(path: Path, flag: str = "--out") -> str | None:
+    """Why ``path`` cannot be used as an output folder (one line starting with ``flag``), or None: it (or, when it
+    does not exist yet, its nearest existing ancestor) must be a directory this process may write into."""
+    path = Path(path)
+    if path.exists() or path.is_symlink():
+        if not path.is_dir():
+            return f"{flag} {path}: exists and is not a directory"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"{flag} {path}: directory is not writable"
+        return None
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{flag} {path}: cannot be created, {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{flag} {path}: cannot be created, {parent} is not writable"
+    return None
+
+
+class RunLock:
+    """An exclusive ``fcntl.flock`` on ``RUN/.lock`` held until :meth:`release` (or process exit): two processes
+    (``rigel-train``, ``rigel-viewer --data``) on one run folder never interleave. The file is left in place
+    (removing it would let a third process lock a new inode while a second still holds the old one)."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self.fd = None
+
+    def try_existing(self) -> bool:
+        """Lock the lock file if it exists already (writes nothing); False when another process holds it."""
+        if self.fd is not None or not self.path.is_file():
+            return True
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return True  # vanished or unreadable: acquire() decides
+        return self._lock(fd)
+
+    def acquire(self) -> bool:
+        """Create (if needed) and lock the file; False when another process holds it."""
+        if self.fd is not None:
+            return True
+        return self._lock(os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644))
+
+    def _lock(self, fd) -> bool:
+        import fcntl
+
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self.fd = fd
+        return True
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
+
+    def busy_message(self, prog: str) -> str:
+        return f"--out {self.path.parent}: another {prog} is using this run directory ({LOCK_NAME} is locked)"
+
+
+def holds_run(d: Path) -> bool:
+    """``d`` is a folder holding any of :data:`RUN_FILES`."""
+    d = Path(d)
+    return d.is_dir() and any((d / f).exists() for f in RUN_FILES)
+
+
+def fresh_run_dir(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``, … : the first that neither holds a run nor is a file."""
+    base = Path(base)
+    out, k = base, 2
+    while holds_run(out) or (out.exists() and not out.is_dir()):
+        out = base.with_name(f"{base.name}-{k}")
+        k += 1
+    return out
+
+
+def choose_run_dir(out: Path | None, default: Path, *, resume: bool) -> Path:
+    """The run folder to train into; never one that holds another run.
+
+    ``resume``: ``out`` (or ``default``) as it is. An explicit ``out`` that holds a run without ``resume`` raises
+    :class:`RunFolderTaken` naming its run files (or that it is a file). Without ``out``, ``default`` becomes
+    ``default-2``, ``-3``, … when it holds a run (:func:`fresh_run_dir`)."""
+    if resume:
+        return Path(out) if out is not None else Path(default)
+    if out is not None:
+        out = Path(out)
+        if out.exists() and not out.is_dir():
+            raise RunFolderTaken(f"--out {out} is a file, not a folder")
+        if holds_run(out):
+            names = ", ".join(f for f in RUN_FILES if (out / f).exists())
+            raise RunFolderTaken(f"{out} already holds a run ({names}); pass --resume to continue it, or choose "
+                                 "another --out")
+        return out
+    return fresh_run_dir(default)
+
+
+def unused_path(path: Path, *, reserve: bool = False) -> Path:
+    """``path``, or ``stem_2.ext``, ``stem_3.ext``, … when it exists (the whole suffix kept for ``.compressed.ply``).
+    With ``reserve`` the name is taken at once (an empty file created exclusively, ``O_EXCL``), so that a second
+    writer racing for it picks the next one; the caller then replaces it (atomically) or removes it."""
+    path = Path(path)
+    name = path.name
+    cut = name.find(".", 1)
+    stem, suffix = (name[:cut], name[cut:]) if cut > 0 else (name, "")
+    k, out = 2, path
+    while True:
+        if not out.exists() and not out.is_symlink():
+            if not reserve:
+                return out
+            try:
+                os.close(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                return out
+            except FileExistsError:
+                pass
+        out = path.with_name(f"{stem}_{k}{suffix}")
+        k += 1
+
+
+def finite_or_none(obj):
+    """``obj`` with every non-finite float replaced by None (strict JSON); tuples become lists."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj
+
+
+def write_json_atomic(path: Path, obj, *, indent: int = 1) -> None:
+    """Strict JSON (:func:`finite_or_none`) written through :func:`rigel_core.atomic.atomic_path`."""
+    with atomic_path(path) as tmp:
+        with open(tmp, "w") as f:
+            json.dump(finite_or_none(obj), f, indent=indent, allow_nan=False)
+
+
+def open_run_log(run_dir: Path, name: str, console=None) -> logging.Logger:
+    """The logger ``name`` writing ``RUN/log.txt`` (appended; ``time message`` lines) and, when given, calling
+    ``console(line)`` for each message. Its handlers are replaced on every call (a later run in one process)."""
+    log = logging.getLogger(name)
+    for h in list(log.handlers):
+        log.removeHandler(h)
+        h.close()
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    fh = logging.FileHandler(Path(run_dir) / LOG_NAME)
+    fh.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+    log.addHandler(fh)
+    if console is not None:
+        class _Console(logging.Handler):
+            def emit(self, record):
+                console(self.format(record))
+
+        log.addHandler(_Console())
+    return log
+
+
+def close_run_log(log: logging.Logger) -> None:
+    for h in list(log.handlers):
+        log.removeHandler(h)
+        h.close()
+
+
+def _masked_pixels(frames) -> int:
+    """Pixels that do not count (``Frame.mask`` False), summed over ``frames``."""
+    n = 0
+    for f in frames:
+        m = getattr(f, "mask", None)
+        if m is not None:
+            n += int(m.numel() - int((m > 0.5).sum())) if m.is_floating_point() else int((~m).sum())
+    return n
+
+
+def read_metrics(path: Path) -> dict | None:
+    """A resumed run's ``metrics.json`` when it is whole (None when missing or damaged: the checkpoint holds the
+    training state, so the curve starts afresh)."""
+    try:
+        metrics = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    ok = (isinstance(metrics, dict) and isinstance(metrics.get("timings"), dict)
+          and all(isinstance(metrics.get(k), list) for k in ("train", "eval", "densify"))
+          and isinstance(metrics.get("resumed_at", []), list))
+    return metrics if ok else None
+
+
+def new_metrics(metrics: dict | None, *, data, device: str, trainer, resumed: bool) -> dict:
+    """``metrics.json``'s content at the start of a session: ``metrics`` (a resumed run's, :func:`read_metrics`)
+    or a fresh one, with the data, device, configuration and the facts of the trainer's views."""
+    if metrics is None:
+        metrics = {"train": [], "eval": [], "densify": [], "timings": {}, "resumed_at": []}
+    if resumed:
+        metrics.setdefault("resumed_at", []).append(trainer.iteration)
+    train, test = trainer.train_frames, trainer.test_frames
+    metrics.update({"data": str(data), "device": device, "config": trainer.config.to_dict(),
+                    "dataset": {"train_views": len(train), "test_views": len(test),
+                                "scene_extent": trainer.extent, "white_bg": trainer.white_bg,
+                                "resolution": [train[0].camera.width, train[0].camera.height],
+                                "masked_pixels": {"train": _masked_pixels(train), "test": _masked_pixels(test)},
+                                "masked_views": {"train": sum(getattr(f, "mask", None) is not None for f in train),
+                                                 "test": sum(getattr(f, "mask", None) is not None for f in test)}}})
+    return metrics
+
+
+def train_entry(window: list) -> dict:
+    """One point of the loss curve from a window of :class:`~rigel_core.train.StepResult` (reading their values:
+    one device→host copy each, so call it once per window, not per step): mean loss and PSNR over the steps not
+    skipped, the last step's Gaussian count, the mean ms per iteration without evaluation."""
+    fin = [w for w in window if not w.skipped]
+
+    def mean(xs):
+        return float(sum(xs) / len(xs)) if xs else math.nan
+
+    last = window[-1]
+    return {"iteration": last.iteration, "loss": mean([w.loss for w in fin]), "psnr": mean([w.psnr for w in fin]),
+            "num_gaussians": last.num_gaussians,
+            "ms_per_iter": 1e3 * mean([w.seconds - (w.eval.seconds if w.eval else 0) for w in window])}
+
+
+class RunRecord:
+    """``log.txt`` and ``metrics.json`` of one training session in a run folder (``rigel-train`` and
+    ``rigel-viewer --data`` write the same files, the same lines and the same fields).
+
+    Args:
+        run_dir: the run folder (exists, locked by the caller).
+        log: the logger writing ``log.txt`` (:func:`open_run_log`).
+        metrics: the metrics dict (:func:`new_metrics`).
+    """
+
+    def __init__(self, run_dir: Path, log: logging.Logger, metrics: dict):
+        self.run_dir = Path(run_dir)
+        self.log = log
+        self.metrics = metrics
+
+    @classmethod
+    def open(cls, run_dir: Path, trainer, *, data="", device: str | None = None, name: str | None = None,
+             console=None) -> "RunRecord":
+        """Create the run folder if needed and start a session's record there: a resumed run (trainer at an
+        iteration > 0) continues its whole ``metrics.json``, a new one starts afresh."""
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        resumed = trainer.iteration > 0
+        metrics = read_metrics(run_dir / METRICS_NAME) if resumed else None
+        metrics = new_metrics(metrics, data=data, device=device or str(trainer.device), trainer=trainer,
+                              resumed=resumed)
+        return cls(run_dir, open_run_log(run_dir, name or f"rigel.run.{id(metrics)}", console), metrics)
+
+    def steps(self, window: list) -> dict:
+        """Log the skipped steps of ``window`` and append its loss-curve point (:func:`train_entry`)."""
+        for w in window:
+            if w.skipped:
+                self.log.info(f"[{w.iteration}] non-finite loss or gradient: update skipped ({w.nan_skips} so far)")
+        entry = train_entry(window)
+        self.metrics["train"].append(entry)
+        return entry
+
+    def densified(self, d) -> None:
+        self.metrics["densify"].append(d.to_dict())
+        if hasattr(d, "n_relocated"):  # the MCMC budget (train/mcmc.py)
+            self.log.info(f"[{d.iteration}] mcmc relocate {d.n_relocated} add {d.n_added}"
+                          + (f" trim {d.n_prune}" if d.n_prune else "") + f" -> {d.n_after}"
+                          + (" (at the budget)" if d.capped else ""))
+        else:
+            self.log.info(f"[{d.iteration}] densify clone {d.n_clone} split {d.n_split} prune {d.n_prune} "
+                          f"-> {d.n_after}{' (capped)' if d.capped else ''}")
+
+    def evaluated(self, ev) -> None:
+        self.metrics["eval"].append(dict(ev.to_dict()))
+        self.log.info(f"[{ev.iteration}] test psnr {ev.psnr:.2f}  ssim {ev.ssim:.4f}  gaussians {ev.num_gaussians}  "
+                      f"({ev.n_views} views, {ev.seconds:.1f} s)"
+                      + (f"; exposure protocol (right halves) psnr {ev.psnr_exposure:.2f} ssim "
+                         f"{ev.ssim_exposure:.4f}" if getattr(ev, "psnr_exposure", None) is not None else ""))
+
+    def save(self, trainer, reason: str, what: str = "both") -> tuple:
+        """Write :data:`CHECKPOINT_NAME` and/or :data:`PLY_NAME` (``what``: "both", "checkpoint", "ply"; an MLP
+        appearance baked into SH of ``config.sh_degree``, its RMSE logged and kept as ``ply_bake_rmse``) and,
+        with a learnt exposure, :data:`EXPOSURE_NAME`; one log line. Returns the paths written."""
+        import time
+
+        t0 = time.perf_counter()
+        paths = []
+        if what in ("both", "checkpoint"):
+            trainer.save_checkpoint(self.run_dir / CHECKPOINT_NAME)
+            paths.append(self.run_dir / CHECKPOINT_NAME)
+        if what in ("both", "ply"):
+            try:
+                rmse = trainer.export_ply(self.run_dir / PLY_NAME)
+                paths.append(self.run_dir / PLY_NAME)
+                if trainer.model.appearance is not None:   # other tools cannot run the MLP: the PLY holds SH
+                    self.metrics["ply_bake_rmse"] = rmse
+                    self.log.info(f"[{trainer.iteration}] {PLY_NAME}: the MLP appearance baked into SH degree "
+                                  f"{trainer.config.sh_degree}, RMSE {rmse:.4f} (colour units, 128 view directions)")
+            except ImportError as e:  # rigel_core.io missing: keep the checkpoint
+                self.log.info(f"{PLY_NAME} not written ({e})")
+        if what == "both" and trainer.exposure is not None:
+            names = [f.name for f in trainer.train_frames]
+            write_json_atomic(self.run_dir / EXPOSURE_NAME, trainer.exposure.to_dict(names))
+        self.log.info(f"[{trainer.iteration}] {reason}: {' and '.join(p.name for p in paths)} written "
+                      f"({trainer.model.num_gaussians} Gaussians, {time.perf_counter() - t0:.1f} s)")
+        return tuple(paths)
+
+    def write(self, trainer, **fields) -> None:
+        """``metrics.json`` now, with the trainer's iteration, Gaussian count, skipped steps and configuration (the
+        viewer changes densification fields live) and ``fields``."""
+        self.metrics.update(iterations_done=trainer.iteration, num_gaussians=trainer.model.num_gaussians,
+                            nan_skips=trainer.nan_skips, config=trainer.config.to_dict(), **fields)
+        write_json_atomic(self.run_dir / METRICS_NAME, self.metrics)
+
+    def close(self) -> None:
+        close_run_log(self.log)

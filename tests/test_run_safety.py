@@ -1,0 +1,145 @@
+"""Runs are never lost (issue 15): the viewer follows rigel-train's run-folder rule, a lock keeps two processes out
+of one run folder, exports never replace a file, and every CLI says a wrong ``--out`` in one line before it loads
+any data. No GPU, no window: the data paths named here do not exist, so a command that looked at them first
+would say so instead."""
+import fcntl
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+
+def _one_line(err: str) -> str:
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+# ---- the viewer over a finished run ------------------------------------------------------------------------------
+def test_viewer_refuses_an_out_holding_a_run_and_says_where_it_trains_instead(tmp_path, monkeypatch, capsys):
+    from viewer.app import main
+
+    monkeypatch.chdir(tmp_path)
+    finished = Path("runs/orbit")
+    finished.mkdir(parents=True)
+    (finished / "checkpoint.safetensors").write_bytes(b"a finished rigel-train run")
+    (finished / "log.txt").write_text("its log\n")
+    # an explicit --out holding a run: one line, status 2 (a refused argument), before the dataset is read
+    assert main(["--data", "datasets/orbit", "--out", str(finished), "--offscreen"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "already holds a run" in line and "--resume" in line and "datasets/orbit" not in line
+    # the default folder: a fresh one, said on stderr (then the missing dataset is reported)
+    status = main(["--data", "datasets/orbit"])
+    err = capsys.readouterr().err
+    assert status == 2 and f"{finished} holds a run; training into runs/orbit-2" in err
+    assert (finished / "checkpoint.safetensors").read_bytes() == b"a finished rigel-train run"
+    assert (finished / "log.txt").read_text() == "its log\n"
+
+
+# ---- two processes, one run folder -------------------------------------------------------------------------------
+@pytest.mark.parametrize("cli", ["rigel-viewer", "rigel-train"])
+def test_a_locked_run_folder_is_refused(tmp_path, capsys, cli):
+    """Another process holds RUN/.lock (flock; here this test, through its own open file): the command says so
+    in one line and exits 2, before reading the dataset, and writes nothing."""
+    run = tmp_path / "run"
+    run.mkdir()
+    fd = os.open(run / ".lock", os.O_RDONLY | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        argv = ["--data", str(tmp_path / "no-such-dataset"), "--out", str(run)]
+        if cli == "rigel-viewer":
+            from viewer.app import main
+        else:
+            from rigel_core.cli.train import main
+
+            argv.append("--quiet")
+        assert main(argv) == 2
+    finally:
+        os.close(fd)
+    line = _one_line(capsys.readouterr().err)
+    assert "is using this run directory" in line and ".lock" in line
+    assert sorted(p.name for p in run.iterdir()) == [".lock"]
+
+
+# ---- a wrong --out: one line, before any data loads --------------------------------------------------------------
+@pytest.mark.parametrize("cli", ["rigel-train", "rigel-render", "rigel-viewer --data", "rigel-viewer SCENE"])
+@pytest.mark.parametrize("kind", ["file", "under-a-file"])
+def test_a_wrong_out_is_one_line_before_loading_data(tmp_path, capsys, cli, kind):
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    out = afile if kind == "file" else afile / "sub"
+    missing = str(tmp_path / "missing")
+    if cli == "rigel-train":
+        from rigel_core.cli.train import main
+
+        argv = ["--data", missing, "--out", str(out), "--quiet"]
+    elif cli == "rigel-render":
+        from rigel_core.cli.render import main
+
+        argv = [missing + ".ply", "--cameras", missing + ".json", "--out", str(out)]
+    else:
+        from viewer.app import main
+
+        argv = (["--data", missing] if cli.endswith("--data") else [missing + ".ply"]) + ["--offscreen", "--out",
+                                                                                            str(out)]
+    assert main(argv) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--out" in line and str(out) in line and "missing" not in line.replace(str(out), ""), line
+    assert afile.read_text() == "not a folder"
+
+
+# ---- exports never replace a file --------------------------------------------------------------------------------
+def _stand_in_viewer(tmp_path):
+    from rigel_core.data import make_scene
+    from viewer.camera_control import OrbitCamera
+    from viewer.ui import ViewSettings
+
+    model = make_scene(n=60, sh_degree=0, seed=int(torch.randint(0, 2**31 - 1, (1,))))
+    cam = OrbitCamera()
+    cam.frame_box(*(t.numpy() for t in model.bounds(0.01)), aspect=1.0)
+    settings = ViewSettings()
+    settings.video_size, settings.video_frames = (16, 16), 2
+    return SimpleNamespace(jobs={}, settings=settings, camera=cam, model=model, _model=model,
+                           screenshot_dir=tmp_path, training=None)
+
+
+def test_an_orbit_video_never_replaces_a_file(tmp_path, monkeypatch):
+    """Without imageio-ffmpeg the video is a GIF: the name written (not the .mp4 asked for) must be a new one
+    (before, an existing orbit.gif was silently replaced)."""
+    from viewer.app import Viewer
+
+    monkeypatch.setitem(sys.modules, "imageio_ffmpeg", None)      # import fails: GIF
+    old = tmp_path / "orbit.gif"
+    old.write_bytes(b"an earlier video")
+    v = _stand_in_viewer(tmp_path)
+    job = Viewer.start_video(v, tmp_path / "orbit.mp4")
+    assert job.join(60) and not job.error, job.traceback
+    assert old.read_bytes() == b"an earlier video"
+    assert Path(job.result) == tmp_path / "orbit_2.gif" and Path(job.result).stat().st_size > 0
+
+
+def test_a_saved_scene_never_replaces_a_file(tmp_path):
+    from viewer.app import Viewer
+
+    v = _stand_in_viewer(tmp_path)
+    for name in ("model.ply", "model_2.ply"):
+        (tmp_path / name).write_bytes(b"kept")
+    job = Viewer.start_save_ply(v, tmp_path / "model.ply")
+    assert job.join(60) and not job.error, job.traceback
+    assert Path(job.result) == tmp_path / "model_3.ply"
+    assert [(tmp_path / n).read_bytes() for n in ("model.ply", "model_2.ply")] == [b"kept", b"kept"]
+    job = Viewer.start_save_ply(v, None, "compressed_ply")   # the Export panel's default name, its double suffix
+    assert job.join(60) and not job.error, job.traceback
+    assert Path(job.result).name == "model.compressed.ply"
+
+
+def test_unused_path_reserves_the_name(tmp_path):
+    from rigel_core.run_dir import unused_path
+
+    p = tmp_path / "model.compressed.ply"
+    assert unused_path(p) == p and not p.exists()
+    assert unused_path(p, reserve=True) == p and p.is_file()             # taken at once: a second writer …
+    assert unused_path(p, reserve=True) == tmp_path / "model_2.compressed.ply"   # … gets the next name

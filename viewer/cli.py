@@ -1,0 +1,363 @@
+"""``rigel-viewer``: look at a Gaussian scene or watch one train, in a window or offscreen.
+
+    rigel-viewer [SCENE] [--cameras DATASET] [--offscreen --frames N --out DIR] [--size 1280x720] [--mode image|alpha|overdraw|
+                 side-by-side] [--device auto|cpu|cuda] [--render-scale S] [--up +z] [--white-bg] [--no-vsync]
+                 [--debug]
+    rigel-viewer --data DIR [--appearance sh|mlp] [--iters N] [--white-bg] [--downscale F] [--max-gaussians N]
+                 [--eval-every N] [--device …] [--out RUN] [--paused] [--resume] [--offscreen --frames N]
+
+SCENE is any file ``rigel_core.io.load_scene`` reads (INRIA PLY of any SH degree, compressed PLY, SPZ, rigel
+checkpoint); without it the bundled default scene. ``--data`` trains on a dataset
+(``rigel_core.data.load_dataset``) in a background thread while the window shows the live model; the run folder
+(``--out``, default ``runs/<dataset name>``, or ``runs/<dataset name>-2``, ``-3``, … when that one holds a run)
+receives what ``rigel-train`` writes (``log.txt``, ``metrics.json``, ``checkpoint.safetensors`` and ``model.ply``,
+:mod:`rigel_core.run_dir`): the model when the training finishes, when the window is closed, on Ctrl-C and after a
+failure of the training thread. No run is ever replaced: an ``--out`` that holds one is refused without
+``--resume`` (the default folder moves on to ``-2``, ``-3``, … and says so), a run folder another process uses
+(its ``.lock``) is refused, an ``--out`` that cannot be written is said in one line before any data loads;
+saved scenes, screenshots and videos go to the run folder (or ``--out``) and take a new name when theirs
+exists. The training flags are ``rigel-train``'s (:func:`rigel_core.cli.common.add_training_args`).
+
+``--cameras DATASET`` draws a dataset's training cameras as frustums in the view of a SCENE (click one to snap
+to it); progressive rendering, opening files (drop / File → open) and editing live in the Studio window
+(:mod:`viewer.studio`).
+
+``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
+``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`).
+``--path FILE`` opens a camera path in the Camera path section; with ``--offscreen`` it writes the path's frames
+instead, ``path_XXXX.png`` (see :mod:`viewer.path_panel`).
+Exit status: 0 on success, 1 when something failed, 2 for an input rigel cannot use (a bad scene, dataset or
+``--cameras`` file: one line naming it) or when Vulkan or a display is unavailable (the message says what to
+install), 130 after Ctrl-C (the training was saved).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+from rigel_core.cli.common import add_training_args
+from rigel_core.run_dir import LOG_NAME, out_problem
+
+from .camera_control import UP_AXES
+from .gpu.shaderio import MODE_NAMES
+from .gpu.vk_context import VulkanUnavailable
+from .model_slot import ModelSlot
+from .ui import ViewSettings
+
+__all__ = ["main", "build_parser", "config_dir", "EXIT_INTERRUPTED"]
+
+EXIT_INTERRUPTED = 130
+
+
+def config_dir() -> Path:
+    """Where the viewer keeps its settings (the ImGui window layout, ``imgui.ini``):
+    ``$XDG_CONFIG_HOME/rigel`` (default ``~/.config/rigel``)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "rigel"
+
+
+def _parse_size(s: str):
+    try:
+        w, h = (int(v) for v in s.lower().split("x"))
+        if w <= 0 or h <= 0:
+            raise ValueError
+        return w, h
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--size must look like 1280x720, got {s!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="rigel-viewer", description="View or train a 3D Gaussian Splatting scene "
+                                                                  "(Vulkan).")
+    ap.add_argument("scene", nargs="?", help="scene file (.ply, compressed .ply, .spz, .splat, checkpoint); default: "
+                                             "the bundled scene")
+    ap.add_argument("--offscreen", action="store_true", help="no window: render frames to PNG files (needs --out)")
+    ap.add_argument("--frames", type=int, default=None, help="offscreen: frames to write (default 8); windowed: "
+                                                             "quit after this many")
+    ap.add_argument("--out", type=Path, default=None, help="output folder (offscreen frames, screenshots, videos; "
+                                                           "with --data the run folder)")
+    ap.add_argument("--path", type=Path, default=None, help="camera path .json to open in the Camera path section; "
+                                                            "with --offscreen: write its frames")
+    ap.add_argument("--size", type=_parse_size, default=(1280, 720), help="window / image size, e.g. 1280x720")
+    ap.add_argument("--mode", choices=list(MODE_NAMES), default="image", help="initial render mode")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="render (and training) device")
+    ap.add_argument("--render-scale", type=float, default=None,
+                    help="frame size / window size (default 1 on CUDA, ~320x240 pixels on the CPU)")
+    ap.add_argument("--up", choices=list(UP_AXES), default=None,
+                    help="world up axis (default: -y for .spz and compressed PLY, +z for other scenes; with "
+                         "--data guessed from the cameras)")
+    ap.add_argument("--white-bg", action="store_true", help="white background (with --data: composite the "
+                                                            "images' alpha onto white, as NeRF-synthetic)")
+    ap.add_argument("--no-vsync", action="store_true", help="present without waiting for vertical sync")
+    ap.add_argument("--no-panels", action="store_true", help="hide the ImGui panels")
+    ap.add_argument("--slots", type=int, default=3, help="frame ring slots K (>= 2)")
+    ap.add_argument("--debug", action="store_true", help="Vulkan validation layer on")
+    ap.add_argument("--cameras", type=Path, default=None,
+                    help="dataset folder or transforms .json whose training cameras are drawn in the scene (click "
+                         "one to snap to it; [ ] cycle); images downscaled by --downscale")
+    ap.add_argument("--threads", type=int, default=None, help="PyTorch CPU threads (default: PyTorch's choice; 1 "
+                                                              "is often fastest on a busy machine)")
+    t = ap.add_argument_group("live training (--data; the flags of rigel-train)")
+    add_training_args(t, data_required=False, skip=("--white-bg",))
+    t.add_argument("--paused", action="store_true", help="open with the training paused (press start)")
+    return ap
+
+
+def _setup_logging(run_dir: Path | None) -> logging.Logger:
+    """The ``rigel.viewer`` logger: warnings as one ``rigel-viewer:`` line on stderr; with a run folder, everything
+    (failures with their traceback) appended to its ``log.txt`` too."""
+    log = logging.getLogger("rigel.viewer")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    for h in list(log.handlers):
+        log.removeHandler(h)
+        h.close()
+    console = logging.StreamHandler(sys.stderr)
+    console.setFormatter(logging.Formatter("rigel-viewer: %(message)s"))
+    console.setLevel(logging.WARNING)
+    log.addHandler(console)
+    if run_dir is not None:
+        fh = logging.FileHandler(run_dir / LOG_NAME)
+        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+        log.addHandler(fh)
+    return log
+
+
+class _Refused(Exception):
+    """An argument rigel-viewer cannot use: one line, exit status 2."""
+
+
+def _start_training(args, settings: ViewSettings, locks: list):
+    """The run folder (:func:`rigel_core.run_dir.choose_run_dir`; locked), the trainer and its session for
+    ``--data``. Everything about the run folder is checked before the dataset loads. Returns
+    (run_dir, session, frames, device)."""
+    from rigel_core.atomic import remove_stale_temp_files
+    from rigel_core.checkpoint import CheckpointError
+    from rigel_core.cli.common import build_trainer, config_overrides, load_training_data, resume_config
+    from rigel_core.run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir,
+                                    out_problem)
+
+    from .app import _pick_render_device
+    from .camera_control import up_from_cameras
+    from .training import TrainingSession
+
+    default = Path("runs") / Path(args.data).resolve().name
+    try:
+        run_dir = choose_run_dir(args.out, default, resume=args.resume)
+    except RunFolderTaken as e:
+        raise _Refused(str(e)) from None
+    if args.out is None and run_dir != default:
+        print(f"rigel-viewer: {default} holds a run; training into {run_dir}", file=sys.stderr)
+    problem = out_problem(run_dir)
+    if problem:
+        raise _Refused(problem)
+    lock = RunLock(run_dir)
+    locks.append(lock)                  # released by the caller, whatever happens
+    if not lock.try_existing():
+        raise _Refused(RunLock(run_dir).busy_message("rigel process"))
+    ckpt = run_dir / CHECKPOINT_NAME
+    try:
+        overrides = config_overrides(args)
+        resume_cfg = resume_config(ckpt, overrides) if args.resume and ckpt.is_file() else None
+    except (CheckpointError, ValueError) as e:
+        raise _Refused(str(e)) from None
+    if args.resume and resume_cfg is None:
+        print(f"rigel-viewer: --resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run", file=sys.stderr)
+    device = _pick_render_device(args.device)
+    ds = load_training_data(args)
+    trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not lock.acquire():
+        raise _Refused(RunLock(run_dir).busy_message("rigel process"))
+    remove_stale_temp_files(run_dir, ATOMIC_NAMES)
+    log = _setup_logging(run_dir)
+    frames = list(ds.train)
+    if args.up is None:
+        settings.up = up_from_cameras([f.camera for f in frames])
+    settings.white_background = bool(getattr(ds, "white_bg", args.white_bg))
+    if device == "cpu":
+        settings.model_refresh_s = 0.5
+    session = TrainingSession(trainer, ModelSlot(), run_dir, running=not args.paused, data=args.data)
+    log.info("training %s: %d train / %d test views, %d iterations, run folder %s", args.data,
+             len(ds.train), len(ds.test), trainer.config.iterations, run_dir)
+    session.start()
+    while session.slot.latest() is None and session.alive:   # the first snapshot (after the initial evaluation)
+        time.sleep(0.01)
+    if session.slot.latest() is None:
+        failed = [e for e in session.drain_events() if type(e).__name__ == "TrainingFailed"]
+        raise RuntimeError(failed[0].message if failed else "the training thread ended before starting")
+    return run_dir, session, frames, device
+
+
+def _db(x) -> str:
+    """A PSNR for a message: two decimals, or "n/a"."""
+    return f"{x:.2f}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
+
+
+def main(argv=None) -> int:
+    """Entry point of ``rigel-viewer``; returns the exit status. Warnings (a scene file's, a dataset's) print as one
+    ``rigel-viewer: warning: …`` line, not as Python's two-line source report."""
+    import warnings
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        print(f"rigel-viewer: warning: {message}", file=file or sys.stderr)
+
+    shown = warnings.showwarning
+    warnings.showwarning = one_line
+    try:
+        return _main(argv)
+    finally:
+        warnings.showwarning = shown
+
+
+def _main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from rigel_core.io.errors import InputError
+
+    from .app import Viewer
+    from .gpu.targets import DisplayUnavailable
+    from .offscreen import run_offscreen, run_offscreen_training
+    from .window import sigint_flag
+
+    if args.offscreen and args.out is None:
+        print("rigel-viewer: --offscreen needs --out DIR", file=sys.stderr)
+        return 1
+    if args.render_scale is not None and not 0 < args.render_scale <= 4:
+        print(f"rigel-viewer: --render-scale must be in (0, 4], got {args.render_scale}", file=sys.stderr)
+        return 1
+    if args.slots < 2:
+        print(f"rigel-viewer: --slots must be >= 2, got {args.slots}", file=sys.stderr)
+        return 1
+    if args.data is not None and args.cameras is not None:
+        print("rigel-viewer: --cameras is for viewing a SCENE; with --data the dataset's cameras are shown",
+              file=sys.stderr)
+        return 1
+    if args.data is not None and args.scene:
+        print("rigel-viewer: give either a SCENE to view or --data DIR to train, not both", file=sys.stderr)
+        return 1
+    if args.data is None and args.out is not None:   # frames, screenshots, videos: checked before the scene loads
+        problem = out_problem(args.out)
+        if problem:
+            print(f"rigel-viewer: {problem}", file=sys.stderr)
+            return 2
+    if args.frames is not None and args.frames < 1:
+        print(f"rigel-viewer: --frames must be >= 1, got {args.frames}", file=sys.stderr)
+        return 1
+    if args.threads is not None:
+        if args.threads < 1:
+            print(f"rigel-viewer: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+            return 1
+        import torch
+
+        torch.set_num_threads(args.threads)
+    settings = ViewSettings(mode=MODE_NAMES[args.mode], render_scale=args.render_scale,
+                            white_background=args.white_bg, vsync=not args.no_vsync, up=args.up or "+z",
+                            show_panels=not args.no_panels)
+    viewer = session = None
+    run_dir = None
+    interrupted = False
+    locks: list = []
+    try:
+        if args.data is not None:
+            run_dir, session, frames, device = _start_training(args, settings, locks)
+            viewer = Viewer(session.slot, offscreen=args.offscreen, size=args.size, device=device, debug=args.debug,
+                            settings=settings, scene_name=str(args.data), slots=args.slots, training=session,
+                            frames=frames, ini_path=None if args.offscreen else config_dir() / "imgui.ini")
+            viewer.screenshot_dir = run_dir
+        else:
+            from .scene import default_scene, default_up, load_scene_file
+
+            _setup_logging(None)
+            if args.scene:
+                model, name = load_scene_file(args.scene), str(args.scene)
+                settings.up = args.up or default_up(args.scene, model)
+            else:
+                model, name = default_scene()
+            frames = None
+            if args.cameras is not None:   # a dataset's training cameras, drawn as frustums (viewer/studio.py)
+                from rigel_core.data import load_dataset
+
+                frames = list(load_dataset(args.cameras, downscale=args.downscale).train)
+            viewer = Viewer(ModelSlot(model), offscreen=args.offscreen, size=args.size, device=args.device,
+                            debug=args.debug, settings=settings, scene_name=name, slots=args.slots, frames=frames,
+                            ini_path=None if args.offscreen else config_dir() / "imgui.ini")
+            if args.out is not None:
+                viewer.screenshot_dir = args.out
+        status = 0
+        if args.path is not None:   # the Camera path section (viewer/path_panel.py)
+            from .path_panel import open_path, run_offscreen_path
+
+            open_path(viewer, args.path)
+        if args.offscreen:
+            n = 8 if args.frames is None else args.frames
+            if args.path is not None and session is None:
+                summary = run_offscreen_path(viewer, args.out, args.frames)
+                print(f"rigel-viewer: {summary.get('frames', 0)} frames of {args.path} -> {args.out}")
+                if not summary["ok"]:
+                    print(f"rigel-viewer: {summary['error']}", file=sys.stderr)
+                return 0 if summary["ok"] else 1
+            if session is not None:
+                with sigint_flag(viewer):
+                    summary = run_offscreen_training(viewer, n, args.out)
+                interrupted = viewer.interrupted
+                print(f"rigel-viewer: trained {summary['iterations']} iterations on {summary['training_device']}, "
+                      f"held-out PSNR {_db(summary['psnr_initial'])} -> {_db(summary['psnr'])} dB, "
+                      f"{summary['frames']} frames "
+                      f"({summary['frame_ring']}) in {summary['seconds']} s -> {args.out}")
+            else:
+                summary = run_offscreen(viewer, n, args.out)
+                print(f"rigel-viewer: {summary['frames']} frames of {summary['scene']} ({summary['gaussians']:,} "
+                      f"Gaussians, {viewer.render_device}, {viewer.ctx.device_name}) in {summary['seconds']} s "
+                      f"-> {args.out}")
+            if not summary["ok"]:
+                print(f"rigel-viewer: {summary['error']}", file=sys.stderr)
+                status = 1
+        else:
+            viewer.run(frames=args.frames)
+            interrupted = viewer.interrupted
+        if viewer.train_state is not None:
+            viewer.close()   # stops the training thread, which saves
+            if viewer.train_state.status == "failed":
+                print(f"rigel-viewer: training failed: {viewer.train_state.error} (see {run_dir / LOG_NAME})",
+                      file=sys.stderr)
+                status = 1
+        if args.debug:
+            from .gpu.vk_context import validation_log
+
+            if validation_log.errors:
+                print(f"rigel-viewer: the validation layer reported {validation_log.errors} error(s)",
+                      file=sys.stderr)
+                status = 1
+        return EXIT_INTERRUPTED if interrupted else status
+    except _Refused as e:
+        print(f"rigel-viewer: {e}", file=sys.stderr)
+        return 2
+    except (VulkanUnavailable, DisplayUnavailable) as e:
+        print(f"rigel-viewer: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("rigel-viewer: interrupted" + (", saving the run" if session is not None else ""), file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (InputError, FileNotFoundError, IsADirectoryError) as e:  # a bad or missing scene / dataset file: one
+        print(f"rigel-viewer: {e}", file=sys.stderr)                 # line naming it, status 2 as rigel-render/-train
+        return 2
+    except (FileNotFoundError, ValueError, RuntimeError, OSError, ImportError) as e:
+        print(f"rigel-viewer: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if viewer is not None:
+            viewer.close()       # with a training thread: stops it and saves the checkpoint and the PLY first
+        elif session is not None:
+            session.stop(save=True)
+        for lock in locks:
+            lock.release()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

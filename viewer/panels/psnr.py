@@ -1,0 +1,59 @@
+"""The PSNR window: train-view and held-out PSNR over the iterations, and the per-pixel error of a snapped
+training view."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import requests as R
+from .widgets import PANEL_WIDTH, fmt, window
+
+__all__ = ["psnr_window"]
+
+
+def psnr_window(imgui, implot, training, error_view, display, requests, n_cameras):
+    w = max(display[0] - 2 * PANEL_WIDTH - 40, 320)
+    h = 230
+    if not window(imgui, "PSNR", (display[0] / 2, display[1] - 10), (0.5, 1.0), (w, h), auto=False):
+        imgui.end()
+        return
+    avail = imgui.get_content_region_avail()
+    heat_w = min(avail.y * 1.1, avail.x * 0.45)
+    plot_w = max(avail.x - heat_w - 8, 100)
+    if implot.begin_plot("##psnr", imgui.ImVec2(plot_w, avail.y)):
+        implot.setup_axes("iteration", "PSNR (dB)", implot.AxisFlags_.auto_fit, implot.AxisFlags_.auto_fit)
+        if training.train_iters:
+            implot.plot_line("train view", np.asarray(training.train_iters, np.float64),
+                             np.asarray(training.train_psnr, np.float64))
+        if training.eval_iters:
+            spec = implot.Spec()
+            spec.marker = implot.Marker_.circle
+            spec.line_weight = 2.0
+            implot.plot_line("held-out", np.asarray(training.eval_iters, np.float64),
+                             np.asarray(training.eval_psnr, np.float64), spec)
+        implot.end_plot()
+    imgui.same_line()
+    imgui.begin_group()
+    if error_view is not None:
+        imgui.text(f"|render - GT|  {error_view.name}")
+        imgui.text(f"PSNR {fmt(error_view.psnr, '.2f')} dB, max {error_view.vmax:.2f}")
+        side = imgui.get_content_region_avail()
+        hh, ww = error_view.values.shape
+        scale = min(side.x / max(ww, 1), max(side.y, 20) / max(hh, 1))
+        implot.push_colormap(implot.Colormap_.hot)
+        flags = implot.Flags_.canvas_only | implot.Flags_.no_inputs
+        if implot.begin_plot("##error", imgui.ImVec2(ww * scale, hh * scale), flags):
+            implot.setup_axes("", "", implot.AxisFlags_.no_decorations, implot.AxisFlags_.no_decorations)
+            implot.setup_axis_limits(implot.ImAxis_.x1, 0, 1, implot.Cond_.always)
+            implot.setup_axis_limits(implot.ImAxis_.y1, 0, 1, implot.Cond_.always)
+            implot.plot_heatmap("##err", error_view.values, 0.0, max(error_view.vmax, 1e-6), "")
+            implot.end_plot()
+        implot.pop_colormap()
+    else:
+        imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + heat_w)
+        imgui.text_wrapped("Per-pixel error: snap the camera to a training view (T, [ ]) to compare the render "
+                           "with its ground truth.")
+        imgui.pop_text_wrap_pos()
+        if n_cameras and imgui.button("show nearest training view"):
+            requests.append(R.SnapNearest())
+    imgui.end_group()
+    imgui.end()
