@@ -55,6 +55,7 @@ import threading
 import time
 from pathlib import Path
 from ..atomic import atomic_path, remove_stale_temp_files
+from ..strict_json import finite_or_none as _finite_or_none
 
 __all__ = ["main", "build_parser"]
 
@@ -194,17 +195,6 @@ def _parse_set_fields(items: list[str]) -> dict:
             value = raw
         out[key] = tuple(value) if isinstance(value, list) else value
     return out
-
-
-def _finite_or_none(obj):
-    """``obj`` with every non-finite float replaced by None (strict JSON)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite_or_none(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite_or_none(v) for v in obj]
-    return obj
 
 
 def _write_json_atomic(path: Path, obj) -> None:
