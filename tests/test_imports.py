@@ -1,12 +1,12 @@
-"""No import cycles in rigel_core (issue 15): every import statement of every module, including those inside
-functions (a function-level import hides a cycle, it does not remove it), is an edge; the test fails listing each
-cycle. Reads the sources with ``ast`` (CPU only, imports nothing)."""
+"""No import cycles in rigel_core and viewer (issue 15): every import statement of every module, including those
+inside functions (a function-level import hides a cycle, it does not remove it), is an edge; the test fails listing
+each cycle. Reads the sources with ``ast`` (CPU only, imports nothing)."""
 import ast
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("rigel_core",)
+PACKAGES = ("rigel_core", "viewer")  # the two packages setup.py installs
 
 
 def extension_modules(root: Path) -> set[str]:

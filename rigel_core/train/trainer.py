@@ -42,9 +42,9 @@ from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_gra
     reset_opacity
 from .exposure import Exposure, exposure_lr, left_right_metrics
 from .losses import l1_loss, mse, psnr_from_mse, ssim
-from .records import EvalResult  # its own module: rigel_core.checkpoint reads it without the trainer
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
+from .records import EvalResult  # its own module: rigel_core.checkpoint reads it without the trainer
 
 __all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "background_init_points"]
 
