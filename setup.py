@@ -3,7 +3,8 @@ the pure-Python package (the PyTorch reference backend serves).
 
 Install with ``pip install --no-build-isolation -e .`` so that the build sees the installed torch
 (an isolated build has no torch, and would silently skip the kernels — ../shared/docs/PLATFORM.md).
-Environment: ``RIGEL_NO_CUDA=1`` forces a pure-Python install; ``TORCH_CUDA_ARCH_LIST`` defaults to 9.0 (H200).
+Environment: ``RIGEL_NO_CUDA=1`` forces a pure-Python install. ``TORCH_CUDA_ARCH_LIST`` picks the GPU
+architectures the kernels are compiled for; unset, scripts/cuda_arch.py chooses (README "Install").
 """
 import glob
 import os
@@ -13,6 +14,16 @@ import sys
 from setuptools import find_packages, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _cuda_arch_policy():
+    """scripts/cuda_arch.py (the architecture rule), loaded by path: setup.py cannot import the package."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("rigel_cuda_arch", os.path.join(ROOT, "scripts", "cuda_arch.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def cuda_extension():
@@ -40,7 +51,9 @@ def cuda_extension():
     if "CUDA_HOME" not in os.environ:
         print("rigel: no CUDA toolkit found (CUDA_HOME / nvcc); installing without CUDA kernels", file=sys.stderr)
         return [], {}
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    arch, why = _cuda_arch_policy().cuda_arch_list(torch)
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+    print(f"rigel: compiling the CUDA kernels for TORCH_CUDA_ARCH_LIST={arch} ({why})", file=sys.stderr)
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
     include_dirs = [os.path.join(ROOT, "csrc")]
@@ -86,7 +99,6 @@ setup(
         "rigel-import-colmap=rigel_core.cli.import_colmap:main",
         "rigel-convert=rigel_core.cli.convert:main",
         "rigel-viewer=viewer.app:main",
-        "rigel-bench=rigel_core.cli.bench:main",
     ]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,

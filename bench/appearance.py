@@ -1,7 +1,7 @@
 """The appearance stage alone on the GPU: the fused MLP kernel against the SH kernel (issue 5).
 
 Times the raw kernels of ``rigel_core._C`` (no autograd bookkeeping): ``sh_colors`` / ``sh_colors_backward``
-at SH degree 3, and ``appearance_fwd`` / ``appearance_bwd`` at several (latent L, hidden H) sizes, for
+at SH degree 3, and ``mlp_colors`` / ``mlp_colors_backward`` at several (latent L, hidden H) sizes, for
 N Gaussians spread around a camera. Median of CUDA-event timings after a warm-up; prints a table with the
 GPU, date and commit.
 
@@ -81,11 +81,12 @@ def main():
             b1 = torch.zeros(H, device=dev)
             W2 = torch.randn(3, H, device=dev, generator=gen) * (1.0 / H) ** 0.5
             b2 = torch.zeros(3, device=dev)
-            colors = C.appearance_fwd(lat, means, campos, W1, b1, W2, b2)
-            f = cuda_median_ms(lambda: C.appearance_fwd(lat, means, campos, W1, b1, W2, b2), args.iters,
+            colors = C.mlp_colors(lat, means, campos, W1, b1, W2, b2)
+            f = cuda_median_ms(lambda: C.mlp_colors(lat, means, campos, W1, b1, W2, b2), args.iters,
                                args.warmup)
-            b = cuda_median_ms(lambda: C.appearance_bwd(lat, means, campos, W1, b1, W2, b2, colors, v_colors, True),
-                               args.iters, args.warmup)
+            b = cuda_median_ms(
+                lambda: C.mlp_colors_backward(lat, means, campos, W1, b1, W2, b2, colors, v_colors, True),
+                args.iters, args.warmup)
             print(f"{n:>9,}  {f'MLP L={L} H={H}':<16} {L:>8}  {f:>8.3f}  {b:>8.3f}  {f / sh_f:>10.2f}  "
                   f"{b / sh_b:>10.2f}")
             del lat, colors

@@ -43,7 +43,6 @@ set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT/logs"
 LOGS=$(cd "$OUT/logs" && pwd)
 export RIGEL_SHARED_DATA=${RIGEL_SHARED_DATA:-$PWD/.data} PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 PY=${PYTHON:-python3}
 lane0="" lane1=""
 while [ $# -gt 0 ]; do

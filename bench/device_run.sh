@@ -11,7 +11,7 @@
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-export MAX_JOBS=${MAX_JOBS:-16} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} PYTHONUNBUFFERED=1
+export MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1  # GPU architecture: setup.py's (the GPU present)
 PY=${PYTHON:-python3}
 build=1 tests=1 all_tests=0 sanitizer=1 bench=1 bench_args=""
 while [ $# -gt 0 ]; do

@@ -1,20 +1,17 @@
 // Fused appearance MLP (issue 5): per-Gaussian latent (+) unit view direction -> ReLU layer -> sigmoid RGB.
-// Kernels and launchers: appearance.cu. Argument checks and the Python binding: appearance_bind.cpp.
-// PyTorch twin (and the model's documentation): rigel_core/appearance.py.
+// Kernels and launchers: appearance.cu. Argument checks: ops.cpp (mlp_colors); binding: ext.cpp; autograd
+// Function: rigel_core/cuda_backend.py. PyTorch twin (and the model's documentation): rigel_core/appearance.py.
 #pragma once
 
 #include <ATen/ATen.h>
-#ifndef __CUDACC__
-#include <pybind11/pybind11.h>
-#endif
+
+#include "config.h"
 
 namespace rigel {
 
-// Size limits of the kernel, mirrored by MAX_LATENT_DIM / MAX_HIDDEN_DIM in rigel_core/appearance.py.
-// Per-thread state is a register array of the padded input width (<= 36 floats, forward and backward), and
-// the staged weights plus their gradients take 2 * H * (36 + 4) floats = 20 KiB of shared memory at H = 64.
-constexpr int kAppearanceMaxLatent = 32;
-constexpr int kAppearanceMaxHidden = 64;
+// Size limits of the kernel (config.h says why these values; rigel_core.config mirrors them).
+constexpr int kAppearanceMaxLatent = RIGEL_APPEARANCE_MAX_LATENT;
+constexpr int kAppearanceMaxHidden = RIGEL_APPEARANCE_MAX_HIDDEN;
 // Threads per block (one Gaussian per thread, grid-stride over the rest). A multiple of the warp size: the
 // backward reduces gradients warp by warp before the block-level shared-memory sums.
 constexpr int kAppearanceBlock = 256;
@@ -35,8 +32,3 @@ void launch_appearance_bwd(const at::Tensor& latents, const at::Tensor& means3D,
                            at::Tensor& v_b2);
 
 }  // namespace rigel
-
-#ifndef __CUDACC__
-// Adds appearance_fwd / appearance_bwd to the extension module (called from ext.cpp's PYBIND11_MODULE).
-void bind_appearance(pybind11::module_& m);
-#endif

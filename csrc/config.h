@@ -58,6 +58,13 @@
 #define RIGEL_SH_C3_5 1.445305721320277
 #define RIGEL_SH_C3_6 -0.5900435899266435
 
+// Size limits of the fused appearance MLP (csrc/appearance.cu): latent width L and hidden width H. Per-thread
+// state is a register array of the padded input width (<= 36 floats), and the staged weights plus their gradients
+// take 2 * H * (36 + 4) floats = 20 KiB of shared memory at H = 64. Every check of L and H (kernels, reference,
+// TrainConfig, checkpoints) reads these values.
+#define RIGEL_APPEARANCE_MAX_LATENT 32
+#define RIGEL_APPEARANCE_MAX_HIDDEN 64
+
 // ---- kernel launch parameters (no Python mirror: they change speed, never results) ----------------------
 // Threads per block of the one-thread-per-Gaussian / per-tile kernels (projection, SH, binning).
 #define RIGEL_KERNEL_BLOCK_1D 256

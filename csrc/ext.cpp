@@ -1,14 +1,11 @@
-// The one Python binding of rigel_core._C. Each function is the CUDA twin of the rigel_core.reference
-// function of the same name; docstrings give shapes (float32 unless said), all tensors on one CUDA device.
+// The one Python binding of rigel_core._C. Each function is the CUDA twin of a PyTorch reference function
+// (rigel_core.reference for the render stages, named in ops.h for the others); its host checks are in ops.cpp and its
+// autograd Function in rigel_core/cuda_backend.py. Docstrings give shapes (float32 unless said), all tensors on one
+// CUDA device.
 #include <torch/extension.h>
 
 #include "config.h"
 #include "ops.h"
-#if __has_include("appearance.h")
-#include "appearance.h"  // the fused appearance MLP (its own engineer's files): binds itself through bind_appearance
-#define RIGEL_HAS_APPEARANCE 1
-#endif
-#include "ssim.h"  // the fused SSIM loss of the trainer: binds itself through bind_ssim
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "rigel CUDA kernels: projection, SH colours, tile binning, rasterization (docs/PIPELINE.md)";
@@ -66,10 +63,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "[3] backward -> (v_means2D (N,2), v_conics (N,3), v_colors (N,3), v_opacities (N,), "
           "v_means2D_abs (N,2): per-pixel |d loss / d means2D| summed, for densification, "
           "v_depths (N,) when depths and v_depth_sum (H,W) are given, else None)");
-#ifdef RIGEL_HAS_APPEARANCE
-    bind_appearance(m);
-#endif
-    bind_ssim(m);
+    m.def("mlp_colors", &rigel::mlp_colors, py::arg("latents"), py::arg("means3D"), py::arg("campos"), py::arg("W1"),
+          py::arg("b1"), py::arg("W2"), py::arg("b2"),
+          "appearance: latents (N,L), means3D (N,3), campos (3,), W1 (H,L+3), b1 (H,), W2 (3,H), b2 (3,) -> colors "
+          "(N,3) = sigmoid(W2 relu(W1 [latent, dir] + b1) + b2); NaN for a non-finite latent or mean "
+          "(rigel_core/appearance.py)");
+    m.def("mlp_colors_backward", &rigel::mlp_colors_backward, py::arg("latents"), py::arg("means3D"),
+          py::arg("campos"), py::arg("W1"), py::arg("b1"), py::arg("W2"), py::arg("b2"), py::arg("colors"),
+          py::arg("v_colors"), py::arg("need_means"),
+          "appearance backward -> (v_latents (N,L), v_means3D (N,3) or None when not need_means, v_W1, v_b1, v_W2, "
+          "v_b2)");
+    m.def("ssim_map", &rigel::ssim_map, py::arg("img1"), py::arg("img2"),
+          "SSIM (11x11 Gaussian window, sigma 1.5, zero 'same' padding): img1, img2 (H,W,C) or (B,H,W,C) "
+          "channels-last -> (map like img1, coef (3, *img1.shape) float64 = the backward's coefficients A, "
+          "dS/dsigma1^2, dS/dsigma12; rigel_core/train/losses.py)");
+    m.def("ssim_map_backward", &rigel::ssim_map_backward, py::arg("img1"), py::arg("img2"), py::arg("coef"),
+          py::arg("v_map"), "SSIM backward: v_map like img1 -> v_img1 like img1 (the gradient to img1 only)");
     m.attr("TILE_SIZE") = RIGEL_TILE_SIZE;
     m.attr("MAX_ENTRIES") = RIGEL_MAX_ENTRIES;
 }

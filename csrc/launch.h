@@ -1,5 +1,5 @@
 // Kernel launchers, one per stage and direction, implemented beside their kernels in the .cu files.
-// Arguments are already checked by rigel.cpp (device, dtype, contiguity, shapes); shapes are noted here.
+// Arguments are already checked by ops.cpp (device, dtype, contiguity, shapes); shapes are noted here.
 #pragma once
 
 #include <cstdint>

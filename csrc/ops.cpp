@@ -7,9 +7,11 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "appearance.h"
 #include "check_text.h"
 #include "config.h"
 #include "launch.h"
+#include "ssim.h"
 
 namespace rigel {
 namespace {
@@ -47,7 +49,7 @@ void check(const char* op, const char* name, const at::Tensor& t, at::ScalarType
 // The device of the first per-Gaussian tensor: it must be a CUDA device.
 at::Device cuda_device(const char* op, const char* name, const at::Tensor& t) {
     if (!(t.defined() && t.is_cuda()))
-        TORCH_CHECK_TYPE(false, prefix(op) + name + " must be a CUDA tensor (CPU tensors go to rigel_core.reference); got " +
+        TORCH_CHECK_TYPE(false, prefix(op) + name + " must be a CUDA tensor (CPU tensors go to the PyTorch reference); got " +
                                     describe(t));
     return t.device();
 }
@@ -140,6 +142,63 @@ CheckedInputs check_raster_inputs(const char* op, const at::Tensor& means2D, con
     check(op, "tile_ranges", tile_ranges, at::kInt, dev, {tile_count(width, height), 2}, "(n_tiles, 2)");
     check_background(op, background, dev);
     return {dev, n};
+}
+
+
+// The inputs mlp_colors and its backward share: latents (N, L), means3D (N, 3), campos (3,), W1 (H, L+3), b1 (H,),
+// W2 (3, H), b2 (3,), with L and H within the kernel's limits (config.h).
+struct MlpInputs {
+    at::Device device;
+    int64_t n, L, H;
+};
+
+MlpInputs check_mlp_inputs(const char* op, const at::Tensor& latents, const at::Tensor& means3D,
+                           const at::Tensor& campos, const at::Tensor& W1, const at::Tensor& b1, const at::Tensor& W2,
+                           const at::Tensor& b2) {
+    const at::Device dev = cuda_device(op, "latents", latents);
+    const int64_t n = num_gaussians(op, latents);
+    if (!(W1.defined() && W1.dim() == 2))
+        TORCH_CHECK_VALUE(false, prefix(op) + "W1 must be a (H, L+3) tensor; got " + describe(W1));
+    const int64_t L = latents.size(1), H = W1.size(0);
+    if (!(L >= 1 && L <= RIGEL_APPEARANCE_MAX_LATENT))
+        TORCH_CHECK_VALUE(false, prefix(op) + "latent dimension L=" + std::to_string(L) + " outside 1.." +
+                                     std::to_string(RIGEL_APPEARANCE_MAX_LATENT));
+    if (!(H >= 1 && H <= RIGEL_APPEARANCE_MAX_HIDDEN))
+        TORCH_CHECK_VALUE(false, prefix(op) + "hidden width H=" + std::to_string(H) + " outside 1.." +
+                                     std::to_string(RIGEL_APPEARANCE_MAX_HIDDEN));
+    check(op, "latents", latents, at::kFloat, dev, {n, L}, "(N, L)");
+    check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "campos", campos, at::kFloat, dev, {3}, "(3,)");
+    check(op, "W1", W1, at::kFloat, dev, {H, L + 3}, "(H, L+3)");
+    check(op, "b1", b1, at::kFloat, dev, {H}, "(H,)");
+    check(op, "W2", W2, at::kFloat, dev, {3, H}, "(3, H)");
+    check(op, "b2", b2, at::kFloat, dev, {3}, "(3,)");
+    return {dev, n, L, H};
+}
+
+// The image ssim_map and its backward share: img1 (H, W, C) or (B, H, W, C) of a size the kernels' grid takes;
+// img2 must then match it (checked by the callers with img1's sizes).
+at::Device check_ssim_image(const char* op, const at::Tensor& img1) {
+    const at::Device dev = cuda_device(op, "img1", img1);
+    if (!(img1.dim() == 3 || img1.dim() == 4))
+        TORCH_CHECK_VALUE(false, prefix(op) + "img1 must be a channels-last (H, W, C) or (B, H, W, C) image; got " +
+                                     describe(img1));
+    check(op, "img1", img1, at::kFloat, dev, std::vector<int64_t>(img1.dim(), -1),
+          img1.dim() == 4 ? "(B, H, W, C)" : "(H, W, C)");
+    const int64_t h = img1.size(-3), c = img1.size(-1), b = img1.dim() == 4 ? img1.size(0) : 1;
+    const int64_t max_h = int64_t(65535) * kSsimTile;  // one block row per tile row, one grid z per (image, channel)
+    if (!(b * c <= 65535 && h <= max_h && img1.size(-2) < (int64_t(1) << 31) - kSsimTile))
+        TORCH_CHECK_VALUE(false, prefix(op) + "img1 of shape " + shape_text_of(img1.sizes()) +
+                                     " is too large for the kernels' grid (need B*C <= 65535, H <= " +
+                                     std::to_string(max_h) + ")");
+    return dev;
+}
+
+// coef's shape: (3, *img1.shape).
+std::vector<int64_t> ssim_coef_shape(const at::Tensor& img1) {
+    std::vector<int64_t> s{3};
+    for (int64_t d : img1.sizes()) s.push_back(d);
+    return s;
 }
 
 }  // namespace
@@ -296,6 +355,58 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
                          v_conics, v_colors, v_opacities, v_means2D_abs, depths, v_depth_sum, v_depths);
     return {v_means2D, v_conics, v_colors, v_opacities, v_means2D_abs,
             v_depths.has_value() ? *v_depths : at::Tensor()};
+}
+
+at::Tensor mlp_colors(const at::Tensor& latents, const at::Tensor& means3D, const at::Tensor& campos,
+                      const at::Tensor& W1, const at::Tensor& b1, const at::Tensor& W2, const at::Tensor& b2) {
+    const auto [dev, n, L, H] = check_mlp_inputs("mlp_colors", latents, means3D, campos, W1, b1, W2, b2);
+    const c10::cuda::CUDAGuard guard(dev);
+    at::Tensor colors = at::empty({n, 3}, latents.options());
+    launch_appearance_fwd(latents, means3D, campos, W1, b1, W2, b2, colors);
+    return colors;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_colors_backward(
+    const at::Tensor& latents, const at::Tensor& means3D, const at::Tensor& campos, const at::Tensor& W1,
+    const at::Tensor& b1, const at::Tensor& W2, const at::Tensor& b2, const at::Tensor& colors,
+    const at::Tensor& v_colors, bool need_means) {
+    const char* op = "mlp_colors_backward";
+    const auto [dev, n, L, H] = check_mlp_inputs(op, latents, means3D, campos, W1, b1, W2, b2);
+    check(op, "colors", colors, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "v_colors", v_colors, at::kFloat, dev, {n, 3}, "(N, 3)");
+    const c10::cuda::CUDAGuard guard(dev);
+    const auto f32 = latents.options();
+    at::Tensor v_latents = at::empty({n, L}, f32);
+    at::Tensor v_means3D = need_means ? at::empty({n, 3}, f32) : at::Tensor();
+    at::Tensor v_W1 = at::zeros({H, L + 3}, f32), v_b1 = at::zeros({H}, f32);  // accumulated into
+    at::Tensor v_W2 = at::zeros({3, H}, f32), v_b2 = at::zeros({3}, f32);
+    launch_appearance_bwd(latents, means3D, campos, W1, b1, W2, b2, colors, v_colors, v_latents, v_means3D, v_W1,
+                          v_b1, v_W2, v_b2);
+    return {v_latents, v_means3D, v_W1, v_b1, v_W2, v_b2};
+}
+
+std::tuple<at::Tensor, at::Tensor> ssim_map(const at::Tensor& img1, const at::Tensor& img2) {
+    const char* op = "ssim_map";
+    const at::Device dev = check_ssim_image(op, img1);
+    check(op, "img2", img2, at::kFloat, dev, img1.sizes().vec(), "(as img1)");
+    const c10::cuda::CUDAGuard guard(dev);
+    at::Tensor map = at::empty_like(img1);
+    at::Tensor coef = at::empty(ssim_coef_shape(img1), img1.options().dtype(at::kDouble));
+    launch_ssim_fwd(img1, img2, map, coef);
+    return {map, coef};
+}
+
+at::Tensor ssim_map_backward(const at::Tensor& img1, const at::Tensor& img2, const at::Tensor& coef,
+                             const at::Tensor& v_map) {
+    const char* op = "ssim_map_backward";
+    const at::Device dev = check_ssim_image(op, img1);
+    check(op, "img2", img2, at::kFloat, dev, img1.sizes().vec(), "(as img1)");
+    check(op, "coef", coef, at::kDouble, dev, ssim_coef_shape(img1), "(3, *img1.shape)");
+    check(op, "v_map", v_map, at::kFloat, dev, img1.sizes().vec(), "(as img1)");
+    const c10::cuda::CUDAGuard guard(dev);
+    at::Tensor v_img1 = at::empty_like(img1);
+    launch_ssim_bwd(v_map, img1, img2, coef, v_img1);
+    return v_img1;
 }
 
 }  // namespace rigel

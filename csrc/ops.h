@@ -60,4 +60,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& v_image, const at::Tensor& v_final_T, const c10::optional<at::Tensor>& depths,
     const c10::optional<at::Tensor>& v_depth_sum);
 
+// ---- fused appearance MLP (csrc/appearance.cu) and SSIM loss (csrc/ssim.cu): the same template ---------------
+
+// Appearance -> colors [N,3] = sigmoid(W2 relu(W1 [latents, normalize(means3D - campos)] + b1) + b2).
+// latents [N,L] (1 <= L <= RIGEL_APPEARANCE_MAX_LATENT), means3D [N,3], campos [3], W1 [H,L+3]
+// (1 <= H <= RIGEL_APPEARANCE_MAX_HIDDEN), b1 [H], W2 [3,H], b2 [3]. Twin: rigel_core.appearance.reference_forward.
+at::Tensor mlp_colors(const at::Tensor& latents, const at::Tensor& means3D, const at::Tensor& campos,
+                      const at::Tensor& W1, const at::Tensor& b1, const at::Tensor& W2, const at::Tensor& b2);
+
+// Appearance backward -> (v_latents [N,L], v_means3D [N,3] (undefined when !need_means), v_W1, v_b1, v_W2, v_b2).
+// colors [N,3] is the forward's output. Twin: rigel_core.appearance.reference_backward.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_colors_backward(
+    const at::Tensor& latents, const at::Tensor& means3D, const at::Tensor& campos, const at::Tensor& W1,
+    const at::Tensor& b1, const at::Tensor& W2, const at::Tensor& b2, const at::Tensor& colors,
+    const at::Tensor& v_colors, bool need_means);
+
+// SSIM -> (map like img1, coef [3, *img1.shape] float64: the backward's per-pixel coefficients). img1, img2
+// channels-last (H,W,C) or (B,H,W,C); 11x11 Gaussian window, sigma 1.5, zero "same" padding (csrc/ssim.h).
+// Twin: rigel_core.train.losses.ssim_map_reference.
+std::tuple<at::Tensor, at::Tensor> ssim_map(const at::Tensor& img1, const at::Tensor& img2);
+
+// SSIM backward -> v_img1 like img1 (the gradient to img1 only; img2 is a constant).
+at::Tensor ssim_map_backward(const at::Tensor& img1, const at::Tensor& img2, const at::Tensor& coef,
+                             const at::Tensor& v_map);
+
 }  // namespace rigel

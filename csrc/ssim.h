@@ -1,6 +1,7 @@
-// Fused SSIM loss (forward + backward) of the trainer: the CUDA twin of rigel_core/train/losses.py ssim_map with
+// Fused SSIM loss (forward + backward) of the trainer: the CUDA twin of rigel_core/train/losses.py ssim_map_reference with
 // its defaults (11x11 Gaussian window, sigma 1.5, zero "same" padding, C1 = 0.01^2, C2 = 0.03^2). Kernels and
-// launchers: ssim.cu. Argument checks and the Python binding: ssim_bind.cpp. Python side: rigel_core/train/ssim_cuda.py.
+// launchers: ssim.cu. Argument checks: ops.cpp (ssim_map); binding: ext.cpp; autograd Function:
+// rigel_core/cuda_backend.py; dispatch: rigel_core/train/losses.py.
 //
 // Layout: images are channels-last, (B, H, W, C) contiguous float32 (an (H, W, C) image is B = 1), the layout
 // rigel_core.render returns; every channel of every image is filtered on its own. Arithmetic is float64 inside the
@@ -11,9 +12,6 @@
 #include <cstdint>
 
 #include <ATen/ATen.h>
-#ifndef __CUDACC__
-#include <pybind11/pybind11.h>
-#endif
 
 namespace rigel {
 
@@ -46,8 +44,3 @@ void launch_ssim_bwd(const at::Tensor& dL_dmap, const at::Tensor& img1, const at
                      const at::Tensor& coef, at::Tensor& dL_dimg1);
 
 }  // namespace rigel
-
-#ifndef __CUDACC__
-// Adds ssim_fwd / ssim_bwd to the extension module (called from ext.cpp's PYBIND11_MODULE).
-void bind_ssim(pybind11::module_& m);
-#endif

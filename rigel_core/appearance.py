@@ -10,12 +10,13 @@ from a camera at ``campos`` is
 
 so colours lie in (0, 1). The stage replaces SH evaluation and nothing else: the rasterizer is shared.
 
-**Two backends, one function.** :func:`mlp_colors` is a ``torch.autograd.Function``. CUDA float32 tensors go
-to the fused kernel of ``csrc/appearance.cu`` (one thread per Gaussian, weights staged in shared memory; the
-backward recomputes the hidden layer and reduces the weight gradients warp → shared memory → one global
-atomic per weight per block). Every other input (CPU, or float64 anywhere) goes to the PyTorch reference
-:func:`reference_forward` / :func:`reference_backward` below, which are the kernel's twins and are checked
-against an independent float64 MLP and by gradcheck (tests/test_appearance.py).
+**Two backends, one function** (the template of every kernel, ``rigel_core.cuda_backend``). :func:`mlp_colors`
+sends CUDA tensors (float32) to the fused kernel of ``csrc/appearance.cu`` through the autograd Function of
+``rigel_core.cuda_backend`` (one thread per Gaussian, weights staged in shared memory; the backward recomputes
+the hidden layer and reduces the weight gradients warp → shared memory → one global atomic per weight per
+block), and CPU tensors (float32 or float64) to the PyTorch reference :func:`reference_forward`, differentiated
+by autograd. :func:`reference_forward` / :func:`reference_backward` are the kernels' twins, checked against an
+independent float64 MLP and by gradcheck (tests/test_appearance.py).
 
 **Gradients** reach the latents, the five-tensor MLP (W1, b1, W2, b2) and, through the view direction, the
 means (``∂d/∂mean = (I − d dᵀ)/|mean − campos|``; at ``mean == campos`` the direction is the constant 0 and
@@ -34,16 +35,17 @@ from dataclasses import dataclass
 
 import torch
 
+from . import config
 from .model import GaussianModel, num_sh_bases, rgb_to_sh
 
 __all__ = ["MAX_LATENT_DIM", "MAX_HIDDEN_DIM", "MLPAppearance", "mlp_colors", "reference_forward",
            "reference_backward", "view_directions", "fibonacci_sphere", "bake_to_sh", "to_sh", "to_mlp",
            "DistillReport"]
 
-#: Limits of the fused kernel (csrc/appearance.h ``kAppearanceMaxLatent`` / ``kAppearanceMaxHidden``);
+#: Limits of the fused kernel (``RIGEL_APPEARANCE_MAX_*`` of csrc/config.h, mirrored by rigel_core.config);
 #: the reference enforces them too, so a model trained on the CPU always runs on the GPU.
-MAX_LATENT_DIM = 32
-MAX_HIDDEN_DIM = 64
+MAX_LATENT_DIM = config.APPEARANCE_MAX_LATENT
+MAX_HIDDEN_DIM = config.APPEARANCE_MAX_HIDDEN
 
 WEIGHT_NAMES = ("W1", "b1", "W2", "b2")
 
@@ -146,54 +148,24 @@ def reference_backward(latents, means3D, campos, W1, b1, W2, b2, colors, v_color
     return v_x[:, :L], v_means, v_W1, v_b1, v_W2, v_b2
 
 
-def _use_kernel(t: torch.Tensor) -> bool:
-    return t.is_cuda and t.dtype == torch.float32
-
-
-class _MLPColors(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, latents, means3D, campos, W1, b1, W2, b2):
-        if _use_kernel(latents):
-            from . import _ext
-
-            colors = _ext.get().appearance_fwd(latents, means3D, campos, W1, b1, W2, b2)
-        else:
-            colors = reference_forward(latents, means3D, campos, W1, b1, W2, b2)
-        ctx.save_for_backward(latents, means3D, campos, W1, b1, W2, b2, colors)
-        return colors
-
-    @staticmethod
-    def backward(ctx, v_colors):
-        latents, means3D, campos, W1, b1, W2, b2, colors = ctx.saved_tensors
-        need_means = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
-        v_colors = v_colors.contiguous()
-        if _use_kernel(latents):
-            from . import _ext
-
-            v_latents, v_means, v_W1, v_b1, v_W2, v_b2 = _ext.get().appearance_bwd(
-                latents, means3D, campos, W1, b1, W2, b2, colors, v_colors, need_means)
-        else:
-            v_latents, v_means, v_W1, v_b1, v_W2, v_b2 = reference_backward(
-                latents, means3D, campos, W1, b1, W2, b2, colors, v_colors, need_means=need_means)
-        v_campos = -v_means.sum(0) if ctx.needs_input_grad[2] else None
-        return (v_latents, v_means if ctx.needs_input_grad[1] else None, v_campos, v_W1, v_b1, v_W2, v_b2)
-
-
 def mlp_colors(latents, means3D, campos, W1, b1, W2, b2) -> torch.Tensor:
     """(N,3) MLP colours in (0,1) (module docstring), differentiable with respect to every input.
 
     Args: latents (N,L) with 1 ≤ L ≤ 32; means3D (N,3) world units; campos (3,) camera centre;
     W1 (H,L+3) with 1 ≤ H ≤ 64 (columns: latent, then direction x, y, z); b1 (H,); W2 (3,H); b2 (3,).
-    One device and one floating dtype. CUDA float32 → the fused kernel (``rigel_core._C``); anything else →
-    the PyTorch reference.
+    One device and one floating dtype. Dispatch by device, as :func:`rigel_core.render.rasterize_gaussians`:
+    CUDA → the fused kernel (:func:`rigel_core.cuda_backend.mlp_colors_cuda`, float32 only), CPU →
+    :func:`reference_forward` (float32 or float64, differentiated by autograd).
     Raises: TypeError / ValueError naming the argument for a wrong type, shape, size limit, device or dtype
-    mix; RuntimeError when CUDA float32 tensors are given and the extension is not built.
+    mix (TypeError for CUDA tensors that are not float32); RuntimeError when CUDA tensors are given and the
+    extension is not built.
     """
     _check_args(latents, means3D, campos, W1, b1, W2, b2)
-    args = (latents, means3D, campos, W1, b1, W2, b2)
-    if _use_kernel(latents):
-        args = tuple(a.contiguous() for a in args)
-    return _MLPColors.apply(*args)
+    if latents.device.type == "cuda":
+        from .cuda_backend import mlp_colors_cuda
+
+        return mlp_colors_cuda(latents, means3D, campos, W1, b1, W2, b2)
+    return reference_forward(latents, means3D, campos, W1, b1, W2, b2)
 
 
 # ---- the appearance module ------------------------------------------------------------------------------

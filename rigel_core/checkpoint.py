@@ -33,8 +33,11 @@ import os
 
 import torch
 
-from .model import PARAM_NAMES, GaussianModel, num_sh_bases
 from .atomic import atomic_path
+from .config import APPEARANCE_MAX_HIDDEN, APPEARANCE_MAX_LATENT
+from .model import PARAM_NAMES, GaussianModel, num_sh_bases
+from .train.config import TrainConfig
+from .train.records import EvalResult
 
 __all__ = ["CHECKPOINT_FORMAT", "MAX_ITERATION", "CheckpointError", "save_checkpoint", "read_checkpoint",
            "validate_checkpoint", "validate_view_stack", "load_checkpoint_model", "load_trainer"]
@@ -200,8 +203,9 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
         L = lat.shape[1]
         W1 = _check_tensor(path, tensors, "model.appearance.W1", (-1, L + 3), (dtype,), finite=for_training)
         H = W1.shape[0]
-        if not (1 <= L <= 32 and 1 <= H <= 64):
-            _fail(path, "model.appearance", f"latent dimension {L} / hidden dimension {H} outside 1..32 / 1..64")
+        if not (1 <= L <= APPEARANCE_MAX_LATENT and 1 <= H <= APPEARANCE_MAX_HIDDEN):
+            _fail(path, "model.appearance", f"latent dimension {L} / hidden dimension {H} outside "
+                                            f"1..{APPEARANCE_MAX_LATENT} / 1..{APPEARANCE_MAX_HIDDEN}")
         for name, shape in {"b1": (H,), "W2": (3, H), "b2": (3,)}.items():
             _check_tensor(path, tensors, f"model.appearance.{name}", shape, (dtype,), finite=for_training)
         app = {"latents": lat.shape, **{w: tensors[f"model.appearance.{w}"].shape for w in WEIGHT_NAMES}}
@@ -235,8 +239,6 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
     history = meta.get("eval_history", [])
     if not isinstance(history, list):
         _fail(path, "metadata eval_history", "expected a list")
-    from .train.trainer import EvalResult
-
     for i, e in enumerate(history):
         try:
             r = EvalResult(**e)
@@ -311,8 +313,6 @@ def validate_view_stack(path, tensors: dict, n_train_views=None) -> None:
 
 def _config_of(path, meta: dict):
     """The saved TrainConfig, validated; CheckpointError naming the file and the field."""
-    from .train import TrainConfig
-
     d = meta.get("config")
     if not isinstance(d, dict):
         _fail(path, "metadata config", "missing or not an object")
@@ -353,21 +353,20 @@ def load_checkpoint_model(path, device="cpu") -> GaussianModel:
     return model
 
 
-def load_trainer(path, dataset, *, device=None, config=None):
-    """A :class:`~rigel_core.train.Trainer` on ``dataset`` restored from a checkpoint: model, Adam moments
-    and step counts, densification statistics, RNG state, the epoch's remaining views, counters, and the
-    per-image exposure corrections when the checkpoint has them (CheckpointError when their count is not the
-    dataset's number of training images).
+def load_trainer(path, dataset, *, device=None, config=None, trainer_cls):
+    """A ``trainer_cls`` (:class:`~rigel_core.train.Trainer`, which passes itself: ``Trainer.from_checkpoint`` is
+    the public entry, and this module never imports the trainer that saves through it) on ``dataset`` restored
+    from a checkpoint: model, Adam moments and step counts, densification statistics, RNG state, the epoch's
+    remaining views, counters, and the per-image exposure corrections when the checkpoint has them
+    (CheckpointError when their count is not the dataset's number of training images).
     ``config`` replaces the saved configuration when given."""
-    from .train import TrainConfig, Trainer
-
     tensors, meta = read_checkpoint(path, "cpu")
     saved_cfg = validate_checkpoint(path, tensors, meta, n_train_views=len(dataset.train))
     cfg = config if config is not None else saved_cfg
     model = _model_from_tensors(path, tensors)
     if model.appearance is None and model.sh_degree != cfg.sh_degree:
         raise CheckpointError(f"{path}: model has SH degree {model.sh_degree}, config asks for {cfg.sh_degree}")
-    trainer = Trainer(dataset, cfg, model=model, device=device)
+    trainer = trainer_cls(dataset, cfg, model=model, device=device)
     trainer.extent = float(meta.get("extent", trainer.extent))
     opt = trainer.optimizer
     for g in opt.param_groups:
@@ -398,7 +397,5 @@ def load_trainer(path, dataset, *, device=None, config=None):
     trainer.iteration = int(meta["iteration"])
     trainer.nan_skips = int(meta.get("nan_skips", 0))
     trainer.model.active_sh_degree = int(meta.get("active_sh_degree", 0))
-    from .train.trainer import EvalResult
-
     trainer.eval_history = [EvalResult(**e) for e in meta.get("eval_history", [])]
     return trainer

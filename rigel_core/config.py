@@ -20,3 +20,5 @@ SH_C1 = 0.4886025119029199
 # variance in units of (depth / focal)² (reasons in csrc/config.h).
 MIP_FILTER_2D = 0.1
 MIP_FILTER_3D = 0.2
+APPEARANCE_MAX_LATENT = 32
+APPEARANCE_MAX_HIDDEN = 64

@@ -7,6 +7,13 @@ Stages (docs/PIPELINE.md) and their Functions:
 * ``_RasterizeTiles``     [3] means2D, conics, colors, opacities → image, final_T, n_contrib (``csrc/rasterize_*.cu``)
 * ``_RasterizeTilesDepth`` [3] the same + depths → depth_sum, depth_median from the same pass (kernels' kDepth)
 * ``_ShColors``           [0] SH coefficients, means3D → colours (``csrc/sh_*.cu``)
+* ``_MLPColors``          [0'] appearance latents, MLP, means3D → colours (``csrc/appearance.cu``;
+  :mod:`rigel_core.appearance`)
+* ``_SSIMMap``            the trainer's SSIM loss map (``csrc/ssim.cu``; :mod:`rigel_core.train.losses`)
+
+Every kernel follows one template: host checks and binding in ``csrc/ops.cpp`` / ``csrc/ext.cpp`` (errors
+``rigel_core._C.<op>: <argument> must be …``), one autograd Function here per stage, and one PyTorch reference
+twin that the CPU takes (dispatch by the tensors' device: CUDA → these kernels, CPU → the reference).
 
 Projection and rasterization are separate Functions, so ``RenderOutput.means2D`` is a differentiable
 intermediate: ``out.means2D.retain_grad()`` gives ∂loss/∂means2D after ``backward()`` (densification), and the
@@ -21,10 +28,10 @@ import weakref
 import torch
 
 from . import _ext, config
-from .render import RenderOutput
+from .render_output import RenderOutput
 
 __all__ = ["rasterize_gaussians_cuda", "sh_colors_cuda", "project_gaussians_cuda", "bin_gaussians_cuda",
-           "rasterize_tiles_cuda"]
+           "rasterize_tiles_cuda", "mlp_colors_cuda", "ssim_map_cuda"]
 
 
 def _f32(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -279,3 +286,81 @@ def sh_colors_cuda(degree: int, sh_coeffs, means3D, campos) -> torch.Tensor:
     dev = means3D.device
     return _ShColors.apply(degree, _f32("sh_coeffs", sh_coeffs, dev), _f32("means3D", means3D, dev),
                            _f32("campos", campos, dev).reshape(3))
+
+
+# ---- fused appearance MLP and SSIM loss: the same template (ops.cpp checks, one Function per stage) ----------
+class _MLPColors(torch.autograd.Function):
+    """Appearance colours (csrc/appearance.cu); twin: :func:`rigel_core.appearance.reference_forward` /
+    ``reference_backward``."""
+
+    @staticmethod
+    def forward(ctx, latents, means3D, campos, W1, b1, W2, b2):
+        colors = _ext.get().mlp_colors(latents, means3D, campos, W1, b1, W2, b2)
+        ctx.save_for_backward(latents, means3D, campos, W1, b1, W2, b2, colors)
+        return colors
+
+    @staticmethod
+    def backward(ctx, v_colors):
+        latents, means3D, campos, W1, b1, W2, b2, colors = ctx.saved_tensors
+        need_means = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
+        v_latents, v_means, v_W1, v_b1, v_W2, v_b2 = _ext.get().mlp_colors_backward(
+            latents, means3D, campos, W1, b1, W2, b2, colors, v_colors.contiguous(), need_means)
+        v_campos = -v_means.sum(0) if ctx.needs_input_grad[2] else None
+        return v_latents, v_means if ctx.needs_input_grad[1] else None, v_campos, v_W1, v_b1, v_W2, v_b2
+
+
+def mlp_colors_cuda(latents, means3D, campos, W1, b1, W2, b2) -> torch.Tensor:
+    """Appearance colours (N,3) on the GPU, differentiable w.r.t. every input (``campos`` gets
+    ``−Σ_g ∂L/∂mean_g``). Shapes and the model: :func:`rigel_core.appearance.mlp_colors`; float32 tensors on one
+    CUDA device (TypeError otherwise, as every kernel here)."""
+    dev = latents.device
+    args = [_f32(n, t, dev) for n, t in (("latents", latents), ("means3D", means3D), ("campos", campos),
+                                         ("W1", W1), ("b1", b1), ("W2", W2), ("b2", b2))]
+    return _MLPColors.apply(*args)
+
+
+class _SSIMMap(torch.autograd.Function):
+    """SSIM map (csrc/ssim.cu) of (pred, target), gradient to ``pred`` only; twin:
+    :func:`rigel_core.train.losses.ssim_map_reference`."""
+
+    @staticmethod
+    def forward(ctx, pred, target):
+        smap, coef = _ext.get().ssim_map(pred, target)
+        ctx.save_for_backward(pred, target, coef)
+        return smap
+
+    @staticmethod
+    def backward(ctx, v_map):
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        pred, target, coef = ctx.saved_tensors
+        return _ext.get().ssim_map_backward(pred, target, coef, v_map.to(torch.float32).contiguous()), None
+
+
+def ssim_map_cuda(pred, target) -> torch.Tensor:
+    """Per-pixel SSIM of two (H, W, C) or (B, H, W, C) float32 CUDA images, in their channels-last layout (same
+    shape as ``pred``), by the fused kernels; differentiable w.r.t. ``pred`` only (``target`` is detached).
+
+    The contract of :func:`rigel_core.train.losses.ssim_map` with its defaults: Wang et al. 2004, eq. 13, an
+    11×11 Gaussian window of σ = 1.5 (separable, normalised in float64), zero "same" padding by 5 px,
+    C1 = 0.01², C2 = 0.03². The kernels compute in float64 and store the map in float32.
+
+    Gradient (``pred`` = x; ``target`` = y is a constant). With μ1 = w⋆x, σ1² = w⋆x² − μ1², σ12 = w⋆(xy) − μ1μ2
+    (w the window, ⋆ correlation over in-image pixels) and S = (2μ1μ2+C1)(2σ12+C2) / ((μ1²+μ2²+C1)(σ1²+σ2²+C2))
+    = n1·n2 / (d1·d2), per pixel p:
+
+        ∂S/∂μ1 = 2(μ2·n2 − μ1·S·d2) / (d1·d2),   ∂S/∂σ1² = −S / d2,   ∂S/∂σ12 = 2·n1 / (d1·d2).
+
+    Since ∂μ1(p)/∂x(q) = w(p−q), ∂σ1²(p)/∂x(q) = 2w(p−q)(x(q) − μ1(p)), ∂σ12(p)/∂x(q) = w(p−q)(y(q) − μ2(p)),
+    an upstream gradient g(p) gives
+
+        ∂L/∂x(q) = [w⋆(g·A)](q) + 2·x(q)·[w⋆(g·B)](q) + y(q)·[w⋆(g·Cc)](q),
+        A = ∂S/∂μ1 − 2μ1·∂S/∂σ1² − μ2·∂S/∂σ12,   B = ∂S/∂σ1²,   Cc = ∂S/∂σ12,
+
+    summing only over in-image p (the window is symmetric, so correlation = convolution). The forward stores A, B,
+    Cc per pixel (float64: A and 2x·B cancel on flat regions, where they are ~1/C2 ≈ 1100 times the result).
+    Non-contiguous inputs are copied. Raises TypeError / ValueError (the kernels' host checks) for other dtypes,
+    shapes, or images too large for the grid (B·C > 65535).
+    """
+    dev = pred.device
+    return _SSIMMap.apply(_f32("pred", pred, dev), _f32("target", target.detach(), dev))

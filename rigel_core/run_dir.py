@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 from .atomic import atomic_path
+from .strict_json import finite_or_none  # noqa: F401  (re-exported: the run files' strict JSON)
 
 __all__ = ["CHECKPOINT_NAME", "PLY_NAME", "METRICS_NAME", "LOG_NAME", "LOCK_NAME", "EXPOSURE_NAME", "RUN_FILES",
            "ATOMIC_NAMES", "RunFolderTaken", "RunBusy", "RunLock", "out_problem", "holds_run", "fresh_run_dir",
@@ -171,17 +172,6 @@ def unused_path(path: Path, *, reserve: bool = False) -> Path:
                 pass
         out = path.with_name(f"{stem}_{k}{suffix}")
         k += 1
-
-
-def finite_or_none(obj):
-    """``obj`` with every non-finite float replaced by None (strict JSON); tuples become lists."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: finite_or_none(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [finite_or_none(v) for v in obj]
-    return obj
 
 
 def write_json_atomic(path: Path, obj, *, indent: int = 1) -> None:

@@ -22,7 +22,8 @@ python -m pip install -q --upgrade pip setuptools wheel
 python -m pip install -q "torch==2.14.1" numpy plyfile tqdm pillow imageio scipy safetensors zstandard pytest ninja \
   pycolmap opencv-python-headless vulkan glfw imgui-bundle pyglm imageio-ffmpeg
 [ -d /usr/local/cuda ] && export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+# GPU architectures: setup.py compiles for this machine's GPU, or for sm_80 + sm_90 + PTX without one
+# (TORCH_CUDA_ARCH_LIST overrides; README "Install").
 export MAX_JOBS=${MAX_JOBS:-2}
 # The editable install compiles the CUDA kernels (minutes): skip it when rigel is installed and its _C is newer
 # than every kernel source and setup.py (running the README's second command after the first, say).

@@ -67,7 +67,7 @@ def test_reference_matches_independent_mlp(rng, L, H):
     want, want_grads = autograd_grads(independent_mlp, inputs, v)
     got, auto_grads = autograd_grads(reference_forward, inputs, v)
     assert rel_err(got, want) < 1e-12
-    fn_out, fn_grads = autograd_grads(mlp_colors, inputs, v)  # the autograd.Function's CPU path
+    fn_out, fn_grads = autograd_grads(mlp_colors, inputs, v)  # mlp_colors' CPU path
     assert rel_err(fn_out, want) < 1e-12
     hand = reference_backward(*inputs, want, v)
     for i, name in enumerate(NAMES):
@@ -139,20 +139,48 @@ def test_argument_errors():
 
 
 def test_extension_checks_arguments_without_gpu():
-    """When the extension is built (even with no GPU), its host checks refuse CPU tensors by name."""
+    """When the extension is built (even with no GPU), its host checks refuse CPU tensors by name, in the words of
+    every op of rigel_core._C (ops.cpp's checks)."""
     from rigel_core import _ext
 
-    if not _ext.available() or not hasattr(_ext._C, "appearance_fwd"):
-        pytest.skip("rigel_core._C with the appearance binding is not built")
+    if not _ext.available():
+        pytest.skip("rigel_core._C is not built")
     L, H, n = 8, 16, 4
     args = [torch.zeros(n, L), torch.zeros(n, 3), torch.zeros(3), torch.zeros(H, L + 3), torch.zeros(H),
             torch.zeros(3, H), torch.zeros(3)]
-    with pytest.raises(TypeError, match="latents must be a CUDA tensor"):
-        _ext._C.appearance_fwd(*args)
-    with pytest.raises(ValueError, match="latent dimension L=40"):
-        _ext._C.appearance_fwd(torch.zeros(n, 40), *args[1:])
-    with pytest.raises(TypeError, match="appearance_bwd: latents must be a CUDA tensor"):
-        _ext._C.appearance_bwd(*args, torch.zeros(n, 3), torch.zeros(n, 3), True)
+    with pytest.raises(TypeError, match=r"rigel_core\._C\.mlp_colors: latents must be a CUDA tensor"):
+        _ext._C.mlp_colors(*args)
+    with pytest.raises(TypeError, match=r"rigel_core\._C\.mlp_colors_backward: latents must be a CUDA tensor"):
+        _ext._C.mlp_colors_backward(*args, torch.zeros(n, 3), torch.zeros(n, 3), True)
+
+
+def test_cuda_float64_is_refused_not_cast(rng):
+    """Dispatch is by device, as for rendering: CUDA tensors go to the kernel, which takes float32 only (TypeError
+    before anything runs, so this needs no GPU: the tensors only claim to be on CUDA)."""
+    from rigel_core import cuda_backend
+
+    inputs = random_inputs(rng, 5, 4, 6)
+    calls = []
+    real = cuda_backend.mlp_colors_cuda
+
+    def spy(*a):
+        calls.append(a[0].shape)
+        return real(*a)
+
+    class CudaLooking(torch.Tensor):
+        is_cuda = True
+
+        @property
+        def device(self):
+            return torch.device("cuda", 0)
+
+    cuda_backend.mlp_colors_cuda = spy
+    try:
+        with pytest.raises(TypeError, match="float32"):
+            mlp_colors(*(t.as_subclass(CudaLooking) for t in inputs))
+    finally:
+        cuda_backend.mlp_colors_cuda = real
+    assert calls == [(5, 4)]
 
 
 # ---- CPU: the module in the renderer --------------------------------------------------------------------------
@@ -426,23 +454,23 @@ def test_kernel_argument_errors():
     def call(i, value):
         args = list(good)
         args[i] = value
-        return C.appearance_fwd(*args)
+        return C.mlp_colors(*args)
 
-    with pytest.raises(TypeError, match="W1 must be float32"):
+    with pytest.raises(TypeError, match="W1 must be a contiguous float32 tensor"):
         call(3, good[3].double())
-    with pytest.raises(ValueError, match="means3D must be contiguous"):
+    with pytest.raises(ValueError, match="means3D must be a contiguous float32 tensor.*got a non-contiguous"):
         call(1, torch.zeros(3, n).cuda().T)
-    with pytest.raises(ValueError, match="b1 must have shape"):
+    with pytest.raises(ValueError, match=r"b1 must be a contiguous float32 tensor on cuda:\d of shape \(H,\) = \(16\)"):
         call(4, torch.zeros(H + 1).cuda())
-    with pytest.raises(TypeError, match="campos must be a CUDA tensor"):
+    with pytest.raises(TypeError, match="campos must be a contiguous float32 tensor on cuda:.*on cpu"):
         call(2, torch.zeros(3))
     with pytest.raises(ValueError, match="hidden width H=65"):
-        C.appearance_fwd(good[0], good[1], good[2], torch.zeros(65, L + 3).cuda(), torch.zeros(65).cuda(),
-                         torch.zeros(3, 65).cuda(), good[6])
+        C.mlp_colors(good[0], good[1], good[2], torch.zeros(65, L + 3).cuda(), torch.zeros(65).cuda(),
+                     torch.zeros(3, 65).cuda(), good[6])
     with pytest.raises(ValueError, match="latent dimension L=33"):
-        C.appearance_fwd(torch.zeros(n, 33).cuda(), good[1], good[2], torch.zeros(H, 36).cuda(), *good[4:])
-    with pytest.raises(ValueError, match="v_colors must have shape"):
-        C.appearance_bwd(*good, torch.zeros(n, 3).cuda(), torch.zeros(n - 1, 3).cuda(), True)
+        C.mlp_colors(torch.zeros(n, 33).cuda(), good[1], good[2], torch.zeros(H, 36).cuda(), *good[4:])
+    with pytest.raises(ValueError, match="mlp_colors_backward: v_colors must be a contiguous float32 tensor"):
+        C.mlp_colors_backward(*good, torch.zeros(n, 3).cuda(), torch.zeros(n - 1, 3).cuda(), True)
 
 
 @pytest.mark.gpu

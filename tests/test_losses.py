@@ -113,8 +113,9 @@ def test_errors():
         l1_loss(a, torch.zeros(8, 8, 4))
 
 
-# ---- fused CUDA SSIM (csrc/ssim.cu, rigel_core/train/ssim_cuda.py) ----------------------------------------------
-from rigel_core.train import ssim_cuda  # noqa: E402
+# ---- fused CUDA SSIM (csrc/ssim.cu, rigel_core.cuda_backend.ssim_map_cuda) ----------------------------------------
+from rigel_core import cuda_backend  # noqa: E402
+from rigel_core.train.losses import ssim_map_reference  # noqa: E402
 
 FUSED_SHAPES = [(1, 1), (5, 7), (16, 16), (37, 53), (64, 48), (401, 399)]
 
@@ -124,23 +125,20 @@ def _torch_map_bhwc(p, t):
     return ssim_map(p, t).permute(0, 2, 3, 1).contiguous()
 
 
-def test_fused_dispatch_rules_cpu(monkeypatch):
-    a = torch.rand(12, 13, 3)
-    monkeypatch.delenv("RIGEL_SSIM", raising=False)
-    assert ssim_cuda.ssim_mode() == "auto"
-    assert not ssim_cuda.use_fused(a, a, 11, 1.5, "same")  # CPU tensors: PyTorch path
-    for mode, want in (("torch", "torch"), (" Torch ", "torch"), ("auto", "auto"), ("", "auto")):
-        monkeypatch.setenv("RIGEL_SSIM", mode)
-        assert ssim_cuda.ssim_mode() == want
-    monkeypatch.setenv("RIGEL_SSIM", "cudnn")
-    with pytest.raises(ValueError, match="RIGEL_SSIM"):
-        ssim(a, a)
+def test_dispatch_by_device_cpu(rng, monkeypatch):
+    # CPU images never reach the kernels; the reference is the same function ssim_map returns for them
+    calls = []
+    monkeypatch.setattr(cuda_backend, "ssim_map_cuda", lambda p, t: calls.append(p.shape))
+    x, y = _pair(rng, 12, 13, 0.1)
+    torch.testing.assert_close(ssim_map(x, y), ssim_map_reference(x, y), rtol=0, atol=0)
+    assert calls == []
 
 
 @pytest.mark.parametrize("batch", [False, True])
 def test_fused_glue_layout_cpu(rng, monkeypatch, batch):
     # The glue of losses.ssim_map around the kernels (channels-last map → (B, C, H, W) view), with the kernel
-    # replaced by the PyTorch path in the kernel's layout: the result must equal the PyTorch path's.
+    # replaced by the PyTorch path in the kernel's layout and the images made to look like CUDA tensors: the result
+    # must equal the PyTorch path's.
     x, y = _pair(rng, 9, 14, 0.1)
     if batch:
         x, y = torch.stack([x, y]), torch.stack([y, x])
@@ -153,29 +151,35 @@ def test_fused_glue_layout_cpu(rng, monkeypatch, batch):
         calls.append(p.shape)
         return kernel_out
 
-    monkeypatch.setattr(ssim_cuda, "use_fused", lambda *a: True)
-    monkeypatch.setattr(ssim_cuda, "fused_ssim_map", fake_fused)
-    got = ssim_map(x, y)
+    class CudaLooking(torch.Tensor):
+        is_cuda = True
+
+    monkeypatch.setattr(cuda_backend, "ssim_map_cuda", fake_fused)
+    got = ssim_map(x.as_subclass(CudaLooking), y.as_subclass(CudaLooking))
     assert calls == [x.shape]
     assert got.shape == want.shape
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got.as_subclass(torch.Tensor), want, rtol=0, atol=0)
+    # not the kernels' window, or a target that needs a gradient: the reference even for "CUDA" images
+    ssim_map(x.as_subclass(CudaLooking), y.as_subclass(CudaLooking), window_size=7)
+    ssim_map(x.as_subclass(CudaLooking), y.as_subclass(CudaLooking), sigma=2.0)
+    ssim_map(x.as_subclass(CudaLooking), y.clone().requires_grad_(True).as_subclass(CudaLooking))
+    assert len(calls) == 1
 
 
 def _fused_called(monkeypatch):
     calls = []
-    real = ssim_cuda.fused_ssim_map
+    real = cuda_backend.ssim_map_cuda
 
     def spy(p, t):
         calls.append(p.shape)
         return real(p, t)
 
-    monkeypatch.setattr(ssim_cuda, "fused_ssim_map", spy)
+    monkeypatch.setattr(cuda_backend, "ssim_map_cuda", spy)
     return calls
 
 
 def _check_fused(pred, target, monkeypatch, rng):
     """Fused map, mean and gradients (of the mean and of a random weighting of the map) vs float64 PyTorch."""
-    monkeypatch.delenv("RIGEL_SSIM", raising=False)
     calls = _fused_called(monkeypatch)
     x = pred.clone().requires_grad_(True)
     m = ssim_map(x, target)
@@ -255,36 +259,34 @@ def test_fused_ssim_outputs_fully_written(rng):
         poison = [torch.full_like(x, math.nan), torch.full((3, 2, h, w, 3), math.nan, dtype=torch.float64,
                                                            device="cuda")]
         del poison
-        smap, coef = C.ssim_fwd(x, y)
+        smap, coef = C.ssim_map(x, y)
         assert torch.isfinite(smap).all() and torch.isfinite(coef).all()
         g = torch.rand(2, h, w, 3, generator=rng).cuda()
         poison = torch.full_like(x, math.nan)
         del poison
-        dx = C.ssim_bwd(g, x, y, coef)
+        dx = C.ssim_map_backward(x, y, coef, g)
         assert torch.isfinite(dx).all()
 
 
 @pytest.mark.gpu
-def test_fused_ssim_switch_and_fallbacks(rng, monkeypatch):
+def test_fused_ssim_dispatch_on_gpu(rng, monkeypatch):
     x, y = _pair(rng, 20, 22, 0.1, dtype=torch.float32)
     x, y = x.cuda(), y.cuda()
     calls = _fused_called(monkeypatch)
-    monkeypatch.setenv("RIGEL_SSIM", "torch")
-    forced = ssim(x, y)
-    assert calls == []
-    monkeypatch.setenv("RIGEL_SSIM", "auto")
     fused = ssim(x, y)
     assert len(calls) == 1
-    assert abs(float(forced) - float(fused)) < 1e-5
-    # non-default arguments, float64, a target that needs a gradient: the PyTorch path
+    assert abs(float(ssim_map_reference(x, y).mean()) - float(fused)) < 1e-5
+    # non-default arguments, a target that needs a gradient: the reference (the kernels have one window)
     ssim(x, y, window_size=7)
     ssim(x, y, sigma=2.0)
     ssim(x, x, padding="valid")
-    ssim(x.double(), y.double())
     xt, yt = x.clone().requires_grad_(True), y.clone().requires_grad_(True)
     ssim(xt, yt).backward()
     assert len(calls) == 1
     assert xt.grad is not None and yt.grad is not None
+    # CUDA images must be float32, as for every kernel (no silent cast)
+    with pytest.raises(TypeError, match="float32"):
+        ssim(x.double(), y.double())
 
 
 @pytest.mark.gpu
@@ -294,17 +296,17 @@ def test_fused_ssim_host_checks():
     C = _ext.get()
     a = torch.rand(8, 9, 3, device="cuda")
     with pytest.raises(TypeError, match="CUDA"):
-        C.ssim_fwd(a.cpu(), a.cpu())
+        C.ssim_map(a.cpu(), a.cpu())
     with pytest.raises(TypeError, match="float32"):
-        C.ssim_fwd(a.double(), a.double())
+        C.ssim_map(a.double(), a.double())
     with pytest.raises(ValueError, match="contiguous"):
-        C.ssim_fwd(a.transpose(0, 1), a.transpose(0, 1))
+        C.ssim_map(a.transpose(0, 1), a.transpose(0, 1))
     with pytest.raises(ValueError, match="shape"):
-        C.ssim_fwd(a, torch.rand(8, 9, 4, device="cuda"))
+        C.ssim_map(a, torch.rand(8, 9, 4, device="cuda"))
     with pytest.raises(ValueError, match="channels-last"):
-        C.ssim_fwd(a[..., 0], a[..., 0])
-    smap, coef = C.ssim_fwd(a, a)
+        C.ssim_map(a[..., 0], a[..., 0])
+    smap, coef = C.ssim_map(a, a)
     with pytest.raises(TypeError, match="float64"):
-        C.ssim_bwd(a, a, a, coef.float())
+        C.ssim_map_backward(a, a, coef.float(), a)
     with pytest.raises(ValueError, match="shape"):
-        C.ssim_bwd(a, a, a, coef[:2])
+        C.ssim_map_backward(a, a, coef[:2], a)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 pytest.importorskip("viewer.app")
-from viewer import shaderio  # noqa: E402
+from viewer.gpu import shaderio  # noqa: E402
 from viewer.app import Viewer  # noqa: E402
-from viewer.colormap import depth_colors, depth_index, depth_range, overdraw_lut  # noqa: E402
+from viewer.gpu.colormap import depth_colors, depth_index, depth_range, overdraw_lut  # noqa: E402
 from viewer.ui import MODE_DEPTH, MODE_LABELS, ViewSettings  # noqa: E402
 
 

@@ -175,7 +175,7 @@ def show(pr, slot, **kw):
 # ---- shaders -----------------------------------------------------------------------------------------------
 @pytest.mark.skipif(shutil.which("glslc") is None, reason="glslc not installed (apt-get install glslc)")
 def test_committed_spirv_equals_glslc_output():
-    from viewer import shaderio
+    from viewer.gpu import shaderio
 
     for name in shaderio.SHADERS:
         assert shaderio.compile_glsl(name) == shaderio.spirv(name), \
@@ -183,7 +183,7 @@ def test_committed_spirv_equals_glslc_output():
 
 
 def test_shader_header_constants_and_push_block():
-    from viewer import shaderio
+    from viewer.gpu import shaderio
 
     modes = {C.MODE_IMAGE, C.MODE_ALPHA, C.MODE_OVERDRAW, C.MODE_SIDE_BY_SIDE}
     assert len(modes) == 4

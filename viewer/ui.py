@@ -38,7 +38,7 @@ __all__ = ["ViewSettings", "Stats", "draw_ui", "MODE_LABELS", "PANEL_WIDTH", "PA
 #: the panels that can be hidden (key → title): the main window's Stats section, the Training and PSNR windows
 PANELS = {"stats": "Stats", "training": "Training", "psnr": "PSNR"}
 # depth display (issue 17.2): a host-side mode, not a shader one — the frame's image buffer receives the colormapped
-# expected depth (viewer.colormap.depth_colors) and is presented as MODE_IMAGE
+# expected depth (viewer.gpu.colormap.depth_colors) and is presented as MODE_IMAGE
 MODE_DEPTH = 100
 MODE_LABELS = (("image", C.MODE_IMAGE), ("alpha", C.MODE_ALPHA), ("overdraw", C.MODE_OVERDRAW),
                ("side-by-side", C.MODE_SIDE_BY_SIDE), ("depth", MODE_DEPTH))

@@ -64,7 +64,7 @@ def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | Non
     Raises rigel_core.data.DatasetError naming the file when it cannot be used (including a size above
     ``max_image_size`` per side or its square in all).
     """
-    from ..data.dataset import split_every
+    from ..data.frames import split_every
     from ..data.frames import DatasetError
     from ..data.transforms import read_transforms
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..camera import Camera
 from .colmap_check import check_colmap_model
-from .frames import Dataset, DatasetError, FrameSpec
+from .frames import Dataset, DatasetError, FrameSpec, assemble_dataset, cap_frames, split_every
 from .images import find_mask
 from .transforms import frame_name, warn_missing, warn_unmasked
 from .undistort import Distortion, fisheye_lens, opencv_lens
@@ -123,8 +123,6 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
     Images sorted by name; every ``test_every``-th (indices 0, N, 2N, …) is held out (3DGS llffhold).
     Raises DatasetError naming the path for an unreadable model or no usable image; ImportError without pycolmap.
     """
-    from .dataset import _assemble, _cap, split_every
-
     pycolmap = _import_pycolmap()
     root = Path(root)
     sparse = find_sparse_dir(root)
@@ -167,5 +165,5 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
             raise DatasetError(sparse, f"points3D: {int((~np.isfinite(points).all(1)).sum())} points have NaN or "
                                        f"Inf coordinates")
     train, test = split_every(specs, test_every)
-    return _assemble(_cap(train, max_frames), _cap(test, max_frames), root, "colmap", white_bg, downscale, device,
-                     points, colors, alpha_as_mask=alpha_as_mask)
+    return assemble_dataset(cap_frames(train, max_frames), cap_frames(test, max_frames), root, "colmap", white_bg,
+                            downscale, device, points, colors, alpha_as_mask=alpha_as_mask)

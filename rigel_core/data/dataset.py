@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .frames import Dataset, DatasetError, FrameSpec, camera_extent, load_frames
+from .frames import Dataset, DatasetError, assemble_dataset, cap_frames, split_every
 from .transforms import read_ply_points, read_transforms, warn_missing, warn_unmasked
 
 __all__ = ["load_dataset", "detect_format", "load_blender", "load_ngp", "FORMATS"]
@@ -86,10 +86,6 @@ def load_dataset(path, *, white_bg: bool = False, downscale: float = 1, test_eve
     return load_colmap(root, test_every=test_every, **kw)
 
 
-def _cap(specs: list, max_frames: int | None) -> list:
-    return specs if max_frames is None else specs[: max(0, int(max_frames))]
-
-
 def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None, alpha_as_mask=False) -> Dataset:
     """A Blender / NeRF-synthetic directory: ``transforms_train.json`` (required), ``transforms_test.json``
     (optional; ``transforms_val.json`` is ignored). Frames whose image is missing are skipped with one warning
@@ -108,9 +104,9 @@ def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=
         if not specs:
             if split == "train":
                 raise DatasetError(f"{f}: none of its {total} frames has an image file")
-        splits[split] = _cap(specs, max_frames)
-    return _assemble(splits["train"], splits["test"], root, "blender", white_bg, downscale, device,
-                     alpha_as_mask=alpha_as_mask)
+        splits[split] = cap_frames(specs, max_frames)
+    return assemble_dataset(splits["train"], splits["test"], root, "blender", white_bg, downscale, device,
+                            alpha_as_mask=alpha_as_mask)
 
 
 def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames=None, test_every=8,
@@ -126,21 +122,5 @@ def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames
     points, colors = read_ply_points(json_path)  # nerfstudio's ply_file_path (SfM points), else None
     warn_unmasked(json_path.parent / "masks", specs)
     train, test = split_every(sorted(specs, key=lambda s: str(s.image_path)), test_every)
-    return _assemble(_cap(train, max_frames), _cap(test, max_frames), json_path, "ngp", white_bg, downscale,
-                     device, points, colors, alpha_as_mask=alpha_as_mask)
-
-
-def split_every(items: list, test_every: int) -> tuple[list, list]:
-    """(train, test): items at indices 0, N, 2N, … go to test (N = ``test_every``; none when N ≤ 0)."""
-    if test_every is None or test_every <= 0:
-        return list(items), []
-    return ([x for i, x in enumerate(items) if i % test_every != 0],
-            [x for i, x in enumerate(items) if i % test_every == 0])
-
-
-def _assemble(train: list[FrameSpec], test: list[FrameSpec], source: Path, fmt: str, white_bg, downscale, device,
-              points=None, point_colors=None, alpha_as_mask=False) -> Dataset:
-    kw = dict(white_bg=white_bg, downscale=downscale, device=device, source=source, alpha_as_mask=alpha_as_mask)
-    train_frames, test_frames = load_frames(train, **kw), load_frames(test, **kw)
-    center, extent = camera_extent([f.camera for f in (train_frames or test_frames)])
-    return Dataset(train_frames, test_frames, center, extent, points, point_colors, white_bg, fmt, str(source))
+    return assemble_dataset(cap_frames(train, max_frames), cap_frames(test, max_frames), json_path, "ngp", white_bg,
+                            downscale, device, points, colors, alpha_as_mask=alpha_as_mask)

@@ -16,7 +16,8 @@ from ..io.errors import DatasetError  # defined with the other input-error famil
 from .images import composite, read_image, read_mask, resize_area
 from .undistort import Distortion, mask_all, remap, remap_mask, undistort_map
 
-__all__ = ["Frame", "Dataset", "DatasetError", "FrameSpec", "Distortion", "load_frames", "camera_extent"]
+__all__ = ["Frame", "Dataset", "DatasetError", "FrameSpec", "Distortion", "load_frames", "camera_extent",
+           "split_every", "cap_frames", "assemble_dataset"]
 
 
 @dataclass
@@ -174,3 +175,26 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
         warnings.warn(f"{source}: {resized} image(s) differ in size from their camera's declared size; "
                       "intrinsics were rescaled to the image size", stacklevel=3)
     return frames
+
+
+def split_every(items: list, test_every: int) -> tuple[list, list]:
+    """(train, test): items at indices 0, N, 2N, … go to test (N = ``test_every``; none when N ≤ 0)."""
+    if test_every is None or test_every <= 0:
+        return list(items), []
+    return ([x for i, x in enumerate(items) if i % test_every != 0],
+            [x for i, x in enumerate(items) if i % test_every == 0])
+
+
+def cap_frames(specs: list, max_frames: int | None) -> list:
+    """The first ``max_frames`` frame specs (all of them for None): ``load_dataset(max_frames=…)``."""
+    return specs if max_frames is None else specs[: max(0, int(max_frames))]
+
+
+def assemble_dataset(train: list[FrameSpec], test: list[FrameSpec], source: Path, fmt: str, white_bg, downscale,
+                     device, points=None, point_colors=None, alpha_as_mask=False) -> Dataset:
+    """The :class:`Dataset` of two lists of frame specs: images loaded (:func:`load_frames`), the scene centre and
+    extent from the training cameras (the test ones when there are none); what every format's loader ends with."""
+    kw = dict(white_bg=white_bg, downscale=downscale, device=device, source=source, alpha_as_mask=alpha_as_mask)
+    train_frames, test_frames = load_frames(train, **kw), load_frames(test, **kw)
+    center, extent = camera_extent([f.camera for f in (train_frames or test_frames)])
+    return Dataset(train_frames, test_frames, center, extent, points, point_colors, white_bg, fmt, str(source))

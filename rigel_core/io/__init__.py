@@ -15,7 +15,6 @@ world axes as in the INRIA PLY / COLMAP (SPZ's RUB axes are converted on load).
 """
 from __future__ import annotations
 
-import importlib
 import os
 
 import torch
@@ -46,7 +45,7 @@ def load_scene(path, device=None, dtype=torch.float32) -> GaussianModel:
     Returns: :class:`~rigel_core.model.GaussianModel`.
     Raises:
         SceneFormatError (a ValueError; PlyFormatError / SpzFormatError for those formats): unknown or malformed
-            file, or a checkpoint when ``rigel_core.checkpoint`` is not available. The message names the file.
+            file. The message names the file. CheckpointError (a ValueError) for a damaged checkpoint.
         FileNotFoundError / IsADirectoryError / OSError: the path cannot be read.
     """
     path = os.fspath(path)
@@ -76,16 +75,7 @@ def load_scene(path, device=None, dtype=torch.float32) -> GaussianModel:
 
 
 def _load_checkpoint(path: str, device, dtype) -> GaussianModel:
-    """Hand a checkpoint to the trainer's ``rigel_core.checkpoint.load_checkpoint_model(path)``."""
-    try:
-        ckpt = importlib.import_module("rigel_core.checkpoint")
-    except ModuleNotFoundError as e:
-        if e.name != "rigel_core.checkpoint":
-            raise
-        raise SceneFormatError(path, "loading a rigel checkpoint needs the trainer's rigel_core.checkpoint module, "
-                                     "which is not available in this installation") from None
-    loader = getattr(ckpt, "load_checkpoint_model", None)
-    if loader is None:
-        raise SceneFormatError(path, "rigel_core.checkpoint has no load_checkpoint_model(path)")
-    model = loader(path)
-    return model.to(device=device, dtype=dtype)
+    """The model of a rigel training checkpoint (``rigel_core.checkpoint.load_checkpoint_model``)."""
+    from ..checkpoint import load_checkpoint_model  # here: the checkpoint module pulls in the trainer's config
+
+    return load_checkpoint_model(path).to(device=device, dtype=dtype)

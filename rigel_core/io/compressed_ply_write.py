@@ -38,7 +38,7 @@ from ..atomic import atomic_path
 from ..config import SH_C0
 from ..model import GaussianModel
 from .compressed_ply import CHUNK_SIZE
-from .export import model_arrays, sigmoid
+from .write_common import model_arrays, sigmoid
 
 __all__ = ["save_compressed_ply", "morton_order"]
 

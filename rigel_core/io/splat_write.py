@@ -34,7 +34,7 @@ import numpy as np
 from ..atomic import atomic_path
 from ..config import SH_C0
 from ..model import GaussianModel
-from .export import model_arrays, round_clamp_u8, sigmoid
+from .write_common import model_arrays, round_clamp_u8, sigmoid
 from .ply import SceneWarning
 
 __all__ = ["save_splat", "encode_splat", "SPLAT_DTYPE", "importance_order"]

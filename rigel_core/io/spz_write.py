@@ -45,7 +45,7 @@ import numpy as np
 
 from ..atomic import atomic_path
 from ..model import GaussianModel
-from .export import ExportError, model_arrays, position_bits_fit, round_clamp_u8, sigmoid
+from .write_common import ExportError, model_arrays, position_bits_fit, round_clamp_u8, sigmoid
 from .spz import COLOR_SCALE, RUB_TO_RDF_SH_SIGNS, SPZ_MAGIC
 
 __all__ = ["save_spz", "encode_spz", "SH1_BITS", "SH_REST_BITS"]

@@ -14,6 +14,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from ..config import APPEARANCE_MAX_HIDDEN, APPEARANCE_MAX_LATENT
+
 #: the largest iteration count a run (or a checkpoint) may declare; rigel_core.checkpoint uses the same bound
 MAX_ITERATION = 100_000_000
 
@@ -217,9 +219,9 @@ class TrainConfig:
                              f"{self.densify_visibility!r}")
         if self.appearance not in ("sh", "mlp"):
             raise ValueError(f"TrainConfig.appearance must be 'sh' or 'mlp', got {self.appearance!r}")
-        if not 1 <= self.mlp_latent_dim <= 32 or not 1 <= self.mlp_hidden_dim <= 64:
-            raise ValueError(f"TrainConfig.mlp_latent_dim must be in 1..32 and mlp_hidden_dim in 1..64, got "
-                             f"{self.mlp_latent_dim}, {self.mlp_hidden_dim}")
+        if not (1 <= self.mlp_latent_dim <= APPEARANCE_MAX_LATENT and 1 <= self.mlp_hidden_dim <= APPEARANCE_MAX_HIDDEN):
+            raise ValueError(f"TrainConfig.mlp_latent_dim must be in 1..{APPEARANCE_MAX_LATENT} and mlp_hidden_dim in "
+                             f"1..{APPEARANCE_MAX_HIDDEN}, got {self.mlp_latent_dim}, {self.mlp_hidden_dim}")
         if not (self.latent_lr >= 0 and self.mlp_lr >= 0):
             raise ValueError(f"TrainConfig.latent_lr and mlp_lr must be ≥ 0, got {self.latent_lr}, {self.mlp_lr}")
         if not 0.0 <= self.lambda_dssim <= 1.0:

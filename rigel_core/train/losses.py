@@ -19,9 +19,10 @@ images averaged over the valid pixels. A masked pixel's value therefore has exac
 on every gradient. (The SSIM of a valid pixel next to masked ones sees zeros in its window, as a pixel at the
 image border sees the zero padding.) ``mask=None`` runs the unmasked code unchanged.
 
-On float32 CUDA images with the default window and padding, :func:`ssim_map` (hence :func:`ssim`, :func:`dssim`)
-runs the fused kernels of ``csrc/ssim.cu`` instead (same contract, gradient to ``pred`` only; the rules, the layout
-and the derivative are in :mod:`.ssim_cuda`); ``RIGEL_SSIM=torch`` in the environment forces the PyTorch path.
+:func:`ssim_map` (hence :func:`ssim`, :func:`dssim`) dispatches by device, as ``rigel_core.render`` does: CUDA images
+with the default window and padding run the fused kernels of ``csrc/ssim.cu``
+(:func:`rigel_core.cuda_backend.ssim_map_cuda`: same contract, float32, gradient to ``pred`` only; its docstring
+derives the gradient); everything else runs :func:`ssim_map_reference`, the kernels' PyTorch twin.
 """
 from __future__ import annotations
 
@@ -30,13 +31,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from . import ssim_cuda as _fused
-
-__all__ = ["l1_loss", "mse", "psnr", "apply_mask", "psnr_from_mse", "gaussian_window_1d", "ssim_map", "ssim", "dssim",
-           "SSIM_C1", "SSIM_C2"]
+__all__ = ["l1_loss", "mse", "psnr", "apply_mask", "psnr_from_mse", "gaussian_window_1d", "ssim_map",
+           "ssim_map_reference", "ssim", "dssim", "SSIM_C1", "SSIM_C2", "SSIM_WINDOW", "SSIM_SIGMA"]
 
 SSIM_C1 = 0.01 ** 2  # (K1·L)², L = 1
 SSIM_C2 = 0.03 ** 2  # (K2·L)²
+SSIM_WINDOW = 11  # the default window: taps per side and σ (px); the fused kernels' only one (csrc/ssim.h)
+SSIM_SIGMA = 1.5
 
 
 def _as_batch(img: torch.Tensor, name: str) -> torch.Tensor:
@@ -102,7 +103,8 @@ def psnr(pred: torch.Tensor, target: torch.Tensor, max_val: float = 1.0,
     return 10.0 * torch.log10(max_val ** 2 / m)
 
 
-def gaussian_window_1d(size: int = 11, sigma: float = 1.5, dtype=torch.float32, device=None) -> torch.Tensor:
+def gaussian_window_1d(size: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA, dtype=torch.float32,
+                       device=None) -> torch.Tensor:
     """(size,) normalised 1-D Gaussian, centred on the middle tap: ``w_i ∝ exp(−(i − size//2)² / (2σ²))``."""
     if size < 1 or size % 2 == 0:
         raise ValueError(f"SSIM window size must be odd and positive, got {size}")
@@ -121,18 +123,33 @@ def _filter(x: torch.Tensor, w: torch.Tensor, pad: int) -> torch.Tensor:
     return F.conv2d(x, wy, padding=(pad, 0), groups=c)
 
 
-def ssim_map(pred: torch.Tensor, target: torch.Tensor, *, window_size: int = 11, sigma: float = 1.5,
+def ssim_map(pred: torch.Tensor, target: torch.Tensor, *, window_size: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA,
              padding: str = "same") -> torch.Tensor:
     """Per-pixel SSIM (B, C, H', W') of two images (H,W,C) or batches (B,H,W,C) in [0, 1].
 
     ``H' = H`` for ``padding="same"`` (zero padding), ``H − window_size + 1`` for ``"valid"``.
-    Raises ValueError for mismatched shapes, an unknown padding or an image smaller than the window ("valid").
-    Float32 CUDA images with the defaults (and a ``target`` that needs no gradient) take the fused kernels
-    (:func:`.ssim_cuda.use_fused`); the map is then a permuted view of a channels-last (B, H, W, C) tensor.
+    Dispatch: non-empty CUDA images with the default window and padding, whose ``target`` needs no gradient, go
+    to the fused kernels (:func:`rigel_core.cuda_backend.ssim_map_cuda`, float32 only; the map is then a permuted
+    view of a channels-last (B, H, W, C) tensor); all other arguments to :func:`ssim_map_reference`.
+    Raises ValueError for mismatched shapes, an unknown padding or an image smaller than the window ("valid");
+    TypeError for CUDA images that are not float32 (the kernels'); RuntimeError for CUDA images when the
+    kernels are not built.
     """
-    if _fused.use_fused(pred, target, window_size, sigma, padding):
-        m = _fused.fused_ssim_map(pred, target)
+    if (isinstance(pred, torch.Tensor) and pred.is_cuda and pred.numel() > 0 and not target.requires_grad
+            and (window_size, sigma, padding) == (SSIM_WINDOW, SSIM_SIGMA, "same")):
+        from ..cuda_backend import ssim_map_cuda
+
+        _check_pair(pred, target)
+        m = ssim_map_cuda(pred, target)
         return (m if m.dim() == 4 else m[None]).permute(0, 3, 1, 2)
+    return ssim_map_reference(pred, target, window_size=window_size, sigma=sigma, padding=padding)
+
+
+def ssim_map_reference(pred: torch.Tensor, target: torch.Tensor, *, window_size: int = SSIM_WINDOW,
+                       sigma: float = SSIM_SIGMA, padding: str = "same") -> torch.Tensor:
+    """:func:`ssim_map` in PyTorch ops on any device and floating dtype, differentiable by autograd w.r.t. both
+    images: the CPU backend, and the twin the fused kernels are tested against. Arguments, result and errors as
+    :func:`ssim_map`."""
     _check_pair(pred, target)
     x, y = _as_batch(pred, "pred"), _as_batch(target, "target")
     if padding == "same":
@@ -156,7 +173,7 @@ def ssim_map(pred: torch.Tensor, target: torch.Tensor, *, window_size: int = 11,
     return num / den
 
 
-def ssim(pred: torch.Tensor, target: torch.Tensor, *, window_size: int = 11, sigma: float = 1.5,
+def ssim(pred: torch.Tensor, target: torch.Tensor, *, window_size: int = SSIM_WINDOW, sigma: float = SSIM_SIGMA,
          padding: str = "same", mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean SSIM (0-d tensor; 1 for identical images) — see :func:`ssim_map` and the module docstring.
 

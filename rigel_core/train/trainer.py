@@ -35,7 +35,7 @@ import math
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -52,32 +52,9 @@ from .losses import l1_loss, mse, psnr_from_mse, ssim
 from .mcmc import mcmc_step, regularizer as mcmc_regularizer
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
+from .records import EvalResult  # its own module: rigel_core.checkpoint reads it without the trainer
 
 __all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "background_init_points"]
-
-
-@dataclass
-class EvalResult:
-    """Held-out metrics at one iteration: means over the test views of the per-view PSNR (dB) and SSIM
-    (renders clamped to [0, 1]; SSIM as :func:`.losses.ssim`, zero-padded 11×11 window), each over the view's
-    valid pixels (``Frame.mask``); ``per_view`` entries also give ``masked_pixels`` (0 without a mask) and
-    ``masked_pixels`` is their total."""
-
-    iteration: int
-    psnr: float
-    ssim: float
-    num_gaussians: int
-    n_views: int
-    seconds: float
-    per_view: list = field(default_factory=list)  # [{"name", "psnr", "ssim", "masked_pixels"}]
-    masked_pixels: int = 0
-    #: with ``TrainConfig.exposure`` or ``eval_exposure``: the means of the left-half-fit / right-half-scored protocol
-    #: (:func:`.exposure.left_right_metrics`; per view under "psnr_exposure", "ssim_exposure", "exposure_fit")
-    psnr_exposure: float | None = None
-    ssim_exposure: float | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -699,7 +676,7 @@ class Trainer:
         """Resume from :meth:`save_checkpoint` output. ``config`` overrides the saved one (e.g. a longer run)."""
         from ..checkpoint import load_trainer
 
-        return load_trainer(path, dataset, device=device, config=config)
+        return load_trainer(path, dataset, device=device, config=config, trainer_cls=cls)
 
     def export_ply(self, path) -> float:
         """Write the model as an INRIA-layout PLY (``rigel_core.io.save_ply``, atomic); an MLP appearance is
