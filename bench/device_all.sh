@@ -36,6 +36,10 @@
 #                             "lego" / "lego_half" (Blender, white background) or real captures as for real: (comma-
 #                             separated, or "all"); $MCMC_ARGS is passed on (e.g. "--mcmc-config densify_until=25000");
 #                             real.md's second table is MCMC vs default; outputs in logs/mcmc_*/
+#   vtp[:DATA[:ITERS[:TIMEOUT]]]  bench/viewer_throughput.py (issue 15; needs --ui): rigel-train, then the offscreen
+#                             viewer training DATA (default lego_half, white background; "orbit": black) for ITERS
+#                             (default 7000) iterations while presenting at 60 Hz; $VTP_ARGS is passed on (e.g.
+#                             "--repeat 2", then give TIMEOUT ~560); table in logs/vtp_*/viewer_throughput.md
 # A lane entry "JOB+JOB" runs those jobs at the same time on the lane's GPU (their timings then share it).
 # Per-job time limits: TIMEOUT in the spec, else JOB_TIMEOUT (default 330 s; training gets SIGINT, which saves
 # the run and its last evaluation).
@@ -199,6 +203,13 @@ print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','f
       else
         line+=" $(tail -1 "$LOGS/$name.log")"
       fi ;;
+    vtp)  # vtp[:DATA[:ITERS[:TIMEOUT]]]
+      local vout=$LOGS/$name vdata=${a:-lego_half} wb=""
+      [ "$vdata" = orbit ] && wb="--no-white-bg"
+      OUT=$vout timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/viewer_throughput.py --data "$(data_dir "$vdata")" $wb \
+        --iters "${b:-7000}" --out "$vout" ${VTP_ARGS:-} >"$LOGS/$name.log" 2>&1
+      local rc=$?
+      line="rc=$rc $(cat "$vout/summary.txt" 2>/dev/null || tail -1 "$LOGS/$name.log")" ;;
     *) line="unknown job" ;;
   esac
   echo "$spec | $(( $(date +%s) - t0 ))s | $line"
@@ -236,7 +247,7 @@ else
 fi
 cat "$LOGS"/lane*.txt >"$OUT/summary.txt"
 for f in forward.md train_step.md ring_overhead.md; do [ -f "$LOGS/$f" ] && cat "$LOGS/$f" >>"$OUT/summary.txt"; done
-for f in "$LOGS"/real_*/real.md "$LOGS"/mip_*/mip.md "$LOGS"/mcmc_*/real.md; do [ -f "$f" ] && cat "$f" >>"$OUT/summary.txt"; done
+for f in "$LOGS"/real_*/real.md "$LOGS"/mip_*/mip.md "$LOGS"/mcmc_*/real.md "$LOGS"/vtp*/viewer_throughput.md; do [ -f "$f" ] && cat "$f" >>"$OUT/summary.txt"; done
 tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 echo "== device_all: $ngpu GPU(s), $(( $(date +%s) - t_start ))s =="
 cat "$OUT/summary.txt"

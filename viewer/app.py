@@ -192,7 +192,7 @@ class Viewer:
 
             self.input = GlfwInput(self.window, self.camera)
         self.take_model()
-        if self.frames and training is None:
+        if self.frames and self.training is None:
             self.studio.frame_with_cameras()   # --cameras: the cameras and the scene together (viewer/studio.py)
         elif self.frames:
             self.camera.frame_cameras([f.camera for f in self.frames])

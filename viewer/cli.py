@@ -4,7 +4,7 @@
                  side-by-side] [--device auto|cpu|cuda] [--render-scale S] [--up +z] [--white-bg] [--no-vsync]
                  [--debug]
     rigel-viewer --data DIR [--appearance sh|mlp] [--iters N] [--white-bg] [--downscale F] [--max-gaussians N]
-                 [--eval-every N] [--device …] [--out RUN] [--paused] [--resume] [--offscreen --frames N]
+                 [--eval-every N] [--device …] [--out RUN] [--paused] [--resume] [--offscreen --frames N --fps F]
 
 SCENE is any file ``rigel_core.io.load_scene`` reads (INRIA PLY of any SH degree, compressed PLY, SPZ, rigel
 checkpoint); without it the bundled default scene. ``--data`` trains on a dataset
@@ -23,7 +23,9 @@ to it); progressive rendering, opening files (drop / File → open) and editing 
 (:mod:`viewer.studio`).
 
 ``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
-``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`).
+``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`). With ``--data``
+the training starts with the offscreen frame loop (``--paused`` does not apply), which presents at most ``--fps``
+frames per second (default 30; ``summary.json`` gives the rate achieved, ``fps``).
 ``--path FILE`` opens a camera path in the Camera path section; with ``--offscreen`` it writes the path's frames
 instead, ``path_XXXX.png`` (see :mod:`viewer.path_panel`).
 Exit status: 0 on success, 1 when something failed, 2 for an input rigel cannot use (a bad scene, dataset or
@@ -81,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                              "quit after this many")
     ap.add_argument("--out", type=Path, default=None, help="output folder (offscreen frames, screenshots, videos; "
                                                            "with --data the run folder)")
+    ap.add_argument("--fps", type=float, default=30.0, help="offscreen training: present at most this many frames "
+                                                            "per second (default 30)")
     ap.add_argument("--path", type=Path, default=None, help="camera path .json to open in the Camera path section; "
                                                             "with --offscreen: write its frames")
     ap.add_argument("--size", type=_parse_size, default=(1280, 720), help="window / image size, e.g. 1280x720")
@@ -183,7 +187,9 @@ def _start_training(args, settings: ViewSettings, locks: list):
     settings.white_background = bool(getattr(ds, "white_bg", args.white_bg))
     if device == "cpu":
         settings.model_refresh_s = 0.5
-    session = TrainingSession(trainer, ModelSlot(), run_dir, running=not args.paused, data=args.data)
+    # offscreen: the frame loop resumes it (viewer.offscreen), so no iteration runs before frames are presented
+    session = TrainingSession(trainer, ModelSlot(), run_dir, running=not (args.paused or args.offscreen),
+                              data=args.data)
     log.info("training %s: %d train / %d test views, %d iterations, run folder %s", args.data,
              len(ds.train), len(ds.test), trainer.config.iterations, run_dir)
     session.start()
@@ -246,6 +252,9 @@ def _main(argv=None) -> int:
         if problem:
             print(f"rigel-viewer: {problem}", file=sys.stderr)
             return 2
+    if not (args.fps > 0 and math.isfinite(args.fps)):
+        print(f"rigel-viewer: --fps must be a positive number, got {args.fps}", file=sys.stderr)
+        return 1
     if args.frames is not None and args.frames < 1:
         print(f"rigel-viewer: --frames must be >= 1, got {args.frames}", file=sys.stderr)
         return 1
@@ -304,7 +313,7 @@ def _main(argv=None) -> int:
                 return 0 if summary["ok"] else 1
             if session is not None:
                 with sigint_flag(viewer):
-                    summary = run_offscreen_training(viewer, n, args.out)
+                    summary = run_offscreen_training(viewer, n, args.out, max_fps=args.fps)
                 interrupted = viewer.interrupted
                 print(f"rigel-viewer: trained {summary['iterations']} iterations on {summary['training_device']}, "
                       f"held-out PSNR {_db(summary['psnr_initial'])} -> {_db(summary['psnr'])} dB, "

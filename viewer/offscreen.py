@@ -7,7 +7,8 @@ Two runs:
 * :func:`run_offscreen_training` — live training: the UI loop runs exactly as in a window (it drains the
   training thread's events, renders the newest snapshot, builds the panels) while the trainer steps in its
   thread; N frames are captured at evenly spaced training progress, then the last views and the per-pixel
-  error of a training view. The training never waits for a frame.
+  error of a training view. The training never waits for a frame, and a session that waits (started paused)
+  is resumed when the loop starts, so that every iteration runs while frames are presented.
 
 Both write ``summary.json`` with ``ok`` false (and an ``error``) when something failed; the CLI turns that
 into a non-zero exit status.
@@ -22,6 +23,7 @@ import numpy as np
 
 from rigel_core.run_dir import write_json_atomic
 
+from . import messages as M
 from .gpu.shaderio import C, MODE_NAMES
 
 __all__ = ["run_offscreen", "run_offscreen_training"]
@@ -157,7 +159,8 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     iterations (k = 1 … frames), the camera turning ``orbit_degrees`` in all; then ``image/alpha/overdraw.png``
     of the final model and ``training_view.png`` (the panels with the per-pixel error of training view 0).
     The loop presents at most ``max_fps`` frames per second (it sleeps otherwise, leaving the cores to the
-    trainer). Returns the summary (also in ``summary.json``): frames, fps, iterations, held-out PSNR (first
+    trainer); a paused session is resumed as the loop starts. Returns the summary (also in ``summary.json``):
+    frames, presents, fps (presents per second achieved over the loop), ``max_fps``, iterations, held-out PSNR (first
     and last evaluation), train-view PSNR (mean of the first and of the last window of ≤ 10 iterations),
     Gaussians, the run folder and the files written there. ``ok`` is false when the training failed or ``timeout_s`` passed.
     """
@@ -166,12 +169,15 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     session, state = viewer.training, viewer.train_state
     trainer = session.trainer
     start_it, goal = trainer.iteration, trainer.config.iterations
+    if not max_fps > 0:
+        raise ValueError(f"max_fps must be > 0, got {max_fps}")
     span = max(goal - start_it, 1)
     marks = [start_it + math.ceil(span * (k + 1) / frames) for k in range(frames)]
     files, shots = [], []
     yaw0 = viewer.camera.yaw
     t_start = time.perf_counter()
     presents0 = viewer.stats.presents
+    session.send(M.Resume())   # a session started paused (rigel-viewer --offscreen) trains from here on
     error = None
     k = 0
     while True:
@@ -224,7 +230,7 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     summary = {
         "ok": error is None, **common,
         "frames": len(shots), "presents": presents, "seconds": round(elapsed, 3),
-        "fps": round(presents / elapsed, 3) if elapsed > 0 else None,
+        "fps": round(presents / elapsed, 3) if elapsed > 0 else None, "max_fps": max_fps,
         "iterations": state.iteration, "iterations_goal": goal, "status": state.status,
         "psnr": state.last_eval_psnr if state.eval_psnr else None,
         "psnr_initial": state.eval_psnr[0] if state.eval_psnr else None,

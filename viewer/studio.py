@@ -100,7 +100,7 @@ class Studio:
         panels are shown in a window at least three panel widths wide (not in side-by-side, which gives the
         panel its own column, nor while training, whose panels sit on both sides), else the whole width. The rule
         of ``Viewer.frame_scene``."""
-        from .shaderio import C
+        from .gpu.shaderio import C
         from .ui import PANEL_WIDTH
 
         v = self.v

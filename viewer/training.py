@@ -12,7 +12,11 @@ stream waits for the copy on the GPU, not on the host.
 The run folder gets what ``rigel-train`` writes (:class:`rigel_core.run_dir.RunRecord`): ``log.txt`` (a line per
 densification, evaluation, skipped step and save), ``metrics.json`` (the loss curve per window of
 ``progress_every`` steps, the evaluations, the densifications; written at each evaluation and save), the checkpoint
-and ``model.ply``. A step's loss and PSNR stay on the device until a window is full (one read per window, never a
+and ``model.ply``. ``metrics.json``'s ``timings`` are rigel-train's: ``train_s`` (the steps' own seconds, evaluations
+excluded) and ``loop_s`` (the wall-clock seconds of the training loop while it runs: from the start of a step to
+the end of the last step that follows it without a pause, snapshots, loss-curve reads and commands included,
+evaluations and saves excluded), summed over the run's sessions; ``ms_per_iter`` is ``train_s`` per iteration. A
+step's loss and PSNR stay on the device until a window is full (one read per window, never a
 host sync per step); the UI gets one :class:`~viewer.messages.TrainingProgress` per window, and at a pause or
 the end.
 
@@ -90,6 +94,10 @@ class TrainingSession:
         self.record: RunRecord | None = None   # opened on the thread (the run folder is written from there only)
         self._window: list = []
         self._train_s = 0.0
+        self._loop_s = 0.0            # wall-clock seconds of the training loop (module docstring)
+        self._loop_mark = None        # the end of the previous step while stepping without a pause, else None
+        self._aside_s = 0.0           # evaluation and save seconds inside the current step (not loop time)
+        self._timings_before: dict = {}   # a resumed run's timings (earlier sessions)
         self._steps = 0               # steps of this session
         self._thread = threading.Thread(target=self._run, name="rigel-training", daemon=True)
 
@@ -156,11 +164,17 @@ class TrainingSession:
     def _record(self) -> RunRecord:
         if self.record is None:
             self.record = RunRecord.open(self.run_dir, self.trainer, data=self.data, name=f"rigel.viewer.run.{id(self)}")
+            self._timings_before = dict(self.record.metrics.get("timings") or {})
         return self.record
 
     def _write_metrics(self) -> None:
-        self._record().write(self.trainer, timings={"train_s": self._train_s,
-                                                    "ms_per_iter": 1e3 * self._train_s / max(1, self._steps)})
+        """``metrics.json`` now; ``timings`` as rigel-train writes them (summed over the run's sessions, ms per
+        iteration over all its iterations)."""
+        before = self._timings_before
+        train_s = float(before.get("train_s", 0.0)) + self._train_s
+        loop_s = float(before.get("loop_s", 0.0)) + self._loop_s
+        self._record().write(self.trainer, timings={**before, "train_s": train_s, "loop_s": loop_s,
+                                                    "ms_per_iter": 1e3 * train_s / max(1, self.trainer.iteration)})
 
     def _flush_progress(self) -> None:
         """Read the window's step values (one device read for the window) into a TrainingProgress and a
@@ -251,8 +265,12 @@ class TrainingSession:
 
     def _step(self) -> None:
         tr = self.trainer
+        t0 = time.perf_counter()
+        start = self._loop_mark if self._loop_mark is not None else t0
+        self._aside_s = 0.0
         r = tr.step()
         self._train_s += r.seconds - (r.eval.seconds if r.eval else 0.0)
+        self._aside_s += r.eval.seconds if r.eval else 0.0
         self._elapsed += r.seconds
         self._dirty = True
         self._steps += 1
@@ -277,18 +295,24 @@ class TrainingSession:
             self._finish()
         elif changed or time.perf_counter() - self._last_publish >= self.publish_every_s:
             self._publish()
+        end = time.perf_counter()
+        self._loop_s += end - start - self._aside_s
+        self._loop_mark = None if self._finished else end
 
     def _evaluated(self, e) -> None:
         self._flush_progress()
+        t0 = time.perf_counter()
         self._record().evaluated(e)
         self._write_metrics()
         self._emit(M.EvalFinished(e.iteration, e.psnr, e.ssim, e.num_gaussians, e.n_views))
+        self._aside_s += time.perf_counter() - t0
 
     def _finish(self) -> None:
         tr = self.trainer
         self._finished = True
         self._running, self._steps_left = False, 0
-        self._flush_progress()
+        self._flush_progress()            # the last read of the step values: the device's work is done
+        t0, aside = time.perf_counter(), self._aside_s
         last = tr.eval_history[-1] if tr.eval_history else None
         if last is None or last.iteration != tr.iteration:
             e = tr.evaluate()
@@ -297,6 +321,7 @@ class TrainingSession:
                 last = e
         self._publish()
         self.save("both", "finished")
+        self._aside_s = aside + time.perf_counter() - t0   # the final evaluation and save are not loop time
         self._emit(M.TrainingFinished(tr.iteration, last.psnr if last is not None else math.nan))
 
     def _run(self) -> None:
@@ -323,6 +348,8 @@ class TrainingSession:
                     break
                 if self._should_step():
                     self._step()
+                else:                       # paused: the loop time stops until the next step
+                    self._loop_mark = None
             self._flush_progress()
             if stop.save and self._dirty:
                 self.save("both", "stopped")

@@ -13,7 +13,9 @@ instant-ngp, COLMAP). Writes into ``RUN``:
 - ``log.txt``: one line per event (densification, evaluation, skipped steps, checkpoints), appended on resume;
 - ``metrics.json``: the run's configuration, the training loss curve (mean over each ``--log-every`` window:
   loss, training-view PSNR, Gaussian count, ms per iteration), held-out PSNR and SSIM at each evaluation,
-  timings, peak GPU memory (CUDA), the number of steps the NaN guard skipped;
+  timings (``train_s``: the steps' own seconds, evaluations excluded; ``loop_s``: the training loop's wall-clock
+  seconds, evaluations and periodic saves excluded; ``ms_per_iter``: ``train_s`` per iteration), peak GPU memory
+  (CUDA), the number of steps the NaN guard skipped;
 - ``checkpoint.safetensors`` (:mod:`rigel_core.checkpoint`; ``--resume`` continues from it, and an ``--out``
   that holds one is refused without ``--resume``), ``model.ply`` (INRIA layout), both written atomically;
 - ``renders/it<NNNNNN>/<view>_pred.png`` and ``<view>_gt.png`` for the first ``--n-renders`` held-out views
@@ -342,6 +344,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
     timings["init_s"] = t_init - t_loaded
     train_s = float(timings.get("train_s", 0.0))
     eval_s = float(timings.get("eval_s", 0.0))
+    loop_before = loop_s = float(timings.get("loop_s", 0.0))
     window = []
 
     def save_all(reason: str, collective: bool = True) -> None:
@@ -355,7 +358,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
             return
         if comm is not None:
             metrics["distributed"].update(allreduce_calls=comm.reduce_calls)
-        timings.update(train_s=train_s, eval_s=eval_s, total_s=total_before + time.perf_counter() - t_start,
+        timings.update(train_s=train_s, loop_s=loop_s, eval_s=eval_s,
+                       total_s=total_before + time.perf_counter() - t_start,
                        ms_per_iter=1e3 * train_s / max(1, trainer.iteration))
         if device == "cuda":
             metrics["peak_gpu_memory_bytes"] = int(torch.cuda.max_memory_allocated())
@@ -373,6 +377,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
         write_metrics()
 
     status = 0
+    t_loop, aside = time.perf_counter(), 0.0   # loop_s: the loop's wall time less evaluations and periodic saves
     try:
         while trainer.iteration < cfg.iterations:
             if stop.is_set() and comm is None:
@@ -393,11 +398,16 @@ def _main(args, lock: RunLock, comm=None) -> int:
                                              f"N {r.num_gaussians}")
                 window = []
             if r.eval:
+                t_aside = time.perf_counter()
                 on_eval(r.eval)
+                aside += r.eval.seconds + time.perf_counter() - t_aside
             if args.checkpoint_every and trainer.iteration % args.checkpoint_every == 0 \
                     and trainer.iteration < cfg.iterations:
+                t_aside = time.perf_counter()
                 save_all("periodic")
                 write_metrics()
+                aside += time.perf_counter() - t_aside
+            loop_s = loop_before + time.perf_counter() - t_loop - aside
         progress.update(len(window))
         if is_main and (not trainer.eval_history or trainer.eval_history[-1].iteration != trainer.iteration):
             ev = trainer.evaluate()
