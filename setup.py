@@ -98,7 +98,7 @@ setup(
         "rigel-train=rigel_core.cli.train:main",
         "rigel-import-colmap=rigel_core.cli.import_colmap:main",
         "rigel-convert=rigel_core.cli.convert:main",
-        "rigel-viewer=viewer.app:main",
+        "rigel-viewer=viewer.cli:main",
     ]},
     ext_modules=ext_modules,
     cmdclass=cmdclass,

@@ -148,7 +148,7 @@ job() {  # job NAME -> one summary line on stdout; everything else into $LOGS
       [ "$a" != orbit ] && wb="--white-bg"
       [ "$b" != 1 ] && { line="viewer: downscale must be 1 (give a pre-scaled copy)"; echo "$spec | $line"; return; }
       rm -rf "$run"
-      timeout -s INT ${d:-${JOB_TIMEOUT:-330}} $PY -m viewer.app --data "$data" $wb --offscreen --iters "$c" \
+      timeout -s INT ${d:-${JOB_TIMEOUT:-330}} $PY -m viewer --data "$data" $wb --offscreen --iters "$c" \
         --eval-every 7000 --frames 4 --size 1280x720 --out "$run" >"$LOGS/$name.log" 2>&1
       local rc=$?
       mkdir -p "$LOGS/$name.out"; cp "$run"/*.json "$run"/*.png "$LOGS/$name.out/" 2>/dev/null

@@ -5,7 +5,7 @@ Usage (a display is needed; here Xvfb + lavapipe):
 
 Each run starts ``python -c`` that imports torch (timed on its own: about 1.3 s of any launch on a 2-core box,
 more when the box is busy), wraps ``viewer.app.Viewer.step`` to print the wall-clock time of the first present,
-then runs ``viewer.app.main([...,'--frames', '1'])`` (the bundled scene on the CPU unless VIEWER ARGS say
+then runs ``viewer.cli.main([...,'--frames', '1'])`` (the bundled scene on the CPU unless VIEWER ARGS say
 otherwise). Reported: launch → first present (wall s; and the process's CPU seconds until then, which a busy
 shared box inflates less than the wall time), and the first frame's size (the progressive first frame is small).
 Also printed: the torch import alone and everything but it. Not a test: a measurement.
@@ -36,7 +36,8 @@ def step(self, *a, **k):
                                            'cpu_s': time.process_time(), 'torch_cpu_s': c_torch}), flush=True)
     return p
 app.Viewer.step = step
-sys.exit(app.main(sys.argv[1:]))
+import viewer.cli as cli
+sys.exit(cli.main(sys.argv[1:]))
 """
 
 

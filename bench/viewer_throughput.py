@@ -7,7 +7,7 @@ Protocol, per repeat (``--repeat R``: the pairs alternate A, B, A, B, …; each 
 
 (a) ``python -m rigel_core.cli.train --data D --out RUN_A --iters N [--white-bg] --eval-every 0
     --checkpoint-every 0 --n-renders 0 --quiet [--device DEV] [TRAIN_ARGS]``;
-(b) ``python -m viewer.app --data D [--white-bg] --offscreen --iters N --eval-every 0 --frames 2 --size WxH
+(b) ``python -m viewer --data D [--white-bg] --offscreen --iters N --eval-every 0 --frames 2 --size WxH
     --fps F --out RUN_B [--device DEV] [TRAIN_ARGS]``: the viewer trains the same data in its thread while its
     frame loop renders the live model (panels included) into a 1280×720 offscreen target and presents at most
     ``--fps`` (default 60) frames per second; the training starts with that loop.
@@ -99,7 +99,7 @@ def commands(args, kind: str, run: Path) -> list:
     if kind == "train":
         return py + ["rigel_core.cli.train", *common, "--out", str(run), "--checkpoint-every", "0",
                      "--n-renders", "0", "--quiet", *extra]
-    return py + ["viewer.app", *common, "--offscreen", "--frames", "2", "--size", args.size, "--fps",
+    return py + ["viewer", *common, "--offscreen", "--frames", "2", "--size", args.size, "--fps",
                  f"{args.fps:g}", "--out", str(run), *extra]
 
 

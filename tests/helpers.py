@@ -34,3 +34,17 @@ def random_gaussians(gen, n, dtype=torch.float64, spread=1.0, scale_range=(-3.0,
 
 def cam_tensors(cam, dtype=torch.float64):
     return cam.viewmat_tensor(dtype=dtype), cam.K_tensor(dtype=dtype)
+
+
+def real_scene_pair(shared_data, name, device):
+    """``(model, model64)``: the real scene file ``shared_data/name`` loaded on ``device`` (float32) and its float64
+    copy — the inputs of the CUDA-vs-reference checks on trained scenes; skips the test when the file is absent."""
+    import pytest
+
+    from rigel_core.io import load_scene
+
+    path = shared_data / name
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    model = load_scene(path, device=device)
+    return model, model.to(dtype=torch.float64)

@@ -558,7 +558,7 @@ def test_viewer_offscreen_path_frames(tmp_path, capsys):
         pytest.skip(f"no usable Vulkan device: {VK_REASON}")
     from rigel_core.data import make_scene
     from rigel_core.io import save_ply
-    from viewer.app import main
+    from viewer.cli import main
 
     save_ply(make_scene(n=200, sh_degree=1, seed=5), tmp_path / "s.ply")
     cams = [Camera.look_at([6 * math.cos(a), 6 * math.sin(a), 2.0], [0, 0, 0]) for a in (0.0, 1.0)]

@@ -21,7 +21,7 @@ import rigel_core as rc
 from rigel_core import _ext, config, cuda_backend
 from rigel_core.reference import expected_depth, project_gaussians, rasterize_tiles, render_reference, sh_colors
 
-from helpers import cam_tensors
+from helpers import cam_tensors, real_scene_pair
 from test_cuda_backward import assert_close, background_scale, leaves
 from test_cuda_forward import _ply_cameras, cuda_project, make_scene
 
@@ -137,13 +137,7 @@ def test_end_to_end_depth_gradients(rng):
 @pytest.mark.parametrize("name", ["ply/donut_mipsplatting_sh0.ply", "ply/fruit_drops_minimal_sh3.ply",
                                   "compressed/guitar.compressed.ply"])
 def test_real_scene_depth_psnr(shared_data, name):
-    from rigel_core.io import load_scene
-
-    path = shared_data / name
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    model = load_scene(path, device=DEV)
-    model64 = model.to(dtype=torch.float64)
+    model, model64 = real_scene_pair(shared_data, name, DEV)
     for cam in _ply_cameras(model):
         got = rc.render(model, cam, depth=True)
         colors = sh_colors(model64.sh_degree, model64.sh_coeffs, model64.means3D,

@@ -27,7 +27,7 @@ from rigel_core import _ext, config, cuda_backend
 from rigel_core.reference import (bin_gaussians, project_gaussians, rasterize_tiles, render_reference, sh_colors,
                                   tile_rects)
 
-from helpers import cam_tensors, random_camera, random_gaussians
+from helpers import cam_tensors, random_camera, random_gaussians, real_scene_pair
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -344,13 +344,7 @@ def _ply_cameras(model, n=3, size=512):
                                   "compressed/guitar.compressed.ply", "compressed/biker.spz"])
 def test_real_scene_psnr(shared_data, name):
     """Real trained scenes: CUDA vs the float64 reference (run on the GPU in float64: same code as on the CPU)."""
-    from rigel_core.io import load_scene
-
-    path = shared_data / name
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    model = load_scene(path, device=DEV)
-    model64 = model.to(dtype=torch.float64)
+    model, model64 = real_scene_pair(shared_data, name, DEV)
     for cam in _ply_cameras(model):
         got = rc.render(model, cam)
         colors = sh_colors(model64.sh_degree, model64.sh_coeffs, model64.means3D,

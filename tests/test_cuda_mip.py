@@ -16,7 +16,7 @@ import rigel_core as rc
 from rigel_core import _ext, config, cuda_backend
 from rigel_core.reference import project_gaussians, render_reference, sh_colors
 
-from helpers import cam_tensors, random_camera, random_gaussians
+from helpers import cam_tensors, random_camera, random_gaussians, real_scene_pair
 from test_cuda_backward import TOL, assert_close, leaves
 from test_cuda_forward import _ply_cameras, make_scene, psnr, rel_err_rows
 
@@ -114,13 +114,7 @@ def test_mip_render_end_to_end_gradients(rng):
 
 @pytest.mark.parametrize("name", ["ply/donut_mipsplatting_sh0.ply", "ply/fruit_drops_minimal_sh3.ply"])
 def test_real_scene_mip_psnr(shared_data, name):
-    from rigel_core.io import load_scene
-
-    path = shared_data / name
-    if not path.exists():
-        pytest.skip(f"{path} not present")
-    model = load_scene(path, device=DEV)
-    model64 = model.to(dtype=torch.float64)
+    model, model64 = real_scene_pair(shared_data, name, DEV)
     for cam in _ply_cameras(model):
         got = rc.render(model, cam, render_mode="mip")
         colors = sh_colors(model64.sh_degree, model64.sh_coeffs, model64.means3D,

@@ -20,7 +20,7 @@ def _one_line(err: str) -> str:
 
 # ---- the viewer over a finished run ------------------------------------------------------------------------------
 def test_viewer_refuses_an_out_holding_a_run_and_says_where_it_trains_instead(tmp_path, monkeypatch, capsys):
-    from viewer.app import main
+    from viewer.cli import main
 
     monkeypatch.chdir(tmp_path)
     finished = Path("runs/orbit")
@@ -51,7 +51,7 @@ def test_a_locked_run_folder_is_refused(tmp_path, capsys, cli):
     try:
         argv = ["--data", str(tmp_path / "no-such-dataset"), "--out", str(run)]
         if cli == "rigel-viewer":
-            from viewer.app import main
+            from viewer.cli import main
         else:
             from rigel_core.cli.train import main
 
@@ -81,7 +81,7 @@ def test_a_wrong_out_is_one_line_before_loading_data(tmp_path, capsys, cli, kind
 
         argv = [missing + ".ply", "--cameras", missing + ".json", "--out", str(out)]
     else:
-        from viewer.app import main
+        from viewer.cli import main
 
         argv = (["--data", missing] if cli.endswith("--data") else [missing + ".ply"]) + ["--offscreen", "--out",
                                                                                             str(out)]

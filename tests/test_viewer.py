@@ -251,7 +251,7 @@ def test_offscreen_cli_on_the_bundled_scene(tmp_path):
     from PIL import Image
 
     from test_vulkan import VALIDATION
-    from viewer.app import main
+    from viewer.cli import main
 
     out = tmp_path / "out"
     args = ["--offscreen", "--frames", "1", "--out", str(out), "--size", "96x72", "--render-scale", "1"]
@@ -297,7 +297,7 @@ def test_screenshot_names_never_overwrite(tmp_path):
 
 
 def test_cli_reports_bad_input(tmp_path, capsys):
-    from viewer.app import main
+    from viewer.cli import main
 
     missing = tmp_path / "nope.ply"
     assert main([str(missing), "--offscreen", "--out", str(tmp_path)]) == 2  # bad input: 2
@@ -314,7 +314,7 @@ def test_cli_reports_bad_input(tmp_path, capsys):
 
 @needs_vulkan
 def test_cli_without_display_or_driver_says_what_to_do(tmp_path, monkeypatch, capsys, rng):
-    from viewer.app import main
+    from viewer.cli import main
 
     scene = tmp_path / "tiny.ply"
     from rigel_core.io import save_ply
@@ -414,7 +414,7 @@ def test_panels_stay_in_place_when_the_window_is_shrunk_to_nothing(rng):
 @needs_ui
 def test_gpu_offscreen_viewer_on_the_bundled_scene(tmp_path):
     from test_vulkan import VALIDATION
-    from viewer.app import main
+    from viewer.cli import main
 
     out = tmp_path / "gpu"
     assert main(["--offscreen", "--device", "cuda", "--frames", "12", "--out", str(out), "--size", "640x480"]

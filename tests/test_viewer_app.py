@@ -418,7 +418,7 @@ def test_offscreen_training_writes_frames_and_psnr_rises(procedural_64, tmp_path
 
 @needs_vulkan
 def test_offscreen_cli_fails_loudly(procedural_64, tmp_path, capsys):
-    from viewer.app import main
+    from viewer.cli import main
 
     # a dataset that cannot be loaded is an input error: one line, status 2 (as rigel-render / rigel-train)
     assert main(["--data", str(tmp_path / "missing"), "--offscreen", "--out", str(tmp_path / "o")]) == 2
@@ -435,7 +435,7 @@ def test_offscreen_tiny_scenes(tmp_path, capsys):
     or several at one point, far from the origin, is framed and seen (issue 13: framing used a zero-size box)."""
     from rigel_core.io import save_ply
     from rigel_core.model import GaussianModel
-    from viewer.app import main
+    from viewer.cli import main
 
     def model(n, at):
         return GaussianModel.from_tensors(torch.tensor([at] * n, dtype=torch.float32).reshape(n, 3),
@@ -461,7 +461,7 @@ def test_offscreen_scene_with_no_finite_gaussian_is_an_empty_scene(tmp_path, cap
     a note, as for a 0-splat scene (before: exit 1, "the camera sees no Gaussian")."""
     from rigel_core.io import save_ply
     from rigel_core.model import GaussianModel
-    from viewer.app import main
+    from viewer.cli import main
 
     n = 6
     dc = torch.full((n, 1, 3), 1.0)
@@ -688,7 +688,7 @@ def test_gpu_offscreen_training_takes_the_cuda_ring(tmp_path):
     data = tmp_path / "data"
     make_dataset(data, 20_000, 200, 200, n_train=40, n_test=8, progress=False, device="cuda")
     out = tmp_path / "out"
-    from viewer.app import main
+    from viewer.cli import main
 
     assert main(["--data", str(data), "--offscreen", "--iters", "2000", "--eval-every", "500", "--frames", "4",
                  "--out", str(out), "--size", "640x480", "--device", "cuda"]) == 0
@@ -766,7 +766,7 @@ def test_gpu_viewer_training_matches_rigel_train(tmp_path):
     held-out PSNR (within 0.3 dB: CUDA atomics make both runs slightly nondeterministic)."""
     from rigel_core.cli.train import main as train_main
     from rigel_core.data import make_dataset
-    from viewer.app import main
+    from viewer.cli import main
 
     data = tmp_path / "data"
     make_dataset(data, 20_000, 200, 200, n_train=40, n_test=8, progress=False, device="cuda")

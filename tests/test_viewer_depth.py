@@ -1,4 +1,4 @@
-"""The viewer's depth display (no Vulkan needed): colormap indices and the frame-image fill of ``_colormap_depth``."""
+"""The viewer's depth display (no Vulkan needed): colormap indices and the frame-image fill of ``viewer.render_view.colormap_depth``."""
 from types import SimpleNamespace
 
 import numpy as np
@@ -8,6 +8,7 @@ import torch
 pytest.importorskip("viewer.app")
 from viewer.gpu import shaderio  # noqa: E402
 from viewer.app import Viewer  # noqa: E402
+from viewer.render_view import colormap_depth  # noqa: E402
 from viewer.gpu.colormap import depth_colors, depth_index, depth_range, overdraw_lut  # noqa: E402
 from viewer.ui import MODE_DEPTH, MODE_LABELS, ViewSettings  # noqa: E402
 
@@ -32,7 +33,7 @@ def test_depth_index_and_range(rng):
 
 
 def test_colormap_depth_fills_the_frame_image(rng):
-    """The depth mode is in the mode list and re-renders on range changes; ``_colormap_depth`` writes the LUT
+    """The depth mode is in the mode list and re-renders on range changes; ``colormap_depth`` writes the LUT
     colours of the depth into the slot's image (auto range and a fixed one)."""
     assert ("depth", MODE_DEPTH) in MODE_LABELS
     s = ViewSettings(mode=MODE_DEPTH)
@@ -47,7 +48,7 @@ def test_colormap_depth_fills_the_frame_image(rng):
     lut = overdraw_lut(shaderio.C.COLORMAP_SIZE)
     for auto in (True, False):
         s.depth_auto = auto
-        Viewer._colormap_depth(fake, slot, d)
+        colormap_depth(fake, slot, d)
         near, far = (float(d[d > 0].min()), float(d.max())) if auto else (2.0, 5.0)
         want = lut[depth_index(d, near, far, lut.shape[0]).numpy()][..., :3]
         np.testing.assert_array_equal(slot.image.numpy(), want)

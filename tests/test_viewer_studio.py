@@ -519,7 +519,7 @@ def test_viewer_progressive_starts_small_and_refines_to_full(one_thread):
 
 @needs_viewer
 def test_cli_cameras_bad_path_is_one_line(tmp_path, capsys):
-    from viewer.app import main
+    from viewer.cli import main
 
     assert main(["--offscreen", "--out", str(tmp_path / "o"), "--cameras", str(tmp_path / "none"),
                  "--frames", "1"]) == 2   # bad input: exit 2, as for a bad scene file (docs/RELIABILITY.md)
@@ -648,6 +648,7 @@ def test_rigel_viewer_first_frame_is_a_progressive_low_res_one(display, one_thre
         return p
 
     monkeypatch.setattr(app.Viewer, "step", spy)
-    assert app.main(["--device", "cpu", "--size", "640x400", "--frames", "1"]) == 0
+    from viewer.cli import main
+    assert main(["--device", "cpu", "--size", "640x400", "--frames", "1"]) == 0
     (fw, fh), progressive = seen[0]
     assert progressive and fw * fh <= 1.2 * FIRST_PIXELS and fw < 640 // 4

@@ -636,7 +636,7 @@ def test_viewer_save_scene_formats_and_unused_names(tmp_path, rng):
     m = random_model(rng, 40, 1, dtype=torch.float32)
     (tmp_path / "model.compressed.ply").write_bytes(b"taken")
     assert export_path(tmp_path, "compressed_ply") == tmp_path / "model_2.compressed.ply"
-    fake = SimpleNamespace(_model=m, screenshot_dir=tmp_path, settings=ViewSettings(), jobs={})
+    fake = SimpleNamespace(model=m, screenshot_dir=tmp_path, settings=ViewSettings(), jobs={})
     written = []
     for key, suffix, _ in EXPORT_CHOICES:
         fake.settings.export_format = key

@@ -24,7 +24,7 @@ from pathlib import Path
 from rigel_core.run_dir import unused_path
 
 from . import jobs as _jobs
-from .camera_control import OrbitCamera
+from .camera_control import OrbitCamera, framing_box
 from .gpu.shaderio import C
 from .model_slot import ModelSlot
 from .render_view import ErrorMap, poll_timing, render_view
@@ -33,7 +33,7 @@ from .ui import MODE_DEPTH, Stats, ViewSettings, draw_ui
 from .ui_state import TrainingState
 from .window import Window, sigint_flag
 
-__all__ = ["Viewer", "main", "framing_box"]
+__all__ = ["Viewer", "framing_box"]
 
 #: on the CPU path the reference renderer takes ~1 s per 320×240 frame of 45k Gaussians: render scale "auto"
 #: keeps the frame at about this many pixels there.
@@ -55,29 +55,6 @@ def _pick_render_device(device: str) -> str:
 
     _ext.get()  # raises with the build instructions when the kernels are missing (never a silent CPU fallback)
     return "cuda"
-
-
-def framing_box(model):
-    """(lo (3,), hi (3,)) float64 numpy: the box the first view fits — the model's robust bounds
-    (``model.bounds(0.01)``), widened by 3σ of its largest finite scale where the means alone span (almost)
-    nothing: one splat, or several at one point. An empty scene (or one without a finite mean) gets the unit
-    box around the origin, so there is always a camera to show the background from."""
-    import numpy as np
-    import torch
-
-    lo, hi = (t.detach().cpu().double().numpy() for t in model.bounds(0.01))
-    size = float(np.linalg.norm(hi - lo))
-    if size > 1e-9 * max(1.0, float(np.abs(lo).max()), float(np.abs(hi).max())):
-        return lo, hi
-    pad = 0.0
-    if model.num_gaussians > 0:
-        s = model.scales.detach().double()
-        s = s[torch.isfinite(s).all(-1)]
-        if s.numel():
-            pad = 3.0 * float(s.max())
-    if not pad > 0 or not np.isfinite(pad):
-        pad = 1.0
-    return lo - pad, hi + pad
 
 
 class Viewer:
@@ -541,16 +518,3 @@ class Viewer:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def main(argv=None) -> int:
-    """``rigel-viewer`` (:func:`viewer.cli.main`)."""
-    from .cli import main as cli_main
-
-    return cli_main(argv)
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main())

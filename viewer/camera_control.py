@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-__all__ = ["OrbitCamera", "UP_AXES", "nearest_camera", "focus_of_cameras", "up_from_cameras", "mean_up",
+__all__ = ["OrbitCamera", "framing_box", "UP_AXES", "nearest_camera", "focus_of_cameras", "up_from_cameras", "mean_up",
            "region_offset", "FLY_FAST", "FLY_SLOW", "MAX_FLY_DT"]
 
 UP_AXES = {"+z": (0.0, 0.0, 1.0), "-z": (0.0, 0.0, -1.0), "+y": (0.0, 1.0, 0.0), "-y": (0.0, -1.0, 0.0),
@@ -397,3 +397,26 @@ def region_offset(region) -> float:
     if u1 - u0 < 1e-3:
         u0, u1 = 0.0, 1.0
     return 0.5 * (u0 + u1) - 0.5
+
+
+def framing_box(model):
+    """(lo (3,), hi (3,)) float64 numpy: the box the first view fits — the model's robust bounds
+    (``model.bounds(0.01)``), widened by 3σ of its largest finite scale where the means alone span (almost)
+    nothing: one splat, or several at one point. An empty scene (or one without a finite mean) gets the unit
+    box around the origin, so there is always a camera to show the background from."""
+    import numpy as np
+    import torch
+
+    lo, hi = (t.detach().cpu().double().numpy() for t in model.bounds(0.01))
+    size = float(np.linalg.norm(hi - lo))
+    if size > 1e-9 * max(1.0, float(np.abs(lo).max()), float(np.abs(hi).max())):
+        return lo, hi
+    pad = 0.0
+    if model.num_gaussians > 0:
+        s = model.scales.detach().double()
+        s = s[torch.isfinite(s).all(-1)]
+        if s.numel():
+            pad = 3.0 * float(s.max())
+    if not pad > 0 or not np.isfinite(pad):
+        pad = 1.0
+    return lo - pad, hi + pad

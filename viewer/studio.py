@@ -112,10 +112,10 @@ class Studio:
 
     def frame_with_cameras(self):
         """Home view of a scene shown with a dataset's cameras: the camera centres, their frustums and the
-        scene's framing box (``viewer.app.framing_box``) fitted together, world up the cameras' mean up
+        scene's framing box (``viewer.camera_control.framing_box``) fitted together, world up the cameras' mean up
         (:meth:`viewer.camera_control.OrbitCamera.frame_with_cameras`); the Camera section's up-axis combo shows
         the nearest axis (:func:`viewer.camera_control.up_from_cameras`)."""
-        from .app import framing_box
+        from .camera_control import framing_box
         from .camera_control import up_from_cameras
 
         v = self.v

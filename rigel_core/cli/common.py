@@ -98,6 +98,8 @@ def config_overrides(args: argparse.Namespace) -> dict:
                              "render_mode": args.render_mode, "strategy": args.strategy,
                              "batch_size": args.batch_size}.items() if v is not None}
     out.update(_parse_set_fields(args.set_fields))
+    if out.get("strategy") == "mcmc" and "max_gaussians" not in out and not getattr(args, "resume", False):
+        raise ValueError("--strategy mcmc needs --max-gaussians N: the Gaussian budget it grows to")
     return out
 
 
