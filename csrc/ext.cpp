@@ -45,9 +45,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("rasterize_tiles", &rigel::rasterize_tiles, py::arg("means2D"), py::arg("conics"), py::arg("colors"),
           py::arg("opacities"), py::arg("gaussian_ids"), py::arg("tile_ranges"), py::arg("width"), py::arg("height"),
           py::arg("background"), py::arg("image"), py::arg("final_T"), py::arg("n_contrib"),
-          py::arg("depths") = py::none(), py::arg("depth_sum") = py::none(), py::arg("depth_median") = py::none(),
+          py::arg("depths") = py::none(), py::arg("depth_expected") = py::none(), py::arg("depth_median") = py::none(),
           "[3] writes image (H,W,3), final_T (H,W), n_contrib (H,W) int32 in place; background (3,) or None; "
-          "with depths (N,) also depth_sum (H,W) = sum w_i z_i and depth_median (H,W) from the same pass");
+          "with depths (N,) also depth_expected (H,W) = sum w_i z_i / (1 - final_T) (0 where nothing was blended) and depth_median (H,W) from the same pass");
     m.def("project_gaussians_backward", &rigel::project_gaussians_backward, py::arg("means3D"), py::arg("quats"),
           py::arg("scales"), py::arg("viewmat"), py::arg("K"), py::arg("width"), py::arg("height"), py::arg("radii"),
           py::arg("v_means2D"), py::arg("v_conics"), py::arg("v_depths"), py::arg("v_compensations") = py::none(),

@@ -279,10 +279,10 @@ void rasterize_tiles(const at::Tensor& means2D, const at::Tensor& conics, const 
     check(op, "n_contrib", n_contrib, at::kInt, dev, {height, width}, "(H, W)");
     // depth output (issue 17.2): depths, depth_sum and depth_median come together or not at all
     if (depths.has_value() != depth_sum.has_value() || depths.has_value() != depth_median.has_value())
-        TORCH_CHECK_VALUE(false, prefix(op) + "depths, depth_sum and depth_median must be given together");
+        TORCH_CHECK_VALUE(false, prefix(op) + "depths, depth_expected and depth_median must be given together");
     if (depths.has_value()) {
         check(op, "depths", *depths, at::kFloat, dev, {n}, "(N,)");
-        check(op, "depth_sum", *depth_sum, at::kFloat, dev, {height, width}, "(H, W)");
+        check(op, "depth_expected", *depth_sum, at::kFloat, dev, {height, width}, "(H, W)");
         check(op, "depth_median", *depth_median, at::kFloat, dev, {height, width}, "(H, W)");
     }
     const c10::cuda::CUDAGuard guard(dev);

@@ -2,7 +2,8 @@
 // front-to-back alpha compositing C = sum_i c_i alpha_i prod_{j<i} (1 - alpha_j) (Kerbl et al. 2023, eq. 3).
 // The block stages its tile's entries in shared memory, kTilePixels at a time (one load per thread), and
 // leaves as soon as every pixel of the tile is done (__syncthreads_count vote).
-// Depth (docs/PIPELINE.md "Depth") comes from the same walk when kDepth: depth_sum = sum_i w_i z_i and the median
+// Depth (docs/PIPELINE.md "Depth") comes from the same walk when kDepth: the expected depth sum_i w_i z_i / (1 - T)
+// (written into the depth_sum buffer) and the median
 // depth (z of the first blended entry after which T <= 1/2; 0 if none). kDepth = false is the colour-only kernel,
 // compiled without the depth loads, shared memory or arithmetic.
 #include <ATen/ATen.h>
@@ -100,7 +101,10 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
     final_T[pix] = T;
     n_contrib[pix] = last;
     if constexpr (kDepth) {
-        depth_sum[pix] = dsum;
+        // expected depth sum_i w_i z_i / sum_i w_i, with sum_i w_i = 1 - T exactly (the weights telescope); 0 where
+        // nothing was blended. Divided here, so that no pass over the image follows the kernel.
+        const float acc = 1.f - T;
+        depth_sum[pix] = acc > 0.f ? dsum / acc : 0.f;
         depth_median[pix] = dmed;
     }
 }

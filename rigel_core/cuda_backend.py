@@ -5,7 +5,8 @@ Stages (docs/PIPELINE.md) and their Functions:
 * ``_ProjectGaussians``   [1] means3D, quats, scales → means2D, conics, depths, radii (``csrc/project_*.cu``)
 * ``_C.bin_gaussians``    [2] not differentiable (``csrc/binning.cu``)
 * ``_RasterizeTiles``     [3] means2D, conics, colors, opacities → image, final_T, n_contrib (``csrc/rasterize_*.cu``)
-* ``_RasterizeTilesDepth`` [3] the same + depths → depth_sum, depth_median from the same pass (kernels' kDepth)
+* ``_RasterizeTilesDepth`` [3] the same + depths → expected depth (divided in the kernel), depth_median from the
+  same pass (kernels' kDepth)
 * ``_ShColors``           [0] SH coefficients, means3D → colours (``csrc/sh_*.cu``)
 * ``_MLPColors``          [0'] appearance latents, MLP, means3D → colours (``csrc/appearance.cu``;
   :mod:`rigel_core.appearance`)
@@ -121,8 +122,9 @@ class _RasterizeTiles(torch.autograd.Function):
 
 class _RasterizeTilesDepth(torch.autograd.Function):
     """:class:`_RasterizeTiles` with the depth outputs (the kernels' kDepth instantiation): one pass gives image,
-    final_T, n_contrib, depth_sum = Σ wᵢzᵢ (differentiable w.r.t. depths and, through wᵢ, means2D, conics,
-    opacities) and depth_median (not differentiable)."""
+    final_T, n_contrib, depth = Σ wᵢzᵢ / (1 − final_T) (the expected depth, divided in the kernel; 0 where nothing
+    was blended; differentiable w.r.t. depths and, through wᵢ and final_T, means2D, conics, opacities) and
+    depth_median (not differentiable)."""
 
     @staticmethod
     def forward(ctx, means2D, conics, colors, opacities, depths, background, gaussian_ids, tile_ranges, width, height,
@@ -134,25 +136,31 @@ class _RasterizeTilesDepth(torch.autograd.Function):
             n_contrib = torch.empty(height, width, dtype=torch.int32, device=dev)
         else:
             image, final_T, n_contrib = out
-        depth_sum = torch.empty(height, width, dtype=torch.float32, device=dev)
+        depth = torch.empty(height, width, dtype=torch.float32, device=dev)
         depth_median = torch.empty(height, width, dtype=torch.float32, device=dev)
         _ext.get().rasterize_tiles(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, width, height,
-                                   background, image, final_T, n_contrib, depths, depth_sum, depth_median)
+                                   background, image, final_T, n_contrib, depths, depth, depth_median)
         ctx.save_for_backward(means2D, conics, colors, opacities, depths, background, gaussian_ids, tile_ranges,
-                              final_T, n_contrib)
+                              final_T, n_contrib, depth)
         ctx.size = (width, height)
         ctx.means2D_ref = weakref.ref(means2D)
         ctx.mark_non_differentiable(n_contrib, depth_median)
-        return image, final_T, n_contrib, depth_sum, depth_median
+        return image, final_T, n_contrib, depth, depth_median
 
     @staticmethod
-    def backward(ctx, v_image, v_final_T, _v_n_contrib, v_depth_sum, _v_depth_median):
+    def backward(ctx, v_image, v_final_T, _v_n_contrib, v_depth, _v_depth_median):
         (means2D, conics, colors, opacities, depths, background, gaussian_ids, tile_ranges, final_T,
-         n_contrib) = ctx.saved_tensors
+         n_contrib, depth) = ctx.saved_tensors
         zeros = lambda *c: torch.zeros(*final_T.shape, *c, dtype=final_T.dtype, device=final_T.device)
         v_image = zeros(3) if v_image is None else v_image.contiguous()
         v_final_T = zeros() if v_final_T is None else v_final_T.contiguous()
-        v_depth_sum = zeros() if v_depth_sum is None else v_depth_sum.contiguous()
+        if v_depth is None:
+            v_depth_sum = zeros()
+        else:  # depth = S / A with S = Σ wᵢzᵢ, A = 1 − final_T (0 where A = 0): ∂/∂S = 1/A, ∂/∂final_T = depth / A
+            acc = 1.0 - final_T
+            inv = torch.where(acc > 0, 1.0 / torch.where(acc > 0, acc, 1.0), 0.0)
+            v_depth_sum = (v_depth * inv).contiguous()
+            v_final_T = (v_final_T + v_depth_sum * depth).contiguous()
         v_means2D, v_conics, v_colors, v_opacities, v_means2D_abs, v_depths = _ext.get().rasterize_tiles_backward(
             means2D, conics, colors, opacities, gaussian_ids, tile_ranges, ctx.size[0], ctx.size[1], background,
             final_T, n_contrib, v_image, v_final_T, depths, v_depth_sum)
@@ -220,8 +228,8 @@ def rasterize_tiles_cuda(means2D, conics, colors, opacities, gaussian_ids, tile_
     """[3] Rasterization on the GPU, differentiable w.r.t. means2D, conics, colors, opacities, background.
 
     Returns (image (H,W,3), final_T (H,W), n_contrib (H,W) int32), written into ``out`` when given. With
-    ``depths`` (N,) (the projection's camera-space z) the same kernel pass also returns depth_sum (H,W) = Σ wᵢzᵢ
-    (differentiable, also w.r.t. depths) and depth_median (H,W) (z where T crosses ½, 0 if never; no gradient):
+    ``depths`` (N,) (the projection's camera-space z) the same kernel pass also returns depth (H,W) = the expected
+    depth Σ wᵢzᵢ / (1 − final_T), 0 where nothing was blended (differentiable, also w.r.t. depths) and depth_median (H,W) (z where T crosses ½, 0 if never; no gradient):
     a 5-tuple. See :func:`rigel_core.reference.rasterize_tiles`.
     """
     dev = means2D.device
@@ -266,9 +274,7 @@ def rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat,
     image, final_T, n_contrib = raster[:3]
     depth_out = median = None
     if depth:
-        from .reference import expected_depth
-
-        depth_out, median = expected_depth(raster[3], final_T), raster[4]
+        depth_out, median = raster[3], raster[4]   # the kernel divides: no pass over the image after it
     return RenderOutput(image, final_T, n_contrib, radii, means2D, depths, conics, tiles_touched, int(keys.numel()),
                         gaussian_ids, tile_ranges, depth_out, median)
 
