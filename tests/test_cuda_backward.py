@@ -78,9 +78,15 @@ def raster_stage(rng, inputs, cam):
     base = (m2, con, colors, opac, bg)
     x32 = leaves(base, DEV, torch.float32)
     image, final_T, n_contrib = cuda_backend.rasterize_tiles_cuda(*x32[:4], ids, ranges, w, h, background=x32[4])
-    ((image * w_img.to(DEV)).sum() + (final_T * w_T.to(DEV)).sum()).backward()
     x64 = leaves(base, "cpu", torch.float64)
     ref = rasterize_tiles(*x64[:4], ids.cpu(), ranges.cpu(), -(-w // 16), -(-h // 16), w, h, x64[4])
+    # A pixel whose walk stops at a different entry in float32 and float64 is an exact tie of the stop rule, not a
+    # kernel error: two clamped alphas give T = (1 − ALPHA_MAX)² = T_MIN in exact arithmetic, just below it in
+    # float32. Such pixels (rare; bounded here) get zero loss weight on both sides; every other pixel is compared.
+    same = (n_contrib.cpu() == ref.n_contrib)
+    assert float((~same).float().mean()) <= 2e-3, f"{int((~same).sum())} pixels stop at different entries"
+    w_img, w_T = w_img * same[..., None], w_T * same
+    ((image * w_img.to(DEV)).sum() + (final_T * w_T.to(DEV)).sum()).backward()
     ((ref.image * w_img.double()).sum() + (ref.final_T * w_T.double()).sum()).backward()
     names = ("means2D", "conics", "colors", "opacities", "background")
     assert_close([(n, a.grad, b.grad) for n, a, b in zip(names, x32, x64)], TOL,
