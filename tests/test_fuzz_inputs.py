@@ -584,5 +584,5 @@ def test_cli_viewer_hostile_scene(tmp_path):
     path = tmp_path / "zero.ply"
     head = b"ply\nformat binary_little_endian 1.0\nelement vertex 0\nproperty float x\nend_header\n"
     path.write_bytes(head + random.Random(SEED).randbytes(2_500_000))
-    proc = run_cli("viewer.app", path, "--offscreen", "--out", tmp_path / "o", "--frames", "1")
+    proc = run_cli("viewer", path, "--offscreen", "--out", tmp_path / "o", "--frames", "1")
     _assert_one_line_error(proc, path)

@@ -327,7 +327,7 @@ def test_cli_without_display_or_driver_says_what_to_do(tmp_path, monkeypatch, ca
     assert "--offscreen" in err and "xvfb" in err.lower()
 
     env = dict(os.environ, VK_DRIVER_FILES=str(tmp_path / "none.json"), VK_ICD_FILENAMES=str(tmp_path / "none.json"))
-    r = subprocess.run([sys.executable, "-m", "viewer.app", str(scene), "--offscreen", "--frames", "1", "--out",
+    r = subprocess.run([sys.executable, "-m", "viewer", str(scene), "--offscreen", "--frames", "1", "--out",
                         str(tmp_path / "o")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "mesa-vulkan-drivers" in r.stderr    # one clear line

@@ -356,7 +356,7 @@ def test_the_ui_never_waits_for_a_training_step(rng, tmp_path, one_thread):
 
 # ---- offscreen: the CLI ----------------------------------------------------------------------------------------------
 def _viewer_cmd(*args):
-    return [sys.executable, "-m", "viewer.app", *map(str, args)]
+    return [sys.executable, "-m", "viewer", *map(str, args)]
 
 
 def _env(**extra):
@@ -836,7 +836,7 @@ def test_viewer_warnings_are_one_line(tmp_path):
                                                    ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity",
                                                     "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2",
                                                     "rot_3"]) + b"end_header\n")
-    r = subprocess.run([sys.executable, "-m", "viewer.app", str(tmp_path / "zero.ply"), "--offscreen", "--frames",
+    r = subprocess.run([sys.executable, "-m", "viewer", str(tmp_path / "zero.ply"), "--offscreen", "--frames",
                         "1", "--out", str(tmp_path / "o"), "--size", "32x24", "--device", "cpu"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "default"})
     assert r.returncode == 0, r.stderr

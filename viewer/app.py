@@ -518,3 +518,9 @@ class Viewer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+if __name__ == "__main__":  # `python -m viewer.app` as before: the same as `python -m viewer` (viewer/__main__.py)
+    import runpy
+
+    runpy.run_module("viewer", run_name="__main__", alter_sys=True)
