@@ -143,7 +143,8 @@ def _start_training(args, settings: ViewSettings, locks: list):
     (run_dir, session, frames, device)."""
     from rigel_core.atomic import remove_stale_temp_files
     from rigel_core.checkpoint import CheckpointError
-    from rigel_core.cli.common import build_trainer, config_overrides, load_training_data, resume_config
+    from rigel_core.cli.common import build_trainer, config_overrides, load_training_data, new_run_problem, \
+        resume_config
     from rigel_core.run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir,
                                     out_problem)
 
@@ -171,6 +172,8 @@ def _start_training(args, settings: ViewSettings, locks: list):
         resume_cfg = resume_config(ckpt, overrides) if args.resume and ckpt.is_file() else None
     except (CheckpointError, ValueError) as e:
         raise _Refused(str(e)) from None
+    if resume_cfg is None and new_run_problem(overrides):
+        raise _Refused(new_run_problem(overrides))
     if args.resume and resume_cfg is None:
         print(f"rigel-viewer: --resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run", file=sys.stderr)
     device = _pick_render_device(args.device)

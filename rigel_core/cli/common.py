@@ -101,6 +101,16 @@ def config_overrides(args: argparse.Namespace) -> dict:
     return out
 
 
+def new_run_problem(overrides: dict) -> str | None:
+    """What keeps the command line's overrides (:func:`config_overrides`) from starting a *new* run, as one line
+    without the command's name, or None. ``--strategy mcmc`` needs an explicit budget: TrainConfig's default
+    ``max_gaussians`` (3M) is a safety cap, not a budget to grow to (docs/TRAINING.md). A resumed run keeps its
+    checkpoint's budget, so this is not asked there."""
+    if overrides.get("strategy") == "mcmc" and "max_gaussians" not in overrides:
+        return "--strategy mcmc needs --max-gaussians N: the Gaussian budget it grows to"
+    return None
+
+
 def resume_config(ckpt: Path, overrides: dict):
     """The TrainConfig of the checkpoint ``ckpt`` with ``overrides``, validated completely before anything loads.
     Raises CheckpointError (naming the file and field) or ValueError (the overrides make it invalid)."""

@@ -67,7 +67,8 @@ from pathlib import Path
 from ..atomic import remove_stale_temp_files
 from ..run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, METRICS_NAME, RunLock, RunRecord, new_metrics, open_run_log,
                        out_problem, read_metrics)
-from .common import add_training_args, build_trainer, config_overrides, load_training_data, resume_config
+from .common import add_training_args, build_trainer, config_overrides, load_training_data, new_run_problem, \
+    resume_config
 
 __all__ = ["main", "build_parser"]
 
@@ -250,6 +251,10 @@ def _main(args, lock: RunLock, comm=None) -> int:
         except (CheckpointError, ValueError) as e:
             print(f"rigel-train: {e}", file=sys.stderr)
             return 2
+    problem = new_run_problem(overrides) if resume_cfg is None else None
+    if problem:
+        print(f"rigel-train: {problem}", file=sys.stderr)
+        return 2
     t_start = time.perf_counter()
     try:
         ds = load_training_data(args)
