@@ -189,7 +189,7 @@ def _launch(args, argv) -> int:
     from .. import cuda_available
     from ..train.distributed import launch
 
-    device = args.device or ("cuda" if cuda_available() else "cpu")
+    device = args.device or "cuda"  # --gpus means GPUs: CPU processes only when --device cpu asks for them
     if device == "cuda":
         if not cuda_available():
             print("rigel-train: --gpus asked, but no CUDA device or no built kernels (rigel_core._C); "
