@@ -8,7 +8,10 @@ once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
+import warnings
 from pathlib import Path
 
 from ..run_dir import CHECKPOINT_NAME
@@ -61,6 +64,21 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--eval-every", type=int, default=None, help="held-out evaluation interval (0 = only at the end)")
     add("--seed", type=int, default=None, help="random seed")
     add("--resume", action="store_true", help=f"continue from RUN/{CHECKPOINT_NAME}")
+
+
+@contextlib.contextmanager
+def one_line_warnings(prog: str):
+    """While inside: a warning (a scene file's, a dataset's) prints as one ``PROG: warning: …`` line on stderr
+    instead of Python's report with the warning's source file, line and code (as rigel-viewer prints them)."""
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        print(f"{prog}: warning: {message}", file=file or sys.stderr)
+
+    shown = warnings.showwarning
+    warnings.showwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 def _parse_set_fields(items: list[str]) -> dict:
