@@ -194,6 +194,24 @@ def _cli(args, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
 
+def test_cli_gpus_without_a_gpu_is_one_line(blender, tmp_path, monkeypatch, capsys):
+    """--gpus N names GPUs: on a machine without CUDA (or its kernels) it is refused with one line that points at
+    --device cpu, rather than silently training N CPU processes (fresh-user finding); --gpus 0 is refused too.
+    Nothing is written."""
+    import rigel_core
+    from rigel_core.cli.train import main
+
+    monkeypatch.setattr(rigel_core, "cuda_available", lambda: False)
+    common = ["--data", str(blender), "--quiet", "--init-points", "50", "--iters", "2"]
+    assert main(common + ["--out", str(tmp_path / "a"), "--gpus", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus asked, but no CUDA device" in err and "--device cpu --gpus N" in err and len(err.splitlines()) == 1
+    assert main(common + ["--out", str(tmp_path / "a"), "--gpus", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpus must be ≥ 1" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "a").exists()
+
+
 def test_cli_gpus_2_on_cpu_then_resume_with_one_process(blender, tmp_path):
     from rigel_core.checkpoint import read_checkpoint
     from rigel_core.cli.train import main

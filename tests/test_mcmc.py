@@ -344,6 +344,13 @@ def test_cli_strategy_mcmc(blender_dataset, tmp_path, capsys):  # noqa: F811
     assert main(common + ["--out", str(tmp_path / "a"), "--iters", "5", "--strategy", "mcmc"]) == 2
     assert "--strategy mcmc needs --max-gaussians" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
+    # the viewer's live training takes the same flags and refuses the same way, before Vulkan or the data
+    from viewer.cli import main as viewer_main
+
+    assert viewer_main(["--data", str(blender_dataset), "--offscreen", "--out", str(tmp_path / "v"), "--device",
+                        "cpu", "--strategy", "mcmc"]) == 2
+    assert "--strategy mcmc needs --max-gaussians" in capsys.readouterr().err
+    assert not (tmp_path / "v").exists()
     assert main(common + ["--out", str(tmp_path / "b"), "--iters", "24", "--strategy", "mcmc", "--max-gaussians",
                           "130", "--set", "densify_from=5", "--set", "densify_interval=5",
                           "--set", "mcmc_growth=0.15"]) == 0

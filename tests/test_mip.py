@@ -374,3 +374,32 @@ def test_viewer_follows_the_scene_mode_and_its_toggle(rng):
         v.settings.render_mode = "default"
         v.step()
         assert v.stats.renders > renders
+
+
+def test_cli_unknown_render_mode_warns_in_one_line(rng, tmp_path):
+    """``comment SplatRenderMode: banana``: rigel-render renders the file in the default mode and says so in one
+    ``rigel-render: warning:`` line naming the file, not Python's warning report with its source line
+    (fresh-user finding; rigel-viewer already printed its warnings so)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from plyfile import PlyData, PlyElement
+
+    from rigel_core.data import orbit_transforms
+    from rigel_core.io.ply import model_to_ply_array
+
+    model = mip_model(rng, dtype=torch.float32)
+    PlyData([PlyElement.describe(model_to_ply_array(model), "vertex")], byte_order="<",
+            comments=["SplatRenderMode: banana"]).write(str(tmp_path / "banana.ply"))
+    orbit_transforms((0, 0, 0), 6.0, 1, 12, 8, 55.0, out=tmp_path / "transforms.json")
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "rigel_core.cli.render", str(tmp_path / "banana.ply"), "--cameras",
+                        str(tmp_path / "transforms.json"), "--out", str(tmp_path / "r"), "--device", "cpu"],
+                       cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)}, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("rendering ")]   # tqdm
+    assert lines == [f"rigel-render: warning: {tmp_path / 'banana.ply'}: unknown 'SplatRenderMode: banana' in the "
+                     "PLY header; rendering it in the default mode"], r.stderr
+    assert len(list((tmp_path / "r").glob("*.png"))) == 1

@@ -525,6 +525,27 @@ def test_convert_cli(tmp_path, rng, capsys):
     assert read_rigel(tmp_path / "nan.splat").num_gaussians == 299
 
 
+def test_convert_cli_says_when_the_mip_mode_is_lost(tmp_path, rng, capsys):
+    """An anti-aliased (mip) PLY converted to a format without a render-mode field gets a note that the mode is
+    not kept (fresh-user finding: it was dropped silently); PLY to PLY keeps it and says nothing."""
+    m = random_model(rng, 50, 1)
+    m.render_mode = "mip"
+    src = tmp_path / "mip.ply"
+    save_scene(m, src)
+    assert read_rigel(src).render_mode == "mip"
+    assert run_convert(src, tmp_path / "same.ply") == 0
+    assert "render-mode" not in capsys.readouterr().out and read_rigel(tmp_path / "same.ply").render_mode == "mip"
+    for name in ("o.spz", "o.splat"):
+        assert run_convert(src, tmp_path / name) == 0
+        notes = [ln for ln in capsys.readouterr().out.splitlines() if "render-mode" in ln]
+        assert len(notes) == 1 and "'mip'" in notes[0] and "default mode" in notes[0], notes
+        assert read_rigel(tmp_path / name).render_mode == "default"
+    m.render_mode = "default"
+    save_scene(m, tmp_path / "plain.ply")
+    assert run_convert(tmp_path / "plain.ply", tmp_path / "p.spz") == 0
+    assert "render-mode" not in capsys.readouterr().out
+
+
 def test_convert_cli_from_checkpoint(tmp_path, rng, capsys):
     """A rigel checkpoint (safetensors with the model's tensors and rigel metadata, as the trainer writes it)
     converts like a scene file."""
@@ -636,7 +657,7 @@ def test_viewer_save_scene_formats_and_unused_names(tmp_path, rng):
     m = random_model(rng, 40, 1, dtype=torch.float32)
     (tmp_path / "model.compressed.ply").write_bytes(b"taken")
     assert export_path(tmp_path, "compressed_ply") == tmp_path / "model_2.compressed.ply"
-    fake = SimpleNamespace(model=m, screenshot_dir=tmp_path, settings=ViewSettings(), jobs={})
+    fake = SimpleNamespace(model=m, screenshot_dir=tmp_path, settings=ViewSettings(), jobs={})   # Viewer.model
     written = []
     for key, suffix, _ in EXPORT_CHOICES:
         fake.settings.export_format = key

@@ -1,7 +1,7 @@
 """``rigel-viewer``: look at a Gaussian scene or watch one train, in a window or offscreen.
 
     rigel-viewer [SCENE] [--cameras DATASET] [--offscreen --frames N --out DIR] [--size 1280x720] [--mode image|alpha|overdraw|
-                 side-by-side] [--device auto|cpu|cuda] [--render-scale S] [--up +z] [--white-bg] [--no-vsync]
+                 side-by-side|depth] [--device auto|cpu|cuda] [--render-scale S] [--up +z] [--white-bg] [--no-vsync]
                  [--debug]
     rigel-viewer --data DIR [--appearance sh|mlp] [--iters N] [--white-bg] [--downscale F] [--max-gaussians N]
                  [--eval-every N] [--device …] [--out RUN] [--paused] [--resume] [--offscreen --frames N --fps F]
@@ -46,10 +46,9 @@ from rigel_core.cli.common import add_training_args
 from rigel_core.run_dir import LOG_NAME, out_problem
 
 from .camera_control import UP_AXES
-from .gpu.shaderio import MODE_NAMES
 from .gpu.vk_context import VulkanUnavailable
 from .model_slot import ModelSlot
-from .ui import ViewSettings
+from .ui import MODE_LABELS, ViewSettings
 
 __all__ = ["main", "build_parser", "config_dir", "EXIT_INTERRUPTED"]
 
@@ -88,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--path", type=Path, default=None, help="camera path .json to open in the Camera path section; "
                                                             "with --offscreen: write its frames")
     ap.add_argument("--size", type=_parse_size, default=(1280, 720), help="window / image size, e.g. 1280x720")
-    ap.add_argument("--mode", choices=list(MODE_NAMES), default="image", help="initial render mode")
+    ap.add_argument("--mode", choices=[name for name, _ in MODE_LABELS], default="image",
+                    help="initial render mode (depth: the expected depth through the overdraw colormap)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="render (and training) device")
     ap.add_argument("--render-scale", type=float, default=None,
@@ -143,7 +143,8 @@ def _start_training(args, settings: ViewSettings, locks: list):
     (run_dir, session, frames, device)."""
     from rigel_core.atomic import remove_stale_temp_files
     from rigel_core.checkpoint import CheckpointError
-    from rigel_core.cli.common import build_trainer, config_overrides, load_training_data, resume_config
+    from rigel_core.cli.common import build_trainer, config_overrides, load_training_data, new_run_problem, \
+        resume_config
     from rigel_core.run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir,
                                     out_problem)
 
@@ -171,6 +172,8 @@ def _start_training(args, settings: ViewSettings, locks: list):
         resume_cfg = resume_config(ckpt, overrides) if args.resume and ckpt.is_file() else None
     except (CheckpointError, ValueError) as e:
         raise _Refused(str(e)) from None
+    if resume_cfg is None and new_run_problem(overrides):
+        raise _Refused(new_run_problem(overrides))
     if args.resume and resume_cfg is None:
         print(f"rigel-viewer: --resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run", file=sys.stderr)
     device = _pick_render_device(args.device)
@@ -265,7 +268,7 @@ def _main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    settings = ViewSettings(mode=MODE_NAMES[args.mode], render_scale=args.render_scale,
+    settings = ViewSettings(mode=dict(MODE_LABELS)[args.mode], render_scale=args.render_scale,
                             white_background=args.white_bg, vsync=not args.no_vsync, up=args.up or "+z",
                             show_panels=not args.no_panels)
     viewer = session = None

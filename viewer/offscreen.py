@@ -24,7 +24,7 @@ import numpy as np
 from rigel_core.run_dir import write_json_atomic
 
 from . import messages as M
-from .gpu.shaderio import C, MODE_NAMES
+from .gpu.shaderio import C
 
 __all__ = ["run_offscreen", "run_offscreen_training"]
 
@@ -80,7 +80,7 @@ def _common(viewer) -> dict:
         "vulkan_device": viewer.ctx.device_name,
         "target_size": [viewer.target.width, viewer.target.height],
         "frame_size": list(viewer.stats.frame_size),
-        "mode": next(k for k, v in MODE_NAMES.items() if v == viewer.settings.mode),
+        "mode": viewer.settings.mode_name,
     }
 
 

@@ -73,6 +73,11 @@ class ViewSettings:
     depth_near: float = 0.5
     depth_far: float = 20.0
 
+    @property
+    def mode_name(self) -> str:
+        """The render mode's name in MODE_LABELS (``rigel-viewer --mode``, summary.json): image, ..., depth."""
+        return next(name for name, m in MODE_LABELS if m == self.mode)
+
     def render_key(self):
         """The settings that change the rendered frame (a change triggers a re-render)."""
         return (self.mode == C.MODE_SIDE_BY_SIDE, round(self.render_scale, 4), self.white_background, self.sh_degree,

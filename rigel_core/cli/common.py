@@ -8,7 +8,10 @@ once.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
+import warnings
 from pathlib import Path
 
 from ..run_dir import CHECKPOINT_NAME
@@ -63,6 +66,21 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--resume", action="store_true", help=f"continue from RUN/{CHECKPOINT_NAME}")
 
 
+@contextlib.contextmanager
+def one_line_warnings(prog: str):
+    """While inside: a warning (a scene file's, a dataset's) prints as one ``PROG: warning: …`` line on stderr
+    instead of Python's report with the warning's source file, line and code (as rigel-viewer prints them)."""
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        print(f"{prog}: warning: {message}", file=file or sys.stderr)
+
+    shown = warnings.showwarning
+    warnings.showwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
 def _parse_set_fields(items: list[str]) -> dict:
     """``{field: value}`` of ``--set FIELD=VALUE`` arguments; ValueError naming a malformed item or an unknown
     field."""
@@ -98,9 +116,17 @@ def config_overrides(args: argparse.Namespace) -> dict:
                              "render_mode": args.render_mode, "strategy": args.strategy,
                              "batch_size": args.batch_size}.items() if v is not None}
     out.update(_parse_set_fields(args.set_fields))
-    if out.get("strategy") == "mcmc" and "max_gaussians" not in out and not getattr(args, "resume", False):
-        raise ValueError("--strategy mcmc needs --max-gaussians N: the Gaussian budget it grows to")
     return out
+
+
+def new_run_problem(overrides: dict) -> str | None:
+    """What keeps the command line's overrides (:func:`config_overrides`) from starting a *new* run, as one line
+    without the command's name, or None. ``--strategy mcmc`` needs an explicit budget: TrainConfig's default
+    ``max_gaussians`` (3M) is a safety cap, not a budget to grow to (docs/TRAINING.md). A resumed run keeps its
+    checkpoint's budget, so this is not asked there."""
+    if overrides.get("strategy") == "mcmc" and "max_gaussians" not in overrides:
+        return "--strategy mcmc needs --max-gaussians N: the Gaussian budget it grows to"
+    return None
 
 
 def resume_config(ckpt: Path, overrides: dict):

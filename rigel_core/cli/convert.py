@@ -85,6 +85,9 @@ def convert(src, dst, *, sh_degree=None, force=False, spz_version=3, out=print, 
         order = save_scene(model, dst, format=fmt, **options)
         decoded = load_scene(dst, dtype=torch.float64)
     errors = roundtrip_errors(model, decoded, order)
+    if getattr(model, "render_mode", "default") != getattr(decoded, "render_mode", "default"):
+        out(f"note: {EXPORT_FORMATS[fmt][1]} has no render-mode field: the input's '{model.render_mode}' mode "
+            "(comment SplatRenderMode) is not kept, so renderers draw the output in the default mode")
     out(f"wrote {dst}: {EXPORT_FORMATS[fmt][1]}, {model.num_gaussians} Gaussians, SH degree {decoded.sh_degree}, "
         f"{_human(os.path.getsize(dst))} (from {_human(os.path.getsize(src))})")
     lines = errors.lines()

@@ -149,6 +149,14 @@ def _load_scene(scene: str, device):
 
 
 def main(argv=None) -> int:
+    """Run ``rigel-render`` with ``argv``; returns the exit status. Warnings print as one line each."""
+    from .common import one_line_warnings
+
+    with one_line_warnings("rigel-render"):
+        return _main(argv)
+
+
+def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rigel-render", description=__doc__.split("\n\n")[0])
     ap.add_argument("scene", help="scene file (.ply, .compressed.ply, .spz) or 'default' for the bundled scene")
     ap.add_argument("--cameras", help="transforms .json file (Blender or instant-ngp) or directory")

@@ -67,7 +67,8 @@ from pathlib import Path
 from ..atomic import remove_stale_temp_files
 from ..run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, METRICS_NAME, RunLock, RunRecord, new_metrics, open_run_log,
                        out_problem, read_metrics)
-from .common import add_training_args, build_trainer, config_overrides, load_training_data, resume_config
+from .common import add_training_args, build_trainer, config_overrides, load_training_data, new_run_problem, \
+    one_line_warnings, resume_config
 
 __all__ = ["main", "build_parser"]
 
@@ -139,7 +140,11 @@ def main(argv=None) -> int:
     ``--gpus N`` (N > 1) outside a process group spawns N ranks running this same function
     (:func:`rigel_core.train.distributed.launch`); with WORLD_SIZE > 1 in the environment (torchrun, or those
     ranks) this process joins the group and trains its part of each global batch; rank 0 alone writes."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    with one_line_warnings("rigel-train"):   # a dataset's or scene's warning: one line, not Python's report
+        return _run(list(sys.argv[1:] if argv is None else argv))
+
+
+def _run(argv: list) -> int:
     args = build_parser().parse_args(argv)
     from ..train.distributed import RankLost, RanksDiverged, env_world_size
 
@@ -188,7 +193,7 @@ def _launch(args, argv) -> int:
     from .. import cuda_available
     from ..train.distributed import launch
 
-    device = args.device or ("cuda" if cuda_available() else "cpu")
+    device = args.device or "cuda"  # --gpus means GPUs: CPU processes only when --device cpu asks for them
     if device == "cuda":
         if not cuda_available():
             print("rigel-train: --gpus asked, but no CUDA device or no built kernels (rigel_core._C); "
@@ -250,6 +255,10 @@ def _main(args, lock: RunLock, comm=None) -> int:
         except (CheckpointError, ValueError) as e:
             print(f"rigel-train: {e}", file=sys.stderr)
             return 2
+    problem = new_run_problem(overrides) if resume_cfg is None else None
+    if problem:
+        print(f"rigel-train: {problem}", file=sys.stderr)
+        return 2
     t_start = time.perf_counter()
     try:
         ds = load_training_data(args)
