@@ -92,6 +92,17 @@ print(f"it {ev.get('iteration')} psnr {ev.get('psnr', float('nan')):.2f} ssim {e
 PYEOF
 }
 
+result_line() {  # result_line RC DIR TABLE -> "rc=RC (TABLE)" + DIR/summary.txt's lines (or the log's last line)
+  local line="rc=$1"
+  if [ -s "$2/summary.txt" ]; then
+    line+=" ($3)"
+    while IFS= read -r l; do line+=$'\n'"$spec | $l"; done <"$2/summary.txt"
+  else
+    line+=" $(tail -1 "$LOGS/$name.log")"
+  fi
+  echo "$line"
+}
+
 job() {  # job NAME -> one summary line on stdout; everything else into $LOGS
   local spec=$1 t0; t0=$(date +%s)
   local name=${spec//:/_}
@@ -166,26 +177,12 @@ print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','f
       [ "${a:-all}" != all ] && scenes="--scenes $a"
       OUT=$rout timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/real.py $scenes --iters "${b:-7000,30000}" \
         --methods "${d:-rigel,gsplat}" --out "$rout" ${REAL_ARGS:-} >"$LOGS/$name.log" 2>&1
-      local rc=$?
-      line="rc=$rc"
-      if [ -s "$rout/summary.txt" ]; then
-        line+=" (real.md)"
-        while IFS= read -r l; do line+=$'\n'"$spec | $l"; done <"$rout/summary.txt"
-      else
-        line+=" $(tail -1 "$LOGS/$name.log")"
-      fi ;;
+      line=$(result_line $? "$rout" real.md) ;;
     mip)  # mip:ITERS[:TIMEOUT[:MODES[:DATA]]]
       local mout=$LOGS/$name
       OUT=$mout timeout -s INT ${b:-${JOB_TIMEOUT:-330}} $PY bench/mip.py --data "$(data_dir "${d:-lego}")" \
         --iters "${a:-30000}" --modes "${c:-default,mip}" --out "$mout" >"$LOGS/$name.log" 2>&1
-      local rc=$?
-      line="rc=$rc"
-      if [ -s "$mout/summary.txt" ]; then
-        line+=" (mip.md)"
-        while IFS= read -r l; do line+=$'\n'"$spec | $l"; done <"$mout/summary.txt"
-      else
-        line+=" $(tail -1 "$LOGS/$name.log")"
-      fi ;;
+      line=$(result_line $? "$mout" mip.md) ;;
     mcmc)  # mcmc:SCENES:ITERS[:TIMEOUT]
       local rout=$LOGS/$name scenes="" wb=""
       case "${a:-all}" in
@@ -195,14 +192,7 @@ print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','f
       esac
       OUT=$rout timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/real.py $scenes $wb --iters "${b:-7000,30000}" \
         --methods rigel,rigel-mcmc --out "$rout" ${MCMC_ARGS:-} >"$LOGS/$name.log" 2>&1
-      local rc=$?
-      line="rc=$rc"
-      if [ -s "$rout/summary.txt" ]; then
-        line+=" (real.md)"
-        while IFS= read -r l; do line+=$'\n'"$spec | $l"; done <"$rout/summary.txt"
-      else
-        line+=" $(tail -1 "$LOGS/$name.log")"
-      fi ;;
+      line=$(result_line $? "$rout" real.md) ;;
     vtp)  # vtp[:DATA[:ITERS[:TIMEOUT]]]
       local vout=$LOGS/$name vdata=${a:-lego_half} wb=""
       [ "$vdata" = orbit ] && wb="--no-white-bg"

@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rigel_core.atomic import atomic_path  # noqa: E402
+from bench_common import commit  # noqa: E402  (bench/ is on sys.path: run as python bench/X.py)
 from rigel_core.data import load_dataset  # noqa: E402
 from rigel_core.train import TrainConfig, Trainer  # noqa: E402
 
@@ -177,18 +178,6 @@ def markdown(results, scales, args, device) -> str:
 def summary_line(r) -> str:
     parts = [f"{k}×: {v['psnr']:.2f} dB / {v['ssim']:.4f}" for k, v in r["scales"].items()]
     return f"{r['mode']}: it {r['iterations']} N {r['num_gaussians']} train {r['train_s']:.1f}s | " + ", ".join(parts)
-
-
-def commit() -> str | None:
-    if os.environ.get("RIGEL_COMMIT"):
-        return os.environ["RIGEL_COMMIT"]
-    try:
-        import subprocess
-
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 if __name__ == "__main__":

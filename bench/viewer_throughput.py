@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rigel_core.atomic import atomic_path  # noqa: E402
+from bench_common import commit  # noqa: E402  (bench/ is on sys.path: run as python bench/X.py)
 
 TARGET = 0.97   # issue 15: viewer throughput / rigel-train throughput
 
@@ -305,16 +306,6 @@ def gpu_name(runs) -> str | None:
         if r.get("vulkan_device"):
             return r["vulkan_device"]
     return None
-
-
-def commit() -> str | None:
-    if os.environ.get("RIGEL_COMMIT"):
-        return os.environ["RIGEL_COMMIT"]
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 if __name__ == "__main__":
