@@ -112,6 +112,9 @@ def test_training_state_folds_events():
     assert st.status == "running" and st.iteration == 3 and st.num_gaussians == 53
     assert st.train_iters == [1, 3] and st.train_psnr == [10.0, 12.0]        # a non-finite PSNR is not plotted
     st.apply(M.Densified(3, 2, 1, 4, 52))
+    assert st.log[-1].endswith("densify +2 clone +1 split -4 prune -> 52")
+    st.apply(M.Densified(3, 0, 0, 0, 52, n_relocated=7, n_added=0))           # an MCMC step says what it did
+    assert st.log[-1].endswith("mcmc relocate 7 add 0 -> 52") and "clone" not in st.log[-1]
     st.apply(M.DensifyParamsChanged(3, {"grad_threshold": 5e-4}))
     assert st.num_gaussians == 52 and st.densify["grad_threshold"] == 5e-4
     st.apply(M.CommandRejected("SetAppearance", "unknown appearance 'x'"))

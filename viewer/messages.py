@@ -129,6 +129,8 @@ class Densified(Event):
     n_split: int
     n_prune: int
     n_after: int
+    n_relocated: int | None = None   # the MCMC budget's step (train/mcmc.py): relocated and added, not clone/split
+    n_added: int = 0
 
 
 @dataclass(frozen=True)

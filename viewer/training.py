@@ -279,7 +279,8 @@ class TrainingSession:
         if r.densify is not None:
             d = r.densify
             self._record().densified(d)
-            self._emit(M.Densified(d.iteration, d.n_clone, d.n_split, d.n_prune, d.n_after))
+            self._emit(M.Densified(d.iteration, d.n_clone, d.n_split, d.n_prune, d.n_after,
+                                   getattr(d, "n_relocated", None), getattr(d, "n_added", 0)))
             changed = True
         if len(self._window) >= self.progress_every:
             self._flush_progress()

@@ -84,8 +84,12 @@ class TrainingState:
             self.status = "running"
         elif isinstance(ev, M.Densified):
             self.num_gaussians = ev.n_after
-            self.log.append(f"[{ev.iteration}] densify +{ev.n_clone} clone +{ev.n_split} split "
-                            f"-{ev.n_prune} prune -> {ev.n_after:,}")
+            if ev.n_relocated is not None:   # the MCMC budget
+                self.log.append(f"[{ev.iteration}] mcmc relocate {ev.n_relocated} add {ev.n_added} "
+                                f"-> {ev.n_after:,}")
+            else:
+                self.log.append(f"[{ev.iteration}] densify +{ev.n_clone} clone +{ev.n_split} split "
+                                f"-{ev.n_prune} prune -> {ev.n_after:,}")
         elif isinstance(ev, M.DensifyParamsChanged):
             self.densify.update(ev.params)
         elif isinstance(ev, M.AppearanceChanged):
