@@ -35,6 +35,7 @@ import torch
 
 from .atomic import atomic_path
 from .config import APPEARANCE_MAX_HIDDEN, APPEARANCE_MAX_LATENT
+from .reference.project import RENDER_MODES
 from .model import PARAM_NAMES, GaussianModel, num_sh_bases
 from .train.config import TrainConfig
 from .train.records import EvalResult
@@ -346,7 +347,7 @@ def load_checkpoint_model(path, device="cpu") -> GaussianModel:
     validate_checkpoint(path, tensors, meta, for_training=False)
     model = _model_from_tensors(path, tensors)
     model.filter_3D = tensors.get("model.filter_3D")
-    model.render_mode = meta.get("render_mode") if meta.get("render_mode") in ("default", "mip") else "default"
+    model.render_mode = meta.get("render_mode") if meta.get("render_mode") in RENDER_MODES else "default"
     deg = meta.get("active_sh_degree", model.sh_degree)
     deg = deg if isinstance(deg, int) and not isinstance(deg, bool) else model.sh_degree
     model.active_sh_degree = max(0, min(deg, model.sh_degree))

@@ -56,6 +56,21 @@ CASES = [("sh_dc", 0), ("sh_dc", 3), ("sh_rest", 3), ("sh_rest", 0), ("means3D",
          ("log_scales", 3), ("opacity_logits", 3)]
 
 
+def _grad_leaves(model, field):
+    """``(params, per_row)``: every tensor the render reads, set to require gradients (the MLP's weights too when
+    ``field`` is "latents"), and those of them with one row per Gaussian."""
+    names = ("means3D", "log_scales", "quats", "opacity_logits") + (("sh_dc", "sh_rest") if field != "latents" else ())
+    params = [getattr(model, p) for p in names]
+    per_row = list(params)
+    if model.appearance is not None:
+        app = model.appearance
+        params += [app.latents, app.W1, app.b1, app.W2, app.b2]
+        per_row.append(app.latents)
+    for p in params:
+        p.requires_grad_(True)
+    return params, per_row
+
+
 @pytest.mark.parametrize("field,degree", CASES)
 @pytest.mark.parametrize("value", BAD, ids=["nan", "inf", "-inf"])
 def test_poisoned_rows_render_as_deleted(rng, field, degree, value):
@@ -98,15 +113,7 @@ def test_poisoned_rows_get_zero_gradients(rng, field):
     rows = torch.randperm(len(model), generator=gen)[:3]
     for i, v in enumerate(BAD):
         _poison(model, field, rows[i:i + 1], v, gen)
-    names = ("means3D", "log_scales", "quats", "opacity_logits") + (("sh_dc", "sh_rest") if field != "latents" else ())
-    params = [getattr(model, p) for p in names]
-    per_row = list(params)
-    if model.appearance is not None:
-        app = model.appearance
-        params += [app.latents, app.W1, app.b1, app.W2, app.b2]
-        per_row.append(app.latents)
-    for p in params:
-        p.requires_grad_(True)
+    params, per_row = _grad_leaves(model, field)
     out = _render(model, cam)
     target = torch.rand(out.image.shape, generator=gen, dtype=out.image.dtype)
     ((out.image - target) ** 2).sum().backward()
@@ -165,15 +172,7 @@ def test_cuda_poisoned_rows_get_zero_gradients(rng, field):
     for i, v in enumerate(BAD):  # NaN, +Inf, −Inf in different rows
         _poison(model, field, rows[i * 3:(i + 1) * 3], v, gen)
     model = model.to(torch.device("cuda"))
-    names = ("means3D", "log_scales", "quats", "opacity_logits") + (("sh_dc", "sh_rest") if field != "latents" else ())
-    params = [getattr(model, p) for p in names]
-    per_row = list(params)
-    if model.appearance is not None:
-        app = model.appearance
-        params += [app.latents, app.W1, app.b1, app.W2, app.b2]
-        per_row.append(app.latents)
-    for p in params:
-        p.requires_grad_(True)
+    params, per_row = _grad_leaves(model, field)
     out = _render(model, cam)
     target = torch.rand(out.image.shape, generator=gen).to(out.image)
     ((out.image - target) ** 2).sum().backward()

@@ -211,18 +211,12 @@ def _db(x) -> str:
 
 def main(argv=None) -> int:
     """Entry point of ``rigel-viewer``; returns the exit status. Warnings (a scene file's, a dataset's) print as one
-    ``rigel-viewer: warning: …`` line, not as Python's two-line source report."""
-    import warnings
+    ``rigel-viewer: warning: …`` line, not as Python's two-line source report (``one_line_warnings``, as
+    rigel-train and rigel-render)."""
+    from rigel_core.cli.common import one_line_warnings
 
-    def one_line(message, category, filename, lineno, file=None, line=None):
-        print(f"rigel-viewer: warning: {message}", file=file or sys.stderr)
-
-    shown = warnings.showwarning
-    warnings.showwarning = one_line
-    try:
+    with one_line_warnings("rigel-viewer"):
         return _main(argv)
-    finally:
-        warnings.showwarning = shown
 
 
 def _main(argv=None) -> int:

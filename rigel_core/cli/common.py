@@ -14,6 +14,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from ..reference.project import RENDER_MODES
 from ..run_dir import CHECKPOINT_NAME
 
 __all__ = ["add_training_args", "config_overrides", "resume_config", "build_trainer", "load_training_data"]
@@ -49,7 +50,7 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--position-lr-max-steps", type=int, default=None, metavar="N",
         help="iterations over which the position lr decays (default: --iters; 3DGS: 30000)")
     # anti-aliased render mode and the Gaussian budget (issue 17)
-    add("--render-mode", choices=["default", "mip"], default=None,
+    add("--render-mode", choices=list(RENDER_MODES), default=None,
         help="mip: anti-aliased training and rendering (Mip-Splatting's 3D smoothing and 2D Mip filters; "
              "model.ply says 'SplatRenderMode: mip'); default: 3DGS's 0.3 px² dilation")
     add("--strategy", choices=["default", "mcmc"], default=None,

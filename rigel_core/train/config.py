@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from ..config import APPEARANCE_MAX_HIDDEN, APPEARANCE_MAX_LATENT
+from ..reference.project import RENDER_MODES
 
 #: the largest iteration count a run (or a checkpoint) may declare; rigel_core.checkpoint uses the same bound
 MAX_ITERATION = 100_000_000
@@ -240,7 +241,7 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.exposure_lr_*: init, final and delay_steps must be ≥ 0 and delay_mult in "
                              f"[0, 1], got {self.exposure_lr_init}, {self.exposure_lr_final}, "
                              f"{self.exposure_lr_delay_steps}, {self.exposure_lr_delay_mult}")
-        if self.render_mode not in ("default", "mip"):
+        if self.render_mode not in RENDER_MODES:
             raise ValueError(f"TrainConfig.render_mode must be 'default' or 'mip', got {self.render_mode!r}")
         if self.strategy not in ("default", "mcmc"):
             raise ValueError(f"TrainConfig.strategy must be 'default' or 'mcmc', got {self.strategy!r}")

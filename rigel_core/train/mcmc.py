@@ -216,6 +216,18 @@ def trim_to_cap(model, optimizer, cap: int, generator: torch.Generator | None) -
     return n - cap
 
 
+_DEVICE_GENERATORS: dict = {}
+
+
+def _device_generator(device: torch.device) -> torch.Generator:
+    """The generator :func:`position_noise` draws η from on ``device`` (seeded by the caller every step, so its
+    state between steps never matters)."""
+    g = _DEVICE_GENERATORS.get(device)
+    if g is None:
+        g = _DEVICE_GENERATORS[device] = torch.Generator(device=device)
+    return g
+
+
 @torch.no_grad()
 def position_noise(model, lr_means: float, cfg: TrainConfig, generator: torch.Generator | None,
                    ok: torch.Tensor | None = None) -> torch.Tensor:
@@ -225,7 +237,7 @@ def position_noise(model, lr_means: float, cfg: TrainConfig, generator: torch.Ge
     guard's skipped step), decided on the device."""
     means = model.means3D
     seed = int(torch.randint(0, 2 ** 62, (1,), generator=generator))
-    g = torch.Generator(device=means.device)
+    g = _device_generator(means.device)   # one per device, re-seeded each step (no per-step generator object)
     g.manual_seed(seed)
     eta = torch.randn(means.shape, generator=g, device=means.device, dtype=means.dtype)
     rot = quat_to_rotmat(model.quats.detach())  # (N,3,3)

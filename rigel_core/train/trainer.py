@@ -49,6 +49,7 @@ from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_gra
     reset_opacity
 from .exposure import Exposure, exposure_lr, left_right_metrics
 from .losses import l1_loss, mse, psnr_from_mse, ssim
+from .distributed import batch_scaling
 from .mcmc import mcmc_step, regularizer as mcmc_regularizer
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
@@ -473,8 +474,6 @@ class Trainer:
         ``config.batch_size`` views per process (:mod:`.distributed`: with ``self.comm`` set, every rank renders
         its part of the global batch and one all-reduce averages the gradients); the StepResult's loss terms
         are the means over this process's views."""
-        from .distributed import batch_scaling
-
         t0 = time.perf_counter()
         cfg, model, comm = self.config, self.model, self.comm
         it = self.iteration + 1
