@@ -168,6 +168,19 @@ def gsplat_available(wanted: bool) -> bool:
     return True
 
 
+def trainer_throughput(trainer: Trainer, iters: int, warmup: int) -> float:
+    """ms per ``Trainer.step()`` over ``iters`` back-to-back steps (one synchronize at each end): what a training
+    loop gets, with the host free to run ahead of the device (the graph step's case)."""
+    for _ in range(warmup):
+        trainer.step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        trainer.step()
+    torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - t0) / iters
+
+
 def run(args, device=None):
     """Measure every (scene, resolution) row; returns (rows, profile text)."""
     dev = torch.device(device or "cuda")
@@ -221,8 +234,17 @@ def run(args, device=None):
                 del loop
 
             row["trainer"] = time_trainer(trainer, args.iters, args.warmup)
+            row["trainer_tp"] = trainer_throughput(trainer, args.iters, args.warmup)
+            gs_ = trainer.graph_step
+            row["graph"] = "off" if gs_ is None else (f"off ({gs_.disabled})" if gs_.disabled else
+                                                       f"{gs_.captures} capture(s), {gs_.overflows} overflow(s)")
             if args.profile == "trainer":
                 prof_text.append(profile(trainer.step, 20, f"Trainer.step, {scene} {w}x{h}"))
+            del trainer
+            eager_cfg = bench_config()
+            eager_cfg.cuda_graph = False
+            trainer = Trainer(one_view_dataset(cam, target, extent), eager_cfg, model=clone_model(base), device=dev)
+            row["trainer_tp_eager"] = trainer_throughput(trainer, args.iters, args.warmup)
             del trainer
             rows.append(row)
             print("  " + format_row(row), flush=True)
@@ -249,7 +271,8 @@ def format_row(r: dict) -> str:
             f"gsplat {fmt(gs.get('total'), '.3f')} ms (wall {fmt(gs.get('wall'), '.3f')}) | ratio {fmt(d['ratio'])} "
             f"(wall {fmt(d['ratio_wall'])}) | fwd {d['fwd']:.3f} bwd {d['bwd']:.3f} bwd/fwd {fmt(d['bwd_fwd'])} | "
             f"render fwd {rg['render']:.3f} bwd {rg['render_bwd']:.3f} ({fmt(d['render_bwd_fwd'])}) | "
-            f"Adam {rg['adam']:.3f} | Trainer.step {r['trainer']:.3f} ms")
+            f"Adam {rg['adam']:.3f} | Trainer.step {r['trainer']:.3f} ms | loop: graph {r['trainer_tp']:.3f} "
+            f"eager {r['trainer_tp_eager']:.3f} ms/it ({r['graph']})")
 
 
 def markdown(rows, meta: str, iters: int) -> str:
@@ -260,11 +283,14 @@ def markdown(rows, meta: str, iters: int) -> str:
              "synchronize. ratio = rigel / gsplat (target ≤ 0.5). fwd = render + loss, bwd = loss.backward() "
              "(target bwd/fwd ≤ 1.5); render = activations + SH + projection + binning + rasterization alone. "
              "Trainer.step: the full `Trainer.step()` (NaN guard, densification statistics; densification itself "
-             "off), wall.", "",
+             "off), wall, each step between two synchronizes. Trainer loop: ms per step over back-to-back steps "
+             "(one synchronize at each end) with the CUDA-graph step (train/graph_step.py) and without it (eager); "
+             "loop ratio = graph loop / gsplat ms/it.", "",
              "| scene | N | resolution | rigel ms/it | rigel wall | gsplat ms/it | gsplat wall | ratio | ratio wall | "
              "rigel fwd | rigel bwd | bwd/fwd | render fwd | render bwd | render bwd/fwd | loss fwd+bwd | Adam | "
-             "gsplat fwd | gsplat bwd | Trainer.step wall | PSNR vs gsplat |",
-             "|---|---:|---|" + "---:|" * 18]
+             "gsplat fwd | gsplat bwd | Trainer.step wall | Trainer loop graph | Trainer loop eager | loop ratio | "
+             "PSNR vs gsplat |",
+             "|---|---:|---|" + "---:|" * 21]
     for r in rows:
         d, rg, gs = derived(r), r["rigel"], r.get("gsplat") or {}
         cells = [r["scene"], f"{r['n']:,}", r["res"], fmt(rg["total"], ".3f"), fmt(rg["wall"], ".3f"),
@@ -272,6 +298,8 @@ def markdown(rows, meta: str, iters: int) -> str:
                  fmt(d["fwd"], ".3f"), fmt(d["bwd"], ".3f"), fmt(d["bwd_fwd"]), fmt(rg["render"], ".3f"),
                  fmt(rg["render_bwd"], ".3f"), fmt(d["render_bwd_fwd"]), fmt(d["loss_ms"], ".3f"),
                  fmt(rg["adam"], ".3f"), fmt(d["g_fwd"], ".3f"), fmt(d["g_bwd"], ".3f"), fmt(r["trainer"], ".3f"),
+                 fmt(r["trainer_tp"], ".3f"), fmt(r["trainer_tp_eager"], ".3f"),
+                 fmt(r["trainer_tp"] / gs["total"] if gs.get("total") else None),
                  fmt(r.get("psnr_vs_gsplat"), ".1f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -165,8 +165,11 @@ __global__ void __launch_bounds__(kBlock1D) count_large_kernel(
 
 // Each Gaussian writes its own slice [offsets[g-1], offsets[g]) of the entry list, tiles in row-major order:
 // no atomics, and the list is in (Gaussian index, tile) order, which the stable sort keeps for equal keys.
+// An entry at or past `capacity` is dropped (the fixed-capacity mode of launch_emit_and_sort: the frame is then
+// incomplete and the caller, told by the device-side total, discards it).
 __device__ inline void write_entry(uint64_t* __restrict__ keys, int32_t* __restrict__ gaussian_ids, int64_t at,
-                                   int tx, int ty, int tiles_x, uint64_t depth_bits, int32_t g) {
+                                   int64_t capacity, int tx, int ty, int tiles_x, uint64_t depth_bits, int32_t g) {
+    if (at >= capacity) return;
     const uint64_t tile_id = static_cast<uint64_t>(ty) * tiles_x + tx;
     keys[at] = (tile_id << 32) | depth_bits;
     gaussian_ids[at] = g;
@@ -180,6 +183,7 @@ __global__ void __launch_bounds__(kBlock1D) emit_entries_kernel(
     const float* __restrict__ depths,     // [N]
     const int32_t* __restrict__ radii,    // [N]
     const int64_t* __restrict__ offsets,  // [N] inclusive scan of the counts
+    int64_t capacity,                     // entries at or past it are dropped
     uint64_t* __restrict__ keys,          // [E] out, (tile_id << 32) | float_bits(depth)
     int32_t* __restrict__ gaussian_ids)   // [E] out
 {
@@ -188,14 +192,14 @@ __global__ void __launch_bounds__(kBlock1D) emit_entries_kernel(
     const int32_t radius = radii[g];
     if (radius <= 0) return;
     int64_t out = g == 0 ? 0 : offsets[g - 1];
-    if (out == offsets[g]) return;
+    if (out == offsets[g] || out >= capacity) return;
     const Footprint f = load_footprint(g, means2D, conics, opacities, radius, tiles_x, tiles_y);
     if (f.rect.area() > kLargeRect) return;  // emit_large_kernel's
     const uint64_t depth_bits = __float_as_uint(depths[g]);
     for (int ty = f.rect.y0; ty < f.rect.y1; ++ty)
         for (int tx = f.rect.x0; tx < f.rect.x1; ++tx)
             if (touches(f, tx, ty, width, height))
-                write_entry(keys, gaussian_ids, out++, tx, ty, tiles_x, depth_bits, static_cast<int32_t>(g));
+                write_entry(keys, gaussian_ids, out++, capacity, tx, ty, tiles_x, depth_bits, static_cast<int32_t>(g));
 }
 
 // Warp per listed Gaussian: 32 consecutive row-major tiles at a time; a ballot and a prefix count keep the
@@ -210,6 +214,7 @@ __global__ void __launch_bounds__(kBlock1D) emit_large_kernel(
     const int64_t* __restrict__ offsets,      // [N]
     const int32_t* __restrict__ large_ids,    // [*large_count]
     const int32_t* __restrict__ large_count,  // [1]
+    int64_t capacity,                         // entries at or past it are dropped
     uint64_t* __restrict__ keys,              // [E] out
     int32_t* __restrict__ gaussian_ids)       // [E] out
 {
@@ -228,10 +233,26 @@ __global__ void __launch_bounds__(kBlock1D) emit_large_kernel(
             rect_tile(f.rect, k, tx, ty);
             const bool hit = k < area && touches(f, tx, ty, width, height);
             const unsigned int mask = __ballot_sync(0xffffffffu, hit);
-            if (hit) write_entry(keys, gaussian_ids, out + __popc(mask & lanes_below), tx, ty, tiles_x, depth_bits, g);
+            if (hit)
+                write_entry(keys, gaussian_ids, out + __popc(mask & lanes_below), capacity, tx, ty, tiles_x, depth_bits,
+                            g);
             out += __popc(mask);
         }
     }
+}
+
+// Fixed-capacity mode: entries [*total, capacity) get a key past every tile's ((n_tiles << 32) | 0xffffffff), so
+// the sort leaves them at the end and no tile range reaches them.
+__global__ void __launch_bounds__(kBlock1D) pad_entries_kernel(
+    int64_t capacity, uint64_t pad_key,
+    const int64_t* __restrict__ total,  // [1] entries the frame needs (the scan's last element)
+    uint64_t* __restrict__ keys,        // [capacity] in/out
+    int32_t* __restrict__ gaussian_ids) // [capacity] in/out
+{
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= capacity || i < *total) return;
+    keys[i] = pad_key;
+    gaussian_ids[i] = 0;
 }
 
 // First index in keys[0, e) whose key is >= value (keys sorted ascending).
@@ -268,11 +289,11 @@ unsigned int large_grid() {
 
 }  // namespace
 
-int64_t launch_count_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities,
+void launch_count_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities,
                            const at::Tensor& radii, int width, int height, at::Tensor& offsets,
                            at::Tensor& tiles_touched, at::Tensor& large_ids, at::Tensor& large_count) {
     const int64_t n = means2D.size(0);
-    if (n == 0) return 0;
+    if (n == 0) return;
     const int tiles_x = (width + kTileSize - 1) / kTileSize, tiles_y = (height + kTileSize - 1) / kTileSize;
     const auto stream = at::cuda::getCurrentCUDAStream();
     at::Tensor counts = at::empty({n}, offsets.options());
@@ -295,7 +316,6 @@ int64_t launch_count_tiles(const at::Tensor& means2D, const at::Tensor& conics, 
     RIGEL_CHECK_CUDA(cub::DeviceScan::InclusiveSum(scan_tmp.data_ptr(), scan_bytes, counts.data_ptr<int64_t>(),
                                                    offsets.data_ptr<int64_t>(), n, stream),
                      "cub::DeviceScan::InclusiveSum");
-    return offsets[n - 1].item<int64_t>();  // the frame's one device->host synchronisation
 }
 
 std::pair<at::Tensor, at::Tensor> launch_emit_and_sort(const at::Tensor& means2D, const at::Tensor& conics,
@@ -303,13 +323,13 @@ std::pair<at::Tensor, at::Tensor> launch_emit_and_sort(const at::Tensor& means2D
                                                        const at::Tensor& radii, int width, int height,
                                                        const at::Tensor& offsets, const at::Tensor& large_ids,
                                                        const at::Tensor& large_count, int64_t total,
-                                                       at::Tensor& tile_ranges) {
+                                                       bool fixed_capacity, at::Tensor& tile_ranges) {
     const int64_t n = means2D.size(0);
     const int tiles_x = (width + kTileSize - 1) / kTileSize, tiles_y = (height + kTileSize - 1) / kTileSize;
     const int n_tiles = tiles_x * tiles_y;
     const auto stream = at::cuda::getCurrentCUDAStream();
     const auto i32 = means2D.options().dtype(at::kInt), i64 = means2D.options().dtype(at::kLong);
-    if (total == 0) {
+    if (total == 0) {  // (fixed capacity 0: nothing can be emitted; the device total tells the caller)
         RIGEL_CHECK_CUDA(cudaMemsetAsync(tile_ranges.data_ptr<int32_t>(), 0, sizeof(int32_t) * 2 * n_tiles, stream),
                          "cudaMemsetAsync(tile_ranges)");
         return {at::empty({0}, i64), at::empty({0}, i32)};
@@ -317,16 +337,32 @@ std::pair<at::Tensor, at::Tensor> launch_emit_and_sort(const at::Tensor& means2D
     at::Tensor keys_a = at::empty({total}, i64), keys_b = at::empty({total}, i64);
     at::Tensor ids_a = at::empty({total}, i32), ids_b = at::empty({total}, i32);
     uint64_t* keys_out = reinterpret_cast<uint64_t*>(keys_a.data_ptr<int64_t>());
+    if (n > 0) {  // (n = 0 reaches here only with a fixed capacity: all of it is padding)
     emit_entries_kernel<<<num_blocks(n, kBlock1D), kBlock1D, 0, stream>>>(
         n, width, height, tiles_x, tiles_y, means2D.data_ptr<float>(), conics.data_ptr<float>(),
         opacities.data_ptr<float>(), depths.data_ptr<float>(), radii.data_ptr<int32_t>(), offsets.data_ptr<int64_t>(),
-        keys_out, ids_a.data_ptr<int32_t>());
+        total, keys_out, ids_a.data_ptr<int32_t>());
     RIGEL_CHECK_LAUNCH("emit_entries_kernel");
     emit_large_kernel<<<large_grid(), kBlock1D, 0, stream>>>(
         width, height, tiles_x, tiles_y, means2D.data_ptr<float>(), conics.data_ptr<float>(),
         opacities.data_ptr<float>(), depths.data_ptr<float>(), radii.data_ptr<int32_t>(), offsets.data_ptr<int64_t>(),
-        large_ids.data_ptr<int32_t>(), large_count.data_ptr<int32_t>(), keys_out, ids_a.data_ptr<int32_t>());
+        large_ids.data_ptr<int32_t>(), large_count.data_ptr<int32_t>(), total, keys_out, ids_a.data_ptr<int32_t>());
     RIGEL_CHECK_LAUNCH("emit_large_kernel");
+    }
+    if (fixed_capacity) {  // the frame needs offsets[n-1] entries (device-side); pad the rest of the capacity
+        at::Tensor zero;
+        const int64_t* d_total = nullptr;
+        if (n > 0) {
+            d_total = offsets.data_ptr<int64_t>() + (n - 1);
+        } else {
+            zero = at::zeros({1}, i64);
+            d_total = zero.data_ptr<int64_t>();
+        }
+        const uint64_t pad_key = (static_cast<uint64_t>(n_tiles) << 32) | 0xffffffffull;
+        pad_entries_kernel<<<num_blocks(total, kBlock1D), kBlock1D, 0, stream>>>(total, pad_key, d_total, keys_out,
+                                                                                 ids_a.data_ptr<int32_t>());
+        RIGEL_CHECK_LAUNCH("pad_entries_kernel");
+    }
 
     // LSD radix sort (stable) on the bits in use: 32 depth bits + enough bits for the largest tile id.
     cub::DoubleBuffer<uint64_t> kbuf(keys_out, reinterpret_cast<uint64_t*>(keys_b.data_ptr<int64_t>()));

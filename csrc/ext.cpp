@@ -42,6 +42,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "[2] -> (keys (E,) int64 sorted, gaussian_ids (E,) int32, tile_ranges (n_tiles,2) int32, "
           "tiles_touched (N,) int32, E); when E > max_entries nothing of size E is allocated and keys, "
           "gaussian_ids, tile_ranges come back empty (rigel_core.cuda_backend.bin_gaussians_cuda raises)");
+    m.def("bin_gaussians_fixed", &rigel::bin_gaussians_fixed, py::arg("means2D"), py::arg("conics"),
+          py::arg("opacities"), py::arg("depths"), py::arg("radii"), py::arg("width"), py::arg("height"),
+          py::arg("capacity"),
+          "[2] with a fixed capacity and no device->host read -> (keys (capacity,) int64 sorted, gaussian_ids "
+          "(capacity,) int32, tile_ranges (n_tiles,2) int32, tiles_touched (N,) int32, total (1,) int64 on the "
+          "device); entries past the capacity are dropped (total > capacity: the frame is incomplete), the unused "
+          "rest is padding past every tile range");
     m.def("rasterize_tiles", &rigel::rasterize_tiles, py::arg("means2D"), py::arg("conics"), py::arg("colors"),
           py::arg("opacities"), py::arg("gaussian_ids"), py::arg("tile_ranges"), py::arg("width"), py::arg("height"),
           py::arg("background"), py::arg("image"), py::arg("final_T"), py::arg("n_contrib"),

@@ -37,21 +37,24 @@ void launch_sh_bwd(int degree, const at::Tensor& sh_coeffs, const at::Tensor& me
                    const at::Tensor& v_colors, at::Tensor& v_sh_coeffs, at::Tensor& v_means3D);
 
 // binning.cu, in two steps so that the host can refuse an oversized frame between them.
-// Step 1: per-Gaussian tile counts (the ellipse test), their inclusive scan, and the frame's one device->host
-// read, the entry count (returned). Writes counts-scan offsets [N] int64, tiles_touched [N] int32, and the
+// Step 1: per-Gaussian tile counts (the ellipse test) and their inclusive scan; offsets[N-1] is the frame's entry
+// count, which the exact mode reads on the host (its one device->host read). Writes counts-scan offsets [N] int64, tiles_touched [N] int32, and the
 // list of Gaussians whose tile rectangle is large (large_ids [N] int32, large_count [1] int32), which step 2
 // processes one warp per Gaussian.
-int64_t launch_count_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities,
+void launch_count_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities,
                            const at::Tensor& radii, int width, int height, at::Tensor& offsets,
                            at::Tensor& tiles_touched, at::Tensor& large_ids, at::Tensor& large_count);
 // Step 2: emit the `total` entries, radix-sort them, find tile_ranges [n_tiles, 2] int32.
-// Returns (keys [E] int64 sorted, gaussian_ids [E] int32).
+// Returns (keys [E] int64 sorted, gaussian_ids [E] int32), E = total. With fixed_capacity, `total` is a capacity
+// chosen by the caller and the frame's true count stays on the device (offsets[N-1]): entries past the capacity
+// are dropped, the unused rest is padded with keys past every tile (sorted last, in no tile's range). No
+// device->host read either way; the count for an exact `total` is the caller's read of offsets[N-1].
 std::pair<at::Tensor, at::Tensor> launch_emit_and_sort(const at::Tensor& means2D, const at::Tensor& conics,
                                                        const at::Tensor& opacities, const at::Tensor& depths,
                                                        const at::Tensor& radii, int width, int height,
                                                        const at::Tensor& offsets, const at::Tensor& large_ids,
                                                        const at::Tensor& large_count, int64_t total,
-                                                       at::Tensor& tile_ranges);
+                                                       bool fixed_capacity, at::Tensor& tile_ranges);
 
 // rasterize_fwd.cu. Writes image [H,W,3], final_T [H,W], n_contrib [H,W] int32 (caller-provided); with depths [N]
 // also depth_sum [H,W] and depth_median [H,W] (all three given or none).

@@ -233,10 +233,15 @@ at::Tensor sh_colors(int64_t degree, const at::Tensor& sh_coeffs, const at::Tens
     return colors;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> bin_gaussians(
-    const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& depths,
-    const at::Tensor& radii, int64_t width, int64_t height, int64_t max_entries) {
-    const char* op = "bin_gaussians";
+namespace {
+struct BinInputs {
+    at::Device dev;
+    int64_t n;
+};
+
+BinInputs check_bin_inputs(const char* op, const at::Tensor& means2D, const at::Tensor& conics,
+                           const at::Tensor& opacities, const at::Tensor& depths, const at::Tensor& radii,
+                           int64_t width, int64_t height, int64_t max_entries, const char* max_name) {
     const at::Device dev = cuda_device(op, "means2D", means2D);
     const int64_t n = num_gaussians(op, means2D);
     check(op, "means2D", means2D, at::kFloat, dev, {n, 2}, "(N, 2)");
@@ -246,13 +251,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> bin_gaussian
     check(op, "radii", radii, at::kInt, dev, {n}, "(N,)");
     check_image_size(op, width, height);
     if (!(max_entries >= 0 && max_entries < (int64_t(1) << 31)))
-        TORCH_CHECK_VALUE(false, prefix(op) + "max_entries " + std::to_string(max_entries) + " must be in [0, 2^31)");
+        TORCH_CHECK_VALUE(false, prefix(op) + max_name + " " + std::to_string(max_entries) + " must be in [0, 2^31)");
+    return {dev, n};
+}
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> bin_gaussians(
+    const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& depths,
+    const at::Tensor& radii, int64_t width, int64_t height, int64_t max_entries) {
+    const char* op = "bin_gaussians";
+    const auto [dev, n] = check_bin_inputs(op, means2D, conics, opacities, depths, radii, width, height, max_entries,
+                                           "max_entries");
     const c10::cuda::CUDAGuard guard(dev);
     const auto i32 = means2D.options().dtype(at::kInt);
     at::Tensor offsets = at::empty({n}, means2D.options().dtype(at::kLong)), tiles_touched = at::empty({n}, i32);
     at::Tensor large_ids = at::empty({n}, i32), large_count = at::zeros({1}, i32);
-    const int64_t total = launch_count_tiles(means2D, conics, opacities, radii, static_cast<int>(width),
-                                             static_cast<int>(height), offsets, tiles_touched, large_ids, large_count);
+    launch_count_tiles(means2D, conics, opacities, radii, static_cast<int>(width), static_cast<int>(height), offsets,
+                       tiles_touched, large_ids, large_count);
+    const int64_t total = n == 0 ? 0 : offsets[n - 1].item<int64_t>();  // the frame's one device->host read
     if (total > max_entries) {
         // Refused before anything of size `total` is allocated. Reported by value, not thrown: the Python side
         // (cuda_backend.bin_gaussians_cuda) raises the RuntimeError.
@@ -262,7 +278,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> bin_gaussian
     at::Tensor tile_ranges = at::empty({tile_count(width, height), 2}, i32);
     auto [keys, gaussian_ids] = launch_emit_and_sort(means2D, conics, opacities, depths, radii, static_cast<int>(width),
                                                      static_cast<int>(height), offsets, large_ids, large_count, total,
-                                                     tile_ranges);
+                                                     false, tile_ranges);
+    return {keys, gaussian_ids, tile_ranges, tiles_touched, total};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bin_gaussians_fixed(
+    const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& depths,
+    const at::Tensor& radii, int64_t width, int64_t height, int64_t capacity) {
+    const char* op = "bin_gaussians_fixed";
+    const auto [dev, n] = check_bin_inputs(op, means2D, conics, opacities, depths, radii, width, height, capacity,
+                                           "capacity");
+    const c10::cuda::CUDAGuard guard(dev);
+    const auto i32 = means2D.options().dtype(at::kInt), i64 = means2D.options().dtype(at::kLong);
+    at::Tensor offsets = at::empty({n}, i64), tiles_touched = at::empty({n}, i32);
+    at::Tensor large_ids = at::empty({n}, i32), large_count = at::zeros({1}, i32);
+    launch_count_tiles(means2D, conics, opacities, radii, static_cast<int>(width), static_cast<int>(height), offsets,
+                       tiles_touched, large_ids, large_count);
+    at::Tensor tile_ranges = at::empty({tile_count(width, height), 2}, i32);
+    auto [keys, gaussian_ids] = launch_emit_and_sort(means2D, conics, opacities, depths, radii, static_cast<int>(width),
+                                                     static_cast<int>(height), offsets, large_ids, large_count, capacity,
+                                                     true, tile_ranges);
+    at::Tensor total = n == 0 ? at::zeros({1}, i64) : offsets.narrow(0, n - 1, 1);  // a view: no copy, no read
+    if (capacity == 0) {  // launch_emit_and_sort returned empty tensors
+        keys = at::empty({0}, i64);
+        gaussian_ids = at::empty({0}, i32);
+    }
     return {keys, gaussian_ids, tile_ranges, tiles_touched, total};
 }
 

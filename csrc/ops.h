@@ -43,6 +43,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> bin_gaussian
     const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& depths,
     const at::Tensor& radii, int64_t width, int64_t height, int64_t max_entries);
 
+// [2] with a fixed entry capacity and no device->host read (a CUDA-graph-capturable step): -> (keys [capacity]
+// int64 sorted, gaussian_ids [capacity] int32, tile_ranges, tiles_touched [N] int32, total [1] int64 on the device
+// = the entries the frame needs). total > capacity: the frame dropped entries (incomplete); the caller decides.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bin_gaussians_fixed(
+    const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& depths,
+    const at::Tensor& radii, int64_t width, int64_t height, int64_t capacity);
+
 // [3] writes image [H,W,3], final_T [H,W], n_contrib [H,W] int32 in place; with depths [N] (camera-space z) also
 // depth_sum [H,W] (sum_i w_i z_i) and depth_median [H,W] from the same pass (all three or none).
 void rasterize_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,

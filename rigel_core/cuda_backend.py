@@ -24,6 +24,7 @@ float64); all tensors must be float32 on one CUDA device.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 
 import torch
@@ -31,7 +32,7 @@ import torch
 from . import _ext, config
 from .render_output import RenderOutput
 
-__all__ = ["rasterize_gaussians_cuda", "sh_colors_cuda", "project_gaussians_cuda", "bin_gaussians_cuda",
+__all__ = ["FixedBinningCapacity", "rasterize_gaussians_cuda", "sh_colors_cuda", "project_gaussians_cuda", "bin_gaussians_cuda",
            "rasterize_tiles_cuda", "mlp_colors_cuda", "ssim_map_cuda"]
 
 
@@ -210,13 +211,52 @@ def project_gaussians_cuda(means3D, quats, scales, opacities, viewmat, K, width:
     return out if mip else out[:4]
 
 
+class FixedBinningCapacity:
+    """Context in which the CUDA binning of this thread runs with a fixed entry ``capacity`` and no device→host read
+    (``_C.bin_gaussians_fixed``), so that a whole training step can be captured in a CUDA graph (issue 14).
+
+    Each binning inside appends its device-side entry count ((1,) int64) to ``totals``; a frame whose count exceeds
+    ``capacity`` dropped entries (its image is incomplete), which the caller detects from ``totals`` on the device
+    (:func:`rigel_core.train.graph_step`) and discards. Raises ValueError for a capacity outside [0, MAX_ENTRIES]."""
+
+    _local = threading.local()
+
+    def __init__(self, capacity: int):
+        capacity = int(capacity)
+        if not 0 <= capacity <= config.MAX_ENTRIES:
+            raise ValueError(f"binning capacity must be in [0, {config.MAX_ENTRIES:,}], got {capacity:,}")
+        self.capacity = capacity
+        self.totals: list[torch.Tensor] = []
+
+    def __enter__(self):
+        self._prev = getattr(self._local, "active", None)
+        self._local.active = self
+        return self
+
+    def __exit__(self, *exc):
+        self._local.active = self._prev
+        return False
+
+    @classmethod
+    def current(cls):
+        return getattr(cls._local, "active", None)
+
+
 def bin_gaussians_cuda(means2D, conics, opacities, depths, radii, width: int, height: int,
                        max_entries: int = config.MAX_ENTRIES):
     """[2] Binning on the GPU (not differentiable): (keys (E,) int64, gaussian_ids (E,) int32,
-    tile_ranges (n_tiles,2) int32, tiles_touched (N,) int32). Raises RuntimeError when E > ``max_entries``."""
-    keys, gaussian_ids, tile_ranges, tiles_touched, n_entries = _ext.get().bin_gaussians(
-        means2D.detach().contiguous(), conics.detach().contiguous(), opacities.detach().contiguous(),
-        depths.detach().contiguous(), radii.contiguous(), int(width), int(height), int(max_entries))
+    tile_ranges (n_tiles,2) int32, tiles_touched (N,) int32). Raises RuntimeError when E > ``max_entries``.
+    Inside a :class:`FixedBinningCapacity` context E is that capacity (padding past every tile range at the end)
+    and nothing is read back."""
+    args = (means2D.detach().contiguous(), conics.detach().contiguous(), opacities.detach().contiguous(),
+            depths.detach().contiguous(), radii.contiguous(), int(width), int(height))
+    fixed = FixedBinningCapacity.current()
+    if fixed is not None:
+        keys, gaussian_ids, tile_ranges, tiles_touched, total = _ext.get().bin_gaussians_fixed(*args,
+                                                                                               fixed.capacity)
+        fixed.totals.append(total)
+        return keys, gaussian_ids, tile_ranges, tiles_touched
+    keys, gaussian_ids, tile_ranges, tiles_touched, n_entries = _ext.get().bin_gaussians(*args, int(max_entries))
     if n_entries > max_entries:  # refused by the kernel side before allocating anything of that size
         raise RuntimeError(f"binning: {n_entries:,} (Gaussian, tile) entries exceed the limit of {max_entries:,} "
                            "(config.MAX_ENTRIES); lower the resolution or prune large Gaussians")

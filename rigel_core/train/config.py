@@ -47,6 +47,12 @@ class TrainConfig:
     lambda_dssim: float = 0.2  # loss = (1 − λ)·L1 + λ·(1 − SSIM)
     random_background: bool = False  # a random background colour per step (3DGS option; off by default)
 
+    # ---- speed ------------------------------------------------------------------------------------------
+    #: CUDA only: replay each step as a captured CUDA graph (train/graph_step.py) where the configuration allows
+    #: (one view per step and process, the default strategy, no exposure or random background); same result as
+    #: the eager step, a fraction of its host time. Off: every step eager.
+    cuda_graph: bool = True
+
     # ---- appearance -------------------------------------------------------------------------------------
     sh_degree: int = 3  # maximum SH degree (fixed at construction)
     sh_degree_interval: int = 1000  # active degree = min(sh_degree, iteration // sh_degree_interval)

@@ -153,7 +153,7 @@ class DensifyStats:
         if grad is not None:
             self.grad_accum += grad
         self.denom += denom
-        self.max_radii = torch.maximum(self.max_radii, radii)
+        torch.maximum(self.max_radii, radii, out=self.max_radii)  # in place: a CUDA-graph step replays it
 
     def mean_grad(self) -> torch.Tensor:
         """(N,) view-averaged gradient norm (0 where never visible)."""

@@ -50,6 +50,7 @@ from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_gra
 from .exposure import Exposure, exposure_lr, left_right_metrics
 from .losses import l1_loss, mse, psnr_from_mse, ssim
 from .distributed import batch_scaling
+from .graph_step import GraphStep, graph_step_unsupported
 from .mcmc import mcmc_step, regularizer as mcmc_regularizer
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
@@ -331,6 +332,10 @@ class Trainer:
         self.last_densify: DensifyReport | None = None
         self.lock = threading.Lock()
         self._view_stack: list[int] = []
+        #: views to train again first: their graph-step replay overflowed its binning capacity (graph_step.py)
+        self._redo_views: list[int] = []
+        #: the CUDA-graph step (:mod:`.graph_step`), made at the first step that can use it
+        self.graph_step: GraphStep | None = None
         #: the process group of a data-parallel run (:class:`.distributed.Comm`), None for one process
         self.comm = None
 
@@ -368,6 +373,8 @@ class Trainer:
 
     # ---- one iteration --------------------------------------------------------------------------------
     def _next_view(self) -> int:
+        if self._redo_views:
+            return self._redo_views.pop(0)
         if not self._view_stack:
             self._view_stack = torch.randperm(len(self.train_frames), generator=self.generator).tolist()
         return self._view_stack.pop()
@@ -487,7 +494,15 @@ class Trainer:
             g["betas"] = betas
         model.active_sh_degree = min(model.sh_degree, it // max(1, cfg.sh_degree_interval))
 
+        if it > 1 and graph_step_unsupported(self) is None:  # step 1 is eager: it makes the optimizer state
+            res = self._graph_step(it, lrs, t0)
+            if res is not None:
+                return res
         views = [self._view_forward_backward(idx, bg, it) for idx, bg in self._batch_views(batch, world, rank)]
+        if self.graph_step is not None:  # sizes the graph's binning capacity for this image size
+            for v in views:
+                self.graph_step.record_entries((v["frame"].camera.width, v["frame"].camera.height),
+                                               v["out"].n_entries)
         first = views[0]
         loss = first["loss"] if len(views) == 1 else torch.stack([v["loss"].detach() for v in views]).sum()
         g2ds = [v["g2d"] for v in views if v["g2d"] is not None]
@@ -530,15 +545,7 @@ class Trainer:
                 self.last_densify = report or self.last_densify
             elif it < cfg.densify_until:
                 self.stats.add(inc[0], inc[1], inc[2], valid=ok)
-                if it > cfg.densify_from and it % cfg.densify_interval == 0:
-                    if comm is not None:
-                        comm.sync_stats(self.stats)
-                    report = densify_and_prune(model, self.optimizer, self.stats, cfg, self.extent, it,
-                                               self.generator)
-                    self.last_densify = report
-                if it % cfg.opacity_reset_interval == 0 or (self.white_bg and it == cfg.densify_from):
-                    reset_opacity(model, self.optimizer, cfg.opacity_reset_value)
-                    reset = True
+                report, reset = self._densify_schedule(it)
             if report is not None or it % FILTER_3D_INTERVAL == 0:
                 self._update_filter_3d()
         self.optimizer.zero_grad(set_to_none=True)
@@ -559,6 +566,49 @@ class Trainer:
             res.eval = self.evaluate()
         if comm is not None:
             comm.maybe_check(self)
+        res.seconds = time.perf_counter() - t0
+        return res
+
+    def _densify_schedule(self, it: int) -> tuple:
+        """The default strategy's host-side schedule after iteration ``it``'s update (before ``densify_until``):
+        densify and prune every ``densify_interval`` after ``densify_from``, opacity reset every
+        ``opacity_reset_interval`` (and at ``densify_from`` for white-background data). Returns (report, reset)."""
+        cfg, model, report, reset = self.config, self.model, None, False
+        if it > cfg.densify_from and it % cfg.densify_interval == 0:
+            if self.comm is not None:
+                self.comm.sync_stats(self.stats)
+            report = densify_and_prune(model, self.optimizer, self.stats, cfg, self.extent, it, self.generator)
+            self.last_densify = report
+        if it % cfg.opacity_reset_interval == 0 or (self.white_bg and it == cfg.densify_from):
+            reset_opacity(model, self.optimizer, cfg.opacity_reset_value)
+            reset = True
+        return report, reset
+
+    def _graph_step(self, it: int, lrs: dict, t0: float) -> StepResult | None:
+        """Iteration ``it`` as a replay of the captured step (:mod:`.graph_step`), with the same host-side
+        schedule as the eager path; None when the graph path is off (the caller runs the eager step)."""
+        cfg, model = self.config, self.model
+        if self.graph_step is None:
+            self.graph_step = GraphStep(self)
+        if self.graph_step.disabled:
+            return None
+        idx = self._next_view()
+        stats_on = it < cfg.densify_until
+        report, reset = None, False
+        with self.lock:
+            values = self.graph_step.step(idx, stats_on)
+            if values is None:
+                self._redo_views.insert(0, idx)  # the eager step takes this view
+                return None
+            if stats_on:
+                report, reset = self._densify_schedule(it)
+            if report is not None or it % FILTER_3D_INTERVAL == 0:
+                self._update_filter_3d()
+        self.iteration = it
+        res = StepResult(it, model.num_gaussians, self.train_frames[idx].name, model.active_sh_degree,
+                         lrs["means3D"], 0.0, report, reset, values=values)
+        if cfg.eval_every and it % cfg.eval_every == 0 and self.test_frames:
+            res.eval = self.evaluate()
         res.seconds = time.perf_counter() - t0
         return res
 

@@ -1,0 +1,301 @@
+"""The training step as a replayed CUDA graph (issue 14): the same code as :meth:`Trainer.step`'s eager path,
+captured once and replayed, so that a step costs the host a handful of launches instead of ~90 Python/autograd
+hops.
+
+What is captured, for one training view (``batch_size`` 1, one process, the default densification strategy, no
+per-image exposure or random background): render (activations, colours, projection, binning, rasterization),
+loss, backward, the NaN guard, the densification statistics and the fused Adam step. What stays on the host,
+between replays: the view order, the learning-rate schedule (written into device scalars the graph reads),
+densification, pruning, opacity resets and evaluation — every one of them replaces tensors, after which the graph
+is captured again (:attr:`GraphStep.captures` counts them; about one per ``densify_interval`` iterations).
+
+**No device→host read in the step.** The eager binning reads the frame's entry count back to size its buffers;
+the captured one bins into a fixed capacity (:class:`rigel_core.cuda_backend.FixedBinningCapacity`) and leaves
+the count on the device. A frame that needs more entries than the capacity is incomplete: the graph then skips
+the whole update on the device (the fused Adam's ``found_inf``, as the NaN guard does; no statistics are added),
+the host learns of it one step later from a pinned copy of the count, captures again with a larger capacity and
+trains that view again ("redo that step once"). Capacity = 1.05 × the largest count seen for that image size
+over the recent steps (scaled by the growth of the Gaussian count since), so overflows are rare.
+
+Graphs are kept per (image size, mask or not, SH degree, statistics on or off); any change of the parameters'
+storage, the optimizer state, the statistics or the training configuration discards them all. A capture that
+fails (e.g. an unsupported operation) turns the graph path off for the run with one warning; the eager path is
+the fallback and the reference (tests/test_graph_step.py compares the two on the GPU).
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from ..cuda_backend import FixedBinningCapacity
+from ..render import render
+from .densify import means2D_grad, prepare_means2D_grad
+from .losses import mse
+
+__all__ = ["GraphStep", "graph_step_unsupported"]
+
+#: the capacity is this factor above the largest entry count seen recently (the sort runs over the whole
+#: capacity: a larger margin costs sort time on every step, a smaller one more overflows)
+CAPACITY_MARGIN = 1.05
+#: ... over this many recent steps of the same image size
+RECENT_STEPS = 256
+#: the smallest capacity
+MIN_CAPACITY = 1 << 16
+
+
+def graph_step_unsupported(trainer) -> str | None:
+    """Why ``trainer``'s configuration cannot use the graph step (a short reason), or None when it can."""
+    cfg = trainer.config
+    if not getattr(cfg, "cuda_graph", True):
+        return "TrainConfig.cuda_graph is off"
+    if trainer.device.type != "cuda":
+        return "not a CUDA device"
+    if trainer.comm is not None:
+        return "data-parallel training"
+    if int(cfg.batch_size) != 1:
+        return "batch_size > 1"
+    if cfg.strategy != "default":
+        return f"strategy {cfg.strategy!r}"
+    if cfg.exposure:
+        return "per-image exposure"
+    if cfg.random_background:
+        return "random background"
+    return None
+
+
+class _StaticCamera:
+    """A camera whose ``viewmat``/``K``/``campos`` tensors are fixed device buffers (read by the captured graph);
+    :meth:`GraphStep.step` copies the training view's values into them before each replay."""
+
+    def __init__(self, packed: torch.Tensor, width: int, height: int):
+        self.packed = packed  # (28,) float32: viewmat (16) | K (9) | campos (3)
+        self.width, self.height = int(width), int(height)
+        self._viewmat = packed[:16].view(4, 4)
+        self._K = packed[16:25].view(3, 3)
+        self._campos = packed[25:28]
+
+    def viewmat_tensor(self, device=None, dtype=torch.float32):
+        return self._viewmat
+
+    def K_tensor(self, device=None, dtype=torch.float32):
+        return self._K
+
+    def campos_tensor(self, device=None, dtype=torch.float32):
+        return self._campos
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    camera: _StaticCamera
+    gt: torch.Tensor
+    mask: torch.Tensor | None
+    total: torch.Tensor  # (1,) int64: entries the replayed frame needed
+    values: torch.Tensor  # (6,) float64: StepResult.values
+    capacity: int
+
+
+class GraphStep:
+    """Captures and replays :class:`~rigel_core.train.Trainer`'s step for one view (module docstring). Made by the
+    trainer; :meth:`step` is called from ``Trainer.step`` with the host-side decisions already taken."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.graphs: dict = {}
+        self.captures = 0  # graphs captured so far
+        self.overflows = 0  # replays that needed more entries than their capacity (trained again)
+        self.disabled: str | None = None  # why the graph path was turned off for the run
+        self._signature = None
+        self._lr: dict[str, torch.Tensor] = {}  # device learning rates the captured Adam reads, by group name
+        self._lr_host: dict[str, float] = {}
+        self._recent: dict[tuple, deque] = {}  # (W, H) -> recent (entries, N)
+        self._pending: deque = deque()  # (event, pinned total, capacity, view index, (W, H), N)
+        self._pinned = [torch.zeros(1, dtype=torch.int64).pin_memory() for _ in range(4)]
+        self._slot = 0
+        self._cam_table: torch.Tensor | None = None
+        self._stream = torch.cuda.Stream(device=trainer.device)
+
+    # ---- bookkeeping ------------------------------------------------------------------------------------
+    def _current_signature(self):
+        t = self.trainer
+        ptrs = []
+        for g in t.optimizer.param_groups:
+            for p in g["params"]:
+                ptrs.append(p.data_ptr())
+                for v in t.optimizer.state.get(p, {}).values():
+                    if isinstance(v, torch.Tensor):
+                        ptrs.append(v.data_ptr())
+            ptrs.append((g["betas"], g["eps"], g["weight_decay"]))
+        s = t.stats
+        ptrs += [s.grad_accum.data_ptr(), s.denom.data_ptr(), s.max_radii.data_ptr(), t._nan_skips.data_ptr(),
+                 t.background.data_ptr()]
+        f3d = getattr(t.model, "filter_3D", None)
+        ptrs.append(f3d.data_ptr() if isinstance(f3d, torch.Tensor) else None)
+        return tuple(ptrs), dict(vars(t.config)), getattr(t.model, "render_mode", "default")
+
+    def _camera_table(self) -> torch.Tensor:
+        """(V, 28) float32 on the device: every training view's viewmat | K | campos, converted as the eager
+        path converts them (Camera.*_tensor), so both paths render from the same float32 values."""
+        if self._cam_table is None:
+            t = self.trainer
+            rows = []
+            for f in t.train_frames:
+                c = f.camera
+                rows.append(torch.cat([c.viewmat_tensor(t.device).reshape(-1), c.K_tensor(t.device).reshape(-1),
+                                       c.campos_tensor(t.device).reshape(-1)]))
+            self._cam_table = torch.stack(rows).contiguous()
+        return self._cam_table
+
+    def record_entries(self, size: tuple, entries: int) -> None:
+        """Note a frame of image size ``size`` (W, H) that needed ``entries`` binning entries (e.g. from an eager
+        step), so the next capture for that size is made large enough."""
+        self._recent.setdefault(size, deque(maxlen=RECENT_STEPS)).append((int(entries),
+                                                                          self.trainer.model.num_gaussians))
+
+    def _capacity(self, size: tuple) -> int:
+        n_now = max(1, self.trainer.model.num_gaussians)
+        seen = self._recent.get(size)
+        if not seen:  # nothing known: every Gaussian in a few tiles
+            want = 8 * n_now
+        else:
+            want = max(e * max(1.0, n_now / max(1, n)) for e, n in seen)
+        from .. import config
+
+        return int(min(config.MAX_ENTRIES, max(MIN_CAPACITY, math.ceil(CAPACITY_MARGIN * want))))
+
+    def _learning_rates(self) -> None:
+        """Write the groups' current (host) learning rates into the device scalars the captured Adam reads."""
+        for g in self.trainer.optimizer.param_groups:
+            name, lr = g["name"], float(g["lr"])
+            t = self._lr.get(name)
+            if t is None:
+                self._lr[name] = t = torch.full((), lr, dtype=torch.float32, device=self.trainer.device)
+                self._lr_host[name] = lr
+            elif self._lr_host[name] != lr:
+                t.fill_(lr)
+                self._lr_host[name] = lr
+
+    def check_pending(self, keep: int = 1) -> list[int]:
+        """Read the entry counts of finished replays (all but the last ``keep``; waits for them); returns the
+        view indices whose frame overflowed its capacity (their update was skipped on the device)."""
+        redo = []
+        while len(self._pending) > keep:
+            event, pinned, capacity, idx, size, n = self._pending.popleft()
+            event.synchronize()
+            total = int(pinned.item())
+            self._recent.setdefault(size, deque(maxlen=RECENT_STEPS)).append((total, n))
+            if total > capacity:
+                self.overflows += 1
+                redo.append(idx)
+                for key in [k for k in self.graphs if k[:2] == size and self.graphs[k].capacity < total]:
+                    del self.graphs[key]
+        return redo
+
+    # ---- capture ----------------------------------------------------------------------------------------
+    def _capture(self, key, idx: int) -> _Captured:
+        t = self.trainer
+        cfg, model, opt = t.config, t.model, t.optimizer
+        width, height, has_mask, _, stats_on = key
+        dev = t.device
+        size = (width, height)
+        capacity = self._capacity(size)
+        cam = _StaticCamera(self._camera_table()[idx].clone(), width, height)
+        gt = t._train_images[idx].clone()
+        mask = t._train_masks[idx].clone() if has_mask else None
+        saved = [(g, g["lr"], g.get("capturable", False)) for g in opt.param_groups]
+        opt.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        side = self._stream
+        side.wait_stream(torch.cuda.current_stream(dev))
+        try:
+            for g in opt.param_groups:  # the captured Adam reads its learning rates from device scalars
+                g["lr"], g["capturable"] = self._lr[g["name"]], True
+            with torch.cuda.stream(side):
+                # a private memory pool per graph (freed with it); sharing one across discarded graphs trips
+                # the caching allocator's pool bookkeeping (torch 2.11)
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    with FixedBinningCapacity(capacity) as fixed:
+                        out = render(model, cam, background=t.background)
+                        prepare_means2D_grad(out)
+                        loss, l1, s = t.compute_loss(out.image, gt) if mask is None else \
+                            t.compute_loss(out.image, gt, mask)
+                        loss.backward()
+                    g2d = means2D_grad(out)
+                    total = fixed.totals[0]
+                    finite = t._all_finite(loss, g2d)
+                    ok = finite & (total[0] <= capacity)
+                    inc = None
+                    if stats_on:
+                        vis = cfg.densify_visibility
+                        inc = t.stats.increment(g2d, out.radii, width, height, visibility=vis,
+                                                means2D=out.means2D if vis == "opacity" else None,
+                                                opacities=model.opacities if vis == "opacity" else None)
+                    t._nan_skips += (~finite).double()
+                    opt.found_inf = (~ok).float()
+                    opt.step()
+                    if inc is not None:
+                        t.stats.add(inc[0], inc[1], inc[2], valid=ok)
+                    with torch.no_grad():
+                        m_t = mse(out.image.detach(), gt, mask)
+                        values = torch.cat([torch.stack([loss.detach(), l1.detach(), s.detach(), m_t]).double(),
+                                            (~ok).double().reshape(1), t._nan_skips.reshape(1)])
+                finally:
+                    graph.capture_end()
+        finally:
+            for g, lr, cap in saved:
+                g["lr"], g["capturable"] = lr, cap
+            opt.found_inf = None
+            opt.zero_grad(set_to_none=True)  # the graph owns its gradient buffers; eager steps start from None
+        torch.cuda.current_stream(dev).wait_stream(side)
+        self.captures += 1
+        return _Captured(graph, cam, gt, mask, total, values, capacity)
+
+    # ---- one step ---------------------------------------------------------------------------------------
+    def step(self, idx: int, stats_on: bool):
+        """Replay the step for training view ``idx`` (capturing first if needed): returns the (6,) float64
+        ``values`` of the StepResult, or None when the graph path is off (the caller then runs the eager step)."""
+        if self.disabled:
+            return None
+        t = self.trainer
+        frame = t.train_frames[idx]
+        width, height = frame.camera.width, frame.camera.height
+        mask = t._train_masks[idx]
+        key = (width, height, mask is not None, t.model.active_sh_degree, bool(stats_on))
+        sig = self._current_signature()
+        if sig != self._signature:
+            self.graphs.clear()
+            self._signature = sig
+        self._learning_rates()
+        cap = self.graphs.get(key)
+        if cap is None:
+            try:
+                cap = self._capture(key, idx)
+            except Exception as exc:  # noqa: BLE001 — any capture failure: eager for the rest of the run
+                self.disabled = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+                self.graphs.clear()
+                warnings.warn(f"training step: CUDA graph capture failed, continuing without it ({self.disabled})",
+                              stacklevel=3)
+                return None
+            self.graphs[key] = cap
+            self._signature = self._current_signature()
+        cap.camera.packed.copy_(self._camera_table()[idx])
+        cap.gt.copy_(t._train_images[idx])
+        if cap.mask is not None:
+            cap.mask.copy_(mask)
+        cap.graph.replay()
+        values = cap.values.clone()
+        pinned = self._pinned[self._slot]
+        self._slot = (self._slot + 1) % len(self._pinned)
+        if len(self._pending) >= len(self._pinned) - 1:
+            t._redo_views += self.check_pending(keep=0)
+        pinned.copy_(cap.total, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        self._pending.append((event, pinned, cap.capacity, idx, (width, height), t.model.num_gaussians))
+        t._redo_views += self.check_pending(keep=1)
+        return values

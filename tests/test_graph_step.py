@@ -1,0 +1,217 @@
+"""The CUDA-graph training step (rigel_core/train/graph_step.py) and the fixed-capacity binning it relies on
+(csrc/binning.cu, ``_C.bin_gaussians_fixed``).
+
+References: the eager step (the same code, not captured; its binning reads the exact entry count back) and the
+exact binning. GPU tests are marked ``gpu`` (skipped with the reason on a machine without CUDA); the eligibility
+rules run everywhere.
+"""
+import math
+import types
+from collections import deque
+
+import pytest
+import torch
+
+from rigel_core.train import TrainConfig, Trainer
+from rigel_core.train import graph_step as graph_step_module
+from rigel_core.train.graph_step import graph_step_unsupported
+from test_trainer import make_dataset, small_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ---- eligibility (any machine) -----------------------------------------------------------------------------
+def test_graph_step_eligibility_reasons():
+    def reason(device="cuda", comm=None, **cfg):
+        fake = types.SimpleNamespace(config=TrainConfig(**cfg), device=torch.device(device), comm=comm)
+        return graph_step_unsupported(fake)
+
+    assert reason() is None
+    assert reason(cuda_graph=False) == "TrainConfig.cuda_graph is off"
+    assert reason("cpu") == "not a CUDA device"
+    assert reason(comm=object()) == "data-parallel training"
+    assert reason(batch_size=2) == "batch_size > 1"
+    assert reason(strategy="mcmc", max_gaussians=1000) == "strategy 'mcmc'"
+    assert reason(exposure=True) == "per-image exposure"
+    assert reason(random_background=True) == "random background"
+
+
+def test_cpu_training_never_makes_a_graph_step(rng):
+    t = Trainer(make_dataset(rng, n_gauss=40, size=16, n_train=4, n_test=1), small_config(iterations=3),
+                device="cpu")
+    for _ in range(3):
+        t.step()
+    assert t.graph_step is None and t.iteration == 3
+
+
+# ---- fixed-capacity binning (GPU) ----------------------------------------------------------------------------
+def _random_footprints(rng, n, width, height, dev):
+    """Projected Gaussians drawn directly: centres over and around the image, random covariances (a tenth of
+    them large enough for the warp-per-Gaussian path), radius 3σ of the major axis, some culled (radius 0)."""
+    g = rng
+    means2D = torch.rand(n, 2, generator=g) * torch.tensor([width * 1.2, height * 1.2]) - torch.tensor(
+        [width * 0.1, height * 0.1])
+    sig = torch.exp(torch.randn(n, 2, generator=g) * 0.6 + 1.2)
+    sig[: n // 10] *= 12.0
+    theta = torch.rand(n, generator=g) * math.pi
+    c, s = torch.cos(theta), torch.sin(theta)
+    a = c ** 2 * sig[:, 0] ** 2 + s ** 2 * sig[:, 1] ** 2
+    b = c * s * (sig[:, 0] ** 2 - sig[:, 1] ** 2)
+    d = s ** 2 * sig[:, 0] ** 2 + c ** 2 * sig[:, 1] ** 2
+    det = a * d - b * b
+    conics = torch.stack([d / det, -b / det, a / det], -1)
+    radii = torch.ceil(3.0 * sig.max(-1).values).to(torch.int32)
+    radii[torch.rand(n, generator=g) < 0.1] = 0
+    opacities = torch.rand(n, generator=g) * 0.98 + 0.01
+    depths = torch.rand(n, generator=g) * 9.0 + 0.5
+    return [t.to(dev).contiguous() for t in (means2D, conics, opacities, depths, radii)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("size", [(96, 64), (257, 131)])
+def test_fixed_capacity_binning_equals_the_exact_binning(rng, size):
+    from rigel_core import _ext
+
+    C = _ext.get()
+    width, height = size
+    inputs = _random_footprints(rng, 700, width, height, "cuda")
+    keys, ids, ranges, touched, total = C.bin_gaussians(*inputs, width, height)
+    n_tiles = ranges.shape[0]
+    pad = (n_tiles << 32) | 0xFFFFFFFF
+    assert total > 0
+    for capacity in (total, total + 1, total + 4099):
+        fk, fi, fr, ft, ftotal = C.bin_gaussians_fixed(*inputs, width, height, capacity)
+        assert fk.shape == (capacity,) and fi.shape == (capacity,)
+        assert int(ftotal.item()) == total
+        assert torch.equal(fk[:total], keys) and torch.equal(fi[:total], ids)
+        assert torch.equal(fr, ranges) and torch.equal(ft, touched)
+        assert bool((fk[total:].view(torch.int64) == torch.tensor(pad, dtype=torch.int64).cuda()).all())
+
+
+@pytest.mark.gpu
+def test_fixed_capacity_binning_reports_an_overflow_and_keeps_a_consistent_subset(rng):
+    from rigel_core import _ext
+
+    C = _ext.get()
+    width, height = 128, 96
+    inputs = _random_footprints(rng, 600, width, height, "cuda")
+    keys, ids, ranges, _, total = C.bin_gaussians(*inputs, width, height)
+    capacity = total // 3
+    fk, fi, fr, _, ftotal = C.bin_gaussians_fixed(*inputs, width, height, capacity)
+    assert int(ftotal.item()) == total > capacity  # the caller sees the frame is incomplete
+    # every kept entry is one of the exact list's, and the ranges index only kept entries, sorted by key
+    exact = set(zip(keys.tolist(), ids.tolist()))
+    kept = list(zip(fk.tolist(), fi.tolist()))
+    assert len(kept) == capacity and set(kept) <= exact
+    assert fk.tolist() == sorted(fk.tolist())
+    assert int(fr[:, 1].max()) <= capacity
+    for t in torch.nonzero(fr[:, 1] > fr[:, 0]).flatten().tolist()[:50]:
+        lo, hi = fr[t].tolist()
+        assert all((k >> 32) == t for k in fk[lo:hi].tolist())
+
+
+@pytest.mark.gpu
+def test_fixed_capacity_binning_of_nothing():
+    from rigel_core import _ext
+
+    C = _ext.get()
+    empty = [torch.zeros(0, 2, device="cuda"), torch.zeros(0, 3, device="cuda"), torch.zeros(0, device="cuda"),
+             torch.zeros(0, device="cuda"), torch.zeros(0, dtype=torch.int32, device="cuda")]
+    fk, fi, fr, ft, total = C.bin_gaussians_fixed(*empty, 40, 20, 100)
+    assert int(total.item()) == 0 and fk.shape == (100,) and int(fr.abs().sum()) == 0
+    fk, fi, fr, ft, total = C.bin_gaussians_fixed(*empty, 40, 20, 0)
+    assert int(total.item()) == 0 and fk.numel() == 0 and int(fr.abs().sum()) == 0
+    with pytest.raises(ValueError, match="capacity"):
+        C.bin_gaussians_fixed(*empty, 40, 20, -1)
+
+
+# ---- the graph step against the eager step (GPU) --------------------------------------------------------------
+def _params(t):
+    return {g["name"]: p.detach().clone() for g in t.optimizer.param_groups for p in g["params"]}
+
+
+def _train(ds, cfg, steps):
+    t = Trainer(ds, cfg, device="cuda")
+    results = [t.step() for _ in range(steps)]
+    torch.cuda.synchronize()
+    return t, results
+
+
+@pytest.mark.gpu
+def test_graph_step_matches_the_eager_step(rng):
+    ds = make_dataset(rng, n_gauss=150, size=64, n_train=8, n_test=2)
+    kw = dict(iterations=40, densify_until=0)
+    te, re_ = _train(ds, small_config(cuda_graph=False, **kw), 40)
+    tg, rg = _train(ds, small_config(cuda_graph=True, **kw), 40)
+    assert te.graph_step is None
+    gs = tg.graph_step
+    assert gs is not None and gs.disabled is None and gs.captures >= 1 and gs.overflows == 0
+    assert [r.view for r in rg] == [r.view for r in re_]
+    for name, pe in _params(te).items():  # the learning rates differ by float32 rounding only
+        torch.testing.assert_close(_params(tg)[name], pe, rtol=1e-4, atol=1e-6, msg=name)
+    for a, b in zip(re_, rg):
+        assert abs(a.loss - b.loss) <= 1e-4 * max(1.0, abs(a.loss)) and not b.skipped
+
+
+@pytest.mark.gpu
+def test_graph_step_recaptures_after_densification_and_trains_as_well(rng):
+    ds = make_dataset(rng, n_gauss=150, size=64, n_train=10, n_test=3)
+    kw = dict(iterations=160, densify_from=10, densify_interval=25, densify_until=130, opacity_reset_interval=70)
+    te, _ = _train(ds, small_config(cuda_graph=False, **kw), 160)
+    tg, rg = _train(ds, small_config(cuda_graph=True, **kw), 160)
+    gs = tg.graph_step
+    assert gs.disabled is None and gs.captures >= 5  # every densification and reset replaces the tensors
+    assert any(r.densify is not None for r in rg) and any(r.opacity_reset for r in rg)
+    assert tg.nan_skips == 0
+    pe, pg = te.evaluate(record=False).psnr, tg.evaluate(record=False).psnr
+    assert pg > pe - 1.0, (pg, pe)
+    assert abs(tg.model.num_gaussians - te.model.num_gaussians) <= 0.1 * te.model.num_gaussians
+
+
+@pytest.mark.gpu
+def test_an_overflowing_frame_skips_its_update_and_is_trained_again(rng, monkeypatch):
+    ds = make_dataset(rng, n_gauss=150, size=64, n_train=6, n_test=1)
+    t = Trainer(ds, small_config(iterations=50, densify_until=0), device="cuda")
+    for _ in range(3):
+        t.step()
+    gs = t.graph_step
+    assert gs is not None and gs.overflows == 0
+    gs.check_pending(keep=0)
+    seen = max(e for e, _ in gs._recent[(64, 64)])
+    # the next capture gets a capacity far below what a frame needs
+    monkeypatch.setattr(graph_step_module, "MIN_CAPACITY", 1)
+    gs._recent[(64, 64)] = deque([(seen // 20, t.model.num_gaussians)])
+    gs.graphs.clear()
+    before = _params(t)
+    res = t.step()
+    torch.cuda.synchronize()
+    assert res.skipped and t.nan_skips == 0  # skipped for the capacity, not counted as a NaN step
+    for name, p in _params(t).items():
+        assert torch.equal(p, before[name]), name  # no update at all
+    views = [t.step().view for _ in range(4)]
+    assert gs.overflows >= 1
+    assert res.view in views  # trained again
+    gs.check_pending(keep=0)
+    assert all(c.capacity >= max(e for e, _ in gs._recent[(64, 64)]) for c in gs.graphs.values())
+    last = t.step()
+    torch.cuda.synchronize()
+    assert not last.skipped
+
+
+@pytest.mark.gpu
+def test_a_failed_capture_falls_back_to_the_eager_step(rng, monkeypatch):
+    ds = make_dataset(rng, n_gauss=100, size=32, n_train=4, n_test=1)
+    t = Trainer(ds, small_config(iterations=10, densify_until=0), device="cuda")
+    t.step()
+
+    def broken(*a, **k):
+        raise RuntimeError("not capturable here")
+
+    monkeypatch.setattr(graph_step_module, "render", broken)
+    before = _params(t)
+    with pytest.warns(UserWarning, match="CUDA graph capture failed.*not capturable here"):
+        res = t.step()
+    assert t.graph_step.disabled and res.iteration == 2 and not res.skipped
+    assert any(not torch.equal(p, before[n]) for n, p in _params(t).items())  # the eager step trained
+    t.step()
+    assert t.iteration == 3 and t.graph_step.captures == 0
