@@ -19,7 +19,7 @@ from .. import config
 
 __all__ = ["Projection", "project_gaussians", "quat_to_rotmat", "tile_rects", "RENDER_MODES", "check_render_mode"]
 
-RENDER_MODES = ("default", "mip")   # 3DGS's 0.3 px² dilation, or Mip-Splatting's filters (the one list)
+RENDER_MODES = config.RENDER_MODES   # the one list, in rigel_core/config.py (torch-free: the CLIs' parsers)
 
 
 def check_render_mode(render_mode: str) -> str:
