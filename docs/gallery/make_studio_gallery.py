@@ -1,5 +1,6 @@
 """Regenerate the studio screenshots (issue 18): viewer_progressive.png, viewer_cameras.png, viewer_open.png,
-viewer_edit.png, viewer_crop_box.png, viewer_select_footprint.png (and, offscreen, viewer_camera_path.png) — a ``rigel-viewer`` window (run under
+viewer_edit.png, viewer_crop_box.png, viewer_select_footprint.png, viewer_loading.png (and, offscreen,
+viewer_camera_path.png) — a ``rigel-viewer`` window (run under
 ``xvfb-run -a``; any Vulkan device, lavapipe here) driven through the same requests its mouse, keys and panels
 send, on the CPU renderer; the frames are the app's own read-back (panels included).
 
@@ -170,6 +171,29 @@ def select_footprint(scene, out):
           out / "viewer_select_footprint.png")
 
 
+def loading(out):
+    """The window as ``rigel-viewer`` opens it on the CPU: the loading frame presented before torch is imported (the
+    bundled scene's splat centres point-splatted with numpy, viewer/loading.py), then the scene's first render."""
+    from viewer.app import Viewer
+    from viewer.loading import adopt_scene, bundled_scene_path, present_loading, scene_preview
+    from viewer.model_slot import ModelSlot
+    from viewer.scene import default_scene
+    from viewer.ui import ViewSettings
+
+    size = (640, 400)
+    with Viewer(ModelSlot(), size=size, device="cpu", offscreen=OPTS["offscreen"],
+                settings=ViewSettings(render_scale=None)) as v:
+        path = bundled_scene_path()
+        first = v.read_pixels(present_loading(v, str(path), scene_preview(v, path), capture=True))[..., :3].copy()
+        model, name = default_scene()
+        adopt_scene(v, model, name, "+z")
+        for _ in range(3):
+            scene_frame = _shot(v)
+    a = _caption(first, "loading frame (before import torch): splat centres, numpy")
+    b = _caption(scene_frame, f"then the scene's render ({v.stats.frame_size[0]}x{v.stats.frame_size[1]}, refining)")
+    _save(np.concatenate([a, np.full((size[1] + 22, 4, 3), 255, np.uint8), b], 1), out / "viewer_loading.png")
+
+
 def camera_path(scene, out):
     """A camera path of four keyframes a quarter turn apart, added through the Camera path section's requests
     (as its buttons send them), drawn over the scene (the sampled positions as a line, numbered keyframes, the
@@ -232,7 +256,7 @@ def main():
     scene, _ = default_scene()
     # camera_path: offscreen only by default (the window's picture is docs/gallery/make_camera_path.py's)
     todo = args.only or (["cameras", "open", "edit", "crop_box", "footprint", "camera_path"] if args.offscreen else
-                         ["progressive", "cameras", "open", "edit", "crop_box", "footprint"])
+                         ["progressive", "loading", "cameras", "open", "edit", "crop_box", "footprint"])
     donut = load_scene_file(donut_path) if {"progressive", "edit"} & set(todo) else None
     if "progressive" in todo:
         progressive(donut, args.out)
@@ -246,6 +270,8 @@ def main():
         crop_box(scene, args.out)
     if "footprint" in todo:
         select_footprint(scene, args.out)
+    if "loading" in todo:
+        loading(args.out)
     if "camera_path" in todo:
         camera_path(scene, args.out)
 
