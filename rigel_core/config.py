@@ -22,7 +22,3 @@ MIP_FILTER_2D = 0.1
 MIP_FILTER_3D = 0.2
 APPEARANCE_MAX_LATENT = 32
 APPEARANCE_MAX_HIDDEN = 64
-
-#: The render modes: 3DGS's 0.3 px² dilation, or Mip-Splatting's filters (the one list; here, not in
-#: reference.project, so that the CLIs' argument parsers need no torch).
-RENDER_MODES = ("default", "mip")
