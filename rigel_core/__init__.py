@@ -3,14 +3,44 @@ reference), scene and dataset I/O, and training.
 
 Conventions: ../docs/PIPELINE.md and DESIGN §3 (row-major world-to-camera, OpenCV camera axes, pixels).
 """
+import sys
+import types
+
 from . import config
-from .camera import Camera
-from .model import GaussianModel
-from .render import RenderOutput, compute_colors, rasterize_gaussians, render
 
 __version__ = "0.1.0"
 __all__ = ["config", "Camera", "GaussianModel", "RenderOutput", "rasterize_gaussians", "render", "compute_colors",
            "cuda_available"]
+
+# The names that need PyTorch are imported on first use (PEP 562), so that the torch-free modules (run_dir, atomic,
+# limits, config, io.errors, camera_path, cli.common's parser) load without the ~1.5 s of ``import torch``: the
+# viewer presents its first frame before torch is imported (issue 18, tests/test_first_frame.py).
+_LAZY = {"Camera": "camera", "GaussianModel": "model", "RenderOutput": "render", "compute_colors": "render",
+         "rasterize_gaussians": "render", "render": "render"}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+class _Package(types.ModuleType):
+    """``rigel_core.render`` is the function, as the eager ``from .render import render`` made it, also when the
+    submodule ``rigel_core.render`` is imported first: the import system's ``setattr(package, "render", module)``
+    stores the module's function instead."""
+
+    def __setattr__(self, name, value):
+        if name == "render" and isinstance(value, types.ModuleType):
+            value = value.render
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def cuda_available() -> bool:

@@ -47,11 +47,14 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .atomic import atomic_path
-from .camera import Camera, quat_to_rotmat_np
+
+if TYPE_CHECKING:
+    from .camera import Camera
 
 __all__ = ["Keyframe", "CameraPath", "CameraPathError", "FORMAT", "FORMAT_VERSION", "rotmat_to_quat", "slerp",
            "load_path", "save_path", "save_nerfstudio", "path_from_dict", "path_to_dict"]
@@ -185,6 +188,8 @@ class Keyframe:
 
 
 def _camera(position, q, fov_y_deg, width, height, name="") -> Camera:
+    from .camera import Camera, quat_to_rotmat_np   # here: rigel_core.camera imports torch (the viewer's
+                                                    # first frame comes before that; tests/test_first_frame.py)
     R = quat_to_rotmat_np(q)
     vm = np.eye(4)
     vm[:3, :3] = R.T
@@ -595,6 +600,8 @@ def save_nerfstudio(path: CameraPath, out, *, width: int | None = None, height: 
     OpenGL axes, vertical ``fov`` in degrees, ``aspect``; ``keyframes`` empty: the samples are the path)."""
     w = int(width or path.width or 640)
     h = int(height or path.height or 480)
+    from .camera import quat_to_rotmat_np
+
     pos, quat, fov, _ = path.sample()
     samples = []
     for p, q, f in zip(pos, quat, fov):

@@ -12,5 +12,5 @@ handler each), ``jobs`` (video, save, appearance conversion in the background), 
 timings, the error map), ``window`` (GLFW), ``camera_control`` (orbit / fly / dataset cameras), ``glfw_input``,
 ``ui`` (the panels) and ``ui_state`` (what they show), ``studio`` and its sections, ``training`` (the training
 thread) and ``messages`` (its typed commands and events), ``model_slot`` (the snapshot hand-over), ``offscreen``
-(``--offscreen`` runs), ``video`` (orbit videos), ``scene`` (loading). Nothing here is imported by ``rigel_core``.
+(``--offscreen`` runs), ``loading`` (the loading frame shown before torch is imported), ``video`` (orbit videos), ``scene`` (loading). Nothing here is imported by ``rigel_core``.
 """

@@ -41,12 +41,12 @@ CPU_AUTO_PIXELS = 320 * 240
 
 
 def _pick_render_device(device: str) -> str:
-    import torch
-
     if device == "cpu":
-        return "cpu"
+        return "cpu"    # without importing torch: the loading frame comes first (viewer/loading.py)
     if device not in ("auto", "cuda"):
         raise ValueError(f"--device must be auto, cpu or cuda, got {device!r}")
+    import torch
+
     if not torch.cuda.is_available():
         if device == "cuda":
             raise RuntimeError("--device cuda: PyTorch sees no CUDA device")
@@ -168,14 +168,8 @@ class Viewer:
             from .glfw_input import GlfwInput
 
             self.input = GlfwInput(self.window, self.camera)
-        self.take_model()
-        if self.frames and self.training is None:
-            self.studio.frame_with_cameras()   # --cameras: the cameras and the scene together (viewer/studio.py)
-        elif self.frames:
-            self.camera.frame_cameras([f.camera for f in self.frames])
-        else:
-            self._face_origin()
-            self.frame_scene()
+        self.take_model()   # an empty slot: the scene comes after the loading frame (viewer/loading.py)
+        self.frame_first_view()
         self.build_ui()  # ImGui warm-up: auto-sized windows are measured on their first frame, not drawn
         self.requests.clear()
 
@@ -214,6 +208,17 @@ class Viewer:
         self.stats.gaussians = model.num_gaussians
         self.stats.model_info = {k: v for k, v in snap.info.items() if not str(k).startswith("_")}
         return True
+
+    def frame_first_view(self):
+        """The opening view: the dataset's cameras and the scene (``--cameras``), the training cameras, or the
+        scene framed from the origin's side."""
+        if self.frames and self.training is None:
+            self.studio.frame_with_cameras()   # --cameras: the cameras and the scene together (viewer/studio.py)
+        elif self.frames:
+            self.camera.frame_cameras([f.camera for f in self.frames])
+        else:
+            self._face_origin()
+            self.frame_scene()
 
     def frame_scene(self):
         """Fit the model's robust bounds (1 %–99 % box, ``model.bounds(0.01)``; its centre is ``model.center()``)

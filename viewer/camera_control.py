@@ -89,6 +89,15 @@ class OrbitCamera:
         d = self.target - self.eye
         return d / max(np.linalg.norm(d), 1e-300)
 
+    def rotation(self) -> np.ndarray:
+        """(3, 3) world → camera rotation of the orbit view, rows right, down, forward (OpenCV axes): the
+        rotation of :meth:`camera` (``Camera.look_at``'s), in numpy, so that framing needs no torch (the
+        viewer's loading frame, viewer/loading.py)."""
+        z = self.forward
+        x = np.cross(z, self.up)
+        x /= max(np.linalg.norm(x), 1e-300)
+        return np.stack([x, np.cross(z, x), z])
+
     def camera(self, width: int, height: int, name: str = "", *, offset: float | None = None):
         """A ``rigel_core.Camera`` of ``width × height`` pixels for the current view (the snapped dataset
         camera resized to that size when :attr:`snapped` is set). ``offset`` overrides :attr:`view_offset`."""
@@ -166,7 +175,7 @@ class OrbitCamera:
         self.view_offset = region_offset((u0, u1))
         self.target = 0.5 * (lo + hi)
         self.distance = 1.0
-        R = self.camera(64, 64).viewmat[:3, :3]  # rows: right, down, forward (world → camera)
+        R = self.rotation()  # rows: right, down, forward (world → camera)
         rel = (pts - self.target) @ R.T
         t = margin * math.tan(math.radians(self.fov_deg) / 2)
         tx, ty = t * (u1 - u0), t / max(aspect, 1e-6)

@@ -204,6 +204,22 @@ def _start_training(args, settings: ViewSettings, locks: list):
     return run_dir, session, frames, device
 
 
+def _set_threads(threads: int | None) -> None:
+    """``--threads``: PyTorch's CPU threads (imports torch; after the loading frame where there is one)."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+def _input_error():
+    """``rigel_core.io.errors.InputError``, imported when an exception is matched against it: the ``rigel_core.io``
+    package imports torch, which the loading frame comes before."""
+    from rigel_core.io.errors import InputError
+
+    return InputError
+
+
 def _db(x) -> str:
     """A PSNR for a message: two decimals, or "n/a"."""
     return f"{x:.2f}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
@@ -221,8 +237,6 @@ def main(argv=None) -> int:
 
 def _main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from rigel_core.io.errors import InputError
-
     from .app import Viewer
     from .gpu.targets import DisplayUnavailable
     from .offscreen import run_offscreen, run_offscreen_training
@@ -255,13 +269,19 @@ def _main(argv=None) -> int:
     if args.frames is not None and args.frames < 1:
         print(f"rigel-viewer: --frames must be >= 1, got {args.frames}", file=sys.stderr)
         return 1
-    if args.threads is not None:
-        if args.threads < 1:
-            print(f"rigel-viewer: --threads must be >= 1, got {args.threads}", file=sys.stderr)
-            return 1
-        import torch
+    if args.threads is not None and args.threads < 1:
+        print(f"rigel-viewer: --threads must be >= 1, got {args.threads}", file=sys.stderr)
+        return 1
+    # A window on the CPU shows a loading frame before torch is imported (viewer/loading.py); the scene file must
+    # exist (a missing one is refused before any window opens, below).
+    early = None
+    if not args.offscreen and args.data is None and args.cameras is None and \
+            (not args.scene or os.path.isfile(args.scene)):
+        from .loading import early_device
 
-        torch.set_num_threads(args.threads)
+        early = early_device(args.device)
+    if early is None:
+        _set_threads(args.threads)
     settings = ViewSettings(mode=dict(MODE_LABELS)[args.mode], render_scale=args.render_scale,
                             white_background=args.white_bg, vsync=not args.no_vsync, up=args.up or "+z",
                             show_panels=not args.no_panels)
@@ -280,19 +300,30 @@ def _main(argv=None) -> int:
             from .scene import default_scene, default_up, load_scene_file
 
             _setup_logging(None)
+            if early is not None:   # the window and a loading frame first, then torch (viewer/loading.py)
+                from .loading import adopt_scene, bundled_scene_path, present_loading, scene_preview
+
+                shown = str(args.scene or bundled_scene_path())
+                viewer = Viewer(ModelSlot(), size=args.size, device=early, debug=args.debug, settings=settings,
+                                scene_name=shown, slots=args.slots, ini_path=config_dir() / "imgui.ini")
+                present_loading(viewer, shown, scene_preview(viewer, shown))
+                _set_threads(args.threads)
             if args.scene:
                 model, name = load_scene_file(args.scene), str(args.scene)
                 settings.up = args.up or default_up(args.scene, model)
             else:
                 model, name = default_scene()
-            frames = None
-            if args.cameras is not None:   # a dataset's training cameras, drawn as frustums (viewer/studio.py)
-                from rigel_core.data import load_dataset
+            if early is not None:
+                adopt_scene(viewer, model, name, settings.up)
+            else:
+                frames = None
+                if args.cameras is not None:   # a dataset's training cameras, drawn as frustums (viewer/studio.py)
+                    from rigel_core.data import load_dataset
 
-                frames = list(load_dataset(args.cameras, downscale=args.downscale).train)
-            viewer = Viewer(ModelSlot(model), offscreen=args.offscreen, size=args.size, device=args.device,
-                            debug=args.debug, settings=settings, scene_name=name, slots=args.slots, frames=frames,
-                            ini_path=None if args.offscreen else config_dir() / "imgui.ini")
+                    frames = list(load_dataset(args.cameras, downscale=args.downscale).train)
+                viewer = Viewer(ModelSlot(model), offscreen=args.offscreen, size=args.size, device=args.device,
+                                debug=args.debug, settings=settings, scene_name=name, slots=args.slots,
+                                frames=frames, ini_path=None if args.offscreen else config_dir() / "imgui.ini")
             if args.out is not None:
                 viewer.screenshot_dir = args.out
         status = 0
@@ -350,7 +381,7 @@ def _main(argv=None) -> int:
     except KeyboardInterrupt:
         print("rigel-viewer: interrupted" + (", saving the run" if session is not None else ""), file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (InputError, FileNotFoundError, IsADirectoryError) as e:  # a bad or missing scene / dataset file: one
+    except (_input_error(), FileNotFoundError, IsADirectoryError) as e:  # a bad or missing scene / dataset file: one
         print(f"rigel-viewer: {e}", file=sys.stderr)                 # line naming it, status 2 as rigel-render/-train
         return 2
     except (FileNotFoundError, ValueError, RuntimeError, OSError, ImportError) as e:

@@ -333,7 +333,8 @@ class Studio:
         """This frame's overlay and the Studio window; returns requests."""
         v = self.v
         requests: list = []
-        self.draw_overlay(imgui)
+        if v.model is not None:   # none while the scene loads (viewer/loading.py)
+            self.draw_overlay(imgui)
         io = imgui.get_io()
         if not v.settings.show_panels or min(io.display_size.x, io.display_size.y) < 64:
             return requests

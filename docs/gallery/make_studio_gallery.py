@@ -1,12 +1,14 @@
 """Regenerate the studio screenshots (issue 18): viewer_progressive.png, viewer_cameras.png, viewer_open.png,
-viewer_edit.png, viewer_crop_box.png, viewer_select_footprint.png — a ``rigel-viewer`` window (run under
+viewer_edit.png, viewer_crop_box.png, viewer_select_footprint.png, viewer_loading.png (and, offscreen,
+viewer_camera_path.png) — a ``rigel-viewer`` window (run under
 ``xvfb-run -a``; any Vulkan device, lavapipe here) driven through the same requests its mouse, keys and panels
 send, on the CPU renderer; the frames are the app's own read-back (panels included).
 
     xvfb-run -a -s "-screen 0 1400x900x24" python docs/gallery/make_studio_gallery.py [--data ../shared/data]
 
 Offscreen on a GPU machine (no display; the CUDA renderer; files named PREFIX + the names above, progressive
-left out: it is for slow backends and is off offscreen):
+left out: it is for slow backends and is off offscreen; a camera path of four keyframes drawn over the scene,
+viewer_camera_path.png, added: in a window make_camera_path.py makes that picture):
 
     python docs/gallery/make_studio_gallery.py --offscreen --device cuda --data $RIGEL_SHARED_DATA \
         --out $OUT/gallery --prefix h200_offscreen_
@@ -169,6 +171,71 @@ def select_footprint(scene, out):
           out / "viewer_select_footprint.png")
 
 
+def loading(out):
+    """The window as ``rigel-viewer`` opens it on the CPU: the loading frame presented before torch is imported (the
+    bundled scene's splat centres point-splatted with numpy, viewer/loading.py), then the scene's first render."""
+    from viewer.app import Viewer
+    from viewer.loading import adopt_scene, bundled_scene_path, present_loading, scene_preview
+    from viewer.model_slot import ModelSlot
+    from viewer.scene import default_scene
+    from viewer.ui import ViewSettings
+
+    size = (640, 400)
+    with Viewer(ModelSlot(), size=size, device="cpu", offscreen=OPTS["offscreen"],
+                settings=ViewSettings(render_scale=None)) as v:
+        path = bundled_scene_path()
+        first = v.read_pixels(present_loading(v, str(path), scene_preview(v, path), capture=True))[..., :3].copy()
+        model, name = default_scene()
+        adopt_scene(v, model, name, "+z")
+        for _ in range(3):
+            scene_frame = _shot(v)
+    a = _caption(first, "loading frame (before import torch): splat centres, numpy")
+    b = _caption(scene_frame, f"then the scene's render ({v.stats.frame_size[0]}x{v.stats.frame_size[1]}, refining)")
+    _save(np.concatenate([a, np.full((size[1] + 22, 4, 3), 255, np.uint8), b], 1), out / "viewer_loading.png")
+
+
+def camera_path(scene, out):
+    """A camera path of four keyframes a quarter turn apart, added through the Camera path section's requests
+    (as its buttons send them), drawn over the scene (the sampled positions as a line, numbered keyframes, the
+    selected one in blue), the preview scrubbed to 40 % of the path and the view stepped back to show it all;
+    then its video started (into a temporary folder, cancelled) so that the progress bar shows."""
+    import math
+    import tempfile
+
+    with _viewer(scene, (1024, 860), None, 0.5, "bundled scene") as v, tempfile.TemporaryDirectory() as tmp:
+        v.settings.camera_path.expand = True
+        v.settings.video_size = (160, 120)
+        v.step()
+        for i in range(4):                      # keyframes from the current view, a quarter turn apart
+            v.camera.yaw += math.pi / 2 if i else 0.0
+            v.camera.pitch = math.radians(15 + 10 * i)
+            v.camera.version += 1
+            v.requests.append("path:add")
+            v.step()
+        editor = v.settings.camera_path
+        editor.selected = 1
+        editor.path.loop = True
+        editor.time = 0.4 * editor.span
+        v.requests.append("path:scrub")
+        v.step()
+        v.camera.reset()                        # step back to see the whole path drawn over the scene
+        v.camera.pitch = math.radians(60)
+        v.camera.zoom(-14)
+        v.step()
+        v.screenshot_dir = Path(tmp)
+        v.requests.append("path:video")
+        v.step()
+        job = v.jobs["video"]
+        t0 = time.time()
+        while job.progress < 0.25 and not job.done and time.time() - t0 < 300:
+            time.sleep(0.2)
+        for _ in range(2):
+            img = _shot(v)
+        job.cancel()
+        job.join()
+    _save(img, out / "viewer_camera_path.png")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=ROOT.parent.parent / "shared" / "data")
@@ -186,10 +253,11 @@ def main():
     from viewer.scene import default_scene, load_scene_file
 
     donut_path = args.data / "ply" / "donut_mipsplatting_sh0.ply"
-    donut = load_scene_file(donut_path)
     scene, _ = default_scene()
-    todo = args.only or (["cameras", "open", "edit", "crop_box", "footprint"] if args.offscreen else
-                         ["progressive", "cameras", "open", "edit", "crop_box", "footprint"])
+    # camera_path: offscreen only by default (the window's picture is docs/gallery/make_camera_path.py's)
+    todo = args.only or (["cameras", "open", "edit", "crop_box", "footprint", "camera_path"] if args.offscreen else
+                         ["progressive", "loading", "cameras", "open", "edit", "crop_box", "footprint"])
+    donut = load_scene_file(donut_path) if {"progressive", "edit"} & set(todo) else None
     if "progressive" in todo:
         progressive(donut, args.out)
     if "cameras" in todo:
@@ -202,6 +270,10 @@ def main():
         crop_box(scene, args.out)
     if "footprint" in todo:
         select_footprint(scene, args.out)
+    if "loading" in todo:
+        loading(args.out)
+    if "camera_path" in todo:
+        camera_path(scene, args.out)
 
 
 if __name__ == "__main__":

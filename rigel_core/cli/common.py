@@ -14,7 +14,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from ..reference.project import RENDER_MODES
+from ..render_modes import RENDER_MODES
 from ..run_dir import CHECKPOINT_NAME
 
 __all__ = ["add_training_args", "config_overrides", "resume_config", "build_trainer", "load_training_data"]

@@ -16,10 +16,10 @@ from typing import NamedTuple
 import torch
 
 from .. import config
+from ..render_modes import RENDER_MODES
 
 __all__ = ["Projection", "project_gaussians", "quat_to_rotmat", "tile_rects", "RENDER_MODES", "check_render_mode"]
 
-RENDER_MODES = ("default", "mip")   # 3DGS's 0.3 px² dilation, or Mip-Splatting's filters (the one list)
 
 
 def check_render_mode(render_mode: str) -> str:

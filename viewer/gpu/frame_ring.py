@@ -20,7 +20,7 @@ Two paths, one protocol:
   that read s), renders, signals ``ready[s] = r``; the present submit waits ``ready[s] ≥ r`` and signals
   ``free[s] = q``. No host synchronisation in between.
 * **CPU** (``device="cpu"``, lavapipe or any Vulkan device): host-visible coherent memory mapped as numpy →
-  ``torch.from_numpy``; the host waits ``free[s]`` (``vkWaitSemaphores``) before overwriting a slot and signals
+  ``torch.from_numpy`` (or the numpy arrays themselves: ``acquire(host=True)``); the host waits ``free[s]`` (``vkWaitSemaphores``) before overwriting a slot and signals
   ``ready[s]`` (``vkSignalSemaphore``) after rendering, before the present submit (so the host writes precede the
   submission, as Vulkan's implicit host-write guarantee requires).
 
@@ -162,14 +162,12 @@ class FrameRing:
             if self._stat_host is None:
                 self._stat_host = torch.zeros(self.k, dtype=torch.int32, pin_memory=True)
                 self._stat_slices = [self._stat_host[i : i + 1] for i in range(self.k)]
-        else:
-            import torch
-
+        else:   # numpy over the mapped memory; torch views of it are made by acquire (torch is imported then)
             for b in self.buffers:
                 raw = b.mapped
-                self._flat.append((torch.from_numpy(np.frombuffer(raw, np.float32, pixels * 3, 0)),
-                                   torch.from_numpy(np.frombuffer(raw, np.float32, pixels, o_T)),
-                                   torch.from_numpy(np.frombuffer(raw, np.int32, pixels, o_n))))
+                self._flat.append((np.frombuffer(raw, np.float32, pixels * 3, 0),
+                                   np.frombuffer(raw, np.float32, pixels, o_T),
+                                   np.frombuffer(raw, np.int32, pixels, o_n)))
         for s in self.slots:
             s.image = s.final_T = s.n_contrib = None
         self._views = [None] * self.k   # per slot: ((width, height), image, final_T, n_contrib) views
@@ -206,16 +204,20 @@ class FrameRing:
         self.latest = None
 
     # ---- the render side ----------------------------------------------------------------------------------
-    def acquire(self, width: int, height: int, stream=None) -> Slot:
+    def acquire(self, width: int, height: int, stream=None, *, host: bool = False) -> Slot:
         """The next slot to render into, as views of ``height × width``.
 
         CPU: blocks until the last present that read the slot is done (``vkWaitSemaphores`` on ``free[s]``).
         CUDA: enqueues that wait on ``stream`` (a torch.cuda.Stream; default: torch's current stream) when the
         host does not already see it met, and returns at once.
+        ``host=True`` (CPU path only): the views are numpy arrays, and torch is not imported — the viewer's
+        loading frame before torch is (viewer/loading.py).
         """
         width, height = int(width), int(height)
         if width <= 0 or height <= 0:
             raise ValueError(f"frame size must be positive, got {width}x{height}")
+        if host and self.device != "cpu":
+            raise ValueError("FrameRing.acquire(host=True) is for the CPU path")
         self.ensure_capacity(width, height)
         s = self.render_count % self.k
         slot = self.slots[s]
@@ -224,11 +226,16 @@ class FrameRing:
         else:
             self.ctx.wait_timeline(self.free[s], self.last_read[s])
         views = self._views[s]
-        if views is None or views[0] != (width, height):
+        if views is None or views[0] != (width, height, host):
             img, fT, nc = self._flat[s]
             n = width * height
-            views = self._views[s] = ((width, height), img[: n * 3].view(height, width, 3),
-                                      fT[:n].view(height, width), nc[:n].view(height, width))
+            arrays = (img[: n * 3].reshape(height, width, 3), fT[:n].reshape(height, width),
+                      nc[:n].reshape(height, width))
+            if self.device == "cpu" and not host:
+                import torch
+
+                arrays = tuple(torch.from_numpy(a) for a in arrays)
+            views = self._views[s] = ((width, height, host), *arrays)
         _, slot.image, slot.final_T, slot.n_contrib = views   # the same views while the size stays
         slot.width, slot.height = width, height
         slot.rendering = True
@@ -254,7 +261,7 @@ class FrameRing:
                     self._stat_slices[s].copy_(slot.n_contrib.amax().reshape(1), non_blocking=True)
             self._signal_ready(s, r, stream)
         else:
-            slot.overdraw_max = max(int(slot.n_contrib.max()), 1) if slot.n_contrib.numel() else 1
+            slot.overdraw_max = max(int(slot.n_contrib.max()), 1) if slot.width * slot.height else 1
             self.ctx.signal_timeline(self.ready[s], r)
         slot.frame = r
         slot.rendering = False

@@ -1,0 +1,204 @@
+"""The viewer's first frame before ``import torch`` (issue 18: the first frame on the CPU within 2 s; viewer/loading.py).
+
+A fresh ``rigel-viewer`` process on the CPU must present its loading frame while torch is still not imported, then
+the scene's renders; the modules on that path import no torch; the numpy preview projects as rigel's Camera does;
+and ``rigel_core.render`` stays the function although the package now loads its torch names lazily.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_vulkan import VK_OK, VK_REASON, display  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_viewer = pytest.mark.skipif(not VK_OK or importlib.util.find_spec("imgui_bundle") is None,
+                                  reason=f"no usable Vulkan device or imgui-bundle: {VK_REASON}")
+
+# Every present of the process, with whether torch was imported at that moment (the engine's Presenter.present,
+# which the loading frame and the frame loop both go through).
+CHILD = r"""
+import json, sys
+import viewer.gpu.presenter as P
+_present = P.Presenter.present
+seen = []
+def present(self, *a, **k):
+    p = _present(self, *a, **k)
+    if p is not None:
+        seen.append("torch" in sys.modules)
+    return p
+P.Presenter.present = present
+from viewer.cli import main
+rc = main(sys.argv[1:])
+print("PRESENTS " + json.dumps(seen))
+sys.exit(rc)
+"""
+
+
+def _env(**extra):
+    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
+
+
+def _presents(args, tmp_path):
+    out = subprocess.run([sys.executable, "-c", CHILD, *args], env=_env(XDG_CONFIG_HOME=str(tmp_path)),
+                         capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("PRESENTS ")), None)
+    assert out.returncode == 0 and line is not None, out.stdout[-2000:] + out.stderr[-2000:]
+    return json.loads(line.split(" ", 1)[1])
+
+
+@needs_viewer
+def test_window_presents_before_torch_is_imported(display, tmp_path):  # noqa: F811
+    """rigel-viewer (the bundled scene, --device cpu, a window under Xvfb): the first present happens with torch not
+    imported, and the scene's own frame (--frames 1) follows with torch imported."""
+    seen = _presents(["--device", "cpu", "--threads", "1", "--frames", "1", "--size", "320x200"], tmp_path)
+    assert len(seen) >= 2, seen
+    assert seen[0] is False, "torch was imported before the first present"
+    assert seen[-1] is True            # the scene's render came after the import
+
+
+@needs_viewer
+def test_offscreen_and_cuda_paths_load_first(tmp_path):
+    """--offscreen keeps the old order (the scene first; no loading frame is written): every present has torch,
+    and the run writes its frames as before."""
+    seen = _presents(["--offscreen", "--out", str(tmp_path / "o"), "--frames", "1", "--device", "cpu",
+                      "--size", "160x100"], tmp_path)
+    assert seen and all(seen)
+    assert (tmp_path / "o" / "frame_0000.png").is_file()
+
+
+def test_modules_before_the_first_present_import_no_torch():
+    """Everything ``rigel-viewer`` imports up to the loading frame, in a fresh interpreter: no torch (one eager
+    ``import torch`` at the top of any of these modules costs the 2 s target)."""
+    code = ("import sys\n"
+            "import viewer.cli, viewer.app, viewer.loading, viewer.offscreen, viewer.gpu.frame_ring, "
+            "viewer.gpu.presenter, viewer.gpu.targets\n"
+            "import rigel_core.cli.common, rigel_core.camera_path, rigel_core.run_dir\n"
+            "viewer.cli.build_parser().parse_args([])\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]", out.stdout[-500:]
+
+
+def test_rigel_core_render_is_the_function_whichever_import_comes_first():
+    """The package loads Camera, GaussianModel, render … on first use; importing the submodule rigel_core.render
+    first must not leave the package's ``render`` as the module (``rigel_core.render(model, cam)``,
+    ``from rigel_core import render``)."""
+    code = ("import types\n"
+            "from rigel_core.render import compute_colors\n"      # the submodule first
+            "import rigel_core\n"
+            "from rigel_core import render, Camera, GaussianModel\n"
+            "import rigel_core.render as again\n"
+            "assert not isinstance(render, types.ModuleType) and callable(render), render\n"
+            "assert rigel_core.render is render and again is render\n"
+            "import sys; assert sys.modules['rigel_core.render'].render is render\n"
+            "assert rigel_core.compute_colors is compute_colors\n"
+            "try:\n    rigel_core.no_such_name\nexcept AttributeError as e:\n    print('ok', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("ok") and "no_such_name" in out.stdout
+
+
+def test_orbit_rotation_is_the_cameras():
+    from viewer.camera_control import UP_AXES, OrbitCamera
+
+    rng = np.random.default_rng()
+    for up in UP_AXES:
+        cam = OrbitCamera(target=rng.normal(size=3), distance=rng.uniform(0.5, 5), yaw=rng.uniform(-3, 3),
+                          pitch=rng.uniform(-1.2, 1.2), up=up)
+        np.testing.assert_allclose(cam.rotation(), cam.camera(64, 48).viewmat[:3, :3], atol=1e-12)
+
+
+def test_preview_projects_as_the_camera_and_keeps_the_nearest():
+    """project_points against rigel_core's Camera (K @ viewmat, an independent path): each point lands in the
+    pixel floor(projection), in its colour blended over the background by its opacity; of two points in one pixel
+    the nearer wins; points behind the camera or outside the image are left out."""
+    from rigel_core import Camera
+    from viewer.loading import project_points
+
+    rng = np.random.default_rng()
+    w, h, fov, off = 96, 64, 55.0, rng.uniform(-0.2, 0.2)
+    eye, target = rng.normal(size=3) * 3, rng.normal(size=3) * 0.2
+    cam = Camera.look_at(eye, target, (0, 0, 1), width=w, height=h, fov_x_deg=fov)
+    # points spread in front of the camera: one per pixel cell of a coarse grid, so none share a pixel
+    R, t = cam.viewmat[:3, :3], cam.viewmat[:3, 3]
+    us, vs = np.meshgrid(np.arange(3, w - 3, 9) + 0.5, np.arange(3, h - 3, 9) + 0.5)
+    z = rng.uniform(1.0, 4.0, size=us.size)
+    cx = cam.cx + off * w
+    pc = np.stack([(us.ravel() - cx) / cam.fx * z, (vs.ravel() - cam.cy) / cam.fy * z, z], -1)
+    xyz = (pc - t) @ R                                   # camera → world
+    rgb, alpha = rng.uniform(size=(len(z), 3)), rng.uniform(0.2, 1.0, size=len(z))
+    behind = eye - 2.0 * (target - eye)                   # behind the camera: projects, but must be dropped
+    img = project_points(np.vstack([xyz, behind]), np.vstack([rgb, [[1, 1, 1]]]), np.append(alpha, 1.0),
+                         R, eye, fov, off, w, h, background=0.25)
+    K = np.array([[cam.fx, 0, cx], [0, cam.fy, cam.cy], [0, 0, 1.0]])
+    proj = (K @ (xyz @ R.T + t).T).T
+    px = np.floor(proj[:, :2] / proj[:, 2:]).astype(int)
+    expect = np.full((h, w, 3), 0.25)
+    expect[px[:, 1], px[:, 0]] = alpha[:, None] * rgb + (1 - alpha[:, None]) * 0.25
+    np.testing.assert_allclose(img, expect, atol=1e-5)
+    # two points on one ray: the nearer one's colour
+    d = (xyz[0] - eye) / np.linalg.norm(xyz[0] - eye)
+    two = np.stack([eye + 2.0 * d, eye + 1.0 * d])
+    img2 = project_points(two, np.array([[1.0, 0, 0], [0, 1.0, 0]]), np.ones(2), R, eye, fov, off, w, h)
+    np.testing.assert_allclose(img2[px[0, 1], px[0, 0]], [0, 1, 0])
+    assert np.count_nonzero(img2.sum(-1)) == 1
+
+
+@needs_viewer
+def test_loading_frame_then_the_scene_in_one_viewer(one_thread):
+    """Offscreen: a viewer opened with an empty slot presents the loading frame (the preview of the bundled scene
+    and the text box: not all background), then, given the scene, renders it through the same ring slots (torch
+    views after the numpy ones); --frames counting is untouched by the loading frame."""
+    from viewer.app import Viewer
+    from viewer.loading import adopt_scene, bundled_scene_path, present_loading, scene_preview
+    from viewer.model_slot import ModelSlot
+    from viewer.scene import default_scene
+    from viewer.ui import ViewSettings
+
+    with Viewer(ModelSlot(), offscreen=True, size=(320, 200), device="cpu",
+                settings=ViewSettings(render_scale=None)) as v:
+        assert v.model is None
+        preview = scene_preview(v, bundled_scene_path())
+        assert preview is not None and preview.shape[2] == 3 and (preview > 0).any()
+        p = present_loading(v, str(bundled_scene_path()), preview, capture=True)
+        px = v.read_pixels(p)[..., :3].astype(int)
+        assert v.stats.presents == 0
+        # the preview's colours fill part of the view; the text box (dark grey, light text) sits in the middle
+        assert (px.sum(-1) > 60).mean() > 0.02
+        model, name = default_scene()
+        adopt_scene(v, model, name, "+z")
+        for _ in range(v.ring.k + 1):            # every slot once: numpy views, then torch views of the same memory
+            p = v.step(capture=True, force_render=True)
+        import torch
+
+        assert isinstance(v.ring.latest.image, torch.Tensor)
+        assert v.stats.presents == v.ring.k + 1 and v.stats.scene == name
+        assert v.read_pixels(p)[..., :3].any()
+    # the empty-slot viewer refuses to step without a model (one clear error, not a crash in the renderer)
+    with Viewer(ModelSlot(), offscreen=True, size=(64, 48), device="cpu") as v:
+        with pytest.raises(RuntimeError, match="no model"):
+            v.step()
+
+
+def test_early_device():
+    from viewer.loading import early_device
+
+    assert early_device("cpu") == "cpu"
+    assert early_device("cuda") is None
+    try:
+        import ctypes
+
+        ctypes.CDLL("libcuda.so.1")
+        driver = True
+    except OSError:
+        driver = False
+    assert early_device("auto") == (None if driver else "cpu")
