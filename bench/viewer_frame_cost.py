@@ -153,11 +153,13 @@ def main(argv=None) -> int:
                    frames=list(ds.train))
     parts = _wrap_parts(v, app)
     stop, counts = threading.Event(), [0, 0]
+    v.train_state.status = "running"   # the proxy trains: the panels and the live refresh cap as while training
     for _ in range(10):
         v.step()
     for k in parts:
         parts[k] = [0.0, 0]
     r0, ui0 = v.stats.renders, getattr(v.stats, "ui_builds", None)
+    v.train_state.status = "running"
     p0 = v.stats.presents
     th = threading.Thread(target=_proxy_loop, args=(stop, counts, args.ops, session))
     frame_cpu = []
