@@ -5,7 +5,8 @@ runs in the same interpreter, so every millisecond the loop holds the interprete
 (docs/BENCHMARKS.md, issue 15). This bench measures that on any machine, without a GPU:
 
 * the viewer (offscreen, lavapipe or any Vulkan device, the panels of a live training: a real
-  :class:`~viewer.training.TrainingSession` on a tiny procedural dataset, kept paused) runs its frame loop at
+  :class:`~viewer.training.TrainingSession` on a tiny procedural dataset with ``--train-views`` cameras, whose
+  frustums the view draws, kept paused) runs its frame loop at
   ``--fps`` presents per second for ``--seconds``;
 * a **proxy trainer** thread stands in for the H200's step: ``--ops`` tiny PyTorch operations per "step" (each
   releases and retakes the interpreter lock, as a CUDA launch does) and, like the session, publishes a snapshot of
@@ -43,6 +44,8 @@ def parse_args(argv=None):
     ap.add_argument("--ops", type=int, default=90, help="tiny operations per proxy training step")
     ap.add_argument("--render-ops", type=int, default=60, help="tiny operations per proxy render")
     ap.add_argument("--refresh-hz", type=float, default=None, help="the viewer's live refresh rate (where it has one)")
+    ap.add_argument("--train-views", type=int, default=100, help="training cameras (drawn as frustums; "
+                                                                  "NeRF-synthetic scenes have 100)")
     ap.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for the run (s)")
     ap.add_argument("--real-render", action="store_true", help="the CPU reference render instead of the proxy")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -126,7 +129,7 @@ def main(argv=None) -> int:
 
     w, h = (int(v) for v in args.size.split("x"))
     tmp = Path(tempfile.mkdtemp(prefix="rigel_vfc_"))
-    make_dataset(tmp / "data", 300, 32, 32, n_train=8, n_test=2, seed=3, progress=False, device="cpu")
+    make_dataset(tmp / "data", 300, 32, 32, n_train=args.train_views, n_test=2, seed=3, progress=False, device="cpu")
     ds = load_dataset(tmp / "data", white_bg=True)
     trainer = Trainer(ds, TrainConfig(iterations=1000, init_points=300, sh_degree=1, eval_every=0), device="cpu")
     session = TrainingSession(trainer, ModelSlot(), tmp / "run", running=False, eval_at_start=False).start()
