@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -193,6 +194,7 @@ def main(argv=None) -> int:
            "size": [w, h], "fps_cap": args.fps, "refresh_hz": getattr(settings, "refresh_hz", None),
            "switch_interval_s": sys.getswitchinterval(), "proxy_render": not args.real_render}
     v.close(save=False)
+    shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(res))
     if args.json:
         args.json.write_text(json.dumps(res, indent=1))
