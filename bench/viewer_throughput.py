@@ -8,9 +8,12 @@ Protocol, per repeat (``--repeat R``: the pairs alternate A, B, A, B, …; each 
 (a) ``python -m rigel_core.cli.train --data D --out RUN_A --iters N [--white-bg] --eval-every 0
     --checkpoint-every 0 --n-renders 0 --quiet [--device DEV] [TRAIN_ARGS]``;
 (b) ``python -m viewer --data D [--white-bg] --offscreen --iters N --eval-every 0 --frames 2 --size WxH
-    --fps F --out RUN_B [--device DEV] [TRAIN_ARGS]``: the viewer trains the same data in its thread while its
-    frame loop renders the live model (panels included) into a 1280×720 offscreen target and presents at most
-    ``--fps`` (default 60) frames per second; the training starts with that loop.
+    --fps F [--refresh-hz HZ] --out RUN_B [--device DEV] [TRAIN_ARGS]``: the viewer trains the same data in its
+    thread while its frame loop renders the live model (panels included) into a 1280×720 offscreen target and
+    presents at most ``--fps`` (default 60) frames per second; the training starts with that loop. With a still
+    camera the viewer re-renders the live model and rebuilds its panels at most ``--refresh-hz`` times a second
+    (its default, 10, unless ``--refresh-hz`` is given here) and presents the last frame again in between
+    (viewer/app.py); the viewer's line gives its renders, panel builds and repeats.
 
 Both build the trainer from the same flags (``rigel_core.cli.common``: same configuration, same seed) and write
 ``metrics.json`` through ``rigel_core.run_dir.RunRecord``, whose ``timings`` are read here:
@@ -78,6 +81,8 @@ def parse_args(argv=None):
                     help="black background (default white, the NeRF-synthetic protocol)")
     ap.add_argument("--train-args", default="", help="more training flags for both runs, one string (e.g. "
                                                      "\"--init-points 200 --sh-degree 1\")")
+    ap.add_argument("--refresh-hz", type=float, default=None, help="the viewer's --refresh-hz (default: its own, "
+                                                                       "10)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of both runs (CPU checks)")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per run (then it is interrupted: SIGINT)")
     ap.add_argument("--keep-runs", type=Path, default=None, help="keep the run folders under this folder")
@@ -100,8 +105,9 @@ def commands(args, kind: str, run: Path) -> list:
     if kind == "train":
         return py + ["rigel_core.cli.train", *common, "--out", str(run), "--checkpoint-every", "0",
                      "--n-renders", "0", "--quiet", *extra]
+    refresh = ["--refresh-hz", f"{args.refresh_hz:g}"] if args.refresh_hz is not None else []
     return py + ["viewer", *common, "--offscreen", "--frames", "2", "--size", args.size, "--fps",
-                 f"{args.fps:g}", "--out", str(run), *extra]
+                 f"{args.fps:g}", *refresh, "--out", str(run), *extra]
 
 
 def run_one(args, kind: str, run: Path, keep: Path, log) -> dict:
@@ -149,7 +155,9 @@ def run_one(args, kind: str, run: Path, keep: Path, log) -> dict:
             rec.update(fps=s.get("fps"), max_fps=s.get("max_fps"), presents=s.get("presents"),
                        frame_ring=s.get("frame_ring"), vulkan_device=s.get("vulkan_device"),
                        render_device=s.get("render_device"), target_size=s.get("target_size"),
-                       frame_size=s.get("frame_size"), ok=s.get("ok"), summary_error=s.get("error"))
+                       frame_size=s.get("frame_size"), ok=s.get("ok"), summary_error=s.get("error"),
+                       refresh_hz=s.get("refresh_hz"), renders=s.get("renders"), ui_builds=s.get("ui_builds"),
+                       repeats=s.get("repeats"))
         except (OSError, ValueError) as e:
             rec["error"] = f"no summary.json ({type(e).__name__}); rc {proc.returncode}: {output.strip()[-300:]}"
     if proc.returncode != 0 and "error" not in rec:
@@ -264,7 +272,9 @@ def main(argv=None) -> int:
                     print(f"{kind} {i + 1}: rc {rec['rc']}, {rec.get('iterations')} iterations, "
                           f"loop {_f(rec.get('loop_s'), '{:.2f}', ' s')}, "
                           f"steps {_f(rec.get('train_s'), '{:.2f}', ' s')}"
-                          + (f", {_f(rec.get('fps'), '{:.1f}')} presents/s" if kind == "viewer" else "")
+                          + (f", {_f(rec.get('fps'), '{:.1f}')} presents/s ({rec.get('renders')} renders, "
+                             f"{rec.get('ui_builds')} panel builds, {rec.get('repeats')} repeats; refresh "
+                             f"{rec.get('refresh_hz')} Hz)" if kind == "viewer" else "")
                           + f", PSNR {_f(rec.get('psnr'), unit=' dB')}"
                           + (f"; {rec['error']}" if rec.get("error") else ""), flush=True)
                     if rec.get("interrupted"):

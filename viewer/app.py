@@ -9,6 +9,14 @@ window; while a training runs it presents at most once per display refresh, even
 while the window is minimised, so the UI never takes the trainer's time for frames nobody sees. The offscreen
 mode (:mod:`viewer.offscreen`) drives the same public methods.
 
+**The live refresh cap.** The trainer runs in this process's other thread and its step is host-bound, so every
+millisecond of Python the frame loop runs is taken from it (one interpreter lock; docs/BENCHMARKS.md, issue 15).
+While a training runs and nothing moves — no input event, no request, the camera, the view settings and the
+target unchanged — a frame only *re-presents* the last render with the last panels (the presenter submits its
+recorded command buffer again: no ImGui frame, no render, no snapshot), and a full frame (newest model, render,
+panels) comes at most ``settings.refresh_hz`` times a second (``--refresh-hz``, default 10). Any input, request or
+camera move makes the next frame a full one at once, and input keeps frames full for :data:`INPUT_GRACE_S`.
+
 Layout: ``viewer/gpu/`` is the engine (Vulkan, CUDA interop, frame ring, passes, presenter), importing nothing of
 the application; the application is this loop, :mod:`viewer.cli` (``rigel-viewer``'s arguments, the run folder),
 :mod:`viewer.requests`, :mod:`viewer.jobs`, :mod:`viewer.render_view`, :mod:`viewer.window`, the panels
@@ -38,6 +46,9 @@ __all__ = ["Viewer", "framing_box"]
 #: on the CPU path the reference renderer takes ~1 s per 320×240 frame of 45k Gaussians: render scale "auto"
 #: keeps the frame at about this many pixels there.
 CPU_AUTO_PIXELS = 320 * 240
+#: after an input event the frames stay full (panels rebuilt every frame) this long: hover highlights, a click's
+#: release and ImGui's own animations need consecutive ImGui frames
+INPUT_GRACE_S = 0.5
 
 
 def _pick_render_device(device: str) -> str:
@@ -105,6 +116,10 @@ class Viewer:
         self._screenshot = False
         self._pending_timing = None
         self._gpu_mem_t = self._model_t = 0.0
+        self._ui_version = 0              # ImGui frames built: the presenter reuses a recording of the same one
+        self._last_full = None            # (time, still key, present arguments) of the last full frame
+        self._input_seen = 0
+        self._busy_until = 0.0
         self.interrupted = self.closed = False
         self.screenshot_dir = Path(".")
         try:
@@ -186,6 +201,8 @@ class Viewer:
     def take_model(self) -> bool:
         """Adopt the newest published snapshot; True when it changed. On CUDA the viewer's stream first waits
         (on the GPU) for the copy the publisher recorded, and the tensors are marked as used by that stream."""
+        if self.training is not None:
+            self.slot_source.request()    # the trainer copies its model only when asked (ModelSlot.request)
         snap = self.slot_source.latest()
         if snap is None or snap.version == self._model_version:
             return False
@@ -313,8 +330,12 @@ class Viewer:
         """One frame: drain the training events, apply the requests, adopt the newest model, render when something
         changed, build the panels, present. Returns the present number, or None when nothing was presented
         (minimised window). ``capture``: keep the frame for :meth:`read_pixels`; ``panels``: override
-        ``settings.show_panels`` for this frame."""
+        ``settings.show_panels`` for this frame. While a training runs and nothing moved, a frame between two live
+        refreshes presents the last frame again (module docstring); ``capture``, ``panels`` and ``force_render``
+        always make a full frame."""
         self.drain_events()
+        if not (capture or force_render or panels is not None or self._screenshot) and self._can_repeat():
+            return self._present_again()
         pending, self.requests = self.requests + (self.input.actions if self.input else []), []
         if self.input:
             self.input.actions.clear()
@@ -339,14 +360,54 @@ class Viewer:
         slot = self.ring.latest if capture else (self.ring.newest_ready() or self.ring.latest)
         t0 = time.perf_counter()
         mode = C.MODE_IMAGE if self.settings.mode == MODE_DEPTH else self.settings.mode   # depth: colormapped image
-        p = self.presenter.present(slot, mode=mode, overdraw_max=self.overdraw_max(slot),
-                                   draw_data=draw_data, capture=capture, content=self.content_rect(panels))
+        content = self.content_rect(panels)
+        p = self.presenter.present(slot, mode=mode, overdraw_max=self.overdraw_max(slot), draw_data=draw_data,
+                                   capture=capture, content=content, ui_version=self._ui_version)
         self.stats.stage_ms["present"] = (time.perf_counter() - t0) * 1e3
+        self._last_full = (t0, self._still_key(), (mode, draw_data, content)) if panels is None else None
         if p is not None:
             self._count_present()
             if self._screenshot:
                 self._screenshot = False
                 self.save_png(p, self.screenshot_dir / time.strftime("rigel_screenshot_%Y%m%d_%H%M%S.png"))
+        return p
+
+    def _still_key(self):
+        """What a re-present assumes unchanged since the last full frame (a programmatic change of any of it, as
+        the offscreen mode makes, makes the next frame a full one)."""
+        s = self.settings
+        return (self.camera.version, s.render_key(), s.mode, s.show_panels, s.overdraw_auto, s.overdraw_max,
+                s.up, self.target.width, self.target.height, self.camera_index, tuple(s.panels.items()))
+
+    def _can_repeat(self) -> bool:
+        """True when this frame may present the last frame and panels again: a training runs, the live refresh
+        is not due, and nothing moved (no request, no input event for :data:`INPUT_GRACE_S`, no drag or key
+        held, the camera and view settings as at the last full frame)."""
+        hz = self.settings.refresh_hz
+        st = self.train_state
+        if not hz or hz <= 0 or st is None or st.status != "running" or self._last_full is None or self.requests:
+            return False
+        now = time.perf_counter()
+        if self.input is not None:
+            if self.input.events != self._input_seen or self.input.actions or self.input.active():
+                self._input_seen = self.input.events
+                self._busy_until = now + INPUT_GRACE_S
+                return False
+            if now < self._busy_until:
+                return False
+        t_full, key, _ = self._last_full
+        return now - t_full < 1.0 / hz and key == self._still_key() and self.ring.latest is not None
+
+    def _present_again(self):
+        """Present the newest finished render with the last full frame's panels (their ImGui draw data stays valid
+        until the next ImGui frame): the presenter submits the recording it holds for them."""
+        mode, draw_data, content = self._last_full[2]
+        slot = self.ring.newest_ready() or self.ring.latest
+        p = self.presenter.present(slot, mode=mode, overdraw_max=self.overdraw_max(slot), draw_data=draw_data,
+                                   content=content, ui_version=self._ui_version)
+        if p is not None:
+            self._count_present()
+            self.stats.repeats += 1
         return p
 
     def run(self, frames: int | None = None):
@@ -415,6 +476,9 @@ class Viewer:
         finally:
             self.settings.show_panels = show
         imgui.render()
+        self._ui_version += 1
+        self.stats.ui_builds += 1
+        self._last_full = None   # the draw data of the last full frame is gone
         self.stats.stage_ms["ui"] = (time.perf_counter() - t0) * 1e3
         return imgui.get_draw_data()
 

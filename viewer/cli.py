@@ -5,6 +5,7 @@
                  [--debug]
     rigel-viewer --data DIR [--appearance sh|mlp] [--iters N] [--white-bg] [--downscale F] [--max-gaussians N]
                  [--eval-every N] [--device …] [--out RUN] [--paused] [--resume] [--offscreen --frames N --fps F]
+                 [--refresh-hz HZ]
 
 SCENE is any file ``rigel_core.io.load_scene`` reads (INRIA PLY of any SH degree, compressed PLY, SPZ, rigel
 checkpoint); without it the bundled default scene. ``--data`` trains on a dataset
@@ -26,6 +27,9 @@ to it); progressive rendering, opening files (drop / File → open) and editing 
 ``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`). With ``--data``
 the training starts with the offscreen frame loop (``--paused`` does not apply), which presents at most ``--fps``
 frames per second (default 30; ``summary.json`` gives the rate achieved, ``fps``).
+While a training runs and the camera is still, the live model is re-rendered and the panels rebuilt at most
+``--refresh-hz`` times a second (default 10; the Training window's "view refresh" slider); the presents in between
+repeat the last frame (:mod:`viewer.app`), so that the frame loop leaves the Python interpreter to the trainer.
 ``--path FILE`` opens a camera path in the Camera path section; with ``--offscreen`` it writes the path's frames
 instead, ``path_XXXX.png`` (see :mod:`viewer.path_panel`).
 Exit status: 0 on success, 1 when something failed, 2 for an input rigel cannot use (a bad scene, dataset or
@@ -84,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                            "with --data the run folder)")
     ap.add_argument("--fps", type=float, default=30.0, help="offscreen training: present at most this many frames "
                                                             "per second (default 30)")
+    ap.add_argument("--refresh-hz", type=float, default=None,
+                    help="while training with a still camera: re-render the live model and rebuild the panels at most "
+                         "this often per second; the presents in between repeat the last frame, leaving the Python "
+                         "interpreter to the trainer (default 10; 0: every present)")
     ap.add_argument("--path", type=Path, default=None, help="camera path .json to open in the Camera path section; "
                                                             "with --offscreen: write its frames")
     ap.add_argument("--size", type=_parse_size, default=(1280, 720), help="window / image size, e.g. 1280x720")
@@ -266,6 +274,9 @@ def _main(argv=None) -> int:
     if not (args.fps > 0 and math.isfinite(args.fps)):
         print(f"rigel-viewer: --fps must be a positive number, got {args.fps}", file=sys.stderr)
         return 1
+    if args.refresh_hz is not None and not (args.refresh_hz >= 0 and math.isfinite(args.refresh_hz)):
+        print(f"rigel-viewer: --refresh-hz must be a number >= 0, got {args.refresh_hz}", file=sys.stderr)
+        return 1
     if args.frames is not None and args.frames < 1:
         print(f"rigel-viewer: --frames must be >= 1, got {args.frames}", file=sys.stderr)
         return 1
@@ -285,6 +296,8 @@ def _main(argv=None) -> int:
     settings = ViewSettings(mode=dict(MODE_LABELS)[args.mode], render_scale=args.render_scale,
                             white_background=args.white_bg, vsync=not args.no_vsync, up=args.up or "+z",
                             show_panels=not args.no_panels)
+    if args.refresh_hz is not None:
+        settings.refresh_hz = args.refresh_hz
     viewer = session = None
     run_dir = None
     interrupted = False

@@ -69,14 +69,21 @@ class GlfwInput:
         self._cursor = None       # the last cursor position reported
         self._stroke = 0          # brush strokes so far
         self._press = None        # (x, y, mods) of the left press, for clicks and selections
+        self.events = 0           # input callbacks so far (the frame loop rebuilds the panels after any)
+        self._held: set = set()   # keys held down now
         glfw.set_cursor_pos_callback(window, self._on_cursor)
         glfw.set_mouse_button_callback(window, self._on_button)
         glfw.set_scroll_callback(window, self._on_scroll)
         glfw.set_key_callback(window, self._on_key)
         glfw.set_char_callback(window, self._on_char)
         glfw.set_drop_callback(window, self._on_drop)
+        glfw.set_framebuffer_size_callback(window, self._on_resize)
+
+    def _on_resize(self, window, width, height):
+        self.events += 1
 
     def _on_drop(self, window, paths):
+        self.events += 1
         if paths:
             self.actions.append("open:" + str(paths[0]))
 
@@ -90,6 +97,7 @@ class GlfwInput:
         return (fw / w if w else 1.0), (fh / h if h else 1.0)
 
     def _on_cursor(self, window, x, y):
+        self.events += 1
         self.io.add_mouse_pos_event(float(x), float(y))
         self._cursor = (x, y)
         if self.select_rect is not None:
@@ -114,6 +122,7 @@ class GlfwInput:
             self._drag = (self._drag[0], x, y)
 
     def _on_button(self, window, button, action, mods):
+        self.events += 1
         if 0 <= button < 5:
             self.io.add_mouse_button_event(button, action == self.glfw.PRESS)
         glfw = self.glfw
@@ -148,12 +157,18 @@ class GlfwInput:
             self._drag = None
 
     def _on_scroll(self, window, dx, dy):
+        self.events += 1
         self.io.add_mouse_wheel_event(float(dx), float(dy))
         if not self.io.want_capture_mouse:
             self.camera.zoom(dy)
 
     def _on_key(self, window, key, scancode, action, mods):
         glfw, Key = self.glfw, self.imgui.Key
+        self.events += 1
+        if action == glfw.RELEASE:
+            self._held.discard(key)
+        else:
+            self._held.add(key)
         down = action != glfw.RELEASE
         k = self.keys.get(key)
         if k is not None:
@@ -180,8 +195,13 @@ class GlfwInput:
             self.actions.append(shortcuts[key])
 
     def _on_char(self, window, char):
+        self.events += 1
         if 0 < char < 0x10000:
             self.io.add_input_character(char)
+
+    def active(self) -> bool:
+        """A drag, a selection, a brush stroke or a key is in progress: the frame loop builds every frame."""
+        return bool(self._held) or self._drag is not None or self.select_rect is not None or self.brush_at is not None
 
     def new_frame(self):
         """Display size, framebuffer scale and delta time for ImGui's next frame."""

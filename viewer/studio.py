@@ -52,6 +52,7 @@ class Studio:
         self.opener = SceneOpener()
         self.editor = Editor()
         self._seg_cache = (None, None)
+        self._line_cache: dict = {}   # projected frustum lines per view (Studio._lines)
         self._last_error, self._error_t = "", 0.0
         self._tint_mask = (None, None)
         self.expand = False      # open the (first collapsed) Studio window on the next frame
@@ -270,11 +271,23 @@ class Studio:
         return i
 
     # ---- drawing -----------------------------------------------------------------------------------------------
-    def _lines(self, imgui, dl, segs, cam, fsize, panel, fb, color, thickness=1.0):
-        px, vis = project_segments(segs.reshape(-1, 2, 3), cam)
-        t = frame_to_target(px, fsize, panel)[vis] / np.asarray(fb)
-        for (x0, y0), (x1, y1) in t:
-            dl.add_line(imgui.ImVec2(x0, y0), imgui.ImVec2(x1, y1), color, thickness)
+    def _lines(self, imgui, dl, segs, cam, fsize, panel, fb, color, thickness=1.0, key=None):
+        """Draw ``segs`` projected through ``cam``. ``key``: what the projection depends on besides the view (the
+        segments' identity); with it the ImVec2 end points are kept while the view is unchanged, so that a
+        panel rebuild with a still camera only re-adds the lines (hundreds of training cameras: thousands)."""
+        if key is not None:
+            key = (key, self.v.camera.version, fsize, tuple(panel), tuple(fb), segs.shape)
+        pts = self._line_cache.get(key) if key is not None else None
+        if pts is None:
+            px, vis = project_segments(segs.reshape(-1, 2, 3), cam)
+            t = frame_to_target(px, fsize, panel)[vis] / np.asarray(fb)
+            pts = [(imgui.ImVec2(x0, y0), imgui.ImVec2(x1, y1)) for (x0, y0), (x1, y1) in t.tolist()]
+            if key is not None:
+                if len(self._line_cache) > 8:
+                    self._line_cache.clear()
+                self._line_cache[key] = pts
+        for a, b in pts:
+            dl.add_line(a, b, color, thickness)
 
     def draw_overlay(self, imgui):
         """Frustums, crop gizmo, selection rectangle and brush circle on the background draw list."""
@@ -292,9 +305,11 @@ class Studio:
                 if segs is not None:
                     sel = v.camera_index if v.camera.snapped is not None else None
                     others = segs if sel is None else np.delete(segs, sel, axis=0)
-                    self._lines(imgui, dl, others, cam, fsize, panel, fb, col(1.0, 0.85, 0.2, 0.9))
+                    ident = (id(segs), sel)   # segs: the cached frustums of the camera list
+                    self._lines(imgui, dl, others, cam, fsize, panel, fb, col(1.0, 0.85, 0.2, 0.9), key=("o", ident))
                     if sel is not None:
-                        self._lines(imgui, dl, segs[sel:sel + 1], cam, fsize, panel, fb, col(0.2, 1.0, 0.4), 2.0)
+                        self._lines(imgui, dl, segs[sel:sel + 1], cam, fsize, panel, fb, col(0.2, 1.0, 0.4), 2.0,
+                                    key=("s", ident))
             ed = self.editor
             if ed.show_gizmo and v.training is None and v.settings.show_panels:
                 segs = box_segments(ed.box_center, ed.box_half) if ed.crop_shape == "box" else \

@@ -1,9 +1,11 @@
 """The viewer's training thread (DESIGN §6): a :class:`~rigel_core.train.Trainer` stepped in the background.
 
 The thread owns the trainer. Between two iterations it applies the commands the UI sent
-(:mod:`viewer.messages`), steps, emits events, and every ``publish_every_s`` seconds (and after anything that
-changed the model's shape: densification, an appearance switch, the end) publishes a consistent copy of the
-model to the :class:`~viewer.model_slot.ModelSlot` the UI renders from. Neither side waits for the other:
+(:mod:`viewer.messages`), steps, emits events, and publishes a consistent copy of the model to the
+:class:`~viewer.model_slot.ModelSlot` the UI renders from: every ``publish_every_s`` seconds while the UI asks for
+a newer one (:meth:`ModelSlot.request <viewer.model_slot.ModelSlot.request>`: the viewer asks at its live refresh
+rate, so no copy is made that it would not show), and after anything that changed the model's shape
+(densification, an appearance switch, the end). Neither side waits for the other:
 the UI drains :attr:`TrainingSession.events` once per frame without blocking, and the thread never looks at
 frames. The copy is taken under ``trainer.lock`` (held by the trainer only while it modifies parameters); on
 CUDA a CUDA event recorded after the copy travels with it (``info["_ready_event"]``) so the UI's render
@@ -294,8 +296,8 @@ class TrainingSession:
                 self._emit(M.TrainingPaused(tr.iteration))
         if tr.iteration >= tr.config.iterations:
             self._finish()
-        elif changed or time.perf_counter() - self._last_publish >= self.publish_every_s:
-            self._publish()
+        elif changed or (self.slot.wanted and time.perf_counter() - self._last_publish >= self.publish_every_s):
+            self._publish()   # periodic copies only when the viewer will take one (ModelSlot.request)
         end = time.perf_counter()
         self._loop_s += end - start - self._aside_s
         self._loop_mark = None if self._finished else end

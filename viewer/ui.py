@@ -7,8 +7,9 @@ Windows (dockable into each other when ImGui's docking is on; their places are k
   video with a progress bar), camera path (keyframes, preview, save / load, path video: viewer/path_panel.py),
   stats (Gaussians, fps, ms per stage: appearance, rasterize, present, UI; GPU memory on CUDA), and which panels
   are shown;
-* **Training** (:mod:`viewer.panels.training`) — start / pause / step, iteration, loss, elapsed, densification
-  sliders applied live, appearance SH ↔ MLP, save checkpoint / PLY, and any failure of the training thread, in red;
+* **Training** (:mod:`viewer.panels.training`) — start / pause / step, iteration, loss, elapsed, the view's
+  live refresh rate (``ViewSettings.refresh_hz``), densification sliders applied live, appearance SH ↔ MLP, save
+  checkpoint / PLY, and any failure of the training thread, in red;
 * **PSNR** (:mod:`viewer.panels.psnr`) — train PSNR per window of steps and held-out PSNR at each evaluation
   (implot), beside the per-pixel error of the training view the camera is snapped to.
 
@@ -66,6 +67,11 @@ class ViewSettings:
     #: adopt a new training snapshot at most this often (s); the CLI sets 0.5 when the CPU renders, so that the
     #: reference renderer does not take the cores the trainer needs
     model_refresh_s: float = 0.0
+    #: while a training runs and nothing moves (no input, no request, the camera and these settings unchanged),
+    #: re-render the live model and rebuild the panels at most this many times per second; the presents in between
+    #: show the last frame and panels again at no Python cost (viewer/app.py). 0: every present (the frame loop
+    #: then shares the interpreter with the trainer at the display's rate). ``rigel-viewer --refresh-hz``
+    refresh_hz: float = 10.0
     camera_path: path_panel.PathEditor = field(default_factory=path_panel.PathEditor)   # the Camera path section
     render_mode: str | None = None  # "default" | "mip" (anti-aliased); None: the scene's own, adopted at first render
     # depth display (issue 17.2): colormap range, the frame's own min/max depth when auto
@@ -103,6 +109,8 @@ class Stats:
     frame_ms: float = float("nan")
     renders: int = 0
     presents: int = 0
+    ui_builds: int = 0             # ImGui frames built (a re-present of the last frame builds none)
+    repeats: int = 0               # presents of the last frame and panels again (the live refresh cap)
     model_info: dict = field(default_factory=dict)
     render_ms_history: deque = field(default_factory=lambda: deque(maxlen=120))
     stage_ms: dict = field(default_factory=dict)   # "appearance", "rasterize", "present", "ui" → ms
@@ -331,7 +339,7 @@ def draw_ui(settings: ViewSettings, stats: Stats, *, overdraw_max: int, content,
                  n_cameras=n_cameras, camera_index=camera_index, training=training, appearance=appearance, jobs=jobs,
                  requests=requests)
     if training is not None and settings.panels.get("training", True):
-        _training_window(imgui, training, display, requests)
+        _training_window(imgui, training, display, requests, settings)
     if training is not None and settings.panels.get("psnr", True):
         _psnr_window(imgui, implot, training, error_view, display, requests, n_cameras)
     return requests

@@ -17,7 +17,7 @@ import struct
 
 import numpy as np
 
-from .present import create_graphics_pipeline, set_viewport
+from .present import create_graphics_pipeline
 
 __all__ = ["ImGuiPass"]
 
@@ -88,6 +88,15 @@ class ImGuiPass:
         self._next_id = 1
         self.vtx = [None] * frames
         self.idx = [None] * frames
+        self._copied = [None] * frames    # per frame in flight: the draw-data version its buffers hold
+        self._list, self._list_key = [], None
+        ffi = vk.ffi
+        self._c_push = ffi.new("char[16]")
+        self._c_buf = ffi.new("VkBuffer[1]")
+        self._c_offset = ffi.new("VkDeviceSize[1]")
+        self._c_scissor = ffi.new("VkRect2D*")
+        self._c_set = ffi.new("VkDescriptorSet[1]")
+        self._c_viewport = ffi.new("VkViewport*", {"minDepth": 0.0, "maxDepth": 1.0})
         ctx.own(self)
 
     # ---- textures ------------------------------------------------------------------------------------------
@@ -187,42 +196,17 @@ class ImGuiPass:
         if b is None or b.size < nbytes:
             if b is not None:
                 b.destroy()  # frame f's previous submission is finished (the presenter waited for it)
+            self._copied[f] = None
             b = lst[f] = self.ctx.create_buffer(max(nbytes, 64 * 1024) * 3 // 2, usage, host_visible=True)
         return b
 
-    def record(self, cmd, draw_data, frame_index: int, target_w: int, target_h: int):
-        """Draw ``draw_data`` into the current render pass. ``frame_index`` picks the buffer set, which must not
-        be in use by the GPU (the presenter waits for that frame's previous submission)."""
-        vk = self.vk
-        if draw_data is None or draw_data.total_vtx_count == 0 or target_w <= 0 or target_h <= 0:
-            return
-        vb = self._ensure(self.vtx, frame_index, draw_data.total_vtx_count * VERTEX_SIZE,
-                          vk.VK_BUFFER_USAGE_VERTEX_BUFFER_BIT)
-        ib = self._ensure(self.idx, frame_index, draw_data.total_idx_count * INDEX_SIZE,
-                          vk.VK_BUFFER_USAGE_INDEX_BUFFER_BIT)
-        vdst = int(vk.ffi.cast("uintptr_t", vk.ffi.from_buffer(vb.mapped)))
-        idst = int(vk.ffi.cast("uintptr_t", vk.ffi.from_buffer(ib.mapped)))
-        lists = list(draw_data.cmd_lists)
+    def _draw_list(self, draw_data, target_w: int, target_h: int) -> list:
+        """[(descriptor set, x0, y0, w, h, elem_count, first index, vertex offset)] of the draw data's commands
+        (empty clips and unknown textures dropped): what :meth:`record` issues."""
+        out = []
+        dpos, fb_scale = draw_data.display_pos, draw_data.framebuffer_scale
         voff = ioff = 0
-        for cl in lists:
-            nv, ni = cl.vtx_buffer.size(), cl.idx_buffer.size()
-            ctypes.memmove(vdst + voff * VERTEX_SIZE, cl.vtx_buffer.data_address(), nv * VERTEX_SIZE)
-            ctypes.memmove(idst + ioff * INDEX_SIZE, cl.idx_buffer.data_address(), ni * INDEX_SIZE)
-            voff += nv
-            ioff += ni
-
-        vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_GRAPHICS, self.pipeline)
-        vk.vkCmdBindVertexBuffers(cmd, 0, 1, [vb.handle], [0])
-        vk.vkCmdBindIndexBuffer(cmd, ib.handle, 0, vk.VK_INDEX_TYPE_UINT32)
-        set_viewport(vk, cmd, target_w, target_h)
-        dpos, dsize = draw_data.display_pos, draw_data.display_size
-        fb_scale = draw_data.framebuffer_scale
-        sx, sy = 2.0 / max(dsize.x, 1e-6), 2.0 / max(dsize.y, 1e-6)
-        pc = vk.ffi.new("char[]", struct.pack("<4f", sx, sy, -1.0 - dpos.x * sx, -1.0 - dpos.y * sy))
-        vk.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_VERTEX_BIT, 0, 16, pc)
-        bound = None
-        voff = ioff = 0
-        for cl in lists:
+        for cl in draw_data.cmd_lists:
             for dc in cl.cmd_buffer:
                 if dc.elem_count == 0:
                     continue
@@ -236,15 +220,65 @@ class ImGuiPass:
                 t = self.textures.get(int(dc.tex_ref.get_tex_id()))
                 if t is None:
                     continue
-                if bound is not t:
-                    vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_GRAPHICS, self.layout, 0, 1, [t.set],
-                                               0, None)
-                    bound = t
-                sc = vk.VkRect2D(offset=vk.VkOffset2D(x=x0, y=y0), extent=vk.VkExtent2D(width=x1 - x0, height=y1 - y0))
-                vk.vkCmdSetScissor(cmd, 0, 1, [sc])
-                vk.vkCmdDrawIndexed(cmd, dc.elem_count, 1, dc.idx_offset + ioff, dc.vtx_offset + voff, 0)
+                out.append((t.set, x0, y0, x1 - x0, y1 - y0, dc.elem_count, dc.idx_offset + ioff,
+                            dc.vtx_offset + voff))
             voff += cl.vtx_buffer.size()
             ioff += cl.idx_buffer.size()
+        return out
+
+    def record(self, cmd, draw_data, frame_index: int, target_w: int, target_h: int, *, version=None):
+        """Draw ``draw_data`` into the current render pass. ``frame_index`` picks the buffer set, which must not
+        be in use by the GPU (the presenter waits for that frame's previous submission). ``version``: a number
+        that changes with the draw data (a new ImGui frame); the list of draw commands is kept for it, so that
+        recording the same ImGui frame again (another frame in flight, another ring slot) reads no draw command
+        from ImGui. None: read them every time."""
+        vk = self.vk
+        if draw_data is None or draw_data.total_vtx_count == 0 or target_w <= 0 or target_h <= 0:
+            return
+        vb = self._ensure(self.vtx, frame_index, draw_data.total_vtx_count * VERTEX_SIZE,
+                          vk.VK_BUFFER_USAGE_VERTEX_BUFFER_BIT)
+        ib = self._ensure(self.idx, frame_index, draw_data.total_idx_count * INDEX_SIZE,
+                          vk.VK_BUFFER_USAGE_INDEX_BUFFER_BIT)
+        if version is None or self._copied[frame_index] != version:
+            vdst = int(vk.ffi.cast("uintptr_t", vk.ffi.from_buffer(vb.mapped)))
+            idst = int(vk.ffi.cast("uintptr_t", vk.ffi.from_buffer(ib.mapped)))
+            voff = ioff = 0
+            for cl in draw_data.cmd_lists:
+                nv, ni = cl.vtx_buffer.size(), cl.idx_buffer.size()
+                ctypes.memmove(vdst + voff * VERTEX_SIZE, cl.vtx_buffer.data_address(), nv * VERTEX_SIZE)
+                ctypes.memmove(idst + ioff * INDEX_SIZE, cl.idx_buffer.data_address(), ni * INDEX_SIZE)
+                voff += nv
+                ioff += ni
+            self._copied[frame_index] = version
+        key = (version, target_w, target_h)
+        if version is None or self._list_key != key:
+            self._list = self._draw_list(draw_data, target_w, target_h)
+            self._list_key = key
+            dpos, dsize = draw_data.display_pos, draw_data.display_size
+            sx, sy = 2.0 / max(dsize.x, 1e-6), 2.0 / max(dsize.y, 1e-6)
+            vk.ffi.memmove(self._c_push, struct.pack("<4f", sx, sy, -1.0 - dpos.x * sx, -1.0 - dpos.y * sy), 16)
+
+        # plain cffi calls with structs filled in place (the binding's wrappers and constructors cost tens of µs)
+        lib, ffi = vk.lib, vk.ffi
+        lib.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_GRAPHICS, self.pipeline)
+        self._c_buf[0] = vb.handle
+        lib.vkCmdBindVertexBuffers(cmd, 0, 1, self._c_buf, self._c_offset)
+        lib.vkCmdBindIndexBuffer(cmd, ib.handle, 0, vk.VK_INDEX_TYPE_UINT32)
+        vp = self._c_viewport
+        vp.width, vp.height = float(target_w), float(target_h)
+        lib.vkCmdSetViewport(cmd, 0, 1, vp)
+        lib.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_VERTEX_BIT, 0, 16, self._c_push)
+        bound = None
+        sc, sets = self._c_scissor, self._c_set
+        graphics = vk.VK_PIPELINE_BIND_POINT_GRAPHICS
+        for dset, x0, y0, w, h, n, first, voff in self._list:
+            if bound is not dset:
+                sets[0] = dset
+                lib.vkCmdBindDescriptorSets(cmd, graphics, self.layout, 0, 1, sets, 0, ffi.NULL)
+                bound = dset
+            sc.offset.x, sc.offset.y, sc.extent.width, sc.extent.height = x0, y0, w, h
+            lib.vkCmdSetScissor(cmd, 0, 1, sc)
+            lib.vkCmdDrawIndexed(cmd, n, 1, first, voff, 0)
 
     def close(self):
         """Destroy GPU objects and hand ImGui's textures back (status destroyed) so another renderer can take

@@ -14,6 +14,13 @@ Per present number p (1, 2, …) with frame-in-flight index f = p mod F:
    swapchain, the image's render-finished semaphore; then the image is presented.
 
 No ``vkQueueWaitIdle`` / ``vkDeviceWaitIdle`` here (only in rebuilds: resize, ring growth, teardown).
+
+**Re-presenting costs no recording.** Step 3 is skipped when the command buffer for (f, target image) already
+holds exactly this frame: the same slot, mode, push constants, target image and buffers, and the same ImGui draw
+data (the caller's ``ui_version``: the frame loop re-presents its last panels between two rebuilds while a training
+runs, viewer/app.py). The buffer is then submitted again as it is (recorded without ONE_TIME_SUBMIT; its previous
+submission is finished, step 1). Recording the ImGui pass is most of a present's Python (one ``vkCmd*`` per draw
+command); a re-present is a few Vulkan calls.
 """
 from __future__ import annotations
 
@@ -25,6 +32,10 @@ from .shaderio import C
 from .vk_context import check_result
 
 __all__ = ["Presenter"]
+
+
+def _handle(buffer):
+    return buffer.handle if buffer is not None else None
 
 
 class Presenter:
@@ -44,6 +55,11 @@ class Presenter:
         self.imgui_pass = ImGuiPass(ctx, target.render_pass, frames) if imgui else None
         self.present_done = ctx.create_timeline_semaphore()
         self.cmds = ctx.allocate_command_buffers(frames)
+        self._extra_cmds: dict = {}    # (f, image index) -> command buffer, for index != f (swapchains)
+        self._recorded: dict = {}      # command buffer (by id) -> the key of what it holds (None: nothing reusable)
+        self._textures_version = None  # the ui_version whose texture requests were honoured
+        self._draw_version = None      # the ui_version being recorded (ImGuiPass caches its draw list by it)
+        self.rerecords = self.reuses = 0
         self.count = 0                 # present numbers handed out so far
         self.garbage: list = []        # (p, callable): run once present_done ≥ p
         self.readback = [None] * frames
@@ -59,7 +75,7 @@ class Presenter:
         ffi = vk.ffi
         self._c_cmd_begin = ffi.new("VkCommandBufferBeginInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO,
-            "flags": vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT})
+            "flags": 0})   # not ONE_TIME_SUBMIT: a re-present submits the same recording again
         self._c_pass_begin = ffi.new("VkRenderPassBeginInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_RENDER_PASS_BEGIN_INFO})   # loads (no clear); renderArea.offset (0, 0)
         self._c_waits = ffi.new("VkSemaphore[2]")            # acquire semaphore, ready[s]
@@ -112,19 +128,46 @@ class Presenter:
             begin.renderArea.extent.width = w
             begin.renderArea.extent.height = h
             lib.vkCmdBeginRenderPass(cmd, begin, vk.VK_SUBPASS_CONTENTS_INLINE)
-            self.imgui_pass.record(cmd, draw_data, f, w, h)
+            self.imgui_pass.record(cmd, draw_data, f, w, h, version=self._draw_version)
             lib.vkCmdEndRenderPass(cmd)
         else:   # nothing to draw on top: no render pass, a barrier takes the copied image to the target's layout
             self.present_pass.finish(cmd, self.target.image(index), self.target.final_layout)
 
+    def _command_buffer(self, f: int, index: int):
+        """The command buffer of frame f for target image ``index`` (one per pair, so that a swapchain whose
+        image index runs out of step with f still finds its recording; the offscreen target's index is f)."""
+        if index == f:
+            return self.cmds[f]
+        cmd = self._extra_cmds.get((f, index))
+        if cmd is None:
+            (cmd,) = self.ctx.allocate_command_buffers(1)
+            self._extra_cmds[(f, index)] = cmd
+        return cmd
+
+    def _frame_key(self, f, index, slot, mode, overdraw_max, scale_bar, content, ui_version, capture):
+        """What a recording of frame f into image ``index`` depends on (None: never reuse)."""
+        if ui_version is None:
+            return None
+        readback = _handle(self.readback[f]) if capture else None
+        shown = slot is not None and slot.frame > 0
+        ip = self.imgui_pass
+        return (index, self.target.image(index), self.target.framebuffer(index), self.target.width,
+                self.target.height, slot.index if shown else None, slot.width if shown else 0,
+                slot.height if shown else 0, mode, overdraw_max, scale_bar, content, self.background, ui_version,
+                self.ring.generation, _handle(self.present_pass.outputs[f]),
+                (_handle(ip.vtx[f]), _handle(ip.idx[f])) if ip is not None else None, capture, readback)
+
     def present(self, slot, *, mode: int = C.MODE_IMAGE, overdraw_max: int | None = None, draw_data=None,
-                capture: bool = False, scale_bar: bool = True, content=None):
+                capture: bool = False, scale_bar: bool = True, content=None, ui_version=None):
         """Draw ``slot`` in ``mode`` (+ ImGui ``draw_data``) and present it.
 
         Returns the present number p, or None when the target could not take a frame now (minimised window,
         swapchain being rebuilt) — then nothing was submitted and the slot's bookkeeping is unchanged.
         ``capture``: also copy the result to host memory; fetch it with :meth:`read_pixels` (p).
         ``content``: (x, y, w, h) area of the target the mode fills (default: all of it).
+        ``ui_version``: a number that changes whenever ``draw_data`` does (a new ImGui frame); with it, a present of
+        what the frame's command buffer already holds submits that recording again (module docstring). None:
+        always record.
         """
         vk = self.vk
         p = self.count + 1
@@ -140,17 +183,28 @@ class Presenter:
         capture = capture and self.target.can_capture
         frame_garbage: list = []
 
-        cmd = self.cmds[f]
+        cmd = self._command_buffer(f, index)
         lib = vk.lib
-        check_result(vk, lib.vkResetCommandBuffer(cmd, 0), "vkResetCommandBuffer")
-        check_result(vk, lib.vkBeginCommandBuffer(cmd, self._c_cmd_begin), "vkBeginCommandBuffer")
-        if self.imgui_pass is not None:
-            self.imgui_pass.update_textures(cmd, draw_data, frame_garbage)
-        self._record_passes(cmd, f, slot, index, mode=mode, overdraw_max=overdraw_max, scale_bar=scale_bar,
-                            content=content, draw_data=draw_data)
-        if capture:
-            self.target.record_capture(cmd, index, self._readback_buffer(f))
-        check_result(vk, lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
+        key = self._frame_key(f, index, slot, mode, overdraw_max, scale_bar, content, ui_version, capture)
+        if key is not None and self._recorded.get(id(cmd)) == key:
+            self.reuses += 1      # its last submission is finished (the wait above): submit it again
+        else:
+            self.rerecords += 1
+            check_result(vk, lib.vkResetCommandBuffer(cmd, 0), "vkResetCommandBuffer")
+            check_result(vk, lib.vkBeginCommandBuffer(cmd, self._c_cmd_begin), "vkBeginCommandBuffer")
+            if self.imgui_pass is not None and (ui_version is None or ui_version != self._textures_version):
+                self.imgui_pass.update_textures(cmd, draw_data, frame_garbage)   # once per ImGui frame
+                self._textures_version = ui_version
+            self._draw_version = ui_version
+            self._record_passes(cmd, f, slot, index, mode=mode, overdraw_max=overdraw_max, scale_bar=scale_bar,
+                                content=content, draw_data=draw_data)
+            if capture:
+                self.target.record_capture(cmd, index, self._readback_buffer(f))
+            check_result(vk, lib.vkEndCommandBuffer(cmd), "vkEndCommandBuffer")
+            # the key after recording (it may have regrown frame f's buffers); never reused when it holds texture
+            # uploads, whose staging buffers are freed once this present is done
+            self._recorded[id(cmd)] = None if frame_garbage else \
+                self._frame_key(f, index, slot, mode, overdraw_max, scale_bar, content, ui_version, capture)
 
         # The submit's arrays are filled in place: waits = [acquire semaphore?, ready[s]?], signals =
         # [present_done, free[s]?, render-finished?] (vkQueueSubmit reads them before it returns).
@@ -222,7 +276,8 @@ class Presenter:
             if b is not None:
                 b.destroy()
         self.readback = [None] * self.frames
-        self.ctx.free_command_buffers(self.cmds)
+        self.ctx.free_command_buffers(self.cmds + list(self._extra_cmds.values()))
+        self._extra_cmds, self._recorded = {}, {}
         vk.vkDestroySemaphore(self.ctx.device, self.present_done, None)
         self.present_done = None
         if self.imgui_pass is not None:

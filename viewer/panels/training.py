@@ -44,7 +44,7 @@ def densify_sliders(imgui, training, requests):
         requests.append(M.SetDensifyParams(changed_fields))
 
 
-def training_window(imgui, training, display, requests):
+def training_window(imgui, training, display, requests, settings=None):
     t = training
     if not window(imgui, "Training", (display[0] - 10, 10), (1.0, 0.0)):
         imgui.end()
@@ -74,6 +74,14 @@ def training_window(imgui, training, display, requests):
     imgui.text(f"test PSNR   {last}")
     imgui.text(f"Gaussians   {t.num_gaussians:,}")
     imgui.text(f"elapsed     {t.elapsed_s:.1f} s  ({fmt(t.ms_per_iter, '.1f')} ms/it)")
+    if settings is not None:   # the live refresh cap (viewer/app.py): 0 = every present
+        imgui.push_item_width(130)
+        _, hz = imgui.slider_float("view refresh (Hz)", float(settings.refresh_hz or 0.0), 0.0, 60.0, "%.0f")
+        settings.refresh_hz = max(hz, 0.0)
+        imgui.pop_item_width()
+        if imgui.is_item_hovered():
+            imgui.set_tooltip("re-render the training model and rebuild these panels at most this often while the "
+                              "camera is still (0: every frame); fewer leaves more of Python to the trainer")
     if imgui.collapsing_header("Densification (live)", imgui.TreeNodeFlags_.default_open):
         densify_sliders(imgui, t, requests)
     if imgui.collapsing_header("Appearance", imgui.TreeNodeFlags_.default_open):
