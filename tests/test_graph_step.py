@@ -215,3 +215,20 @@ def test_a_failed_capture_falls_back_to_the_eager_step(rng, monkeypatch):
     assert any(not torch.equal(p, before[n]) for n, p in _params(t).items())  # the eager step trained
     t.step()
     assert t.iteration == 3 and t.graph_step.captures == 0
+
+
+@pytest.mark.gpu
+def test_the_first_capture_is_sized_from_the_eager_first_step(rng, monkeypatch):
+    monkeypatch.setattr(graph_step_module, "MIN_CAPACITY", 1)
+    ds = make_dataset(rng, n_gauss=150, size=64, n_train=1, n_test=1)
+    t = Trainer(ds, small_config(iterations=10, densify_until=0), device="cuda")
+    first = t.step()  # eager: records the view's entry count
+    assert t.graph_step is not None and t.graph_step.captures == 0
+    seen = [e for e, _ in t.graph_step._recent[(64, 64)]]
+    assert len(seen) == 1 and seen[0] > 0
+    for _ in range(3):
+        t.step()
+    gs = t.graph_step
+    gs.check_pending(keep=0)
+    assert gs.captures >= 1 and gs.overflows == 0 and not first.skipped
+    assert {c.capacity for c in gs.graphs.values()} == {math.ceil(graph_step_module.CAPACITY_MARGIN * seen[0])}

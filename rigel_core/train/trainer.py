@@ -499,6 +499,8 @@ class Trainer:
             if res is not None:
                 return res
         views = [self._view_forward_backward(idx, bg, it) for idx, bg in self._batch_views(batch, world, rank)]
+        if self.graph_step is None and graph_step_unsupported(self) is None:
+            self.graph_step = GraphStep(self)
         if self.graph_step is not None:  # sizes the graph's binning capacity for this image size
             for v in views:
                 self.graph_step.record_entries((v["frame"].camera.width, v["frame"].camera.height),
