@@ -14,7 +14,7 @@ import torch
 
 from rigel_core.train import TrainConfig, Trainer
 from rigel_core.train import graph_step as graph_step_module
-from rigel_core.train.graph_step import graph_step_unsupported
+from rigel_core.train.graph_step import capacity_for, graph_step_unsupported
 from test_trainer import make_dataset, small_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -34,6 +34,20 @@ def test_graph_step_eligibility_reasons():
     assert reason(strategy="mcmc", max_gaussians=1000) == "strategy 'mcmc'"
     assert reason(exposure=True) == "per-image exposure"
     assert reason(random_background=True) == "random background"
+
+
+def test_capacity_rule(rng):
+    m, lo = graph_step_module.CAPACITY_MARGIN, graph_step_module.MIN_CAPACITY
+    for _ in range(20):
+        counts = [(int(torch.randint(1, 10 ** 7, (1,), generator=rng)), int(torch.randint(1, 10 ** 6, (1,),
+                                                                                          generator=rng)))
+                  for _ in range(int(torch.randint(1, 6, (1,), generator=rng)))]
+        n_now = int(torch.randint(1, 2 * 10 ** 6, (1,), generator=rng))
+        want = max(e * max(1.0, n_now / n) for e, n in counts)  # growth since scales up, shrinkage never down
+        from rigel_core import config
+
+        assert capacity_for(counts, n_now) == min(config.MAX_ENTRIES, max(lo, math.ceil(m * want)))
+    assert capacity_for([(10, 5)], 5) == lo
 
 
 def test_cpu_training_never_makes_a_graph_step(rng):
@@ -232,3 +246,45 @@ def test_the_first_capture_is_sized_from_the_eager_first_step(rng, monkeypatch):
     gs.check_pending(keep=0)
     assert gs.captures >= 1 and gs.overflows == 0 and not first.skipped
     assert {c.capacity for c in gs.graphs.values()} == {math.ceil(graph_step_module.CAPACITY_MARGIN * seen[0])}
+
+
+@pytest.mark.gpu
+def test_a_resumed_run_takes_one_eager_step_before_capturing(rng, tmp_path, monkeypatch):
+    monkeypatch.setattr(graph_step_module, "MIN_CAPACITY", 1)
+    ds = make_dataset(rng, n_gauss=150, size=64, n_train=1, n_test=1)
+    cfg = small_config(iterations=20, densify_until=0)
+    t = Trainer(ds, cfg, device="cuda")
+    for _ in range(3):
+        t.step()
+    t.save_checkpoint(tmp_path / "ck.safetensors")
+    r = Trainer.from_checkpoint(tmp_path / "ck.safetensors", ds, device="cuda", config=cfg)
+    r.step()  # iteration 4: no entry count known in this process yet, so eager (and it records one)
+    assert r.graph_step is not None and r.graph_step.captures == 0
+    r.step()
+    r.graph_step.check_pending(keep=0)
+    seen = max(e for e, _ in r.graph_step._recent[(64, 64)])
+    assert r.graph_step.captures == 1 and r.graph_step.overflows == 0
+    assert {c.capacity for c in r.graph_step.graphs.values()} == {math.ceil(graph_step_module.CAPACITY_MARGIN
+                                                                            * seen)}
+
+
+@pytest.mark.gpu
+def test_an_oversized_capacity_is_refitted(rng, monkeypatch):
+    monkeypatch.setattr(graph_step_module, "MIN_CAPACITY", 1)
+    monkeypatch.setattr(graph_step_module, "REFIT_EVERY", 3)
+    ds = make_dataset(rng, n_gauss=150, size=64, n_train=1, n_test=1)
+    t = Trainer(ds, small_config(iterations=30, densify_until=0), device="cuda")
+    t.step()
+    gs = t.graph_step
+    true = max(e for e, _ in gs._recent[(64, 64)])
+    gs._recent[(64, 64)].append((10 * true, t.model.num_gaussians))  # as if a view had needed 10x the entries
+    t.step()
+    assert {c.capacity for c in gs.graphs.values()} == {math.ceil(graph_step_module.CAPACITY_MARGIN * 10 * true)}
+    gs._recent[(64, 64)].clear()  # the large count leaves the window
+    gs.record_entries((64, 64), true)
+    for _ in range(4):
+        t.step()
+    gs.check_pending(keep=0)
+    assert gs.captures == 2 and gs.overflows == 0
+    cap = next(iter(gs.graphs.values())).capacity
+    assert cap <= graph_step_module.REFIT_SLACK * math.ceil(graph_step_module.CAPACITY_MARGIN * true)

@@ -15,7 +15,9 @@ the count on the device. A frame that needs more entries than the capacity is in
 the whole update on the device (the fused Adam's ``found_inf``, as the NaN guard does; no statistics are added),
 the host learns of it one step later from a pinned copy of the count, captures again with a larger capacity and
 trains that view again ("redo that step once"). Capacity = 1.05 × the largest count seen for that image size
-over the recent steps (scaled by the growth of the Gaussian count since), so overflows are rare.
+over the recent steps (scaled by the growth of the Gaussian count since), so overflows are rare; an image size
+with no count yet (the first step, a resumed run) takes one eager step first, and a graph whose capacity has
+become much larger than needed (pruning) is captured again (the sort pays for the whole capacity every step).
 
 Graphs are kept per (image size, mask or not, SH degree, statistics on or off); any change of the parameters'
 storage, the optimizer state, the statistics or the training configuration discards them all. A capture that
@@ -45,6 +47,20 @@ CAPACITY_MARGIN = 1.05
 RECENT_STEPS = 256
 #: the smallest capacity
 MIN_CAPACITY = 1 << 16
+#: every this many replays a graph whose capacity exceeds REFIT_SLACK × what a capture would get now is captured
+#: again (entry counts fall when pruning removes Gaussians; the sort pays for the whole capacity on every step)
+REFIT_EVERY = 200
+REFIT_SLACK = 1.3
+
+
+def capacity_for(seen, n_now: int) -> int:
+    """Binning capacity for a capture: ``CAPACITY_MARGIN`` × the largest of the recent entry counts ``seen``
+    (``(entries, N then)`` pairs), each scaled by the Gaussian count's growth since (``n_now / N``, never below 1),
+    within [``MIN_CAPACITY``, ``config.MAX_ENTRIES``]."""
+    from .. import config
+
+    want = max(e * max(1.0, n_now / max(1, n)) for e, n in seen)
+    return int(min(config.MAX_ENTRIES, max(MIN_CAPACITY, math.ceil(CAPACITY_MARGIN * want))))
 
 
 def graph_step_unsupported(trainer) -> str | None:
@@ -117,6 +133,7 @@ class GraphStep:
         self._pinned = [torch.zeros(1, dtype=torch.int64).pin_memory() for _ in range(4)]
         self._slot = 0
         self._cam_table: torch.Tensor | None = None
+        self._steps = 0
         self._stream = torch.cuda.Stream(device=trainer.device)
 
     # ---- bookkeeping ------------------------------------------------------------------------------------
@@ -156,16 +173,12 @@ class GraphStep:
         self._recent.setdefault(size, deque(maxlen=RECENT_STEPS)).append((int(entries),
                                                                           self.trainer.model.num_gaussians))
 
-    def _capacity(self, size: tuple) -> int:
-        n_now = max(1, self.trainer.model.num_gaussians)
+    def _capacity(self, size: tuple) -> int | None:
+        """The capacity a capture for image size ``size`` gets now, or None when no count is known for it yet."""
         seen = self._recent.get(size)
-        if not seen:  # nothing known: every Gaussian in a few tiles
-            want = 8 * n_now
-        else:
-            want = max(e * max(1.0, n_now / max(1, n)) for e, n in seen)
-        from .. import config
-
-        return int(min(config.MAX_ENTRIES, max(MIN_CAPACITY, math.ceil(CAPACITY_MARGIN * want))))
+        if not seen:
+            return None
+        return capacity_for(seen, self.trainer.model.num_gaussians)
 
     def _learning_rates(self) -> None:
         """Write the groups' current (host) learning rates into the device scalars the captured Adam reads."""
@@ -272,6 +285,14 @@ class GraphStep:
             self._signature = sig
         self._learning_rates()
         cap = self.graphs.get(key)
+        self._steps += 1
+        if cap is not None and self._steps % REFIT_EVERY == 0:  # counts fell (pruning, other views): re-size
+            want = self._capacity((width, height))
+            if want is not None and cap.capacity > REFIT_SLACK * want:
+                del self.graphs[key]
+                cap = None
+        if cap is None and self._capacity((width, height)) is None:
+            return None  # no entry count known for this size (a resumed run, a new size): one eager step first
         if cap is None:
             try:
                 cap = self._capture(key, idx)
