@@ -134,6 +134,7 @@ class GraphStep:
         self._slot = 0
         self._cam_table: torch.Tensor | None = None
         self._steps = 0
+        self._pool = None  # memory pool of the live graphs (see _drop)
         self._stream = torch.cuda.Stream(device=trainer.device)
 
     # ---- bookkeeping ------------------------------------------------------------------------------------
@@ -173,6 +174,17 @@ class GraphStep:
         self._recent.setdefault(size, deque(maxlen=RECENT_STEPS)).append((int(entries),
                                                                           self.trainer.model.num_gaussians))
 
+    def _drop(self, key=None) -> None:
+        """Discard the graph of ``key`` (every graph when None). The graphs alive at a time share one memory pool
+        (the step's temporaries: its peak once, not once per image size); when none is left the pool is let go
+        and the next capture starts a new one (a pool whose graphs are all gone cannot take a capture again)."""
+        if key is None:
+            self.graphs.clear()
+        else:
+            self.graphs.pop(key, None)
+        if not self.graphs:
+            self._pool = None
+
     def _capacity(self, size: tuple) -> int | None:
         """The capacity a capture for image size ``size`` gets now, or None when no count is known for it yet."""
         seen = self._recent.get(size)
@@ -205,7 +217,7 @@ class GraphStep:
                 self.overflows += 1
                 redo.append(idx)
                 for key in [k for k in self.graphs if k[:2] == size and self.graphs[k].capacity < total]:
-                    del self.graphs[key]
+                    self._drop(key)
         return redo
 
     # ---- capture ----------------------------------------------------------------------------------------
@@ -228,9 +240,12 @@ class GraphStep:
             for g in opt.param_groups:  # the captured Adam reads its learning rates from device scalars
                 g["lr"], g["capturable"] = self._lr[g["name"]], True
             with torch.cuda.stream(side):
-                # a private memory pool per graph (freed with it); sharing one across discarded graphs trips
-                # the caching allocator's pool bookkeeping (torch 2.11)
-                graph.capture_begin(capture_error_mode="thread_local")
+                # One pool for the live graphs: safe in any replay order because nothing in it outlives a replay
+                # but `values` and `total`, which stay referenced (gradients, found_inf and every temporary are
+                # written and read within one replay; parameters, moments and statistics live outside it).
+                if self._pool is None:
+                    self._pool = torch.cuda.graph_pool_handle()
+                graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
                 try:
                     with FixedBinningCapacity(capacity) as fixed:
                         out = render(model, cam, background=t.background)
@@ -281,7 +296,7 @@ class GraphStep:
         key = (width, height, mask is not None, t.model.active_sh_degree, bool(stats_on))
         sig = self._current_signature()
         if sig != self._signature:
-            self.graphs.clear()
+            self._drop()
             self._signature = sig
         self._learning_rates()
         cap = self.graphs.get(key)
@@ -289,7 +304,7 @@ class GraphStep:
         if cap is not None and self._steps % REFIT_EVERY == 0:  # counts fell (pruning, other views): re-size
             want = self._capacity((width, height))
             if want is not None and cap.capacity > REFIT_SLACK * want:
-                del self.graphs[key]
+                self._drop(key)
                 cap = None
         if cap is None and self._capacity((width, height)) is None:
             return None  # no entry count known for this size (a resumed run, a new size): one eager step first
@@ -298,7 +313,7 @@ class GraphStep:
                 cap = self._capture(key, idx)
             except Exception as exc:  # noqa: BLE001 — any capture failure: eager for the rest of the run
                 self.disabled = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-                self.graphs.clear()
+                self._drop()
                 warnings.warn(f"training step: CUDA graph capture failed, continuing without it ({self.disabled})",
                               stacklevel=3)
                 return None
