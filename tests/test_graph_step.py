@@ -288,3 +288,18 @@ def test_an_oversized_capacity_is_refitted(rng, monkeypatch):
     assert gs.captures == 2 and gs.overflows == 0
     cap = next(iter(gs.graphs.values())).capacity
     assert cap <= graph_step_module.REFIT_SLACK * math.ceil(graph_step_module.CAPACITY_MARGIN * true)
+
+
+@pytest.mark.gpu
+def test_graph_step_with_coarse_to_fine_resolution(rng):
+    ds = make_dataset(rng, n_gauss=150, size=64, n_train=8, n_test=2)
+    kw = dict(iterations=60, densify_until=0, coarse_to_fine=4, coarse_to_fine_iters=40)
+    te, re_ = _train(ds, small_config(cuda_graph=False, **kw), 60)
+    tg, rg = _train(ds, small_config(cuda_graph=True, **kw), 60)
+    gs = tg.graph_step
+    gs.check_pending(keep=0)
+    assert gs.disabled is None and gs.overflows == 0 and gs.captures >= 3  # one per image size (16, 32, 64 px)
+    assert set(gs._recent) == {(16, 16), (32, 32), (64, 64)}
+    assert [r.view for r in rg] == [r.view for r in re_]
+    for name, pe in _params(te).items():
+        torch.testing.assert_close(_params(tg)[name], pe, rtol=1e-4, atol=1e-6, msg=name)

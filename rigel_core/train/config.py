@@ -48,6 +48,12 @@ class TrainConfig:
     random_background: bool = False  # a random background colour per step (3DGS option; off by default)
 
     # ---- speed ------------------------------------------------------------------------------------------
+    #: coarse-to-fine training resolution (issue 14; after DashGaussian, Chen et al. CVPR 2025): the training
+    #: images start downscaled by this factor (a power of two; 1 = off, the default) and the factor halves in
+    #: equal phases until full resolution at ``coarse_to_fine_iters`` (e.g. 4 over 3000 iterations: ¼ for 1500, ½
+    #: for 1500, then full). Held-out evaluation is always at full resolution.
+    coarse_to_fine: int = 1
+    coarse_to_fine_iters: int = 3000
     #: CUDA only: replay each step as a captured CUDA graph (train/graph_step.py) where the configuration allows
     #: (one view per step and process, the default strategy, no exposure or random background); same result as
     #: the eager step, a fraction of its host time. Off: every step eager.
@@ -261,6 +267,11 @@ class TrainConfig:
         for name in ("mcmc_growth", "mcmc_noise_lr", "mcmc_noise_k", "mcmc_opacity_reg", "mcmc_scale_reg"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"TrainConfig.{name} must be ≥ 0, got {getattr(self, name)!r}")
+        c2f = self.coarse_to_fine
+        if not (1 <= c2f <= 64 and c2f & (c2f - 1) == 0):
+            raise ValueError(f"TrainConfig.coarse_to_fine must be a power of two in 1..64, got {c2f}")
+        if self.coarse_to_fine_iters < 0:
+            raise ValueError(f"TrainConfig.coarse_to_fine_iters must be ≥ 0, got {self.coarse_to_fine_iters}")
         if not 1 <= self.batch_size <= 4096:
             raise ValueError(f"TrainConfig.batch_size must be in 1..4096, got {self.batch_size}")
         if self.batch_lr_scaling not in ("sqrt", "none"):

@@ -168,6 +168,11 @@ class GraphStep:
             self._cam_table = torch.stack(rows).contiguous()
         return self._cam_table
 
+    def views_changed(self) -> None:
+        """The trainer's training views were replaced (coarse-to-fine): their camera table is made again. (Graphs
+        are per image size, so those of other sizes stay valid.)"""
+        self._cam_table = None
+
     def record_entries(self, size: tuple, entries: int) -> None:
         """Note a frame of image size ``size`` (W, H) that needed ``entries`` binning entries (e.g. from an eager
         step), so the next capture for that size is made large enough."""

@@ -35,7 +35,7 @@ import math
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -56,7 +56,19 @@ from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group
     set_learning_rates
 from .records import EvalResult  # its own module: rigel_core.checkpoint reads it without the trainer
 
-__all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "background_init_points"]
+__all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "background_init_points",
+           "training_downscale"]
+
+
+def training_downscale(cfg: TrainConfig, iteration: int) -> int:
+    """The coarse-to-fine factor the training images are divided by at ``iteration`` (1 = full resolution):
+    ``coarse_to_fine`` = 2^k halves k times, in k equal phases over the first ``coarse_to_fine_iters`` iterations
+    (``TrainConfig.coarse_to_fine``). Iterations count from 1; iteration ``coarse_to_fine_iters`` + 1 on is full."""
+    k = int(cfg.coarse_to_fine).bit_length() - 1
+    if k <= 0 or iteration > cfg.coarse_to_fine_iters:
+        return 1
+    phase = min(k - 1, (iteration - 1) * k // max(1, cfg.coarse_to_fine_iters))
+    return 2 ** (k - phase)
 
 
 @dataclass
@@ -307,6 +319,9 @@ class Trainer:
         self._train_images = [f.image.to(self.device, torch.float32) for f in self.train_frames]
         #: per training frame: its mask as a bool tensor on the device, or None (every pixel counts)
         self._train_masks = [self._device_mask(f) for f in self.train_frames]
+        #: the training views at each coarse-to-fine factor: factor -> (frames, images, masks); 1 = as loaded
+        self._views_by_factor = {1: (self.train_frames, self._train_images, self._train_masks)}
+        self.train_downscale = 1  # the factor the current train_frames / _train_images / _train_masks have
         #: CPU generator for every random choice (view order, split offsets, init, random background):
         #: saved in checkpoints so a resumed run continues bit for bit.
         self.generator = torch.Generator().manual_seed(int(cfg.seed))
@@ -493,6 +508,7 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["betas"] = betas
         model.active_sh_degree = min(model.sh_degree, it // max(1, cfg.sh_degree_interval))
+        self._use_downscale(training_downscale(cfg, it))
 
         if it > 1 and graph_step_unsupported(self) is None:  # step 1 is eager: it makes the optimizer state
             res = self._graph_step(it, lrs, t0)
@@ -570,6 +586,38 @@ class Trainer:
             comm.maybe_check(self)
         res.seconds = time.perf_counter() - t0
         return res
+
+    def _use_downscale(self, factor: int) -> None:
+        """Make ``train_frames``, ``_train_images`` and ``_train_masks`` the training views divided by ``factor``
+        (made once per factor from the loaded ones: box-filtered images and alpha, a coarse pixel valid only when
+        every pixel under it is, intrinsics by ``Camera.scaled``; the data loaders' ``--downscale`` rule)."""
+        if factor == self.train_downscale:
+            return
+        if factor not in self._views_by_factor:
+            frames, images, masks = self._views_by_factor[1]
+            out_f, out_i, out_m = [], [], []
+            for f, img, m in zip(frames, images, masks):
+                cam = f.camera.scaled(1.0 / factor)
+                size = (cam.height, cam.width)
+
+                def area(x):  # (H, W[, C]) -> the box-filtered (h, w[, C]) on x's device
+                    y = x[None, None] if x.dim() == 2 else x.permute(2, 0, 1)[None]
+                    y = torch.nn.functional.interpolate(y.float(), size=size, mode="area")[0]
+                    return y[0] if x.dim() == 2 else y.permute(1, 2, 0).contiguous()
+
+                alpha = None if f.alpha is None else area(f.alpha.to(self.device, torch.float32))
+                mask = None if m is None else area((~m).float()) == 0.0
+                image = area(img)
+                out_f.append(replace(f, camera=cam, image=image, alpha=alpha, mask=mask))
+                out_i.append(image)
+                out_m.append(None if mask is None or bool(mask.all()) else mask)
+            self._views_by_factor[factor] = (out_f, out_i, out_m)
+        self.train_frames, self._train_images, self._train_masks = self._views_by_factor[factor]
+        self.train_downscale = factor
+        if self.graph_step is not None:
+            self.graph_step.views_changed()
+        if self.config.render_mode == "mip":  # the 3D filter follows the training cameras' sampling rate
+            self._update_filter_3d()
 
     def _densify_schedule(self, it: int) -> tuple:
         """The default strategy's host-side schedule after iteration ``it``'s update (before ``densify_until``):
