@@ -17,7 +17,8 @@
 #   multigpu:RUNS:VIEWS[:TIMEOUT]  bench/multi_gpu.py --runs RUNS (jobs joined by +, @ for :, e.g.
 #                             lego@1+lego@2+allreduce@2) --views VIEWS; needs every GPU: alone in lane 0; $MG_ARGS passed on
 #   train:DATA:DS:APP:ITERS[:TIMEOUT]  rigel-train on $RIGEL_SHARED_DATA/DATA (or "orbit": the procedural orbit dataset,
-#                             generated here) at --downscale DS with --appearance APP for ITERS iterations
+#                             generated here) at --downscale DS with --appearance APP for ITERS iterations;
+#                             $TRAIN_ARGS is passed on (e.g. "--set coarse_to_fine=4")
 #   viewer:DATA:DS:ITERS[:TIMEOUT]     rigel-viewer --offscreen training live on the same data (needs --ui)
 #   studiogallery             the studio screenshots offscreen on the CUDA renderer (docs/gallery/make_studio_gallery.py
 #                             --offscreen --device cuda): $OUT/gallery/h200_offscreen_viewer_*.png (needs --ui)
@@ -147,7 +148,7 @@ job() {  # job NAME -> one summary line on stdout; everything else into $LOGS
       [ "$a" != orbit ] && wb="--white-bg"
       rm -rf "$run"
       timeout -s INT ${e:-${JOB_TIMEOUT:-330}} $PY -m rigel_core.cli.train --data "$data" --out "$run" $wb --iters "$d" \
-        --downscale "$b" --appearance "$c" --eval-every 7000 --checkpoint-every 0 --n-renders 2 --quiet \
+        --downscale "$b" --appearance "$c" --eval-every 7000 --checkpoint-every 0 --n-renders 2 --quiet ${TRAIN_ARGS:-} \
         >"$LOGS/$name.log" 2>&1
       local rc=$?
       cp "$run/metrics.json" "$LOGS/$name.metrics.json" 2>/dev/null
