@@ -13,8 +13,8 @@ is captured again (:attr:`GraphStep.captures` counts them; about one per ``densi
 the captured one bins into a fixed capacity (:class:`rigel_core.cuda_backend.FixedBinningCapacity`) and leaves
 the count on the device. A frame that needs more entries than the capacity is incomplete: the graph then skips
 the whole update on the device (the fused Adam's ``found_inf``, as the NaN guard does; no statistics are added),
-the host learns of it one step later from a pinned copy of the count, captures again with a larger capacity and
-trains that view again ("redo that step once"). Capacity = 1.05 × the largest count seen for that image size
+the host learns of it a few steps later (``IN_FLIGHT``) from a pinned copy of the count, captures again with a
+larger capacity and trains that view again ("redo that step once"). Capacity = 1.05 × the largest count seen for that image size
 over the recent steps (scaled by the growth of the Gaussian count since), so overflows are rare; an image size
 with no count yet (the first step, a resumed run) takes one eager step first, and a graph whose capacity has
 become much larger than needed (pruning) is captured again (the sort pays for the whole capacity every step).
@@ -47,6 +47,9 @@ CAPACITY_MARGIN = 1.05
 RECENT_STEPS = 256
 #: the smallest capacity
 MIN_CAPACITY = 1 << 16
+#: replays the host may run ahead of the device (it waits for the one before): a few, so that a short stall of the
+#: host (the viewer's frame loop holding the interpreter lock) does not leave the GPU idle
+IN_FLIGHT = 3
 #: every this many replays a graph whose capacity exceeds REFIT_SLACK × what a capture would get now is captured
 #: again (entry counts fall when pruning removes Gaussians; the sort pays for the whole capacity on every step)
 REFIT_EVERY = 200
@@ -130,7 +133,7 @@ class GraphStep:
         self._lr_host: dict[str, float] = {}
         self._recent: dict[tuple, deque] = {}  # (W, H) -> recent (entries, N)
         self._pending: deque = deque()  # (event, pinned total, capacity, view index, (W, H), N)
-        self._pinned = [torch.zeros(1, dtype=torch.int64).pin_memory() for _ in range(4)]
+        self._pinned = [torch.zeros(1, dtype=torch.int64).pin_memory() for _ in range(IN_FLIGHT + 2)]
         self._slot = 0
         self._cam_table: torch.Tensor | None = None
         self._steps = 0
@@ -338,5 +341,5 @@ class GraphStep:
         event = torch.cuda.Event()
         event.record()
         self._pending.append((event, pinned, cap.capacity, idx, (width, height), t.model.num_gaussians))
-        t._redo_views += self.check_pending(keep=1)
+        t._redo_views += self.check_pending(keep=IN_FLIGHT)
         return values
