@@ -202,3 +202,51 @@ def test_early_device():
     except OSError:
         driver = False
     assert early_device("auto") == (None if driver else "cpu")
+
+
+@needs_viewer
+@pytest.mark.parametrize("far", [True, False], ids=["crop-far-from-origin", "centred"])
+def test_preview_opens_with_the_first_views_up_and_orbit(one_thread, tmp_path, far):
+    """The loading preview's camera (up axis, orbit target, direction, distance) is the one the loaded scene opens
+    with: a scene far from the origin (a crop of a COLMAP capture) gets "-y" and is looked at from the origin's side
+    in both, a centred one "+z" in both (before, the preview always drew "+z")."""
+    import torch
+
+    from rigel_core.data import make_scene
+    from rigel_core.io import save_ply
+    from viewer.app import Viewer
+    from viewer.loading import adopt_scene, scene_preview
+    from viewer.model_slot import ModelSlot
+    from viewer.scene import default_up, load_scene_file
+    from viewer.ui import ViewSettings
+
+    rng = np.random.default_rng()
+    model = make_scene(n=400, sh_degree=0, seed=int(rng.integers(2**31)))
+    if far:   # a random direction, 5–20 box diagonals out
+        d = rng.normal(size=3)
+        shift = d / np.linalg.norm(d) * rng.uniform(5.0, 20.0) * 2.0 * float((model.bounds(0.01)[1] -
+                                                                                model.bounds(0.01)[0]).norm())
+        with torch.no_grad():
+            model.means3D += torch.as_tensor(shift, dtype=model.means3D.dtype)
+    path = tmp_path / "scene.ply"
+    save_ply(model, path)
+
+    with Viewer(ModelSlot(), offscreen=True, size=(320, 200), device="cpu",
+                settings=ViewSettings(render_scale=None)) as v:
+        assert scene_preview(v, path) is not None
+        c = v.camera
+        seen = (v.settings.up, c.up.copy(), c.target.copy(), c.yaw, c.pitch, c.distance, c.view_offset)
+        loaded = load_scene_file(path)
+        up = default_up(path, loaded)
+        assert up == ("-y" if far else "+z")
+        adopt_scene(v, loaded, str(path), up)
+        assert seen[0] == v.settings.up == up
+        np.testing.assert_array_equal(seen[1], c.up)
+        scale = float(np.linalg.norm(c.target)) + c.distance
+        np.testing.assert_allclose(seen[2], c.target, atol=1e-5 * scale)
+        np.testing.assert_allclose(seen[3:], (c.yaw, c.pitch, c.distance, c.view_offset), rtol=1e-4, atol=1e-6)
+    # --up wins in the preview as in the first view
+    with Viewer(ModelSlot(), offscreen=True, size=(320, 200), device="cpu",
+                settings=ViewSettings(render_scale=None)) as v:
+        scene_preview(v, path, "+x")
+        assert v.settings.up == "+x" and v.camera.up_name == "+x"

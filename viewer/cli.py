@@ -319,7 +319,7 @@ def _main(argv=None) -> int:
                 shown = str(args.scene or bundled_scene_path())
                 viewer = Viewer(ModelSlot(), size=args.size, device=early, debug=args.debug, settings=settings,
                                 scene_name=shown, slots=args.slots, ini_path=config_dir() / "imgui.ini")
-                present_loading(viewer, shown, scene_preview(viewer, shown))
+                present_loading(viewer, shown, scene_preview(viewer, shown, args.up))
                 _set_threads(args.threads)
             if args.scene:
                 model, name = load_scene_file(args.scene), str(args.scene)

@@ -74,11 +74,13 @@ def _read_points(path):
     return xyz[ok], rgb[ok], alpha[ok]
 
 
-def scene_preview(viewer, path) -> np.ndarray | None:
+def scene_preview(viewer, path, up: str | None = None) -> np.ndarray | None:
     """A coarse (H, W, 3) float32 image of the INRIA PLY ``path`` seen from ``viewer``'s opening view, or None.
 
-    The viewer's camera is framed on the splat centres' 1 %–99 % box as :meth:`Viewer.frame_scene` frames the
-    loaded model (same direction, same box, same panel region); each centre is projected with that camera
+    The world up is ``up`` (the user's ``--up``) or, as for the loaded scene, :func:`viewer.scene.default_up` of
+    the splat centres' 1 %–99 % box; it is set on ``viewer.settings`` and its camera. The viewer's camera is
+    framed on that box as :meth:`Viewer.frame_first_view` frames the loaded model (same up, same direction, same
+    box, same panel region); each centre is projected with that camera
     (pinhole, horizontal field of view ``camera.fov_deg``, principal point shifted by ``view_offset``) into an
     image of about :data:`PREVIEW_PIXELS`; per pixel the nearest centre's colour, blended over the background
     by its opacity. Pure numpy: no torch."""
@@ -91,11 +93,14 @@ def scene_preview(viewer, path) -> np.ndarray | None:
     lo, hi = np.quantile(xyz, [0.01, 0.99], axis=0)
     if float(np.linalg.norm(hi - lo)) <= 0.0:
         return None
-    center, size = 0.5 * (lo + hi), float(np.linalg.norm(hi - lo))
-    if np.linalg.norm(center) > 2.0 * size:       # as Viewer._face_origin
-        cam.target = center
-        cam.face(np.zeros(3))
+    from .scene import default_up, off_origin
     from .ui import PANEL_WIDTH
+
+    viewer.settings.up = up or default_up(path, box=(lo, hi), inria_ply=True)
+    cam.set_up(viewer.settings.up)
+    if off_origin(lo, hi):       # as Viewer._face_origin
+        cam.target = 0.5 * (lo + hi)
+        cam.face(np.zeros(3))
 
     tw = max(viewer.target.width, 1)
     region = ((PANEL_WIDTH + 20) / tw, 1.0) if viewer.settings.show_panels and tw >= 3 * (PANEL_WIDTH + 20) \
