@@ -107,6 +107,44 @@ def test_rigel_core_render_is_the_function_whichever_import_comes_first():
     assert out.stdout.startswith("ok") and "no_such_name" in out.stdout
 
 
+def test_rigel_core_submodules_are_attributes_after_import_rigel_core():
+    """``import rigel_core; rigel_core.camera`` gives the submodule (every one found in the source tree, in a random
+    order in a fresh interpreter, most of them not imported yet when asked for), as the eager imports once made it;
+    ``rigel_core.render`` stays the function; ``dir(rigel_core)`` lists the public names and submodules (without
+    importing torch) and not the private ones; an unknown name is still an AttributeError."""
+    pkg = ROOT / "rigel_core"
+    subs = sorted({p.stem for p in pkg.glob("*.py")} | {p.parent.name for p in pkg.glob("*/__init__.py")})
+    subs = [m for m in subs if not m.startswith("_")]
+    assert {"camera", "model", "io", "render", "run_dir"} <= set(subs)
+    np.random.default_rng().shuffle(subs)
+    code = ("import sys, types\n"
+            "import rigel_core\n"
+            "names = dir(rigel_core)\n"
+            "assert 'torch' not in sys.modules\n"
+            "print('DIR', ' '.join(names))\n"
+            "fresh = 0\n"
+            "for name in sys.argv[1:]:\n"
+            "    fresh += f'rigel_core.{name}' not in sys.modules\n"
+            "    got = getattr(rigel_core, name)\n"
+            "    if name == 'render':\n"
+            "        assert callable(got) and not isinstance(got, types.ModuleType), got\n"
+            "        assert sys.modules['rigel_core.render'].render is got\n"
+            "    else:\n"
+            "        assert got is sys.modules[f'rigel_core.{name}'], (name, got)\n"
+            "assert not hasattr(rigel_core, 'no_such_submodule')\n"
+            "print('FRESH', fresh)\n")
+    out = subprocess.run([sys.executable, "-c", code, *subs], env=_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, " ".join(subs) + ": " + out.stderr[-2000:]
+    lines = dict(ln.split(" ", 1) for ln in out.stdout.splitlines() if ln[:4] in ("DIR ", "FRES"))
+    assert int(lines["FRESH"]) >= 1
+    listed = set(lines["DIR"].split())
+    import rigel_core
+
+    assert set(subs) | set(rigel_core.__all__) | {"__version__"} <= listed
+    assert not {n for n in listed if n.startswith("_") and not n.startswith("__")}, listed
+
+
 def test_orbit_rotation_is_the_cameras():
     from viewer.camera_control import UP_AXES, OrbitCamera
 
