@@ -288,3 +288,41 @@ def test_preview_opens_with_the_first_views_up_and_orbit(one_thread, tmp_path, f
                 settings=ViewSettings(render_scale=None)) as v:
         scene_preview(v, path, "+x")
         assert v.settings.up == "+x" and v.camera.up_name == "+x"
+
+
+@needs_viewer
+@pytest.mark.parametrize("white", [False, True], ids=["black-bg", "white-bg"])
+def test_loading_frame_without_a_preview_fills_the_view_with_the_background(tmp_path, white):
+    """A scene with nothing to preview (an INRIA PLY whose every value is NaN): the loading frame is the plain
+    background over the whole view with the text box in the middle — not a square image letterboxed in the
+    window (the 2×2 placeholder, drawn at its own aspect)."""
+    from rigel_core.data import make_scene
+    from rigel_core.io import save_ply
+    from viewer.app import Viewer
+    from viewer.loading import present_loading, scene_preview
+    from viewer.model_slot import ModelSlot
+    from viewer.ui import ViewSettings
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(3, 40))
+    good = tmp_path / "good.ply"
+    save_ply(make_scene(n=n, sh_degree=int(rng.integers(0, 4))), good)
+    raw = good.read_bytes()
+    head = raw[:raw.index(b"end_header\n") + len(b"end_header\n")]
+    assert b"float x" in head and b"double" not in head
+    path = tmp_path / "all_nan.ply"
+    path.write_bytes(head + np.full((len(raw) - len(head)) // 4, np.nan, "<f4").tobytes())
+
+    w, h = int(rng.integers(300, 480)), int(rng.integers(120, 200))   # wider than tall, as a window
+    with Viewer(ModelSlot(), offscreen=True, size=(w, h), device="cpu",
+                settings=ViewSettings(render_scale=None, white_background=white)) as v:
+        assert scene_preview(v, path) is None
+        p = present_loading(v, str(path), None, capture=True)
+        px = v.read_pixels(p)[..., :3].astype(int)
+    bg = 255 if white else 0
+    other = np.nonzero((px != bg).any(-1))
+    assert other[0].size, "the text box is drawn"
+    top, bottom, left, right = other[0].min(), other[0].max(), other[1].min(), other[1].max()
+    # everything not the background is the text box, centred, away from every edge
+    assert 0 < top and bottom < h - 1 and 0 < left and right < w - 1, (top, bottom, left, right, w, h)
+    assert abs((top + bottom) / 2 - (h - 1) / 2) <= 2 and abs((left + right) / 2 - (w - 1) / 2) <= 2

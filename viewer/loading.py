@@ -23,7 +23,7 @@ import numpy as np
 
 from .gpu.shaderio import C
 
-__all__ = ["early_device", "bundled_scene_path", "scene_preview", "present_loading", "adopt_scene"]
+__all__ = ["early_device", "bundled_scene_path", "scene_preview", "preview_size", "present_loading", "adopt_scene"]
 
 #: the preview's pixels (about 160×90 in a 16:9 window: one splat centre is one pixel, the present stretches it)
 PREVIEW_PIXELS = 160 * 90
@@ -106,10 +106,24 @@ def scene_preview(viewer, path, up: str | None = None) -> np.ndarray | None:
     region = ((PANEL_WIDTH + 20) / tw, 1.0) if viewer.settings.show_panels and tw >= 3 * (PANEL_WIDTH + 20) \
         else (0.0, 1.0)
     cam.frame_box(lo, hi, aspect=fw / fh, region=region)
-    s = min(1.0, math.sqrt(PREVIEW_PIXELS / (fw * fh)))
-    w, h = max(1, round(fw * s)), max(1, round(fh * s))
+    w, h = preview_size(viewer)
     return project_points(xyz, rgb, alpha, cam.rotation(), cam.eye, cam.fov_deg, cam.view_offset, w, h,
                           background=1.0 if viewer.settings.white_background else 0.0)
+
+
+def preview_size(viewer) -> tuple[int, int]:
+    """(width, height) of the loading frame's image: the area the present fills (:meth:`Viewer.content_rect`)
+    scaled down to about :data:`PREVIEW_PIXELS`, the first width from there whose image the present pass stretches
+    over the whole area (it fits an image keeping its aspect and rounds the shown size, shaders/present_modes.comp:
+    a rounded height off by a pixel would leave a one-pixel bar); the area's own size at the latest."""
+    fw, fh = viewer.content_rect()[2:]
+    w0 = max(1, round(fw * min(1.0, math.sqrt(PREVIEW_PIXELS / (fw * fh)))))
+    for w in range(min(w0, fw), fw + 1):
+        h = max(1, round(w * fh / fw))
+        k = min(fw / w, fh / h)
+        if math.floor(w * k + 0.5) == fw and math.floor(h * k + 0.5) == fh:
+            return w, h
+    return fw, fh
 
 
 def project_points(xyz, rgb, alpha, R, eye, fov_x_deg, view_offset, width, height, *, background=0.0):
@@ -146,7 +160,8 @@ def present_loading(viewer, scene: str, preview: np.ndarray | None = None, statu
     from imgui_bundle import imgui
 
     bg = 1.0 if viewer.settings.white_background else 0.0
-    img = preview if preview is not None else np.full((2, 2, 3), bg, np.float32)
+    # no preview: the plain background over the whole view (an image of the frame's aspect, not a letterboxed square)
+    img = preview if preview is not None else np.full((*preview_size(viewer)[::-1], 3), bg, np.float32)
     h, w = img.shape[:2]
     ring = viewer.ring
     slot = ring.acquire(w, h, host=True)
