@@ -306,11 +306,32 @@ def test_cli_reports_bad_input(tmp_path, capsys):
     junk.write_bytes(b"this is not a scene")
     assert main([str(junk), "--offscreen", "--out", str(tmp_path)]) == 2  # an InputError: status 2 (issue 13)
     assert "junk.ply" in capsys.readouterr().err
-    assert main(["--offscreen"]) == 1
+    assert main(["--offscreen"]) == 2
     assert "--out" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--size", "wide"])
 
+
+@pytest.mark.parametrize("flags,named", [
+    (["--offscreen"], "--out"), (["--fps", "0"], "--fps"), (["--fps", "nan"], "--fps"),
+    (["--refresh-hz", "-1"], "--refresh-hz"), (["--threads", "0"], "--threads"), (["--frames", "0"], "--frames"),
+    (["--render-scale", "0"], "--render-scale"), (["--render-scale", "4.5"], "--render-scale"),
+    (["--slots", "1"], "--slots"), (["--data", "d", "scene.ply"], "either"), (["--data", "d", "--cameras", "c"],
+                                                                            "--cameras")])
+def test_refused_flag_values_exit_2_with_one_line(tmp_path, capsys, flags, named):
+    """The viewer's own refusals of a flag value exit 2 with one line naming the flag, as argparse's errors and
+    rigel-train's refusals do (they exited 1); nothing is written and no window opens."""
+    from viewer.cli import main
+
+    out = tmp_path / "o"
+    argv = flags + (["--offscreen", "--out", str(out)] if flags != ["--offscreen"] else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rigel-viewer: ") and named in err, err
+    assert not out.exists()
+    with pytest.raises(SystemExit) as e:       # argparse's own: 2 as well
+        main(["--fps", "fast"])
+    assert e.value.code == 2
 
 @needs_vulkan
 def test_cli_without_display_or_driver_says_what_to_do(tmp_path, monkeypatch, capsys, rng):
