@@ -24,7 +24,9 @@ to it); progressive rendering, opening files (drop / File → open) and editing 
 (:mod:`viewer.studio`).
 
 ``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
-``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`). With ``--data``
+``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`); an ``--out``
+that holds an earlier run's frames or ``summary.json`` is refused (one line, status 2), so that a folder describes
+one run. With ``--data``
 the training starts with the offscreen frame loop (``--paused`` does not apply), which presents at most ``--fps``
 frames per second (default 30; ``summary.json`` gives the rate achieved, ``fps``).
 While a training runs and the camera is still, the live model is re-rendered and the panels rebuilt at most
@@ -250,6 +252,12 @@ def _flag_problem(args) -> str | None:
         problem = out_problem(args.out)
         if problem:
             return problem
+        if args.offscreen:      # one run's output per folder (with --data the run-folder rules apply)
+            from .offscreen import earlier_output
+
+            problem = earlier_output(args.out)
+            if problem:
+                return problem
     if not (args.fps > 0 and math.isfinite(args.fps)):
         return f"--fps must be a positive number, got {args.fps}"
     if args.refresh_hz is not None and not (args.refresh_hz >= 0 and math.isfinite(args.refresh_hz)):
