@@ -3,8 +3,8 @@ reference), scene and dataset I/O, and training.
 
 Conventions: ../docs/PIPELINE.md and DESIGN §3 (row-major world-to-camera, OpenCV camera axes, pixels).
 """
-import sys
-import types
+import sys as _sys
+import types as _types
 
 from . import config
 
@@ -14,33 +14,48 @@ __all__ = ["config", "Camera", "GaussianModel", "RenderOutput", "rasterize_gauss
 
 # The names that need PyTorch are imported on first use (PEP 562), so that the torch-free modules (run_dir, atomic,
 # limits, config, io.errors, camera_path, cli.common's parser) load without the ~1.5 s of ``import torch``: the
-# viewer presents its first frame before torch is imported (issue 18, tests/test_first_frame.py).
+# viewer presents its first frame before torch is imported (issue 18, tests/test_first_frame.py). A submodule is
+# imported on first use of its name as well (``import rigel_core; rigel_core.camera``), as the eager imports of the
+# names above once made it.
 _LAZY = {"Camera": "camera", "GaussianModel": "model", "RenderOutput": "render", "compute_colors": "render",
          "rasterize_gaussians": "render", "render": "render"}
 
 
 def __getattr__(name):
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
+    import importlib.util
 
-    value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    globals()[name] = value
-    return value
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        importlib.import_module(f".{name}", __name__)   # the import system sets the package's attribute
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class _Package(types.ModuleType):
+def __dir__():
+    """The public names (the lazy ones too: :data:`__all__`) and the public submodules, imported or not, with the
+    module's dunder attributes; private names (``_ext``, ``_LAZY``) are left out."""
+    import pkgutil
+
+    names = set(_LAZY) | {m.name for m in pkgutil.iter_modules(__path__)} | set(globals())
+    return sorted(n for n in names if not n.startswith("_") or n.startswith("__"))
+
+
+class _Package(_types.ModuleType):
     """``rigel_core.render`` is the function, as the eager ``from .render import render`` made it, also when the
     submodule ``rigel_core.render`` is imported first: the import system's ``setattr(package, "render", module)``
     stores the module's function instead."""
 
     def __setattr__(self, name, value):
-        if name == "render" and isinstance(value, types.ModuleType):
+        if name == "render" and isinstance(value, _types.ModuleType):
             value = value.render
         super().__setattr__(name, value)
 
 
-sys.modules[__name__].__class__ = _Package
+_sys.modules[__name__].__class__ = _Package
 
 
 def cuda_available() -> bool:

@@ -574,8 +574,8 @@ def test_viewer_offscreen_path_frames(tmp_path, capsys):
     assert s["ok"] and s["frames"] == 3 and s["size"] == [40, 30]
     assert sorted(p.name for p in out.glob("path_*.png")) == ["path_0000.png", "path_0001.png", "path_0002.png"]
     (tmp_path / "bad.json").write_text("{}")
-    assert main([str(tmp_path / "s.ply"), "--offscreen", "--path", str(tmp_path / "bad.json"), "--out", str(out),
-                 "--size", "200x150", "--device", "cpu"]) == 1
+    assert main([str(tmp_path / "s.ply"), "--offscreen", "--path", str(tmp_path / "bad.json"), "--out",
+                 str(tmp_path / "out_bad"), "--size", "200x150", "--device", "cpu"]) == 1
     err = capsys.readouterr().err
     assert "bad.json: field 'format'" in err
 

@@ -107,6 +107,44 @@ def test_rigel_core_render_is_the_function_whichever_import_comes_first():
     assert out.stdout.startswith("ok") and "no_such_name" in out.stdout
 
 
+def test_rigel_core_submodules_are_attributes_after_import_rigel_core():
+    """``import rigel_core; rigel_core.camera`` gives the submodule (every one found in the source tree, in a random
+    order in a fresh interpreter, most of them not imported yet when asked for), as the eager imports once made it;
+    ``rigel_core.render`` stays the function; ``dir(rigel_core)`` lists the public names and submodules (without
+    importing torch) and not the private ones; an unknown name is still an AttributeError."""
+    pkg = ROOT / "rigel_core"
+    subs = sorted({p.stem for p in pkg.glob("*.py")} | {p.parent.name for p in pkg.glob("*/__init__.py")})
+    subs = [m for m in subs if not m.startswith("_")]
+    assert {"camera", "model", "io", "render", "run_dir"} <= set(subs)
+    np.random.default_rng().shuffle(subs)
+    code = ("import sys, types\n"
+            "import rigel_core\n"
+            "names = dir(rigel_core)\n"
+            "assert 'torch' not in sys.modules\n"
+            "print('DIR', ' '.join(names))\n"
+            "fresh = 0\n"
+            "for name in sys.argv[1:]:\n"
+            "    fresh += f'rigel_core.{name}' not in sys.modules\n"
+            "    got = getattr(rigel_core, name)\n"
+            "    if name == 'render':\n"
+            "        assert callable(got) and not isinstance(got, types.ModuleType), got\n"
+            "        assert sys.modules['rigel_core.render'].render is got\n"
+            "    else:\n"
+            "        assert got is sys.modules[f'rigel_core.{name}'], (name, got)\n"
+            "assert not hasattr(rigel_core, 'no_such_submodule')\n"
+            "print('FRESH', fresh)\n")
+    out = subprocess.run([sys.executable, "-c", code, *subs], env=_env(), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, " ".join(subs) + ": " + out.stderr[-2000:]
+    lines = dict(ln.split(" ", 1) for ln in out.stdout.splitlines() if ln[:4] in ("DIR ", "FRES"))
+    assert int(lines["FRESH"]) >= 1
+    listed = set(lines["DIR"].split())
+    import rigel_core
+
+    assert set(subs) | set(rigel_core.__all__) | {"__version__"} <= listed
+    assert not {n for n in listed if n.startswith("_") and not n.startswith("__")}, listed
+
+
 def test_orbit_rotation_is_the_cameras():
     from viewer.camera_control import UP_AXES, OrbitCamera
 
@@ -202,3 +240,89 @@ def test_early_device():
     except OSError:
         driver = False
     assert early_device("auto") == (None if driver else "cpu")
+
+
+@needs_viewer
+@pytest.mark.parametrize("far", [True, False], ids=["crop-far-from-origin", "centred"])
+def test_preview_opens_with_the_first_views_up_and_orbit(one_thread, tmp_path, far):
+    """The loading preview's camera (up axis, orbit target, direction, distance) is the one the loaded scene opens
+    with: a scene far from the origin (a crop of a COLMAP capture) gets "-y" and is looked at from the origin's side
+    in both, a centred one "+z" in both (before, the preview always drew "+z")."""
+    import torch
+
+    from rigel_core.data import make_scene
+    from rigel_core.io import save_ply
+    from viewer.app import Viewer
+    from viewer.loading import adopt_scene, scene_preview
+    from viewer.model_slot import ModelSlot
+    from viewer.scene import default_up, load_scene_file
+    from viewer.ui import ViewSettings
+
+    rng = np.random.default_rng()
+    model = make_scene(n=400, sh_degree=0, seed=int(rng.integers(2**31)))
+    if far:   # a random direction, 5–20 box diagonals out
+        d = rng.normal(size=3)
+        shift = d / np.linalg.norm(d) * rng.uniform(5.0, 20.0) * 2.0 * float((model.bounds(0.01)[1] -
+                                                                                model.bounds(0.01)[0]).norm())
+        with torch.no_grad():
+            model.means3D += torch.as_tensor(shift, dtype=model.means3D.dtype)
+    path = tmp_path / "scene.ply"
+    save_ply(model, path)
+
+    with Viewer(ModelSlot(), offscreen=True, size=(320, 200), device="cpu",
+                settings=ViewSettings(render_scale=None)) as v:
+        assert scene_preview(v, path) is not None
+        c = v.camera
+        seen = (v.settings.up, c.up.copy(), c.target.copy(), c.yaw, c.pitch, c.distance, c.view_offset)
+        loaded = load_scene_file(path)
+        up = default_up(path, loaded)
+        assert up == ("-y" if far else "+z")
+        adopt_scene(v, loaded, str(path), up)
+        assert seen[0] == v.settings.up == up
+        np.testing.assert_array_equal(seen[1], c.up)
+        scale = float(np.linalg.norm(c.target)) + c.distance
+        np.testing.assert_allclose(seen[2], c.target, atol=1e-5 * scale)
+        np.testing.assert_allclose(seen[3:], (c.yaw, c.pitch, c.distance, c.view_offset), rtol=1e-4, atol=1e-6)
+    # --up wins in the preview as in the first view
+    with Viewer(ModelSlot(), offscreen=True, size=(320, 200), device="cpu",
+                settings=ViewSettings(render_scale=None)) as v:
+        scene_preview(v, path, "+x")
+        assert v.settings.up == "+x" and v.camera.up_name == "+x"
+
+
+@needs_viewer
+@pytest.mark.parametrize("white", [False, True], ids=["black-bg", "white-bg"])
+def test_loading_frame_without_a_preview_fills_the_view_with_the_background(tmp_path, white):
+    """A scene with nothing to preview (an INRIA PLY whose every value is NaN): the loading frame is the plain
+    background over the whole view with the text box in the middle — not a square image letterboxed in the
+    window (the 2×2 placeholder, drawn at its own aspect)."""
+    from rigel_core.data import make_scene
+    from rigel_core.io import save_ply
+    from viewer.app import Viewer
+    from viewer.loading import present_loading, scene_preview
+    from viewer.model_slot import ModelSlot
+    from viewer.ui import ViewSettings
+
+    rng = np.random.default_rng()
+    n = int(rng.integers(3, 40))
+    good = tmp_path / "good.ply"
+    save_ply(make_scene(n=n, sh_degree=int(rng.integers(0, 4))), good)
+    raw = good.read_bytes()
+    head = raw[:raw.index(b"end_header\n") + len(b"end_header\n")]
+    assert b"float x" in head and b"double" not in head
+    path = tmp_path / "all_nan.ply"
+    path.write_bytes(head + np.full((len(raw) - len(head)) // 4, np.nan, "<f4").tobytes())
+
+    w, h = int(rng.integers(300, 480)), int(rng.integers(120, 200))   # wider than tall, as a window
+    with Viewer(ModelSlot(), offscreen=True, size=(w, h), device="cpu",
+                settings=ViewSettings(render_scale=None, white_background=white)) as v:
+        assert scene_preview(v, path) is None
+        p = present_loading(v, str(path), None, capture=True)
+        px = v.read_pixels(p)[..., :3].astype(int)
+    bg = 255 if white else 0
+    other = np.nonzero((px != bg).any(-1))
+    assert other[0].size, "the text box is drawn"
+    top, bottom, left, right = other[0].min(), other[0].max(), other[1].min(), other[1].max()
+    # everything not the background is the text box, centred, away from every edge
+    assert 0 < top and bottom < h - 1 and 0 < left and right < w - 1, (top, bottom, left, right, w, h)
+    assert abs((top + bottom) / 2 - (h - 1) / 2) <= 2 and abs((left + right) / 2 - (w - 1) / 2) <= 2

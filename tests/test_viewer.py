@@ -306,11 +306,70 @@ def test_cli_reports_bad_input(tmp_path, capsys):
     junk.write_bytes(b"this is not a scene")
     assert main([str(junk), "--offscreen", "--out", str(tmp_path)]) == 2  # an InputError: status 2 (issue 13)
     assert "junk.ply" in capsys.readouterr().err
-    assert main(["--offscreen"]) == 1
+    assert main(["--offscreen"]) == 2
     assert "--out" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--size", "wide"])
 
+
+@pytest.mark.parametrize("flags,named", [
+    (["--offscreen"], "--out"), (["--fps", "0"], "--fps"), (["--fps", "nan"], "--fps"),
+    (["--refresh-hz", "-1"], "--refresh-hz"), (["--threads", "0"], "--threads"), (["--frames", "0"], "--frames"),
+    (["--render-scale", "0"], "--render-scale"), (["--render-scale", "4.5"], "--render-scale"),
+    (["--slots", "1"], "--slots"), (["--data", "d", "scene.ply"], "either"), (["--data", "d", "--cameras", "c"],
+                                                                            "--cameras")])
+def test_refused_flag_values_exit_2_with_one_line(tmp_path, capsys, flags, named):
+    """The viewer's own refusals of a flag value exit 2 with one line naming the flag, as argparse's errors and
+    rigel-train's refusals do (they exited 1); nothing is written and no window opens."""
+    from viewer.cli import main
+
+    out = tmp_path / "o"
+    argv = flags + (["--offscreen", "--out", str(out)] if flags != ["--offscreen"] else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rigel-viewer: ") and named in err, err
+    assert not out.exists()
+    with pytest.raises(SystemExit) as e:       # argparse's own: 2 as well
+        main(["--fps", "fast"])
+    assert e.value.code == 2
+
+@needs_vulkan
+def test_offscreen_refuses_an_out_holding_an_earlier_run(tmp_path, capsys, rng):
+    """--offscreen into a folder with an earlier viewer run's frames or summary.json: one line naming the folder,
+    status 2, nothing written (before, a 1-frame run left frame_0001.png … of an earlier 2-frame run beside its
+    summary.json); other files (notes, images of the user) do not count; with --data the run-folder rules apply."""
+    from rigel_core.io import save_ply
+    from viewer.cli import main
+
+    scene = tmp_path / "tiny.ply"
+    save_ply(tiny_model(rng, 40), scene)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    (out / "image.png").write_bytes(b"not the viewer's")
+    run = [str(scene), "--offscreen", "--out", str(out), "--size", "64x48", "--device", "cpu", "--threads", "1"]
+    n = torch.get_num_threads()
+    try:
+        assert main(run + ["--frames", "2"]) == 0, capsys.readouterr().err
+    finally:
+        torch.set_num_threads(n)
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert {"frame_0000.png", "frame_0001.png", "summary.json", "notes.txt"} <= set(before)
+    assert main(run + ["--frames", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(out) in err and "earlier" in err and "frame_0000.png" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    # each kind of output alone marks a folder; what the viewer does not write does not
+    for name in ("summary.json", "frame_0007.png", "path_0000.png"):
+        other = tmp_path / f"only_{name}"
+        other.mkdir()
+        (other / name).write_bytes(b"x")
+        (other / "notes.txt").write_text("mine\n")
+        assert main([str(scene), "--offscreen", "--out", str(other), "--frames", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(other) in err and name in err, err
+        assert sorted(p.name for p in other.iterdir()) == sorted([name, "notes.txt"])
 
 @needs_vulkan
 def test_cli_without_display_or_driver_says_what_to_do(tmp_path, monkeypatch, capsys, rng):

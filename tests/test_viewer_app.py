@@ -426,9 +426,9 @@ def test_offscreen_cli_fails_loudly(procedural_64, tmp_path, capsys):
     # a dataset that cannot be loaded is an input error: one line, status 2 (as rigel-render / rigel-train)
     assert main(["--data", str(tmp_path / "missing"), "--offscreen", "--out", str(tmp_path / "o")]) == 2
     assert "missing" in capsys.readouterr().err
-    assert main(["--data", str(procedural_64), "scene.ply", "--offscreen", "--out", str(tmp_path)]) == 1
+    assert main(["--data", str(procedural_64), "scene.ply", "--offscreen", "--out", str(tmp_path)]) == 2
     assert "either" in capsys.readouterr().err
-    assert main(["--data", str(procedural_64), "--offscreen", "--out", str(tmp_path), "--frames", "0"]) == 1
+    assert main(["--data", str(procedural_64), "--offscreen", "--out", str(tmp_path), "--frames", "0"]) == 2
 
 
 @needs_vulkan

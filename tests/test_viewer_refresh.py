@@ -188,7 +188,7 @@ def test_refresh_hz_flag(tmp_path, capsys):
     cli = pytest.importorskip("viewer.cli", reason="the viewer needs the `vulkan` package")
     for bad in ("-1", "nan", "inf"):
         assert cli.main(["--data", str(tmp_path), "--offscreen", "--out", str(tmp_path / "o"), "--refresh-hz",
-                         bad]) == 1
+                         bad]) == 2
         assert f"--refresh-hz must be a number >= 0, got {float(bad)}" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     assert cli.build_parser().parse_args(["--refresh-hz", "15"]).refresh_hz == 15.0

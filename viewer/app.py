@@ -259,12 +259,13 @@ class Viewer:
         origin's side, where the capture's cameras usually were, rather than from behind."""
         import numpy as np
 
+        from .scene import model_box, off_origin
+
         if self._model is None:
             return
-        lo, hi = (t.detach().cpu().double().numpy() for t in self._model.bounds(0.01))
-        center, size = 0.5 * (lo + hi), float(np.linalg.norm(hi - lo))
-        if np.linalg.norm(center) > 2.0 * size:
-            self.camera.target = center
+        lo, hi = model_box(self._model)
+        if off_origin(lo, hi):
+            self.camera.target = 0.5 * (lo + hi)
             self.camera.face(np.zeros(3))
 
     def scene_center(self):

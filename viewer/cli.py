@@ -24,7 +24,9 @@ to it); progressive rendering, opening files (drop / File → open) and editing 
 (:mod:`viewer.studio`).
 
 ``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
-``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`). With ``--data``
+``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`); an ``--out``
+that holds an earlier run's frames or ``summary.json`` is refused (one line, status 2), so that a folder describes
+one run. With ``--data``
 the training starts with the offscreen frame loop (``--paused`` does not apply), which presents at most ``--fps``
 frames per second (default 30; ``summary.json`` gives the rate achieved, ``fps``).
 While a training runs and the camera is still, the live model is re-rendered and the panels rebuilt at most
@@ -33,8 +35,8 @@ repeat the last frame (:mod:`viewer.app`), so that the frame loop leaves the Pyt
 ``--path FILE`` opens a camera path in the Camera path section; with ``--offscreen`` it writes the path's frames
 instead, ``path_XXXX.png`` (see :mod:`viewer.path_panel`).
 Exit status: 0 on success, 1 when something failed, 2 for an input rigel cannot use (a bad scene, dataset or
-``--cameras`` file: one line naming it) or when Vulkan or a display is unavailable (the message says what to
-install), 130 after Ctrl-C (the training was saved).
+``--cameras`` file, a flag value it refuses such as ``--fps 0``: one line naming it, as ``rigel-train``) or when
+Vulkan or a display is unavailable (the message says what to install), 130 after Ctrl-C (the training was saved).
 """
 from __future__ import annotations
 
@@ -233,6 +235,40 @@ def _db(x) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
 
 
+def _flag_problem(args) -> str | None:
+    """The first flag value rigel-viewer refuses (one line naming the flag and the value), or None; the ``--out``
+    folder of a viewer run is checked here too, before the scene loads (:func:`rigel_core.run_dir.out_problem`)."""
+    if args.offscreen and args.out is None:
+        return "--offscreen needs --out DIR"
+    if args.render_scale is not None and not 0 < args.render_scale <= 4:
+        return f"--render-scale must be in (0, 4], got {args.render_scale}"
+    if args.slots < 2:
+        return f"--slots must be >= 2, got {args.slots}"
+    if args.data is not None and args.cameras is not None:
+        return "--cameras is for viewing a SCENE; with --data the dataset's cameras are shown"
+    if args.data is not None and args.scene:
+        return "give either a SCENE to view or --data DIR to train, not both"
+    if args.data is None and args.out is not None:   # frames, screenshots, videos
+        problem = out_problem(args.out)
+        if problem:
+            return problem
+        if args.offscreen:      # one run's output per folder (with --data the run-folder rules apply)
+            from .offscreen import earlier_output
+
+            problem = earlier_output(args.out)
+            if problem:
+                return problem
+    if not (args.fps > 0 and math.isfinite(args.fps)):
+        return f"--fps must be a positive number, got {args.fps}"
+    if args.refresh_hz is not None and not (args.refresh_hz >= 0 and math.isfinite(args.refresh_hz)):
+        return f"--refresh-hz must be a number >= 0, got {args.refresh_hz}"
+    if args.frames is not None and args.frames < 1:
+        return f"--frames must be >= 1, got {args.frames}"
+    if args.threads is not None and args.threads < 1:
+        return f"--threads must be >= 1, got {args.threads}"
+    return None
+
+
 def main(argv=None) -> int:
     """Entry point of ``rigel-viewer``; returns the exit status. Warnings (a scene file's, a dataset's) print as one
     ``rigel-viewer: warning: …`` line, not as Python's two-line source report (``one_line_warnings``, as
@@ -250,39 +286,10 @@ def _main(argv=None) -> int:
     from .offscreen import run_offscreen, run_offscreen_training
     from .window import sigint_flag
 
-    if args.offscreen and args.out is None:
-        print("rigel-viewer: --offscreen needs --out DIR", file=sys.stderr)
-        return 1
-    if args.render_scale is not None and not 0 < args.render_scale <= 4:
-        print(f"rigel-viewer: --render-scale must be in (0, 4], got {args.render_scale}", file=sys.stderr)
-        return 1
-    if args.slots < 2:
-        print(f"rigel-viewer: --slots must be >= 2, got {args.slots}", file=sys.stderr)
-        return 1
-    if args.data is not None and args.cameras is not None:
-        print("rigel-viewer: --cameras is for viewing a SCENE; with --data the dataset's cameras are shown",
-              file=sys.stderr)
-        return 1
-    if args.data is not None and args.scene:
-        print("rigel-viewer: give either a SCENE to view or --data DIR to train, not both", file=sys.stderr)
-        return 1
-    if args.data is None and args.out is not None:   # frames, screenshots, videos: checked before the scene loads
-        problem = out_problem(args.out)
-        if problem:
-            print(f"rigel-viewer: {problem}", file=sys.stderr)
-            return 2
-    if not (args.fps > 0 and math.isfinite(args.fps)):
-        print(f"rigel-viewer: --fps must be a positive number, got {args.fps}", file=sys.stderr)
-        return 1
-    if args.refresh_hz is not None and not (args.refresh_hz >= 0 and math.isfinite(args.refresh_hz)):
-        print(f"rigel-viewer: --refresh-hz must be a number >= 0, got {args.refresh_hz}", file=sys.stderr)
-        return 1
-    if args.frames is not None and args.frames < 1:
-        print(f"rigel-viewer: --frames must be >= 1, got {args.frames}", file=sys.stderr)
-        return 1
-    if args.threads is not None and args.threads < 1:
-        print(f"rigel-viewer: --threads must be >= 1, got {args.threads}", file=sys.stderr)
-        return 1
+    problem = _flag_problem(args)
+    if problem:         # one line, status 2: as argparse's own errors and rigel-train's refusals
+        print(f"rigel-viewer: {problem}", file=sys.stderr)
+        return 2
     # A window on the CPU shows a loading frame before torch is imported (viewer/loading.py); the scene file must
     # exist (a missing one is refused before any window opens, below).
     early = None
@@ -319,7 +326,7 @@ def _main(argv=None) -> int:
                 shown = str(args.scene or bundled_scene_path())
                 viewer = Viewer(ModelSlot(), size=args.size, device=early, debug=args.debug, settings=settings,
                                 scene_name=shown, slots=args.slots, ini_path=config_dir() / "imgui.ini")
-                present_loading(viewer, shown, scene_preview(viewer, shown))
+                present_loading(viewer, shown, scene_preview(viewer, shown, args.up))
                 _set_threads(args.threads)
             if args.scene:
                 model, name = load_scene_file(args.scene), str(args.scene)

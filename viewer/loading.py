@@ -23,7 +23,7 @@ import numpy as np
 
 from .gpu.shaderio import C
 
-__all__ = ["early_device", "bundled_scene_path", "scene_preview", "present_loading", "adopt_scene"]
+__all__ = ["early_device", "bundled_scene_path", "scene_preview", "preview_size", "present_loading", "adopt_scene"]
 
 #: the preview's pixels (about 160×90 in a 16:9 window: one splat centre is one pixel, the present stretches it)
 PREVIEW_PIXELS = 160 * 90
@@ -74,11 +74,13 @@ def _read_points(path):
     return xyz[ok], rgb[ok], alpha[ok]
 
 
-def scene_preview(viewer, path) -> np.ndarray | None:
+def scene_preview(viewer, path, up: str | None = None) -> np.ndarray | None:
     """A coarse (H, W, 3) float32 image of the INRIA PLY ``path`` seen from ``viewer``'s opening view, or None.
 
-    The viewer's camera is framed on the splat centres' 1 %–99 % box as :meth:`Viewer.frame_scene` frames the
-    loaded model (same direction, same box, same panel region); each centre is projected with that camera
+    The world up is ``up`` (the user's ``--up``) or, as for the loaded scene, :func:`viewer.scene.default_up` of
+    the splat centres' 1 %–99 % box; it is set on ``viewer.settings`` and its camera. The viewer's camera is
+    framed on that box as :meth:`Viewer.frame_first_view` frames the loaded model (same up, same direction, same
+    box, same panel region); each centre is projected with that camera
     (pinhole, horizontal field of view ``camera.fov_deg``, principal point shifted by ``view_offset``) into an
     image of about :data:`PREVIEW_PIXELS`; per pixel the nearest centre's colour, blended over the background
     by its opacity. Pure numpy: no torch."""
@@ -91,20 +93,37 @@ def scene_preview(viewer, path) -> np.ndarray | None:
     lo, hi = np.quantile(xyz, [0.01, 0.99], axis=0)
     if float(np.linalg.norm(hi - lo)) <= 0.0:
         return None
-    center, size = 0.5 * (lo + hi), float(np.linalg.norm(hi - lo))
-    if np.linalg.norm(center) > 2.0 * size:       # as Viewer._face_origin
-        cam.target = center
-        cam.face(np.zeros(3))
+    from .scene import default_up, off_origin
     from .ui import PANEL_WIDTH
+
+    viewer.settings.up = up or default_up(path, box=(lo, hi), inria_ply=True)
+    cam.set_up(viewer.settings.up)
+    if off_origin(lo, hi):       # as Viewer._face_origin
+        cam.target = 0.5 * (lo + hi)
+        cam.face(np.zeros(3))
 
     tw = max(viewer.target.width, 1)
     region = ((PANEL_WIDTH + 20) / tw, 1.0) if viewer.settings.show_panels and tw >= 3 * (PANEL_WIDTH + 20) \
         else (0.0, 1.0)
     cam.frame_box(lo, hi, aspect=fw / fh, region=region)
-    s = min(1.0, math.sqrt(PREVIEW_PIXELS / (fw * fh)))
-    w, h = max(1, round(fw * s)), max(1, round(fh * s))
+    w, h = preview_size(viewer)
     return project_points(xyz, rgb, alpha, cam.rotation(), cam.eye, cam.fov_deg, cam.view_offset, w, h,
                           background=1.0 if viewer.settings.white_background else 0.0)
+
+
+def preview_size(viewer) -> tuple[int, int]:
+    """(width, height) of the loading frame's image: the area the present fills (:meth:`Viewer.content_rect`)
+    scaled down to about :data:`PREVIEW_PIXELS`, the first width from there whose image the present pass stretches
+    over the whole area (it fits an image keeping its aspect and rounds the shown size, shaders/present_modes.comp:
+    a rounded height off by a pixel would leave a one-pixel bar); the area's own size at the latest."""
+    fw, fh = viewer.content_rect()[2:]
+    w0 = max(1, round(fw * min(1.0, math.sqrt(PREVIEW_PIXELS / (fw * fh)))))
+    for w in range(min(w0, fw), fw + 1):
+        h = max(1, round(w * fh / fw))
+        k = min(fw / w, fh / h)
+        if math.floor(w * k + 0.5) == fw and math.floor(h * k + 0.5) == fh:
+            return w, h
+    return fw, fh
 
 
 def project_points(xyz, rgb, alpha, R, eye, fov_x_deg, view_offset, width, height, *, background=0.0):
@@ -141,7 +160,8 @@ def present_loading(viewer, scene: str, preview: np.ndarray | None = None, statu
     from imgui_bundle import imgui
 
     bg = 1.0 if viewer.settings.white_background else 0.0
-    img = preview if preview is not None else np.full((2, 2, 3), bg, np.float32)
+    # no preview: the plain background over the whole view (an image of the frame's aspect, not a letterboxed square)
+    img = preview if preview is not None else np.full((*preview_size(viewer)[::-1], 3), bg, np.float32)
     h, w = img.shape[:2]
     ring = viewer.ring
     slot = ring.acquire(w, h, host=True)

@@ -26,7 +26,26 @@ from rigel_core.run_dir import write_json_atomic
 from . import messages as M
 from .gpu.shaderio import C
 
-__all__ = ["run_offscreen", "run_offscreen_training"]
+__all__ = ["run_offscreen", "run_offscreen_training", "OUTPUT_PATTERNS", "earlier_output"]
+
+#: what a viewer run writes into ``--out`` that marks the folder as holding one run's output (:func:`earlier_output`):
+#: the frames of :func:`run_offscreen` / :func:`run_offscreen_training`, the camera path's (viewer.path_panel), and
+#: the summary every one of them writes
+OUTPUT_PATTERNS = ("frame_*.png", "path_*.png", "summary.json")
+
+
+def earlier_output(out_dir) -> str | None:
+    """Why ``out_dir`` cannot take a new offscreen run, or None: it already holds a viewer run's output
+    (:data:`OUTPUT_PATTERNS`), which the new run would leave mixed with its own (a run of 1 frame beside the
+    frame_0001.png, frame_0002.png … of an earlier run of 8). One line naming the folder and what it holds."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return None
+    found = sorted({p.name for pattern in OUTPUT_PATTERNS for p in out.glob(pattern)})
+    if not found:
+        return None
+    names = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return f"--out {out} already holds the output of an earlier viewer run ({names}); choose a new folder"
 
 
 def _save_rgb(px, path):

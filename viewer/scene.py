@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["load_scene_file", "default_scene", "default_up"]
+__all__ = ["load_scene_file", "default_scene", "default_up", "off_origin", "model_box"]
 
 
 def load_scene_file(path, device=None):
@@ -34,18 +34,27 @@ def default_scene(device=None):
         return make_scene(n=5000, sh_degree=2, device=device), "procedural scene (generated; bundled file missing)"
 
 
-def default_up(path, model=None) -> str:
+def default_up(path, model=None, *, box=None, inria_ply: bool = False) -> str:
     """The world up axis to open a scene file with (``--up`` and the Camera section's control override it).
 
     SPZ and PlayCanvas compressed PLY come from y-up tools (RUB axes, converted to rigel's RDF axes on load),
     so their up is ``"-y"``. An INRIA PLY or a checkpoint says nothing about its axes. Objects made in Blender
     (NeRF-synthetic, the bundled scene, the donut) are z-up and centred on the origin; a scene whose robust
-    box lies farther from the origin than twice its own size is a crop of a larger capture, and captures
-    reconstructed with COLMAP are y-down: ``"-y"`` for those (given ``model``), ``"+z"`` otherwise.
+    box lies farther from the origin than twice its own size (:func:`off_origin`) is a crop of a larger
+    capture, and captures reconstructed with COLMAP are y-down: ``"-y"`` for those, ``"+z"`` otherwise.
+
+    The box is ``box`` ((lo (3,), hi (3,)), the 1 %–99 % box of the means), else :func:`model_box` of ``model``,
+    else none. ``inria_ply``: the caller has read ``path`` as an INRIA PLY already (the loading frame's numpy
+    preview, viewer/loading.py), so the file's header is not read again (that reader imports torch). The
+    viewer's loading preview and its first view both take their up from here.
     """
-    path = os.fspath(path)
-    if model is not None and _off_origin(model):
+    if box is None and model is not None:
+        box = model_box(model)
+    if box is not None and off_origin(*box):
         return "-y"
+    if inria_ply:
+        return "+z"
+    path = os.fspath(path)
     if path.lower().endswith(".spz"):
         return "-y"
     try:
@@ -64,7 +73,16 @@ def default_up(path, model=None) -> str:
     return "+z"
 
 
-def _off_origin(model) -> bool:
-    lo, hi = model.bounds(0.01)
-    center, size = 0.5 * (lo + hi), float((hi - lo).norm())
-    return float(center.norm()) > 2.0 * size
+def model_box(model):
+    """(lo (3,), hi (3,)) float64 numpy: ``model.bounds(0.01)``, the robust box of its finite means."""
+    return tuple(t.detach().cpu().double().numpy() for t in model.bounds(0.01))
+
+
+def off_origin(lo, hi) -> bool:
+    """True when the box ``lo``–``hi`` (3-vectors) lies farther from the world origin than twice its own
+    diagonal: a crop of a larger capture, whose first view looks from the origin's side
+    (``Viewer._face_origin``) with up ``"-y"`` (:func:`default_up`)."""
+    import numpy as np
+
+    lo, hi = np.asarray(lo, np.float64), np.asarray(hi, np.float64)
+    return float(np.linalg.norm(0.5 * (lo + hi))) > 2.0 * float(np.linalg.norm(hi - lo))
