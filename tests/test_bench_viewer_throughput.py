@@ -105,7 +105,8 @@ def test_bench_refuses_bad_input_in_one_line(tmp_path):
 def test_viewer_refuses_a_bad_fps(tmp_path, capsys):
     cli = pytest.importorskip("viewer.cli", reason="the viewer needs the `vulkan` package")
     for bad in ("0", "-5", "nan", "inf"):
-        assert cli.main(["--data", str(tmp_path), "--offscreen", "--out", str(tmp_path / "o"), "--fps", bad]) == 2  # a refused flag: one line, status 2 (as argparse and rigel-train)
+        # a refused flag: one line, status 2 (as argparse's errors and rigel-train's refusals)
+        assert cli.main(["--data", str(tmp_path), "--offscreen", "--out", str(tmp_path / "o"), "--fps", bad]) == 2
         assert f"--fps must be a positive number, got {float(bad)}" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
