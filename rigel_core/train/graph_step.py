@@ -14,8 +14,8 @@ the captured one bins into a fixed capacity (:class:`rigel_core.cuda_backend.Fix
 the count on the device. A frame that needs more entries than the capacity is incomplete: the graph then skips
 the whole update on the device (the fused Adam's ``found_inf``, as the NaN guard does; no statistics are added),
 the host learns of it a few steps later (``IN_FLIGHT``) from a pinned copy of the count, captures again with a
-larger capacity and trains that view again ("redo that step once"). Capacity = 1.05 × the largest count seen for that image size
-over the recent steps (scaled by the growth of the Gaussian count since), so overflows are rare; an image size
+larger capacity and trains that view again ("redo that step once"). Capacity = 1.05 × the largest count seen for
+that image size over the recent steps (scaled by the Gaussian count's growth since), so overflows are rare; a size
 with no count yet (the first step, a resumed run) takes one eager step first, and a graph whose capacity has
 become much larger than needed (pruning) is captured again (the sort pays for the whole capacity every step).
 
