@@ -37,6 +37,11 @@
 #                             "lego" / "lego_half" (Blender, white background) or real captures as for real: (comma-
 #                             separated, or "all"); $MCMC_ARGS is passed on (e.g. "--mcmc-config densify_until=25000");
 #                             real.md's second table is MCMC vs default; outputs in logs/mcmc_*/
+#   sweep:SCENES:ITERS:SEEDS[:TIMEOUT]  bench/real_sweep.py (issue 12: several seeds x rigel settings on the real
+#                             captures, seed-paired deltas) with "." separating list items (bonsai.fern.beer, 0.1);
+#                             $SWEEP_ARGS (shell words) gives the variants and parallelism, e.g. "--parallel 6
+#                             --variant default --variant 'mcmc500k=strategy=mcmc;max_gaussians=500000'" (quote a
+#                             variant with ';'); table in logs/sweep_*/sweep.md
 #   vtp[:DATA[:ITERS[:TIMEOUT]]]  bench/viewer_throughput.py (issue 15; needs --ui): rigel-train, then the offscreen
 #                             viewer training DATA (default lego_half, white background; "orbit": black) for ITERS
 #                             (default 7000) iterations while presenting at 60 Hz; $VTP_ARGS is passed on (e.g.
@@ -194,6 +199,13 @@ print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','f
       OUT=$rout timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/real.py $scenes $wb --iters "${b:-7000,30000}" \
         --methods rigel,rigel-mcmc --out "$rout" ${MCMC_ARGS:-} >"$LOGS/$name.log" 2>&1
       line=$(result_line $? "$rout" real.md) ;;
+    sweep)  # sweep:SCENES:ITERS:SEEDS[:TIMEOUT]  (lists with "." for ",": a comma in a job name stops its logs coming back)
+      local sout=$LOGS/$name; local -a sargs
+      eval "sargs=(${SWEEP_ARGS:---variant default})"  # shell words: a quoted --extra "..." stays one argument
+      timeout -s INT ${d:-${JOB_TIMEOUT:-330}} $PY bench/real_sweep.py --scenes "${a//./,}" --iters "${b//./,}" \
+        --seeds "${c//./,}" --out "$sout" "${sargs[@]}" >"$LOGS/$name.log" 2>&1
+      line="rc=$? (sweep.md; $(tail -1 "$LOGS/$name.log"))"
+      [ -s "$sout/sweep.md" ] && line+=$'\n'"$(cat "$sout/sweep.md")" ;;
     vtp)  # vtp[:DATA[:ITERS[:TIMEOUT]]]
       local vout=$LOGS/$name vdata=${a:-lego_half} wb=""
       [ "$vdata" = orbit ] && wb="--no-white-bg"

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
                "wall_s": time.perf_counter() - t0}
         try:
             r = json.loads((out / tag / "real.json").read_text())["scenes"][0]["runs"]["rigel"]["checkpoints"][-1]
-            res.update(psnr=r["psnr"], ssim=r["ssim"], n=r.get("num_gaussians"))
+            res.update(psnr=r["psnr"], ssim=r["ssim"], n=r.get("num_gaussians"), train_s=r.get("train_s"))
         except (OSError, KeyError, IndexError, ValueError) as e:
             res["error"] = f"{type(e).__name__}: {e}"
         print(f"{tag}: rc={rc} psnr={res.get('psnr', 'n/a')}", flush=True)
@@ -81,7 +81,8 @@ def main(argv=None) -> int:
         results = list(pool.map(one, jobs))
     (out / "sweep.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = [f"iterations {args.iters}, seeds {seeds}; Δ = variant − {variants[0][0]} per seed (mean [min, max])", "",
-             "| scene | variant | PSNR per seed | mean | Δ mean [min, max] | N (mean) |", "|---|---|---|---:|---|---:|"]
+             "| scene | variant | PSNR per seed | mean | Δ mean [min, max] | N (mean) | train s (mean) ¹ |",
+             "|---|---|---|---:|---|---:|---:|"]
     for sc in dict.fromkeys(Path(s).name for s in scenes):
         base = {r["seed"]: r.get("psnr") for r in results if r["scene"] == sc and r["variant"] == variants[0][0]}
         for v, _ in variants:
@@ -92,8 +93,11 @@ def main(argv=None) -> int:
             ds = [r["psnr"] - base[r["seed"]] for r in rows if r.get("psnr") is not None and base.get(r["seed"])]
             delta = f"{sum(ds) / len(ds):+.2f} [{min(ds):+.2f}, {max(ds):+.2f}]" if ds and v != variants[0][0] else ""
             ns = [r["n"] for r in rows if r.get("n")]
+            ts = [r["train_s"] for r in rows if r.get("train_s")]
             lines.append(f"| {sc} | {v} | {' / '.join('—' if p is None else f'{p:.2f}' for p in ps)} | {mean:.2f} | "
-                         f"{delta} | {sum(ns) / len(ns) if ns else 0:,.0f} |")
+                         f"{delta} | {sum(ns) / len(ns) if ns else 0:,.0f} | "
+                         f"{f'{sum(ts) / len(ts):.1f}' if ts else '—'} |")
+    lines += ["", f"¹ runs {args.parallel} at a time on one GPU: times compare variants within this sweep only."]
     (out / "sweep.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if all(r["rc"] == 0 for r in results) else 1
