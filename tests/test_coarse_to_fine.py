@@ -24,6 +24,22 @@ def test_schedule_halves_in_equal_phases_then_stays_full(d0, total):
     assert set(seq) <= {d0 >> j for j in range(k + 1)}
 
 
+def test_a_short_run_reaches_full_resolution_for_its_second_half():
+    cfg = TrainConfig(iterations=20, coarse_to_fine=4, coarse_to_fine_iters=3000)
+    seq = [training_downscale(cfg, it) for it in range(1, 21)]
+    assert seq == [4] * 5 + [2] * 5 + [1] * 10
+
+
+def test_the_factor_never_makes_an_image_smaller_than_the_minimum(rng):
+    from rigel_core.train.trainer import MIN_COARSE_SIDE
+
+    ds = make_dataset(rng, n_gauss=40, size=16, n_train=2, n_test=1)
+    t = Trainer(ds, small_config(coarse_to_fine=64, coarse_to_fine_iters=10), device="cpu")
+    t.step()
+    assert t.train_downscale == 16 // MIN_COARSE_SIDE  # 64 asked; 16 px images stop at 8 px
+    assert min(t.train_frames[0].camera.width, t.train_frames[0].camera.height) == MIN_COARSE_SIDE
+
+
 def test_schedule_off():
     assert {training_downscale(TrainConfig(), it) for it in range(1, 5000, 7)} == {1}
     assert training_downscale(TrainConfig(coarse_to_fine=4, coarse_to_fine_iters=0), 1) == 1

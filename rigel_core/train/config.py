@@ -50,8 +50,9 @@ class TrainConfig:
     # ---- speed ------------------------------------------------------------------------------------------
     #: coarse-to-fine training resolution (issue 14; after DashGaussian, Chen et al. CVPR 2025): the training
     #: images start downscaled by this factor (a power of two; 1 = off, the default) and the factor halves in
-    #: equal phases until full resolution at ``coarse_to_fine_iters`` (e.g. 4 over 3000 iterations: ¼ for 1500, ½
-    #: for 1500, then full). Held-out evaluation is always at full resolution.
+    #: equal phases until full resolution at min(``coarse_to_fine_iters``, iterations / 2) (e.g. 4 over 3000
+    #: iterations: ¼ for 1500, ½ for 1500, then full; an image's shorter side stays ≥ 8 px). Held-out evaluation is
+    #: always at full resolution.
     coarse_to_fine: int = 1
     coarse_to_fine_iters: int = 3000
     #: CUDA only: replay each step as a captured CUDA graph (train/graph_step.py) where the configuration allows

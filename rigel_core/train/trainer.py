@@ -62,13 +62,19 @@ __all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "backgro
 
 def training_downscale(cfg: TrainConfig, iteration: int) -> int:
     """The coarse-to-fine factor the training images are divided by at ``iteration`` (1 = full resolution):
-    ``coarse_to_fine`` = 2^k halves k times, in k equal phases over the first ``coarse_to_fine_iters`` iterations
-    (``TrainConfig.coarse_to_fine``). Iterations count from 1; iteration ``coarse_to_fine_iters`` + 1 on is full."""
+    ``coarse_to_fine`` = 2^k halves k times, in k equal phases over the first T = min(``coarse_to_fine_iters``,
+    ``iterations`` // 2) iterations (``TrainConfig.coarse_to_fine``; a short run keeps its second half at full
+    resolution). Iterations count from 1; iteration T + 1 on is full."""
     k = int(cfg.coarse_to_fine).bit_length() - 1
-    if k <= 0 or iteration > cfg.coarse_to_fine_iters:
+    total = min(int(cfg.coarse_to_fine_iters), int(cfg.iterations) // 2)
+    if k <= 0 or iteration > total:
         return 1
-    phase = min(k - 1, (iteration - 1) * k // max(1, cfg.coarse_to_fine_iters))
+    phase = min(k - 1, (iteration - 1) * k // max(1, total))
     return 2 ** (k - phase)
+
+
+#: coarse-to-fine never makes a training image's shorter side smaller than this (pixels)
+MIN_COARSE_SIDE = 8
 
 
 @dataclass
@@ -591,6 +597,10 @@ class Trainer:
         """Make ``train_frames``, ``_train_images`` and ``_train_masks`` the training views divided by ``factor``
         (made once per factor from the loaded ones: box-filtered images and alpha, a coarse pixel valid only when
         every pixel under it is, intrinsics by ``Camera.scaled``; the data loaders' ``--downscale`` rule)."""
+        frames = self._views_by_factor[1][0]
+        shortest = min(min(f.camera.width, f.camera.height) for f in frames)
+        while factor > 1 and shortest // factor < MIN_COARSE_SIDE:  # tiny images: a smaller factor
+            factor //= 2
         if factor == self.train_downscale:
             return
         if factor not in self._views_by_factor:
