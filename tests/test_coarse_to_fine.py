@@ -91,3 +91,21 @@ def test_training_follows_the_schedule_and_learns(rng):
     assert sizes[:20] == [8] * 20 and sizes[20:40] == [16] * 20 and sizes[40:] == [32] * 50
     after = t.evaluate(record=False)
     assert after.psnr > before + 1.0 and t.test_frames[0].camera.width == 32  # evaluated at full resolution
+
+
+def test_rigel_train_refuses_a_bad_value_before_loading_the_dataset(tmp_path, capsys, monkeypatch):
+    from rigel_core.cli import common, train as train_cli
+
+    def no_load(args):  # the dataset must not be read for a configuration that will be refused
+        raise AssertionError("dataset loaded")
+
+    monkeypatch.setattr(train_cli, "load_training_data", no_load)
+    data = tmp_path / "data"
+    data.mkdir()
+    for bad in ("coarse_to_fine=3", "coarse_to_fine_iters=-1", "cuda_graph=maybe"):
+        assert train_cli.main(["--data", str(data), "--out", str(tmp_path / "run"), "--device", "cpu",
+                               "--set", bad]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("rigel-train: TrainConfig."), err
+    assert not (tmp_path / "run").exists()
+    assert common.new_config is train_cli.new_config  # one rule for both the early check and the trainer

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..render_modes import RENDER_MODES
 from ..run_dir import CHECKPOINT_NAME
 
-__all__ = ["add_training_args", "config_overrides", "resume_config", "build_trainer", "load_training_data"]
+__all__ = ["add_training_args", "config_overrides", "resume_config", "build_trainer", "new_config", "load_training_data"]
 
 
 def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
@@ -160,10 +160,20 @@ def build_trainer(args: argparse.Namespace, dataset, device: str, *, resume_cfg=
     """The Trainer: resumed from ``ckpt`` with ``resume_cfg`` (:func:`resume_config`) when given, else new with
     ``--sh-degree``, ``--appearance`` and the overrides (:func:`config_overrides`). Raises ValueError / TypeError
     (a ``--set`` value of the wrong type) for a configuration the trainer refuses."""
-    from ..train import TrainConfig, Trainer
+    from ..train import Trainer
 
     if resume_cfg is not None:
         return Trainer.from_checkpoint(ckpt, dataset, device=device, config=resume_cfg)
     overrides = config_overrides(args) if overrides is None else overrides
+    return Trainer(dataset, new_config(args, overrides), device=device)
+
+
+def new_config(args, overrides: dict):
+    """The TrainConfig of a new run: ``--sh-degree``, ``--appearance`` and the overrides
+    (:func:`config_overrides`), validated. Raises ValueError / TypeError (a ``--set`` value of the wrong type), so
+    a command can refuse it before its dataset loads."""
+    from ..train import TrainConfig
+
     cfg = TrainConfig(**{"sh_degree": args.sh_degree, "appearance": args.appearance, **overrides})
-    return Trainer(dataset, cfg, device=device)
+    cfg.validate()
+    return cfg
