@@ -335,9 +335,10 @@ def test_refused_flag_values_exit_2_with_one_line(tmp_path, capsys, flags, named
 
 @needs_vulkan
 def test_offscreen_refuses_an_out_holding_an_earlier_run(tmp_path, capsys, rng):
-    """--offscreen into a folder with an earlier viewer run's frames or summary.json: one line naming the folder,
-    status 2, nothing written (before, a 1-frame run left frame_0001.png … of an earlier 2-frame run beside its
-    summary.json); other files (notes, images of the user) do not count; with --data the run-folder rules apply."""
+    """--offscreen into a folder holding any file an offscreen run writes (its frames, image.png, alpha.png,
+    overdraw.png, summary.json …): one line naming the folder, status 2, nothing written (before, a 1-frame run left
+    frame_0001.png … of an earlier 2-frame run beside its summary.json, and a user's own image.png was replaced);
+    files the viewer does not write do not count. The names are taken from what a run really wrote."""
     from rigel_core.io import save_ply
     from viewer.cli import main
 
@@ -346,7 +347,7 @@ def test_offscreen_refuses_an_out_holding_an_earlier_run(tmp_path, capsys, rng):
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine\n")
-    (out / "image.png").write_bytes(b"not the viewer's")
+    (out / "image.jpg").write_bytes(b"not the viewer's")
     run = [str(scene), "--offscreen", "--out", str(out), "--size", "64x48", "--device", "cpu", "--threads", "1"]
     n = torch.get_num_threads()
     try:
@@ -355,18 +356,19 @@ def test_offscreen_refuses_an_out_holding_an_earlier_run(tmp_path, capsys, rng):
         torch.set_num_threads(n)
     capsys.readouterr()
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert {"frame_0000.png", "frame_0001.png", "summary.json", "notes.txt"} <= set(before)
+    written = set(before) - {"notes.txt", "image.jpg"}
+    assert {"frame_0000.png", "frame_0001.png", "summary.json", "image.png", "alpha.png", "overdraw.png"} <= written
     assert main(run + ["--frames", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and str(out) in err and "earlier" in err and "frame_0000.png" in err, err
+    assert err.count("\n") == 1 and str(out) in err and "earlier" in err and "alpha.png" in err, err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    # each kind of output alone marks a folder; what the viewer does not write does not
-    for name in ("summary.json", "frame_0007.png", "path_0000.png"):
+    # each name a run wrote (and a path run's frame) alone marks a folder; what the viewer does not write does not
+    for name in sorted(written) + ["frame_0007.png", "path_0000.png", "training_view.png"]:
         other = tmp_path / f"only_{name}"
         other.mkdir()
         (other / name).write_bytes(b"x")
         (other / "notes.txt").write_text("mine\n")
-        assert main([str(scene), "--offscreen", "--out", str(other), "--frames", "1"]) == 2
+        assert main([str(scene), "--offscreen", "--out", str(other), "--frames", "1"]) == 2, name
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and str(other) in err and name in err, err
         assert sorted(p.name for p in other.iterdir()) == sorted([name, "notes.txt"])
