@@ -156,7 +156,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
     from rigel_core.cli.common import build_trainer, config_overrides, load_training_data, new_run_problem, \
         resume_config
     from rigel_core.run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir,
-                                    out_problem)
+                                    holds_run, out_problem)
 
     from .app import _pick_render_device
     from .camera_control import up_from_cameras
@@ -169,6 +169,12 @@ def _start_training(args, settings: ViewSettings, locks: list):
         raise _Refused(str(e)) from None
     if args.out is None and run_dir != default:
         print(f"rigel-viewer: {default} holds a run; training into {run_dir}", file=sys.stderr)
+    if args.offscreen and not (args.resume and holds_run(run_dir)):
+        from .offscreen import earlier_output   # an earlier offscreen run's files: refused as without --data
+
+        problem = earlier_output(run_dir)
+        if problem:
+            raise _Refused(problem)
     problem = out_problem(run_dir)
     if problem:
         raise _Refused(problem)
