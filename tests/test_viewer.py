@@ -317,7 +317,14 @@ def test_cli_reports_bad_input(tmp_path, capsys):
     (["--refresh-hz", "-1"], "--refresh-hz"), (["--threads", "0"], "--threads"), (["--frames", "0"], "--frames"),
     (["--render-scale", "0"], "--render-scale"), (["--render-scale", "4.5"], "--render-scale"),
     (["--slots", "1"], "--slots"), (["--data", "d", "scene.ply"], "either"), (["--data", "d", "--cameras", "c"],
-                                                                            "--cameras")])
+                                                                            "--cameras"),
+    # bounds (before: a Vulkan traceback, a size beyond the device accepted, a segfault, hangs)
+    (["--size", "99999999x99999999"], "--size must be at most 16384x16384"),
+    (["--size", "20000x8"], "--size must be at most 16384x16384"), (["--threads", "100000"], "--threads must be in [1, "),
+    (["--slots", "100000"], "--slots must be in [2, 16]"), (["--slots", "17"], "--slots must be in [2, 16]"),
+    (["--fps", "1e-9"], "--fps must be in [1, 1000]"), (["--fps", "0.5"], "--fps must be in [1, 1000]"),
+    (["--fps", "1e9"], "--fps must be in [1, 1000]"), (["--refresh-hz", "61"], "--refresh-hz must be in [0, 60]"),
+    (["--refresh-hz", "1e9"], "--refresh-hz must be in [0, 60]")])
 def test_refused_flag_values_exit_2_with_one_line(tmp_path, capsys, flags, named):
     """The viewer's own refusals of a flag value exit 2 with one line naming the flag, as argparse's errors and
     rigel-train's refusals do (they exited 1); nothing is written and no window opens."""
@@ -372,6 +379,51 @@ def test_offscreen_refuses_an_out_holding_an_earlier_run(tmp_path, capsys, rng):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and str(other) in err and name in err, err
         assert sorted(p.name for p in other.iterdir()) == sorted([name, "notes.txt"])
+
+def test_flag_bounds_accept_their_ends(tmp_path):
+    """The ends of each range pass the flag check (the refusals above are of values just outside)."""
+    import os
+
+    from viewer.cli import _flag_problem, build_parser, max_threads
+
+    assert max_threads() == 4 * (os.cpu_count() or 1)
+    for flags in (["--size", "16384x16384"], ["--size", "1x1"], ["--threads", str(max_threads())], ["--threads", "1"],
+                  ["--slots", "2"], ["--slots", "16"], ["--fps", "1"], ["--fps", "1000"], ["--refresh-hz", "0"],
+                  ["--refresh-hz", "60"]):
+        assert _flag_problem(build_parser().parse_args(flags + ["--offscreen", "--out", str(tmp_path / "o")])) is None
+    args = build_parser().parse_args(["--threads", str(max_threads() + 1)])
+    assert "--threads" in _flag_problem(args)
+
+
+@needs_vulkan
+def test_size_beyond_the_vulkan_devices_limit_is_refused(tmp_path, capsys, monkeypatch, rng):
+    """A --size within 16384 but above the device's maxImageDimension2D (here made 40): one line naming the flag and
+    the limit, status 2, no traceback (before: accepted, then Vulkan failed)."""
+    from types import SimpleNamespace
+
+    from rigel_core.io import save_ply
+    from viewer.cli import main
+    from viewer.gpu.vk_context import VulkanContext
+
+    init = VulkanContext.init_device
+
+    def small_limit(self, **kw):
+        init(self, **kw)
+        self.limits = SimpleNamespace(maxImageDimension2D=40)
+        return self
+
+    monkeypatch.setattr(VulkanContext, "init_device", small_limit)
+    save_ply(tiny_model(rng, 20), tmp_path / "s.ply")
+    n = torch.get_num_threads()
+    try:
+        assert main([str(tmp_path / "s.ply"), "--offscreen", "--out", str(tmp_path / "o"), "--size", "64x32",
+                     "--device", "cpu", "--threads", "1"]) == 2
+    finally:
+        torch.set_num_threads(n)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--size 64x32" in err and "at most 40x40" in err, err
+    assert not any((tmp_path / "o").glob("*.png"))
+
 
 @needs_vulkan
 def test_cli_without_display_or_driver_says_what_to_do(tmp_path, monkeypatch, capsys, rng):

@@ -76,7 +76,10 @@ def training_window(imgui, training, display, requests, settings=None):
     imgui.text(f"elapsed     {t.elapsed_s:.1f} s  ({fmt(t.ms_per_iter, '.1f')} ms/it)")
     if settings is not None:   # the live refresh cap (viewer/app.py): 0 = every present
         imgui.push_item_width(130)
-        _, hz = imgui.slider_float("view refresh (Hz)", float(settings.refresh_hz or 0.0), 0.0, 60.0, "%.0f")
+        from ..ui import REFRESH_HZ_MAX
+
+        _, hz = imgui.slider_float("view refresh (Hz)", float(settings.refresh_hz or 0.0), 0.0, REFRESH_HZ_MAX,
+                                   "%.0f")
         settings.refresh_hz = max(hz, 0.0)
         imgui.pop_item_width()
         if imgui.is_item_hovered():
