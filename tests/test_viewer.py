@@ -380,6 +380,27 @@ def test_offscreen_refuses_an_out_holding_an_earlier_run(tmp_path, capsys, rng):
         assert err.count("\n") == 1 and str(other) in err and name in err, err
         assert sorted(p.name for p in other.iterdir()) == sorted([name, "notes.txt"])
 
+def test_up_takes_a_negative_axis_as_a_separate_word(tmp_path, capsys):
+    """``--up -y`` (as the help lists the axes) is read as ``--up=-y``; before, argparse stopped with "expected one
+    argument". Only a value of --up is joined: another flag's dash-word stays an option."""
+    from viewer.camera_control import UP_AXES
+    from viewer.cli import main, parse_args
+
+    for axis in UP_AXES:
+        assert parse_args(["--up", axis]).up == axis and parse_args([f"--up={axis}"]).up == axis
+        assert parse_args(["scene.ply", "--up", axis, "--offscreen"]).scene == "scene.ply"
+    assert parse_args(["--up", "-y", "--", "-x.ply"]).scene == "-x.ply"
+    with pytest.raises(SystemExit):
+        parse_args(["--up", "-w"])
+    with pytest.raises(SystemExit):
+        parse_args(["--mode", "-y"])
+    capsys.readouterr()
+    # through main: the run gets past parsing to the flag check (one line, status 2, about --out)
+    assert main(["--up", "-y", "--offscreen"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--offscreen needs --out" in err, err
+
+
 def test_flag_bounds_accept_their_ends(tmp_path):
     """The ends of each range pass the flag check (the refusals above are of values just outside)."""
     import os

@@ -56,7 +56,7 @@ from .gpu.vk_context import VulkanUnavailable
 from .model_slot import ModelSlot
 from .ui import MODE_LABELS, REFRESH_HZ_MAX, ViewSettings
 
-__all__ = ["main", "build_parser", "config_dir", "EXIT_INTERRUPTED"]
+__all__ = ["main", "build_parser", "parse_args", "config_dir", "EXIT_INTERRUPTED"]
 
 EXIT_INTERRUPTED = 130
 #: the largest --size side accepted before Vulkan is up (the device's ``maxImageDimension2D`` is checked after)
@@ -300,8 +300,27 @@ def main(argv=None) -> int:
         return _main(argv)
 
 
+def parse_args(argv=None) -> argparse.Namespace:
+    """``build_parser().parse_args`` of ``argv`` (default ``sys.argv[1:]``), where ``--up -y`` (any axis of
+    :data:`~viewer.camera_control.UP_AXES` after ``--up``) is read as ``--up=-y``: argparse takes a value that starts
+    with ``-`` for an option and refused it ("expected one argument")."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    joined, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--":                   # what follows is positional
+            joined += argv[i:]
+            break
+        if argv[i] == "--up" and i + 1 < len(argv) and argv[i + 1] in UP_AXES:
+            joined.append(f"--up={argv[i + 1]}")
+            i += 2
+        else:
+            joined.append(argv[i])
+            i += 1
+    return build_parser().parse_args(joined)
+
+
 def _main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     from .app import SizeUnsupported, Viewer
     from .gpu.targets import DisplayUnavailable
     from .offscreen import run_offscreen, run_offscreen_training
