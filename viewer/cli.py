@@ -26,7 +26,8 @@ to it); progressive rendering, opening files (drop / File → open) and editing 
 ``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
 ``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`); an ``--out``
 that holds any file of those names (``viewer.offscreen.OUTPUT_PATTERNS``) is refused (one line, status 2), so that
-a folder describes one run and no file is replaced. With ``--data``
+a folder describes one run and no file is replaced; ``--data … --resume`` into a run folder numbers its frames
+after the earlier session's and replaces ``summary.json`` and the last views. With ``--data``
 the training starts with the offscreen frame loop (``--paused`` does not apply), which presents at most ``--fps``
 frames per second (default 30; ``summary.json`` gives the rate achieved, ``fps``).
 While a training runs and the camera is still, the live model is re-rendered and the panels rebuilt at most
