@@ -320,7 +320,8 @@ def test_cli_reports_bad_input(tmp_path, capsys):
                                                                             "--cameras"),
     # bounds (before: a Vulkan traceback, a size beyond the device accepted, a segfault, hangs)
     (["--size", "99999999x99999999"], "--size must be at most 16384x16384"),
-    (["--size", "20000x8"], "--size must be at most 16384x16384"), (["--threads", "100000"], "--threads must be in [1, "),
+    (["--size", "20000x8"], "--size must be at most 16384x16384"),
+    (["--threads", "100000"], "--threads must be in [1, "),
     (["--slots", "100000"], "--slots must be in [2, 16]"), (["--slots", "17"], "--slots must be in [2, 16]"),
     (["--fps", "1e-9"], "--fps must be in [1, 1000]"), (["--fps", "0.5"], "--fps must be in [1, 1000]"),
     (["--fps", "1e9"], "--fps must be in [1, 1000]"), (["--refresh-hz", "61"], "--refresh-hz must be in [0, 60]"),

@@ -109,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "interpreter to the trainer (0 to 60, default 10; 0: every present)")
     ap.add_argument("--path", type=Path, default=None, help="camera path .json to open in the Camera path section; "
                                                             "with --offscreen: write its frames")
-    ap.add_argument("--size", type=_parse_size, default=(1280, 720), help="window / image size, e.g. 1280x720 (at most 16384 a side "
-                                                                  "and the Vulkan device's limit)")
+    ap.add_argument("--size", type=_parse_size, default=(1280, 720),
+                    help="window / image size, e.g. 1280x720 (at most 16384 a side and the Vulkan device's limit)")
     ap.add_argument("--mode", choices=[name for name, _ in MODE_LABELS], default="image",
                     help="initial render mode (depth: the expected depth through the overdraw colormap)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",

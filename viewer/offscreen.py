@@ -206,9 +206,10 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     """Run the UI loop offscreen while ``viewer.training`` trains to its ``config.iterations``.
 
     ``frames`` PNGs (with the panels; numbered after the highest ``frame_XXXX.png`` already in ``out_dir``, so that
-    a resumed run replaces none of an earlier session's, :func:`next_frame_index`) are captured when the training passes ``k/frames`` of its remaining
-    iterations (k = 1 … frames), the camera turning ``orbit_degrees`` in all; then ``image/alpha/overdraw.png``
-    of the final model and ``training_view.png`` (the panels with the per-pixel error of training view 0).
+    a resumed run replaces none of an earlier session's, :func:`next_frame_index`) are captured when the training
+    passes ``k/frames`` of its remaining iterations (k = 1 … frames), the camera turning ``orbit_degrees`` in all;
+    then ``image/alpha/overdraw.png`` of the final model and ``training_view.png`` (the panels with the per-pixel
+    error of training view 0).
     The loop presents at most ``max_fps`` frames per second (it sleeps otherwise, leaving the cores to the
     trainer); a paused session is resumed as the loop starts. Returns the summary (also in ``summary.json``):
     frames, presents, fps (presents per second achieved over the loop), ``max_fps``, iterations, held-out PSNR (first
