@@ -55,7 +55,8 @@ from rigel_core.run_dir import LOG_NAME, out_problem
 from .camera_control import UP_AXES
 from .gpu.vk_context import VulkanUnavailable
 from .model_slot import ModelSlot
-from .ui import MODE_LABELS, REFRESH_HZ_MAX, ViewSettings
+from .panels.training import REFRESH_HZ_MAX
+from .ui import MODE_LABELS, ViewSettings
 
 __all__ = ["main", "build_parser", "parse_args", "config_dir", "EXIT_INTERRUPTED"]
 

@@ -34,10 +34,7 @@ from .panels.psnr import psnr_window as _psnr_window
 from .panels.training import DENSIFY_SLIDERS, training_window as _training_window  # noqa: F401  (DENSIFY_SLIDERS)
 from .panels.widgets import PANEL_WIDTH, fmt as _fmt, gib as _gib, window as _window
 
-__all__ = ["ViewSettings", "Stats", "draw_ui", "MODE_LABELS", "PANEL_WIDTH", "PANELS", "REFRESH_HZ_MAX"]
-
-#: the highest live refresh rate (Hz): the Training panel's "view refresh" slider and ``rigel-viewer --refresh-hz``
-REFRESH_HZ_MAX = 60.0
+__all__ = ["ViewSettings", "Stats", "draw_ui", "MODE_LABELS", "PANEL_WIDTH", "PANELS"]
 
 #: the panels that can be hidden (key → title): the main window's Stats section, the Training and PSNR windows
 PANELS = {"stats": "Stats", "training": "Training", "psnr": "PSNR"}
@@ -74,7 +71,7 @@ class ViewSettings:
     #: re-render the live model and rebuild the panels at most this many times per second; the presents in between
     #: show the last frame and panels again at no Python cost (viewer/app.py). 0: every present (the frame loop
     #: then shares the interpreter with the trainer at the display's rate). ``rigel-viewer --refresh-hz``
-    refresh_hz: float = 10.0     # in [0, REFRESH_HZ_MAX] (the Training panel's slider)
+    refresh_hz: float = 10.0     # in [0, viewer.panels.training.REFRESH_HZ_MAX] (the panel's slider)
     camera_path: path_panel.PathEditor = field(default_factory=path_panel.PathEditor)   # the Camera path section
     render_mode: str | None = None  # "default" | "mip" (anti-aliased); None: the scene's own, adopted at first render
     # depth display (issue 17.2): colormap range, the frame's own min/max depth when auto
