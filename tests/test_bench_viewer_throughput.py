@@ -107,7 +107,7 @@ def test_viewer_refuses_a_bad_fps(tmp_path, capsys):
     for bad in ("0", "-5", "nan", "inf"):
         # a refused flag: one line, status 2 (as argparse's errors and rigel-train's refusals)
         assert cli.main(["--data", str(tmp_path), "--offscreen", "--out", str(tmp_path / "o"), "--fps", bad]) == 2
-        assert f"--fps must be a positive number, got {float(bad)}" in capsys.readouterr().err
+        assert f"--fps must be in [1, 1000] frames per second, got {float(bad)}" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 

@@ -317,7 +317,15 @@ def test_cli_reports_bad_input(tmp_path, capsys):
     (["--refresh-hz", "-1"], "--refresh-hz"), (["--threads", "0"], "--threads"), (["--frames", "0"], "--frames"),
     (["--render-scale", "0"], "--render-scale"), (["--render-scale", "4.5"], "--render-scale"),
     (["--slots", "1"], "--slots"), (["--data", "d", "scene.ply"], "either"), (["--data", "d", "--cameras", "c"],
-                                                                            "--cameras")])
+                                                                            "--cameras"),
+    # bounds (before: a Vulkan traceback, a size beyond the device accepted, a segfault, hangs)
+    (["--size", "99999999x99999999"], "--size must be at most 16384x16384"),
+    (["--size", "20000x8"], "--size must be at most 16384x16384"),
+    (["--threads", "100000"], "--threads must be in [1, "),
+    (["--slots", "100000"], "--slots must be in [2, 16]"), (["--slots", "17"], "--slots must be in [2, 16]"),
+    (["--fps", "1e-9"], "--fps must be in [1, 1000]"), (["--fps", "0.5"], "--fps must be in [1, 1000]"),
+    (["--fps", "1e9"], "--fps must be in [1, 1000]"), (["--refresh-hz", "61"], "--refresh-hz must be in [0, 60]"),
+    (["--refresh-hz", "1e9"], "--refresh-hz must be in [0, 60]")])
 def test_refused_flag_values_exit_2_with_one_line(tmp_path, capsys, flags, named):
     """The viewer's own refusals of a flag value exit 2 with one line naming the flag, as argparse's errors and
     rigel-train's refusals do (they exited 1); nothing is written and no window opens."""
@@ -335,9 +343,10 @@ def test_refused_flag_values_exit_2_with_one_line(tmp_path, capsys, flags, named
 
 @needs_vulkan
 def test_offscreen_refuses_an_out_holding_an_earlier_run(tmp_path, capsys, rng):
-    """--offscreen into a folder with an earlier viewer run's frames or summary.json: one line naming the folder,
-    status 2, nothing written (before, a 1-frame run left frame_0001.png … of an earlier 2-frame run beside its
-    summary.json); other files (notes, images of the user) do not count; with --data the run-folder rules apply."""
+    """--offscreen into a folder holding any file an offscreen run writes (its frames, image.png, alpha.png,
+    overdraw.png, summary.json …): one line naming the folder, status 2, nothing written (before, a 1-frame run left
+    frame_0001.png … of an earlier 2-frame run beside its summary.json, and a user's own image.png was replaced);
+    files the viewer does not write do not count. The names are taken from what a run really wrote."""
     from rigel_core.io import save_ply
     from viewer.cli import main
 
@@ -346,7 +355,7 @@ def test_offscreen_refuses_an_out_holding_an_earlier_run(tmp_path, capsys, rng):
     out = tmp_path / "out"
     out.mkdir()
     (out / "notes.txt").write_text("mine\n")
-    (out / "image.png").write_bytes(b"not the viewer's")
+    (out / "image.jpg").write_bytes(b"not the viewer's")
     run = [str(scene), "--offscreen", "--out", str(out), "--size", "64x48", "--device", "cpu", "--threads", "1"]
     n = torch.get_num_threads()
     try:
@@ -355,21 +364,88 @@ def test_offscreen_refuses_an_out_holding_an_earlier_run(tmp_path, capsys, rng):
         torch.set_num_threads(n)
     capsys.readouterr()
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    assert {"frame_0000.png", "frame_0001.png", "summary.json", "notes.txt"} <= set(before)
+    written = set(before) - {"notes.txt", "image.jpg"}
+    assert {"frame_0000.png", "frame_0001.png", "summary.json", "image.png", "alpha.png", "overdraw.png"} <= written
     assert main(run + ["--frames", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and str(out) in err and "earlier" in err and "frame_0000.png" in err, err
+    assert err.count("\n") == 1 and str(out) in err and "earlier" in err and "alpha.png" in err, err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    # each kind of output alone marks a folder; what the viewer does not write does not
-    for name in ("summary.json", "frame_0007.png", "path_0000.png"):
+    # each name a run wrote (and a path run's frame) alone marks a folder; what the viewer does not write does not
+    for name in sorted(written) + ["frame_0007.png", "path_0000.png", "training_view.png"]:
         other = tmp_path / f"only_{name}"
         other.mkdir()
         (other / name).write_bytes(b"x")
         (other / "notes.txt").write_text("mine\n")
-        assert main([str(scene), "--offscreen", "--out", str(other), "--frames", "1"]) == 2
+        assert main([str(scene), "--offscreen", "--out", str(other), "--frames", "1"]) == 2, name
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and str(other) in err and name in err, err
         assert sorted(p.name for p in other.iterdir()) == sorted([name, "notes.txt"])
+
+def test_up_takes_a_negative_axis_as_a_separate_word(tmp_path, capsys):
+    """``--up -y`` (as the help lists the axes) is read as ``--up=-y``; before, argparse stopped with "expected one
+    argument". Only a value of --up is joined: another flag's dash-word stays an option."""
+    from viewer.camera_control import UP_AXES
+    from viewer.cli import main, parse_args
+
+    for axis in UP_AXES:
+        assert parse_args(["--up", axis]).up == axis and parse_args([f"--up={axis}"]).up == axis
+        assert parse_args(["scene.ply", "--up", axis, "--offscreen"]).scene == "scene.ply"
+    assert parse_args(["--up", "-y", "--", "-x.ply"]).scene == "-x.ply"
+    with pytest.raises(SystemExit):
+        parse_args(["--up", "-w"])
+    with pytest.raises(SystemExit):
+        parse_args(["--mode", "-y"])
+    capsys.readouterr()
+    # through main: the run gets past parsing to the flag check (one line, status 2, about --out)
+    assert main(["--up", "-y", "--offscreen"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--offscreen needs --out" in err, err
+
+
+def test_flag_bounds_accept_their_ends(tmp_path):
+    """The ends of each range pass the flag check (the refusals above are of values just outside)."""
+    import os
+
+    from viewer.cli import _flag_problem, build_parser, max_threads
+
+    assert max_threads() == 4 * (os.cpu_count() or 1)
+    for flags in (["--size", "16384x16384"], ["--size", "1x1"], ["--threads", str(max_threads())], ["--threads", "1"],
+                  ["--slots", "2"], ["--slots", "16"], ["--fps", "1"], ["--fps", "1000"], ["--refresh-hz", "0"],
+                  ["--refresh-hz", "60"]):
+        assert _flag_problem(build_parser().parse_args(flags + ["--offscreen", "--out", str(tmp_path / "o")])) is None
+    args = build_parser().parse_args(["--threads", str(max_threads() + 1)])
+    assert "--threads" in _flag_problem(args)
+
+
+@needs_vulkan
+def test_size_beyond_the_vulkan_devices_limit_is_refused(tmp_path, capsys, monkeypatch, rng):
+    """A --size within 16384 but above the device's maxImageDimension2D (here made 40): one line naming the flag and
+    the limit, status 2, no traceback (before: accepted, then Vulkan failed)."""
+    from types import SimpleNamespace
+
+    from rigel_core.io import save_ply
+    from viewer.cli import main
+    from viewer.gpu.vk_context import VulkanContext
+
+    init = VulkanContext.init_device
+
+    def small_limit(self, **kw):
+        init(self, **kw)
+        self.limits = SimpleNamespace(maxImageDimension2D=40)
+        return self
+
+    monkeypatch.setattr(VulkanContext, "init_device", small_limit)
+    save_ply(tiny_model(rng, 20), tmp_path / "s.ply")
+    n = torch.get_num_threads()
+    try:
+        assert main([str(tmp_path / "s.ply"), "--offscreen", "--out", str(tmp_path / "o"), "--size", "64x32",
+                     "--device", "cpu", "--threads", "1"]) == 2
+    finally:
+        torch.set_num_threads(n)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--size 64x32" in err and "at most 40x40" in err, err
+    assert not any((tmp_path / "o").glob("*.png"))
+
 
 @needs_vulkan
 def test_cli_without_display_or_driver_says_what_to_do(tmp_path, monkeypatch, capsys, rng):

@@ -432,6 +432,55 @@ def test_offscreen_cli_fails_loudly(procedural_64, tmp_path, capsys):
 
 
 @needs_vulkan
+def test_offscreen_training_out_is_refused_or_resumed_never_overwritten(procedural_64, tmp_path, capsys, rng):
+    """--data --offscreen into a plain offscreen run's folder is refused (one line naming it, status 2, nothing
+    replaced), with --resume too (no run there); a --resume of an offscreen training run numbers its frames after
+    the earlier session's (none replaced, none left unlisted beside the new summary) and its psnr_initial is the
+    held-out PSNR where it started (before: frame_0000… were rewritten, an earlier frame_0002.png stayed, and
+    psnr_initial was this session's last evaluation)."""
+    from rigel_core import GaussianModel
+    from rigel_core.io import save_ply
+    from viewer.cli import main
+
+    scene = tmp_path / "s.ply"
+    pts = torch.randn(40, 3, generator=rng)
+    save_ply(GaussianModel.from_points(pts, torch.rand(40, 3, generator=rng), sh_degree=0, scale=0.2,
+                                       opacity=0.8), scene)
+    small = ["--size", "64x48", "--device", "cpu", "--threads", "1"]
+    train = ["--data", str(procedural_64), "--offscreen", "--init-points", "300", "--eval-every", "10"] + small
+    plain, run = tmp_path / "plain", tmp_path / "run"
+    n = torch.get_num_threads()
+    try:
+        assert main([str(scene), "--offscreen", "--out", str(plain), "--frames", "2"] + small) == 0
+        capsys.readouterr()
+        before = {p.name: p.read_bytes() for p in plain.iterdir()}
+        for extra in ([], ["--resume"]):
+            assert main(train + ["--out", str(plain), "--frames", "3", "--iters", "20"] + extra) == 2, extra
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and str(plain) in err and "frame_0000.png" in err, err
+            assert {p.name: p.read_bytes() for p in plain.iterdir()} == before
+
+        assert main(train + ["--out", str(run), "--frames", "3", "--iters", "20"]) == 0, capsys.readouterr().err
+        s1 = json.loads((run / "summary.json").read_text())
+        first = {p.name: p.read_bytes() for p in run.glob("frame_*.png")}
+        assert sorted(first) == [f"frame_{i:04d}.png" for i in range(3)] and s1["iterations"] == 20
+        assert main(train + ["--out", str(run), "--frames", "2", "--iters", "40", "--resume"]) == 0, \
+            capsys.readouterr().err
+    finally:
+        torch.set_num_threads(n)
+    s2 = json.loads((run / "summary.json").read_text())
+    assert s2["ok"] and s2["iterations"] == 40
+    new = [f for f in s2["files"] if f.startswith("frame_")]
+    assert new == ["frame_0003.png", "frame_0004.png"] and [sh["frame"] for sh in s2["shots"]] == [3, 4]
+    assert sorted(p.name for p in run.glob("frame_*.png")) == [f"frame_{i:04d}.png" for i in range(5)]
+    assert {k: (run / k).read_bytes() for k in first} == first             # the earlier session's frames as they were
+    # the held-out PSNR at the resume point: the earlier session's last evaluation (at iteration 20)
+    assert s1["eval"][-1]["iteration"] == 20 and s2["eval"][0]["iteration"] == 20
+    assert s2["psnr_initial"] == s1["psnr"] and s2["eval"][-1]["iteration"] == 40
+    assert s2["psnr"] == s2["eval"][-1]["psnr"] != s2["psnr_initial"]
+
+
+@needs_vulkan
 @pytest.mark.filterwarnings("ignore:.*0 vertices")
 def test_offscreen_tiny_scenes(tmp_path, capsys):
     """A valid 0-splat scene shows the background (exit 0, not "the camera sees no Gaussian"); a single splat,

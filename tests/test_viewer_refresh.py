@@ -189,6 +189,7 @@ def test_refresh_hz_flag(tmp_path, capsys):
     for bad in ("-1", "nan", "inf"):
         assert cli.main(["--data", str(tmp_path), "--offscreen", "--out", str(tmp_path / "o"), "--refresh-hz",
                          bad]) == 2
-        assert f"--refresh-hz must be a number >= 0, got {float(bad)}" in capsys.readouterr().err
+        assert f"--refresh-hz must be in [0, 60] (the Training panel's slider), got {float(bad)}" in \
+            capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     assert cli.build_parser().parse_args(["--refresh-hz", "15"]).refresh_hz == 15.0

@@ -41,7 +41,7 @@ from .ui import MODE_DEPTH, Stats, ViewSettings, draw_ui
 from .ui_state import TrainingState
 from .window import Window, sigint_flag
 
-__all__ = ["Viewer", "framing_box"]
+__all__ = ["Viewer", "framing_box", "SizeUnsupported"]
 
 #: on the CPU path the reference renderer takes ~1 s per 320×240 frame of 45k Gaussians: render scale "auto"
 #: keeps the frame at about this many pixels there.
@@ -66,6 +66,19 @@ def _pick_render_device(device: str) -> str:
 
     _ext.get()  # raises with the build instructions when the kernels are missing (never a silent CPU fallback)
     return "cuda"
+
+
+def _check_size(ctx, size) -> None:
+    """Raise :class:`SizeUnsupported` when ``size`` (width, height) exceeds ``ctx``'s ``maxImageDimension2D``."""
+    limit = int(ctx.limits.maxImageDimension2D)
+    if max(size) > limit:
+        raise SizeUnsupported(f"--size {size[0]}x{size[1]}: the Vulkan device {ctx.device_name} takes images of at "
+                              f"most {limit}x{limit} pixels")
+
+
+class SizeUnsupported(ValueError):
+    """The window / offscreen size is larger than the Vulkan device's images can be (``maxImageDimension2D``);
+    ``rigel-viewer`` says it in one line, status 2."""
 
 
 class Viewer:
@@ -156,10 +169,12 @@ class Viewer:
         interop = self.render_device == "cuda"
         if offscreen:
             self.ctx.init_device(interop=interop, device_uuid=uuid)
+            _check_size(self.ctx, size)
             self.target = OffscreenTarget(self.ctx, size[0], size[1], frames=frames_in_flight)
         else:
             surface = create_window_surface(self.ctx, self.window)
             self.ctx.init_device(surface=surface, interop=interop, device_uuid=uuid)
+            _check_size(self.ctx, size)
             self.target = SwapchainTarget(self.ctx, self.window, surface, frames=frames_in_flight,
                                           vsync=self.settings.vsync)
         self.ring = FrameRing(self.ctx, slots, device=self.render_device, capacity=size)

@@ -25,8 +25,9 @@ to it); progressive rendering, opening files (drop / File → open) and editing 
 
 ``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
 ``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`); an ``--out``
-that holds an earlier run's frames or ``summary.json`` is refused (one line, status 2), so that a folder describes
-one run. With ``--data``
+that holds any file of those names (``viewer.offscreen.OUTPUT_PATTERNS``) is refused (one line, status 2), so that
+a folder describes one run and no file is replaced; ``--data … --resume`` into a run folder numbers its frames
+after the earlier session's and replaces ``summary.json`` and the last views. With ``--data``
 the training starts with the offscreen frame loop (``--paused`` does not apply), which presents at most ``--fps``
 frames per second (default 30; ``summary.json`` gives the rate achieved, ``fps``).
 While a training runs and the camera is still, the live model is re-rendered and the panels rebuilt at most
@@ -54,11 +55,24 @@ from rigel_core.run_dir import LOG_NAME, out_problem
 from .camera_control import UP_AXES
 from .gpu.vk_context import VulkanUnavailable
 from .model_slot import ModelSlot
+from .panels.training import REFRESH_HZ_MAX
 from .ui import MODE_LABELS, ViewSettings
 
-__all__ = ["main", "build_parser", "config_dir", "EXIT_INTERRUPTED"]
+__all__ = ["main", "build_parser", "parse_args", "config_dir", "EXIT_INTERRUPTED"]
 
 EXIT_INTERRUPTED = 130
+#: the largest --size side accepted before Vulkan is up (the device's ``maxImageDimension2D`` is checked after)
+MAX_SIZE = 16384
+#: the frame ring's slots (--slots)
+MIN_SLOTS, MAX_SLOTS = 2, 16
+#: --fps: presents per second of the offscreen training loop (below 1 a run of N frames would wait minutes a frame)
+FPS_RANGE = (1.0, 1000.0)
+
+
+def max_threads() -> int:
+    """The most ``--threads`` accepted: 4 × ``os.cpu_count()`` (more only oversubscribes; far more crashes
+    ``torch.set_num_threads``)."""
+    return 4 * (os.cpu_count() or 1)
 
 
 def config_dir() -> Path:
@@ -89,14 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=None, help="output folder (offscreen frames, screenshots, videos; "
                                                            "with --data the run folder)")
     ap.add_argument("--fps", type=float, default=30.0, help="offscreen training: present at most this many frames "
-                                                            "per second (default 30)")
+                                                            "per second (1 to 1000, default 30)")
     ap.add_argument("--refresh-hz", type=float, default=None,
                     help="while training with a still camera: re-render the live model and rebuild the panels at most "
                          "this often per second; the presents in between repeat the last frame, leaving the Python "
-                         "interpreter to the trainer (default 10; 0: every present)")
+                         "interpreter to the trainer (0 to 60, default 10; 0: every present)")
     ap.add_argument("--path", type=Path, default=None, help="camera path .json to open in the Camera path section; "
                                                             "with --offscreen: write its frames")
-    ap.add_argument("--size", type=_parse_size, default=(1280, 720), help="window / image size, e.g. 1280x720")
+    ap.add_argument("--size", type=_parse_size, default=(1280, 720),
+                    help="window / image size, e.g. 1280x720 (at most 16384 a side and the Vulkan device's limit)")
     ap.add_argument("--mode", choices=[name for name, _ in MODE_LABELS], default="image",
                     help="initial render mode (depth: the expected depth through the overdraw colormap)")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
@@ -110,13 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "images' alpha onto white, as NeRF-synthetic)")
     ap.add_argument("--no-vsync", action="store_true", help="present without waiting for vertical sync")
     ap.add_argument("--no-panels", action="store_true", help="hide the ImGui panels")
-    ap.add_argument("--slots", type=int, default=3, help="frame ring slots K (>= 2)")
+    ap.add_argument("--slots", type=int, default=3, help="frame ring slots K (2 to 16)")
     ap.add_argument("--debug", action="store_true", help="Vulkan validation layer on")
     ap.add_argument("--cameras", type=Path, default=None,
                     help="dataset folder or transforms .json whose training cameras are drawn in the scene (click "
                          "one to snap to it; [ ] cycle); images downscaled by --downscale")
-    ap.add_argument("--threads", type=int, default=None, help="PyTorch CPU threads (default: PyTorch's choice; 1 "
-                                                              "is often fastest on a busy machine)")
+    ap.add_argument("--threads", type=int, default=None, help="PyTorch CPU threads, at most 4 x the CPUs (default: "
+                                                              "PyTorch's choice; 1 is often fastest on a busy machine)")
     t = ap.add_argument_group("live training (--data; the flags of rigel-train)")
     add_training_args(t, data_required=False, skip=("--white-bg",))
     t.add_argument("--paused", action="store_true", help="open with the training paused (press start)")
@@ -156,7 +171,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
     from rigel_core.cli.common import build_trainer, config_overrides, load_training_data, new_run_problem, \
         resume_config
     from rigel_core.run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir,
-                                    out_problem)
+                                    holds_run, out_problem)
 
     from .app import _pick_render_device
     from .camera_control import up_from_cameras
@@ -169,6 +184,12 @@ def _start_training(args, settings: ViewSettings, locks: list):
         raise _Refused(str(e)) from None
     if args.out is None and run_dir != default:
         print(f"rigel-viewer: {default} holds a run; training into {run_dir}", file=sys.stderr)
+    if args.offscreen and not (args.resume and holds_run(run_dir)):
+        from .offscreen import earlier_output   # an earlier offscreen run's files: refused as without --data
+
+        problem = earlier_output(run_dir)
+        if problem:
+            raise _Refused(problem)
     problem = out_problem(run_dir)
     if problem:
         raise _Refused(problem)
@@ -242,8 +263,10 @@ def _flag_problem(args) -> str | None:
         return "--offscreen needs --out DIR"
     if args.render_scale is not None and not 0 < args.render_scale <= 4:
         return f"--render-scale must be in (0, 4], got {args.render_scale}"
-    if args.slots < 2:
-        return f"--slots must be >= 2, got {args.slots}"
+    if not MIN_SLOTS <= args.slots <= MAX_SLOTS:
+        return f"--slots must be in [{MIN_SLOTS}, {MAX_SLOTS}], got {args.slots}"
+    if max(args.size) > MAX_SIZE:   # the device's own limit is checked when Vulkan is up (viewer.app)
+        return f"--size must be at most {MAX_SIZE}x{MAX_SIZE}, got {args.size[0]}x{args.size[1]}"
     if args.data is not None and args.cameras is not None:
         return "--cameras is for viewing a SCENE; with --data the dataset's cameras are shown"
     if args.data is not None and args.scene:
@@ -258,14 +281,14 @@ def _flag_problem(args) -> str | None:
             problem = earlier_output(args.out)
             if problem:
                 return problem
-    if not (args.fps > 0 and math.isfinite(args.fps)):
-        return f"--fps must be a positive number, got {args.fps}"
-    if args.refresh_hz is not None and not (args.refresh_hz >= 0 and math.isfinite(args.refresh_hz)):
-        return f"--refresh-hz must be a number >= 0, got {args.refresh_hz}"
+    if not FPS_RANGE[0] <= args.fps <= FPS_RANGE[1]:      # NaN fails both
+        return f"--fps must be in [{FPS_RANGE[0]:g}, {FPS_RANGE[1]:g}] frames per second, got {args.fps}"
+    if args.refresh_hz is not None and not 0 <= args.refresh_hz <= REFRESH_HZ_MAX:
+        return f"--refresh-hz must be in [0, {REFRESH_HZ_MAX:g}] (the Training panel's slider), got {args.refresh_hz}"
     if args.frames is not None and args.frames < 1:
         return f"--frames must be >= 1, got {args.frames}"
-    if args.threads is not None and args.threads < 1:
-        return f"--threads must be >= 1, got {args.threads}"
+    if args.threads is not None and not 1 <= args.threads <= max_threads():
+        return f"--threads must be in [1, {max_threads()}] (4 x the {os.cpu_count() or 1} CPUs), got {args.threads}"
     return None
 
 
@@ -279,9 +302,28 @@ def main(argv=None) -> int:
         return _main(argv)
 
 
+def parse_args(argv=None) -> argparse.Namespace:
+    """``build_parser().parse_args`` of ``argv`` (default ``sys.argv[1:]``), where ``--up -y`` (any axis of
+    :data:`~viewer.camera_control.UP_AXES` after ``--up``) is read as ``--up=-y``: argparse takes a value that starts
+    with ``-`` for an option and refused it ("expected one argument")."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    joined, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--":                   # what follows is positional
+            joined += argv[i:]
+            break
+        if argv[i] == "--up" and i + 1 < len(argv) and argv[i + 1] in UP_AXES:
+            joined.append(f"--up={argv[i + 1]}")
+            i += 2
+        else:
+            joined.append(argv[i])
+            i += 1
+    return build_parser().parse_args(joined)
+
+
 def _main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    from .app import Viewer
+    args = parse_args(argv)
+    from .app import SizeUnsupported, Viewer
     from .gpu.targets import DisplayUnavailable
     from .offscreen import run_offscreen, run_offscreen_training
     from .window import sigint_flag
@@ -395,7 +437,7 @@ def _main(argv=None) -> int:
     except _Refused as e:
         print(f"rigel-viewer: {e}", file=sys.stderr)
         return 2
-    except (VulkanUnavailable, DisplayUnavailable) as e:
+    except (VulkanUnavailable, DisplayUnavailable, SizeUnsupported) as e:
         print(f"rigel-viewer: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -16,6 +16,7 @@ into a non-zero exit status.
 from __future__ import annotations
 
 import math
+import re
 import time
 from pathlib import Path
 
@@ -26,18 +27,38 @@ from rigel_core.run_dir import write_json_atomic
 from . import messages as M
 from .gpu.shaderio import C
 
-__all__ = ["run_offscreen", "run_offscreen_training", "OUTPUT_PATTERNS", "earlier_output"]
+__all__ = ["run_offscreen", "run_offscreen_training", "OUTPUT_PATTERNS", "earlier_output", "next_frame_index",
+           "FRAME_NAME", "PATH_FRAME_NAME", "LAST_VIEWS", "TRAINING_VIEW_NAME", "SUMMARY_NAME"]
 
-#: what a viewer run writes into ``--out`` that marks the folder as holding one run's output (:func:`earlier_output`):
-#: the frames of :func:`run_offscreen` / :func:`run_offscreen_training`, the camera path's (viewer.path_panel), and
-#: the summary every one of them writes
-OUTPUT_PATTERNS = ("frame_*.png", "path_*.png", "summary.json")
+# The names an offscreen run writes into ``--out``; the writers below (and viewer.path_panel) take them from here,
+# and :data:`OUTPUT_PATTERNS` is made of them, so that the refusal of an earlier run's folder covers every one.
+#: the frames of :func:`run_offscreen` / :func:`run_offscreen_training` (``str.format`` with the frame index)
+FRAME_NAME = "frame_{:04d}.png"
+#: the camera path's frames (:func:`viewer.path_panel.run_offscreen_path`)
+PATH_FRAME_NAME = "path_{:04d}.png"
+#: the last views of both runs: (file stem, render mode), written as ``<stem>.png`` (:func:`_last_views`)
+LAST_VIEWS = (("image", C.MODE_IMAGE), ("alpha", C.MODE_ALPHA), ("overdraw", C.MODE_OVERDRAW))
+#: training view 0 with its per-pixel error (:func:`run_offscreen_training`)
+TRAINING_VIEW_NAME = "training_view.png"
+#: the summary every offscreen run writes
+SUMMARY_NAME = "summary.json"
+
+
+def _glob(name_format: str) -> str:
+    """``frame_{:04d}.png`` → ``frame_*.png``."""
+    return re.sub(r"\{[^}]*\}", "*", name_format)
+
+
+#: glob patterns of everything an offscreen run writes into ``--out`` (:func:`earlier_output`)
+OUTPUT_PATTERNS = (_glob(FRAME_NAME), _glob(PATH_FRAME_NAME), *(f"{stem}.png" for stem, _ in LAST_VIEWS),
+                   TRAINING_VIEW_NAME, SUMMARY_NAME)
 
 
 def earlier_output(out_dir) -> str | None:
-    """Why ``out_dir`` cannot take a new offscreen run, or None: it already holds a viewer run's output
-    (:data:`OUTPUT_PATTERNS`), which the new run would leave mixed with its own (a run of 1 frame beside the
-    frame_0001.png, frame_0002.png … of an earlier run of 8). One line naming the folder and what it holds."""
+    """Why ``out_dir`` cannot take a new offscreen run, or None: it already holds a file an offscreen run writes
+    (:data:`OUTPUT_PATTERNS`), which the new run would replace or leave mixed with its own (a run of 1 frame beside
+    the frame_0001.png, frame_0002.png … of an earlier run of 8; a user's own image.png). One line naming the
+    folder and what it holds."""
     out = Path(out_dir)
     if not out.is_dir():
         return None
@@ -45,7 +66,17 @@ def earlier_output(out_dir) -> str | None:
     if not found:
         return None
     names = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-    return f"--out {out} already holds the output of an earlier viewer run ({names}); choose a new folder"
+    return f"--out {out} already holds the output of an earlier viewer run or files it would replace ({names}); " \
+           "choose a new folder"
+
+
+def next_frame_index(out_dir) -> int:
+    """One past the highest index of the :data:`FRAME_NAME` files in ``out_dir`` (0 when none): where a resumed
+    training run (``rigel-viewer --data … --resume --offscreen``) numbers its frames, so that it neither replaces
+    nor mixes with an earlier session's."""
+    rx = re.compile(re.escape(_glob(FRAME_NAME)).replace(r"\*", r"(\d+)") + "$")
+    found = [int(m.group(1)) for p in Path(out_dir).glob(_glob(FRAME_NAME)) if (m := rx.match(p.name))]
+    return max(found) + 1 if found else 0
 
 
 def _save_rgb(px, path):
@@ -72,7 +103,7 @@ def _capture(viewer, path, *, panels=None, mode=None):
 
 def _last_views(viewer, out: Path, files: list) -> dict:
     """image / alpha / overdraw PNGs of the current view (no panels) and statistics of the last frame."""
-    for name, mode in (("image", C.MODE_IMAGE), ("alpha", C.MODE_ALPHA), ("overdraw", C.MODE_OVERDRAW)):
+    for name, mode in LAST_VIEWS:
         _capture(viewer, out / f"{name}.png", panels=False, mode=mode)
         files.append(f"{name}.png")
     viewer.wait_rendered()   # the slot was written on the viewer's CUDA stream
@@ -118,7 +149,7 @@ def _finish(viewer, out: Path, summary: dict) -> dict:
         else:
             summary["ok"] = False
             summary["error"] = "the last frame is empty: the camera sees no Gaussian"
-    write_json_atomic(out / "summary.json", summary, indent=2)
+    write_json_atomic(out / SUMMARY_NAME, summary, indent=2)
     return summary
 
 
@@ -155,7 +186,7 @@ def run_offscreen(viewer, frames: int, out_dir, *, orbit_degrees: float = 360.0)
     for i in range(frames):
         viewer.camera.set_yaw(yaw0 + i * step)
         t0 = time.perf_counter()
-        path = out / f"frame_{i:04d}.png"
+        path = out / FRAME_NAME.format(i)
         _capture(viewer, path)
         files.append(path.name)
         per_frame.append({"frame": i, "render_ms": round(viewer.stats.render_ms, 3),
@@ -174,9 +205,11 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
                            orbit_degrees: float = 90.0) -> dict:
     """Run the UI loop offscreen while ``viewer.training`` trains to its ``config.iterations``.
 
-    ``frames`` PNGs (with the panels) are captured when the training passes ``k/frames`` of its remaining
-    iterations (k = 1 … frames), the camera turning ``orbit_degrees`` in all; then ``image/alpha/overdraw.png``
-    of the final model and ``training_view.png`` (the panels with the per-pixel error of training view 0).
+    ``frames`` PNGs (with the panels; numbered after the highest ``frame_XXXX.png`` already in ``out_dir``, so that
+    a resumed run replaces none of an earlier session's, :func:`next_frame_index`) are captured when the training
+    passes ``k/frames`` of its remaining iterations (k = 1 … frames), the camera turning ``orbit_degrees`` in all;
+    then ``image/alpha/overdraw.png`` of the final model and ``training_view.png`` (the panels with the per-pixel
+    error of training view 0).
     The loop presents at most ``max_fps`` frames per second (it sleeps otherwise, leaving the cores to the
     trainer); a paused session is resumed as the loop starts. Returns the summary (also in ``summary.json``):
     frames, presents, fps (presents per second achieved over the loop), ``max_fps``, iterations, held-out PSNR (first
@@ -194,6 +227,7 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     span = max(goal - start_it, 1)
     marks = [start_it + math.ceil(span * (k + 1) / frames) for k in range(frames)]
     files, shots = [], []
+    first = next_frame_index(out)   # a resumed run's frames follow the earlier sessions' (none replaced)
     yaw0 = viewer.camera.yaw
     t_start = time.perf_counter()
     presents0 = viewer.stats.presents
@@ -207,10 +241,10 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
         done = state.status in ("finished", "failed", "stopped")
         while k < frames and (state.iteration >= marks[k] or done):
             viewer.camera.set_yaw(yaw0 + math.radians(orbit_degrees) * (k + 1) / frames)
-            path = out / f"frame_{k:04d}.png"
+            path = out / FRAME_NAME.format(first + k)
             _capture(viewer, path)
             files.append(path.name)
-            shots.append({"frame": k, "iteration": state.iteration, "model_iteration":
+            shots.append({"frame": first + k, "iteration": state.iteration, "model_iteration":
                           viewer.stats.model_info.get("iteration"), "gaussians": viewer.stats.gaussians})
             k += 1
         if done and k >= frames:
@@ -245,8 +279,8 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
                 break
             time.sleep(0.05)
             viewer.step()
-        _capture(viewer, out / "training_view.png")
-        files.append("training_view.png")
+        _capture(viewer, out / TRAINING_VIEW_NAME)
+        files.append(TRAINING_VIEW_NAME)
     train = state.train_psnr
     first = float(train[0]) if train else None    # each point: the mean of a window of (at most) 10 steps
     final = float(train[-1]) if train else None

@@ -454,7 +454,7 @@ def run_offscreen_path(viewer, out_dir, frames: int | None = None) -> dict:
     """``rigel-viewer SCENE --offscreen --path P --out DIR``: the view moved onto each camera of the path (its
     frame count, or ``frames``), each frame written with the panels to ``DIR/path_XXXX.png``; returns the
     summary (also ``DIR/summary.json``; ``ok`` false with an ``error`` for a path without keyframes)."""
-    from .offscreen import _capture
+    from .offscreen import PATH_FRAME_NAME, SUMMARY_NAME, _capture
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -470,9 +470,9 @@ def run_offscreen_path(viewer, out_dir, frames: int | None = None) -> dict:
         for i, cam in enumerate(cams):
             viewer.camera.snap_to(cam, pivot=viewer.scene_center())
             editor.selected, editor.time = None, i / float(editor.path.fps)
-            name = f"path_{i:04d}.png"
+            name = PATH_FRAME_NAME.format(i)
             _capture(viewer, out / name)
             summary["files"].append(name)
         summary.update(frames=len(cams), seconds=round(time.perf_counter() - t0, 3), size=[w, h])
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out / SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
     return summary

@@ -70,7 +70,8 @@ class TrainingSession:
         run_dir: where :data:`CHECKPOINT_NAME` and :data:`PLY_NAME` are written.
         running: step at once (else wait for :class:`~viewer.messages.Resume` or ``Step``).
         publish_every_s: minimum wall time between two snapshots while stepping.
-        eval_at_start: evaluate the held-out views before the first step (a starting point for the PSNR plot).
+        eval_at_start: evaluate the held-out views before the first step (a starting point for the PSNR plot; a
+            resumed run shows its last evaluation when it was at the resume iteration).
         progress_every: steps per :class:`~viewer.messages.TrainingProgress` (and loss-curve point): their values
             are read from the device once per window.
         data: the dataset's name for ``metrics.json``.
@@ -310,6 +311,22 @@ class TrainingSession:
         self._emit(M.EvalFinished(e.iteration, e.psnr, e.ssim, e.num_gaussians, e.n_views))
         self._aside_s += time.perf_counter() - t0
 
+    def _evaluate_at_start(self) -> None:
+        """The held-out PSNR where this session starts: evaluated at iteration 0; a resumed run's own evaluation at
+        its iteration (``metrics.json``) when it has one (a finished session evaluated there), else evaluated now."""
+        tr = self.trainer
+        if tr.iteration > 0:
+            evals = self._record().metrics.get("eval") or []
+            last = evals[-1] if evals else None
+            if isinstance(last, dict) and last.get("iteration") == tr.iteration:
+                self._emit(M.EvalFinished(tr.iteration, float(last["psnr"]), float(last["ssim"]),
+                                          int(last.get("num_gaussians", tr.model.num_gaussians)),
+                                          int(last.get("n_views", len(tr.test_frames)))))
+                return
+        e = tr.evaluate()
+        if e is not None:
+            self._evaluated(e)
+
     def _finish(self) -> None:
         tr = self.trainer
         self._finished = True
@@ -335,10 +352,8 @@ class TrainingSession:
             rec.log.info(f"{'resumed at iteration ' + str(tr.iteration) if tr.iteration else 'start'}: "
                          f"{tr.model.num_gaussians} Gaussians, device {tr.device}, {tr.config.iterations} iterations "
                          f"(rigel-viewer)")
-            if self.eval_at_start and tr.iteration == 0 and tr.config.eval_every:
-                e = tr.evaluate()
-                if e is not None:
-                    self._evaluated(e)
+            if self.eval_at_start and tr.config.eval_every:
+                self._evaluate_at_start()
             self._publish()
             self._emit(M.TrainingStarted(tr.iteration, tr.config.iterations, tr.model.num_gaussians,
                                          str(tr.device), len(tr.train_frames), len(tr.test_frames),

@@ -71,7 +71,7 @@ class ViewSettings:
     #: re-render the live model and rebuild the panels at most this many times per second; the presents in between
     #: show the last frame and panels again at no Python cost (viewer/app.py). 0: every present (the frame loop
     #: then shares the interpreter with the trainer at the display's rate). ``rigel-viewer --refresh-hz``
-    refresh_hz: float = 10.0
+    refresh_hz: float = 10.0     # in [0, viewer.panels.training.REFRESH_HZ_MAX] (the panel's slider)
     camera_path: path_panel.PathEditor = field(default_factory=path_panel.PathEditor)   # the Camera path section
     render_mode: str | None = None  # "default" | "mip" (anti-aliased); None: the scene's own, adopted at first render
     # depth display (issue 17.2): colormap range, the frame's own min/max depth when auto

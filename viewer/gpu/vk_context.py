@@ -410,7 +410,9 @@ class VulkanContext:
         self.queue_family = family
         self.queue = vk.vkGetDeviceQueue(self.device, family, 0)
         self.memory_properties = vk.vkGetPhysicalDeviceMemoryProperties(info.physical_device)
-        self.limits = vk.vkGetPhysicalDeviceProperties(info.physical_device).limits
+        # the properties kept: .limits is a view into them (read after they are freed it gave 0 for every limit)
+        self.properties = vk.vkGetPhysicalDeviceProperties(info.physical_device)
+        self.limits = self.properties.limits
         pool_info = vk.VkCommandPoolCreateInfo(flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT,
                                                queueFamilyIndex=family)
         self.command_pool = vk.vkCreateCommandPool(self.device, pool_info, None)

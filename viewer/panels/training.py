@@ -4,7 +4,10 @@ from __future__ import annotations
 from .. import messages as M
 from .widgets import PANEL_WIDTH, fmt, window
 
-__all__ = ["DENSIFY_SLIDERS", "training_window", "densify_sliders"]
+__all__ = ["DENSIFY_SLIDERS", "training_window", "densify_sliders", "REFRESH_HZ_MAX"]
+
+#: the highest live refresh rate (Hz): the "view refresh" slider's end and ``rigel-viewer --refresh-hz``'s bound
+REFRESH_HZ_MAX = 60.0
 
 #: densification sliders: field → (label, kind, min, max, format)
 DENSIFY_SLIDERS = {
@@ -76,7 +79,8 @@ def training_window(imgui, training, display, requests, settings=None):
     imgui.text(f"elapsed     {t.elapsed_s:.1f} s  ({fmt(t.ms_per_iter, '.1f')} ms/it)")
     if settings is not None:   # the live refresh cap (viewer/app.py): 0 = every present
         imgui.push_item_width(130)
-        _, hz = imgui.slider_float("view refresh (Hz)", float(settings.refresh_hz or 0.0), 0.0, 60.0, "%.0f")
+        _, hz = imgui.slider_float("view refresh (Hz)", float(settings.refresh_hz or 0.0), 0.0, REFRESH_HZ_MAX,
+                                   "%.0f")
         settings.refresh_hz = max(hz, 0.0)
         imgui.pop_item_width()
         if imgui.is_item_hovered():
