@@ -108,4 +108,20 @@ def test_rigel_train_refuses_a_bad_value_before_loading_the_dataset(tmp_path, ca
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("rigel-train: TrainConfig."), err
     assert not (tmp_path / "run").exists()
-    assert common.new_config is train_cli.new_config  # one rule for both the early check and the trainer
+    assert common.new_run_problem is train_cli.new_run_problem  # the rule rigel-viewer --data uses too
+
+
+def test_rigel_viewer_refuses_a_bad_value_before_loading_the_dataset(tmp_path, capsys, monkeypatch):
+    cli = pytest.importorskip("viewer.cli", reason="the viewer needs the `vulkan` package")
+    from rigel_core.cli import common
+
+    def no_load(args):
+        raise AssertionError("dataset loaded")
+
+    monkeypatch.setattr(common, "load_training_data", no_load)
+    data = tmp_path / "data"
+    data.mkdir()
+    assert cli.main(["--data", str(data), "--offscreen", "--out", str(tmp_path / "run"), "--device", "cpu",
+                     "--set", "coarse_to_fine=3"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "TrainConfig.coarse_to_fine" in err[0], err

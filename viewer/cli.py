@@ -203,8 +203,9 @@ def _start_training(args, settings: ViewSettings, locks: list):
         resume_cfg = resume_config(ckpt, overrides) if args.resume and ckpt.is_file() else None
     except (CheckpointError, ValueError) as e:
         raise _Refused(str(e)) from None
-    if resume_cfg is None and new_run_problem(overrides):
-        raise _Refused(new_run_problem(overrides))
+    problem = None if resume_cfg is not None else new_run_problem(overrides, args)  # before the dataset loads
+    if problem:
+        raise _Refused(problem)
     if args.resume and resume_cfg is None:
         print(f"rigel-viewer: --resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run", file=sys.stderr)
     device = _pick_render_device(args.device)

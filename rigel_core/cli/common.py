@@ -120,13 +120,19 @@ def config_overrides(args: argparse.Namespace) -> dict:
     return out
 
 
-def new_run_problem(overrides: dict) -> str | None:
+def new_run_problem(overrides: dict, args=None) -> str | None:
     """What keeps the command line's overrides (:func:`config_overrides`) from starting a *new* run, as one line
     without the command's name, or None. ``--strategy mcmc`` needs an explicit budget: TrainConfig's default
-    ``max_gaussians`` (3M) is a safety cap, not a budget to grow to (docs/TRAINING.md). A resumed run keeps its
-    checkpoint's budget, so this is not asked there."""
+    ``max_gaussians`` (3M) is a safety cap, not a budget to grow to (docs/TRAINING.md). With the parsed ``args``,
+    the whole configuration (:func:`new_config`) is checked too, so that a bad ``--set`` value is refused before
+    the dataset loads. A resumed run keeps its checkpoint's configuration, so this is not asked there."""
     if overrides.get("strategy") == "mcmc" and "max_gaussians" not in overrides:
         return "--strategy mcmc needs --max-gaussians N: the Gaussian budget it grows to"
+    if args is not None:
+        try:
+            new_config(args, overrides)
+        except (ValueError, TypeError) as e:
+            return str(e)
     return None
 
 

@@ -67,8 +67,8 @@ from pathlib import Path
 from ..atomic import remove_stale_temp_files
 from ..run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, METRICS_NAME, RunLock, RunRecord, new_metrics, open_run_log,
                        out_problem, read_metrics)
-from .common import add_training_args, build_trainer, config_overrides, load_training_data, new_config, \
-    new_run_problem, one_line_warnings, resume_config
+from .common import add_training_args, build_trainer, config_overrides, load_training_data, new_run_problem, \
+    one_line_warnings, resume_config
 
 __all__ = ["main", "build_parser"]
 
@@ -255,12 +255,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
         except (CheckpointError, ValueError) as e:
             print(f"rigel-train: {e}", file=sys.stderr)
             return 2
-    problem = new_run_problem(overrides) if resume_cfg is None else None
-    if problem is None and resume_cfg is None:
-        try:  # a bad --set value is refused before the dataset loads (seconds, and its warnings)
-            new_config(args, overrides)
-        except (ValueError, TypeError) as e:
-            problem = str(e)
+    problem = new_run_problem(overrides, args) if resume_cfg is None else None  # before the dataset loads
     if problem:
         print(f"rigel-train: {problem}", file=sys.stderr)
         return 2
