@@ -21,6 +21,42 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
+def stage_path_shot(v, video_dir: Path, *, file: str | None = None, poll_s: float = 0.2):
+    """Put viewer ``v`` in the state the camera-path screenshots show (module docstring): four keyframes a quarter
+    turn apart added through the panel's requests, the second selected, the preview scrubbed to 40 %, the view
+    stepped back and up, and a path video started into ``video_dir`` and run to a quarter of its frames; ``file``
+    (optional) is put in the panel's path field. Returns the video job (the caller cancels and joins it)."""
+    v.settings.camera_path.expand = True
+    v.settings.video_size = (160, 120)
+    v.step()
+    for i in range(4):                      # keyframes from the current view, a quarter turn apart
+        v.camera.yaw += math.pi / 2 if i else 0.0
+        v.camera.pitch = math.radians(15 + 10 * i)
+        v.camera.version += 1
+        v.requests.append("path:add")
+        v.step()
+    editor = v.settings.camera_path
+    editor.selected = 1
+    editor.path.loop = True
+    editor.time = 0.4 * editor.span
+    if file is not None:
+        editor.file = file
+    v.requests.append("path:scrub")
+    v.step()
+    v.camera.reset()                        # step back to see the whole path drawn over the scene
+    v.camera.pitch = math.radians(60)
+    v.camera.zoom(-14)
+    v.step()
+    v.screenshot_dir = video_dir
+    v.requests.append("path:video")
+    v.step()
+    job = v.jobs["video"]
+    t0 = time.time()
+    while job.progress < 0.25 and not job.done and time.time() - t0 < 300:
+        time.sleep(poll_s)
+    return job
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "gallery" / "viewer_camera_path.png")
@@ -41,33 +77,7 @@ def main(argv=None) -> int:
     model = load_scene(default_scene_path(), device="cpu")
     with Viewer(ModelSlot(model), offscreen=True, size=(w, h), device="cpu") as v, \
             tempfile.TemporaryDirectory() as tmp:
-        v.settings.camera_path.expand = True
-        v.settings.video_size = (160, 120)
-        v.step()
-        for i in range(4):                      # keyframes from the current view, a quarter turn apart
-            v.camera.yaw += math.pi / 2 if i else 0.0
-            v.camera.pitch = math.radians(15 + 10 * i)
-            v.camera.version += 1
-            v.requests.append("path:add")
-            v.step()
-        editor = v.settings.camera_path
-        editor.selected = 1
-        editor.path.loop = True
-        editor.time = 0.4 * editor.span
-        editor.file = "~/paths/turntable.json"
-        v.requests.append("path:scrub")
-        v.step()
-        v.camera.reset()                        # step back to see the whole path drawn over the scene
-        v.camera.pitch = math.radians(60)
-        v.camera.zoom(-14)
-        v.step()
-        v.screenshot_dir = Path(tmp)
-        v.requests.append("path:video")
-        v.step()
-        job = v.jobs["video"]
-        t0 = time.time()
-        while job.progress < 0.25 and not job.done and time.time() - t0 < 300:
-            time.sleep(0.5)
+        job = stage_path_shot(v, Path(tmp), file="~/paths/turntable.json", poll_s=0.5)
         p = v.step(capture=True, force_render=False)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         v.save_png(p, args.out)

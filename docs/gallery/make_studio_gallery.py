@@ -199,36 +199,12 @@ def camera_path(scene, out):
     (as its buttons send them), drawn over the scene (the sampled positions as a line, numbered keyframes, the
     selected one in blue), the preview scrubbed to 40 % of the path and the view stepped back to show it all;
     then its video started (into a temporary folder, cancelled) so that the progress bar shows."""
-    import math
     import tempfile
 
+    from make_camera_path import stage_path_shot  # this folder (the script's own directory is on sys.path)
+
     with _viewer(scene, (1024, 860), None, 0.5, "bundled scene") as v, tempfile.TemporaryDirectory() as tmp:
-        v.settings.camera_path.expand = True
-        v.settings.video_size = (160, 120)
-        v.step()
-        for i in range(4):                      # keyframes from the current view, a quarter turn apart
-            v.camera.yaw += math.pi / 2 if i else 0.0
-            v.camera.pitch = math.radians(15 + 10 * i)
-            v.camera.version += 1
-            v.requests.append("path:add")
-            v.step()
-        editor = v.settings.camera_path
-        editor.selected = 1
-        editor.path.loop = True
-        editor.time = 0.4 * editor.span
-        v.requests.append("path:scrub")
-        v.step()
-        v.camera.reset()                        # step back to see the whole path drawn over the scene
-        v.camera.pitch = math.radians(60)
-        v.camera.zoom(-14)
-        v.step()
-        v.screenshot_dir = Path(tmp)
-        v.requests.append("path:video")
-        v.step()
-        job = v.jobs["video"]
-        t0 = time.time()
-        while job.progress < 0.25 and not job.done and time.time() - t0 < 300:
-            time.sleep(0.2)
+        job = stage_path_shot(v, Path(tmp))  # the same state as make_camera_path.py's shot
         for _ in range(2):
             img = _shot(v)
         job.cancel()
