@@ -46,6 +46,14 @@ def _env(**extra):
     return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **extra)
 
 
+def _python(code: str, *args: str) -> str:
+    """Run ``code`` in a fresh interpreter (the test environment); its stdout. Fails the test on a non-zero exit,
+    with the end of its stderr."""
+    out = subprocess.run([sys.executable, "-c", code, *args], env=_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, " ".join(args) + ": " + out.stderr[-2000:]
+    return out.stdout
+
+
 def _presents(args, tmp_path):
     out = subprocess.run([sys.executable, "-c", CHILD, *args], env=_env(XDG_CONFIG_HOME=str(tmp_path)),
                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
@@ -83,9 +91,8 @@ def test_modules_before_the_first_present_import_no_torch():
             "import rigel_core.cli.common, rigel_core.camera_path, rigel_core.run_dir\n"
             "viewer.cli.build_parser().parse_args([])\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
-    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]", out.stdout[-500:]
+    out = _python(code)
+    assert out.strip() == "[]", out[-500:]
 
 
 def test_rigel_core_render_is_the_function_whichever_import_comes_first():
@@ -102,9 +109,8 @@ def test_rigel_core_render_is_the_function_whichever_import_comes_first():
             "import sys; assert sys.modules['rigel_core.render'].render is render\n"
             "assert rigel_core.compute_colors is compute_colors\n"
             "try:\n    rigel_core.no_such_name\nexcept AttributeError as e:\n    print('ok', e)\n")
-    out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith("ok") and "no_such_name" in out.stdout
+    out = _python(code)
+    assert out.startswith("ok") and "no_such_name" in out
 
 
 def test_rigel_core_submodules_are_attributes_after_import_rigel_core():
@@ -133,10 +139,7 @@ def test_rigel_core_submodules_are_attributes_after_import_rigel_core():
             "        assert got is sys.modules[f'rigel_core.{name}'], (name, got)\n"
             "assert not hasattr(rigel_core, 'no_such_submodule')\n"
             "print('FRESH', fresh)\n")
-    out = subprocess.run([sys.executable, "-c", code, *subs], env=_env(), capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, " ".join(subs) + ": " + out.stderr[-2000:]
-    lines = dict(ln.split(" ", 1) for ln in out.stdout.splitlines() if ln[:4] in ("DIR ", "FRES"))
+    lines = dict(ln.split(" ", 1) for ln in _python(code, *subs).splitlines() if ln[:4] in ("DIR ", "FRES"))
     assert int(lines["FRESH"]) >= 1
     listed = set(lines["DIR"].split())
     import rigel_core

@@ -134,6 +134,7 @@ class GraphStep:
         self._recent: dict[tuple, deque] = {}  # (W, H) -> recent (entries, N)
         self._pending: deque = deque()  # (event, pinned total, capacity, view index, (W, H), N)
         self._pinned = [torch.zeros(1, dtype=torch.int64).pin_memory() for _ in range(IN_FLIGHT + 2)]
+        self._events = [torch.cuda.Event() for _ in self._pinned]  # one per pinned slot, recorded again
         self._slot = 0
         self._cam_table: torch.Tensor | None = None
         self._steps = 0
@@ -333,12 +334,11 @@ class GraphStep:
             cap.mask.copy_(mask)
         cap.graph.replay()
         values = cap.values.clone()
-        pinned = self._pinned[self._slot]
+        pinned, event = self._pinned[self._slot], self._events[self._slot]
         self._slot = (self._slot + 1) % len(self._pinned)
         if len(self._pending) >= len(self._pinned) - 1:
             t._redo_views += self.check_pending(keep=0)
         pinned.copy_(cap.total, non_blocking=True)
-        event = torch.cuda.Event()
         event.record()
         self._pending.append((event, pinned, cap.capacity, idx, (width, height), t.model.num_gaussians))
         t._redo_views += self.check_pending(keep=IN_FLIGHT)

@@ -597,6 +597,8 @@ class Trainer:
         """Make ``train_frames``, ``_train_images`` and ``_train_masks`` the training views divided by ``factor``
         (made once per factor from the loaded ones: box-filtered images and alpha, a coarse pixel valid only when
         every pixel under it is, intrinsics by ``Camera.scaled``; the data loaders' ``--downscale`` rule)."""
+        if factor == self.train_downscale:  # every step but a phase's first
+            return
         frames = self._views_by_factor[1][0]
         shortest = min(min(f.camera.width, f.camera.height) for f in frames)
         while factor > 1 and shortest // factor < MIN_COARSE_SIDE:  # tiny images: a smaller factor
