@@ -149,6 +149,13 @@ def init_from_env(device: str) -> "Comm":
             raise RuntimeError(f"distributed run: LOCAL_RANK {local} but only {torch.cuda.device_count()} GPU(s)")
         torch.cuda.set_device(local)
     if not dist.is_initialized():
+        # torch._dynamo, imported after the group exists (torch.optim imports it at its first step), keeps a
+        # reference to the group that destroy_process_group does not drop: the group's C++ threads then outlive
+        # Comm.close() and are torn down during interpreter finalisation, where a rank aborts now and then
+        # ("terminate called without an active exception", SIGABRT after a finished run; torch 2.14). Imported
+        # first, it holds nothing and close() joins the threads. tests/test_distributed.py checks they are gone.
+        import torch._dynamo  # noqa: F401
+
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", timeout=_timeout())
     return Comm(dist.get_rank(), dist.get_world_size(), torch.device(device))
 
