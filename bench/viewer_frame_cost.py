@@ -164,7 +164,7 @@ def main(argv=None) -> int:
         parts[k] = [0.0, 0]
     r0, ui0 = v.stats.renders, getattr(v.stats, "ui_builds", None)
     v.train_state.status = "running"
-    p0 = v.stats.presents
+    p0, h0 = v.stats.presents, getattr(v.stats, "held", 0)
     th = threading.Thread(target=_proxy_loop, args=(stop, counts, args.ops, session))
     frame_cpu = []
     t_start = time.perf_counter()
@@ -184,6 +184,7 @@ def main(argv=None) -> int:
     ui_builds = (v.stats.ui_builds - ui0) if ui0 is not None else v.stats.presents - p0
     res = {"proxy_steps_per_s_alone": round(alone, 1), "proxy_steps_per_s_with_viewer": round(with_viewer, 1),
            "ratio": round(with_viewer / alone, 4), "presents_per_s": round((v.stats.presents - p0) / elapsed, 2),
+           "held_per_s": round((getattr(v.stats, "held", 0) - h0) / elapsed, 2),
            "ui_builds_per_s": round(ui_builds / elapsed, 2),
            "renders_per_s": round((v.stats.renders - r0) / elapsed, 2),
            "snapshots_per_s": round(counts[1] / elapsed, 2),

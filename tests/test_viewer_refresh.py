@@ -1,6 +1,7 @@
 """The viewer's live refresh cap while training (issue 15): the frame loop re-presents its last frame and panels
-between two live refreshes, the presenter submits a recording again when nothing it depends on changed, and the
-trainer copies its model only when the viewer asks for one.
+between two live refreshes (and holds it, submitting nothing, when it is already the picture presented last), the
+presenter submits a recording again when nothing it depends on changed, and the trainer copies its model only when
+the viewer asks for one.
 
 Offscreen on lavapipe (CPU); tiny scenes. Rates are bounded from above only (a busy CI box presents fewer frames).
 """
@@ -86,35 +87,64 @@ def live_viewer(rng, tmp_path, one_thread):
         v.close(save=False)
 
 
-def _run(v, seconds, fps=60.0):
-    """Step at most ``fps`` times a second for ``seconds``; returns (steps, presents, renders, ui builds, dt)."""
+def _run(v, seconds, fps=60.0, shown=None):
+    """Step at most ``fps`` times a second for ``seconds``; returns (steps, presents, renders, ui builds, dt).
+    ``shown``: a list that gets, per frame, (held?, (slot index, render number) of the newest finished render,
+    ImGui frame number) as the frame began."""
     s0 = (v.stats.presents, v.stats.renders, v.stats.ui_builds)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         t = time.perf_counter()
+        held = v.stats.held
         v.step()
+        if shown is not None:
+            slot = v.ring.newest_ready() or v.ring.latest
+            shown.append((v.stats.held > held, (slot.index, slot.frame), v._ui_version))
         n += 1
         time.sleep(max(0.0, 1.0 / fps - (time.perf_counter() - t)))
     dt = time.perf_counter() - t0
     return (n, v.stats.presents - s0[0], v.stats.renders - s0[1], v.stats.ui_builds - s0[2], dt)
 
 
+def _presented(v):
+    """Wrap the presenter: the list it returns gets (slot index, render number, ImGui frame) of every present."""
+    calls, present = [], v.presenter.present
+
+    def spy(slot, **kw):
+        calls.append((slot.index, slot.frame, kw.get("ui_version")))
+        return present(slot, **kw)
+
+    v.presenter.present = spy
+    return calls
+
+
 @needs_vulkan
 @needs_ui
-def test_a_still_camera_renders_at_the_refresh_cap_while_every_frame_presents(live_viewer):
+def test_a_still_camera_renders_at_the_refresh_cap_and_holds_the_picture_between(live_viewer):
     v = live_viewer
     v.settings.refresh_hz = 4.0
     t0 = time.perf_counter()
     while v.train_state.status != "running" and time.perf_counter() - t0 < 30:
         v.step()
     assert v.train_state.status == "running"
-    v.step(force_render=True)
-    reuses0, it0 = v.presenter.reuses, v.training.trainer.iteration
-    n, presents, renders, builds, dt = _run(v, 1.5)
-    assert presents == n                                        # every frame presented
+    calls, frames = _presented(v), []
+    v.step(force_render=True)                                    # a present: the picture the run starts from
+    it0, held0, base = v.training.trainer.iteration, v.stats.held, len(calls)
+    n, presents, renders, builds, dt = _run(v, 1.5, shown=frames)
+    held = v.stats.held - held0
+    assert presents + held == n and presents == len(calls) - base   # every frame presented, or held
     assert 1 <= builds <= 4.0 * dt + 1 and renders <= builds     # full frames at the cap, not at the frame rate
     assert renders >= 1                                          # the live model is shown as it trains
-    assert v.stats.repeats >= n - builds and v.presenter.reuses > reuses0   # the rest: recordings submitted again
+    assert v.stats.repeats >= n - builds - held   # the rest re-present (a recording submitted again: the test below)
+    assert held >= n - 3 * builds - 2    # a repeat presents only when a newer render finished since the last present
+    # a held frame never hides a newer render or other panels: the picture presented last is the newest there is
+    i = base
+    for was_held, newest, ui in frames:
+        if was_held:
+            assert calls[i - 1] == (*newest, ui)
+        else:
+            i += 1
+    assert base == 1 and i == len(calls)
     assert v.training.trainer.iteration > it0
     # a camera move renders at once, with the panels
     r, b = v.stats.renders, v.stats.ui_builds
@@ -131,8 +161,37 @@ def test_a_still_camera_renders_at_the_refresh_cap_while_every_frame_presents(li
     assert v.stats.ui_builds == b + 2 and v.settings.mode == 1
     # 0: no cap, every frame builds its panels
     v.settings.refresh_hz = 0.0
+    held0 = v.stats.held
     n, presents, renders, builds, dt = _run(v, 0.4)
-    assert builds == presents == n
+    assert builds == presents == n and v.stats.held == held0
+
+
+@needs_vulkan
+@needs_ui
+def test_a_render_finished_after_the_present_is_presented_not_held(live_viewer):
+    """Between two refreshes a repeat holds the picture only while no newer render finished: one that finishes
+    after the last present (a CUDA render is enqueued, so the full frame showed the one before) is presented by the
+    next repeat, then held."""
+    v = live_viewer
+    v.settings.refresh_hz = 0.2                                  # no live refresh falls due within this test
+    t0 = time.perf_counter()
+    while v.train_state.status != "running" and time.perf_counter() - t0 < 30:
+        v.step()
+    v.step(force_render=True)
+    calls = _presented(v)
+    held, repeats = v.stats.held, v.stats.repeats
+    v.step()
+    assert (v.stats.held, len(calls)) == (held + 1, 0)          # the same picture: nothing submitted
+    fw, fh = v.frame_size()
+    shown = v.ring.latest
+    slot = v.ring.acquire(fw, fh)                                # a render finishing now
+    slot.image.fill_(float(torch.rand(())) * 0.5 + 0.25)
+    slot.n_contrib.copy_(shown.n_contrib)                        # the same overdraw scale: only the render differs
+    v.ring.release(slot)
+    v.step()
+    assert calls == [(slot.index, slot.frame, v._ui_version)] and v.stats.repeats == repeats + 1
+    v.step()
+    assert (v.stats.held, len(calls)) == (held + 2, 1)
 
 
 @needs_vulkan

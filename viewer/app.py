@@ -16,6 +16,10 @@ target unchanged — a frame only *re-presents* the last render with the last pa
 recorded command buffer again: no ImGui frame, no render, no snapshot), and a full frame (newest model, render,
 panels) comes at most ``settings.refresh_hz`` times a second (``--refresh-hz``, default 10). Any input, request or
 camera move makes the next frame a full one at once, and input keeps frames full for :data:`INPUT_GRACE_S`.
+A re-present whose picture is already the one presented last (the same render of the same slot, the same panels,
+mode and overdraw scale) is *held*: nothing is submitted — the window, or the offscreen image, keeps showing it —
+so between two refreshes the GPU does Vulkan work only when a newer render finished (each present is a switch of
+the GPU away from the training's CUDA work, docs/BENCHMARKS.md); ``stats.held`` counts these frames.
 
 Layout: ``viewer/gpu/`` is the engine (Vulkan, CUDA interop, frame ring, passes, presenter), importing nothing of
 the application; the application is this loop, :mod:`viewer.cli` (``rigel-viewer``'s arguments, the run folder),
@@ -126,6 +130,8 @@ class Viewer:
         self._model_version = -1
         self._model = None
         self._last_present_t = None
+        self._last_frame_t = None         # the frame loop's last frame, presented or held (the loop's pacing)
+        self._shown = None                # what the last present showed (_present_again holds a repeat of it)
         self._screenshot = False
         self._pending_timing = None
         self._gpu_mem_t = self._model_t = 0.0
@@ -377,11 +383,13 @@ class Viewer:
         t0 = time.perf_counter()
         mode = C.MODE_IMAGE if self.settings.mode == MODE_DEPTH else self.settings.mode   # depth: colormapped image
         content = self.content_rect(panels)
-        p = self.presenter.present(slot, mode=mode, overdraw_max=self.overdraw_max(slot), draw_data=draw_data,
+        overdraw_max = self.overdraw_max(slot)
+        p = self.presenter.present(slot, mode=mode, overdraw_max=overdraw_max, draw_data=draw_data,
                                    capture=capture, content=content, ui_version=self._ui_version)
         self.stats.stage_ms["present"] = (time.perf_counter() - t0) * 1e3
         self._last_full = (t0, self._still_key(), (mode, draw_data, content)) if panels is None else None
         if p is not None:
+            self._shown = self._shown_key(slot, mode, content, overdraw_max)
             self._count_present()
             if self._screenshot:
                 self._screenshot = False
@@ -414,14 +422,29 @@ class Viewer:
         t_full, key, _ = self._last_full
         return now - t_full < 1.0 / hz and key == self._still_key() and self.ring.latest is not None
 
+    def _shown_key(self, slot, mode, content, overdraw_max):
+        """What a present of ``slot`` shows: the render in it, the panels (ImGui frame), mode, area, overdraw scale,
+        target and ring generation."""
+        return (slot.index, slot.frame, self.ring.generation, self._ui_version, mode, content, overdraw_max,
+                self.target.width, self.target.height) if slot is not None else None
+
     def _present_again(self):
         """Present the newest finished render with the last full frame's panels (their ImGui draw data stays valid
-        until the next ImGui frame): the presenter submits the recording it holds for them."""
+        until the next ImGui frame): the presenter submits the recording it holds for them. When that is the
+        picture presented last, hold it instead: nothing is submitted (module docstring). Returns the present
+        number now shown."""
         mode, draw_data, content = self._last_full[2]
         slot = self.ring.newest_ready() or self.ring.latest
-        p = self.presenter.present(slot, mode=mode, overdraw_max=self.overdraw_max(slot), draw_data=draw_data,
+        overdraw_max = self.overdraw_max(slot)
+        shown = self._shown_key(slot, mode, content, overdraw_max)
+        if shown is not None and shown == self._shown:
+            self.stats.held += 1
+            self._last_frame_t = time.perf_counter()
+            return self.presenter.count
+        p = self.presenter.present(slot, mode=mode, overdraw_max=overdraw_max, draw_data=draw_data,
                                    content=content, ui_version=self._ui_version)
         if p is not None:
+            self._shown = shown
             self._count_present()
             self.stats.repeats += 1
         return p
@@ -441,7 +464,7 @@ class Viewer:
                         self.drain_events()
                         self.win.wait(0.1)      # nobody sees a frame: leave the time to the trainer
                         continue
-                    rest = period - (time.perf_counter() - (self._last_present_t or 0.0))
+                    rest = period - (time.perf_counter() - (self._last_frame_t or 0.0))
                     if rest > 0:
                         self.win.wait(rest)     # input wakes it; the present waits for the next refresh
                         continue
@@ -455,7 +478,7 @@ class Viewer:
         if self._last_present_t is not None:
             dt = (now - self._last_present_t) * 1e3
             self.stats.frame_ms = dt if math.isnan(self.stats.frame_ms) else 0.9 * self.stats.frame_ms + 0.1 * dt
-        self._last_present_t = now
+        self._last_present_t = self._last_frame_t = now
         self.stats.presents += 1
 
     def build_ui(self, *, panels: bool | None = None):

@@ -31,8 +31,10 @@ after the earlier session's and replaces ``summary.json`` and the last views. Wi
 the training starts with the offscreen frame loop (``--paused`` does not apply), which presents at most ``--fps``
 frames per second (default 30; ``summary.json`` gives the rate achieved, ``fps``).
 While a training runs and the camera is still, the live model is re-rendered and the panels rebuilt at most
-``--refresh-hz`` times a second (default 10; the Training window's "view refresh" slider); the presents in between
-repeat the last frame (:mod:`viewer.app`), so that the frame loop leaves the Python interpreter to the trainer.
+``--refresh-hz`` times a second (default 10; the Training window's "view refresh" slider); the frames in between
+repeat the last frame, or hold it — nothing submitted — when it is already the picture shown (:mod:`viewer.app`), so
+that the frame loop leaves the Python interpreter and the GPU to the trainer (``summary.json``: ``fps`` presents
+per second, ``loop_fps`` frames per second, held ones included).
 ``--path FILE`` opens a camera path in the Camera path section; with ``--offscreen`` it writes the path's frames
 instead, ``path_XXXX.png`` (see :mod:`viewer.path_panel`).
 Exit status: 0 on success, 1 when something failed, 2 for an input rigel cannot use (a bad scene, dataset or
@@ -106,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "per second (1 to 1000, default 30)")
     ap.add_argument("--refresh-hz", type=float, default=None,
                     help="while training with a still camera: re-render the live model and rebuild the panels at most "
-                         "this often per second; the presents in between repeat the last frame, leaving the Python "
-                         "interpreter to the trainer (0 to 60, default 10; 0: every present)")
+                         "this often per second; the frames in between repeat the last frame (or hold it, submitting "
+                         "nothing, when it is already shown), leaving the interpreter and the GPU to the trainer "
+                         "(0 to 60, default 10; 0: every frame)")
     ap.add_argument("--path", type=Path, default=None, help="camera path .json to open in the Camera path section; "
                                                             "with --offscreen: write its frames")
     ap.add_argument("--size", type=_parse_size, default=(1280, 720),

@@ -214,8 +214,10 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     trainer); a paused session is resumed as the loop starts. Returns the summary (also in ``summary.json``):
     frames, presents, fps (presents per second achieved over the loop), ``max_fps``, iterations, held-out PSNR (first
     and last evaluation), train-view PSNR (mean of the first and of the last window of ≤ 10 iterations),
-    Gaussians, the run folder and the files written there; ``renders``, ``ui_builds`` and ``repeats`` over the loop
-(the live refresh cap, :mod:`viewer.app`: a repeat presents the last frame and panels again). ``ok`` is false when the training failed or ``timeout_s`` passed.
+    Gaussians, the run folder and the files written there; ``renders``, ``ui_builds``, ``repeats`` and ``held`` over
+    the loop (the live refresh cap, :mod:`viewer.app`: a repeat presents the last frame and panels again, a held
+    frame was already the one presented and submits nothing), ``loop_fps`` (frames of the loop per second, held ones
+    included). ``ok`` is false when the training failed or ``timeout_s`` passed.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -231,7 +233,7 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     yaw0 = viewer.camera.yaw
     t_start = time.perf_counter()
     presents0 = viewer.stats.presents
-    counts0 = (viewer.stats.renders, viewer.stats.ui_builds, viewer.stats.repeats)
+    counts0 = (viewer.stats.renders, viewer.stats.ui_builds, viewer.stats.repeats, viewer.stats.held)
     session.send(M.Resume())   # a session started paused (rigel-viewer --offscreen) trains from here on
     error = None
     k = 0
@@ -260,8 +262,8 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
             time.sleep(rest)
     elapsed = time.perf_counter() - t_start
     presents = viewer.stats.presents - presents0
-    renders, ui_builds, repeats = (a - b for a, b in zip((viewer.stats.renders, viewer.stats.ui_builds,
-                                                         viewer.stats.repeats), counts0))
+    renders, ui_builds, repeats, held = (a - b for a, b in zip((viewer.stats.renders, viewer.stats.ui_builds,
+                                                               viewer.stats.repeats, viewer.stats.held), counts0))
     if state.status == "failed":
         error = f"training failed: {state.error}"
     session.stop(save=True)
@@ -288,8 +290,10 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
         "ok": error is None, **common,
         "frames": len(shots), "presents": presents, "seconds": round(elapsed, 3),
         "fps": round(presents / elapsed, 3) if elapsed > 0 else None, "max_fps": max_fps,
+        "loop_fps": round((presents + held) / elapsed, 3) if elapsed > 0 else None,
         # the live refresh cap (viewer/app.py): full frames (renders, panel builds) vs presents of the last frame
         "refresh_hz": viewer.settings.refresh_hz, "renders": renders, "ui_builds": ui_builds, "repeats": repeats,
+        "held": held,
         "iterations": state.iteration, "iterations_goal": goal, "status": state.status,
         "psnr": state.last_eval_psnr if state.eval_psnr else None,
         "psnr_initial": state.eval_psnr[0] if state.eval_psnr else None,

@@ -111,6 +111,7 @@ class Stats:
     presents: int = 0
     ui_builds: int = 0             # ImGui frames built (a re-present of the last frame builds none)
     repeats: int = 0               # presents of the last frame and panels again (the live refresh cap)
+    held: int = 0                  # frames that showed the picture already presented: nothing submitted
     model_info: dict = field(default_factory=dict)
     render_ms_history: deque = field(default_factory=lambda: deque(maxlen=120))
     stage_ms: dict = field(default_factory=dict)   # "appearance", "rasterize", "present", "ui" → ms
