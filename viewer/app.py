@@ -451,7 +451,8 @@ class Viewer:
 
     def run(self, frames: int | None = None):
         """The windowed loop until the window closes, Ctrl-C (the loop ends after this frame and :meth:`close`
-        saves the training; a second Ctrl-C aborts at once; sets :attr:`interrupted`), or ``frames`` presents.
+        saves the training; a second Ctrl-C aborts at once; sets :attr:`interrupted`), or ``frames`` frames (presented
+        or held).
         While training: at most one present per display refresh (even with vsync off), none while minimised."""
         with sigint_flag(self):
             logging.getLogger("rigel.viewer").info("window open: %dx%d, %s", self.target.width, self.target.height,
@@ -470,7 +471,7 @@ class Viewer:
                         continue
                 if self.step() is None:
                     self.win.wait(0.05)         # minimised: sleep until something happens
-                if frames is not None and self.stats.presents >= frames:
+                if frames is not None and self.stats.presents + self.stats.held >= frames:
                     break
 
     def _count_present(self):
