@@ -234,12 +234,15 @@ at::Tensor sh_colors(int64_t degree, const at::Tensor& sh_coeffs, const at::Tens
 }
 
 namespace {
-struct BinInputs {
+// What both binnings share: the input checks, then the per-Gaussian tile counts and their inclusive prefix sum
+// (offsets[N-1] = the frame's entry count, on the device) and the list of Gaussians with large footprints.
+struct TileCounts {
     at::Device dev;
     int64_t n;
+    at::Tensor offsets, tiles_touched, large_ids, large_count;
 };
 
-BinInputs check_bin_inputs(const char* op, const at::Tensor& means2D, const at::Tensor& conics,
+TileCounts count_bin_tiles(const char* op, const at::Tensor& means2D, const at::Tensor& conics,
                            const at::Tensor& opacities, const at::Tensor& depths, const at::Tensor& radii,
                            int64_t width, int64_t height, int64_t max_entries, const char* max_name) {
     const at::Device dev = cuda_device(op, "means2D", means2D);
@@ -252,58 +255,50 @@ BinInputs check_bin_inputs(const char* op, const at::Tensor& means2D, const at::
     check_image_size(op, width, height);
     if (!(max_entries >= 0 && max_entries < (int64_t(1) << 31)))
         TORCH_CHECK_VALUE(false, prefix(op) + max_name + " " + std::to_string(max_entries) + " must be in [0, 2^31)");
-    return {dev, n};
+    const c10::cuda::CUDAGuard guard(dev);
+    const auto i32 = means2D.options().dtype(at::kInt);
+    TileCounts c{dev, n, at::empty({n}, means2D.options().dtype(at::kLong)), at::empty({n}, i32), at::empty({n}, i32),
+                 at::zeros({1}, i32)};
+    launch_count_tiles(means2D, conics, opacities, radii, static_cast<int>(width), static_cast<int>(height),
+                       c.offsets, c.tiles_touched, c.large_ids, c.large_count);
+    return c;
 }
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t> bin_gaussians(
     const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& depths,
     const at::Tensor& radii, int64_t width, int64_t height, int64_t max_entries) {
-    const char* op = "bin_gaussians";
-    const auto [dev, n] = check_bin_inputs(op, means2D, conics, opacities, depths, radii, width, height, max_entries,
-                                           "max_entries");
-    const c10::cuda::CUDAGuard guard(dev);
-    const auto i32 = means2D.options().dtype(at::kInt);
-    at::Tensor offsets = at::empty({n}, means2D.options().dtype(at::kLong)), tiles_touched = at::empty({n}, i32);
-    at::Tensor large_ids = at::empty({n}, i32), large_count = at::zeros({1}, i32);
-    launch_count_tiles(means2D, conics, opacities, radii, static_cast<int>(width), static_cast<int>(height), offsets,
-                       tiles_touched, large_ids, large_count);
-    const int64_t total = n == 0 ? 0 : offsets[n - 1].item<int64_t>();  // the frame's one device->host read
+    TileCounts c = count_bin_tiles("bin_gaussians", means2D, conics, opacities, depths, radii, width, height,
+                                   max_entries, "max_entries");
+    const c10::cuda::CUDAGuard guard(c.dev);
+    const int64_t total = c.n == 0 ? 0 : c.offsets[c.n - 1].item<int64_t>();  // the frame's one device->host read
     if (total > max_entries) {
         // Refused before anything of size `total` is allocated. Reported by value, not thrown: the Python side
         // (cuda_backend.bin_gaussians_cuda) raises the RuntimeError.
-        const at::Tensor none = at::empty({0}, i32);
-        return {at::empty({0}, means2D.options().dtype(at::kLong)), none, none, tiles_touched, total};
+        const at::Tensor none = at::empty({0}, means2D.options().dtype(at::kInt));
+        return {at::empty({0}, means2D.options().dtype(at::kLong)), none, none, c.tiles_touched, total};
     }
-    at::Tensor tile_ranges = at::empty({tile_count(width, height), 2}, i32);
+    at::Tensor tile_ranges = at::empty({tile_count(width, height), 2}, means2D.options().dtype(at::kInt));
     auto [keys, gaussian_ids] = launch_emit_and_sort(means2D, conics, opacities, depths, radii, static_cast<int>(width),
-                                                     static_cast<int>(height), offsets, large_ids, large_count, total,
-                                                     false, tile_ranges);
-    return {keys, gaussian_ids, tile_ranges, tiles_touched, total};
+                                                     static_cast<int>(height), c.offsets, c.large_ids, c.large_count,
+                                                     total, false, tile_ranges);
+    return {keys, gaussian_ids, tile_ranges, c.tiles_touched, total};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> bin_gaussians_fixed(
     const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& opacities, const at::Tensor& depths,
     const at::Tensor& radii, int64_t width, int64_t height, int64_t capacity) {
-    const char* op = "bin_gaussians_fixed";
-    const auto [dev, n] = check_bin_inputs(op, means2D, conics, opacities, depths, radii, width, height, capacity,
-                                           "capacity");
-    const c10::cuda::CUDAGuard guard(dev);
-    const auto i32 = means2D.options().dtype(at::kInt), i64 = means2D.options().dtype(at::kLong);
-    at::Tensor offsets = at::empty({n}, i64), tiles_touched = at::empty({n}, i32);
-    at::Tensor large_ids = at::empty({n}, i32), large_count = at::zeros({1}, i32);
-    launch_count_tiles(means2D, conics, opacities, radii, static_cast<int>(width), static_cast<int>(height), offsets,
-                       tiles_touched, large_ids, large_count);
-    at::Tensor tile_ranges = at::empty({tile_count(width, height), 2}, i32);
+    TileCounts c = count_bin_tiles("bin_gaussians_fixed", means2D, conics, opacities, depths, radii, width, height,
+                                   capacity, "capacity");
+    const c10::cuda::CUDAGuard guard(c.dev);
+    at::Tensor tile_ranges = at::empty({tile_count(width, height), 2}, means2D.options().dtype(at::kInt));
+    // capacity 0: launch_emit_and_sort emits nothing and returns empty keys and ids
     auto [keys, gaussian_ids] = launch_emit_and_sort(means2D, conics, opacities, depths, radii, static_cast<int>(width),
-                                                     static_cast<int>(height), offsets, large_ids, large_count, capacity,
-                                                     true, tile_ranges);
-    at::Tensor total = n == 0 ? at::zeros({1}, i64) : offsets.narrow(0, n - 1, 1);  // a view: no copy, no read
-    if (capacity == 0) {  // launch_emit_and_sort returned empty tensors
-        keys = at::empty({0}, i64);
-        gaussian_ids = at::empty({0}, i32);
-    }
-    return {keys, gaussian_ids, tile_ranges, tiles_touched, total};
+                                                     static_cast<int>(height), c.offsets, c.large_ids, c.large_count,
+                                                     capacity, true, tile_ranges);
+    at::Tensor total = c.n == 0 ? at::zeros({1}, means2D.options().dtype(at::kLong))
+                                : c.offsets.narrow(0, c.n - 1, 1);  // a view: no copy, no read
+    return {keys, gaussian_ids, tile_ranges, c.tiles_touched, total};
 }
 
 void rasterize_tiles(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
