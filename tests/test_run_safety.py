@@ -64,6 +64,33 @@ def test_a_locked_run_folder_is_refused(tmp_path, capsys, cli):
     assert sorted(p.name for p in run.iterdir()) == [".lock"]
 
 
+# ---- a folder holding a run's model.ply but no checkpoint -------------------------------------------------------
+@pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer"])
+@pytest.mark.parametrize("resume", [False, True], ids=["new", "resume"])
+def test_a_model_ply_without_a_checkpoint_is_never_trained_over(tmp_path, capsys, cli, resume):
+    """A run whose checkpoint was deleted (to save space) keeps its model.ply: training into that folder, with or
+    without --resume (nothing to continue), would replace it. One line naming the folder and model.ply, exit 2,
+    before the dataset is read, nothing written."""
+    run = tmp_path / "run"
+    run.mkdir()
+    kept = os.urandom(64)
+    (run / "model.ply").write_bytes(kept)
+    argv = ["--data", str(tmp_path / "no-such-dataset"), "--out", str(run)] + (["--resume"] if resume else [])
+    if cli == "rigel-viewer":
+        from viewer.cli import main
+
+        argv.append("--offscreen")
+    else:
+        from rigel_core.cli.train import main
+
+        argv.append("--quiet")
+    assert main(argv) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert str(run) in line and "model.ply" in line and "no-such-dataset" not in line, line
+    assert sorted(p.name for p in run.iterdir()) == ["model.ply"]
+    assert (run / "model.ply").read_bytes() == kept
+
+
 # ---- a wrong --out: one line, before any data loads --------------------------------------------------------------
 @pytest.mark.parametrize("cli", ["rigel-train", "rigel-render", "rigel-viewer --data", "rigel-viewer SCENE"])
 @pytest.mark.parametrize("kind", ["file", "under-a-file"])

@@ -65,8 +65,8 @@ import time
 from pathlib import Path
 
 from ..atomic import remove_stale_temp_files
-from ..run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, METRICS_NAME, RunLock, RunRecord, new_metrics, open_run_log,
-                       out_problem, read_metrics)
+from ..run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord,
+                       choose_run_dir, new_metrics, open_run_log, out_problem, read_metrics)
 from .common import add_training_args, build_trainer, config_overrides, load_training_data, new_run_problem, \
     one_line_warnings, resume_config
 
@@ -230,9 +230,10 @@ def _main(args, lock: RunLock, comm=None) -> int:
         return 2
     if is_main and not lock.try_existing():
         return _busy(run_dir)
-    if ckpt.is_file() and not args.resume:
-        print(f"rigel-train: {run_dir} already holds a run ({CHECKPOINT_NAME}); pass --resume to continue it, "
-              "or choose another --out", file=sys.stderr)
+    try:  # a run's files (model.ply, metrics.json, log.txt, …) are never trained over; the same rule as the viewer's
+        choose_run_dir(run_dir, run_dir, resume=args.resume)
+    except RunFolderTaken as e:
+        print(f"rigel-train: {e}", file=sys.stderr)
         return 2
     if args.resume and not ckpt.is_file():
         print(f"rigel-train: --resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run", file=sys.stderr)
