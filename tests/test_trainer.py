@@ -537,6 +537,42 @@ def test_cli_end_to_end_resume_and_interrupt(blender_dataset, tmp_path, monkeypa
     assert "no checkpoint.safetensors" in capsys.readouterr().err
 
 
+def test_cli_sigterm_saves_like_ctrl_c(blender_dataset, tmp_path, monkeypatch):
+    """SIGTERM (what `timeout`, `docker stop`, systemd and batch schedulers send) finishes the step and saves the
+    checkpoint, the PLY and the metrics as Ctrl-C does, exit status 143 = 128 + SIGTERM; a run killed this way
+    resumes instead of losing every iteration since the last periodic checkpoint."""
+    import os
+    import signal
+
+    from rigel_core.checkpoint import read_checkpoint
+    from rigel_core.cli.train import main
+
+    calls = {"n": 0}
+    real_step = Trainer.step
+
+    def step(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)   # arrives during this step, which then completes
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    def not_caught(signum, frame):   # stands in for the default action (which would end pytest) if main misses it
+        calls["missed"] = True
+
+    before = signal.signal(signal.SIGTERM, not_caught)
+    try:
+        run = tmp_path / "run"
+        status = main(["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet",
+                       "--init-points", "100", "--iters", "50"])
+        assert signal.getsignal(signal.SIGTERM) is not_caught   # the handler is put back
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert status == 143 and "missed" not in calls
+    assert read_checkpoint(run / "checkpoint.safetensors")[1]["iteration"] == 3
+    assert (run / "model.ply").is_file() and "interrupted" in (run / "log.txt").read_text()
+
+
 # ---- background points for a partial SfM (init_background_points) -------------------------------------------------
 def test_background_init_points_lie_behind_the_sfm_points_between_the_two_spheres(rng):
     from rigel_core.train import background_init_points
