@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from rigel_core import config
 from rigel_core.reference import sh as ref_sh
@@ -117,6 +118,12 @@ def test_config_fields_are_type_checked():
             TrainConfig(**{field: value}).validate()
     with pytest.raises(ValueError, match="TrainConfig.iterations must be ≤"):
         TrainConfig(iterations=MAX_ITERATION + 1).validate()
+    for seed in (2**64, -2**63 - 1, 10**20):   # torch.Generator.manual_seed's range: before, "Overflow when
+        with pytest.raises(ValueError, match="TrainConfig.seed "):   # unpacking long long" after the data loaded
+            TrainConfig(seed=seed).validate()
+    for seed in (2**64 - 1, -2**63, 0):
+        TrainConfig(seed=seed).validate()
+        torch.Generator().manual_seed(seed)   # the range is torch's own
     c = TrainConfig(iterations=1e4, max_gaussians=None, init_box=(0, 0, 0, 1, 1, 1))  # JSON's 1e4 is an integer
     c.validate()
     assert c.iterations == 10000 and type(c.iterations) is int

@@ -228,6 +228,8 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.sh_degree <= 3:
             raise ValueError(f"TrainConfig.sh_degree must be in 0..3, got {self.sh_degree}")
+        if not -2**63 <= self.seed < 2**64:   # torch.Generator.manual_seed's range
+            raise ValueError(f"TrainConfig.seed must be in -2^63..2^64-1, got {self.seed}")
         if self.densify_visibility not in ("radius", "opacity", "contrib"):
             raise ValueError(f"TrainConfig.densify_visibility must be 'radius', 'opacity' or 'contrib', got "
                              f"{self.densify_visibility!r}")
