@@ -288,7 +288,12 @@ def _main(args, lock: RunLock, comm=None) -> int:
             run_dir.mkdir(parents=True, exist_ok=True)
             if not lock.acquire():
                 return _busy(run_dir)
+            # again, under the lock: another rigel-train may have finished a run here while the data loaded
+            choose_run_dir(run_dir, run_dir, resume=args.resume)
             stale = remove_stale_temp_files(run_dir, ATOMIC_NAMES)
+        except RunFolderTaken as e:
+            print(f"rigel-train: {e}", file=sys.stderr)
+            return 2
         except OSError as e:
             print(f"rigel-train: --out {run_dir}: {e.strerror or e}", file=sys.stderr)
             return 2
