@@ -135,11 +135,17 @@ def fresh_run_dir(base: Path) -> Path:
 def choose_run_dir(out: Path | None, default: Path, *, resume: bool) -> Path:
     """The run folder to train into; never one that holds another run.
 
-    ``resume``: ``out`` (or ``default``) as it is. An explicit ``out`` that holds a run without ``resume`` raises
+    ``resume``: ``out`` (or ``default``) as it is, unless it holds ``model.ply`` but no checkpoint (a finished
+    run whose checkpoint was deleted: nothing to continue, and the new run would replace its model), which raises
+    :class:`RunFolderTaken`. An explicit ``out`` that holds a run without ``resume`` raises
     :class:`RunFolderTaken` naming its run files (or that it is a file). Without ``out``, ``default`` becomes
     ``default-2``, ``-3``, … when it holds a run (:func:`fresh_run_dir`)."""
     if resume:
-        return Path(out) if out is not None else Path(default)
+        run = Path(out) if out is not None else Path(default)
+        if (run / PLY_NAME).exists() and not (run / CHECKPOINT_NAME).exists():
+            raise RunFolderTaken(f"{run} holds {PLY_NAME} but no {CHECKPOINT_NAME}: --resume has nothing to "
+                                 f"continue, and a new run would replace {PLY_NAME}; choose another --out")
+        return run
     if out is not None:
         out = Path(out)
         if out.exists() and not out.is_dir():

@@ -1,4 +1,5 @@
 """``rigel-render`` end to end on the bundled scene at tiny resolution, and ``orbit_transforms``."""
+import argparse
 import json
 import math
 
@@ -120,6 +121,32 @@ def test_render_errors(tmp_path, capsys):
         main(["default", "--cameras", str(cams), "--out", str(tmp_path / "o"), "--width", "0"])
     assert parse_background("0.2,0.5,1") == (0.2, 0.5, 1.0)
     assert parse_background("0,128,255") == (0.0, 128 / 255, 1.0)
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "mps", "cuda"])
+@pytest.mark.parametrize("mode", ["cameras", "path"])
+def test_render_unusable_device_is_one_line(tmp_path, capsys, monkeypatch, device, mode):
+    """A --device that is not cpu/cuda, or cuda without a usable GPU and kernels, is one line naming it, exit 2,
+    before the scene loads or anything is written (was a raw torch traceback)."""
+    import rigel_core
+
+    monkeypatch.setattr(rigel_core, "cuda_available", lambda: False)   # as on a CPU machine, also on the H200
+    cams = tmp_path / "t.json"
+    orbit_transforms((0, 0, 0), 5.0, 1, 8, 8, 50.0, out=cams)
+    out = tmp_path / "o"
+    argv = (["default", "--cameras", str(cams), "--out", str(out)] if mode == "cameras"
+            else ["default", "--path", str(tmp_path / "p.json"), "--video", str(tmp_path / "v.mp4")])
+    assert main(argv + ["--device", device]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err and "--device" in lines[0] and device in lines[0], err
+    assert not out.exists() and not (tmp_path / "v.mp4").exists()
+
+
+@pytest.mark.parametrize("text", ["nan,0,0", "0,inf,0", "0.5,0.5,-inf"])
+def test_render_non_finite_background_is_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError, match="--background"):
+        parse_background(text)
 
 
 def test_render_image_size_caps(tmp_path, capsys):

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from rigel_core import config
 from rigel_core.reference import sh as ref_sh
@@ -117,6 +118,22 @@ def test_config_fields_are_type_checked():
             TrainConfig(**{field: value}).validate()
     with pytest.raises(ValueError, match="TrainConfig.iterations must be ≤"):
         TrainConfig(iterations=MAX_ITERATION + 1).validate()
+    # values that used to train silently wrong (a negative learning rate ascends the loss; max_steps −1 jumps to
+    # the final position lr at step 1) or fail later naming no field ("math domain error", "Invalid epsilon")
+    wrong = [("position_lr_init", -1e-4), ("position_lr_final", -1e-6), ("scaling_lr", -1.0), ("rotation_lr", -1e-3),
+             ("opacity_lr", -0.05), ("adam_eps", 0.0), ("adam_eps", -1.0), ("init_opacity", 1.0),
+             ("init_opacity", 0.0), ("position_lr_max_steps", 0), ("position_lr_max_steps", -1)]
+    for field, value in wrong:
+        with pytest.raises(ValueError, match=f"TrainConfig.{field} "):
+            TrainConfig(**{field: value}).validate()
+    TrainConfig(position_lr_init=0.0, position_lr_final=0.0, scaling_lr=0.0, rotation_lr=0.0, opacity_lr=0.0,
+                init_opacity=0.999, position_lr_max_steps=1).validate()   # a frozen group, the edges, are fine
+    for seed in (2**64, -2**63 - 1, 10**20):   # torch.Generator.manual_seed's range: before, "Overflow when
+        with pytest.raises(ValueError, match="TrainConfig.seed "):   # unpacking long long" after the data loaded
+            TrainConfig(seed=seed).validate()
+    for seed in (2**64 - 1, -2**63, 0):
+        TrainConfig(seed=seed).validate()
+        torch.Generator().manual_seed(seed)   # the range is torch's own
     c = TrainConfig(iterations=1e4, max_gaussians=None, init_box=(0, 0, 0, 1, 1, 1))  # JSON's 1e4 is an integer
     c.validate()
     assert c.iterations == 10000 and type(c.iterations) is int

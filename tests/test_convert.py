@@ -216,6 +216,19 @@ def test_copy_link_force_cli(tmp_path, scene, rng, capsys):
     assert json.loads((tmp_path / "s_out" / "transforms.json").read_text())["camera_model"] == "OPENCV"
 
 
+@pytest.mark.parametrize("kind", ["file", "under-a-file"])
+def test_import_colmap_dst_that_is_a_file_is_one_line(tmp_path, capsys, kind):
+    """DST a file (or below one): one line naming DST, exit 2, before SRC is read; was '[Errno 17] File exists:
+    ...' (or Errno 20) naming neither the argument nor what is wrong with it."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    dst = afile if kind == "file" else afile / "sub"
+    assert import_main([str(tmp_path / "no-such-src"), str(dst)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Errno" not in err and f"DST {dst}" in err and "no-such-src" not in err, err
+    assert afile.read_text() == "not a folder"
+
+
 def test_images_dir_and_no_points(tmp_path, scene, rng):
     g = np_rng(rng)
     src = tmp_path / "src"

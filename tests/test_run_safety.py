@@ -64,6 +64,61 @@ def test_a_locked_run_folder_is_refused(tmp_path, capsys, cli):
     assert sorted(p.name for p in run.iterdir()) == [".lock"]
 
 
+# ---- a folder holding a run's model.ply but no checkpoint -------------------------------------------------------
+@pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer"])
+@pytest.mark.parametrize("resume", [False, True], ids=["new", "resume"])
+def test_a_model_ply_without_a_checkpoint_is_never_trained_over(tmp_path, capsys, cli, resume):
+    """A run whose checkpoint was deleted (to save space) keeps its model.ply: training into that folder, with or
+    without --resume (nothing to continue), would replace it. One line naming the folder and model.ply, exit 2,
+    before the dataset is read, nothing written."""
+    run = tmp_path / "run"
+    run.mkdir()
+    kept = os.urandom(64)
+    (run / "model.ply").write_bytes(kept)
+    argv = ["--data", str(tmp_path / "no-such-dataset"), "--out", str(run)] + (["--resume"] if resume else [])
+    if cli == "rigel-viewer":
+        from viewer.cli import main
+
+        argv.append("--offscreen")
+    else:
+        from rigel_core.cli.train import main
+
+        argv.append("--quiet")
+    assert main(argv) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert str(run) in line and "model.ply" in line and "no-such-dataset" not in line, line
+    assert sorted(p.name for p in run.iterdir()) == ["model.ply"]
+    assert (run / "model.ply").read_bytes() == kept
+
+
+def test_viewer_does_not_train_over_a_run_finished_while_it_loaded(tmp_path, capsys, monkeypatch):
+    """rigel-viewer --data --out RUN checks RUN before loading the data; a rigel-train that finishes a run there
+    meanwhile (its lock gone) must not be trained over: the folder is checked again once the lock is held."""
+    import rigel_core.cli.common as common
+    from rigel_core.data import make_dataset
+    from viewer.cli import main
+
+    data = tmp_path / "data"
+    make_dataset(data, 50, 8, 8, n_train=2, n_test=1, device="cpu", progress=False)
+    run = tmp_path / "run"
+    theirs = os.urandom(32)
+    real_load = common.load_training_data
+
+    def load_while_another_run_finishes(args):
+        ds = real_load(args)
+        run.mkdir(exist_ok=True)
+        (run / "checkpoint.safetensors").write_bytes(theirs)
+        (run / "model.ply").write_bytes(theirs)
+        return ds
+
+    monkeypatch.setattr(common, "load_training_data", load_while_another_run_finishes)
+    assert main(["--data", str(data), "--out", str(run), "--offscreen", "--device", "cpu", "--init-points", "20",
+                 "--iters", "2", "--frames", "1"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert str(run) in line and "holds a run" in line, line
+    assert (run / "checkpoint.safetensors").read_bytes() == theirs and (run / "model.ply").read_bytes() == theirs
+
+
 # ---- a wrong --out: one line, before any data loads --------------------------------------------------------------
 @pytest.mark.parametrize("cli", ["rigel-train", "rigel-render", "rigel-viewer --data", "rigel-viewer SCENE"])
 @pytest.mark.parametrize("kind", ["file", "under-a-file"])

@@ -7,6 +7,7 @@ more than they save, so the tests pin one thread).
 """
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -535,6 +536,72 @@ def test_cli_end_to_end_resume_and_interrupt(blender_dataset, tmp_path, monkeypa
     assert main(["--data", str(tmp_path / "nothing"), "--out", str(tmp_path / "r4"), "--device", "cpu",
                  "--resume"]) == 2
     assert "no checkpoint.safetensors" in capsys.readouterr().err
+
+
+def test_cli_sigterm_saves_like_ctrl_c(blender_dataset, tmp_path, monkeypatch):
+    """SIGTERM (what `timeout`, `docker stop`, systemd and batch schedulers send) finishes the step and saves the
+    checkpoint, the PLY and the metrics as Ctrl-C does, exit status 143 = 128 + SIGTERM; a run killed this way
+    resumes instead of losing every iteration since the last periodic checkpoint."""
+    import os
+    import signal
+
+    from rigel_core.checkpoint import read_checkpoint
+    from rigel_core.cli.train import main
+
+    calls = {"n": 0}
+    real_step = Trainer.step
+
+    def step(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)   # arrives during this step, which then completes
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    def not_caught(signum, frame):   # stands in for the default action (which would end pytest) if main misses it
+        calls["missed"] = True
+
+    before = signal.signal(signal.SIGTERM, not_caught)
+    try:
+        run = tmp_path / "run"
+        status = main(["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet",
+                       "--init-points", "100", "--iters", "50"])
+        assert signal.getsignal(signal.SIGTERM) is not_caught   # the handler is put back
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert status == 143 and "missed" not in calls
+    assert read_checkpoint(run / "checkpoint.safetensors")[1]["iteration"] == 3
+    assert (run / "model.ply").is_file() and "interrupted" in (run / "log.txt").read_text()
+
+
+def test_cli_run_finished_by_another_process_while_loading_is_not_overwritten(blender_dataset, tmp_path, monkeypatch,
+                                                                                capsys):
+    """Two rigel-train on one --out: the run lock refuses the second only while the first holds it. When the first
+    finishes while the second is still loading its data, the second must not take the folder over: the run folder
+    is checked again once the lock is held. (A --resume reads the checkpoint again after the data loads, so it
+    continues from the other process's save.)"""
+    import rigel_core.cli.train as train_cli
+
+    run = tmp_path / "run"
+    common = ["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet", "--init-points", "60",
+              "--eval-every", "0", "--n-renders", "0"]
+    real_load = train_cli.load_training_data
+    theirs = os.urandom(32)
+
+    def load_while_another_run_finishes(args):
+        ds = real_load(args)
+        run.mkdir(exist_ok=True)
+        (run / "checkpoint.safetensors").write_bytes(theirs)   # the other process's run, saved meanwhile
+        (run / "model.ply").write_bytes(theirs)
+        return ds
+
+    monkeypatch.setattr(train_cli, "load_training_data", load_while_another_run_finishes)
+    capsys.readouterr()
+    assert train_cli.main(common + ["--iters", "4"]) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and str(run) in lines[0] and "Traceback" not in err, err
+    assert (run / "checkpoint.safetensors").read_bytes() == theirs and (run / "model.ply").read_bytes() == theirs
 
 
 # ---- background points for a partial SfM (init_background_points) -------------------------------------------------

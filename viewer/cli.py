@@ -217,6 +217,10 @@ def _start_training(args, settings: ViewSettings, locks: list):
     run_dir.mkdir(parents=True, exist_ok=True)
     if not lock.acquire():
         raise _Refused(RunLock(run_dir).busy_message("rigel process"))
+    try:  # again, under the lock: a rigel-train may have finished a run here while the data loaded
+        choose_run_dir(run_dir, run_dir, resume=args.resume)
+    except RunFolderTaken as e:
+        raise _Refused(str(e)) from None
     remove_stale_temp_files(run_dir, ATOMIC_NAMES)
     log = _setup_logging(run_dir)
     frames = list(ds.train)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from pathlib import Path
 
 __all__ = ["main"]
 
@@ -40,6 +41,12 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from ..data.convert import colmap_to_transforms
     from ..data.frames import DatasetError
+    from ..run_dir import out_problem
+
+    problem = out_problem(Path(args.dst), "DST")   # before SRC is read: a DST that is a file costs nothing
+    if problem:
+        print(f"rigel-import-colmap: {problem}", file=sys.stderr)
+        return 2
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

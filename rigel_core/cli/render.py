@@ -48,13 +48,33 @@ def parse_background(text: str) -> tuple[float, float, float]:
         vals = [float(v) for v in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"--background expects R,G,B numbers, got {text!r}") from None
-    if len(vals) != 3 or any(v < 0 for v in vals):
+    if len(vals) != 3 or any(not v >= 0 or math.isinf(v) for v in vals):   # NaN fails v >= 0
         raise argparse.ArgumentTypeError(f"--background expects three non-negative numbers R,G,B, got {text!r}")
     if any(v > 1 for v in vals):
         if any(v > 255 for v in vals):
             raise argparse.ArgumentTypeError(f"--background components must be in 0..1 or 0..255, got {text!r}")
         vals = [v / 255.0 for v in vals]
     return tuple(vals)
+
+
+def device_problem(device: str | None) -> str | None:
+    """Why ``--device`` cannot render here (one line), or None: it must be ``cpu``, ``cuda`` or ``cuda:N``, and
+    CUDA needs a visible GPU and the built kernels (``rigel_core._C``)."""
+    if device is None:
+        return None
+    import torch
+
+    from .. import cuda_available
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        return f"--device {device!r}: expected cpu or cuda"
+    if kind == "cuda" and not cuda_available():
+        return f"--device {device}: no CUDA device or no built kernels (rigel_core._C); --device cpu renders on the CPU"
+    return None
 
 
 def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | None,
@@ -191,6 +211,10 @@ def _main(argv=None) -> int:
         ap.error(f"--max-image-size must be in 1..{MAX_CAMERA_SIDE}, got {cap}")
     if args.depth_range is not None and args.depth is None:
         ap.error("--depth-range needs --depth")
+    problem = device_problem(args.device)
+    if problem:
+        print(f"rigel-render: error: {problem}", file=sys.stderr)
+        return 2
     if args.path is not None or args.video is not None:   # a camera-path video (rigel_core/render_video.py)
         if args.depth is not None:
             ap.error("--depth writes per-view files: use it with --cameras/--out, not --path")

@@ -38,8 +38,10 @@ these keep the saved run's values unless given again. ``--set FIELD=VALUE`` (rep
 --set grad_threshold=4e-4 --set init_box=[-1,-1,-1,1,1,1]``), else as a string; it wins over the other flags.
 
 Ctrl-C finishes the current iteration, saves the checkpoint, the PLY and the metrics, then exits with status
-130 (a second Ctrl-C aborts at once). Exit status 0 on success, 2 for bad arguments, an unreadable dataset, a
-damaged checkpoint, an ``--out`` that cannot be written or one another ``rigel-train`` is using.
+130 (a second Ctrl-C aborts at once); SIGTERM (``timeout``, ``docker stop``, schedulers) does the same, status
+143 (one process; a rank of ``--gpus N`` still ends at SIGTERM, the launcher's way to stop a stuck rank). Exit
+status 0 on success, 2 for bad arguments, an unreadable dataset, a damaged checkpoint, an ``--out`` that cannot be
+written or one another ``rigel-train`` is using.
 
 Batches and several processes (docs/TRAINING.md, "Batches and multi-GPU training"; :mod:`rigel_core.train.distributed`):
 ``--batch-size B`` renders B views per step and process (``TrainConfig.batch_size``); ``--gpus N`` runs N processes
@@ -65,8 +67,8 @@ import time
 from pathlib import Path
 
 from ..atomic import remove_stale_temp_files
-from ..run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, METRICS_NAME, RunLock, RunRecord, new_metrics, open_run_log,
-                       out_problem, read_metrics)
+from ..run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord,
+                       choose_run_dir, new_metrics, open_run_log, out_problem, read_metrics)
 from .common import add_training_args, build_trainer, config_overrides, load_training_data, new_run_problem, \
     one_line_warnings, resume_config
 
@@ -230,9 +232,10 @@ def _main(args, lock: RunLock, comm=None) -> int:
         return 2
     if is_main and not lock.try_existing():
         return _busy(run_dir)
-    if ckpt.is_file() and not args.resume:
-        print(f"rigel-train: {run_dir} already holds a run ({CHECKPOINT_NAME}); pass --resume to continue it, "
-              "or choose another --out", file=sys.stderr)
+    try:  # a run's files (model.ply, metrics.json, log.txt, …) are never trained over; the same rule as the viewer's
+        choose_run_dir(run_dir, run_dir, resume=args.resume)
+    except RunFolderTaken as e:
+        print(f"rigel-train: {e}", file=sys.stderr)
         return 2
     if args.resume and not ckpt.is_file():
         print(f"rigel-train: --resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run", file=sys.stderr)
@@ -285,7 +288,12 @@ def _main(args, lock: RunLock, comm=None) -> int:
             run_dir.mkdir(parents=True, exist_ok=True)
             if not lock.acquire():
                 return _busy(run_dir)
+            # again, under the lock: another rigel-train may have finished a run here while the data loaded
+            choose_run_dir(run_dir, run_dir, resume=args.resume)
             stale = remove_stale_temp_files(run_dir, ATOMIC_NAMES)
+        except RunFolderTaken as e:
+            print(f"rigel-train: {e}", file=sys.stderr)
+            return 2
         except OSError as e:
             print(f"rigel-train: --out {run_dir}: {e.strerror or e}", file=sys.stderr)
             return 2
@@ -334,18 +342,22 @@ def _main(args, lock: RunLock, comm=None) -> int:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
-    # Ctrl-C: finish the current iteration, then save (a second one aborts at once).
+    # Ctrl-C or SIGTERM: finish the current iteration, then save (a second one aborts at once).
     stop = threading.Event()
-    old_handler = None
+    old_handlers = {}
+    stop_signal = [signal.SIGINT]
     if threading.current_thread() is threading.main_thread():
         def _on_sigint(signum, frame):
             if stop.is_set():
                 raise KeyboardInterrupt
+            stop_signal[0] = signum
             stop.set()
             if comm is not None:  # the ranks stop after the same step: the flag travels in its all-reduce
                 comm.stop_requested = True
 
-        old_handler = signal.signal(signal.SIGINT, _on_sigint)
+        # SIGTERM only in a single process: the --gpus launcher ends a rank stuck in a collective with SIGTERM
+        caught = (signal.SIGINT,) if comm is not None else (signal.SIGINT, signal.SIGTERM)
+        old_handlers = {s: signal.signal(s, _on_sigint) for s in caught}
 
     timings = metrics["timings"]
     total_before = float(timings.get("total_s", 0.0))  # earlier sessions of a resumed run
@@ -428,7 +440,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
                  + (f", test psnr {final.psnr:.2f} ssim {final.ssim:.4f}" if final else "")
                  + f", {train_s:.1f} s training, {trainer.nan_skips} skipped steps")
     except KeyboardInterrupt:
-        status = EXIT_INTERRUPTED
+        status = EXIT_INTERRUPTED if stop_signal[0] == signal.SIGINT else 128 + int(stop_signal[0])
         trainer.optimizer.zero_grad(set_to_none=True)
         if trainer.is_consistent():
             # a second Ctrl-C aborts mid-step: the ranks may not be at the same point, so no collective then
@@ -436,8 +448,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
         else:
             log.info(f"[{trainer.iteration}] interrupted mid-update: state inconsistent, checkpoint not written")
     finally:
-        if old_handler is not None:
-            signal.signal(signal.SIGINT, old_handler)
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
         write_metrics()
         progress.close()
         if is_main:

@@ -269,7 +269,10 @@ def read_ply_elements(path, header: PlyHeader, *, error_cls=PlyFormatError) -> d
 
     path = os.fspath(path)
     try:
-        with open(path, "rb") as f:
+        # an ASCII body from a text stream: given a binary one, plyfile wraps it in a TextIOWrapper it never closes
+        # (a ResourceWarning on every load); ascii as plyfile's own wrapper decodes it
+        text = header.format == "ascii"
+        with (open(path, "r", encoding="ascii") if text else open(path, "rb")) as f:
             ply = PlyData.read(f, mmap="c")
             return {el.name: el.data for el in ply.elements}
     except PlyParseError as e:

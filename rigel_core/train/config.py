@@ -228,6 +228,8 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
         if not 0 <= self.sh_degree <= 3:
             raise ValueError(f"TrainConfig.sh_degree must be in 0..3, got {self.sh_degree}")
+        if not -2**63 <= self.seed < 2**64:   # torch.Generator.manual_seed's range
+            raise ValueError(f"TrainConfig.seed must be in -2^63..2^64-1, got {self.seed}")
         if self.densify_visibility not in ("radius", "opacity", "contrib"):
             raise ValueError(f"TrainConfig.densify_visibility must be 'radius', 'opacity' or 'contrib', got "
                              f"{self.densify_visibility!r}")
@@ -246,6 +248,15 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.init_points must be ≥ 1, got {self.init_points}")
         if self.init_background_points < 0:
             raise ValueError(f"TrainConfig.init_background_points must be ≥ 0, got {self.init_background_points}")
+        for name in ("position_lr_init", "position_lr_final", "scaling_lr", "rotation_lr", "opacity_lr"):
+            if not getattr(self, name) >= 0:   # a negative rate ascends the loss; 0 freezes the group
+                raise ValueError(f"TrainConfig.{name} must be ≥ 0, got {getattr(self, name)!r}")
+        if not self.adam_eps > 0:
+            raise ValueError(f"TrainConfig.adam_eps must be > 0, got {self.adam_eps!r}")
+        if not 0.0 < self.init_opacity < 1.0:   # stored as its logit
+            raise ValueError(f"TrainConfig.init_opacity must be in (0, 1), got {self.init_opacity!r}")
+        if self.position_lr_max_steps is not None and self.position_lr_max_steps < 1:
+            raise ValueError(f"TrainConfig.position_lr_max_steps must be ≥ 1 or None, got {self.position_lr_max_steps}")
         if not self.init_background_radius > 1.0:
             raise ValueError(f"TrainConfig.init_background_radius must be > 1 (scene extents), got "
                              f"{self.init_background_radius}")
