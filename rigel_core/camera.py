@@ -245,8 +245,10 @@ class Camera:
         m = np.asarray(c2w, dtype=np.float64)
         if m.shape == (3, 4):
             m = np.vstack([m, [0, 0, 0, 1]])
-        if m.shape != (4, 4) or not np.all(np.isfinite(m)):
-            raise ValueError(f"transform_matrix must be a finite 3x4 or 4x4 matrix, got shape {m.shape}")
+        if m.shape != (4, 4):
+            raise ValueError(f"transform_matrix must be a 3x4 or 4x4 matrix, got shape {m.shape}")
+        if not np.all(np.isfinite(m)):
+            raise ValueError(f"transform_matrix has {int((~np.isfinite(m)).sum())} non-finite entries (NaN or inf)")
         m = m.copy()
         m[:3, 1:3] *= -1.0
         try:

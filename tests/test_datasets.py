@@ -535,6 +535,9 @@ def _ngp(tmp_path, top: dict, frame: dict | None = None):
     ({"fl_x": 5, "w": 10 ** 400, "h": 8}, None, "'w'"),
     ({"fl_x": 5, "w": 8, "h": 8}, {"transform_matrix": [[1, 0, 0, 0]] * 3 + [[0, 0, 0, True]]}, "entries must be numbers"),
     ({"fl_x": 5, "w": 8, "h": 8}, {"transform_matrix": np.diag([2.0, 2, 2, 1]).tolist()}, "transform_matrix's 3x3 part is not a rotation"),
+    ({"fl_x": 5, "w": 8, "h": 8}, {"transform_matrix": [[1, 0, 0, float("nan")], [0, 1, 0, 0], [0, 0, 1, 0],
+                                                       [0, 0, 0, 1]]}, "transform_matrix has 1 non-finite entries"),
+    ({"fl_x": 5, "w": 8, "h": 8}, {"transform_matrix": [[1, 0, 0, 0]] * 2}, "must be a 4x4 or 3x4 list of rows"),
 ])
 def test_transforms_camera_numbers_refused(tmp_path, top, frame, frag):
     """Before: these loaded as silent black renders (exit 0) or raised ZeroDivisionError/OverflowError."""
