@@ -50,7 +50,7 @@ def test_orbit_transforms(tmp_path, rng):
         orbit_cameras(center, 0.0, 3, 8, 8, 40.0)
 
 
-def test_render_default_scene(tmp_path, scene):
+def test_render_default_scene(tmp_path, scene, capsys):
     cams = tmp_path / "transforms.json"
     orbit_transforms((0, 0, 0), 9.0, 3, 24, 16, 55.0, out=cams, elevation_deg=25)
     out = tmp_path / "out"
@@ -64,13 +64,21 @@ def test_render_default_scene(tmp_path, scene):
     assert np.abs(img - ref).max() <= 0.5 / 255 + 1e-6
     assert ref.max() > 0.3  # something is in view
 
+    # the rendered PNGs are never replaced without --force: one line, before anything is rendered
+    before = (out / "orbit_001.png").read_bytes()
+    capsys.readouterr()
+    assert main(["default", "--cameras", str(cams), "--out", str(out), "--background", "255,255,255",
+                 "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "orbit_000.png exists (and 2 more)" in err and "--force" in err
+    assert (out / "orbit_001.png").read_bytes() == before
     # white background: where nothing is, the PNG is white; --alpha writes RGBA with alpha = 1 − final_T
     assert main(["default", "--cameras", str(cams), "--out", str(out), "--background", "255,255,255",
-                 "--device", "cpu"]) == 0
+                 "--device", "cpu", "--force"]) == 0
     r = render(scene, ref_cams[1])
     empty = (r.final_T > 0.999).numpy()
     assert empty.any() and np.all(read_png(out / "orbit_001.png")[empty] > 0.99)
-    assert main(["default", "--cameras", str(cams), "--out", str(out), "--alpha", "--device", "cpu"]) == 0
+    assert main(["default", "--cameras", str(cams), "--out", str(out), "--alpha", "--device", "cpu", "--force"]) == 0
     rgba = read_png(out / "orbit_001.png")
     assert rgba.shape == (16, 24, 4)
     assert np.abs(rgba[..., 3] - (1 - r.final_T).double().numpy()).max() <= 0.5 / 255 + 1e-6

@@ -64,13 +64,13 @@ def test_render_depth_cli(tmp_path, scene, capsys):
     assert near == pytest.approx(float(npy[npy > 0].min())) and far == pytest.approx(float(npy.max()))
     assert np.abs(png - npy).max() <= 0.5 * (far - near) / DEPTH_LEVELS + 1e-6 * far
 
-    # existing depth files are never replaced: refused before rendering, files untouched
+    # existing PNGs and depth files are never replaced: refused before rendering, files untouched
     before = (out / "orbit_000.depth.npy").read_bytes()
     capsys.readouterr()
     assert main(["default", "--cameras", str(cams), "--out", str(out), "--device", "cpu", "--depth", "median",
                  "--depth-range", "1,20"]) == 1
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "orbit_000.depth.png exists" in err and "--force" in err
+    assert len(err.splitlines()) == 1 and "orbit_000.png exists (and 5 more)" in err and "--force" in err
     assert (out / "orbit_000.depth.npy").read_bytes() == before
     # --force replaces; --depth median with a fixed range
     assert main(["default", "--cameras", str(cams), "--out", str(out), "--device", "cpu", "--depth", "median",

@@ -17,8 +17,9 @@ background; ``--alpha`` writes RGBA with alpha = 1 − final_T instead).
 depth) of each view as ``DIR/<frame name>.depth.png`` (16-bit greyscale, 0 = no depth, else scaled linearly to
 [near, far]; the scale is in the PNG's text chunks, see :mod:`rigel_core.depth_image`) and
 ``DIR/<frame name>.depth.npy`` (float32 (H, W), world units, 0 = no depth). [near, far] is ``--depth-range`` when
-given (depths outside are clipped), else each view's own min and max depth. Existing depth files are never
-replaced (exit 1 before anything is rendered) unless ``--force``.
+given (depths outside are clipped), else each view's own min and max depth. Existing files of those names (the
+PNGs, and with ``--depth`` the depth files) are never replaced (exit 1 before anything is rendered) unless
+``--force``.
 Image sizes (from the cameras file or ``--width/--height``) are capped at
 :data:`rigel_core.limits.MAX_IMAGE_SIDE` pixels per side and :data:`~rigel_core.limits.MAX_IMAGE_PIXELS` in all;
 ``--max-image-size N`` raises the caps to N per side and N² in all (up to
@@ -195,7 +196,7 @@ def _main(argv=None) -> int:
     ap.add_argument("--fps", type=float, default=None, help="with --path: frames per second (default: the path's)")
     ap.add_argument("--frames", type=int, default=None, help="with --path: number of frames (default: the path's)")
     ap.add_argument("--force", action="store_true",
-                    help="with --path: replace an existing video; with --depth: replace existing depth files")
+                    help="replace existing files: the views' PNGs (and depth files), or with --path the video")
     # depth output (issue 17.2)
     ap.add_argument("--depth", nargs="?", const="expected", default=None, choices=("expected", "median"),
                     help="also write <frame>.depth.png (16-bit) and <frame>.depth.npy (float32): the expected "
@@ -267,11 +268,12 @@ def _main(argv=None) -> int:
     except OSError as e:
         print(f"rigel-render: error: {out}: cannot create the output directory ({e.strerror or e})", file=sys.stderr)
         return 2
-    if args.depth is not None and not args.force:  # refused before anything is rendered or written
-        existing = [p for name in names for p in _depth_paths(out, name) if p.exists()]
+    if not args.force:  # refused before anything is rendered or written
+        existing = [p for name in names for p in ((out / f"{name}.png",) + (_depth_paths(out, name) if args.depth
+                                                                              is not None else ())) if p.exists()]
         if existing:
             more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
-            print(f"rigel-render: error: {existing[0]} exists{more} (use --force to replace depth files)",
+            print(f"rigel-render: error: {existing[0]} exists{more} (use --force to replace the rendered files)",
                   file=sys.stderr)
             return 1
     bg = torch.tensor(args.background, dtype=model.dtype, device=model.device)
