@@ -97,4 +97,14 @@ def test_float32_matches_float64(rng):
     g = random_gaussians(rng, 300, scale_range=(-3, -1))
     r64 = rasterize_gaussians(*g, *cam_tensors(cam), w, h)
     r32 = rasterize_gaussians(*(x.float() for x in g), *cam_tensors(cam, torch.float32), w, h)
-    assert (r64.image - r32.image.double()).abs().max() < 1e-3
+    d = (r64.image - r32.image.double()).abs().amax(-1)
+    # Rounding alone keeps every pixel within 1e-3. The pipeline also has hard cutoffs (q ≤ RADIUS_SIGMA²,
+    # alpha ≥ ALPHA_MIN, T·(1 − alpha) ≥ T_MIN): where a Gaussian sits within float32 rounding of one, it counts in
+    # one precision only, and the pixel moves by at most the alpha switched (C changes by Δalpha·T·(c − C_behind),
+    # colours in [0, 1]). Seed 178: one pixel, q = 9.000009 (float64) vs 8.999998 (float32), alpha 0.0062, off by
+    # 0.0017. Such pixels are rare (one in 200 runs of 1920 pixels), so at most two may exceed 1e-3, by no more than
+    # the largest alpha a cutoff can switch.
+    jump = max(float(g[3].max()) * math.exp(-0.5 * config.RADIUS_SIGMA ** 2), config.ALPHA_MIN,
+               config.ALPHA_MAX * config.T_MIN / (1 - config.ALPHA_MAX))
+    assert int((d > 1e-3).sum()) <= 2, f"{int((d > 1e-3).sum())} pixels differ by more than 1e-3"
+    assert float(d.max()) <= jump + 1e-3
