@@ -112,6 +112,20 @@ class RunLock:
             os.close(self.fd)  # closing the descriptor releases the flock
             self.fd = None
 
+    def claim(self, *, resume: bool) -> list | None:
+        """Start writing the run: create the folder, take the lock, check the folder again under it (another
+        process may have finished a run there while this one loaded its data: :func:`choose_run_dir` raises
+        :class:`RunFolderTaken`), then remove the temporaries of killed atomic writes. Returns the paths removed,
+        or None when another process holds the lock. OSError when the folder cannot be made."""
+        from .atomic import remove_stale_temp_files
+
+        run = self.path.parent
+        run.mkdir(parents=True, exist_ok=True)
+        if not self.acquire():
+            return None
+        choose_run_dir(run, run, resume=resume)
+        return remove_stale_temp_files(run, ATOMIC_NAMES)
+
     def busy_message(self, prog: str) -> str:
         return f"--out {self.path.parent}: another {prog} is using this run directory ({LOCK_NAME} is locked)"
 

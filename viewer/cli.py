@@ -169,12 +169,10 @@ def _start_training(args, settings: ViewSettings, locks: list):
     """The run folder (:func:`rigel_core.run_dir.choose_run_dir`; locked), the trainer and its session for
     ``--data``. Everything about the run folder is checked before the dataset loads. Returns
     (run_dir, session, frames, device)."""
-    from rigel_core.atomic import remove_stale_temp_files
     from rigel_core.checkpoint import CheckpointError
     from rigel_core.cli.common import build_trainer, config_overrides, load_training_data, new_run_problem, \
         resume_config
-    from rigel_core.run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir,
-                                    holds_run, out_problem)
+    from rigel_core.run_dir import CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir, holds_run, out_problem
 
     from .app import _pick_render_device
     from .camera_control import up_from_cameras
@@ -214,14 +212,11 @@ def _start_training(args, settings: ViewSettings, locks: list):
     device = _pick_render_device(args.device)
     ds = load_training_data(args)
     trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if not lock.acquire():
-        raise _Refused(RunLock(run_dir).busy_message("rigel process"))
-    try:  # again, under the lock: a rigel-train may have finished a run here while the data loaded
-        choose_run_dir(run_dir, run_dir, resume=args.resume)
+    try:  # the folder is checked again under the lock: a rigel-train may have finished a run here meanwhile
+        if lock.claim(resume=args.resume) is None:
+            raise _Refused(RunLock(run_dir).busy_message("rigel process"))
     except RunFolderTaken as e:
         raise _Refused(str(e)) from None
-    remove_stale_temp_files(run_dir, ATOMIC_NAMES)
     log = _setup_logging(run_dir)
     frames = list(ds.train)
     if args.up is None:

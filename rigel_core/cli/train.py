@@ -66,9 +66,8 @@ import threading
 import time
 from pathlib import Path
 
-from ..atomic import remove_stale_temp_files
-from ..run_dir import (ATOMIC_NAMES, CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord,
-                       choose_run_dir, new_metrics, open_run_log, out_problem, read_metrics)
+from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord, choose_run_dir,
+                       new_metrics, open_run_log, out_problem, read_metrics)
 from .common import add_training_args, build_trainer, config_overrides, load_training_data, new_run_problem, \
     one_line_warnings, resume_config
 
@@ -285,12 +284,9 @@ def _main(args, lock: RunLock, comm=None) -> int:
     stale = []
     if is_main:
         try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            if not lock.acquire():
+            stale = lock.claim(resume=args.resume)
+            if stale is None:
                 return _busy(run_dir)
-            # again, under the lock: another rigel-train may have finished a run here while the data loaded
-            choose_run_dir(run_dir, run_dir, resume=args.resume)
-            stale = remove_stale_temp_files(run_dir, ATOMIC_NAMES)
         except RunFolderTaken as e:
             print(f"rigel-train: {e}", file=sys.stderr)
             return 2
