@@ -222,13 +222,13 @@ class Viewer:
     def take_model(self) -> bool:
         """Adopt the newest published snapshot; True when it changed. On CUDA the viewer's stream first waits
         (on the GPU) for the copy the publisher recorded, and the tensors are marked as used by that stream."""
+        if self._model is not None and time.perf_counter() - self._model_t < self.settings.model_refresh_s:
+            return False   # CPU: the previous snapshot was adopted a moment ago; let the trainer have the cores
         if self.training is not None:
             self.slot_source.request()    # the trainer copies its model only when asked (ModelSlot.request)
         snap = self.slot_source.latest()
         if snap is None or snap.version == self._model_version:
             return False
-        if self._model is not None and time.perf_counter() - self._model_t < self.settings.model_refresh_s:
-            return False   # CPU: the previous snapshot was adopted a moment ago; let the trainer have the cores
         self._model_t = time.perf_counter()
         model = snap.model
         ready = snap.info.get("_ready_event")

@@ -454,6 +454,8 @@ def run_offscreen_path(viewer, out_dir, frames: int | None = None) -> dict:
     """``rigel-viewer SCENE --offscreen --path P --out DIR``: the view moved onto each camera of the path (its
     frame count, or ``frames``), each frame written with the panels to ``DIR/path_XXXX.png``; returns the
     summary (also ``DIR/summary.json``; ``ok`` false with an ``error`` for a path without keyframes)."""
+    from rigel_core.run_dir import write_json_atomic
+
     from .offscreen import PATH_FRAME_NAME, SUMMARY_NAME, _capture
 
     out = Path(out_dir)
@@ -474,5 +476,5 @@ def run_offscreen_path(viewer, out_dir, frames: int | None = None) -> dict:
             _capture(viewer, out / name)
             summary["files"].append(name)
         summary.update(frames=len(cams), seconds=round(time.perf_counter() - t0, 3), size=[w, h])
-    (out / SUMMARY_NAME).write_text(json.dumps(summary, indent=2))
+    write_json_atomic(out / SUMMARY_NAME, summary, indent=2)
     return summary
