@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from ..config import APPEARANCE_MAX_HIDDEN, APPEARANCE_MAX_LATENT
-from ..reference.project import RENDER_MODES
+from ..render_modes import RENDER_MODES
 
 #: the largest iteration count a run (or a checkpoint) may declare; rigel_core.checkpoint uses the same bound
 MAX_ITERATION = 100_000_000

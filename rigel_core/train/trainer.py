@@ -676,11 +676,19 @@ class Trainer:
 
     def _update_filter_3d(self) -> None:
         """Anti-aliased mode: set ``model.render_mode`` from the config and (re)compute ``model.filter_3D`` from
-        the training cameras (:func:`rigel_core.mip.compute_filter_3d`); the default mode clears both."""
+        the training cameras (:func:`rigel_core.mip.compute_filter_3d`); the default mode clears both. With an
+        unchanged Gaussian count the new values go into the existing tensor, whose address a captured CUDA-graph step
+        reads (a new tensor would make it capture every graph again, every :data:`~rigel_core.mip.FILTER_3D_INTERVAL`
+        steps)."""
         model = self.model
         model.render_mode = self.config.render_mode
         if model.render_mode == "mip":
-            model.filter_3D = compute_filter_3d(model.means3D, [f.camera for f in self.train_frames])
+            f3d = compute_filter_3d(model.means3D, [f.camera for f in self.train_frames])
+            old = getattr(model, "filter_3D", None)
+            if isinstance(old, torch.Tensor) and old.shape == f3d.shape and old.dtype == f3d.dtype:
+                old.copy_(f3d)
+            else:
+                model.filter_3D = f3d
         else:
             model.filter_3D = None
 
