@@ -99,7 +99,7 @@ def _run(v, seconds, fps=60.0, shown=None):
         v.step()
         if shown is not None:
             slot = v.ring.newest_ready() or v.ring.latest
-            shown.append((v.stats.held > held, (slot.index, slot.frame), v._ui_version))
+            shown.append((v.stats.held > held, (slot.index, slot.frame), v.stats.ui_builds))
         n += 1
         time.sleep(max(0.0, 1.0 / fps - (time.perf_counter() - t)))
     dt = time.perf_counter() - t0
@@ -107,12 +107,17 @@ def _run(v, seconds, fps=60.0, shown=None):
 
 
 def _presented(v):
-    """Wrap the presenter: the list it returns gets (slot index, render number, ImGui frame) of every present."""
-    calls, present = [], v.presenter.present
+    """Wrap the presenter: the list it returns gets (slot index, render number, ImGui frame) of every present that
+    submitted (a held one returns the last present number and submits nothing)."""
+    calls, pr = [], v.presenter
+    present = pr.present
 
     def spy(slot, **kw):
-        calls.append((slot.index, slot.frame, kw.get("ui_version")))
-        return present(slot, **kw)
+        count = pr.count
+        p = present(slot, **kw)
+        if pr.count != count:
+            calls.append((slot.index, slot.frame, kw.get("ui_version")))
+        return p
 
     v.presenter.present = spy
     return calls
@@ -189,7 +194,7 @@ def test_a_render_finished_after_the_present_is_presented_not_held(live_viewer):
     slot.n_contrib.copy_(shown.n_contrib)                        # the same overdraw scale: only the render differs
     v.ring.release(slot)
     v.step()
-    assert calls == [(slot.index, slot.frame, v._ui_version)] and v.stats.repeats == repeats + 1
+    assert calls == [(slot.index, slot.frame, v.stats.ui_builds)] and v.stats.repeats == repeats + 1
     v.step()
     assert (v.stats.held, len(calls)) == (held + 2, 1)
 
@@ -220,7 +225,7 @@ def test_a_resubmitted_recording_shows_what_a_fresh_one_does(live_viewer):
     v.step(capture=True)
     slot = v.ring.latest
     draw = v.build_ui()
-    ver = v._ui_version
+    ver = v.stats.ui_builds
     kw = dict(mode=0, overdraw_max=1, draw_data=draw, content=v.content_rect(), capture=True)
     p1 = pr.present(slot, ui_version=ver, **kw)
     px1 = v.read_pixels(p1)

@@ -131,11 +131,9 @@ class Viewer:
         self._model = None
         self._last_present_t = None
         self._last_frame_t = None         # the frame loop's last frame, presented or held (the loop's pacing)
-        self._shown = None                # what the last present showed (_present_again holds a repeat of it)
         self._screenshot = False
         self._pending_timing = None
         self._gpu_mem_t = self._model_t = 0.0
-        self._ui_version = 0              # ImGui frames built: the presenter reuses a recording of the same one
         self._last_full = None            # (time, still key, present arguments) of the last full frame
         self._input_seen = 0
         self._busy_until = 0.0
@@ -383,13 +381,11 @@ class Viewer:
         t0 = time.perf_counter()
         mode = C.MODE_IMAGE if self.settings.mode == MODE_DEPTH else self.settings.mode   # depth: colormapped image
         content = self.content_rect(panels)
-        overdraw_max = self.overdraw_max(slot)
-        p = self.presenter.present(slot, mode=mode, overdraw_max=overdraw_max, draw_data=draw_data,
-                                   capture=capture, content=content, ui_version=self._ui_version)
+        p = self.presenter.present(slot, mode=mode, overdraw_max=self.overdraw_max(slot), draw_data=draw_data,
+                                   capture=capture, content=content, ui_version=self.stats.ui_builds)
         self.stats.stage_ms["present"] = (time.perf_counter() - t0) * 1e3
         self._last_full = (t0, self._still_key(), (mode, draw_data, content)) if panels is None else None
         if p is not None:
-            self._shown = self._shown_key(slot, mode, content, overdraw_max)
             self._count_present()
             if self._screenshot:
                 self._screenshot = False
@@ -422,29 +418,21 @@ class Viewer:
         t_full, key, _ = self._last_full
         return now - t_full < 1.0 / hz and key == self._still_key() and self.ring.latest is not None
 
-    def _shown_key(self, slot, mode, content, overdraw_max):
-        """What a present of ``slot`` shows: the render in it, the panels (ImGui frame), mode, area, overdraw scale,
-        target and ring generation."""
-        return (slot.index, slot.frame, self.ring.generation, self._ui_version, mode, content, overdraw_max,
-                self.target.width, self.target.height) if slot is not None else None
-
     def _present_again(self):
         """Present the newest finished render with the last full frame's panels (their ImGui draw data stays valid
-        until the next ImGui frame): the presenter submits the recording it holds for them. When that is the
-        picture presented last, hold it instead: nothing is submitted (module docstring). Returns the present
-        number now shown."""
+        until the next ImGui frame): the presenter submits the recording it holds for them, or holds the picture
+        when it is the one presented last (module docstring). Returns the present number now shown."""
         mode, draw_data, content = self._last_full[2]
         slot = self.ring.newest_ready() or self.ring.latest
-        overdraw_max = self.overdraw_max(slot)
-        shown = self._shown_key(slot, mode, content, overdraw_max)
-        if shown is not None and shown == self._shown:
+        count = self.presenter.count
+        p = self.presenter.present(slot, mode=mode, overdraw_max=self.overdraw_max(slot), draw_data=draw_data,
+                                   content=content, ui_version=self.stats.ui_builds, hold=True)
+        if p is None:
+            return None
+        if self.presenter.count == count:   # held: nothing submitted
             self.stats.held += 1
             self._last_frame_t = time.perf_counter()
-            return self.presenter.count
-        p = self.presenter.present(slot, mode=mode, overdraw_max=overdraw_max, draw_data=draw_data,
-                                   content=content, ui_version=self._ui_version)
-        if p is not None:
-            self._shown = shown
+        else:
             self._count_present()
             self.stats.repeats += 1
         return p
@@ -516,8 +504,7 @@ class Viewer:
         finally:
             self.settings.show_panels = show
         imgui.render()
-        self._ui_version += 1
-        self.stats.ui_builds += 1
+        self.stats.ui_builds += 1   # the presenter's ui_version: a recording of the same ImGui frame is reused
         self._last_full = None   # the draw data of the last full frame is gone
         self.stats.stage_ms["ui"] = (time.perf_counter() - t0) * 1e3
         return imgui.get_draw_data()

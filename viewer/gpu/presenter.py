@@ -20,7 +20,10 @@ holds exactly this frame: the same slot, mode, push constants, target image and 
 data (the caller's ``ui_version``: the frame loop re-presents its last panels between two rebuilds while a training
 runs, viewer/app.py). The buffer is then submitted again as it is (recorded without ONE_TIME_SUBMIT; its previous
 submission is finished, step 1). Recording the ImGui pass is most of a present's Python (one ``vkCmd*`` per draw
-command); a re-present is a few Vulkan calls.
+command); a re-present is a few Vulkan calls. **Holding costs nothing:** ``present(..., hold=True)`` of the picture the last
+present showed (same render of the same slot, mode, area, panels, target) submits nothing at all and returns the
+last present number — the window, or the offscreen image, keeps showing it (the frame loop's repeats while a
+training runs, viewer/app.py).
 """
 from __future__ import annotations
 
@@ -61,6 +64,8 @@ class Presenter:
         self._draw_version = None      # the ui_version being recorded (ImGuiPass caches its draw list by it)
         self.rerecords = self.reuses = 0
         self.count = 0                 # present numbers handed out so far
+        self._shown = None             # what present `count` showed (_shown_key): a present with hold=True of
+        #                                the same picture submits nothing
         self.garbage: list = []        # (p, callable): run once present_done ≥ p
         self.readback = [None] * frames
         self.captured: dict[int, int] = {}  # present number -> frame index holding its capture
@@ -157,8 +162,16 @@ class Presenter:
                 self.ring.generation, _handle(self.present_pass.outputs[f]),
                 (_handle(ip.vtx[f]), _handle(ip.idx[f])) if ip is not None else None, capture, readback)
 
+    def _shown_key(self, slot, mode, overdraw_max, scale_bar, content, ui_version):
+        """What a present shows: the render in the slot (index and render number), the ring generation, mode,
+        overdraw scale, scale bar, area, background, target size and ImGui frame (None: unknown, never held)."""
+        if ui_version is None or slot is None:
+            return None
+        return (slot.index, slot.frame, self.ring.generation, mode, overdraw_max, scale_bar, content,
+                self.background, self.target.width, self.target.height, ui_version)
+
     def present(self, slot, *, mode: int = C.MODE_IMAGE, overdraw_max: int | None = None, draw_data=None,
-                capture: bool = False, scale_bar: bool = True, content=None, ui_version=None):
+                capture: bool = False, scale_bar: bool = True, content=None, ui_version=None, hold: bool = False):
         """Draw ``slot`` in ``mode`` (+ ImGui ``draw_data``) and present it.
 
         Returns the present number p, or None when the target could not take a frame now (minimised window,
@@ -167,8 +180,15 @@ class Presenter:
         ``content``: (x, y, w, h) area of the target the mode fills (default: all of it).
         ``ui_version``: a number that changes whenever ``draw_data`` does (a new ImGui frame); with it, a present of
         what the frame's command buffer already holds submits that recording again (module docstring). None:
-        always record.
+        always record. ``hold``: when this present would show exactly the picture the last one showed (the same
+        render of the same slot, mode, area, panels — ``ui_version`` must be given), submit nothing and return the
+        last present number: the target keeps showing it.
         """
+        if overdraw_max is None:
+            overdraw_max = self.ring.overdraw_max(slot)
+        shown = self._shown_key(slot, mode, overdraw_max, scale_bar, content, ui_version)
+        if hold and not capture and shown is not None and shown == self._shown:
+            return self.count
         vk = self.vk
         p = self.count + 1
         f = p % self.frames
@@ -178,8 +198,6 @@ class Presenter:
         if got is None:
             return None
         index, wait_sem = got
-        if overdraw_max is None:
-            overdraw_max = self.ring.overdraw_max(slot)
         capture = capture and self.target.can_capture
         frame_garbage: list = []
 
@@ -240,6 +258,7 @@ class Presenter:
         submit.signalSemaphoreCount = n_signal
         check_result(vk, lib.vkQueueSubmit(self.ctx.queue, 1, submit, vk.ffi.NULL), "vkQueueSubmit")
         self.count = p
+        self._shown = shown
         self.garbage.extend((p, fn) for fn in frame_garbage)
         if capture:
             self.captured = {q: g for q, g in self.captured.items() if q > p - self.frames}
