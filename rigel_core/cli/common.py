@@ -17,7 +17,8 @@ from pathlib import Path
 from ..render_modes import RENDER_MODES
 from ..run_dir import CHECKPOINT_NAME
 
-__all__ = ["add_training_args", "config_overrides", "resume_config", "build_trainer", "new_config", "load_training_data"]
+__all__ = ["add_training_args", "config_overrides", "resume_config", "build_trainer", "new_config", "load_training_data",
+           "device_problem"]
 
 
 def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
@@ -183,3 +184,23 @@ def new_config(args, overrides: dict):
     cfg = TrainConfig(**{"sh_degree": args.sh_degree, "appearance": args.appearance, **overrides})
     cfg.validate()
     return cfg
+
+
+def device_problem(device: str | None) -> str | None:
+    """Why ``--device`` cannot render here (one line), or None: it must be ``cpu``, ``cuda`` or ``cuda:N``, and
+    CUDA needs a visible GPU and the built kernels (``rigel_core._C``)."""
+    if device is None:
+        return None
+    import torch
+
+    from .. import cuda_available
+
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, ValueError):
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        return f"--device {device!r}: expected cpu or cuda"
+    if kind == "cuda" and not cuda_available():
+        return f"--device {device}: no CUDA device or no built kernels (rigel_core._C); --device cpu runs on the CPU"
+    return None

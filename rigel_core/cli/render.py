@@ -39,6 +39,7 @@ import sys
 from pathlib import Path
 
 from ..limits import MAX_CAMERA_SIDE, MAX_IMAGE_SIDE, check_image_size
+from .common import device_problem
 
 __all__ = ["main", "parse_background", "resolve_cameras"]
 
@@ -56,26 +57,6 @@ def parse_background(text: str) -> tuple[float, float, float]:
             raise argparse.ArgumentTypeError(f"--background components must be in 0..1 or 0..255, got {text!r}")
         vals = [v / 255.0 for v in vals]
     return tuple(vals)
-
-
-def device_problem(device: str | None) -> str | None:
-    """Why ``--device`` cannot render here (one line), or None: it must be ``cpu``, ``cuda`` or ``cuda:N``, and
-    CUDA needs a visible GPU and the built kernels (``rigel_core._C``)."""
-    if device is None:
-        return None
-    import torch
-
-    from .. import cuda_available
-
-    try:
-        kind = torch.device(device).type
-    except (RuntimeError, ValueError):
-        kind = None
-    if kind not in ("cpu", "cuda"):
-        return f"--device {device!r}: expected cpu or cuda"
-    if kind == "cuda" and not cuda_available():
-        return f"--device {device}: no CUDA device or no built kernels (rigel_core._C); --device cpu renders on the CPU"
-    return None
 
 
 def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | None,

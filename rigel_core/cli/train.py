@@ -68,8 +68,8 @@ from pathlib import Path
 
 from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord, choose_run_dir,
                        new_metrics, open_run_log, out_problem, read_metrics)
-from .common import add_training_args, build_trainer, config_overrides, load_training_data, new_run_problem, \
-    one_line_warnings, resume_config
+from .common import add_training_args, build_trainer, config_overrides, device_problem, load_training_data, \
+    new_run_problem, one_line_warnings, resume_config
 
 __all__ = ["main", "build_parser"]
 
@@ -239,9 +239,9 @@ def _main(args, lock: RunLock, comm=None) -> int:
     if args.resume and not ckpt.is_file():
         print(f"rigel-train: --resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run", file=sys.stderr)
     device = args.device or ("cuda" if cuda_available() else "cpu")
-    if device == "cuda" and not cuda_available():
-        print("rigel-train: --device cuda asked, but no CUDA device or no built kernels (rigel_core._C)",
-              file=sys.stderr)
+    problem = device_problem(device)
+    if problem:
+        print(f"rigel-train: {problem}", file=sys.stderr)
         return 2
     try:
         overrides = config_overrides(args)
