@@ -342,7 +342,7 @@ def test_refused_flag_values_exit_2_with_one_line(tmp_path, capsys, flags, named
     assert e.value.code == 2
 
 @needs_vulkan
-def test_offscreen_refuses_an_out_holding_an_earlier_run(tmp_path, capsys, rng):
+def test_offscreen_refuses_an_out_holding_an_earlier_run(tmp_path, capsys, rng, one_thread):
     """--offscreen into a folder holding any file an offscreen run writes (its frames, image.png, alpha.png,
     overdraw.png, summary.json …): one line naming the folder, status 2, nothing written (before, a 1-frame run left
     frame_0001.png … of an earlier 2-frame run beside its summary.json, and a user's own image.png was replaced);
@@ -357,11 +357,7 @@ def test_offscreen_refuses_an_out_holding_an_earlier_run(tmp_path, capsys, rng):
     (out / "notes.txt").write_text("mine\n")
     (out / "image.jpg").write_bytes(b"not the viewer's")
     run = [str(scene), "--offscreen", "--out", str(out), "--size", "64x48", "--device", "cpu", "--threads", "1"]
-    n = torch.get_num_threads()
-    try:
-        assert main(run + ["--frames", "2"]) == 0, capsys.readouterr().err
-    finally:
-        torch.set_num_threads(n)
+    assert main(run + ["--frames", "2"]) == 0, capsys.readouterr().err
     capsys.readouterr()
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     written = set(before) - {"notes.txt", "image.jpg"}
@@ -418,7 +414,7 @@ def test_flag_bounds_accept_their_ends(tmp_path):
 
 
 @needs_vulkan
-def test_size_beyond_the_vulkan_devices_limit_is_refused(tmp_path, capsys, monkeypatch, rng):
+def test_size_beyond_the_vulkan_devices_limit_is_refused(tmp_path, capsys, monkeypatch, rng, one_thread):
     """A --size within 16384 but above the device's maxImageDimension2D (here made 40): one line naming the flag and
     the limit, status 2, no traceback (before: accepted, then Vulkan failed)."""
     from types import SimpleNamespace
@@ -436,12 +432,8 @@ def test_size_beyond_the_vulkan_devices_limit_is_refused(tmp_path, capsys, monke
 
     monkeypatch.setattr(VulkanContext, "init_device", small_limit)
     save_ply(tiny_model(rng, 20), tmp_path / "s.ply")
-    n = torch.get_num_threads()
-    try:
-        assert main([str(tmp_path / "s.ply"), "--offscreen", "--out", str(tmp_path / "o"), "--size", "64x32",
-                     "--device", "cpu", "--threads", "1"]) == 2
-    finally:
-        torch.set_num_threads(n)
+    assert main([str(tmp_path / "s.ply"), "--offscreen", "--out", str(tmp_path / "o"), "--size", "64x32",
+                 "--device", "cpu", "--threads", "1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--size 64x32" in err and "at most 40x40" in err, err
     assert not any((tmp_path / "o").glob("*.png"))

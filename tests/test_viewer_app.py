@@ -432,7 +432,8 @@ def test_offscreen_cli_fails_loudly(procedural_64, tmp_path, capsys):
 
 
 @needs_vulkan
-def test_offscreen_training_out_is_refused_or_resumed_never_overwritten(procedural_64, tmp_path, capsys, rng):
+def test_offscreen_training_out_is_refused_or_resumed_never_overwritten(procedural_64, tmp_path, capsys, rng,
+                                                                       one_thread):
     """--data --offscreen into a plain offscreen run's folder is refused (one line naming it, status 2, nothing
     replaced), with --resume too (no run there); a --resume of an offscreen training run numbers its frames after
     the earlier session's (none replaced, none left unlisted beside the new summary) and its psnr_initial is the
@@ -449,25 +450,21 @@ def test_offscreen_training_out_is_refused_or_resumed_never_overwritten(procedur
     small = ["--size", "64x48", "--device", "cpu", "--threads", "1"]
     train = ["--data", str(procedural_64), "--offscreen", "--init-points", "300", "--eval-every", "10"] + small
     plain, run = tmp_path / "plain", tmp_path / "run"
-    n = torch.get_num_threads()
-    try:
-        assert main([str(scene), "--offscreen", "--out", str(plain), "--frames", "2"] + small) == 0
-        capsys.readouterr()
-        before = {p.name: p.read_bytes() for p in plain.iterdir()}
-        for extra in ([], ["--resume"]):
-            assert main(train + ["--out", str(plain), "--frames", "3", "--iters", "20"] + extra) == 2, extra
-            err = capsys.readouterr().err
-            assert err.count("\n") == 1 and str(plain) in err and "frame_0000.png" in err, err
-            assert {p.name: p.read_bytes() for p in plain.iterdir()} == before
+    assert main([str(scene), "--offscreen", "--out", str(plain), "--frames", "2"] + small) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in plain.iterdir()}
+    for extra in ([], ["--resume"]):
+        assert main(train + ["--out", str(plain), "--frames", "3", "--iters", "20"] + extra) == 2, extra
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(plain) in err and "frame_0000.png" in err, err
+        assert {p.name: p.read_bytes() for p in plain.iterdir()} == before
 
-        assert main(train + ["--out", str(run), "--frames", "3", "--iters", "20"]) == 0, capsys.readouterr().err
-        s1 = json.loads((run / "summary.json").read_text())
-        first = {p.name: p.read_bytes() for p in run.glob("frame_*.png")}
-        assert sorted(first) == [f"frame_{i:04d}.png" for i in range(3)] and s1["iterations"] == 20
-        assert main(train + ["--out", str(run), "--frames", "2", "--iters", "40", "--resume"]) == 0, \
-            capsys.readouterr().err
-    finally:
-        torch.set_num_threads(n)
+    assert main(train + ["--out", str(run), "--frames", "3", "--iters", "20"]) == 0, capsys.readouterr().err
+    s1 = json.loads((run / "summary.json").read_text())
+    first = {p.name: p.read_bytes() for p in run.glob("frame_*.png")}
+    assert sorted(first) == [f"frame_{i:04d}.png" for i in range(3)] and s1["iterations"] == 20
+    assert main(train + ["--out", str(run), "--frames", "2", "--iters", "40", "--resume"]) == 0, \
+        capsys.readouterr().err
     s2 = json.loads((run / "summary.json").read_text())
     assert s2["ok"] and s2["iterations"] == 40
     new = [f for f in s2["files"] if f.startswith("frame_")]
