@@ -139,9 +139,7 @@ def main(argv=None) -> int:
     if not args.real_render:
         def proxy_render(v, fw, fh):
             slot = v.ring.acquire(fw, fh, None)
-            x = torch.zeros(64)
-            for _ in range(args.render_ops):
-                x.add_(1.0)
+            _proxy_step(torch.zeros(64), args.render_ops)
             slot.image.fill_(0.5)
             slot.final_T.fill_(0.5)
             slot.n_contrib.fill_(1)
@@ -162,8 +160,10 @@ def main(argv=None) -> int:
         v.step()
     for k in parts:
         parts[k] = [0.0, 0]
+    # getattr with a default here and above: the bench also runs on earlier commits (before/after figures), whose
+    # viewer lacks ui_builds, held, refresh_hz or ModelSlot.wanted
     r0, ui0 = v.stats.renders, getattr(v.stats, "ui_builds", None)
-    v.train_state.status = "running"
+    v.train_state.status = "running"   # again: the warm-up frames drained the paused session's start event
     p0, h0 = v.stats.presents, getattr(v.stats, "held", 0)
     th = threading.Thread(target=_proxy_loop, args=(stop, counts, args.ops, session))
     frame_cpu = []
