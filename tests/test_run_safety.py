@@ -91,31 +91,39 @@ def test_a_model_ply_without_a_checkpoint_is_never_trained_over(tmp_path, capsys
     assert (run / "model.ply").read_bytes() == kept
 
 
-def test_viewer_does_not_train_over_a_run_finished_while_it_loaded(tmp_path, capsys, monkeypatch):
-    """rigel-viewer --data --out RUN checks RUN before loading the data; a rigel-train that finishes a run there
-    meanwhile (its lock gone) must not be trained over: the folder is checked again once the lock is held."""
+@pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer --data"])
+def test_a_run_finished_while_this_one_loaded_is_not_trained_over(cli, tmp_path, capsys, monkeypatch):
+    """Both commands check --out RUN before loading the data; another process that finishes a run there meanwhile
+    (its lock gone) must not be trained over: the folder is checked again once the lock is held (RunLock.claim).
+    (A --resume reads the checkpoint again after the data loads, so it continues from the other process's save.)"""
     import rigel_core.cli.common as common
+    import rigel_core.cli.train as train_cli
     from rigel_core.data import make_dataset
-    from viewer.cli import main
 
     data = tmp_path / "data"
     make_dataset(data, 50, 8, 8, n_train=2, n_test=1, device="cpu", progress=False)
     run = tmp_path / "run"
     theirs = os.urandom(32)
-    real_load = common.load_training_data
+    module = train_cli if cli == "rigel-train" else common   # where each command looks the loader up
+    real_load = module.load_training_data
 
     def load_while_another_run_finishes(args):
         ds = real_load(args)
         run.mkdir(exist_ok=True)
-        (run / "checkpoint.safetensors").write_bytes(theirs)
+        (run / "checkpoint.safetensors").write_bytes(theirs)   # the other process's run, saved meanwhile
         (run / "model.ply").write_bytes(theirs)
         return ds
 
-    monkeypatch.setattr(common, "load_training_data", load_while_another_run_finishes)
-    assert main(["--data", str(data), "--out", str(run), "--offscreen", "--device", "cpu", "--init-points", "20",
-                 "--iters", "2", "--frames", "1"]) == 2
+    monkeypatch.setattr(module, "load_training_data", load_while_another_run_finishes)
+    args = ["--data", str(data), "--out", str(run), "--device", "cpu", "--init-points", "20", "--iters", "2"]
+    if cli == "rigel-train":
+        assert train_cli.main(args + ["--quiet", "--eval-every", "0", "--n-renders", "0"]) == 2
+    else:
+        from viewer.cli import main
+
+        assert main(args + ["--offscreen", "--frames", "1"]) == 2
     line = _one_line(capsys.readouterr().err)
-    assert str(run) in line and "holds a run" in line, line
+    assert str(run) in line and "holds a run" in line and "Traceback" not in line, line
     assert (run / "checkpoint.safetensors").read_bytes() == theirs and (run / "model.ply").read_bytes() == theirs
 
 
