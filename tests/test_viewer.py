@@ -325,7 +325,11 @@ def test_cli_reports_bad_input(tmp_path, capsys):
     (["--slots", "100000"], "--slots must be in [2, 16]"), (["--slots", "17"], "--slots must be in [2, 16]"),
     (["--fps", "1e-9"], "--fps must be in [1, 1000]"), (["--fps", "0.5"], "--fps must be in [1, 1000]"),
     (["--fps", "1e9"], "--fps must be in [1, 1000]"), (["--refresh-hz", "61"], "--refresh-hz must be in [0, 60]"),
-    (["--refresh-hz", "1e9"], "--refresh-hz must be in [0, 60]")])
+    (["--refresh-hz", "1e9"], "--refresh-hz must be in [0, 60]")]
+    + [(["--fps", bad], f"--fps must be in [1, 1000] frames per second, got {float(bad)}")
+       for bad in ("0", "-5", "nan", "inf")]
+    + [(["--refresh-hz", bad], f"--refresh-hz must be in [0, 60] (the Training panel's slider), got {float(bad)}")
+       for bad in ("-1", "nan", "inf")])
 def test_refused_flag_values_exit_2_with_one_line(tmp_path, capsys, flags, named):
     """The viewer's own refusals of a flag value exit 2 with one line naming the flag, as argparse's errors and
     rigel-train's refusals do (they exited 1); nothing is written and no window opens."""
@@ -337,9 +341,15 @@ def test_refused_flag_values_exit_2_with_one_line(tmp_path, capsys, flags, named
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("rigel-viewer: ") and named in err, err
     assert not out.exists()
-    with pytest.raises(SystemExit) as e:       # argparse's own: 2 as well
+
+
+def test_argparse_refusals_exit_2_too():
+    from viewer.cli import build_parser, main
+
+    with pytest.raises(SystemExit) as e:
         main(["--fps", "fast"])
     assert e.value.code == 2
+    assert build_parser().parse_args(["--refresh-hz", "15"]).refresh_hz == 15.0
 
 @needs_vulkan
 def test_offscreen_refuses_an_out_holding_an_earlier_run(tmp_path, capsys, rng, one_thread):

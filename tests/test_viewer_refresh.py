@@ -246,14 +246,3 @@ def test_a_resubmitted_recording_shows_what_a_fresh_one_does(live_viewer):
     # a different mode is recorded, not reused
     p6 = pr.present(slot, ui_version=ver, **{**kw, "mode": 1})
     assert pr.reuses == reuses + 1 and p6 == p5 + 1
-
-
-def test_refresh_hz_flag(tmp_path, capsys):
-    cli = pytest.importorskip("viewer.cli", reason="the viewer needs the `vulkan` package")
-    for bad in ("-1", "nan", "inf"):
-        assert cli.main(["--data", str(tmp_path), "--offscreen", "--out", str(tmp_path / "o"), "--refresh-hz",
-                         bad]) == 2
-        assert f"--refresh-hz must be in [0, 60] (the Training panel's slider), got {float(bad)}" in \
-            capsys.readouterr().err
-    assert not (tmp_path / "o").exists()
-    assert cli.build_parser().parse_args(["--refresh-hz", "15"]).refresh_hz == 15.0
