@@ -1,4 +1,4 @@
-"""Training checkpoints: one ``.safetensors`` file, loaded without executing any pickled code.
+r"""Training checkpoints: one ``.safetensors`` file, loaded without executing any pickled code.
 
 Layout of the file (safetensors: a JSON header + raw little-endian tensors):
 

@@ -5,8 +5,10 @@ References: the eager step (the same code, not captured; its binning reads the e
 exact binning. GPU tests are marked ``gpu`` (skipped with the reason on a machine without CUDA); the eligibility
 rules run everywhere.
 """
+import gc
 import math
 import types
+import weakref
 from collections import deque
 
 import pytest
@@ -195,7 +197,7 @@ def test_an_overflowing_frame_skips_its_update_and_is_trained_again(rng, monkeyp
     # the next capture gets a capacity far below what a frame needs
     monkeypatch.setattr(graph_step_module, "MIN_CAPACITY", 1)
     gs._recent[(64, 64)] = deque([(seen // 20, t.model.num_gaussians)])
-    gs.graphs.clear()
+    gs.graphs.clear()  # behind the GraphStep's back: the next capture must not reuse the pool of no live graph
     before = _params(t)
     res = t.step()
     torch.cuda.synchronize()
@@ -210,6 +212,40 @@ def test_an_overflowing_frame_skips_its_update_and_is_trained_again(rng, monkeyp
     last = t.step()
     torch.cuda.synchronize()
     assert not last.skipped
+
+
+@pytest.mark.gpu
+def test_a_dropped_run_collected_during_a_capture_does_not_break_it(rng, monkeypatch):
+    # A Trainer and its GraphStep form a reference cycle, so a dropped run's graphs are freed by the garbage
+    # collector, whenever it next runs; destroying a graph while another stream captures is illegal, so a
+    # collection during a capture used to fail it (the new run then trained eagerly for good: seen on the H200
+    # when one test's trainer was collected inside the next test's capture).
+    ds = make_dataset(rng, n_gauss=120, size=32, n_train=4, n_test=1)
+    old = Trainer(ds, small_config(iterations=10, densify_until=0), device="cuda")
+    for _ in range(3):
+        old.step()
+    assert old.graph_step.graphs
+    torch.cuda.synchronize()
+    gone = weakref.ref(old.graph_step)
+    del old
+    real_render, collections = graph_step_module.render, []
+
+    def render_with_a_collection(*a, **k):
+        if torch.cuda.is_current_stream_capturing() and gc.isenabled():  # what an automatic collection does
+            collections.append(gc.collect())
+        return real_render(*a, **k)
+
+    monkeypatch.setattr(graph_step_module, "render", render_with_a_collection)
+    t = Trainer(ds, small_config(iterations=10, densify_until=0), device="cuda")
+    for _ in range(4):
+        t.step()
+    torch.cuda.synchronize()
+    gs = t.graph_step
+    assert gs.disabled is None and gs.captures >= 1, gs.disabled
+    assert collections == []  # the capture ran with the collector off
+    assert gc.isenabled()  # and it is on again
+    gc.collect()
+    assert gone() is None  # the dropped run was collectable all along (the situation was real)
 
 
 @pytest.mark.gpu

@@ -26,6 +26,7 @@ the fallback and the reference (tests/test_graph_step.py compares the two on the
 """
 from __future__ import annotations
 
+import gc
 import math
 import warnings
 from collections import deque
@@ -184,15 +185,11 @@ class GraphStep:
                                                                           self.trainer.model.num_gaussians))
 
     def _drop(self, key=None) -> None:
-        """Discard the graph of ``key`` (every graph when None). The graphs alive at a time share one memory pool
-        (the step's temporaries: its peak once, not once per image size); when none is left the pool is let go
-        and the next capture starts a new one (a pool whose graphs are all gone cannot take a capture again)."""
+        """Discard the graph of ``key`` (every graph when None)."""
         if key is None:
             self.graphs.clear()
         else:
             self.graphs.pop(key, None)
-        if not self.graphs:
-            self._pool = None
 
     def _capacity(self, size: tuple) -> int | None:
         """The capacity a capture for image size ``size`` gets now, or None when no count is known for it yet."""
@@ -245,15 +242,23 @@ class GraphStep:
         graph = torch.cuda.CUDAGraph()
         side = self._stream
         side.wait_stream(torch.cuda.current_stream(dev))
+        gc_was_on = gc.isenabled()
         try:
             for g in opt.param_groups:  # the captured Adam reads its learning rates from device scalars
                 g["lr"], g["capturable"] = self._lr[g["name"]], True
             with torch.cuda.stream(side):
                 # One pool for the live graphs: safe in any replay order because nothing in it outlives a replay
                 # but `values` and `total`, which stay referenced (gradients, found_inf and every temporary are
-                # written and read within one replay; parameters, moments and statistics live outside it).
-                if self._pool is None:
+                # written and read within one replay; parameters, moments and statistics live outside it). A
+                # pool whose graphs are all gone cannot take a capture again (the allocator asserts), so a capture
+                # with no live graph starts a new one, however the graphs were dropped.
+                if self._pool is None or not self.graphs:
                     self._pool = torch.cuda.graph_pool_handle()
+                # No garbage collection while capturing: a collection can free another run's graphs (a Trainer and
+                # its GraphStep form a reference cycle, so a dropped trainer waits for the collector), and
+                # destroying a graph is illegal while this stream captures; the capture then fails and the run
+                # falls back to the eager step for good. Collected afterwards as usual.
+                gc.disable()
                 graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
                 try:
                     with FixedBinningCapacity(capacity) as fixed:
@@ -284,6 +289,8 @@ class GraphStep:
                 finally:
                     graph.capture_end()
         finally:
+            if gc_was_on:
+                gc.enable()
             for g, lr, cap in saved:
                 g["lr"], g["capturable"] = lr, cap
             opt.found_inf = None
