@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     if (out / "sweep.json").exists():
         raise SystemExit(f"{out / 'sweep.json'}: exists (a previous sweep); choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    jobs = [(v, kv, sc, s) for v, kv in variants for sc in scenes for s in seeds]
+    # seed-major order: a sweep cut short by its time limit still has every variant of the first seeds
+    jobs = [(v, kv, sc, s) for s in seeds for sc in scenes for v, kv in variants]
 
     def one(job):
         v, kv, sc, seed = job
@@ -77,28 +78,42 @@ def main(argv=None) -> int:
         print(f"{tag}: rc={rc} psnr={res.get('psnr', 'n/a')}", flush=True)
         return res
 
-    with ThreadPoolExecutor(max(1, args.parallel)) as pool:
-        results = list(pool.map(one, jobs))
-    (out / "sweep.json").write_text(json.dumps(results, indent=1) + "\n")
-    lines = [f"iterations {args.iters}, seeds {seeds}; Δ = variant − {variants[0][0]} per seed (mean [min, max])", "",
-             "| scene | variant | PSNR per seed | mean | Δ mean [min, max] | N (mean) | train s (mean) ¹ |",
-             "|---|---|---|---:|---|---:|---:|"]
-    for sc in dict.fromkeys(Path(s).name for s in scenes):
-        base = {r["seed"]: r.get("psnr") for r in results if r["scene"] == sc and r["variant"] == variants[0][0]}
-        for v, _ in variants:
-            rows = [r for r in results if r["scene"] == sc and r["variant"] == v]
-            ps = [r.get("psnr") for r in rows]
-            ok = [p for p in ps if p is not None]
-            mean = sum(ok) / len(ok) if ok else float("nan")
-            ds = [r["psnr"] - base[r["seed"]] for r in rows if r.get("psnr") is not None and base.get(r["seed"])]
-            delta = f"{sum(ds) / len(ds):+.2f} [{min(ds):+.2f}, {max(ds):+.2f}]" if ds and v != variants[0][0] else ""
-            ns = [r["n"] for r in rows if r.get("n")]
-            ts = [r["train_s"] for r in rows if r.get("train_s")]
-            lines.append(f"| {sc} | {v} | {' / '.join('—' if p is None else f'{p:.2f}' for p in ps)} | {mean:.2f} | "
-                         f"{delta} | {sum(ns) / len(ns) if ns else 0:,.0f} | "
-                         f"{f'{sum(ts) / len(ts):.1f}' if ts else '—'} |")
-    lines += ["", f"¹ runs {args.parallel} at a time on one GPU: times compare variants within this sweep only."]
-    (out / "sweep.md").write_text("\n".join(lines) + "\n")
+    def write(results) -> list[str]:
+        (out / "sweep.json").write_text(json.dumps(results, indent=1) + "\n")
+        lines = [f"iterations {args.iters}, seeds {seeds}; Δ = variant − {variants[0][0]} per seed (mean [min, max])", "",
+                 "| scene | variant | PSNR per seed | mean | Δ mean [min, max] | N (mean) | train s (mean) ¹ |",
+                 "|---|---|---|---:|---|---:|---:|"]
+        for sc in dict.fromkeys(Path(s).name for s in scenes):
+            base = {r["seed"]: r.get("psnr") for r in results if r["scene"] == sc and r["variant"] == variants[0][0]}
+            for v, _ in variants:
+                rows = [r for r in results if r["scene"] == sc and r["variant"] == v]
+                ps = [r.get("psnr") for r in rows]
+                ok = [p for p in ps if p is not None]
+                mean = sum(ok) / len(ok) if ok else float("nan")
+                ds = [r["psnr"] - base[r["seed"]] for r in rows if r.get("psnr") is not None and base.get(r["seed"])]
+                delta = f"{sum(ds) / len(ds):+.2f} [{min(ds):+.2f}, {max(ds):+.2f}]" if ds and v != variants[0][0] else ""
+                ns = [r["n"] for r in rows if r.get("n")]
+                ts = [r["train_s"] for r in rows if r.get("train_s")]
+                lines.append(f"| {sc} | {v} | {' / '.join('—' if p is None else f'{p:.2f}' for p in ps)} | {mean:.2f} | "
+                             f"{delta} | {sum(ns) / len(ns) if ns else 0:,.0f} | "
+                             f"{f'{sum(ts) / len(ts):.1f}' if ts else '—'} |")
+        lines += ["", f"¹ runs {args.parallel} at a time on one GPU: times compare variants within this sweep only."]
+        (out / "sweep.md").write_text("\n".join(lines) + "\n")
+        return lines
+
+    results, lines = [], []
+    pool = ThreadPoolExecutor(max(1, args.parallel))
+    futures = [pool.submit(one, job) for job in jobs]
+    try:  # the tables are written after every finished run, so a sweep cut short keeps what it finished
+        for f in futures:
+            results.append(f.result())
+            lines = write(results)
+    except KeyboardInterrupt:  # (a time limit's SIGINT reaches the runs too: they stop and report)
+        pool.shutdown(wait=True, cancel_futures=True)
+        results += [f.result() for f in futures[len(results):] if f.done() and not f.cancelled()]
+        lines = write(results)
+        print(f"interrupted: {len(results)} of {len(jobs)} runs in the tables", flush=True)
+    pool.shutdown()
     print("\n".join(lines))
     return 0 if all(r["rc"] == 0 for r in results) else 1
 
