@@ -385,7 +385,7 @@ def test_trainer_mlp_densify_checkpoint_export_switch(rng, tmp_path):
 
         means_moment = tr.optimizer.state[tr.model.means3D]["exp_avg"].clone()
         rmse = tr.set_appearance("sh")
-        assert tr.model.appearance is None and tr.model.sh_degree == 1 and cfg.appearance == "sh"
+        assert tr.model.appearance is None and tr.model.sh_degree == 1 and tr.config.appearance == "sh"
         assert 0.0 <= rmse < 0.05
         assert torch.equal(tr.optimizer.state[tr.model.means3D]["exp_avg"], means_moment), "geometry moments kept"
         assert not tr.step().skipped

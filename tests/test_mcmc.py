@@ -6,6 +6,7 @@ random models with live Adam moments; the position noise statistically (empirica
 margin of several standard errors); the regularisers' gradients against their closed forms; and a short training
 run and a resume on the procedural scenes of test_trainer.py.
 """
+import dataclasses
 import json
 import math
 
@@ -15,6 +16,7 @@ import torch
 from rigel_core.model import PARAM_NAMES
 from rigel_core.reference.project import quat_to_rotmat
 from rigel_core.train import TrainConfig, Trainer
+from rigel_core.train.config import resolve_strategy
 from rigel_core.train.mcmc import MCMCReport, add_gaussians, position_noise, regularizer, relocate_dead, \
     sample_indices, split_mass, trim_to_cap
 from rigel_core.train.optim import make_optimizer, per_gaussian_tensors
@@ -282,6 +284,63 @@ def test_config_validation():
         TrainConfig(mcmc_max_copies=0).validate()
     TrainConfig(strategy="mcmc", max_gaussians=10).validate()
     TrainConfig(max_gaussians=None).validate()  # the default strategy needs no cap
+
+
+# ---- "auto": MCMC on SfM captures ---------------------------------------------------------------------------------
+def _with_sfm_points(ds, rng, m=50):
+    return dataclasses.replace(ds, points=(torch.rand(m, 3, generator=rng, dtype=torch.float64) - 0.5).numpy(),
+                               point_colors=torch.rand(m, 3, generator=rng, dtype=torch.float64).numpy())
+
+
+@pytest.mark.parametrize("cap, budget, want", [(3_000_000, 1_000_000, 1_000_000), (400, 1_000_000, 400),
+                                               (None, 700, 700), (5_000, 5_000, 5_000)])
+def test_auto_is_mcmc_with_the_budget_on_an_sfm_capture(cap, budget, want):
+    cfg = TrainConfig(max_gaussians=cap, auto_mcmc_budget=budget)
+    assert cfg.strategy == "auto"
+    note = resolve_strategy(cfg, has_sfm_points=True)
+    assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", want) and f"{want:,}" in note
+    cfg.validate()
+    assert resolve_strategy(cfg, has_sfm_points=True) is None and cfg.max_gaussians == want  # explicit now
+
+
+@pytest.mark.parametrize("explicit", ["default", "mcmc"])
+def test_auto_is_default_without_sfm_points_and_an_explicit_strategy_stays(explicit):
+    cfg = TrainConfig(max_gaussians=123)
+    assert "default" in resolve_strategy(cfg, has_sfm_points=False)
+    assert (cfg.strategy, cfg.max_gaussians) == ("default", 123)
+    for sfm in (False, True):
+        cfg = TrainConfig(strategy=explicit, max_gaussians=321, auto_mcmc_budget=5)
+        assert resolve_strategy(cfg, has_sfm_points=sfm) is None
+        assert (cfg.strategy, cfg.max_gaussians) == (explicit, 321)
+
+
+def test_trainer_resolves_auto_from_its_dataset_on_a_copy(rng):
+    ds = make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=1)
+    cfg = small_config(auto_mcmc_budget=90)
+    sfm = Trainer(_with_sfm_points(ds, rng), cfg, device="cpu")
+    assert (sfm.config.strategy, sfm.config.max_gaussians) == ("mcmc", 90) and "mcmc" in sfm.strategy_note
+    assert sfm.model.num_gaussians == 50  # started from the SfM points
+    assert (cfg.strategy, cfg.max_gaussians) == ("auto", 3_000_000)  # the caller's config is left as given
+    blender = Trainer(ds, cfg, device="cpu")  # the same config on random-init data
+    assert (blender.config.strategy, blender.config.max_gaussians) == ("default", 3_000_000)
+    r = [sfm.step() for _ in range(2)][-1]
+    assert r.densify is None and sfm.is_consistent()
+    explicit = small_config(strategy="default")
+    tr = Trainer(_with_sfm_points(ds, rng), explicit, device="cpu")
+    assert tr.config is explicit and tr.config.strategy == "default" and tr.strategy_note is None
+
+
+def test_cli_max_gaussians_is_also_the_auto_budget():
+    from rigel_core.cli.common import config_overrides
+    from rigel_core.cli.train import build_parser
+
+    def over(*argv):
+        return config_overrides(build_parser().parse_args(["--data", "d", "--out", "o", *argv]))
+
+    assert over("--max-gaussians", "2000000") == {"max_gaussians": 2_000_000, "auto_mcmc_budget": 2_000_000}
+    assert over("--max-gaussians", "9", "--strategy", "default") == {"max_gaussians": 9, "strategy": "default"}
+    assert over("--max-gaussians", "9", "--strategy", "mcmc") == {"max_gaussians": 9, "strategy": "mcmc"}
+    assert "auto_mcmc_budget" not in over()
 
 
 # ---- training ----------------------------------------------------------------------------------------------------

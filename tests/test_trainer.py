@@ -420,7 +420,7 @@ def test_checkpoint_resume_gives_the_same_next_steps(rng, tmp_path):
     saved_params = {k: v.detach().clone() for k, v in tr.model.parameters().items()}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.safetensors"]  # no temporary left behind
     resumed = Trainer.from_checkpoint(path, ds, device="cpu")
-    assert resumed.iteration == 11 and resumed.config == cfg and len(resumed.eval_history) == 2
+    assert resumed.iteration == 11 and resumed.config == tr.config and len(resumed.eval_history) == 2
     reports = []
     for _ in range(6):  # crosses a densification (12, with random split offsets) and an evaluation (15)
         a, b = tr.step(), resumed.step()

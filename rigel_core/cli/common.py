@@ -41,7 +41,8 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
         help="use the images' alpha channel as a mask (alpha 0 = pixel ignored) instead of compositing")
     add("--downscale", type=float, default=1, help="divide image sizes by this")
     add("--test-every", type=int, default=8, help="hold-out stride for instant-ngp / COLMAP data")
-    add("--max-gaussians", type=int, default=None, help="hard cap on the Gaussian count")
+    add("--max-gaussians", type=int, default=None,
+        help="hard cap on the Gaussian count; the budget of the mcmc strategy")
     add("--init-points", type=int, default=None, help="random initial points without SfM points")
     add("--exposure", action="store_true", default=None,
         help="learn a per-training-image affine colour correction (held-out views are also scored by "
@@ -54,9 +55,11 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--render-mode", choices=list(RENDER_MODES), default=None,
         help="mip: anti-aliased training and rendering (Mip-Splatting's 3D smoothing and 2D Mip filters; "
              "model.ply says 'SplatRenderMode: mip'); default: 3DGS's 0.3 px² dilation")
-    add("--strategy", choices=["default", "mcmc"], default=None,
+    add("--strategy", choices=["auto", "default", "mcmc"], default=None,
         help="densification: 3DGS clone/split/prune (default) or the 3DGS-MCMC budget (mcmc: relocation "
-             "of dead Gaussians, growth to --max-gaussians, which it needs, position noise, regularisers)")
+             "of dead Gaussians, growth to --max-gaussians, which it needs, position noise, regularisers); "
+             "auto (the default): mcmc with a budget of min(--max-gaussians, 1M) for a capture with SfM points, "
+             "default otherwise")
     # batches (issue 16; --gpus is rigel-train's own)
     add("--batch-size", type=int, default=None, metavar="B",
         help="views per step and process (global batch = N x B; default 1)")
@@ -117,6 +120,8 @@ def config_overrides(args: argparse.Namespace) -> dict:
                              "position_lr_max_steps": args.position_lr_max_steps,
                              "render_mode": args.render_mode, "strategy": args.strategy,
                              "batch_size": args.batch_size}.items() if v is not None}
+    if args.max_gaussians is not None and args.strategy is None:
+        out["auto_mcmc_budget"] = args.max_gaussians  # also the budget when "auto" picks MCMC (an SfM capture)
     out.update(_parse_set_fields(args.set_fields))
     return out
 

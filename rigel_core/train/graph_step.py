@@ -78,8 +78,8 @@ def graph_step_unsupported(trainer) -> str | None:
         return "data-parallel training"
     if int(cfg.batch_size) != 1:
         return "batch_size > 1"
-    if cfg.strategy != "default":
-        return f"strategy {cfg.strategy!r}"
+    if cfg.strategy == "mcmc":  # ("auto" is resolved by the Trainer before any step)
+        return "strategy 'mcmc'"
     if cfg.exposure:
         return "per-image exposure"
     if cfg.random_background:

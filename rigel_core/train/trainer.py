@@ -31,6 +31,7 @@ reset); :meth:`snapshot` takes it to copy a consistent model. Nothing else block
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -44,7 +45,7 @@ from ..camera import Camera, host_to_device
 from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
-from .config import TrainConfig
+from .config import TrainConfig, resolve_strategy
 from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_grad, prepare_means2D_grad, \
     reset_opacity
 from .exposure import Exposure, exposure_lr, left_right_metrics
@@ -277,7 +278,9 @@ class Trainer:
             ``camera``, ``image`` (H,W,3) float in [0,1], ``alpha``, ``name``, optionally ``mask`` (H,W) bool:
             the pixels that count, None = all); ``scene_center``,
             ``scene_extent``, ``points``, ``point_colors``, ``white_bg``).
-        config: a :class:`TrainConfig` (default: 3DGS defaults); edited live, read at every step.
+        config: a :class:`TrainConfig` (default: 3DGS defaults); edited live, read at every step. One whose
+            ``strategy`` is "auto" is copied and resolved (:func:`~rigel_core.train.config.resolve_strategy`):
+            :attr:`config` is then the copy in use.
         model: start from this model (its SH are padded/truncated to ``config.sh_degree``); default: SfM
             points when the dataset has them, else :func:`random_init_points`.
         device: where to train (default: CUDA when available with built kernels, else CPU).
@@ -288,8 +291,14 @@ class Trainer:
 
     def __init__(self, dataset, config: TrainConfig | None = None, *, model: GaussianModel | None = None,
                  device=None):
-        self.config = cfg = config if config is not None else TrainConfig()
+        cfg = config if config is not None else TrainConfig()
         cfg.validate()
+        if cfg.strategy == "auto":  # resolved on a copy: the caller's config may start other runs (other data)
+            cfg = dataclasses.replace(cfg)
+        pts = getattr(dataset, "points", None)
+        #: what ``strategy = "auto"`` became and why (one line for the log), None when it was explicit
+        self.strategy_note = resolve_strategy(cfg, pts is not None and len(pts) > 0)
+        self.config = cfg
         if device is None:
             from .. import cuda_available
 
