@@ -33,7 +33,7 @@ def test_graph_step_eligibility_reasons():
     assert reason("cpu") == "not a CUDA device"
     assert reason(comm=object()) == "data-parallel training"
     assert reason(batch_size=2) == "batch_size > 1"
-    assert reason(strategy="mcmc", max_gaussians=1000) == "strategy 'mcmc'"
+    assert reason(strategy="mcmc", max_gaussians=1000) is None  # its noise is captured too; relocation is eager
     assert reason(exposure=True) == "per-image exposure"
     assert reason(random_background=True) == "random background"
 
@@ -167,6 +167,43 @@ def test_graph_step_matches_the_eager_step(rng):
         torch.testing.assert_close(_params(tg)[name], pe, rtol=1e-4, atol=1e-6, msg=name)
     for a, b in zip(re_, rg):
         assert abs(a.loss - b.loss) <= 1e-4 * max(1.0, abs(a.loss)) and not b.skipped
+
+
+@pytest.mark.gpu
+def test_graph_step_with_the_mcmc_noise_matches_the_eager_step(rng):
+    # the regularisers and the position noise are in the captured step; the noise's generator is seeded from the
+    # trainer's CPU generator before each replay exactly where the eager step seeds it
+    ds = make_dataset(rng, n_gauss=150, size=64, n_train=8, n_test=2)
+    kw = dict(iterations=40, densify_until=0, strategy="mcmc", max_gaussians=1000)
+    te, re_ = _train(ds, small_config(cuda_graph=False, **kw), 40)
+    tg, rg = _train(ds, small_config(cuda_graph=True, **kw), 40)
+    quiet, _ = _train(ds, small_config(cuda_graph=False, mcmc_noise_lr=0.0, **kw), 40)
+    gs = tg.graph_step
+    assert gs is not None and gs.disabled is None and gs.captures >= 1 and gs.overflows == 0
+    assert [r.view for r in rg] == [r.view for r in re_]
+    pe, pg, pq = _params(te), _params(tg), _params(quiet)
+    for name in pe:
+        torch.testing.assert_close(pg[name], pe[name], rtol=1e-4, atol=1e-6, msg=name)
+    # the noise moved the means by far more than that tolerance (so a graph without it would have failed)
+    assert float((pe["means3D"] - pq["means3D"]).abs().max()) > 1e-3
+    for a, b in zip(re_, rg):
+        assert abs(a.loss - b.loss) <= 1e-4 * max(1.0, abs(a.loss)) and not b.skipped
+
+
+@pytest.mark.gpu
+def test_graph_step_with_the_mcmc_budget_relocates_eagerly_and_trains_as_well(rng):
+    ds = make_dataset(rng, n_gauss=150, size=64, n_train=10, n_test=3)
+    kw = dict(iterations=120, strategy="mcmc", max_gaussians=600, densify_from=10, densify_interval=25,
+              densify_until=110, mcmc_growth=0.3)
+    te, re_ = _train(ds, small_config(cuda_graph=False, **kw), 120)
+    tg, rg = _train(ds, small_config(cuda_graph=True, **kw), 120)
+    gs = tg.graph_step
+    assert gs.disabled is None and gs.captures >= 4  # every relocation step replaces the tensors
+    assert [r.densify.iteration for r in rg if r.densify] == [25, 50, 75, 100]
+    assert [r.num_gaussians for r in rg] == [r.num_gaussians for r in re_]  # growth follows N alone
+    assert tg.nan_skips == 0 and tg.is_consistent()
+    pe, pg = te.evaluate(record=False).psnr, tg.evaluate(record=False).psnr
+    assert pg > pe - 1.0, (pg, pe)
 
 
 @pytest.mark.gpu

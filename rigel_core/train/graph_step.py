@@ -2,12 +2,15 @@
 captured once and replayed, so that a step costs the host a handful of launches instead of ~90 Python/autograd
 hops.
 
-What is captured, for one training view (``batch_size`` 1, one process, the default densification strategy, no
-per-image exposure or random background): render (activations, colours, projection, binning, rasterization),
-loss, backward, the NaN guard, the densification statistics and the fused Adam step. What stays on the host,
-between replays: the view order, the learning-rate schedule (written into device scalars the graph reads),
-densification, pruning, opacity resets and evaluation — every one of them replaces tensors, after which the graph
-is captured again (:attr:`GraphStep.captures` counts them; about one per ``densify_interval`` iterations).
+What is captured, for one training view (``batch_size`` 1, one process, no per-image exposure or random
+background): render (activations, colours, projection, binning, rasterization), loss, backward, the NaN guard,
+the densification statistics and the fused Adam step — with the MCMC budget (``strategy = "mcmc"``) its
+regularisers and its position noise instead of the statistics (η from :func:`.mcmc.noise_generator`, registered
+with the graph and seeded from the trainer's CPU generator before each replay, where the eager step seeds it).
+What stays on the host, between replays: the view order, the learning-rate schedule (written into device scalars
+the graph reads), densification, pruning, opacity resets, MCMC relocation and growth (those iterations take the
+eager step) and evaluation — every one of them replaces tensors, after which the graph is captured again
+(:attr:`GraphStep.captures` counts them; about one per ``densify_interval`` iterations).
 
 **No device→host read in the step.** The eager binning reads the frame's entry count back to size its buffers;
 the captured one bins into a fixed capacity (:class:`rigel_core.cuda_backend.FixedBinningCapacity`) and leaves
@@ -38,6 +41,8 @@ from ..cuda_backend import FixedBinningCapacity
 from ..render import render
 from .densify import means2D_grad, prepare_means2D_grad
 from .losses import mse
+from .mcmc import add_position_noise, noise_generator, noise_seed
+from .mcmc import regularizer as mcmc_regularizer
 
 __all__ = ["GraphStep", "graph_step_unsupported"]
 
@@ -78,8 +83,6 @@ def graph_step_unsupported(trainer) -> str | None:
         return "data-parallel training"
     if int(cfg.batch_size) != 1:
         return "batch_size > 1"
-    if cfg.strategy == "mcmc":  # ("auto" is resolved by the Trainer before any step)
-        return "strategy 'mcmc'"
     if cfg.exposure:
         return "per-image exposure"
     if cfg.random_background:
@@ -240,6 +243,10 @@ class GraphStep:
         saved = [(g, g["lr"], g.get("capturable", False)) for g in opt.param_groups]
         opt.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
+        mcmc = cfg.strategy == "mcmc"
+        eta_gen = noise_generator(dev) if mcmc else None
+        if eta_gen is not None:  # its seed and offset are read at each replay (set by step() before it)
+            graph.register_generator_state(eta_gen)
         side = self._stream
         side.wait_stream(torch.cuda.current_stream(dev))
         gc_was_on = gc.isenabled()
@@ -266,6 +273,8 @@ class GraphStep:
                         prepare_means2D_grad(out)
                         loss, l1, s = t.compute_loss(out.image, gt) if mask is None else \
                             t.compute_loss(out.image, gt, mask)
+                        if mcmc:  # the MCMC budget's opacity and scale regularisers, as the eager step
+                            loss = loss + mcmc_regularizer(model, cfg)
                         loss.backward()
                     g2d = means2D_grad(out)
                     total = fixed.totals[0]
@@ -282,6 +291,8 @@ class GraphStep:
                     opt.step()
                     if inc is not None:
                         t.stats.add(inc[0], inc[1], inc[2], valid=ok)
+                    if mcmc:  # the Langevin position noise after the update (mcmc.py), zero when skipped
+                        add_position_noise(model, self._lr["means3D"], cfg, eta_gen, ok)
                     with torch.no_grad():
                         m_t = mse(out.image.detach(), gt, mask)
                         values = torch.cat([torch.stack([loss.detach(), l1.detach(), s.detach(), m_t]).double(),
@@ -339,6 +350,8 @@ class GraphStep:
         cap.gt.copy_(t._train_images[idx])
         if cap.mask is not None:
             cap.mask.copy_(mask)
+        if t.config.strategy == "mcmc":  # this step's noise seed, drawn where the eager step draws it
+            noise_generator(t.device).manual_seed(noise_seed(t.generator))
         cap.graph.replay()
         values = cap.values.clone()
         pinned, event = self._pinned[self._slot], self._events[self._slot]

@@ -70,7 +70,8 @@ from .densify import DensifyReport
 from .optim import append_rows, per_gaussian_tensors, select_rows
 
 __all__ = ["MCMCReport", "split_mass", "sample_indices", "relocate_dead", "add_gaussians", "trim_to_cap",
-           "position_noise", "regularizer", "mcmc_step"]
+           "position_noise", "add_position_noise", "noise_generator", "noise_seed", "scheduled", "regularizer",
+           "mcmc_step"]
 
 #: largest float32 opacity below 1 the relocation hands out (logit ≈ 15.9)
 _MAX_OPACITY = 1.0 - torch.finfo(torch.float32).eps
@@ -219,27 +220,38 @@ def trim_to_cap(model, optimizer, cap: int, generator: torch.Generator | None) -
 _DEVICE_GENERATORS: dict = {}
 
 
-def _device_generator(device: torch.device) -> torch.Generator:
-    """The generator :func:`position_noise` draws η from on ``device`` (seeded by the caller every step, so its
-    state between steps never matters)."""
+def noise_generator(device: torch.device) -> torch.Generator:
+    """The generator the position noise's η is drawn from on ``device``: one per device, seeded before every
+    step with :func:`noise_seed` (its state between steps never matters). The CUDA-graph step registers it with
+    its graphs and seeds it before each replay (graph_step.py)."""
+    device = torch.device(device)
     g = _DEVICE_GENERATORS.get(device)
     if g is None:
         g = _DEVICE_GENERATORS[device] = torch.Generator(device=device)
     return g
 
 
+def noise_seed(generator: torch.Generator | None) -> int:
+    """This step's seed for :func:`noise_generator`, drawn from the trainer's CPU ``generator``."""
+    return int(torch.randint(0, 2 ** 62, (1,), generator=generator))
+
+
+def scheduled(cfg: TrainConfig, iteration: int) -> bool:
+    """Whether ``iteration`` relocates and grows (every ``densify_interval`` strictly between ``densify_from``
+    and ``densify_until``)."""
+    return cfg.densify_from < iteration < cfg.densify_until and iteration % cfg.densify_interval == 0
+
+
 @torch.no_grad()
-def position_noise(model, lr_means: float, cfg: TrainConfig, generator: torch.Generator | None,
-                   ok: torch.Tensor | None = None) -> torch.Tensor:
+def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.Generator,
+                       ok: torch.Tensor | None = None) -> torch.Tensor:
     """Add the Langevin noise ``mcmc_noise_lr · lr_means · σ(−k(o − t)) · Σ·η`` to ``model.means3D`` in place
-    (module docstring) and return it (N, 3). η is drawn on the means' device from a generator seeded with a
-    number from ``generator`` (CPU). ``ok`` (0-d bool tensor): the noise is zero where it is False (the NaN
-    guard's skipped step), decided on the device."""
+    (module docstring) and return it (N, 3); η ~ N(0, I) from ``eta_generator`` (on the means' device, seeded by
+    the caller). ``lr_means``: the position learning rate, a float or a 0-d tensor on the device (the captured
+    step's). ``ok`` (0-d bool tensor): the noise is zero where it is False (the NaN guard's skipped step),
+    decided on the device. No host synchronisation (capturable in a CUDA graph)."""
     means = model.means3D
-    seed = int(torch.randint(0, 2 ** 62, (1,), generator=generator))
-    g = _device_generator(means.device)   # one per device, re-seeded each step (no per-step generator object)
-    g.manual_seed(seed)
-    eta = torch.randn(means.shape, generator=g, device=means.device, dtype=means.dtype)
+    eta = torch.randn(means.shape, generator=eta_generator, device=means.device, dtype=means.dtype)
     rot = quat_to_rotmat(model.quats.detach())  # (N,3,3)
     s2 = model.scales.detach() ** 2
     # Σ·η = R·diag(s²)·Rᵀ·η
@@ -252,6 +264,16 @@ def position_noise(model, lr_means: float, cfg: TrainConfig, generator: torch.Ge
         noise = torch.where(ok, noise, torch.zeros_like(noise))
     means.add_(noise)
     return noise
+
+
+@torch.no_grad()
+def position_noise(model, lr_means: float, cfg: TrainConfig, generator: torch.Generator | None,
+                   ok: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`add_position_noise` with η drawn on the means' device from :func:`noise_generator` seeded with
+    :func:`noise_seed` of the CPU ``generator``; returns the noise (N, 3)."""
+    g = noise_generator(model.means3D.device)
+    g.manual_seed(noise_seed(generator))
+    return add_position_noise(model, lr_means, cfg, g, ok)
 
 
 def regularizer(model, cfg: TrainConfig) -> torch.Tensor:
@@ -273,7 +295,7 @@ def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_mean
     n_before = model.num_gaussians
     removed = trim_to_cap(model, optimizer, cfg.max_gaussians, generator)
     report = None
-    if cfg.densify_from < iteration < cfg.densify_until and iteration % cfg.densify_interval == 0:
+    if scheduled(cfg, iteration):
         relocated = relocate_dead(model, optimizer, cfg, generator)
         added = add_gaussians(model, optimizer, cfg, generator)
         capped = cfg.max_gaussians is not None and model.num_gaussians >= cfg.max_gaussians

@@ -663,8 +663,12 @@ class Trainer:
             self.graph_step = GraphStep(self)
         if self.graph_step.disabled:
             return None
+        mcmc = cfg.strategy == "mcmc"
+        if mcmc and (mcmc_scheduled(cfg, it) or (cfg.max_gaussians is not None
+                                                 and model.num_gaussians > cfg.max_gaussians)):
+            return None  # relocation / growth / the cap's trim: host work, done by the eager step
         idx = self._next_view()
-        stats_on = it < cfg.densify_until
+        stats_on = not mcmc and it < cfg.densify_until
         report, reset = None, False
         with self.lock:
             values = self.graph_step.step(idx, stats_on)
