@@ -182,10 +182,13 @@ def test_graph_step_with_the_mcmc_noise_matches_the_eager_step(rng):
     assert gs is not None and gs.disabled is None and gs.captures >= 1 and gs.overflows == 0
     assert [r.view for r in rg] == [r.view for r in re_]
     pe, pg, pq = _params(te), _params(tg), _params(quiet)
+    moved = float((pe["means3D"] - pq["means3D"]).abs().max())
+    # the noise moved the means by ~1 world unit over the run (H200: 2.9); the captured step scales it by the
+    # float32 device lr where the eager one multiplies in float64 first: 1.4e-6 apart after 40 steps there
+    assert moved > 0.1
     for name in pe:
-        torch.testing.assert_close(pg[name], pe[name], rtol=1e-4, atol=1e-6, msg=name)
-    # the noise moved the means by far more than that tolerance (so a graph without it would have failed)
-    assert float((pe["means3D"] - pq["means3D"]).abs().max()) > 1e-3
+        torch.testing.assert_close(pg[name], pe[name], rtol=1e-4, atol=1e-5 * moved if name == "means3D" else 1e-6,
+                                   msg=name)
     for a, b in zip(re_, rg):
         assert abs(a.loss - b.loss) <= 1e-4 * max(1.0, abs(a.loss)) and not b.skipped
 

@@ -52,7 +52,7 @@ from .exposure import Exposure, exposure_lr, left_right_metrics
 from .losses import l1_loss, mse, psnr_from_mse, ssim
 from .distributed import batch_scaling
 from .graph_step import GraphStep, graph_step_unsupported
-from .mcmc import mcmc_step, regularizer as mcmc_regularizer
+from .mcmc import mcmc_step, regularizer as mcmc_regularizer, scheduled as mcmc_scheduled
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
 from .records import EvalResult  # its own module: rigel_core.checkpoint reads it without the trainer
