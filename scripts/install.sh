@@ -20,7 +20,7 @@ PY=${PYTHON:-python3}
 python -m pip install -q --upgrade pip setuptools wheel
 # torch 2.14.1: a CUDA 13 build (compiles the kernels; runs on the CPU where there is no GPU)
 python -m pip install -q "torch==2.14.1" numpy plyfile tqdm pillow imageio scipy safetensors zstandard pytest ninja \
-  pycolmap opencv-python-headless vulkan glfw imgui-bundle pyglm imageio-ffmpeg
+  pycolmap opencv-python-headless vulkan glfw imgui-bundle pyglm imageio-ffmpeg pyflakes
 [ -d /usr/local/cuda ] && export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 # GPU architectures: setup.py compiles for this machine's GPU, or for sm_80 + sm_90 + PTX without one
 # (TORCH_CUDA_ARCH_LIST overrides; README "Install").
