@@ -292,12 +292,13 @@ def _with_sfm_points(ds, rng, m=50):
                                point_colors=torch.rand(m, 3, generator=rng, dtype=torch.float64).numpy())
 
 
-@pytest.mark.parametrize("cap, budget, want", [(3_000_000, 1_000_000, 1_000_000), (400, 1_000_000, 400),
-                                               (None, 700, 700), (5_000, 5_000, 5_000)])
-def test_auto_is_mcmc_with_the_budget_on_an_sfm_capture(cap, budget, want):
+@pytest.mark.parametrize("cap, budget, n_start, want", [
+    (3_000_000, 1_000_000, 0, 1_000_000), (400, 1_000_000, 0, 400), (None, 700, 0, 700), (5_000, 5_000, 0, 5_000),
+    (3_000_000, 1_000_000, 1_500_000, 1_500_000), (1_200_000, 1_000_000, 1_500_000, 1_200_000)])
+def test_auto_is_mcmc_with_the_budget_on_an_sfm_capture(cap, budget, n_start, want):
     cfg = TrainConfig(max_gaussians=cap, auto_mcmc_budget=budget)
     assert cfg.strategy == "auto"
-    note = resolve_strategy(cfg, has_sfm_points=True)
+    note = resolve_strategy(cfg, has_sfm_points=True, n_start=n_start)
     assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", want) and f"{want:,}" in note
     cfg.validate()
     assert resolve_strategy(cfg, has_sfm_points=True) is None and cfg.max_gaussians == want  # explicit now
@@ -325,6 +326,11 @@ def test_trainer_resolves_auto_from_its_dataset_on_a_copy(rng):
     assert (blender.config.strategy, blender.config.max_gaussians) == ("default", 3_000_000)
     r = [sfm.step() for _ in range(2)][-1]
     assert r.densify is None and sfm.is_consistent()
+    # a run that starts from a given model larger than the budget keeps all of it (the budget never cuts it)
+    big = Trainer(_with_sfm_points(ds, rng), cfg, model=random_scene(rng, 130), device="cpu")
+    assert (big.config.strategy, big.config.max_gaussians) == ("mcmc", 130)
+    big.step()
+    assert big.model.num_gaussians == 130
     explicit = small_config(strategy="default")
     tr = Trainer(_with_sfm_points(ds, rng), explicit, device="cpu")
     assert tr.config is explicit and tr.config.strategy == "default" and tr.strategy_note is None

@@ -306,17 +306,18 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.init_box must have 6 numbers, got {self.init_box!r}")
 
 
-def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool) -> str | None:
-    """Turn ``cfg.strategy == "auto"`` into the strategy it stands for, in place: "mcmc" when the training starts
-    from SfM points (a real capture), with ``max_gaussians = min(max_gaussians, auto_mcmc_budget)`` (None counts
-    as no cap), else "default". Returns a one-line note of the choice for the log, or None when ``cfg.strategy``
-    was already explicit (nothing changed). The choice is the measured one (the ``strategy`` field's comment);
-    a resumed run keeps the strategy its checkpoint recorded."""
+def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0) -> str | None:
+    """Turn ``cfg.strategy == "auto"`` into the strategy it stands for, in place: "mcmc" when the dataset has SfM
+    points (a real capture), with ``max_gaussians = min(max_gaussians, max(auto_mcmc_budget, n_start))`` (None
+    counts as no cap; ``n_start``: the Gaussians of a model the run starts from, which the budget then never cuts),
+    else "default". Returns a one-line note of the choice for the log, or None when ``cfg.strategy`` was already
+    explicit (nothing changed). The choice is the measured one (the ``strategy`` field's comment); a resumed run
+    keeps the strategy its checkpoint recorded."""
     if cfg.strategy != "auto":
         return None
     if has_sfm_points:
-        cap = cfg.max_gaussians
-        cfg.max_gaussians = cfg.auto_mcmc_budget if cap is None else min(cap, cfg.auto_mcmc_budget)
+        cap, budget = cfg.max_gaussians, max(cfg.auto_mcmc_budget, int(n_start))
+        cfg.max_gaussians = budget if cap is None else min(cap, budget)
         cfg.strategy = "mcmc"
         return (f"strategy auto: mcmc (SfM points), a budget of {cfg.max_gaussians:,} Gaussians "
                 f"(--strategy default for 3DGS's densification)")

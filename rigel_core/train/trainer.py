@@ -297,7 +297,8 @@ class Trainer:
             cfg = dataclasses.replace(cfg)
         pts = getattr(dataset, "points", None)
         #: what ``strategy = "auto"`` became and why (one line for the log), None when it was explicit
-        self.strategy_note = resolve_strategy(cfg, pts is not None and len(pts) > 0)
+        self.strategy_note = resolve_strategy(cfg, pts is not None and len(pts) > 0,
+                                              model.num_gaussians if model is not None else 0)
         self.config = cfg
         if device is None:
             from .. import cuda_available
