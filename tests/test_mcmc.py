@@ -341,6 +341,9 @@ def test_cli_max_gaussians_is_also_the_auto_budget():
     assert over("--max-gaussians", "9", "--strategy", "default") == {"max_gaussians": 9, "strategy": "default"}
     assert over("--max-gaussians", "9", "--strategy", "mcmc") == {"max_gaussians": 9, "strategy": "mcmc"}
     assert "auto_mcmc_budget" not in over()
+    # naming the default strategy changes nothing: the same budget as --max-gaussians alone (not min(N, 1M))
+    assert over("--max-gaussians", "2000000", "--strategy", "auto") == {
+        "max_gaussians": 2_000_000, "auto_mcmc_budget": 2_000_000, "strategy": "auto"}
 
 
 def test_a_checkpoint_from_before_the_strategy_field_resumes_with_3dgs_densification(rng, tmp_path):

@@ -120,7 +120,7 @@ def config_overrides(args: argparse.Namespace) -> dict:
                              "position_lr_max_steps": args.position_lr_max_steps,
                              "render_mode": args.render_mode, "strategy": args.strategy,
                              "batch_size": args.batch_size}.items() if v is not None}
-    if args.max_gaussians is not None and args.strategy is None:
+    if args.max_gaussians is not None and args.strategy in (None, "auto"):
         out["auto_mcmc_budget"] = args.max_gaussians  # also the budget when "auto" picks MCMC (an SfM capture)
     out.update(_parse_set_fields(args.set_fields))
     return out
