@@ -39,7 +39,8 @@ per second, ``loop_fps`` frames per second, held ones included).
 instead, ``path_XXXX.png`` (see :mod:`viewer.path_panel`).
 Exit status: 0 on success, 1 when something failed, 2 for an input rigel cannot use (a bad scene, dataset or
 ``--cameras`` file, a flag value it refuses such as ``--fps 0``: one line naming it, as ``rigel-train``) or when
-Vulkan or a display is unavailable (the message says what to install), 130 after Ctrl-C, 143 after SIGTERM (the training was saved).
+Vulkan or a display is unavailable (the message says what to install), 130 after Ctrl-C, 143 after SIGTERM (the
+training was saved).
 """
 from __future__ import annotations
 
