@@ -296,6 +296,25 @@ def test_training_thread_obeys_commands_and_reports_events(rng, tmp_path, one_th
     assert "test psnr" in log and "densify clone" in log and "finished: checkpoint.safetensors and model.ply" in log
 
 
+@pytest.mark.parametrize("strategy", ["default", "mcmc"])
+def test_the_training_panel_offers_only_the_fields_the_strategy_reads(rng, tmp_path, one_thread, strategy):
+    # the MCMC budget has no gradient threshold, opacity reset or pruning (train/mcmc.py): sliders for them in an
+    # MCMC run (the default on SfM captures) moved nothing
+    trainer = tiny_trainer(rng, iterations=5, strategy=strategy, max_gaussians=400)
+    session = TrainingSession(trainer, ModelSlot(), tmp_path / "run", running=False, eval_at_start=False).start()
+    try:
+        started = wait_for([], session, lambda e: isinstance(e, M.TrainingStarted))
+    finally:
+        session.stop()
+    unused = {"grad_threshold", "opacity_reset_interval", "prune_opacity"}
+    want = set(M.DENSIFY_FIELDS) - (unused if strategy == "mcmc" else set())
+    assert started.strategy == strategy and set(started.densify) == want
+    assert started.densify["max_gaussians"] == 400
+    st = TrainingState()
+    st.apply(started)
+    assert st.strategy == strategy and set(st.densify) == want
+
+
 def test_a_failure_in_the_thread_is_shown_logged_and_saved(rng, tmp_path, caplog, one_thread):
     from rigel_core.checkpoint import read_checkpoint
 
