@@ -347,6 +347,34 @@ def test_cli_max_gaussians_is_also_the_auto_budget():
     assert over("--max-gaussians", "9", "--strategy", "default") == {"max_gaussians": 9, "strategy": "default"}
     assert over("--max-gaussians", "9", "--strategy", "mcmc") == {"max_gaussians": 9, "strategy": "mcmc"}
     assert "auto_mcmc_budget" not in over()
+    # naming the default strategy changes nothing: the same budget as --max-gaussians alone (not min(N, 1M))
+    assert over("--max-gaussians", "2000000", "--strategy", "auto") == {
+        "max_gaussians": 2_000_000, "auto_mcmc_budget": 2_000_000, "strategy": "auto"}
+
+
+def test_a_checkpoint_from_before_the_strategy_field_resumes_with_3dgs_densification(rng, tmp_path):
+    # a run saved before TrainConfig had ``strategy`` trained with clone / split / prune; "auto" (the field's
+    # default now) must not turn its resumption into the MCMC budget on an SfM capture
+    from safetensors.torch import load_file, save_file
+
+    from rigel_core.checkpoint import read_checkpoint
+    from rigel_core.cli.common import resume_config
+
+    ds = _with_sfm_points(make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=0), rng)
+    tr = Trainer(ds, small_config(strategy="default", max_gaussians=777), device="cpu")
+    tr.step()
+    path = tmp_path / "old.safetensors"
+    tr.save_checkpoint(path)
+    _, meta = read_checkpoint(path)
+    for field in ("strategy", "auto_mcmc_budget"):  # the fields the old format lacks
+        del meta["config"][field]
+    save_file(load_file(path), path, metadata={"rigel": json.dumps(meta)})
+    resumed = Trainer.from_checkpoint(path, ds, device="cpu")
+    assert (resumed.config.strategy, resumed.config.max_gaussians) == ("default", 777)
+    assert resumed.strategy_note is None
+    cfg = resume_config(path, {"iterations": 50})  # rigel-train / rigel-viewer --resume
+    assert (cfg.strategy, cfg.max_gaussians, cfg.iterations) == ("default", 777, 50)
+    assert resume_config(path, {"strategy": "auto"}).strategy == "auto"  # asked for explicitly: resolved anew
 
 
 # ---- training ----------------------------------------------------------------------------------------------------

@@ -127,6 +127,33 @@ def test_a_run_finished_while_this_one_loaded_is_not_trained_over(cli, tmp_path,
     assert (run / "checkpoint.safetensors").read_bytes() == theirs and (run / "model.ply").read_bytes() == theirs
 
 
+@pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer --data"])
+def test_resuming_with_fewer_iterations_than_done_is_refused(cli, tmp_path, capsys):
+    """--resume --iters N below the checkpoint's iteration: one line, exit 2, the checkpoint untouched. It wrote a
+    checkpoint at iteration I > N that every later --resume refused ("beyond the run's own N iterations")."""
+    from rigel_core.cli.train import main as train_main
+    from rigel_core.data import make_dataset
+
+    data = tmp_path / "data"
+    make_dataset(data, 50, 8, 8, n_train=2, n_test=1, device="cpu", progress=False)
+    run = tmp_path / "run"
+    common = ["--data", str(data), "--out", str(run), "--device", "cpu"]
+    quiet = ["--quiet", "--eval-every", "0", "--n-renders", "0"]
+    assert train_main(common + quiet + ["--init-points", "20", "--iters", "4"]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    if cli == "rigel-train":
+        assert train_main(common + quiet + ["--iters", "2", "--resume"]) == 2
+    else:
+        from viewer.cli import main
+
+        assert main(common + ["--iters", "2", "--resume", "--offscreen", "--frames", "1"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "--iters 2" in line and "iteration 4" in line and "checkpoint.safetensors" in line, line
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert train_main(common + quiet + ["--iters", "5", "--resume"]) == 0   # more iterations still continue it
+
+
 # ---- a wrong --out: one line, before any data loads --------------------------------------------------------------
 @pytest.mark.parametrize("cli", ["rigel-train", "rigel-render", "rigel-viewer --data", "rigel-viewer SCENE"])
 @pytest.mark.parametrize("kind", ["file", "under-a-file"])

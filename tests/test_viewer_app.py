@@ -296,6 +296,25 @@ def test_training_thread_obeys_commands_and_reports_events(rng, tmp_path, one_th
     assert "test psnr" in log and "densify clone" in log and "finished: checkpoint.safetensors and model.ply" in log
 
 
+@pytest.mark.parametrize("strategy", ["default", "mcmc"])
+def test_the_training_panel_offers_only_the_fields_the_strategy_reads(rng, tmp_path, one_thread, strategy):
+    # the MCMC budget has no gradient threshold, opacity reset or pruning (train/mcmc.py): sliders for them in an
+    # MCMC run (the default on SfM captures) moved nothing
+    trainer = tiny_trainer(rng, iterations=5, strategy=strategy, max_gaussians=400)
+    session = TrainingSession(trainer, ModelSlot(), tmp_path / "run", running=False, eval_at_start=False).start()
+    try:
+        started = wait_for([], session, lambda e: isinstance(e, M.TrainingStarted))
+    finally:
+        session.stop()
+    unused = {"grad_threshold", "opacity_reset_interval", "prune_opacity"}
+    want = set(M.DENSIFY_FIELDS) - (unused if strategy == "mcmc" else set())
+    assert started.strategy == strategy and set(started.densify) == want
+    assert started.densify["max_gaussians"] == 400
+    st = TrainingState()
+    st.apply(started)
+    assert st.strategy == strategy and set(st.densify) == want
+
+
 def test_a_failure_in_the_thread_is_shown_logged_and_saved(rng, tmp_path, caplog, one_thread):
     from rigel_core.checkpoint import read_checkpoint
 
@@ -698,7 +717,10 @@ def test_closing_the_window_during_training_leaves_a_loadable_checkpoint(display
 
 
 @needs_vulkan
-def test_ctrl_c_saves_the_run_and_exits_130(display, procedural_64, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("sig, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_saves_the_run(display, procedural_64, tmp_path, sig, status):  # noqa: F811
+    # SIGTERM (kill, timeout, docker stop, a scheduler) saves as rigel-train does: the viewer writes the checkpoint
+    # only when it stops, so an unhandled SIGTERM lost every iteration of the run
     run = tmp_path / "run"
     proc = subprocess.Popen(_viewer_cmd("--data", procedural_64, "--out", run, "--iters", 100000,
                                         "--init-points", 300, "--size", "320x200", "--device", "cpu",
@@ -714,13 +736,13 @@ def test_ctrl_c_saves_the_run_and_exits_130(display, procedural_64, tmp_path):  
             time.sleep(0.1)
         time.sleep(1.5)                                  # some iterations and frames
         assert proc.poll() is None, proc.stderr.read()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
-    assert "interrupted" in err
+    assert proc.returncode == status, err
+    assert ("interrupted" if sig == signal.SIGINT else "terminated") in err
     from rigel_core.io import load_scene
 
     assert load_scene(run / CHECKPOINT_NAME).num_gaussians > 0

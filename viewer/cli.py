@@ -12,7 +12,7 @@ checkpoint); without it the bundled default scene. ``--data`` trains on a datase
 (``rigel_core.data.load_dataset``) in a background thread while the window shows the live model; the run folder
 (``--out``, default ``runs/<dataset name>``, or ``runs/<dataset name>-2``, ``-3``, … when that one holds a run)
 receives what ``rigel-train`` writes (``log.txt``, ``metrics.json``, ``checkpoint.safetensors`` and ``model.ply``,
-:mod:`rigel_core.run_dir`): the model when the training finishes, when the window is closed, on Ctrl-C and after a
+:mod:`rigel_core.run_dir`): the model when the training finishes, when the window is closed, on Ctrl-C or SIGTERM and after a
 failure of the training thread. No run is ever replaced: an ``--out`` that holds one is refused without
 ``--resume`` (the default folder moves on to ``-2``, ``-3``, … and says so), a run folder another process uses
 (its ``.lock``) is refused, an ``--out`` that cannot be written is said in one line before any data loads;
@@ -39,7 +39,8 @@ per second, ``loop_fps`` frames per second, held ones included).
 instead, ``path_XXXX.png`` (see :mod:`viewer.path_panel`).
 Exit status: 0 on success, 1 when something failed, 2 for an input rigel cannot use (a bad scene, dataset or
 ``--cameras`` file, a flag value it refuses such as ``--fps 0``: one line naming it, as ``rigel-train``) or when
-Vulkan or a display is unavailable (the message says what to install), 130 after Ctrl-C (the training was saved).
+Vulkan or a display is unavailable (the message says what to install), 130 after Ctrl-C, 143 after SIGTERM (the
+training was saved).
 """
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ import argparse
 import logging
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -436,7 +438,9 @@ def _main(argv=None) -> int:
                 print(f"rigel-viewer: the validation layer reported {validation_log.errors} error(s)",
                       file=sys.stderr)
                 status = 1
-        return EXIT_INTERRUPTED if interrupted else status
+        if interrupted:   # 130 after Ctrl-C, 143 after SIGTERM (as rigel-train)
+            return 128 + int(getattr(viewer, "stop_signal", None) or signal.SIGINT)
+        return status
     except _Refused as e:
         print(f"rigel-viewer: {e}", file=sys.stderr)
         return 2

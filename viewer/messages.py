@@ -16,12 +16,20 @@ __all__ = [
     "Event", "TrainingStarted", "TrainingProgress", "EvalFinished", "Densified", "TrainingPaused",
     "TrainingResumed", "DensifyParamsChanged", "AppearanceChanged", "Saved", "CommandRejected",
     "TrainingFinished", "TrainingFailed", "TrainingStopped",
-    "DENSIFY_FIELDS",
+    "DENSIFY_FIELDS", "MCMC_UNUSED_FIELDS", "densify_fields",
 ]
 
 #: TrainConfig fields that :class:`SetDensifyParams` may change (the densification panel's sliders).
 DENSIFY_FIELDS = ("grad_threshold", "densify_interval", "densify_from", "densify_until", "opacity_reset_interval",
                   "prune_opacity", "max_gaussians")
+#: the fields of :data:`DENSIFY_FIELDS` the MCMC budget (``strategy = "mcmc"``, rigel_core/train/mcmc.py) never
+#: reads: it has no gradient threshold, opacity reset or pruning, so its panel has no slider for them
+MCMC_UNUSED_FIELDS = ("grad_threshold", "opacity_reset_interval", "prune_opacity")
+
+
+def densify_fields(strategy: str) -> tuple:
+    """The fields of :data:`DENSIFY_FIELDS` that the (resolved) densification ``strategy`` reads."""
+    return tuple(f for f in DENSIFY_FIELDS if strategy != "mcmc" or f not in MCMC_UNUSED_FIELDS)
 
 
 # ---- commands (UI → training thread) ------------------------------------------------------------------------
@@ -92,8 +100,9 @@ class TrainingStarted(Event):
     test_views: int
     run_dir: str
     running: bool
-    densify: dict = field(default_factory=dict)   # the densification fields' values now (DENSIFY_FIELDS)
+    densify: dict = field(default_factory=dict)   # the values now of the fields the strategy reads (densify_fields)
     appearance: str = "sh"
+    strategy: str = "default"                     # the run's densification: "default" (3DGS) or "mcmc"
 
 
 @dataclass(frozen=True)

@@ -360,8 +360,9 @@ class TrainingSession:
             self._emit(M.TrainingStarted(tr.iteration, tr.config.iterations, tr.model.num_gaussians,
                                          str(tr.device), len(tr.train_frames), len(tr.test_frames),
                                          str(self.run_dir), self._running and not self._finished,
-                                         {k: getattr(tr.config, k) for k in M.DENSIFY_FIELDS},
-                                         "mlp" if getattr(tr.model, "appearance", None) is not None else "sh"))
+                                         {k: getattr(tr.config, k) for k in M.densify_fields(tr.config.strategy)},
+                                         "mlp" if getattr(tr.model, "appearance", None) is not None else "sh",
+                                         tr.config.strategy))
             while True:
                 stop = self._drain_commands(block=not self._should_step())
                 if stop is not None:

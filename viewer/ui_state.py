@@ -42,6 +42,7 @@ class TrainingState:
     run_dir: str = ""
     appearance: str = "sh"
     appearance_switchable: bool = True
+    strategy: str = "default"
     train_iters: list = field(default_factory=list)
     train_psnr: list = field(default_factory=list)
     eval_iters: list = field(default_factory=list)
@@ -76,6 +77,7 @@ class TrainingState:
             self.device, self.run_dir = ev.device, ev.run_dir
             self.densify = dict(ev.densify)
             self.appearance = ev.appearance
+            self.strategy = ev.strategy
             self.status = "running" if ev.running else ("finished" if ev.iteration >= ev.iterations else "paused")
         elif isinstance(ev, M.TrainingPaused):
             if self.status in ("running", "starting"):

@@ -88,7 +88,8 @@ class Window:
 
 @contextlib.contextmanager
 def sigint_flag(viewer):
-    """While inside: the first SIGINT sets ``viewer.interrupted`` (the loop ends cleanly and the training is
+    """While inside: the first SIGINT or SIGTERM (``kill``, ``timeout``, ``docker stop``, a scheduler; as
+    rigel-train) sets ``viewer.interrupted`` and ``viewer.stop_signal`` (the loop ends cleanly and the training is
     saved), a second one raises KeyboardInterrupt. Only on the main thread (elsewhere a no-op)."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -98,11 +99,14 @@ def sigint_flag(viewer):
         if viewer.interrupted:
             raise KeyboardInterrupt
         viewer.interrupted = True
+        viewer.stop_signal = signum
         what = "saving the training and closing" if getattr(viewer, "training", None) is not None else "closing"
-        print(f"rigel-viewer: interrupted, {what} (Ctrl-C again to abort)", file=sys.stderr)
+        how = "interrupted" if signum == signal.SIGINT else "terminated"
+        print(f"rigel-viewer: {how}, {what} (Ctrl-C again to abort)", file=sys.stderr)
 
-    old = signal.signal(signal.SIGINT, handler)
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for s, h in old.items():
+            signal.signal(s, h)

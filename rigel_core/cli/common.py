@@ -120,7 +120,7 @@ def config_overrides(args: argparse.Namespace) -> dict:
                              "position_lr_max_steps": args.position_lr_max_steps,
                              "render_mode": args.render_mode, "strategy": args.strategy,
                              "batch_size": args.batch_size}.items() if v is not None}
-    if args.max_gaussians is not None and args.strategy is None:
+    if args.max_gaussians is not None and args.strategy in (None, "auto"):
         out["auto_mcmc_budget"] = args.max_gaussians  # also the budget when "auto" picks MCMC (an SfM capture)
     out.update(_parse_set_fields(args.set_fields))
     return out
@@ -144,7 +144,8 @@ def new_run_problem(overrides: dict, args=None) -> str | None:
 
 def resume_config(ckpt: Path, overrides: dict):
     """The TrainConfig of the checkpoint ``ckpt`` with ``overrides``, validated completely before anything loads.
-    Raises CheckpointError (naming the file and field) or ValueError (the overrides make it invalid)."""
+    Raises CheckpointError (naming the file and field) or ValueError (the overrides make it invalid, or ask for
+    fewer iterations than the checkpoint has done)."""
     from ..checkpoint import read_checkpoint, validate_checkpoint
     from ..train import TrainConfig
 
@@ -156,6 +157,10 @@ def resume_config(ckpt: Path, overrides: dict):
         cfg.validate()
     except ValueError as e:
         raise ValueError(f"{ckpt}: config with the command line's overrides: {e}") from None
+    done = int(meta["iteration"])
+    if cfg.iterations < done:  # its next save would be a checkpoint every later --resume refuses
+        raise ValueError(f"{ckpt}: --iters {cfg.iterations} is below the run's iteration {done}; give --iters "
+                         f"{done} or more (or leave it out) to continue it")
     return cfg
 
 

@@ -86,7 +86,8 @@ def training_window(imgui, training, display, requests, settings=None):
         if imgui.is_item_hovered():
             imgui.set_tooltip("re-render the training model and rebuild these panels at most this often while the "
                               "camera is still (0: every frame); fewer leaves more of Python to the trainer")
-    if imgui.collapsing_header("Densification (live)", imgui.TreeNodeFlags_.default_open):
+    header = "MCMC budget (live)" if t.strategy == "mcmc" else "Densification (live)"
+    if imgui.collapsing_header(f"{header}###densification", imgui.TreeNodeFlags_.default_open):
         densify_sliders(imgui, t, requests)
     if imgui.collapsing_header("Appearance", imgui.TreeNodeFlags_.default_open):
         for kind, label in (("sh", "spherical harmonics"), ("mlp", "MLP")):
