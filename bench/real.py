@@ -23,9 +23,8 @@ The two loops:
 
 * ``rigel``: ``rigel_core.train.Trainer`` with ``TrainConfig(iterations=max(--iters), eval_every=0)`` and otherwise
   its defaults (plus ``--rigel-config key=value`` overrides), ``Trainer.step()`` in a loop. Its default strategy
-  "auto" is the MCMC budget (1M) on a capture with SfM points, so here the ``rigel`` run is ``strategy="default"``
-  (3DGS's densification, as gsplat's ``DefaultStrategy`` and the ``rigel-mcmc`` comparison's base) unless
-  ``--rigel-config strategy=…`` says otherwise (``strategy=auto``: rigel's own default).
+  "auto" is the MCMC budget (1M) on a capture with SfM points; with ``rigel-mcmc`` in ``--methods`` the ``rigel``
+  run is ``strategy="default"`` (3DGS's densification) unless ``--rigel-config strategy=…`` says otherwise.
 * ``gsplat``: parameters in a ``torch.nn.ParameterDict`` (``means``, ``scales`` (log), ``quats``, ``opacities``
   (logits), ``sh0`` (N,1,3), ``shN`` (N,K−1,3)), one ``torch.optim.Adam`` per key, ``gsplat.rasterization(means,
   quats, exp(scales), sigmoid(opacities), colors=cat(sh0, shN) (N,K,3), viewmats, Ks, W, H, sh_degree=active,
@@ -762,10 +761,8 @@ def run(args) -> int:
     checkpoints = parse_iters(args.iters)
     overrides = parse_overrides(args.rigel_config)
     cfg_rigel = rigel_config(checkpoints[-1], args.seed, overrides)
-    if "strategy" not in overrides:
-        # both comparisons' base is 3DGS's densification (gsplat's loop runs its DefaultStrategy), also in a
-        # rigel-only lane that --merge joins with a gsplat one; "auto" would be the MCMC budget on a capture
-        cfg_rigel.strategy = "default"
+    if "rigel-mcmc" in args.methods and "strategy" not in overrides:
+        cfg_rigel.strategy = "default"  # the comparison's base is 3DGS's densification ("auto" is MCMC on captures)
     mcmc_overrides = parse_overrides(args.mcmc_config, "--mcmc-config")
     if "rigel-mcmc" in args.methods:
         if args.mcmc_cap is None and "rigel" not in args.methods:
