@@ -23,8 +23,10 @@ The two loops:
 
 * ``rigel``: ``rigel_core.train.Trainer`` with ``TrainConfig(iterations=max(--iters), eval_every=0)`` and otherwise
   its defaults (plus ``--rigel-config key=value`` overrides), ``Trainer.step()`` in a loop. Its default strategy
-  "auto" is the MCMC budget (1M) on a capture with SfM points; with ``rigel-mcmc`` in ``--methods`` the ``rigel``
-  run is ``strategy="default"`` (3DGS's densification) unless ``--rigel-config strategy=…`` says otherwise.
+  "auto" is the MCMC budget (1M) on a capture with SfM points — rigel's default against gsplat's default loop
+  (``--rigel-config strategy=default`` compares 3DGS's densification on both sides; real.md names each run's
+  strategy); with ``rigel-mcmc`` in ``--methods`` the ``rigel`` run is ``strategy="default"`` (the comparison's
+  base) unless ``--rigel-config strategy=…`` says otherwise.
 * ``gsplat``: parameters in a ``torch.nn.ParameterDict`` (``means``, ``scales`` (log), ``quats``, ``opacities``
   (logits), ``sh0`` (N,1,3), ``shN`` (N,K−1,3)), one ``torch.optim.Adam`` per key, ``gsplat.rasterization(means,
   quats, exp(scales), sigmoid(opacities), colors=cat(sh0, shN) (N,K,3), viewmats, Ks, W, H, sh_degree=active,
@@ -408,7 +410,7 @@ def run_rigel(ds, base: GaussianModel, cfg: TrainConfig, checkpoints, time_limit
     res = train_and_evaluate(label, lambda it: trainer.step(), trainer.render_frame,
                              lambda: trainer.model.num_gaussians, ds.test, checkpoints, time_limit, device,
                              trainer_eval)
-    res["config"] = cfg.to_dict()
+    res["config"] = trainer.config.to_dict()  # as trained: "auto" resolved (real.md names the strategy)
     res["nan_skips"] = trainer.nan_skips
     for c in res["checkpoints"]:
         if c.get("psnr_trainer") is not None and c["psnr"] is not None and abs(c["psnr_trainer"] - c["psnr"]) > 1e-3:
@@ -569,7 +571,8 @@ def markdown(results: dict) -> str:
              f"torch {meta['torch']}, gsplat {meta['gsplat'] or 'absent'})", "",
              f"Downscale {meta['downscale']}, every 8th view held out, the same initial Gaussians (rigel's: the SfM "
              "points where the capture has them), loss (0.8·L1 + 0.2·(1 − SSIM)), learning rates, SH ramp and "
-             "iterations on both sides. PSNR / SSIM: "
+             "iterations on both sides; densification is each side's default (gsplat: its DefaultStrategy; rigel: "
+             "the strategy its notes below name — on a capture with SfM points the MCMC budget). PSNR / SSIM: "
              "means over the held-out views. train s: training loop only (evaluations excluded). peak GiB: "
              "torch.cuda.max_memory_allocated during the run. time ratio = rigel / gsplat training time "
              "(< 1: rigel faster); ΔPSNR = rigel − gsplat at the same iteration." +
@@ -589,6 +592,11 @@ def markdown(results: dict) -> str:
                 what = f"skipped — {r['skipped']}" if r.get("skipped") else f"failed — {r['error']}"
                 notes.append(f"- {sc['scene']} {method}: {what}")
                 continue
+            conf = r.get("config") or {}
+            if method in RIGEL_METHODS and conf.get("strategy"):
+                notes.append(f"- {sc['scene']} {method}: densification {conf['strategy']}"
+                             + (f" (budget {conf['max_gaussians']:,} Gaussians)" if conf["strategy"] == "mcmc" else
+                                " (3DGS's clone / split / prune)"))
             for c in r["checkpoints"]:
                 it = f"{c['iteration']:,}"
                 if r.get("stopped_at") == c["iteration"]:
