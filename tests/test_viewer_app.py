@@ -425,6 +425,8 @@ def test_offscreen_training_writes_frames_and_psnr_rises(procedural_64, tmp_path
     assert s["fps"] > 0 and s["presents"] >= s["frames"]
     its = [shot["iteration"] for shot in s["shots"]]
     assert its == sorted(its) and its[-1] == 200
+    # the last frame shows the ended run: its status and the final evaluation in the panels
+    assert s["shots"][-1]["status"] == "finished" and s["shots"][-1]["eval_iteration"] == 200
     for name in ("frame_0000.png", "frame_0002.png", "image.png", "alpha.png", "overdraw.png", "training_view.png"):
         assert Image.open(out / name).size == (320, 200)
     # the run folder: checkpoint and PLY of the final model, loadable

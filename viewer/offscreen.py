@@ -207,7 +207,8 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
 
     ``frames`` PNGs (with the panels; numbered after the highest ``frame_XXXX.png`` already in ``out_dir``, so that
     a resumed run replaces none of an earlier session's, :func:`next_frame_index`) are captured when the training
-    passes ``k/frames`` of its remaining iterations (k = 1 … frames), the camera turning ``orbit_degrees`` in all;
+    passes ``k/frames`` of its remaining iterations (k = 1 … frames; the last one once the training has ended, so
+    that it shows the final status and evaluation), the camera turning ``orbit_degrees`` in all;
     then ``image/alpha/overdraw.png`` of the final model and ``training_view.png`` (the panels with the per-pixel
     error of training view 0).
     The loop presents at most ``max_fps`` frames per second (it sleeps otherwise, leaving the cores to the
@@ -241,13 +242,15 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
         t0 = time.perf_counter()
         viewer.step()
         done = state.status in ("finished", "failed", "stopped")
-        while k < frames and (state.iteration >= marks[k] or done):
+        # the last frame waits for the end (status, final evaluation in the panels), not only its iteration
+        while k < frames and (done or (k < frames - 1 and state.iteration >= marks[k])):
             viewer.camera.set_yaw(yaw0 + math.radians(orbit_degrees) * (k + 1) / frames)
             path = out / FRAME_NAME.format(first + k)
             _capture(viewer, path)
             files.append(path.name)
             shots.append({"frame": first + k, "iteration": state.iteration, "model_iteration":
-                          viewer.stats.model_info.get("iteration"), "gaussians": viewer.stats.gaussians})
+                          viewer.stats.model_info.get("iteration"), "gaussians": viewer.stats.gaussians,
+                          "status": state.status, "eval_iteration": state.eval_iters[-1] if state.eval_iters else None})
             k += 1
         if done and k >= frames:
             break
