@@ -350,6 +350,12 @@ def test_cli_max_gaussians_is_also_the_auto_budget():
     # naming the default strategy changes nothing: the same budget as --max-gaussians alone (not min(N, 1M))
     assert over("--max-gaussians", "2000000", "--strategy", "auto") == {
         "max_gaussians": 2_000_000, "auto_mcmc_budget": 2_000_000, "strategy": "auto"}
+    # --set max_gaussians=N says the same as --max-gaussians N; an explicit --set auto_mcmc_budget wins
+    assert over("--set", "max_gaussians=2000000") == {"max_gaussians": 2_000_000, "auto_mcmc_budget": 2_000_000}
+    assert over("--set", "max_gaussians=5", "--set", "auto_mcmc_budget=3") == {"max_gaussians": 5,
+                                                                               "auto_mcmc_budget": 3}
+    assert over("--set", "max_gaussians=5", "--set", "strategy=default") == {"max_gaussians": 5,
+                                                                              "strategy": "default"}
 
 
 def test_a_checkpoint_from_before_the_strategy_field_resumes_with_3dgs_densification(rng, tmp_path):
@@ -375,6 +381,10 @@ def test_a_checkpoint_from_before_the_strategy_field_resumes_with_3dgs_densifica
     cfg = resume_config(path, {"iterations": 50})  # rigel-train / rigel-viewer --resume
     assert (cfg.strategy, cfg.max_gaussians, cfg.iterations) == ("default", 777, 50)
     assert resume_config(path, {"strategy": "auto"}).strategy == "auto"  # asked for explicitly: resolved anew
+    # switching a resumed 3DGS run to MCMC needs its budget: the saved cap was not chosen as one
+    with pytest.raises(ValueError, match="--strategy mcmc needs --max-gaussians"):
+        resume_config(path, {"strategy": "mcmc"})
+    assert resume_config(path, {"strategy": "mcmc", "max_gaussians": 90}).max_gaussians == 90
 
 
 # ---- training ----------------------------------------------------------------------------------------------------

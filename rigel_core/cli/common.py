@@ -120,9 +120,11 @@ def config_overrides(args: argparse.Namespace) -> dict:
                              "position_lr_max_steps": args.position_lr_max_steps,
                              "render_mode": args.render_mode, "strategy": args.strategy,
                              "batch_size": args.batch_size}.items() if v is not None}
-    if args.max_gaussians is not None and args.strategy in (None, "auto"):
-        out["auto_mcmc_budget"] = args.max_gaussians  # also the budget when "auto" picks MCMC (an SfM capture)
     out.update(_parse_set_fields(args.set_fields))
+    # --max-gaussians N (or --set max_gaussians=N) is also the budget when "auto" picks MCMC (an SfM capture)
+    if out.get("max_gaussians") is not None and out.get("strategy", "auto") == "auto" \
+            and "auto_mcmc_budget" not in out:
+        out["auto_mcmc_budget"] = out["max_gaussians"]
     return out
 
 
@@ -151,6 +153,10 @@ def resume_config(ckpt: Path, overrides: dict):
 
     tensors, meta = read_checkpoint(ckpt)
     saved = validate_checkpoint(ckpt, tensors, meta).to_dict()
+    if overrides.get("strategy") == "mcmc" and saved.get("strategy") != "mcmc" and "max_gaussians" not in overrides:
+        # the saved max_gaussians was a cap for another strategy, not a budget chosen for this one
+        raise ValueError(f"{ckpt}: the run used strategy {saved.get('strategy')!r}; --strategy mcmc needs "
+                         f"--max-gaussians N (the Gaussian budget it grows to)")
     saved.update(overrides)
     cfg = TrainConfig.from_dict(saved)
     try:
