@@ -5,6 +5,9 @@ raises with the reason (../shared/docs/PLATFORM.md: an isolated ``pip install`` 
 """
 from __future__ import annotations
 
+import torch  # noqa: F401 — _C links against libtorch / libc10, which importing torch loads (else: "libc10.so:
+#                cannot open shared object file", and the kernels would read as missing for the whole process)
+
 _C = None
 _error = None
 try:  # pragma: no cover - depends on the build

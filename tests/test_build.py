@@ -22,6 +22,20 @@ def test_extension_built_when_toolchain_present():
     assert _ext.available(), f"rigel_core._C failed to import: {_ext._error}"
 
 
+def test_the_kernels_load_whatever_was_imported_first():
+    """``rigel_core._ext`` imported before torch (rigel_core defers torch for the viewer's first frame; install.sh
+    checks the build that way) still finds the kernels: it loads torch itself, whose libraries ``_C`` links to."""
+    from rigel_core import _ext
+
+    if not _ext.available():
+        pytest.skip(f"rigel_core._C is not built here ({_ext._error})")
+    code = ("import sys, rigel_core._ext as e; assert 'torch' in sys.modules; "
+            "print(e.available(), e._error)")
+    r = subprocess.run([os.sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0 and r.stdout.split()[0] == "True", r.stdout + r.stderr
+
+
 def test_cuda_tensors_without_kernels_fail_loudly(monkeypatch):
     """Never a silent fallback to the CPU reference for CUDA tensors."""
     from rigel_core import _ext
