@@ -16,8 +16,9 @@
 #   ringbench                 bench/ring_overhead.py $RING_ARGS (render + Vulkan ring + passes vs render alone; --ui)
 #   multigpu:RUNS:VIEWS[:TIMEOUT]  bench/multi_gpu.py --runs RUNS (jobs joined by +, @ for :, e.g.
 #                             lego@1+lego@2+allreduce@2) --views VIEWS; needs every GPU: alone in lane 0; $MG_ARGS passed on
-#   train:DATA:DS:APP:ITERS[:TIMEOUT]  rigel-train on $RIGEL_SHARED_DATA/DATA (or "orbit": the procedural orbit dataset,
-#                             generated here) at --downscale DS with --appearance APP for ITERS iterations;
+#   train:DATA:DS:APP:ITERS[:TIMEOUT]  rigel-train on $RIGEL_SHARED_DATA/DATA (or $RIGEL_SHARED_DATA/real/DATA: fern,
+#                             bonsai, beer; or "orbit": the procedural orbit dataset, generated here; white background
+#                             for Blender sets only) at --downscale DS with --appearance APP for ITERS iterations;
 #                             $TRAIN_ARGS is passed on (e.g. "--set coarse_to_fine=4")
 #   viewer:DATA:DS:ITERS[:TIMEOUT]     rigel-viewer --offscreen training live on the same data (needs --ui)
 #   studiogallery             the studio screenshots offscreen on the CUDA renderer (docs/gallery/make_studio_gallery.py
@@ -80,7 +81,11 @@ make_dataset('$d', 160_000, 400, 400, n_train=100, n_test=24, seed=0, progress=F
   echo "$d"
 }
 
-data_dir() { if [ "$1" = orbit ]; then orbit_dataset; else echo "$RIGEL_SHARED_DATA/$1"; fi; }
+data_dir() {  # orbit (generated), a folder of $RIGEL_SHARED_DATA, else one of $RIGEL_SHARED_DATA/real (fern, beer …)
+  if [ "$1" = orbit ]; then orbit_dataset
+  elif [ ! -e "$RIGEL_SHARED_DATA/$1" ] && [ -e "$RIGEL_SHARED_DATA/real/$1" ]; then echo "$RIGEL_SHARED_DATA/real/$1"
+  else echo "$RIGEL_SHARED_DATA/$1"; fi
+}
 
 run_metrics() {  # one line from a run's metrics.json / summary.json
   $PY - "$1" <<'PYEOF'
@@ -150,7 +155,7 @@ job() {  # job NAME -> one summary line on stdout; everything else into $LOGS
       line="rc=$rc $(grep -cE '^\| ' "$mout/multi_gpu.md" 2>/dev/null) table rows (multigpu/multi_gpu.md)" ;;
     train)  # train:DATA:DS:APP:ITERS[:TIMEOUT]
       local data run=/tmp/run_$name wb=""; data=$(data_dir "$a")
-      [ "$a" != orbit ] && wb="--white-bg"
+      [ -f "$data/transforms_train.json" ] && wb="--white-bg"  # Blender sets (lego): white; captures: black
       rm -rf "$run"
       timeout -s INT ${e:-${JOB_TIMEOUT:-330}} $PY -m rigel_core.cli.train --data "$data" --out "$run" $wb --iters "$d" \
         --downscale "$b" --appearance "$c" --eval-every 7000 --checkpoint-every 0 --n-renders 2 --quiet ${TRAIN_ARGS:-} \
