@@ -24,7 +24,8 @@
 #   studiogallery             the studio screenshots offscreen on the CUDA renderer (docs/gallery/make_studio_gallery.py
 #                             --offscreen --device cuda): $OUT/gallery/h200_offscreen_viewer_*.png (needs --ui)
 #   real:SCENES:ITERS[:TIMEOUT[:METHODS]]  bench/real.py (rigel vs a plain gsplat loop: held-out PSNR/SSIM, time,
-#                             memory) on SCENES (comma-separated folders of $RIGEL_SHARED_DATA/real, or "all") with
+#                             memory) on SCENES (folders of $RIGEL_SHARED_DATA/real separated by "," or, so that the
+#                             job's logs come back, "." — likewise in ITERS and METHODS; or "all") with
 #                             checkpoints ITERS (e.g. 7000,30000), METHODS rigel,gsplat (default both; "rigel" in one
 #                             lane and "gsplat" in the other halves the wall time: join them afterwards with
 #                             bench/real.py --merge DIR DIR --out DIR); $REAL_ARGS is passed on (e.g. "--downscale 2
@@ -185,9 +186,9 @@ print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','f
       line="rc=$? $(cd "$gal" && ls *.png 2>/dev/null | tr '\n' ' ')" ;;
     real)  # real:SCENES:ITERS[:TIMEOUT[:METHODS]]
       local rout=$LOGS/$name scenes=""
-      [ "${a:-all}" != all ] && scenes="--scenes $a"
-      OUT=$rout timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/real.py $scenes --iters "${b:-7000,30000}" \
-        --methods "${d:-rigel,gsplat}" --out "$rout" ${REAL_ARGS:-} >"$LOGS/$name.log" 2>&1
+      [ "${a:-all}" != all ] && scenes="--scenes ${a//./,}"   # "." for "," (a comma stops a job's logs coming back)
+      OUT=$rout timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/real.py $scenes --iters "$(echo "${b:-7000,30000}" | tr . ,)" \
+        --methods "$(echo "${d:-rigel,gsplat}" | tr . ,)" --out "$rout" ${REAL_ARGS:-} >"$LOGS/$name.log" 2>&1
       line=$(result_line $? "$rout" real.md) ;;
     mip)  # mip:ITERS[:TIMEOUT[:MODES[:DATA]]]
       local mout=$LOGS/$name
