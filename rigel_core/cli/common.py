@@ -58,8 +58,8 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--strategy", choices=["auto", "default", "mcmc"], default=None,
         help="densification: 3DGS clone/split/prune (default) or the 3DGS-MCMC budget (mcmc: relocation "
              "of dead Gaussians, growth to --max-gaussians, which it needs, position noise, regularisers); "
-             "auto (the default): mcmc with a budget of min(--max-gaussians, 1M) for a capture with SfM points, "
-             "default otherwise")
+             "auto (the default): mcmc for a capture with SfM points, with --max-gaussians as its budget "
+             "(1M without it), default otherwise")
     # batches (issue 16; --gpus is rigel-train's own)
     add("--batch-size", type=int, default=None, metavar="B",
         help="views per step and process (global batch = N x B; default 1)")
