@@ -185,10 +185,10 @@ print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','f
         --data "$RIGEL_SHARED_DATA" --out "$gal" --prefix h200_offscreen_ >"$LOGS/studiogallery.log" 2>&1
       line="rc=$? $(cd "$gal" && ls *.png 2>/dev/null | tr '\n' ' ')" ;;
     real)  # real:SCENES:ITERS[:TIMEOUT[:METHODS]]
-      local rout=$LOGS/$name scenes=""
+      local rout=$LOGS/$name scenes="" iters=${b:-7000,30000} methods=${d:-rigel,gsplat}
       [ "${a:-all}" != all ] && scenes="--scenes ${a//./,}"   # "." for "," (a comma stops a job's logs coming back)
-      OUT=$rout timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/real.py $scenes --iters "$(echo "${b:-7000,30000}" | tr . ,)" \
-        --methods "$(echo "${d:-rigel,gsplat}" | tr . ,)" --out "$rout" ${REAL_ARGS:-} >"$LOGS/$name.log" 2>&1
+      OUT=$rout timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/real.py $scenes --iters "${iters//./,}" \
+        --methods "${methods//./,}" --out "$rout" ${REAL_ARGS:-} >"$LOGS/$name.log" 2>&1
       line=$(result_line $? "$rout" real.md) ;;
     mip)  # mip:ITERS[:TIMEOUT[:MODES[:DATA]]]
       local mout=$LOGS/$name
