@@ -278,7 +278,7 @@ def test_raster_identical_to_reference(rng, size, background):
     n_odd = int(odd.sum())
     assert n_odd <= max(2, odd.numel() // 1000), \
         f"{n_odd} of {odd.numel()} pixels differ (n_contrib at {int((n_contrib.cpu() != ref.n_contrib).sum())})"
-    jump = max(float(opac.max()) * math.exp(-0.5 * config.RADIUS_SIGMA ** 2), config.ALPHA_MIN,
+    jump = max(config.ALPHA_MAX * math.exp(-0.5 * config.RADIUS_SIGMA ** 2), config.ALPHA_MIN,
                config.ALPHA_MAX * config.T_MIN / (1 - config.ALPHA_MAX))
     assert float(d_img.max()) <= jump + 1e-4 and float(d_T.max()) <= jump + 1e-4
     assert int(n_contrib.max()) > 1 and float(final_T.min()) < 0.5, "scene too thin to test compositing"
