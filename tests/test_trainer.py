@@ -8,6 +8,7 @@ more than they save, so the tests pin one thread).
 import json
 import math
 import os
+import types
 
 import numpy as np
 import pytest
@@ -674,6 +675,95 @@ def test_background_points_help_when_sfm_covers_only_the_object(rng):
         psnr[nb] = tr.evaluate().psnr
     print(f"held-out PSNR: SfM points only {psnr[0]:.2f} dB, with 300 background points {psnr[300]:.2f} dB")
     assert psnr[300] > psnr[0] + 1.0  # measured +2.6 to +4.8 dB over fresh seeds
+
+
+def test_sfm_view_coverage_counts_the_grid_cells_the_points_reach(rng):
+    from rigel_core.train import sfm_view_coverage
+
+    w, h, cells = 64, 48, 8
+    cams = orbit(3, w)
+    cams = [Camera(w, h, c.fx, c.fx, w / 2, h / 2, c.viewmat, c.name) for c in cams]
+    pts, want = [], []
+    for cam in cams:  # points in a random set of cells of each view, placed through that camera
+        chosen = torch.randperm(cells * cells, generator=rng)[: int(torch.randint(1, cells * cells, (1,),
+                                                                                     generator=rng))]
+        want.append(len(chosen) / cells ** 2)
+        for c in chosen.tolist():
+            k = int(torch.randint(1, 4, (1,), generator=rng))
+            col, row = c % cells, c // cells
+            u = (col + 0.05 + 0.9 * torch.rand(k, generator=rng, dtype=torch.float64)) * (w / cells)
+            v = (row + 0.05 + 0.9 * torch.rand(k, generator=rng, dtype=torch.float64)) * (h / cells)
+            z = 0.5 + 4 * torch.rand(k, generator=rng, dtype=torch.float64)
+            pc = torch.stack([(u - cam.cx) / cam.fx * z, (v - cam.cy) / cam.fy * z, z], 1).numpy()
+            pts.append((pc - cam.viewmat[:3, 3]) @ cam.viewmat[:3, :3])  # camera → world
+    pts = np.concatenate(pts)
+    frames = [Frame(c, torch.zeros(h, w, 3), None, c.name) for c in cams]
+    # an independent count of the cells each view's projections reach (other views' points may add cells)
+    per_view = []
+    for cam in cams:
+        pc = pts @ cam.viewmat[:3, :3].T + cam.viewmat[:3, 3]
+        z = pc[:, 2]
+        ok = z > 0
+        u = cam.fx * pc[ok, 0] / z[ok] + cam.cx
+        v = cam.fy * pc[ok, 1] / z[ok] + cam.cy
+        inside = (u >= 0) & (u < w) & (v >= 0) & (v < h)
+        per_view.append(len({(int(a // (w / cells)), int(b // (h / cells))) for a, b in zip(u[inside], v[inside])})
+                        / cells ** 2)
+    assert all(p >= q for p, q in zip(per_view, want))  # the independent count sees at least the placed cells
+    assert sfm_view_coverage(frames, pts, cells) == pytest.approx(float(np.median(per_view)), abs=1e-12)
+    assert sfm_view_coverage(frames[:1], pts[:0], cells) == 0.0
+    # points behind the camera or outside the image reach nothing
+    cam = cams[0]
+    behind = (np.array([[0.0, 0.0, -2.0]]) - cam.viewmat[:3, 3]) @ cam.viewmat[:3, :3]
+    aside = (np.array([[50.0, 0.0, 2.0]]) - cam.viewmat[:3, 3]) @ cam.viewmat[:3, :3]
+    assert sfm_view_coverage(frames[:1], np.concatenate([behind, aside]), cells) == 0.0
+    with pytest.raises(ValueError, match="no frames"):
+        sfm_view_coverage([], pts)
+    with pytest.raises(ValueError, match="cells"):
+        sfm_view_coverage(frames, pts, 0)
+
+
+def test_trainer_suggests_background_points_when_the_sfm_leaves_the_views_empty(rng):
+    scene, obj = _object_in_a_room(rng, n_room=300)
+    ds = make_dataset(rng, size=20, n_train=6, n_test=1, scene=scene)
+    core = 0.5 * obj.means3D.double().numpy()  # SfM points on the object's core: 16–21 % of a view's cells
+    ds.points, ds.point_colors = core, np.full((len(core), 3), 0.5)
+    tr = Trainer(ds, small_config(), device="cpu")
+    assert "--init-background" in tr.init_note
+    assert Trainer(ds, small_config(init_background_points=50), device="cpu").init_note is None  # already asked
+    d = torch.randn(3000, 3, generator=rng, dtype=torch.float64)
+    ds.points = np.concatenate([core, 6.0 * (d / d.norm(dim=1, keepdim=True)).numpy()])  # and the room's walls
+    ds.point_colors = np.full((len(ds.points), 3), 0.5)
+    assert Trainer(ds, small_config(), device="cpu").init_note is None
+    ds.points = None  # random initialisation: nothing to say
+    assert Trainer(ds, small_config(), device="cpu").init_note is None
+
+
+@pytest.mark.parametrize("name,partial", [("bonsai", True), ("fern", False), ("beer", False)])
+def test_sfm_view_coverage_tells_bonsai_from_fern_and_beer(shared_data, name, partial):
+    """bonsai's SfM points cover only the bonsai and its table; fern's and beer's the whole view. Cameras and
+    points read with pycolmap (independent of rigel's loaders)."""
+    from rigel_core.train import sfm_view_coverage
+    from rigel_core.train.trainer import SPARSE_SFM_COVERAGE
+
+    src = shared_data / "real" / name
+    if not (src / "sparse" / "0").is_dir():
+        pytest.skip(f"{src}: real capture not present")
+    pycolmap = pytest.importorskip("pycolmap")
+    rec = pycolmap.Reconstruction(str(src / "sparse" / "0"))
+    frames = []
+    for im in rec.images.values():
+        cam = rec.cameras[im.camera_id]
+        K = cam.calibration_matrix()
+        cfw = im.cam_from_world() if callable(im.cam_from_world) else im.cam_from_world
+        vm = np.eye(4)
+        vm[:3] = cfw.matrix()
+        frames.append(types.SimpleNamespace(camera=Camera(cam.width, cam.height, K[0, 0], K[1, 1], K[0, 2], K[1, 2],
+                                                          vm, im.name)))
+    pts = np.stack([p.xyz for p in rec.points3D.values()])
+    cover = sfm_view_coverage(frames, pts)
+    print(f"{name}: SfM coverage {cover:.2f}")
+    assert (cover < SPARSE_SFM_COVERAGE) == partial
 
 
 def test_init_scale_rms_option(rng):

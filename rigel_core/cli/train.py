@@ -328,8 +328,9 @@ def _main(args, lock: RunLock, comm=None) -> int:
                  + ", ".join(p.name for p in stale))
     log.info(f"{'resumed at iteration ' + str(trainer.iteration) if trainer.iteration else 'start'}: "
              f"{trainer.model.num_gaussians} Gaussians, device {device}, {cfg.iterations} iterations")
-    if trainer.strategy_note:
-        log.info(trainer.strategy_note)
+    for note in (trainer.strategy_note, trainer.init_note):
+        if note:
+            log.info(note)
     if world * cfg.batch_size > 1:
         from ..train.distributed import batch_scaling
 

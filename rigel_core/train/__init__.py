@@ -7,7 +7,7 @@ surgery), ``densify.py`` (adaptive density control), ``exposure.py`` (per-image 
 from .config import TrainConfig
 from .densify import DensifyReport, DensifyStats
 from .exposure import Exposure
-from .trainer import EvalResult, StepResult, Trainer, background_init_points, random_init_points
+from .trainer import EvalResult, StepResult, Trainer, background_init_points, random_init_points, sfm_view_coverage
 
 __all__ = ["TrainConfig", "Trainer", "StepResult", "EvalResult", "DensifyReport", "DensifyStats", "Exposure",
-           "random_init_points", "background_init_points"]
+           "random_init_points", "background_init_points", "sfm_view_coverage"]
