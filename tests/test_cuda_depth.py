@@ -87,7 +87,7 @@ def test_raster_depth_forward_matches_reference(rng, size):
     assert float((dsum.cpu() - expected_depth(ref.depth_sum, ref.final_T)).abs().max()) <= 1e-4 * zmax
 
 
-def test_raster_depth_backward(rng):
+def test_raster_depth_backward(rng, raster_bwd_reduce):
     """CUDA vs float64 autograd, on the kernel's own projection and entries, incl. stopped and saturated pixels."""
     cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False)
     means, quats, scales, opac, colors = inputs
@@ -116,7 +116,7 @@ def test_raster_depth_backward(rng):
     assert float((final_T < 1e-3).float().mean()) > 0.0, "no pixel stops at T_MIN"
 
 
-def test_end_to_end_depth_gradients(rng):
+def test_end_to_end_depth_gradients(rng, raster_bwd_reduce):
     """rc.rasterize_gaussians(..., depth=True): ∂(Σ u·ED)/∂(means3D, quats, scales, opacities) vs float64 through
     the reference projection and raster on the CUDA run's entries (test_cuda_backward's composition)."""
     cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False, with_near=False)
