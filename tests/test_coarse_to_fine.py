@@ -158,7 +158,8 @@ def write_ngp(path, rng, w, h, n):
             keep = g.uniform(size=(h, w)) > 0.02
             Image.fromarray(keep.astype(np.uint8) * 255, "L").save(path / "masks" / f"f{i}.png")
             masked.append(f"f{i}")
-        frames.append({"file_path": f"images/f{i}.png", "transform_matrix": (np.linalg.inv(cam.viewmat) @ FLIP).tolist()})
+        c2w = np.linalg.inv(cam.viewmat) @ FLIP  # OpenCV world-to-camera → the file's OpenGL camera-to-world
+        frames.append({"file_path": f"images/f{i}.png", "transform_matrix": c2w.tolist()})
     meta = {"fl_x": 0.9 * w, "w": w, "h": h, "k1": 0.15, "frames": frames}
     path.joinpath("transforms.json").write_text(json.dumps(meta))
     return masked
