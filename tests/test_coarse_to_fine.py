@@ -1,11 +1,21 @@
 """Coarse-to-fine training resolution (TrainConfig.coarse_to_fine; rigel_core/train/trainer.py
-``training_downscale`` and ``Trainer._use_downscale``), on tiny CPU datasets."""
+``training_downscale`` and ``Trainer._use_downscale``) and the downscale rule it shares with the data loaders
+(rigel_core/data/frames.py ``downscale_frame``), on tiny CPU datasets."""
+import json
 import math
+import weakref
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
+from rigel_core import Camera
+from rigel_core.data import load_dataset
+from rigel_core.data.frames import downscale_frame
+from rigel_core.data.images import resize_area
 from rigel_core.train import TrainConfig, Trainer
+from rigel_core.train import trainer as trainer_module
 from rigel_core.train.trainer import training_downscale
 from test_trainer import make_dataset, small_config
 
@@ -125,3 +135,125 @@ def test_rigel_viewer_refuses_a_bad_value_before_loading_the_dataset(tmp_path, c
                      "--set", "coarse_to_fine=3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "TrainConfig.coarse_to_fine" in err[0], err
+
+
+# ---- one downscale rule: the loaders' --downscale and the trainer's coarse levels ----------------------------
+FLIP = np.diag([1.0, -1.0, -1.0, 1.0])
+
+
+def write_ngp(path, rng, w, h, n):
+    """An instant-ngp dataset of ``n`` random RGBA images (``w`` × ``h``, some alpha exactly 0), a pincushion lens
+    (k1 > 0: pixels near the corners have no source after undistortion) and a masks/ file (random pixels
+    ignored) for every other frame. Returns the names of the frames with a mask file."""
+    g = np.random.default_rng(int(torch.randint(0, 2 ** 31 - 1, (1,), generator=rng)))
+    path.joinpath("images").mkdir(parents=True)
+    path.joinpath("masks").mkdir()
+    frames, masked = [], []
+    for i in range(n):
+        cam = Camera.look_at((3 * math.cos(i), 3 * math.sin(i), 1.0), (0, 0, 0), width=w, height=h, name=f"f{i}")
+        rgba = g.uniform(size=(h, w, 4))
+        rgba[..., 3][g.uniform(size=(h, w)) < 0.1] = 0.0
+        Image.fromarray(np.rint(rgba * 255).astype(np.uint8), "RGBA").save(path / "images" / f"f{i}.png")
+        if i % 2 == 0:
+            keep = g.uniform(size=(h, w)) > 0.02
+            Image.fromarray(keep.astype(np.uint8) * 255, "L").save(path / "masks" / f"f{i}.png")
+            masked.append(f"f{i}")
+        c2w = np.linalg.inv(cam.viewmat) @ FLIP  # OpenCV world-to-camera → the file's OpenGL camera-to-world
+        frames.append({"file_path": f"images/f{i}.png", "transform_matrix": c2w.tolist()})
+    meta = {"fl_x": 0.9 * w, "w": w, "h": h, "k1": 0.15, "frames": frames}
+    path.joinpath("transforms.json").write_text(json.dumps(meta))
+    return masked
+
+
+def load(path, downscale):
+    with pytest.warns(UserWarning, match="no mask file"):  # the frames without a masks/ file
+        return load_dataset(path, downscale=downscale, test_every=0)
+
+
+def assert_same_frame(got, want):
+    """Bit for bit: camera, image, alpha and mask (None or equal)."""
+    assert got.name == want.name and got.camera.to_dict() == want.camera.to_dict()
+    assert got.image.dtype == want.image.dtype == torch.float32 and torch.equal(got.image, want.image)
+    assert (got.alpha is None) == (want.alpha is None)
+    assert got.alpha is None or torch.equal(got.alpha, want.alpha)
+    assert (got.mask is None) == (want.mask is None), got.name
+    assert got.mask is None or (got.mask.dtype == torch.bool and torch.equal(got.mask, want.mask))
+
+
+def box_support_valid(keep, w, h):
+    """Reference of the mask rule: (h, w) bool, a downscaled pixel valid iff every full-resolution pixel whose
+    impulse reaches it through the box filter (a non-zero weight) is kept (``keep`` (H, W) bool)."""
+    valid = np.ones((h, w), bool)
+    for y, x in zip(*np.nonzero(~keep)):
+        impulse = np.zeros(keep.shape, np.float32)
+        impulse[y, x] = 1.0
+        valid &= resize_area(impulse, w, h) == 0.0
+    return valid
+
+
+def test_downscale_frame_is_what_the_loader_gives(tmp_path, rng):
+    w, h = 45, 35  # divisible by none of the factors
+    masked = write_ngp(tmp_path, rng, w, h, 4)
+    full = load(tmp_path, 1)
+    lens_only = full.train[1].mask  # a frame without a mask file
+    assert all(f.alpha is not None and f.mask is not None for f in full.train)  # alpha; lens (+ file) masks
+    assert masked == ["f0", "f2"] and full.train[1].name == "f1" and bool(lens_only[h // 2, w // 2])
+    assert int((~full.train[0].mask).sum()) > int((~lens_only).sum())  # the mask file adds ignored pixels
+    for factor in (2, 3, 4, 1.5):
+        coarse = load(tmp_path, factor)
+        for f1, fd in zip(full.train, coarse.train, strict=True):
+            assert (fd.camera.width, fd.camera.height) == (round(w / factor), round(h / factor))
+            assert_same_frame(downscale_frame(f1, factor), fd)
+            # the mask's representation does not matter (float {0, 1} keeps where > 0.5)
+            assert_same_frame(downscale_frame(f1.__class__(f1.camera, f1.image, f1.alpha, f1.name,
+                                                           f1.mask.float()), factor), fd)
+            # the rule itself, from the box filter's impulse responses
+            want = box_support_valid(f1.mask.numpy(), fd.camera.width, fd.camera.height)
+            got = np.ones_like(want) if fd.mask is None else fd.mask.numpy()
+            assert np.array_equal(got, want), (factor, fd.name)
+            assert 0 < (~want).sum() < want.size  # some pixels of each kind
+    assert downscale_frame(full.train[0], 1) is full.train[0]
+    with pytest.raises(ValueError, match="factor"):
+        downscale_frame(full.train[0], 0)
+
+
+def check_views(t, ref):
+    """The trainer's current training views are ``ref`` (a loaded dataset's frames), bit for bit."""
+    for i, (f, fd) in enumerate(zip(t.train_frames, ref, strict=True)):
+        assert_same_frame(f, fd)
+        assert t._train_images[i] is f.image
+        assert (t._train_masks[i] is None) == (f.mask is None) or bool(f.mask.all())
+        assert t._train_masks[i] is None or torch.equal(t._train_masks[i], f.mask)
+
+
+def test_coarse_levels_are_the_loaders_and_at_most_two_image_sets_live(tmp_path, rng, monkeypatch):
+    write_ngp(tmp_path, rng, 45, 35, 4)
+    full = load(tmp_path, 1)
+    want = {d: load(tmp_path, d).train for d in (2, 4)}
+    made = []  # (factor, weak references to the tensors of one coarse frame), in the order made
+    real = trainer_module.downscale_frame
+
+    def live_levels():
+        return {d for d, refs in made if any(r() is not None for r in refs)}
+
+    def spy(frame, factor, device=None):
+        assert live_levels() <= {factor}, f"making level {factor} while {live_levels()} is still held"
+        out = real(frame, factor, device=device)
+        made.append((factor, [weakref.ref(x) for x in (out.image, out.alpha, out.mask) if x is not None]))
+        return out
+
+    monkeypatch.setattr(trainer_module, "downscale_frame", spy)
+    t = Trainer(full, small_config(iterations=10, coarse_to_fine=4, coarse_to_fine_iters=4, init_points=100),
+                device="cpu")
+    full_images = list(t._train_images)
+    seen = []
+    for it in range(1, 9):
+        assert math.isfinite(t.step().loss)
+        d = t.train_downscale
+        seen.append(d)
+        assert live_levels() <= ({d} if d > 1 else set())  # with the full set: at most two image sets
+        assert all(a is b for a, b in zip(t._full_views[1], full_images, strict=True))  # the full set stays
+        check_views(t, full.train if d == 1 else want[d])  # (a function: the test keeps no reference)
+    assert seen == [4, 4, 2, 2, 1, 1, 1, 1]
+    assert [d for d, _ in made] == [4] * 4 + [2] * 4  # each level made once, from the full-resolution views
+    assert not live_levels() and t._train_images is t._full_views[1]

@@ -397,5 +397,8 @@ def test_graph_step_with_coarse_to_fine_resolution(rng):
     gs.check_pending(keep=0)
     assert gs.disabled is None and gs.overflows == 0 and gs.captures >= 3  # one per image size (16, 32, 64 px)
     assert set(gs._recent) == {(16, 16), (32, 32), (64, 64)}
+    # the coarse levels are released (the trainer's images and the graphs of their sizes): full resolution only
+    assert gs.graphs and all(key[:2] == (64, 64) for key in gs.graphs)
+    assert tg._train_images is tg._full_views[1] and tg.train_downscale == 1
     assert [r.view for r in rg] == [r.view for r in re_]
     _assert_trained_alike(tg, te)

@@ -8,14 +8,14 @@ render the procedural scene; ``default_scene_path()`` is the small scene shipped
 from pathlib import Path
 
 from .dataset import FORMATS, detect_format, load_dataset
-from .frames import Dataset, DatasetError, Frame
+from .frames import Dataset, DatasetError, Frame, downscale_frame
 from .orbit import cameras_to_transforms, orbit_cameras, orbit_transforms
 from .procedural import make_dataset, make_scene
 from .transforms import read_transforms
 
 __all__ = ["load_dataset", "detect_format", "Dataset", "Frame", "DatasetError", "FORMATS", "read_transforms",
            "make_scene", "make_dataset", "orbit_cameras", "orbit_transforms", "cameras_to_transforms",
-           "default_scene_path"]
+           "downscale_frame", "default_scene_path"]
 
 
 def default_scene_path() -> Path:

@@ -5,7 +5,7 @@ downscale (image and mask) → torch.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,7 @@ from .images import composite, read_image, read_mask, resize_area
 from .undistort import Distortion, mask_all, remap, remap_mask, undistort_map
 
 __all__ = ["Frame", "Dataset", "DatasetError", "FrameSpec", "Distortion", "load_frames", "camera_extent",
-           "split_every", "cap_frames", "assemble_dataset"]
+           "split_every", "cap_frames", "assemble_dataset", "downscale_frame"]
 
 
 @dataclass
@@ -117,9 +117,8 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
     (:func:`~rigel_core.data.undistort.undistort_map`), the user's mask file (``spec.mask_path``, undistorted
     with the image: an output pixel is kept only when every photo pixel it interpolates with a non-zero weight is
     kept) and, with ``alpha_as_mask``, the image's alpha channel (alpha > 0 keeps; the colour is then used as
-    stored, not composited, and ``Frame.alpha`` is None). ``--downscale``: a downscaled pixel is valid only when
-    every full-resolution pixel its box filter averages with a non-zero weight is (the box-filtered *ignored*
-    mask is exactly 0).
+    stored, not composited, and ``Frame.alpha`` is None). ``--downscale``: :func:`downscale_frame`'s rule, applied
+    last (after undistortion), to the arrays before they become tensors.
 
     Raises DatasetError naming the image (or mask) when it cannot be decoded.
     """
@@ -159,11 +158,7 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
             else:
                 mask = mask_all(valid)
         if downscale != 1:
-            cam = cam.scaled(1.0 / downscale)
-            rgb = resize_area(rgb, cam.width, cam.height)
-            alpha = None if alpha is None else resize_area(alpha, cam.width, cam.height)
-            if mask is not None:
-                mask = mask_all(resize_area((~mask).astype(np.float32), cam.width, cam.height) == 0.0)
+            cam, rgb, alpha, mask = _downscale_arrays(cam, rgb, alpha, mask, downscale)
         frames.append(Frame(cam, torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)).to(device),
                             None if alpha is None else torch.from_numpy(np.ascontiguousarray(alpha)).to(device),
                             spec.name,
@@ -175,6 +170,60 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
         warnings.warn(f"{source}: {resized} image(s) differ in size from their camera's declared size; "
                       "intrinsics were rescaled to the image size", stacklevel=3)
     return frames
+
+
+def _downscale_arrays(camera: Camera, rgb: np.ndarray, alpha: np.ndarray | None, mask: np.ndarray | None,
+                      factor: float) -> tuple:
+    """(camera, rgb, alpha, mask) of one frame's numpy arrays divided by ``factor``: :func:`downscale_frame`'s
+    rule (the one place it is written; :func:`load_frames` and :func:`downscale_frame` both call it). ``rgb``
+    (H, W, 3) and ``alpha`` (H, W) float32, ``mask`` (H, W) bool or None; the returned mask is None when every
+    downscaled pixel is valid."""
+    cam = camera.scaled(1.0 / factor)
+    rgb = resize_area(rgb, cam.width, cam.height)
+    alpha = None if alpha is None else resize_area(alpha, cam.width, cam.height)
+    if mask is not None:  # valid ⇔ the box-filtered *ignored* mask is exactly 0
+        mask = mask_all(resize_area((~mask).astype(np.float32), cam.width, cam.height) == 0.0)
+    return cam, rgb, alpha, mask
+
+
+def downscale_frame(frame: Frame, factor: float, device=None) -> Frame:
+    """``frame`` with its image divided by ``factor`` — exactly what ``load_dataset(..., downscale=factor)`` gives
+    for that frame when ``frame`` was loaded at ``downscale=1`` (the same code: :func:`load_frames` calls it too).
+
+    Camera: :meth:`Camera.scaled` (``1 / factor``; the size rounds, intrinsics follow the exact size ratio).
+    Image (H, W, 3) and alpha (H, W): Pillow's box (area-averaging) filter in float32
+    (:func:`~rigel_core.data.images.resize_area`), computed on the host from the frame's values as float32
+    (for an integer factor that divides the size, the mean of each factor × factor block). Mask: a downscaled
+    pixel is valid only when every full-resolution pixel its box filter averages with a non-zero weight is valid
+    (the box-filtered *ignored* mask is exactly 0); None when every downscaled pixel is valid (or the frame has no
+    mask). ``Frame.mask`` may be bool or float in {0, 1} (> 0.5 keeps).
+
+    Args:
+        frame: the :class:`Frame` to divide (its tensors on any device).
+        factor: > 0; 1 returns ``frame`` itself.
+        device: where the new tensors go (default: the device of ``frame.image``).
+
+    Returns a new :class:`Frame` (same name): image float32, alpha float32 or None, mask bool or None.
+    """
+    if not factor > 0:
+        raise ValueError(f"downscale_frame: factor must be > 0, got {factor!r}")
+    if factor == 1:
+        return frame
+    device = frame.image.device if device is None else torch.device(device)
+
+    def host(x: torch.Tensor) -> np.ndarray:
+        return x.detach().to("cpu", torch.float32).numpy()
+
+    m = frame.mask
+    if m is not None:
+        m = torch.as_tensor(m)
+        m = (m if m.dtype == torch.bool else m > 0.5).detach().cpu().numpy()
+    cam, rgb, alpha, mask = _downscale_arrays(frame.camera, host(frame.image),
+                                              None if frame.alpha is None else host(frame.alpha), m, factor)
+    return replace(frame, camera=cam,
+                   image=torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)).to(device),
+                   alpha=None if alpha is None else torch.from_numpy(np.ascontiguousarray(alpha)).to(device),
+                   mask=None if mask is None else torch.from_numpy(np.ascontiguousarray(mask)).to(device))
 
 
 def split_every(items: list, test_every: int) -> tuple[list, list]:

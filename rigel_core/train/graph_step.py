@@ -10,7 +10,9 @@ with the graph and seeded from the trainer's CPU generator before each replay, w
 What stays on the host, between replays: the view order, the learning-rate schedule (written into device scalars
 the graph reads), densification, pruning, opacity resets, MCMC relocation and growth (those iterations take the
 eager step) and evaluation — every one of them replaces tensors, after which the graph is captured again
-(:attr:`GraphStep.captures` counts them; about one per ``densify_interval`` iterations).
+(:attr:`GraphStep.captures` counts them; about one per ``densify_interval`` iterations). Coarse-to-fine training
+(``TrainConfig.coarse_to_fine``) changes the image size at each phase: graphs of a size no longer trained are
+dropped then (:meth:`GraphStep.views_changed`).
 
 **No device→host read in the step.** The eager binning reads the frame's entry count back to size its buffers;
 the captured one bins into a fixed capacity (:class:`rigel_core.cuda_backend.FixedBinningCapacity`) and leaves
@@ -177,9 +179,18 @@ class GraphStep:
         return self._cam_table
 
     def views_changed(self) -> None:
-        """The trainer's training views were replaced (coarse-to-fine): their camera table is made again. (Graphs
-        are per image size, so those of other sizes stay valid.)"""
+        """The trainer's training views were replaced (coarse-to-fine): their camera table is made again, and the
+        graphs of image sizes no training view has any more are dropped (with their copies of a view's image and
+        mask) once the replays still in flight have finished (their entry counts are read as usual: a view that
+        overflowed is trained again). Graphs of sizes still trained stay valid: each replay copies the trainer's
+        current ``_train_images[idx]`` / ``_train_masks[idx]`` into its own buffers."""
         self._cam_table = None
+        sizes = {(f.camera.width, f.camera.height) for f in self.trainer.train_frames}
+        stale = [k for k in self.graphs if k[:2] not in sizes]
+        if stale:
+            self.trainer._redo_views += self.check_pending(keep=0)
+            for key in stale:
+                self._drop(key)
 
     def record_entries(self, size: tuple, entries: int) -> None:
         """Note a frame of image size ``size`` (W, H) that needed ``entries`` binning entries (e.g. from an eager

@@ -36,12 +36,13 @@ import math
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ..camera import Camera, host_to_device
+from ..data.frames import downscale_frame
 from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
@@ -375,8 +376,9 @@ class Trainer:
         self._train_images = [f.image.to(self.device, torch.float32) for f in self.train_frames]
         #: per training frame: its mask as a bool tensor on the device, or None (every pixel counts)
         self._train_masks = [self._device_mask(f) for f in self.train_frames]
-        #: the training views at each coarse-to-fine factor: factor -> (frames, images, masks); 1 = as loaded
-        self._views_by_factor = {1: (self.train_frames, self._train_images, self._train_masks)}
+        #: the full-resolution training views (frames, images, masks) as loaded: kept for the whole run (the
+        #: coarse-to-fine levels are made from them, and the final phase trains on them)
+        self._full_views = (self.train_frames, self._train_images, self._train_masks)
         self.train_downscale = 1  # the factor the current train_frames / _train_images / _train_masks have
         #: CPU generator for every random choice (view order, split offsets, init, random background):
         #: saved in checkpoints so a resumed run continues bit for bit.
@@ -650,38 +652,29 @@ class Trainer:
         return res
 
     def _use_downscale(self, factor: int) -> None:
-        """Make ``train_frames``, ``_train_images`` and ``_train_masks`` the training views divided by ``factor``
-        (made once per factor from the loaded ones: box-filtered images and alpha, a coarse pixel valid only when
-        every pixel under it is, intrinsics by ``Camera.scaled``; the data loaders' ``--downscale`` rule)."""
+        """Make ``train_frames``, ``_train_images`` and ``_train_masks`` the training views divided by ``factor``:
+        :func:`~rigel_core.data.frames.downscale_frame` of each full-resolution view (what
+        ``load_dataset(..., downscale=factor)`` gives for it; made once per phase). At most two image sets are held:
+        the full-resolution one and the current coarse level; a coarse level is released when training moves to
+        another factor (before the next one is made)."""
         if factor == self.train_downscale:  # every step but a phase's first
             return
-        frames = self._views_by_factor[1][0]
-        shortest = min(min(f.camera.width, f.camera.height) for f in frames)
+        full_frames = self._full_views[0]
+        shortest = min(min(f.camera.width, f.camera.height) for f in full_frames)
         while factor > 1 and shortest // factor < MIN_COARSE_SIDE:  # tiny images: a smaller factor
             factor //= 2
         if factor == self.train_downscale:
             return
-        if factor not in self._views_by_factor:
-            frames, images, masks = self._views_by_factor[1]
-            out_f, out_i, out_m = [], [], []
-            for f, img, m in zip(frames, images, masks):
-                cam = f.camera.scaled(1.0 / factor)
-                size = (cam.height, cam.width)
-
-                def area(x):  # (H, W[, C]) -> the box-filtered (h, w[, C]) on x's device
-                    y = x[None, None] if x.dim() == 2 else x.permute(2, 0, 1)[None]
-                    y = torch.nn.functional.interpolate(y.float(), size=size, mode="area")[0]
-                    return y[0] if x.dim() == 2 else y.permute(1, 2, 0).contiguous()
-
-                alpha = None if f.alpha is None else area(f.alpha.to(self.device, torch.float32))
-                mask = None if m is None else area((~m).float()) == 0.0
-                image = area(img)
-                out_f.append(replace(f, camera=cam, image=image, alpha=alpha, mask=mask))
-                out_i.append(image)
-                out_m.append(None if mask is None or bool(mask.all()) else mask)
-            self._views_by_factor[factor] = (out_f, out_i, out_m)
-        self.train_frames, self._train_images, self._train_masks = self._views_by_factor[factor]
-        self.train_downscale = factor
+        # release the current coarse level first (no reference to it is kept anywhere else: the graph step copies
+        # the view it replays into its own buffers), so that two coarse levels never coexist
+        self.train_frames, self._train_images, self._train_masks = self._full_views
+        self.train_downscale = 1
+        if factor != 1:
+            frames = [downscale_frame(f, factor, device=self.device) for f in full_frames]
+            self.train_frames = frames
+            self._train_images = [f.image for f in frames]  # float32 on the device (downscale_frame)
+            self._train_masks = [self._device_mask(f) for f in frames]
+            self.train_downscale = factor
         if self.graph_step is not None:
             self.graph_step.views_changed()
         if self.config.render_mode == "mip":  # the 3D filter follows the training cameras' sampling rate
