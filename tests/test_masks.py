@@ -374,3 +374,31 @@ def test_fully_masked_training_set_is_refused_and_blind_test_views_left_out(rng)
     tr.step()
     ev = tr.evaluate()
     assert ev.n_views == 1 and ev.per_view[0]["name"] == "t1" and math.isfinite(ev.psnr)
+
+
+def test_views_without_a_mask_take_an_all_true_one_when_others_have_one(rng):
+    """A capture whose lens masks some frames only (beer: 65 of 71) trains every view through the masked loss, so
+    the CUDA-graph step keeps one graph per image size: the unmasked views get one shared all-True mask, and their
+    loss and gradients are the unmasked ones up to rounding."""
+    from test_trainer import make_dataset, small_config
+
+    ds = make_dataset(rng, n_gauss=60, size=24, n_train=4, n_test=1)
+    m = torch.rand(24, 24, generator=rng) > 0.3
+    ds.train[1].mask = m
+    t = Trainer(ds, small_config(), device="cpu")
+    masks = t._train_masks
+    assert torch.equal(masks[1], m)
+    others = [masks[i] for i in (0, 2, 3)]
+    assert all(x is not None and bool(x.all()) for x in others) and others[0] is others[1] is others[2]
+    plain = Trainer(make_dataset(rng, n_gauss=60, size=24, n_train=3, n_test=1), small_config(), device="cpu")
+    assert all(x is None for x in plain._train_masks)  # no mask anywhere: unchanged
+    # the all-True mask's loss and gradients equal the unmasked ones
+    frame = ds.train[0]
+    pred = (frame.image + 0.1 * torch.randn(frame.image.shape, generator=rng)).clamp(0, 1).requires_grad_(True)
+    out = {}
+    for name, mask in (("none", None), ("all", masks[0])):
+        loss, _, _ = t.compute_loss(pred, frame.image, mask)
+        g, = torch.autograd.grad(loss, pred)
+        out[name] = (float(loss.detach()), g)
+    assert abs(out["none"][0] - out["all"][0]) <= 1e-6
+    torch.testing.assert_close(out["all"][1], out["none"][1], rtol=1e-5, atol=1e-9)

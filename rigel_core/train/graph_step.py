@@ -24,7 +24,8 @@ that image size over the recent steps (scaled by the Gaussian count's growth sin
 with no count yet (the first step, a resumed run) takes one eager step first, and a graph whose capacity has
 become much larger than needed (pruning) is captured again (the sort pays for the whole capacity every step).
 
-Graphs are kept per (image size, mask or not, SH degree, statistics on or off); any change of the parameters'
+Graphs are kept per (image size, mask or not, SH degree, statistics on or off) — the trainer gives every view a
+mask when some have one (``Trainer._uniform_masks``); any change of the parameters'
 storage, the optimizer state, the statistics or the training configuration discards them all. A capture that
 fails (e.g. an unsupported operation) turns the graph path off for the run with one warning; the eager path is
 the fallback and the reference (tests/test_graph_step.py compares the two on the GPU).

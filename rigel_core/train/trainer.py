@@ -374,8 +374,9 @@ class Trainer:
         self.white_bg = bool(getattr(dataset, "white_bg", False))
         self.background = torch.full((3,), 1.0 if self.white_bg else 0.0, device=self.device)
         self._train_images = [f.image.to(self.device, torch.float32) for f in self.train_frames]
-        #: per training frame: its mask as a bool tensor on the device, or None (every pixel counts)
-        self._train_masks = [self._device_mask(f) for f in self.train_frames]
+        #: per training frame: its mask as a bool tensor on the device, or None (every pixel counts; all None or
+        #: none: :meth:`_uniform_masks`)
+        self._train_masks = self._uniform_masks(self.train_frames, [self._device_mask(f) for f in self.train_frames])
         #: the full-resolution training views (frames, images, masks) as loaded: kept for the whole run (the
         #: coarse-to-fine levels are made from them, and the final phase trains on them)
         self._full_views = (self.train_frames, self._train_images, self._train_masks)
@@ -469,6 +470,25 @@ class Trainer:
                              f"({h}, {w})")
         m = (m if m.dtype == torch.bool else m > 0.5).to(self.device)
         return None if bool(m.all()) else m
+
+    def _uniform_masks(self, frames, masks: list) -> list:
+        """``masks`` (per frame: a bool tensor or None) with every None replaced by an all-True mask (one shared,
+        read-only tensor per image size) when some frames have a mask and others not — a distorted capture whose
+        lens leaves some frames fully covered (beer: 65 of 71 masked). Every view then takes the same (masked)
+        loss, equal to the unmasked one up to rounding, so the CUDA-graph step keeps one graph per image size
+        instead of two and re-captures half as often. Unchanged when all or none have a mask."""
+        if all(m is None for m in masks) or all(m is not None for m in masks):
+            return masks
+        full: dict[tuple, torch.Tensor] = {}
+        out = []
+        for f, m in zip(frames, masks):
+            if m is None:
+                size = (f.camera.height, f.camera.width)
+                if size not in full:
+                    full[size] = torch.ones(size, dtype=torch.bool, device=self.device)
+                m = full[size]
+            out.append(m)
+        return out
 
     def compute_loss(self, pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor | None = None):
         """``(loss, l1, ssim)`` 0-d tensors: loss = (1 − λ)·L1 + λ·(1 − SSIM), λ = ``lambda_dssim``.
@@ -673,7 +693,7 @@ class Trainer:
             frames = [downscale_frame(f, factor, device=self.device) for f in full_frames]
             self.train_frames = frames
             self._train_images = [f.image for f in frames]  # float32 on the device (downscale_frame)
-            self._train_masks = [self._device_mask(f) for f in frames]
+            self._train_masks = self._uniform_masks(frames, [self._device_mask(f) for f in frames])
             self.train_downscale = factor
         if self.graph_step is not None:
             self.graph_step.views_changed()
