@@ -630,26 +630,48 @@ def test_a_click_on_the_collapsed_studio_title_bar_opens_it(one_thread):
 
 
 @needs_viewer
-def test_rigel_viewer_first_frame_is_a_progressive_low_res_one(display, one_thread, tmp_path, monkeypatch):  # noqa: F811
-    """``rigel-viewer`` (the bundled scene, CPU, a window): its first presented frame is the progressive first frame
-    (about FIRST_PIXELS pixels, far below the window's), which is what puts it on screen within ~2 s of launch on a
-    2-core CPU (measured by bench/first_frame.py, README); a record, not a timed assertion."""
+@pytest.mark.parametrize("drop_first_present", [False, True])
+def test_rigel_viewer_first_frame_is_a_progressive_low_res_one(display, one_thread, tmp_path, monkeypatch,  # noqa: F811
+                                                                 drop_first_present):
+    """``rigel-viewer`` (the bundled scene, CPU, a window): its first frame is the progressive first frame (about
+    FIRST_PIXELS pixels, far below the window's), which is what puts it on screen within ~2 s of launch on a 2-core
+    CPU (measured by bench/first_frame.py, README); a record, not a timed assertion.
+
+    The first *rendered* frame is checked, not the first *presented* one: when the window cannot take that frame
+    (the swapchain's acquire times out or is out of date: ``Presenter.present`` returns None, forced here with
+    ``drop_first_present``), the loop renders again, and that next frame is by design no longer the first one — a
+    budget-scale frame, or, once the camera has rested ``rest_s`` (0.3 s; one 106x66 render of the bundled scene
+    takes 0.1 s on an idle 2-core box, 0.3–1.7 s on a loaded one), a refinement at twice the scale (213x133).
+    --frames 1 still ends after a present."""
     import viewer.app as app
+    from viewer.gpu import targets
     from viewer.progressive import FIRST_PIXELS
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    seen = []
+    seen = []    # every frame of the scene: (frame size, progressive on, present number or None)
     step = app.Viewer.step
 
     def spy(self, *a, **k):
         p = step(self, *a, **k)
-        if p is not None:
-            seen.append((self.stats.frame_size, self.studio.progressive is not None))
+        seen.append((self.stats.frame_size, self.studio.progressive is not None, p))
         return p
 
     monkeypatch.setattr(app.Viewer, "step", spy)
+    acquire = targets.SwapchainTarget.acquire
+    calls = []
+
+    def flaky_acquire(self, f):
+        calls.append(f)
+        if drop_first_present and len(calls) == 2:     # 1: the loading frame, 2: the first frame of the scene
+            return None
+        return acquire(self, f)
+
+    monkeypatch.setattr(targets.SwapchainTarget, "acquire", flaky_acquire)
     from viewer.cli import main
     assert main(["--device", "cpu", "--size", "640x400", "--frames", "1"]) == 0
-    (fw, fh), progressive = seen[0]
+    (fw, fh), progressive, p = seen[0]
     assert progressive and fw * fh <= 1.2 * FIRST_PIXELS and fw < 640 // 4
+    if drop_first_present:
+        assert p is None and len(seen) >= 2
+    assert seen[-1][2] is not None
