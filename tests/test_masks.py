@@ -15,7 +15,6 @@ from PIL import Image
 
 from rigel_core import Camera, GaussianModel, render
 from rigel_core.data import Dataset, DatasetError, Frame, load_dataset
-from rigel_core.data.undistort import opencv_lens, undistort_map
 from rigel_core.train import TrainConfig, Trainer
 from rigel_core.train.densify import means2D_grad, prepare_means2D_grad
 from rigel_core.train.losses import l1_loss, mse, psnr, ssim, ssim_map

@@ -543,7 +543,6 @@ def test_cli_sigterm_saves_like_ctrl_c(blender_dataset, tmp_path, monkeypatch):
     """SIGTERM (what `timeout`, `docker stop`, systemd and batch schedulers send) finishes the step and saves the
     checkpoint, the PLY and the metrics as Ctrl-C does, exit status 143 = 128 + SIGTERM; a run killed this way
     resumes instead of losing every iteration since the last periodic checkpoint."""
-    import os
     import signal
 
     from rigel_core.checkpoint import read_checkpoint
