@@ -258,7 +258,8 @@ def new_metrics(metrics: dict | None, *, data, device: str, trainer, resumed: bo
         metrics = {"train": [], "eval": [], "densify": [], "timings": {}, "resumed_at": []}
     if resumed:
         metrics.setdefault("resumed_at", []).append(trainer.iteration)
-    train, test = trainer.train_frames, trainer.test_frames
+    # the views as loaded (the trainer may pad some to a common size, with masked margins that are not data)
+    train, test = list(getattr(trainer.dataset, "train", trainer.train_frames)), trainer.test_frames
     metrics.update({"data": str(data), "device": device, "config": trainer.config.to_dict(),
                     "dataset": {"train_views": len(train), "test_views": len(test),
                                 "scene_extent": trainer.extent, "white_bg": trainer.white_bg,

@@ -401,3 +401,70 @@ def test_views_without_a_mask_take_an_all_true_one_when_others_have_one(rng):
         out[name] = (float(loss.detach()), g)
     assert abs(out["none"][0] - out["all"][0]) <= 1e-6
     torch.testing.assert_close(out["all"][1], out["none"][1], rtol=1e-5, atol=1e-9)
+
+
+def test_pad_frame_puts_the_frame_top_left_and_masks_the_margins(rng):
+    from rigel_core.data.frames import pad_frame
+    from test_trainer import random_scene
+
+    scene = random_scene(rng, 80)
+    cam = Camera.look_at((0.3, -3.0, 0.8), (0, 0, 0), width=23, height=17, fov_x_deg=50, name="a")
+    cam = Camera(cam.width, cam.height, cam.fx, cam.fy, cam.cx + 1.3, cam.cy - 0.7, cam.viewmat, cam.name)
+    with torch.no_grad():
+        img = render(scene, cam).image.clamp(0, 1)
+    alpha = torch.rand(17, 23, generator=rng)
+    m = torch.rand(17, 23, generator=rng) > 0.2
+    for mask in (None, m, m.float()):
+        f = Frame(cam, img, alpha, "a", mask)
+        p = pad_frame(f, 30, 21)
+        assert (p.camera.width, p.camera.height) == (30, 21)
+        assert (p.camera.fx, p.camera.fy, p.camera.cx, p.camera.cy) == (cam.fx, cam.fy, cam.cx, cam.cy)
+        assert np.array_equal(p.camera.viewmat, cam.viewmat) and p.name == "a"
+        assert torch.equal(p.image[:17, :23], img) and not p.image[17:].any() and not p.image[:, 23:].any()
+        assert torch.equal(p.alpha[:17, :23], alpha) and not p.alpha[17:].any() and not p.alpha[:, 23:].any()
+        want = torch.zeros(21, 30, dtype=torch.bool)
+        want[:17, :23] = True if mask is None else m
+        assert p.mask.dtype == torch.bool and torch.equal(p.mask, want)
+    with torch.no_grad():  # the padded camera sees the frame's pixels where they were
+        big = render(scene, p.camera).image
+    torch.testing.assert_close(big[:17, :23], render(scene, cam).image.detach(), rtol=0, atol=1e-6)
+    assert pad_frame(f, 23, 17) is f
+    with pytest.raises(ValueError, match="smaller"):
+        pad_frame(f, 22, 30)
+
+
+def test_trainer_pads_views_of_slightly_different_sizes_to_one(rng):
+    """One CUDA graph per image size: views within 10 % of the largest size are padded to it with masked margins,
+    and a padded view's loss is the unpadded view's."""
+    from rigel_core.data.frames import common_size_frames
+    from rigel_core.run_dir import new_metrics
+    from test_trainer import make_dataset, small_config
+
+    ds = make_dataset(rng, n_gauss=60, size=24, n_train=5, n_test=1)
+    crops = [(24, 24), (24, 22), (23, 24), (24, 23), (10, 12)]  # the last would grow 4.8x: left alone
+    for i, (w, h) in enumerate(crops):
+        f = ds.train[i]
+        c = f.camera
+        ds.train[i] = Frame(Camera(w, h, c.fx, c.fy, c.cx, c.cy, c.viewmat, c.name), f.image[:h, :w].clone(),
+                            None if f.alpha is None else f.alpha[:h, :w].clone(), f.name)
+    t = Trainer(ds, small_config(), device="cpu")
+    assert [tuple(x.shape[:2]) for x in t._train_images] == [(24, 24)] * 4 + [(12, 10)]
+    assert [(f.camera.width, f.camera.height) for f in t.train_frames] == [(24, 24)] * 4 + [(10, 12)]
+    assert t._train_masks[0] is not None and bool(t._train_masks[0].all())  # one loss path (uniform masks)
+    assert not bool(t._train_masks[1][22:].any()) and bool(t._train_masks[1][:22].all())
+    assert common_size_frames(ds.train[:1]) == ds.train[:1]
+    # the padded view's loss and its gradient with respect to the rendered image are the unpadded view's, whatever
+    # the render puts in the margins (the render of the frame's own pixels is pad_frame's test)
+    gt, frame = t._train_images[1], ds.train[1]
+    pred = (frame.image + 0.2 * torch.randn(frame.image.shape, generator=rng)).clamp(0, 1).requires_grad_(True)
+    margin = torch.rand(24, 24, 3, generator=rng)
+    pred_pad = torch.cat([pred, margin[22:]], 0)  # rows 22, 23: the margin, with any values
+    loss, _, _ = t.compute_loss(pred, frame.image, None)
+    loss_pad, _, _ = t.compute_loss(pred_pad, gt, t._train_masks[1])
+    g, = torch.autograd.grad(loss, pred)
+    g_pad, = torch.autograd.grad(loss_pad, pred)
+    assert abs(float(loss.detach()) - float(loss_pad.detach())) <= 1e-6
+    torch.testing.assert_close(g_pad, g, rtol=1e-5, atol=1e-9)
+    metrics = new_metrics(None, data="x", device="cpu", trainer=t, resumed=False)
+    assert metrics["dataset"]["masked_pixels"]["train"] == 0  # the margins are not data
+    assert metrics["dataset"]["resolution"] == [24, 24]

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from ..camera import Camera, host_to_device
-from ..data.frames import downscale_frame
+from ..data.frames import common_size_frames, downscale_frame
 from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
@@ -335,9 +335,9 @@ class Trainer:
         if cfg.strategy == "auto":  # resolved on a copy: the caller's config may start other runs (other data)
             cfg = dataclasses.replace(cfg)
         pts = getattr(dataset, "points", None)
-        #: what ``strategy = "auto"`` became and why (one line for the log), None when it was explicit
         #: a hint about the initialisation for the log (SfM points that leave most of the views empty), or None
         self.init_note: str | None = None
+        #: what ``strategy = "auto"`` became and why (one line for the log), None when it was explicit
         self.strategy_note = resolve_strategy(cfg, pts is not None and len(pts) > 0,
                                               model.num_gaussians if model is not None else 0)
         self.config = cfg
@@ -373,19 +373,24 @@ class Trainer:
         self.extent = float(dataset.scene_extent) if dataset.scene_extent and dataset.scene_extent > 0 else 1.0
         self.white_bg = bool(getattr(dataset, "white_bg", False))
         self.background = torch.full((3,), 1.0 if self.white_bg else 0.0, device=self.device)
-        self._train_images = [f.image.to(self.device, torch.float32) for f in self.train_frames]
+        # the views as trained: sizes that differ by a few pixels padded to one, with masked margins
+        # (common_size_frames; self.train_frames becomes this list once the initial model is made from the loaded
+        # frames, whose pixels the background initialisation samples)
+        views = common_size_frames(self.train_frames)
+        self._train_images = [f.image.to(self.device, torch.float32) for f in views]
         #: per training frame: its mask as a bool tensor on the device, or None (every pixel counts; all None or
         #: none: :meth:`_uniform_masks`)
-        self._train_masks = self._uniform_masks(self.train_frames, [self._device_mask(f) for f in self.train_frames])
-        #: the full-resolution training views (frames, images, masks) as loaded: kept for the whole run (the
-        #: coarse-to-fine levels are made from them, and the final phase trains on them)
-        self._full_views = (self.train_frames, self._train_images, self._train_masks)
+        self._train_masks = self._uniform_masks(views, [self._device_mask(f) for f in views])
+        #: the full-resolution training views (frames, images, masks): kept for the whole run (the coarse-to-fine
+        #: levels are made from them, and the final phase trains on them)
+        self._full_views = (views, self._train_images, self._train_masks)
         self.train_downscale = 1  # the factor the current train_frames / _train_images / _train_masks have
         #: CPU generator for every random choice (view order, split offsets, init, random background):
         #: saved in checkpoints so a resumed run continues bit for bit.
         self.generator = torch.Generator().manual_seed(int(cfg.seed))
         if model is None:
             model = self.initial_model()
+        self.train_frames = views
         model = model.to(device=self.device, dtype=torch.float32)
         if model.appearance is None and model.sh_degree != cfg.sh_degree:
             model = model.with_sh_degree(cfg.sh_degree)
