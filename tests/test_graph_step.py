@@ -402,3 +402,27 @@ def test_graph_step_with_coarse_to_fine_resolution(rng):
     assert tg._train_images is tg._full_views[1] and tg.train_downscale == 1
     assert [r.view for r in rg] == [r.view for r in re_]
     _assert_trained_alike(tg, te)
+
+
+@pytest.mark.gpu
+def test_views_of_mixed_sizes_and_masks_share_one_graph(rng):
+    """Views cropped a few pixels differently, some with a mask: the trainer pads them to one size and gives every
+    view a mask (common_size_frames, Trainer._uniform_masks), so one graph per (SH degree, statistics) serves all,
+    and the graph run still follows the eager one."""
+    from rigel_core import Camera
+    from rigel_core.data import Frame
+
+    ds = make_dataset(rng, n_gauss=150, size=64, n_train=8, n_test=2)
+    for i, (w, h) in enumerate([(64, 64), (64, 62), (63, 64), (62, 63)] * 2):
+        f, c = ds.train[i], ds.train[i].camera
+        mask = (torch.rand(h, w, generator=rng) > 0.1) if i % 3 == 0 else None
+        ds.train[i] = Frame(Camera(w, h, c.fx, c.fy, c.cx, c.cy, c.viewmat, c.name), f.image[:h, :w].clone(),
+                            None if f.alpha is None else f.alpha[:h, :w].clone(), f.name, mask)
+    kw = dict(iterations=40, densify_until=0)
+    te, re_ = _train(ds, small_config(cuda_graph=False, **kw), 40)
+    tg, rg = _train(ds, small_config(cuda_graph=True, **kw), 40)
+    gs = tg.graph_step
+    assert gs is not None and gs.disabled is None and gs.overflows == 0
+    assert {k[:3] for k in gs.graphs} == {(64, 64, True)}
+    assert [r.view for r in rg] == [r.view for r in re_]
+    _assert_trained_alike(tg, te)
