@@ -258,3 +258,38 @@ def test_coarse_levels_are_the_loaders_and_at_most_two_image_sets_live(tmp_path,
     assert seen == [4, 4, 2, 2, 1, 1, 1, 1]
     assert [d for d, _ in made] == [4] * 4 + [2] * 4  # each level made once, from the full-resolution views
     assert not live_levels() and t._train_images is t._full_views[1]
+
+
+def block_has_valid(keep, factor):
+    """Reference for a size ``factor`` divides: (H/f, W/f) bool, True where the f × f block of ``keep`` is all kept
+    (the strict rule: a coarse pixel is valid only when every pixel it averages is)."""
+    h, w = keep.shape
+    return keep.reshape(h // factor, factor, w // factor, factor).all(axis=(1, 3))
+
+
+def test_a_mask_that_would_leave_a_view_no_coarse_pixel_gets_a_smaller_factor(rng):
+    """Ignored pixels on a stride-4 lattice (random phase per view): every 4 × 4 block holds one, so at 1/4 those
+    views would train on no pixel at all; at 1/2 three blocks in four stay valid. The trainer then uses 1/2 for the
+    1/4 phase (one warning), while a view whose mask ignores everything already at full resolution (it has nothing
+    to lose) and views without a mask do not count."""
+    ds = make_dataset(rng, size=32, n_train=5, n_test=1)
+    g = np.random.default_rng(int(torch.randint(0, 2 ** 31 - 1, (1,), generator=rng)))
+    for i, f in enumerate(ds.train[:3]):
+        keep = np.ones((32, 32), bool)
+        oy, ox = g.integers(0, 4, size=2)
+        keep[oy::4, ox::4] = False
+        f.mask = torch.from_numpy(keep)
+        assert not block_has_valid(keep, 4).any() and block_has_valid(keep, 2).any()
+    ds.train[3].mask = torch.zeros(32, 32, dtype=torch.bool)  # blind at full resolution: not a reason
+    t = Trainer(ds, small_config(iterations=12, coarse_to_fine=4, coarse_to_fine_iters=8, strategy="default"),
+                device="cpu")
+    seen = []
+    with pytest.warns(UserWarning, match=r"1/4 resolution 3 training view\(s\) would keep no valid pixel") as rec:
+        for _ in range(12):
+            assert math.isfinite(t.step().loss)
+            seen.append(t.train_downscale)
+            if t.train_downscale == 2:  # the 1/2 level's masks: the strict rule, from the full-resolution ones
+                for f, m in zip(ds.train[:3], t._train_masks[:3], strict=True):
+                    assert np.array_equal(m.numpy(), block_has_valid(f.mask.numpy(), 2))
+    assert len([w for w in rec if "coarse-to-fine" in str(w.message)]) == 1  # the smaller factor is remembered
+    assert seen == [2] * 6 + [1] * 6

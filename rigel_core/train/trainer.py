@@ -385,6 +385,8 @@ class Trainer:
         #: levels are made from them, and the final phase trains on them)
         self._full_views = (views, self._train_images, self._train_masks)
         self.train_downscale = 1  # the factor the current train_frames / _train_images / _train_masks have
+        #: coarse-to-fine factors asked → used when a mask made the level smaller (:meth:`_use_downscale`)
+        self._coarse_used: dict[int, int] = {}
         #: CPU generator for every random choice (view order, split offsets, init, random background):
         #: saved in checkpoints so a resumed run continues bit for bit.
         self.generator = torch.Generator().manual_seed(int(cfg.seed))
@@ -681,10 +683,14 @@ class Trainer:
         :func:`~rigel_core.data.frames.downscale_frame` of each full-resolution view (what
         ``load_dataset(..., downscale=factor)`` gives for it; made once per phase). At most two image sets are held:
         the full-resolution one and the current coarse level; a coarse level is released when training moves to
-        another factor (before the next one is made)."""
+        another factor (before the next one is made). A smaller factor is used (with one warning) for images whose
+        shorter side would fall under :data:`MIN_COARSE_SIDE`, and for masks that would leave a view with valid
+        pixels no valid coarse pixel (the strict mask rule: ignored pixels reaching every factor × factor block)."""
+        asked = factor
+        factor = self._coarse_used.get(asked, asked)  # a factor a mask made smaller (below) stays smaller
         if factor == self.train_downscale:  # every step but a phase's first
             return
-        full_frames = self._full_views[0]
+        full_frames, full_masks = self._full_views[0], self._full_views[2]
         shortest = min(min(f.camera.width, f.camera.height) for f in full_frames)
         while factor > 1 and shortest // factor < MIN_COARSE_SIDE:  # tiny images: a smaller factor
             factor //= 2
@@ -694,12 +700,25 @@ class Trainer:
         # the view it replays into its own buffers), so that two coarse levels never coexist
         self.train_frames, self._train_images, self._train_masks = self._full_views
         self.train_downscale = 1
-        if factor != 1:
+        while factor != 1:
             frames = [downscale_frame(f, factor, device=self.device) for f in full_frames]
-            self.train_frames = frames
-            self._train_images = [f.image for f in frames]  # float32 on the device (downscale_frame)
-            self._train_masks = self._uniform_masks(frames, [self._device_mask(f) for f in frames])
-            self.train_downscale = factor
+            masks = [self._device_mask(f) for f in frames]
+            # the strict mask rule can leave a view with valid pixels no valid coarse pixel (a mask whose ignored
+            # pixels reach every factor x factor block): that view would train on nothing, so a smaller factor
+            lost = [f.name for f, m, fm in zip(frames, masks, full_masks)
+                    if m is not None and not bool(m.any()) and (fm is None or bool(fm.any()))]
+            if not lost:
+                self.train_frames = frames
+                self._train_images = [f.image for f in frames]  # float32 on the device (downscale_frame)
+                self._train_masks = self._uniform_masks(frames, masks)
+                self.train_downscale = factor
+                break
+            del frames, masks
+            warnings.warn(f"coarse-to-fine: at 1/{factor} resolution {len(lost)} training view(s) would keep no "
+                          f"valid pixel of their mask ({', '.join(lost[:3])}{' …' if len(lost) > 3 else ''}): "
+                          f"1/{factor // 2} instead", stacklevel=3)
+            factor //= 2
+        self._coarse_used[asked] = factor
         if self.graph_step is not None:
             self.graph_step.views_changed()
         if self.config.render_mode == "mip":  # the 3D filter follows the training cameras' sampling rate
