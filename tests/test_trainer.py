@@ -711,6 +711,10 @@ def test_sfm_view_coverage_counts_the_grid_cells_the_points_reach(rng):
     assert all(p >= q for p, q in zip(per_view, want))  # the independent count sees at least the placed cells
     assert sfm_view_coverage(frames, pts, cells) == pytest.approx(float(np.median(per_view)), abs=1e-12)
     assert sfm_view_coverage(frames[:1], pts[:0], cells) == 0.0
+    # a large model is sampled: evenly spaced frames, every k-th point
+    step = -(-len(pts) // 7)
+    assert sfm_view_coverage(frames, pts, cells, max_frames=2, max_points=7) == \
+        sfm_view_coverage([frames[0], frames[2]], pts[::step], cells)
     # points behind the camera or outside the image reach nothing
     cam = cams[0]
     behind = (np.array([[0.0, 0.0, -2.0]]) - cam.viewmat[:3, 3]) @ cam.viewmat[:3, :3]
