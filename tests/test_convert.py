@@ -364,6 +364,9 @@ def test_ply_errors_and_colour_types(tmp_path):
     write_ply(tmp_path / "nan.ply", np.vstack([xyz, [[np.nan, 0, 0]]]))
     with pytest.raises(DatasetError, match=r"nan\.ply.*1 vertices have non-finite"):
         load_with("nan.ply")
+    write_ply(tmp_path / "huge.ply", np.vstack([xyz, [[0, 1e300, 0]], [[-1e39, 0, 0]]]))  # Inf once float32
+    with pytest.raises(DatasetError, match=r"huge\.ply.*2 vertices have non-finite.*float32"):
+        load_with("huge.ply")
     write_ply(tmp_path / "f.ply", xyz, np.full((5, 3), 1.5), rgb_type="f4")
     with pytest.raises(DatasetError, match=r"f\.ply.*\[0, 1\]"):
         load_with("f.ply")
@@ -454,3 +457,16 @@ def test_corrupt_model_files_are_checked_before_pycolmap(tmp_path, scene, rng, c
         assert not (out / "transforms.json").exists()
         (sparse / f).write_bytes(good[f])
     assert import_main([str(tmp_path / "src"), str(tmp_path / "ok")]) == 0
+
+
+def test_colmap_points_beyond_float32_are_one_clear_error(tmp_path, scene, rng):
+    """A point finite in float64 but beyond float32's range (the model's dtype) became Inf at initialisation and
+    crashed the nearest-neighbour scales with a raw traceback; the loader now names it like a NaN point."""
+    make_colmap(tmp_path, scene, np_rng(rng), ["PINHOLE"])
+    sparse = tmp_path / "sparse" / "0"
+    rec = pycolmap.Reconstruction(str(sparse))
+    pid = next(iter(rec.points3D))
+    rec.points3D[pid].xyz = np.array([0.0, 1e300, 0.0])
+    rec.write(str(sparse))
+    with pytest.raises(DatasetError, match=r"points3D: 1 points have NaN or Inf coordinates \(or beyond float32"):
+        load_dataset(tmp_path)

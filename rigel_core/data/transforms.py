@@ -42,6 +42,9 @@ from .frames import DatasetError, FrameSpec
 from .images import IMAGE_EXTENSIONS, find_mask, image_size, resolve_image_path
 from .undistort import FISHEYE_KEYS, OPENCV_KEYS, fisheye_lens, opencv_lens
 
+#: the largest float32: SfM coordinates beyond it become Inf in the model
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 __all__ = ["read_json", "read_transforms", "frame_name", "read_ply_points", "check_file_path", "number"]
 
 
@@ -344,8 +347,10 @@ def read_ply_points(json_path, meta: dict | None = None):
     if len(v) == 0:
         return None, None
     points = np.stack([np.asarray(v[k], dtype=np.float64) for k in ("x", "y", "z")], axis=-1)
-    if not np.all(np.isfinite(points)):
-        raise DatasetError(f"{where}: {int((~np.isfinite(points)).any(axis=1).sum())} vertices have non-finite x y z")
+    bad = ~(np.abs(points) <= FLOAT32_MAX).all(axis=1)  # NaN, Inf, and beyond float32 (the model's dtype)
+    if bad.any():
+        raise DatasetError(f"{where}: {int(bad.sum())} vertices have non-finite x y z (NaN, Inf or beyond "
+                           f"float32's range)")
     if not all(k in names for k in ("red", "green", "blue")):
         return points, None
     cols = np.stack([np.asarray(v[k]) for k in ("red", "green", "blue")], axis=-1)
