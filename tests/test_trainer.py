@@ -839,3 +839,29 @@ def test_snapshot_is_a_copy_that_training_does_not_change(rng):
     assert not torch.equal(tr.model.means3D, before["means3D"])   # the model did move
     for p, t in before.items():
         assert torch.equal(getattr(snap, p), t), p                  # the snapshot did not
+
+
+def test_cli_warnings_while_training_reach_log_txt(blender_dataset, tmp_path, monkeypatch, capsys):
+    """A warning raised during training (e.g. coarse-to-fine falling back to a smaller factor, a failed CUDA-graph
+    capture) is in the run's log.txt, not only on the console where it scrolls away."""
+    import warnings
+
+    from rigel_core.cli.train import main
+
+    step = Trainer.step
+
+    def warning_step(self):
+        if self.iteration == 3:
+            warnings.warn("a warning at iteration 3 (test)", stacklevel=2)
+        return step(self)
+
+    monkeypatch.setattr(Trainer, "step", warning_step)
+    shown = warnings.showwarning
+    run = tmp_path / "run"
+    assert main(["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--init-points", "100",
+                 "--iters", "6"]) == 0
+    assert warnings.showwarning is shown  # restored once rigel-train returns
+    log = (run / "log.txt").read_text()
+    assert log.count("warning: a warning at iteration 3 (test)") == 1
+    shown_now = capsys.readouterr()
+    assert "warning: a warning at iteration 3 (test)" in shown_now.out + shown_now.err  # and on the console
