@@ -412,6 +412,12 @@ def run_rigel(ds, base: GaussianModel, cfg: TrainConfig, checkpoints, time_limit
                              trainer_eval)
     res["config"] = trainer.config.to_dict()  # as trained: "auto" resolved (real.md names the strategy)
     res["nan_skips"] = trainer.nan_skips
+    gs = trainer.graph_step  # how much of the run the CUDA graphs served, and what re-capturing cost the host
+    res["graph_step"] = None if gs is None else gs.stats()
+    if gs is not None:
+        print(f"  [{label}] graph step: {gs.captures} captures ({gs.capture_s:.1f} s on the host), {gs.replays} "
+              f"replayed steps, {gs.overflows} overflows" + (f", off: {gs.disabled}" if gs.disabled else ""),
+              flush=True)
     for c in res["checkpoints"]:
         if c.get("psnr_trainer") is not None and c["psnr"] is not None and abs(c["psnr_trainer"] - c["psnr"]) > 1e-3:
             print(f"  note: Trainer.evaluate gives {c['psnr_trainer']:.3f} dB at it {c['iteration']} "

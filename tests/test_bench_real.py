@@ -147,6 +147,7 @@ def test_gsplat_loop_follows_rigels_trajectory(rng, fake_gsplat):
         assert torch.equal(getattr(base, p), getattr(ref, p)), p
     snapshot = real.clone_model(base)
     rig = real.run_rigel(ds, base, cfg, [6, 12], None, dev, "rigel")
+    assert rig["graph_step"] is None  # eager on the CPU (on CUDA: captures, capture_s, replays, overflows)
     gsp = real.run_gsplat(ds, base, gcfg, [6, 12], None, dev, 3, "gsplat")
     for p in ("means3D", "log_scales", "opacity_logits", "sh_dc"):  # neither run touched the shared start
         assert torch.equal(getattr(base, p), getattr(snapshot, p))

@@ -178,6 +178,8 @@ def test_graph_step_matches_the_eager_step(rng):
     assert te.graph_step is None
     gs = tg.graph_step
     assert gs is not None and gs.disabled is None and gs.captures >= 1 and gs.overflows == 0
+    st = gs.stats()  # what metrics.json and bench/real.py record
+    assert st["captures"] == gs.captures and st["capture_s"] > 0 and 30 <= st["replays"] < 40
     assert [r.view for r in rg] == [r.view for r in re_]
     _assert_trained_alike(tg, te)  # the learning rates differ by float32 rounding only
     for a, b in zip(re_, rg):

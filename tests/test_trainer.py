@@ -863,5 +863,6 @@ def test_cli_warnings_while_training_reach_log_txt(blender_dataset, tmp_path, mo
     assert warnings.showwarning is shown  # restored once rigel-train returns
     log = (run / "log.txt").read_text()
     assert log.count("warning: a warning at iteration 3 (test)") == 1
+    assert json.loads((run / "metrics.json").read_text())["graph_step"] is None  # the CPU steps are eager
     shown_now = capsys.readouterr()
     assert "warning: a warning at iteration 3 (test)" in shown_now.out + shown_now.err  # and on the console

@@ -13,9 +13,10 @@ instant-ngp, COLMAP). Writes into ``RUN``:
 - ``log.txt``: one line per event (densification, evaluation, skipped steps, checkpoints), appended on resume;
 - ``metrics.json``: the run's configuration, the training loss curve (mean over each ``--log-every`` window:
   loss, training-view PSNR, Gaussian count, ms per iteration), held-out PSNR and SSIM at each evaluation,
-  timings (``train_s``: the steps' own seconds, evaluations excluded; ``loop_s``: the training loop's wall-clock
-  seconds, evaluations and periodic saves excluded; ``ms_per_iter``: ``train_s`` per iteration), peak GPU memory
-  (CUDA), the number of steps the NaN guard skipped;
+  ``graph_step`` (CUDA only: graphs captured, host seconds spent capturing, steps replayed, overflows; null when
+  every step was eager), timings (``train_s``: the steps' own seconds, evaluations excluded; ``loop_s``: the
+  training loop's wall-clock seconds, evaluations and periodic saves excluded; ``ms_per_iter``: ``train_s`` per
+  iteration), peak GPU memory (CUDA), the number of steps the NaN guard skipped;
 - ``checkpoint.safetensors`` (:mod:`rigel_core.checkpoint`; ``--resume`` continues from it, and an ``--out``
   that holds one is refused without ``--resume``), ``model.ply`` (INRIA layout), both written atomically;
 - ``renders/it<NNNNNN>/<view>_pred.png`` and ``<view>_gt.png`` for the first ``--n-renders`` held-out views
@@ -386,6 +387,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
                        ms_per_iter=1e3 * train_s / max(1, trainer.iteration))
         if device == "cuda":
             metrics["peak_gpu_memory_bytes"] = int(torch.cuda.max_memory_allocated())
+        gs = trainer.graph_step  # this session's CUDA-graph step (None: eager throughout, e.g. on the CPU)
+        metrics["graph_step"] = None if gs is None else gs.stats()
         record.write(trainer)
 
     def on_eval(ev) -> None:

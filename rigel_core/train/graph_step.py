@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import math
+import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -133,6 +134,8 @@ class GraphStep:
         self.trainer = trainer
         self.graphs: dict = {}
         self.captures = 0  # graphs captured so far
+        self.capture_s = 0.0  # host seconds spent in those captures (warm-up and instantiation included)
+        self.replays = 0  # steps taken by replaying a graph (the others of the run were eager)
         self.overflows = 0  # replays that needed more entries than their capacity (trained again)
         self.disabled: str | None = None  # why the graph path was turned off for the run
         self._signature = None
@@ -192,6 +195,12 @@ class GraphStep:
             self.trainer._redo_views += self.check_pending(keep=0)
             for key in stale:
                 self._drop(key)
+
+    def stats(self) -> dict:
+        """``{"captures", "capture_s", "replays", "overflows", "disabled"}`` of the run so far (for metrics.json
+        and bench/real.py: how much of a run the graphs served and what re-capturing cost the host)."""
+        return {"captures": self.captures, "capture_s": self.capture_s, "replays": self.replays,
+                "overflows": self.overflows, "disabled": self.disabled}
 
     def record_entries(self, size: tuple, entries: int) -> None:
         """Note a frame of image size ``size`` (W, H) that needed ``entries`` binning entries (e.g. from an eager
@@ -348,6 +357,7 @@ class GraphStep:
         if cap is None and self._capacity((width, height)) is None:
             return None  # no entry count known for this size (a resumed run, a new size): one eager step first
         if cap is None:
+            t0 = time.perf_counter()
             try:
                 cap = self._capture(key, idx)
             except Exception as exc:  # noqa: BLE001 — any capture failure: eager for the rest of the run
@@ -356,6 +366,7 @@ class GraphStep:
                 warnings.warn(f"training step: CUDA graph capture failed, continuing without it ({self.disabled})",
                               stacklevel=3)
                 return None
+            self.capture_s += time.perf_counter() - t0
             self.graphs[key] = cap
             self._signature = self._current_signature()
         cap.camera.packed.copy_(self._camera_table()[idx])
@@ -365,6 +376,7 @@ class GraphStep:
         if t.config.strategy == "mcmc":  # this step's noise seed, drawn where the eager step draws it
             noise_generator(t.device).manual_seed(noise_seed(t.generator))
         cap.graph.replay()
+        self.replays += 1
         values = cap.values.clone()
         pinned, event = self._pinned[self._slot], self._events[self._slot]
         self._slot = (self._slot + 1) % len(self._pinned)
