@@ -368,10 +368,13 @@ class RunRecord:
         return tuple(paths)
 
     def write(self, trainer, **fields) -> None:
-        """``metrics.json`` now, with the trainer's iteration, Gaussian count, skipped steps and configuration (the
-        viewer changes densification fields live) and ``fields``."""
+        """``metrics.json`` now, with the trainer's iteration, Gaussian count, skipped steps, configuration (the
+        viewer changes densification fields live), this session's CUDA-graph statistics (``graph_step``:
+        :meth:`~rigel_core.train.graph_step.GraphStep.stats`, null when every step was eager) and ``fields``."""
+        gs = getattr(trainer, "graph_step", None)
         self.metrics.update(iterations_done=trainer.iteration, num_gaussians=trainer.model.num_gaussians,
-                            nan_skips=trainer.nan_skips, config=trainer.config.to_dict(), **fields)
+                            nan_skips=trainer.nan_skips, config=trainer.config.to_dict(),
+                            graph_step=None if gs is None else gs.stats(), **fields)
         write_json_atomic(self.run_dir / METRICS_NAME, self.metrics)
 
     def close(self) -> None:

@@ -215,6 +215,32 @@ def test_cancelling_an_orbit_video_is_not_a_failure(tmp_path, caplog):
 
 
 # ---- the training thread (no window) ----------------------------------------------------------------------------
+def test_training_thread_writes_warnings_and_graph_stats_to_the_run(rng, tmp_path, one_thread, monkeypatch):
+    """A warning raised while the viewer trains (coarse-to-fine's smaller factor, a failed graph capture) is in the
+    run's log.txt as in rigel-train's; the hook is removed when the session ends; metrics.json has graph_step."""
+    import warnings
+
+    trainer = tiny_trainer(rng, iterations=30)
+    step = type(trainer).step
+
+    def warning_step(self):
+        if self.iteration == 1:
+            warnings.warn("a viewer warning at iteration 1 (test)", stacklevel=2)
+        return step(self)
+
+    monkeypatch.setattr(type(trainer), "step", warning_step)
+    shown = warnings.showwarning
+    session = TrainingSession(trainer, ModelSlot(), tmp_path / "run", running=False, eval_at_start=False).start()
+    ev = []
+    wait_for(ev, session, lambda e: isinstance(e, M.TrainingStarted))
+    session.send(M.Step(3))
+    wait_for(ev, session, lambda e: isinstance(e, M.TrainingPaused))
+    assert session.stop() and not session.alive
+    assert warnings.showwarning is shown
+    assert (tmp_path / "run" / "log.txt").read_text().count("warning: a viewer warning at iteration 1 (test)") == 1
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["graph_step"] is None  # CPU: eager
+
+
 def test_training_thread_obeys_commands_and_reports_events(rng, tmp_path, one_thread):
     from rigel_core.io import load_scene
 

@@ -387,8 +387,6 @@ def _main(args, lock: RunLock, comm=None) -> int:
                        ms_per_iter=1e3 * train_s / max(1, trainer.iteration))
         if device == "cuda":
             metrics["peak_gpu_memory_bytes"] = int(torch.cuda.max_memory_allocated())
-        gs = trainer.graph_step  # this session's CUDA-graph step (None: eager throughout, e.g. on the CPU)
-        metrics["graph_step"] = None if gs is None else gs.stats()
         record.write(trainer)
 
     def on_eval(ev) -> None:
