@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import warnings
 from pathlib import Path
 
 from .atomic import atomic_path
@@ -299,6 +300,21 @@ class RunRecord:
         self.run_dir = Path(run_dir)
         self.log = log
         self.metrics = metrics
+        self._warning_hook = None  # (installed hook, the one it replaced) while :meth:`log_warnings` is on
+
+    def log_warnings(self, *, echo: bool) -> None:
+        """From now until :meth:`close`: every Python warning (coarse-to-fine's smaller factor, a failed CUDA-graph
+        capture, …) is also a ``warning: …`` line of ``log.txt``; ``echo``: also shown as before (for a log with
+        no console handler of its own, as the viewer's)."""
+        shown = warnings.showwarning
+
+        def hook(message, category, filename, lineno, file=None, line=None):
+            self.log.warning(f"warning: {message}")
+            if echo:
+                shown(message, category, filename, lineno, file, line)
+
+        self._warning_hook = (hook, shown)
+        warnings.showwarning = hook
 
     @classmethod
     def open(cls, run_dir: Path, trainer, *, data="", device: str | None = None, name: str | None = None,
@@ -378,4 +394,7 @@ class RunRecord:
         write_json_atomic(self.run_dir / METRICS_NAME, self.metrics)
 
     def close(self) -> None:
+        if self._warning_hook is not None and warnings.showwarning is self._warning_hook[0]:
+            warnings.showwarning = self._warning_hook[1]
+        self._warning_hook = None
         close_run_log(self.log)

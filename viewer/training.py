@@ -35,7 +35,6 @@ import queue
 import threading
 import time
 import traceback
-import warnings
 from pathlib import Path
 
 from rigel_core.run_dir import CHECKPOINT_NAME, PLY_NAME, RunRecord
@@ -347,16 +346,10 @@ class TrainingSession:
 
     def _run(self) -> None:
         tr = self.trainer
-        stop = shown = hook = None
+        stop = None
         try:
             rec = self._record()
-            shown = warnings.showwarning  # a warning while training also goes to the run's log.txt (as rigel-train)
-
-            def to_log(message, category, filename, lineno, file=None, line=None):
-                rec.log.warning(f"warning: {message}")
-                shown(message, category, filename, lineno, file, line)
-
-            warnings.showwarning = hook = to_log
+            rec.log_warnings(echo=True)  # a warning while training also goes to the run's log.txt (as rigel-train)
             rec.log.info(f"{'resumed at iteration ' + str(tr.iteration) if tr.iteration else 'start'}: "
                          f"{tr.model.num_gaussians} Gaussians, device {tr.device}, {tr.config.iterations} iterations "
                          f"(rigel-viewer)")
@@ -408,8 +401,6 @@ class TrainingSession:
                     if isinstance(cmd, M.Stop):
                         stop = cmd
         finally:
-            if hook is not None and warnings.showwarning is hook:
-                warnings.showwarning = shown
             if self.record is not None:
                 try:
                     self._write_metrics()

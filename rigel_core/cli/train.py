@@ -65,7 +65,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from pathlib import Path
 
 from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord, choose_run_dir,
@@ -319,8 +318,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
         log.propagate = False
         log.handlers[:] = [logging.NullHandler()]
     record = RunRecord(run_dir, log, metrics)
-    if is_main:  # a warning while training (coarse-to-fine fallback, a failed graph capture): log.txt and the console
-        warnings.showwarning = lambda message, *_a, **_k: log.warning(f"warning: {message}")
+    if is_main:  # a warning while training: log.txt and (through the log's console handler) the console
+        record.log_warnings(echo=False)
     log.info(f"data {args.data}: {len(ds.train)} train / {len(ds.test)} test views, "
              f"{ds.train[0].camera.width}x{ds.train[0].camera.height}, extent {trainer.extent:.3f}, "
              f"{'white' if trainer.white_bg else 'black'} background"
