@@ -45,7 +45,7 @@ from ..cuda_backend import FixedBinningCapacity
 from ..render import render
 from .densify import means2D_grad, prepare_means2D_grad
 from .losses import mse
-from .mcmc import add_position_noise, noise_generator, noise_seed
+from .mcmc import add_position_noise, noise_generator, seed_noise
 from .mcmc import regularizer as mcmc_regularizer
 
 __all__ = ["GraphStep", "graph_step_unsupported"]
@@ -374,7 +374,7 @@ class GraphStep:
         if cap.mask is not None:
             cap.mask.copy_(mask)
         if t.config.strategy == "mcmc":  # this step's noise seed, drawn where the eager step draws it
-            noise_generator(t.device).manual_seed(noise_seed(t.generator))
+            seed_noise(t.device, t.generator)
         cap.graph.replay()
         self.replays += 1
         values = cap.values.clone()

@@ -70,7 +70,7 @@ from .densify import DensifyReport
 from .optim import append_rows, per_gaussian_tensors, select_rows
 
 __all__ = ["MCMCReport", "split_mass", "sample_indices", "relocate_dead", "add_gaussians", "trim_to_cap",
-           "position_noise", "add_position_noise", "noise_generator", "noise_seed", "scheduled", "regularizer",
+           "position_noise", "add_position_noise", "noise_generator", "seed_noise", "scheduled", "regularizer",
            "mcmc_step"]
 
 #: largest float32 opacity below 1 the relocation hands out (logit ≈ 15.9)
@@ -222,7 +222,7 @@ _DEVICE_GENERATORS: dict = {}
 
 def noise_generator(device: torch.device) -> torch.Generator:
     """The generator the position noise's η is drawn from on ``device``: one per device, seeded before every
-    step with :func:`noise_seed` (its state between steps never matters). The CUDA-graph step registers it with
+    step (:func:`seed_noise`) (its state between steps never matters). The CUDA-graph step registers it with
     its graphs and seeds it before each replay (graph_step.py)."""
     device = torch.device(device)
     g = _DEVICE_GENERATORS.get(device)
@@ -231,9 +231,12 @@ def noise_generator(device: torch.device) -> torch.Generator:
     return g
 
 
-def noise_seed(generator: torch.Generator | None) -> int:
-    """This step's seed for :func:`noise_generator`, drawn from the trainer's CPU ``generator``."""
-    return int(torch.randint(0, 2 ** 62, (1,), generator=generator))
+def seed_noise(device, generator: torch.Generator | None) -> torch.Generator:
+    """:func:`noise_generator` of ``device`` seeded for this step with a number drawn from the trainer's CPU
+    ``generator`` (the eager step before it draws η, the CUDA-graph step before each replay): returns it."""
+    g = noise_generator(device)
+    g.manual_seed(int(torch.randint(0, 2 ** 62, (1,), generator=generator)))
+    return g
 
 
 def scheduled(cfg: TrainConfig, iteration: int) -> bool:
@@ -269,11 +272,9 @@ def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.G
 @torch.no_grad()
 def position_noise(model, lr_means: float, cfg: TrainConfig, generator: torch.Generator | None,
                    ok: torch.Tensor | None = None) -> torch.Tensor:
-    """:func:`add_position_noise` with η drawn on the means' device from :func:`noise_generator` seeded with
-    :func:`noise_seed` of the CPU ``generator``; returns the noise (N, 3)."""
-    g = noise_generator(model.means3D.device)
-    g.manual_seed(noise_seed(generator))
-    return add_position_noise(model, lr_means, cfg, g, ok)
+    """:func:`add_position_noise` with η drawn on the means' device from :func:`seed_noise` of the CPU
+    ``generator``; returns the noise (N, 3)."""
+    return add_position_noise(model, lr_means, cfg, seed_noise(model.means3D.device, generator), ok)
 
 
 def regularizer(model, cfg: TrainConfig) -> torch.Tensor:
