@@ -17,7 +17,7 @@ from .images import composite, read_image, read_mask, resize_area
 from .undistort import Distortion, mask_all, remap, remap_mask, undistort_map
 
 __all__ = ["Frame", "Dataset", "DatasetError", "FrameSpec", "Distortion", "load_frames", "camera_extent",
-           "split_every", "cap_frames", "assemble_dataset", "downscale_frame", "pad_frame",
+           "split_every", "cap_frames", "assemble_dataset", "downscale_frame", "pad_frame", "frame_mask",
            "common_size_frames"]
 
 
@@ -173,6 +173,16 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
     return frames
 
 
+def frame_mask(frame) -> torch.Tensor | None:
+    """``frame.mask`` as a bool tensor on its own device (a float mask keeps where > 0.5; the :class:`Frame`
+    convention), or None when the frame has none."""
+    m = getattr(frame, "mask", None)
+    if m is None:
+        return None
+    m = torch.as_tensor(m)
+    return m if m.dtype == torch.bool else m > 0.5
+
+
 def _downscale_arrays(camera: Camera, rgb: np.ndarray, alpha: np.ndarray | None, mask: np.ndarray | None,
                       factor: float) -> tuple:
     """(camera, rgb, alpha, mask) of one frame's numpy arrays divided by ``factor``: :func:`downscale_frame`'s
@@ -215,10 +225,9 @@ def downscale_frame(frame: Frame, factor: float, device=None) -> Frame:
     def host(x: torch.Tensor) -> np.ndarray:
         return x.detach().to("cpu", torch.float32).numpy()
 
-    m = frame.mask
+    m = frame_mask(frame)
     if m is not None:
-        m = torch.as_tensor(m)
-        m = (m if m.dtype == torch.bool else m > 0.5).detach().cpu().numpy()
+        m = m.detach().cpu().numpy()
     cam, rgb, alpha, mask = _downscale_arrays(frame.camera, host(frame.image),
                                               None if frame.alpha is None else host(frame.alpha), m, factor)
     return replace(frame, camera=cam,
@@ -248,11 +257,8 @@ def pad_frame(frame: Frame, width: int, height: int) -> Frame:
         alpha = frame.alpha.new_zeros((height, width))
         alpha[:h, :w] = frame.alpha
     mask = torch.zeros((height, width), dtype=torch.bool, device=img.device)
-    if frame.mask is None:
-        mask[:h, :w] = True
-    else:
-        m = torch.as_tensor(frame.mask).to(img.device)
-        mask[:h, :w] = m if m.dtype == torch.bool else m > 0.5
+    m = frame_mask(frame)
+    mask[:h, :w] = True if m is None else m.to(img.device)
     return replace(frame, camera=replace(frame.camera, width=width, height=height), image=image, alpha=alpha,
                    mask=mask)
 

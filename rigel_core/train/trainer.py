@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from ..camera import Camera, host_to_device
-from ..data.frames import common_size_frames, downscale_frame
+from ..data.frames import common_size_frames, downscale_frame, frame_mask
 from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
@@ -302,12 +302,9 @@ def sfm_view_coverage(frames, points, cells: int = 8, max_frames: int = 64, max_
     fractions = []
     for f in frames:
         cam = f.camera
-        vm = np.asarray(cam.viewmat, dtype=np.float64)
-        pc = pts @ vm[:3, :3].T + vm[:3, 3]
-        front = pc[:, 2] > 1e-9
-        z = pc[front, 2]
-        u = (cam.fx * pc[front, 0] / z + cam.cx) * (cells / cam.width)
-        v = (cam.fy * pc[front, 1] / z + cam.cy) * (cells / cam.height)
+        front = pts @ cam.R[2] + cam.t[2] > 1e-9  # camera z
+        uv = cam.project(pts[front])
+        u, v = uv[:, 0] * (cells / cam.width), uv[:, 1] * (cells / cam.height)
         inside = (u >= 0) & (u < cells) & (v >= 0) & (v < cells)
         hit = np.zeros((cells, cells), dtype=bool)
         hit[v[inside].astype(np.int64), u[inside].astype(np.int64)] = True
@@ -474,14 +471,14 @@ class Trainer:
 
     def _device_mask(self, frame) -> torch.Tensor | None:
         """``frame.mask`` as a bool tensor on the training device, or None when absent (or all valid)."""
-        m = getattr(frame, "mask", None)
+        m = frame_mask(frame)
         if m is None:
             return None
         h, w = frame.camera.height, frame.camera.width
         if tuple(m.shape) != (h, w):
             raise ValueError(f"Trainer: frame {frame.name!r} mask has shape {tuple(m.shape)}, its camera expects "
                              f"({h}, {w})")
-        m = (m if m.dtype == torch.bool else m > 0.5).to(self.device)
+        m = m.to(self.device)
         return None if bool(m.all()) else m
 
     def _uniform_masks(self, frames, masks: list) -> list:
