@@ -250,9 +250,7 @@ def test_graph_step_recaptures_after_densification_and_trains_as_well(rng):
 @pytest.mark.gpu
 def test_an_overflowing_frame_skips_its_update_and_is_trained_again(rng, monkeypatch):
     ds = make_dataset(rng, n_gauss=150, size=64, n_train=6, n_test=1)
-    t = Trainer(ds, small_config(iterations=50, densify_until=0), device="cuda")
-    for _ in range(3):
-        t.step()
+    t, _ = _train(ds, small_config(iterations=50, densify_until=0), 3)
     gs = t.graph_step
     assert gs is not None and gs.overflows == 0
     gs.check_pending(keep=0)
@@ -284,11 +282,8 @@ def test_a_dropped_run_collected_during_a_capture_does_not_break_it(rng, monkeyp
     # collection during a capture used to fail it (the new run then trained eagerly for good: seen on the H200
     # when one test's trainer was collected inside the next test's capture).
     ds = make_dataset(rng, n_gauss=120, size=32, n_train=4, n_test=1)
-    old = Trainer(ds, small_config(iterations=10, densify_until=0), device="cuda")
-    for _ in range(3):
-        old.step()
+    old = _train(ds, small_config(iterations=10, densify_until=0), 3)[0]  # synchronized after its steps
     assert old.graph_step.graphs
-    torch.cuda.synchronize()
     gone = weakref.ref(old.graph_step)
     del old
     real_render, collections = graph_step_module.render, []
