@@ -8,11 +8,8 @@ same process on the same tensors; ``speedup`` = gsplat time / rigel time (> 1: r
 duplicated (Gaussian, tile) entries of the ellipse test against the 3-sigma-square count, and the cost of the
 depth output (``render(..., depth=True)``: expected + median depth from the same rasterization pass): the
 rasterization stage timed with and without depth on the same entries, ``depth +%`` = the extra time relative to
-the whole colour-only forward (SH + projection + binning + rasterization). The forward+backward is timed with each
-of the rasterizer backward's two warp reductions (``rigel_core._C.set_raster_bwd_reduce``: 0 = a shuffle tree per
-value, the default; 1 = reduce-scatter): ``fwd+bwd`` and ``fwd+bwd scatter``, and ``scatter err`` = the largest
-relative difference of the two runs' gradients over the parameter groups (``||g1 − g0|| / ||g0||``; float32
-atomics sum in another order, so ~1e-6 is expected).
+the whole colour-only forward (SH + projection + binning + rasterization). ``fwd+bwd``: the forward and the
+backward to every parameter, beside gsplat's.
 
 Run on the GPU machine (bench/device_run.sh): ``python bench/forward.py [--scenes 160k,1M,3M,donut,fruit]
 [--res 720p,1080p,4k] [--iters 50] [--no-gsplat] [--no-backward] [--no-depth]``. Writes ``$OUT/forward.md`` when
@@ -37,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import rigel_core as rc  # noqa: E402
-from rigel_core import _ext, cuda_backend  # noqa: E402
+from rigel_core import cuda_backend  # noqa: E402
 from rigel_core.reference import tile_rects  # noqa: E402
 
 RESOLUTIONS = {"720p": (1280, 720), "1080p": (1920, 1080), "4k": (3840, 2160)}
@@ -210,20 +207,6 @@ def run(args):
                 for p in x.params():
                     p.requires_grad_(True)
                 row["train"] = median_ms(lambda ev: rigel_train_step(x, ev), args.iters)[0]
-                c = _ext.get()
-                before, grads = c.raster_bwd_reduce(), []
-                try:
-                    for mode in (0, 1):
-                        c.set_raster_bwd_reduce(mode)
-                        for p in x.params():
-                            p.grad = None
-                        rigel_train_step(x, [torch.cuda.Event(), torch.cuda.Event()])
-                        grads.append([p.grad.clone() for p in x.params()])
-                    row["scatter_err"] = max(float((a - b).norm() / b.norm().clamp_min(1e-30))
-                                             for a, b in zip(grads[1], grads[0]))
-                    row["train_scatter"] = median_ms(lambda ev: rigel_train_step(x, ev), args.iters)[0]
-                finally:
-                    c.set_raster_bwd_reduce(before)
                 if have_gsplat:
                     row["gsplat_train"] = median_ms(lambda ev: gsplat_train_step(x, ev), args.iters)[0]
                 for p in x.params():
@@ -248,8 +231,7 @@ def format_row(r):
             f"({r['entries'] / max(r['box_entries'], 1):.2f}) | proj+SH {r['proj_sh']:.3f} bin {r['bin']:.3f} "
             f"raster {r['raster']:.3f} total {r['total']:.3f} ms | gsplat {fmt(r.get('gsplat'), '.3f')} "
             f"x{fmt(sp)} | fwd+bwd {fmt(r.get('train'), '.3f')} gsplat {fmt(r.get('gsplat_train'), '.3f')} "
-            f"x{fmt(spt)} | fwd+bwd scatter {fmt(r.get('train_scatter'), '.3f')} "
-            f"err {fmt(r.get('scatter_err'), '.1e')} | PSNR vs gsplat {fmt(r.get('psnr_vs_gsplat'), '.1f')} | "
+            f"x{fmt(spt)} | PSNR vs gsplat {fmt(r.get('psnr_vs_gsplat'), '.1f')} | "
             f"raster+depth {fmt(r.get('raster_depth'), '.3f')} (raster alone {fmt(r.get('raster_plain'), '.3f')}) "
             f"depth +{fmt(r.get('depth_pct'), '.1f')} % of forward")
 
@@ -261,9 +243,8 @@ def markdown(rows, meta):
              "raster+depth: the rasterization stage with the depth outputs (expected + median depth, same pass); "
              "depth +%: its extra time over the colour-only raster, relative to the whole forward (total).", "",
              "| scene | N | resolution | entries | box | ratio | SH+proj | bin | raster | total | gsplat | speedup | "
-             "fwd+bwd | gsplat fwd+bwd | speedup | fwd+bwd scatter | scatter err | PSNR vs gsplat | raster+depth | "
-             "depth +% |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "fwd+bwd | gsplat fwd+bwd | speedup | PSNR vs gsplat | raster+depth | depth +% |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         sp = r["gsplat"] / r["total"] if "gsplat" in r else None
         spt = r["gsplat_train"] / r["train"] if "gsplat_train" in r and "train" in r else None
@@ -271,7 +252,6 @@ def markdown(rows, meta):
                      f"{r['entries'] / max(r['box_entries'], 1):.2f} | {r['proj_sh']:.3f} | {r['bin']:.3f} | "
                      f"{r['raster']:.3f} | {r['total']:.3f} | {fmt(r.get('gsplat'), '.3f')} | {fmt(sp)} | "
                      f"{fmt(r.get('train'), '.3f')} | {fmt(r.get('gsplat_train'), '.3f')} | {fmt(spt)} | "
-                     f"{fmt(r.get('train_scatter'), '.3f')} | {fmt(r.get('scatter_err'), '.1e')} | "
                      f"{fmt(r.get('psnr_vs_gsplat'), '.1f')} | {fmt(r.get('raster_depth'), '.3f')} | "
                      f"{fmt(r.get('depth_pct'), '.1f')} |")
     return "\n".join(lines) + "\n"

@@ -44,7 +44,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import rigel_core as rc  # noqa: E402
-from rigel_core import _ext  # noqa: E402
 from bench.forward import PLYS, PROCEDURAL, RESOLUTIONS, Inputs, fmt, gsplat_frame, load, median_ms, psnr  # noqa: E402
 from rigel_core.model import PARAM_NAMES, GaussianModel  # noqa: E402
 from rigel_core.train import TrainConfig  # noqa: E402
@@ -247,15 +246,6 @@ def run(args, device=None):
             trainer = Trainer(one_view_dataset(cam, target, extent), eager_cfg, model=clone_model(base), device=dev)
             row["trainer_tp_eager"] = trainer_throughput(trainer, args.iters, args.warmup)
             del trainer
-            c = _ext.get()  # the graph loop again with the rasterizer backward's reduce-scatter (captured anew)
-            before = c.raster_bwd_reduce()
-            c.set_raster_bwd_reduce(1)
-            try:
-                trainer = Trainer(one_view_dataset(cam, target, extent), cfg, model=clone_model(base), device=dev)
-                row["trainer_tp_scatter"] = trainer_throughput(trainer, args.iters, args.warmup)
-                del trainer
-            finally:
-                c.set_raster_bwd_reduce(before)
             rows.append(row)
             print("  " + format_row(row), flush=True)
         del base
@@ -282,7 +272,7 @@ def format_row(r: dict) -> str:
             f"(wall {fmt(d['ratio_wall'])}) | fwd {d['fwd']:.3f} bwd {d['bwd']:.3f} bwd/fwd {fmt(d['bwd_fwd'])} | "
             f"render fwd {rg['render']:.3f} bwd {rg['render_bwd']:.3f} ({fmt(d['render_bwd_fwd'])}) | "
             f"Adam {rg['adam']:.3f} | Trainer.step {r['trainer']:.3f} ms | loop: graph {r['trainer_tp']:.3f} "
-            f"eager {r['trainer_tp_eager']:.3f} scatter {fmt(r.get('trainer_tp_scatter'), '.3f')} ms/it "
+            f"eager {r['trainer_tp_eager']:.3f} ms/it "
             f"({r['graph']})")
 
 
@@ -296,13 +286,12 @@ def markdown(rows, meta: str, iters: int) -> str:
              "Trainer.step: the full `Trainer.step()` (NaN guard, densification statistics; densification itself "
              "off), wall, each step between two synchronizes. Trainer loop: ms per step over back-to-back steps "
              "(one synchronize at each end) with the CUDA-graph step (train/graph_step.py) and without it (eager); "
-             "loop ratio = graph loop / gsplat ms/it; scatter: the graph loop with the rasterizer backward's "
-             "reduce-scatter (rigel_core._C.set_raster_bwd_reduce(1)).", "",
+             "loop ratio = graph loop / gsplat ms/it.", "",
              "| scene | N | resolution | rigel ms/it | rigel wall | gsplat ms/it | gsplat wall | ratio | ratio wall | "
              "rigel fwd | rigel bwd | bwd/fwd | render fwd | render bwd | render bwd/fwd | loss fwd+bwd | Adam | "
              "gsplat fwd | gsplat bwd | Trainer.step wall | Trainer loop graph | Trainer loop eager | loop ratio | "
-             "Trainer loop graph scatter | loop ratio scatter | PSNR vs gsplat |",
-             "|---|---:|---|" + "---:|" * 23]
+             "PSNR vs gsplat |",
+             "|---|---:|---|" + "---:|" * 21]
     for r in rows:
         d, rg, gs = derived(r), r["rigel"], r.get("gsplat") or {}
         cells = [r["scene"], f"{r['n']:,}", r["res"], fmt(rg["total"], ".3f"), fmt(rg["wall"], ".3f"),
@@ -312,9 +301,6 @@ def markdown(rows, meta: str, iters: int) -> str:
                  fmt(rg["adam"], ".3f"), fmt(d["g_fwd"], ".3f"), fmt(d["g_bwd"], ".3f"), fmt(r["trainer"], ".3f"),
                  fmt(r["trainer_tp"], ".3f"), fmt(r["trainer_tp_eager"], ".3f"),
                  fmt(r["trainer_tp"] / gs["total"] if gs.get("total") else None),
-                 fmt(r.get("trainer_tp_scatter"), ".3f"),
-                 fmt(r["trainer_tp_scatter"] / gs["total"] if gs.get("total") and r.get("trainer_tp_scatter")
-                     else None),
                  fmt(r.get("psnr_vs_gsplat"), ".1f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -86,11 +86,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "dS/dsigma1^2, dS/dsigma12; rigel_core/train/losses.py)");
     m.def("ssim_map_backward", &rigel::ssim_map_backward, py::arg("img1"), py::arg("img2"), py::arg("coef"),
           py::arg("v_map"), "SSIM backward: v_map like img1 -> v_img1 like img1 (the gradient to img1 only)");
-    m.def("set_raster_bwd_reduce", &rigel::set_raster_bwd_reduce, py::arg("mode"),
-          "How the rasterizer backward reduces per-Gaussian sums across a warp, for the whole process: 0 = a shuffle "
-          "tree per value, atomics from lane 0 (default); 1 = reduce-scatter, atomics from 16 lanes at once "
-          "(csrc/rasterize_bwd.cu). A benchmark switch: bench/forward.py and bench/train_step.py --raster-bwd");
-    m.def("raster_bwd_reduce", &rigel::raster_bwd_reduce, "the current set_raster_bwd_reduce mode");
     m.attr("TILE_SIZE") = RIGEL_TILE_SIZE;
     m.attr("MAX_ENTRIES") = RIGEL_MAX_ENTRIES;
 }

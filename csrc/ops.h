@@ -91,10 +91,4 @@ std::tuple<at::Tensor, at::Tensor> ssim_map(const at::Tensor& img1, const at::Te
 at::Tensor ssim_map_backward(const at::Tensor& img1, const at::Tensor& img2, const at::Tensor& coef,
                              const at::Tensor& v_map);
 
-// How launch_rasterize_bwd reduces per-Gaussian sums across a warp: 0 = a shuffle tree per value and serial
-// atomics from lane 0 (the default), 1 = a reduce-scatter and parallel atomics (rasterize_bwd.cu). A process-wide
-// setting for benchmarking the two on the GPU; raises for another value.
-void set_raster_bwd_reduce(int mode);
-int raster_bwd_reduce();
-
 }  // namespace rigel

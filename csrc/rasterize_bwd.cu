@@ -10,19 +10,15 @@
 // S^z_i = sum_{j>i} z_j alpha_j T_j:  d depth_sum / d z_i = alpha_i T_i,
 // d depth_sum / d alpha_i = T_i z_i - S^z_i / (1 - alpha_i). The median depth has no gradient.
 // then alpha = min(ALPHA_MAX, vis) (zero gradient where clamped), vis = opacity exp(-q/2), q the conic form.
-// Per-Gaussian sums are reduced across each warp before the atomics, in one of two ways (set_raster_bwd_reduce):
-//  - kWarpSum: each of the kG values summed over the 32 lanes by a 5-step shuffle tree (5·kG shuffles), then
-//    kG atomicAdds issued one after another by lane 0;
-//  - kScatter: a reduce-scatter over the values padded to 16: at the step with partner lane^o (o = 16, 8, 4, 2)
-//    each lane keeps one half of its values (the upper half where lane & o) and adds the partner's copy of that
-//    half, sent in exchange for the other half — 8 + 4 + 2 + 1 shuffles leave one value per lane, one more
-//    (o = 1) completes its sum in both lanes of a pair. Lane L then holds the total of value
-//    8·b4 + 4·b3 + 2·b2 + b1 (b_k = bit k of L), and the even lanes issue their atomicAdds together, one
-//    instruction: 16 shuffles and 1 atomic issue instead of 5·kG and kG.
+// Per-Gaussian sums are reduced across each warp before the atomics by a reduce-scatter over the kG values padded
+// to 16: at the step with partner lane^o (o = 16, 8, 4, 2) each lane keeps one half of its values (the upper half
+// where lane & o) and adds the partner's copy of that half, sent in exchange for the other half — 8 + 4 + 2 + 1
+// shuffles leave one value per lane, one more (o = 1) completes its sum in both lanes of a pair. Lane L then holds
+// the total of value 8·b4 + 4·b3 + 2·b2 + b1 (b_k = bit k of L), and the even lanes issue their atomicAdds together,
+// one instruction: 16 shuffles and 1 atomic issue where a shuffle tree per value takes 5·kG shuffles and kG atomics
+// from one lane (55/60 SHFL and 13/14 RED in the SASS; measured against it on the H200 at df0558b: docs/BENCHMARKS.md).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
-
-#include <string>
 
 #include "launch.h"
 #include "ops.h"
@@ -34,12 +30,6 @@ namespace {
 // v_means2D (2), v_conics (3), v_colors (3), v_opacity, |v_means2D| (2), and v_depth when kDepth
 template <bool kDepth>
 constexpr int kGradValues = kDepth ? 12 : 11;
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_down_sync(0xffffffffu, v, offset);
-    return v;
-}
 
 // One reduce-scatter step over 2·kHalf values: keep the half selected by (lane & kOff), add the partner's.
 template <int kHalf, int kOff>
@@ -53,10 +43,7 @@ __device__ __forceinline__ void scatter_step(const float* in, float* out, int la
     }
 }
 
-enum RasterBwdReduce : int { kWarpSum = 0, kScatter = 1 };
-int g_raster_bwd_reduce = kWarpSum;  // host-side choice, read at each launch (a captured graph keeps its kernel)
-
-template <bool kDepth, int kReduce>
+template <bool kDepth>
 __global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
     int width, int height, int tiles_x,
     const int32_t* __restrict__ tile_ranges,   // [n_tiles, 2]
@@ -184,45 +171,25 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
                 }
             }
             if (!__any_sync(0xffffffffu, active)) continue;  // nothing for this Gaussian in this warp
-            if constexpr (kReduce == kScatter) {
-                float a[16], b[8], c[4], d[2], e[1];
+            float a[16], b[8], c[4], d[2], e[1];
 #pragma unroll
-                for (int i = 0; i < 16; ++i) a[i] = i < kG ? grad[i] : 0.f;
-                scatter_step<8, 16>(a, b, lane);
-                scatter_step<4, 8>(b, c, lane);
-                scatter_step<2, 4>(c, d, lane);
-                scatter_step<1, 2>(d, e, lane);
-                const float total = e[0] + __shfl_xor_sync(0xffffffffu, e[0], 1);
-                const int v = ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 +
-                              ((lane >> 1) & 1);
-                if ((lane & 1) == 0 && v < kG) {
-                    const int32_t id = s_id[j];
-                    float* dst = v < 2    ? v_means2D + 2 * id + v
-                                 : v < 5  ? v_conics + 3 * id + (v - 2)
-                                 : v < 8  ? v_colors + 3 * id + (v - 5)
-                                 : v == 8 ? v_opacities + id
-                                 : v < 11 ? v_means2D_abs + 2 * id + (v - 9)
-                                          : v_depths + id;  // v == 11 only when kDepth
-                    atomicAdd(dst, total);
-                }
-            } else {
-#pragma unroll
-                for (int i = 0; i < kG; ++i) grad[i] = warp_sum(grad[i]);
-                if (lane == 0) {
-                    const int32_t id = s_id[j];
-                    atomicAdd(v_means2D + 2 * id + 0, grad[0]);
-                    atomicAdd(v_means2D + 2 * id + 1, grad[1]);
-                    atomicAdd(v_conics + 3 * id + 0, grad[2]);
-                    atomicAdd(v_conics + 3 * id + 1, grad[3]);
-                    atomicAdd(v_conics + 3 * id + 2, grad[4]);
-                    atomicAdd(v_colors + 3 * id + 0, grad[5]);
-                    atomicAdd(v_colors + 3 * id + 1, grad[6]);
-                    atomicAdd(v_colors + 3 * id + 2, grad[7]);
-                    atomicAdd(v_opacities + id, grad[8]);
-                    atomicAdd(v_means2D_abs + 2 * id + 0, grad[9]);
-                    atomicAdd(v_means2D_abs + 2 * id + 1, grad[10]);
-                    if constexpr (kDepth) atomicAdd(v_depths + id, grad[kG - 1]);
-                }
+            for (int i = 0; i < 16; ++i) a[i] = i < kG ? grad[i] : 0.f;
+            scatter_step<8, 16>(a, b, lane);
+            scatter_step<4, 8>(b, c, lane);
+            scatter_step<2, 4>(c, d, lane);
+            scatter_step<1, 2>(d, e, lane);
+            const float total = e[0] + __shfl_xor_sync(0xffffffffu, e[0], 1);
+            const int v = ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 +
+                          ((lane >> 1) & 1);
+            if ((lane & 1) == 0 && v < kG) {
+                const int32_t id = s_id[j];
+                float* dst = v < 2    ? v_means2D + 2 * id + v
+                             : v < 5  ? v_conics + 3 * id + (v - 2)
+                             : v < 8  ? v_colors + 3 * id + (v - 5)
+                             : v == 8 ? v_opacities + id
+                             : v < 11 ? v_means2D_abs + 2 * id + (v - 9)
+                                      : v_depths + id;  // v == 11 only when kDepth
+                atomicAdd(dst, total);
             }
         }
     }
@@ -243,10 +210,8 @@ void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, c
     const dim3 grid(tiles_x, tiles_y), block(kTileSize, kTileSize);
     const auto stream = at::cuda::getCurrentCUDAStream();
     const float* bg = background.has_value() ? background->data_ptr<float>() : nullptr;
-    const bool scatter = g_raster_bwd_reduce == kScatter;
     if (depths.has_value()) {
-        auto kernel = scatter ? rasterize_bwd_kernel<true, kScatter> : rasterize_bwd_kernel<true, kWarpSum>;
-        kernel<<<grid, block, 0, stream>>>(
+        rasterize_bwd_kernel<true><<<grid, block, 0, stream>>>(
             width, height, tiles_x, tile_ranges.data_ptr<int32_t>(), gaussian_ids.data_ptr<int32_t>(),
             means2D.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(),
             opacities.data_ptr<float>(), bg, final_T.data_ptr<float>(), n_contrib.data_ptr<int32_t>(),
@@ -255,8 +220,7 @@ void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, c
             v_means2D_abs.data_ptr<float>(), depths->data_ptr<float>(), v_depth_sum->data_ptr<float>(),
             v_depths->data_ptr<float>());
     } else {
-        auto kernel = scatter ? rasterize_bwd_kernel<false, kScatter> : rasterize_bwd_kernel<false, kWarpSum>;
-        kernel<<<grid, block, 0, stream>>>(
+        rasterize_bwd_kernel<false><<<grid, block, 0, stream>>>(
             width, height, tiles_x, tile_ranges.data_ptr<int32_t>(), gaussian_ids.data_ptr<int32_t>(),
             means2D.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(),
             opacities.data_ptr<float>(), bg, final_T.data_ptr<float>(), n_contrib.data_ptr<int32_t>(),
@@ -266,14 +230,5 @@ void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, c
     }
     RIGEL_CHECK_LAUNCH("rasterize_bwd_kernel");
 }
-
-void set_raster_bwd_reduce(int mode) {
-    if (mode != kWarpSum && mode != kScatter)  // one std::string, no ostream (check_text.h)
-        TORCH_CHECK_VALUE(false, std::string("set_raster_bwd_reduce: mode must be 0 (warp sums) or 1 "
-                                             "(reduce-scatter), got ") + std::to_string(mode));
-    g_raster_bwd_reduce = mode;
-}
-
-int raster_bwd_reduce() { return g_raster_bwd_reduce; }
 
 }  // namespace rigel

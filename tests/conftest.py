@@ -52,16 +52,3 @@ def rng():
     seed = int.from_bytes(os.urandom(4), "little") if "RIGEL_SEED" not in os.environ else int(os.environ["RIGEL_SEED"])
     print(f"RIGEL_SEED={seed}")
     return torch.Generator().manual_seed(seed)
-
-
-@pytest.fixture(params=[0, 1], ids=["warp-sum", "reduce-scatter"])
-def raster_bwd_reduce(request):
-    """A GPU test run with each of the rasterizer backward's warp reductions (rigel_core._C.set_raster_bwd_reduce,
-    csrc/rasterize_bwd.cu); the process's setting is restored after."""
-    from rigel_core import _ext
-
-    c = _ext.get()
-    before = c.raster_bwd_reduce()
-    c.set_raster_bwd_reduce(request.param)
-    yield request.param
-    c.set_raster_bwd_reduce(before)

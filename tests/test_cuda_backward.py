@@ -94,7 +94,7 @@ def raster_stage(rng, inputs, cam):
     return {n: a.grad for n, a in zip(names, x32)}, final_T, n_contrib, x32[0]
 
 
-def test_raster_backward_random_scene_with_edges(rng, raster_bwd_reduce):
+def test_raster_backward_random_scene_with_edges(rng):
     cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False)
     g, _, _, m2 = raster_stage(rng, inputs, cam)
     for name, gi in g.items():
@@ -105,7 +105,7 @@ def test_raster_backward_random_scene_with_edges(rng, raster_bwd_reduce):
     assert float(absgrad.sum()) > float(g["means2D"].abs().sum())
 
 
-def test_raster_backward_saturated_alpha(rng, raster_bwd_reduce):
+def test_raster_backward_saturated_alpha(rng):
     cam = random_camera(rng, 80, 64)
     means, quats, scales, _, colors = random_gaussians(rng, 300, spread=1.0, scale_range=(-3.0, -2.0))
     opac = 0.995 + 0.005 * torch.rand(300, generator=rng, dtype=torch.float64)
@@ -114,7 +114,7 @@ def test_raster_backward_saturated_alpha(rng, raster_bwd_reduce):
     assert torch.count_nonzero(g["opacities"]) > 0
 
 
-def test_raster_backward_early_terminated_pixels(rng, raster_bwd_reduce):
+def test_raster_backward_early_terminated_pixels(rng):
     cam = random_camera(rng, 64, 48)
     means, quats, scales, _, colors = random_gaussians(rng, 300, spread=0.35, scale_range=(-1.6, -0.9))
     opac = 0.6 + 0.4 * torch.rand(300, generator=rng, dtype=torch.float64)
@@ -223,7 +223,7 @@ def reference_composed(means3D, quats, scales, opacities, colors, cam, dtype, ga
     return ras, p.means2D
 
 
-def test_end_to_end_rasterize_gaussians(rng, raster_bwd_reduce):
+def test_end_to_end_rasterize_gaussians(rng):
     cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False, with_near=False)
     h, w = cam.height, cam.width
     w_img, w_T = torch.randn(h, w, 3, generator=rng), torch.randn(h, w, generator=rng)
@@ -241,7 +241,7 @@ def test_end_to_end_rasterize_gaussians(rng, raster_bwd_reduce):
     assert_close(pairs, TOL, {"background": background_scale(w_img, ref.final_T)})
 
 
-def test_end_to_end_model_with_sh(rng, raster_bwd_reduce):
+def test_end_to_end_model_with_sh(rng):
     """rc.render of a GaussianModel (SH degree 3): gradients of the pre-activation parameters."""
     n = 500
     means, quats, scales, opac, _ = random_gaussians(rng, n, dtype=torch.float32, spread=1.0, scale_range=(-3.5, -1.5))
@@ -269,16 +269,3 @@ def test_end_to_end_model_with_sh(rng, raster_bwd_reduce):
     assert m.active_sh_degree == 3
     assert_close([(k, grads[0][k], grads[1][k]) for k in grads[1]], TOL)
 
-
-def test_raster_bwd_reduce_setting():
-    c = _ext.get()
-    before = c.raster_bwd_reduce()
-    try:
-        for mode in (1, 0):
-            c.set_raster_bwd_reduce(mode)
-            assert c.raster_bwd_reduce() == mode
-        with pytest.raises(ValueError, match="mode must be 0"):
-            c.set_raster_bwd_reduce(2)
-        assert c.raster_bwd_reduce() == 0  # a refused mode changes nothing
-    finally:
-        c.set_raster_bwd_reduce(before)

@@ -87,7 +87,22 @@ def test_raster_depth_forward_matches_reference(rng, size):
     assert float((dsum.cpu() - expected_depth(ref.depth_sum, ref.final_T)).abs().max()) <= 1e-4 * zmax
 
 
-def test_raster_depth_backward(rng, raster_bwd_reduce):
+def well_posed_depth_pixels(n_contrib, ref):
+    """Pixels whose gradients float32 can match float64 to TOL: the walk stops at the same entry on both sides (not an
+    exact tie of the stop rule, see test_cuda_backward.raster_stage; bounded here), and, for the expected depth
+    depth_sum / (1 − final_T), coverage 1 − final_T ≥ 0.02: below it final_T's float32 rounding (~6e-8 absolute)
+    is amplified 1/(1 − final_T) times in a term of order one. Seen on the H200 at df0558b before this mask:
+    RIGEL_SEED=337140294 (test_raster_depth_backward: colours 6e-3, depths 6e-3, background 0.24) and
+    RIGEL_SEED=3086392211 (test_end_to_end_depth_gradients: means3D 1.7e-5). Returns (same stop, same stop and
+    covered), (H, W) bool each."""
+    same = n_contrib.cpu() == ref.n_contrib
+    assert float((~same).double().mean()) <= 2e-3, f"{int((~same).sum())} pixels stop at different entries"
+    covered = same & (ref.final_T.detach() <= 0.98)
+    assert float(covered.double().mean()) >= 0.3, "too few covered pixels to compare the depth gradients"
+    return same, covered
+
+
+def test_raster_depth_backward(rng):
     """CUDA vs float64 autograd, on the kernel's own projection and entries, incl. stopped and saturated pixels."""
     cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False)
     means, quats, scales, opac, colors = inputs
@@ -103,12 +118,14 @@ def test_raster_depth_backward(rng, raster_bwd_reduce):
     base = (m2, con, colors, opac, dep, bg)
     x32 = leaves(base, DEV, torch.float32)
     out = cuda_backend.rasterize_tiles_cuda(*x32[:4], ids, ranges, w, h, background=x32[5], depths=x32[4])
-    image, final_T, _, ed, dmed = out   # ed: the expected depth, divided in the kernel
+    image, final_T, n_contrib, ed, dmed = out   # ed: the expected depth, divided in the kernel
     assert not dmed.requires_grad
-    ((image * w_img.to(DEV)).sum() + (final_T * w_T.to(DEV)).sum() + (ed * w_D.to(DEV)).sum()).backward()
     x64 = leaves(base, "cpu", torch.float64)
     ref = rasterize_tiles(*x64[:4], ids.cpu(), ranges.cpu(), -(-w // 16), -(-h // 16), w, h, x64[5], depths=x64[4])
     ed64 = expected_depth(ref.depth_sum, ref.final_T)
+    same, covered = well_posed_depth_pixels(n_contrib, ref)
+    w_img, w_T, w_D = w_img * same[..., None], w_T * same, w_D * covered
+    ((image * w_img.to(DEV)).sum() + (final_T * w_T.to(DEV)).sum() + (ed * w_D.to(DEV)).sum()).backward()
     ((ref.image * w_img.double()).sum() + (ref.final_T * w_T.double()).sum() + (ed64 * w_D.double()).sum()).backward()
     names = ("means2D", "conics", "colors", "opacities", "depths", "background")
     assert_close([(n, a.grad, b.grad) for n, a, b in zip(names, x32, x64)], TOL,
@@ -116,7 +133,7 @@ def test_raster_depth_backward(rng, raster_bwd_reduce):
     assert float((final_T < 1e-3).float().mean()) > 0.0, "no pixel stops at T_MIN"
 
 
-def test_end_to_end_depth_gradients(rng, raster_bwd_reduce):
+def test_end_to_end_depth_gradients(rng):
     """rc.rasterize_gaussians(..., depth=True): ∂(Σ u·ED)/∂(means3D, quats, scales, opacities) vs float64 through
     the reference projection and raster on the CUDA run's entries (test_cuda_backward's composition)."""
     cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False, with_near=False)
@@ -125,12 +142,13 @@ def test_end_to_end_depth_gradients(rng, raster_bwd_reduce):
     vm, K = cam_tensors(cam, torch.float32)
     x = leaves(inputs, DEV, torch.float32)
     out = rc.rasterize_gaussians(*x, vm.to(DEV), K.to(DEV), w, h, depth=True)
-    (out.depth * u.to(DEV)).sum().backward()
     y = leaves(inputs, "cpu", torch.float64)
     vm64, K64 = cam_tensors(cam, torch.float64)
     p = project_gaussians(y[0], y[1], y[2], y[3], vm64, K64, w, h)
     ref = rasterize_tiles(p.means2D, p.conics, y[4], y[3], out.gaussian_ids.cpu(), out.tile_ranges.cpu(),
                           -(-w // 16), -(-h // 16), w, h, depths=p.depths)
+    u = u * well_posed_depth_pixels(out.n_contrib, ref)[1]
+    (out.depth * u.to(DEV)).sum().backward()
     (expected_depth(ref.depth_sum, ref.final_T) * u.double()).sum().backward()
     names = ("means3D", "quats", "scales", "opacities")
     assert_close([(n, a.grad, b.grad) for n, a, b in zip(names, x, y)], TOL)
