@@ -86,6 +86,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "dS/dsigma1^2, dS/dsigma12; rigel_core/train/losses.py)");
     m.def("ssim_map_backward", &rigel::ssim_map_backward, py::arg("img1"), py::arg("img2"), py::arg("coef"),
           py::arg("v_map"), "SSIM backward: v_map like img1 -> v_img1 like img1 (the gradient to img1 only)");
+    m.def("adam_step", &rigel::adam_step, py::arg("params"), py::arg("grads"), py::arg("exp_avgs"),
+          py::arg("exp_avg_sqs"), py::arg("steps"), py::arg("lrs"), py::arg("lr_tensors"), py::arg("beta1s"),
+          py::arg("beta2s"), py::arg("epss"), py::arg("found_inf") = py::none(),
+          "One Adam step over <= 16 float32 CUDA parameter groups in one launch, in place (csrc/adam.cu): lists with "
+          "one entry per group; lr_tensors[i] (a one-element device tensor, or None for lrs[i]) is read at run "
+          "time; found_inf non-zero skips everything (rigel_core.train.optim.Adam)");
     m.attr("TILE_SIZE") = RIGEL_TILE_SIZE;
     m.attr("MAX_ENTRIES") = RIGEL_MAX_ENTRIES;
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/util/Optional.h>
@@ -76,5 +77,24 @@ void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, c
                           at::Tensor& v_colors, at::Tensor& v_opacities, at::Tensor& v_means2D_abs,
                           const c10::optional<at::Tensor>& depths, const c10::optional<at::Tensor>& v_depth_sum,
                           const c10::optional<at::Tensor>& v_depths);
+
+// adam.cu. One Adam step over up to kAdamMaxGroups groups in one launch (then one launch for the step counts).
+// Each group: n float32 elements of param, grad, exp_avg, exp_avg_sq (contiguous, one device); step a device
+// float32 scalar (the count before this step); lr_ptr a device float32 scalar read at run time, or nullptr to use
+// lr. found_inf: a device float32 scalar (non-zero: skip everything) or nullptr. block_start is set by the
+// launcher.
+constexpr int kAdamMaxGroups = 16;
+struct AdamGroupArgs {
+    float* param;
+    const float* grad;
+    float* exp_avg;
+    float* exp_avg_sq;
+    float* step;
+    const float* lr_ptr;
+    float lr, beta1, beta2, eps;
+    int64_t n;
+    int64_t block_start;
+};
+void launch_adam_step(const std::vector<AdamGroupArgs>& groups, const float* found_inf);
 
 }  // namespace rigel

@@ -1,6 +1,7 @@
 // Host side of rigel_core._C: argument checks, output allocation, launches (declarations in ops.h).
 #include "ops.h"
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -442,6 +443,73 @@ at::Tensor ssim_map_backward(const at::Tensor& img1, const at::Tensor& img2, con
     at::Tensor v_img1 = at::empty_like(img1);
     launch_ssim_bwd(v_map, img1, img2, coef, v_img1);
     return v_img1;
+}
+
+namespace {
+
+// A one-element float32 tensor on `dev` (a device scalar the kernels read), or refuse naming it.
+void check_scalar(const char* op, const std::string& name, const at::Tensor& t, const at::Device& dev) {
+    if (t.defined() && t.scalar_type() == at::kFloat && t.device() == dev && t.numel() == 1) return;
+    const std::string msg = prefix(op) + name + " must be a one-element float32 tensor on " + dev.str() + "; got " +
+                            describe(t);
+    if (t.defined() && (t.scalar_type() != at::kFloat || t.device() != dev)) TORCH_CHECK_TYPE(false, msg);
+    TORCH_CHECK_VALUE(false, msg);
+}
+
+}  // namespace
+
+void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+               const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+               const std::vector<at::Tensor>& steps, const std::vector<double>& lrs,
+               const std::vector<c10::optional<at::Tensor>>& lr_tensors, const std::vector<double>& beta1s,
+               const std::vector<double>& beta2s, const std::vector<double>& epss,
+               const c10::optional<at::Tensor>& found_inf) {
+    const char* op = "adam_step";
+    const size_t G = params.size();
+    for (const size_t len : {grads.size(), exp_avgs.size(), exp_avg_sqs.size(), steps.size(), lrs.size(),
+                             lr_tensors.size(), beta1s.size(), beta2s.size(), epss.size()})
+        if (len != G)
+            TORCH_CHECK_VALUE(false, prefix(op) + "every argument list must have one entry per group (" +
+                                         std::to_string(G) + " params, got a list of " + std::to_string(len) + ")");
+    if (G > static_cast<size_t>(kAdamMaxGroups))
+        TORCH_CHECK_VALUE(false, prefix(op) + "at most " + std::to_string(kAdamMaxGroups) + " groups per call, got " +
+                                     std::to_string(G));
+    if (G == 0) return;
+    const at::Device dev = cuda_device(op, "params[0]", params[0]);
+    std::vector<AdamGroupArgs> groups;
+    for (size_t i = 0; i < G; ++i) {
+        const std::string k = "[" + std::to_string(i) + "]";
+        const at::Tensor& p = params[i];
+        check(op, ("params" + k).c_str(), p, at::kFloat, dev, std::vector<int64_t>(p.dim(), -1), "(any)");
+        const std::vector<int64_t> shape = p.sizes().vec();
+        check(op, ("grads" + k).c_str(), grads[i], at::kFloat, dev, shape, "(as params[i])");
+        check(op, ("exp_avgs" + k).c_str(), exp_avgs[i], at::kFloat, dev, shape, "(as params[i])");
+        check(op, ("exp_avg_sqs" + k).c_str(), exp_avg_sqs[i], at::kFloat, dev, shape, "(as params[i])");
+        check_scalar(op, "steps" + k, steps[i], dev);
+        if (lr_tensors[i].has_value()) check_scalar(op, "lr_tensors" + k, *lr_tensors[i], dev);
+        const bool betas_ok = beta1s[i] >= 0 && beta1s[i] < 1 && beta2s[i] >= 0 && beta2s[i] < 1;
+        if (!betas_ok || !(epss[i] >= 0) || !std::isfinite(lrs[i]))
+            TORCH_CHECK_VALUE(false, prefix(op) + "group " + std::to_string(i) + ": need 0 <= beta1, beta2 < 1, eps >= 0 "
+                                         "and a finite lr; got beta1 " + std::to_string(beta1s[i]) + ", beta2 " +
+                                         std::to_string(beta2s[i]) + ", eps " + std::to_string(epss[i]) + ", lr " +
+                                         std::to_string(lrs[i]));
+        AdamGroupArgs a{};
+        a.param = p.data_ptr<float>();
+        a.grad = grads[i].data_ptr<float>();
+        a.exp_avg = exp_avgs[i].data_ptr<float>();
+        a.exp_avg_sq = exp_avg_sqs[i].data_ptr<float>();
+        a.step = steps[i].data_ptr<float>();
+        a.lr_ptr = lr_tensors[i].has_value() ? lr_tensors[i]->data_ptr<float>() : nullptr;
+        a.lr = static_cast<float>(lrs[i]);
+        a.beta1 = static_cast<float>(beta1s[i]);
+        a.beta2 = static_cast<float>(beta2s[i]);
+        a.eps = static_cast<float>(epss[i]);
+        a.n = p.numel();
+        groups.push_back(a);
+    }
+    if (found_inf.has_value()) check_scalar(op, "found_inf", *found_inf, dev);
+    const c10::cuda::CUDAGuard guard(dev);
+    launch_adam_step(groups, found_inf.has_value() ? found_inf->data_ptr<float>() : nullptr);
 }
 
 }  // namespace rigel

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <tuple>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/util/Optional.h>
@@ -90,5 +91,17 @@ std::tuple<at::Tensor, at::Tensor> ssim_map(const at::Tensor& img1, const at::Te
 // SSIM backward -> v_img1 like img1 (the gradient to img1 only; img2 is a constant).
 at::Tensor ssim_map_backward(const at::Tensor& img1, const at::Tensor& img2, const at::Tensor& coef,
                              const at::Tensor& v_map);
+
+// One Adam step over G <= 16 parameter groups in one launch (csrc/adam.cu; rigel_core.train.optim.Adam). Per group:
+// params, grads, exp_avgs, exp_avg_sqs float32 tensors of one shape on one CUDA device (updated in place), steps a
+// one-element float32 count (incremented unless skipped), lrs the learning rate or lr_tensors a one-element device
+// float32 read at run time (CUDA-graph capture), beta1s, beta2s in [0, 1), epss >= 0. found_inf: a one-element
+// device float32; non-zero skips the whole step. Raises TypeError / ValueError naming the argument.
+void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
+               const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
+               const std::vector<at::Tensor>& steps, const std::vector<double>& lrs,
+               const std::vector<c10::optional<at::Tensor>>& lr_tensors, const std::vector<double>& beta1s,
+               const std::vector<double>& beta2s, const std::vector<double>& epss,
+               const c10::optional<at::Tensor>& found_inf);
 
 }  // namespace rigel

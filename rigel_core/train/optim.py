@@ -17,10 +17,11 @@ import math
 
 import torch
 
+from .. import _ext
 from ..model import PARAM_NAMES
 from .config import TrainConfig
 
-__all__ = ["make_optimizer", "position_lr", "group_lrs", "set_learning_rates", "select_rows", "append_rows",
+__all__ = ["Adam", "make_optimizer", "position_lr", "group_lrs", "set_learning_rates", "select_rows", "append_rows",
            "replace_param", "optimizer_group", "per_gaussian_tensors", "get_tensor", "appearance_groups"]
 
 
@@ -85,7 +86,76 @@ def appearance_groups(model, cfg: TrainConfig) -> list:
             for n in app.parameters()]
 
 
-def make_optimizer(model, cfg: TrainConfig, extent: float, extra_groups: list | None = None) -> torch.optim.Adam:
+class Adam(torch.optim.Adam):
+    """PyTorch's Adam (same arguments, state and ``state_dict``), whose :meth:`step` runs every group in one CUDA
+    launch (``rigel_core._C.adam_step``, csrc/adam.cu) when the kernels are built and every parameter with a
+    gradient is a float32 CUDA tensor; anything else (CPU, float64, amsgrad, weight decay, maximize, a closure,
+    a grad scaler) goes to ``torch.optim.Adam.step`` unchanged.
+
+    The update is Adam's (Kingma & Ba 2015, Algorithm 1), with eps outside the bias-corrected root as in PyTorch:
+    per group, the step count ``t`` after this step, ``m ← β₁m + (1−β₁)g``, ``v ← β₂v + (1−β₂)g²``,
+    ``p ← p − lr/(1−β₁ᵗ) · m / (√v/√(1−β₂ᵗ) + eps)``. State per parameter as PyTorch's fused Adam keeps it:
+    ``step`` a 0-d float32 tensor on the parameter's device, ``exp_avg``, ``exp_avg_sq`` like the parameter
+    (so checkpoints and the densification surgery of this module see the same layout). A group's ``lr`` may be a
+    one-element device tensor (read when the step runs: CUDA-graph capture, train/graph_step.py). When the
+    attribute ``found_inf`` (a device float scalar, PyTorch's GradScaler protocol, set by the trainer's NaN
+    guard) is non-zero the whole step is skipped on the device: parameters, moments and counts unchanged.
+    Why: torch's fused Adam launches once per group; the trainer's six groups at 160k Gaussians took 0.52 ms a
+    step on the H200, most of it launches too small to fill the GPU (docs/BENCHMARKS.md)."""
+
+    def _kernel_groups(self):
+        """The (group, params with a gradient) pairs for the one-launch path, or None when it does not apply."""
+        if getattr(self, "grad_scale", None) is not None:
+            return None
+        C = _ext.get() if _ext.available() else None
+        if C is None or not hasattr(C, "adam_step"):
+            return None
+        out, dev = [], None
+        for g in self.param_groups:
+            if g.get("amsgrad") or g.get("weight_decay", 0) != 0 or g.get("maximize") or g.get("differentiable"):
+                return None
+            for p in g["params"]:
+                if p.dtype != torch.float32 or not p.is_cuda or (dev is not None and p.device != dev) \
+                        or not p.is_contiguous():
+                    return None
+                dev = p.device
+                if p.grad is not None and (p.grad.is_sparse or p.grad.dtype != torch.float32
+                                           or not p.grad.is_contiguous()):
+                    return None
+            ps = [p for p in g["params"] if p.grad is not None]
+            out.append((g, ps))
+        return out
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        groups = None if closure is not None else self._kernel_groups()
+        if groups is None:
+            return super().step(closure)
+        lists = [[] for _ in range(10)]
+        for g, ps in groups:
+            b1, b2 = g["betas"]
+            lr = g["lr"]
+            for p in ps:
+                st = self.state[p]
+                if len(st) == 0:
+                    st["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                lt = lr if isinstance(lr, torch.Tensor) else None
+                for lst, v in zip(lists, (p, p.grad, st["exp_avg"], st["exp_avg_sq"], st["step"],
+                                          0.0 if lt is not None else float(lr), lt, float(b1), float(b2),
+                                          float(g["eps"]))):
+                    lst.append(v)
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is not None:
+            found_inf = found_inf.reshape(1).to(lists[0][0].device, torch.float32) if lists[0] else None
+        C = _ext.get()
+        for i in range(0, len(lists[0]), 16):  # the kernel takes at most 16 groups a launch
+            C.adam_step(*(lst[i:i + 16] for lst in lists), found_inf)
+        return None
+
+
+def make_optimizer(model, cfg: TrainConfig, extent: float, extra_groups: list | None = None) -> Adam:
     """Fused Adam (betas 0.9, 0.999; eps ``cfg.adam_eps``) with one group per model parameter, made leaf tensors
     requiring grad. ``extra_groups``: dicts ``{"name": path, "lr": float, "per_gaussian": bool}`` for further
     tensors of the model (e.g. an appearance module); their lr is kept as given."""
@@ -100,9 +170,9 @@ def make_optimizer(model, cfg: TrainConfig, extent: float, extra_groups: list | 
             raise ValueError(f"make_optimizer: {spec['name']} has {p.shape[0]} rows, the model {n} Gaussians")
         _set_tensor(model, spec["name"], p)
         groups.append({"params": [p], "lr": float(spec["lr"]), "name": spec["name"], "per_gaussian": per_gaussian})
-    # fused: one kernel per group instead of a handful, and the device-side skip of a non-finite step
-    # (``optimizer.found_inf``, see Trainer.step)
-    return torch.optim.Adam(groups, lr=0.0, eps=cfg.adam_eps, fused=True)
+    # on CUDA all groups in one launch (Adam above); elsewhere torch's fused Adam: one kernel per group instead of
+    # a handful. Both skip a non-finite step on the device (``optimizer.found_inf``, see Trainer.step)
+    return Adam(groups, lr=0.0, eps=cfg.adam_eps, fused=True)
 
 
 def set_learning_rates(optimizer: torch.optim.Optimizer, lrs: dict, eps: float | None = None) -> None:
