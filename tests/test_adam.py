@@ -45,13 +45,22 @@ def set_grads(rng, groups_list):
             p.grad = g.to(p.device, p.dtype).clone()
 
 
-def assert_matches(opt, ref, rtol=1e-5, atol=1e-6):
+def rel(a, b):
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def assert_matches(opt, ref):
+    """Parameters to 1e-6 absolute (steps are ~lr ≤ 1e-2 each), moments in norm: exp_avg to 1e-5 relative, exp_avg_sq
+    to 2e-4 — in float32 1 − β₂ itself carries up to ulp(1)/(1 − β₂) ≈ 6e-5 relative at β₂ = 0.999 (torch's fused
+    Adam as much; seen on the H200). Elementwise relative checks of the moments would fail on honest rounding where
+    two steps' gradients cancel."""
     for g, h in zip(opt.param_groups, ref.param_groups):
         p, q = g["params"][0], h["params"][0]
-        torch.testing.assert_close(p.detach().cpu().double(), q.detach(), rtol=rtol, atol=atol, msg=g["name"])
+        torch.testing.assert_close(p.detach().cpu().double(), q.detach(), rtol=1e-5, atol=1e-6, msg=g["name"])
         s, t = opt.state[p], ref.state[q]
-        for k in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(s[k].cpu().double(), t[k], rtol=rtol, atol=1e-9, msg=f"{g['name']} {k}")
+        errors = {k: rel(s[k], t[k]) for k in ("exp_avg", "exp_avg_sq")}
+        assert errors["exp_avg"] <= 1e-5 and errors["exp_avg_sq"] <= 2e-4, f"{g['name']}: {errors}"
         assert float(s["step"]) == float(t["step"])
         assert s["step"].dtype == torch.float32 and s["step"].device == p.device and s["step"].dim() == 0
 
@@ -156,7 +165,7 @@ def test_device_learning_rates_equal_host_ones_and_replay_in_a_graph(rng):
     torch.cuda.synchronize()
     for g, h in zip(host.param_groups, opt.param_groups):
         assert torch.equal(g["params"][0], h["params"][0]), g["name"]
-        assert float(host.state[g["params"][0]]["step"]) == float(opt.state[h["params"][0]]["step"]) == 5
+        assert float(host.state[g["params"][0]]["step"]) == float(opt.state[h["params"][0]]["step"]) == 4
 
 
 @gpu
