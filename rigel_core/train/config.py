@@ -6,7 +6,9 @@ Rendering" (SIGGRAPH 2023) §5–6 and the defaults of its released ``arguments/
 
 The trainer reads the config **every step**, so a viewer may edit any field while training runs (learning
 rates, loss weight, the densification schedule and thresholds, the cap). Two exceptions, fixed at
-construction: ``sh_degree`` (it sizes the SH tensors) and the initialisation fields (``init_*``).
+construction: ``sh_degree`` (it sizes the SH tensors) and the initialisation fields (``init_*``,
+``auto_background_points``). "auto" values (``strategy``, ``init_background_points``) are resolved by the Trainer
+from its dataset when it is made; its config then holds the concrete values.
 """
 from __future__ import annotations
 

@@ -271,8 +271,6 @@ def background_init_points(frames, points, n: int, center, extent: float, *, rad
     return out_p.float(), out_c
 
 
-
-
 def sfm_view_coverage(frames, points, cells: int = 8, max_frames: int = 64, max_points: int = 100_000) -> float:
     """How much of the training views the SfM points reach: for each frame, the fraction of a ``cells`` × ``cells``
     grid over its image (cells of W/cells × H/cells px) that holds at least one SfM point projected in front of the
