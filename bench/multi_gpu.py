@@ -148,7 +148,7 @@ def _train_worker(rank, world, port, job, args, out_path):
                    "final_psnr": evals[-1]["psnr"], "final_ssim": evals[-1]["ssim"],
                    "num_gaussians": tr.model.num_gaussians, "target_db": args.target, "time_to_target_s": t_target,
                    "allreduce_s": comm.reduce_seconds if comm is not None else 0.0,
-                   "evals": evals, "config": cfg.to_dict(), "device": _device_name(dev)}
+                   "evals": evals, "config": tr.config.to_dict(), "device": _device_name(dev)}
             Path(out_path).write_text(json.dumps(res, indent=1))
     finally:
         if comm is not None:

@@ -7,9 +7,12 @@ Per capture (a dataset folder ``rigel_core.data.load_dataset`` reads: COLMAP, in
   transforms.json data), ``--downscale``, the loader's background (black unless ``--white-bg``);
 * the **same start**: one initial ``GaussianModel`` built by rigel's ``Trainer`` (the dataset's SfM points and
   their colours, isotropic scales = mean distance to the 3 nearest neighbours, opacity 0.1, identity rotations,
-  SH degree 3 with zero higher-order coefficients; 100k random points when the dataset has no points). rigel
-  trains from a copy of its tensors, gsplat from another; ``--rigel-config`` overrides that change rigel's
-  initial model (``init_*``, ``sh_degree``) therefore change both starts, every other override only rigel;
+  SH degree 3 with zero higher-order coefficients; 100k random points when the dataset has no points; plus
+  the background points ``init_background_points`` adds — by default "auto": 20000 when the SfM points reach
+  under half of the median training view, as on bonsai). rigel trains from a copy of its tensors, gsplat from
+  another; ``--rigel-config`` overrides that change rigel's initial model (``init_*``, ``sh_degree``) therefore
+  change both starts, every other override only rigel. The rigel runs' Trainers, given that model, resolve
+  "auto" (background count and strategy) from the dataset exactly as the Trainer that built it did;
 * the **same objective and schedule**: (1 − 0.2)·L1 + 0.2·(1 − SSIM) with rigel's SSIM
   (``rigel_core.train.losses``: 11×11 Gaussian window σ 1.5, zero padding), Adam (eps 1e-15) at the 3DGS rates
   (means 1.6e-4·extent decaying exponentially to 1.6e-6·extent over the run — ``rigel_core.train.optim.position_lr``
@@ -23,7 +26,8 @@ The two loops:
 
 * ``rigel``: ``rigel_core.train.Trainer`` with ``TrainConfig(iterations=max(--iters), eval_every=0)`` and otherwise
   its defaults (plus ``--rigel-config key=value`` overrides), ``Trainer.step()`` in a loop. Its default strategy
-  "auto" is the MCMC budget (1M) on a capture with SfM points — rigel's default against gsplat's default loop
+  "auto" is the MCMC budget (1M) on a capture with SfM points, 3DGS's densification where background points
+  were added automatically (a partial SfM: bonsai) — rigel's default against gsplat's default loop
   (``--rigel-config strategy=default`` compares 3DGS's densification on both sides; real.md names each run's
   strategy); with ``rigel-mcmc`` in ``--methods`` the ``rigel`` run is ``strategy="default"`` (the comparison's
   base) unless ``--rigel-config strategy=…`` says otherwise.
@@ -602,7 +606,10 @@ def markdown(results: dict) -> str:
             if method in RIGEL_METHODS and conf.get("strategy"):
                 notes.append(f"- {sc['scene']} {method}: densification {conf['strategy']}"
                              + (f" (budget {conf['max_gaussians']:,} Gaussians)" if conf["strategy"] == "mcmc" else
-                                " (3DGS's clone / split / prune)"))
+                                " (3DGS's clone / split / prune)")
+                             + (f", {conf['init_background_points']:,} background points in the start"
+                                if isinstance(conf.get("init_background_points"), int)
+                                and conf["init_background_points"] > 0 else ""))
             for c in r["checkpoints"]:
                 it = f"{c['iteration']:,}"
                 if r.get("stopped_at") == c["iteration"]:

@@ -315,12 +315,16 @@ def validate_view_stack(path, tensors: dict, n_train_views=None) -> None:
 def _config_of(path, meta: dict):
     """The saved TrainConfig, validated; CheckpointError naming the file and the field. A config without
     ``strategy`` was saved before the field existed, when every run used 3DGS's densification: it stays
-    "default" (the field's default now, "auto", would turn such a run into the MCMC budget on resume)."""
+    "default" (the field's default now, "auto", would turn such a run into the MCMC budget on resume). Likewise a
+    config without ``init_background_points`` started without background points: it stays 0 (not "auto", which
+    on a partial SfM would also switch an "auto" strategy). rigel saves resolved configs: an integer there, kept."""
     d = meta.get("config")
     if not isinstance(d, dict):
         _fail(path, "metadata config", "missing or not an object")
     if "strategy" not in d:
         d = {**d, "strategy": "default"}
+    if "init_background_points" not in d:
+        d = {**d, "init_background_points": 0}
     try:
         cfg = TrainConfig.from_dict(d)
         cfg.validate()

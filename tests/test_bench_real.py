@@ -6,6 +6,7 @@ through a stand-in ``gsplat`` module: ``rasterization`` built on rigel's referen
 densification off on both sides, the two loops must then follow the same trajectory (same start, view order,
 learning rates, loss and SH ramp) — a check that the benchmark gives both methods the same protocol.
 """
+import dataclasses
 import json
 import math
 import sys
@@ -133,11 +134,30 @@ def sfm_dataset(rng, n=120, size=24, n_train=5, n_test=2):
                    points=sfm, point_colors=cols.double().numpy())
 
 
+def test_automatic_background_points_are_in_the_shared_start_and_the_rigel_run(rng):
+    """On a partial SfM "auto" adds background points: they are in the start both methods share, and the rigel
+    run (a Trainer given that start) records the same count and the strategy they bring (3DGS's densification)."""
+    from rigel_core.train import sfm_view_coverage
+
+    ds = sfm_dataset(rng, n=60, size=16, n_train=3, n_test=1)
+    assert sfm_view_coverage(ds.train, ds.points) < 0.5  # the object only: a partial SfM
+    cfg = TrainConfig(iterations=2, eval_every=0, sh_degree=0, auto_background_points=25)
+    dev = torch.device("cpu")
+    base = real.initial_model(ds, cfg, dev)
+    assert base.num_gaussians == 60 + 25
+    rig = real.run_rigel(ds, base, cfg, [2], None, dev, "rigel")
+    assert (rig["config"]["init_background_points"], rig["config"]["strategy"]) == (25, "default")
+    no_bg = real.initial_model(ds, dataclasses.replace(cfg, init_background_points=0), dev)
+    assert no_bg.num_gaussians == 60
+    assert torch.equal(base.means3D[:60], no_bg.means3D)
+
+
 # ---- the two halves follow one protocol ---------------------------------------------------------------------
 def test_gsplat_loop_follows_rigels_trajectory(rng, fake_gsplat):
     ds = sfm_dataset(rng)
     cfg = TrainConfig(iterations=12, eval_every=0, seed=3, sh_degree=1, sh_degree_interval=5, densify_from=FAR,
-                      opacity_reset_interval=FAR, strategy="default")  # (auto: MCMC's noise on an SfM capture)
+                      opacity_reset_interval=FAR, strategy="default",  # (auto: MCMC's noise on an SfM capture)
+                      init_background_points=0)  # the SfM points alone (auto: background points on this capture)
     gcfg = TrainConfig(iterations=12, eval_every=0, seed=3, sh_degree_interval=5)
     dev = torch.device("cpu")
     base = real.initial_model(ds, cfg, dev)
@@ -170,7 +190,7 @@ def test_gsplat_loop_follows_rigels_trajectory(rng, fake_gsplat):
 def test_gsplat_loop_follows_densification_and_time_limit(rng, fake_gsplat, monkeypatch):
     ds = sfm_dataset(rng, n=40, size=16, n_train=3, n_test=1)
     dev = torch.device("cpu")
-    base = real.initial_model(ds, TrainConfig(iterations=9, sh_degree=0), dev)
+    base = real.initial_model(ds, TrainConfig(iterations=9, sh_degree=0, init_background_points=0), dev)
     monkeypatch.setattr(sys.modules["gsplat"], "DefaultStrategy", lambda: FakeStrategy(dup_every=2))
     cfg = TrainConfig(iterations=9, eval_every=0)
     res = real.run_gsplat(ds, base, cfg, [9], None, dev, 0, "gsplat")

@@ -63,8 +63,10 @@ def make_dataset(rng, n_gauss=150, size=64, n_train=24, n_test=6, white_bg=False
 
 
 def small_config(**kw):
+    # init_background_points explicit (no "auto": its 20000 points would swamp these models); the tests of "auto"
+    # ask for it
     base = dict(iterations=300, init_points=200, densify_from=50, densify_interval=50, densify_until=250,
-                eval_every=0, sh_degree=1, sh_degree_interval=100, seed=0)
+                eval_every=0, sh_degree=1, sh_degree_interval=100, seed=0, init_background_points=0)
     base.update(kw)
     return TrainConfig(**base)
 
@@ -740,6 +742,153 @@ def test_trainer_suggests_background_points_when_the_sfm_leaves_the_views_empty(
     assert Trainer(ds, small_config(), device="cpu").init_note is None
     ds.points = None  # random initialisation: nothing to say
     assert Trainer(ds, small_config(), device="cpu").init_note is None
+
+
+# ---- init_background_points = "auto" (with strategy "auto") ----------------------------------------------------------
+def _partial_sfm_dataset(rng, covered=False):
+    """The bonsai case in small: SfM points on an object's core (16–21 % of a view's 8x8 cells), or with
+    ``covered`` also on the room's walls around the cameras (every cell)."""
+    scene, obj = _object_in_a_room(rng, n_room=300)
+    ds = make_dataset(rng, size=20, n_train=6, n_test=1, scene=scene)
+    pts = 0.5 * obj.means3D.double().numpy()
+    if covered:
+        d = torch.randn(3000, 3, generator=rng, dtype=torch.float64)
+        pts = np.concatenate([pts, 6.0 * (d / d.norm(dim=1, keepdim=True)).numpy()])
+    ds.points, ds.point_colors = pts, np.full((len(pts), 3), 0.5)
+    return ds
+
+
+def _auto_config(**kw):
+    return small_config(**{"init_background_points": "auto", "auto_background_points": 40, **kw})
+
+
+def test_auto_background_on_a_partial_sfm_adds_points_and_picks_3dgs_densification(rng):
+    from rigel_core.train import sfm_view_coverage
+    from rigel_core.train.trainer import SPARSE_SFM_COVERAGE
+
+    ds = _partial_sfm_dataset(rng)
+    m = len(ds.points)
+    cover = sfm_view_coverage(ds.train, ds.points)
+    assert cover < SPARSE_SFM_COVERAGE
+    cfg = _auto_config()
+    assert TrainConfig().init_background_points == "auto" and TrainConfig().auto_background_points == 20_000
+    tr = Trainer(ds, cfg, device="cpu")
+    assert tr.sfm_coverage == cover
+    assert (tr.config.init_background_points, tr.config.strategy, tr.config.max_gaussians) == (40, "default",
+                                                                                               3_000_000)
+    assert tr.model.num_gaussians == m + 40
+    explicit = Trainer(ds, small_config(init_background_points=40, strategy="default"), device="cpu")
+    assert torch.equal(tr.model.means3D, explicit.model.means3D)  # exactly what the explicit count gives
+    assert f"{cover:.0%}" in tr.init_note and "40 background points" in tr.init_note \
+        and "--init-background 0" in tr.init_note
+    assert tr.strategy_note.startswith("strategy auto: default") and f"{cover:.0%}" in tr.strategy_note \
+        and "--init-background 0" in tr.strategy_note
+    assert (cfg.init_background_points, cfg.strategy) == ("auto", "auto")  # the caller's config is left as given
+    tr.step()
+    assert tr.is_consistent()
+    # a run started from a given model (bench/real.py trains from another Trainer's initial model) resolves the
+    # same, and says nothing about an initialisation it did not make
+    again = Trainer(ds, cfg, model=tr.model, device="cpu")
+    assert again.config == tr.config and again.init_note is None and again.strategy_note == tr.strategy_note
+    # an explicit strategy is never overridden: the points are added, the MCMC budget stays
+    mc = Trainer(ds, _auto_config(strategy="mcmc", max_gaussians=500), device="cpu")
+    assert (mc.config.init_background_points, mc.config.strategy, mc.config.max_gaussians) == (40, "mcmc", 500)
+    assert mc.model.num_gaussians == m + 40 and mc.strategy_note is None and "40 background points" in mc.init_note
+
+
+def test_auto_background_on_a_covering_sfm_adds_none_and_keeps_the_mcmc_budget(rng):
+    ds = _partial_sfm_dataset(rng, covered=True)
+    tr = Trainer(ds, _auto_config(auto_mcmc_budget=5000), device="cpu")
+    assert tr.sfm_coverage >= 0.5
+    assert (tr.config.init_background_points, tr.config.strategy, tr.config.max_gaussians) == (0, "mcmc", 5000)
+    assert tr.model.num_gaussians == len(ds.points) and tr.init_note is None
+    assert f"{tr.sfm_coverage:.0%}" in tr.strategy_note and "mcmc" in tr.strategy_note
+
+
+def test_explicit_zero_background_on_a_partial_sfm_adds_none_and_suggests(rng):
+    ds = _partial_sfm_dataset(rng)
+    tr = Trainer(ds, small_config(init_background_points=0, auto_mcmc_budget=5000), device="cpu")
+    assert (tr.config.init_background_points, tr.config.strategy, tr.config.max_gaussians) == (0, "mcmc", 5000)
+    assert tr.model.num_gaussians == len(ds.points)
+    assert "--init-background" in tr.init_note and f"{tr.sfm_coverage:.0%}" in tr.init_note
+    # a given model with an explicit count: nothing to initialise, so nothing measured or suggested
+    given = Trainer(ds, small_config(init_background_points=0, strategy="default"), model=tr.model, device="cpu")
+    assert given.sfm_coverage is None and given.init_note is None and given.config.init_background_points == 0
+
+
+def test_auto_background_without_sfm_points_is_random_init_and_default(rng):
+    ds = make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=0)
+    tr = Trainer(ds, _auto_config(), device="cpu")
+    assert (tr.config.init_background_points, tr.config.strategy) == (0, "default")
+    assert tr.model.num_gaussians == 200 and tr.sfm_coverage is None and tr.init_note is None
+    assert "no SfM points" in tr.strategy_note
+
+
+def test_the_resolved_config_never_holds_auto_and_an_old_checkpoint_resumes_unchanged(rng, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from rigel_core.checkpoint import read_checkpoint
+    from rigel_core.cli.common import resume_config
+
+    ds = _partial_sfm_dataset(rng)
+    tr = Trainer(ds, _auto_config(), device="cpu")
+    tr.step()
+    path = tmp_path / "c.safetensors"
+    tr.save_checkpoint(path)
+    _, meta = read_checkpoint(path)
+    saved = meta["config"]
+    assert (saved["init_background_points"], saved["strategy"]) == (40, "default")
+    assert "auto" not in {v for v in saved.values() if isinstance(v, str)}
+    assert TrainConfig.from_dict(saved) == tr.config  # a re-run from the saved config does the same thing
+    assert Trainer(ds, TrainConfig.from_dict(saved), device="cpu").model.num_gaussians == len(ds.points) + 40
+    # a run of today's old defaults on this capture (explicit 0, MCMC) resumes as it was, nothing re-decided
+    old = Trainer(ds, small_config(init_background_points=0, strategy="mcmc", max_gaussians=900), device="cpu")
+    old.step()
+    old.save_checkpoint(path := tmp_path / "old.safetensors")
+    resumed = Trainer.from_checkpoint(path, ds, device="cpu")
+    assert (resumed.config.init_background_points, resumed.config.strategy, resumed.config.max_gaussians) == (
+        0, "mcmc", 900)
+    assert resumed.strategy_note is None and resumed.init_note is None and resumed.sfm_coverage is None
+    assert resume_config(path, {"iterations": 50}).init_background_points == 0
+    # a checkpoint from before the field existed started without background points: 0, not "auto"
+    _, meta = read_checkpoint(path)
+    del meta["config"]["init_background_points"], meta["config"]["auto_background_points"]
+    save_file(load_file(path), path, metadata={"rigel": json.dumps(meta)})
+    resumed = Trainer.from_checkpoint(path, ds, device="cpu")
+    assert (resumed.config.init_background_points, resumed.config.strategy) == (0, "mcmc")
+
+
+@pytest.mark.parametrize("bad", ["x", -1, True, None, 1.5, [3]])
+def test_init_background_points_validation(bad):
+    with pytest.raises(ValueError, match="init_background_points must be") as e:
+        TrainConfig(init_background_points=bad).validate()
+    assert "\n" not in str(e.value)
+    for good, want in (("auto", "auto"), (0, 0), (7, 7), (7.0, 7)):
+        cfg = TrainConfig(init_background_points=good)
+        cfg.validate()
+        assert cfg.init_background_points == want
+    with pytest.raises(ValueError, match="auto_background_points"):
+        TrainConfig(auto_background_points=0).validate()
+
+
+def test_cli_init_background_takes_auto_or_a_count(capsys):
+    from rigel_core.cli.common import config_overrides, new_config
+    from rigel_core.cli.train import build_parser
+
+    def parse(*argv):
+        return build_parser().parse_args(["--data", "d", "--out", "o", *argv])
+
+    assert "init_background_points" not in config_overrides(parse())  # the default: TrainConfig's "auto"
+    for text, want in (("auto", "auto"), ("AUTO", "auto"), ("0", 0), ("20000", 20000)):
+        args = parse("--init-background", text)
+        assert config_overrides(args)["init_background_points"] == want
+        assert new_config(args, config_overrides(args)).init_background_points == want
+    assert config_overrides(parse("--set", "init_background_points=auto"))["init_background_points"] == "auto"
+    for bad in ("lots", "-3", "1.5", ""):
+        with pytest.raises(SystemExit):
+            parse("--init-background", bad)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].endswith(f"argument --init-background: expected a count ≥ 0 or 'auto', got {bad!r}")
 
 
 @pytest.mark.parametrize("name,partial", [("bonsai", True), ("fern", False), ("beer", False)])

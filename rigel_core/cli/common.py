@@ -47,8 +47,10 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--exposure", action="store_true", default=None,
         help="learn a per-training-image affine colour correction (held-out views are also scored by "
              "fitting it on the left half and scoring the right half)")
-    add("--init-background", type=int, default=None, metavar="N",
-        help="add N background points behind the SfM points along training rays (default 0)")
+    add("--init-background", type=background_count, default=None, metavar="N|auto",
+        help="add N background points behind the SfM points along training rays; auto (the default): 20000 "
+             "when the SfM points reach under half of the median training view (and --strategy auto then "
+             "picks 3DGS's densification), else 0; 0 turns them off")
     add("--position-lr-max-steps", type=int, default=None, metavar="N",
         help="iterations over which the position lr decays (default: --iters; 3DGS: 30000)")
     # anti-aliased render mode and the Gaussian budget (issue 17)
@@ -69,6 +71,20 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--eval-every", type=int, default=None, help="held-out evaluation interval (0 = only at the end)")
     add("--seed", type=int, default=None, help="random seed")
     add("--resume", action="store_true", help=f"continue from RUN/{CHECKPOINT_NAME}")
+
+
+def background_count(text: str):
+    """``--init-background``'s value: "auto", or a count ≥ 0 (an int); argparse's one-line error otherwise."""
+    t = text.strip()
+    if t.lower() == "auto":
+        return "auto"
+    try:
+        n = int(t)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a count ≥ 0 or 'auto', got {text!r}")
+    return n
 
 
 @contextlib.contextmanager

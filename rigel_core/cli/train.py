@@ -4,7 +4,7 @@
                 [--downscale N]
                 [--max-gaussians N] [--eval-every N] [--resume] [--device cuda|cpu] [--seed S]
                 [--init-points N] [--sh-degree D] [--test-every N] [--checkpoint-every N] [--n-renders K]
-                [--exposure] [--init-background N] [--position-lr-max-steps N] [--render-mode default|mip]
+                [--exposure] [--init-background N|auto] [--position-lr-max-steps N] [--render-mode default|mip]
                 [--strategy default|mcmc] [--set FIELD=VALUE ...] [--batch-size B] [--gpus N] [--dist-check-every K]
 
 ``DIR`` is any dataset :func:`rigel_core.data.load_dataset` reads (Blender ``transforms_{train,test}.json``,
@@ -32,7 +32,9 @@ Options for real captures (docs/TRAINING.md, "Real captures"): ``--exposure`` le
 colour correction (``TrainConfig.exposure``; held-out views are then also scored by fitting the correction on
 the left half of each image and scoring the right half); ``--init-background N`` adds N background points behind
 the SfM points along training rays (``TrainConfig.init_background_points``; for captures whose SfM covers only
-the object); ``--position-lr-max-steps N`` sets the horizon of the position lr decay (``TrainConfig.
+the object; the default ``auto`` adds 20000 when the SfM points reach under half of the median training view,
+and ``--strategy auto`` then trains with 3DGS's densification; ``0`` turns them off);
+``--position-lr-max-steps N`` sets the horizon of the position lr decay (``TrainConfig.
 position_lr_max_steps``; default the run's length — 3DGS uses 30000 whatever the run's length). On ``--resume``
 these keep the saved run's values unless given again. ``--set FIELD=VALUE`` (repeatable) sets any
 :class:`~rigel_core.train.TrainConfig` field, the value read as JSON (``--set densify_until=5000

@@ -46,7 +46,7 @@ from ..data.frames import common_size_frames, downscale_frame, frame_mask
 from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
-from .config import TrainConfig, resolve_strategy
+from .config import SPARSE_SFM_COVERAGE, TrainConfig, resolve_init_background, resolve_strategy  # noqa: F401
 from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_grad, prepare_means2D_grad, \
     reset_opacity
 from .exposure import Exposure, exposure_lr, left_right_metrics
@@ -271,10 +271,6 @@ def background_init_points(frames, points, n: int, center, extent: float, *, rad
     return out_p.float(), out_c
 
 
-#: below this SfM coverage of the median training view (:func:`sfm_view_coverage`) the log suggests background points
-SPARSE_SFM_COVERAGE = 0.5
-
-
 def sfm_view_coverage(frames, points, cells: int = 8, max_frames: int = 64, max_points: int = 100_000) -> float:
     """How much of the training views the SfM points reach: for each frame, the fraction of a ``cells`` × ``cells``
     grid over its image (cells of W/cells × H/cells px) that holds at least one SfM point projected in front of the
@@ -321,8 +317,8 @@ class Trainer:
             the pixels that count, None = all); ``scene_center``,
             ``scene_extent``, ``points``, ``point_colors``, ``white_bg``).
         config: a :class:`TrainConfig` (default: 3DGS defaults); edited live, read at every step. One whose
-            ``strategy`` is "auto" is copied and resolved (:func:`~rigel_core.train.config.resolve_strategy`):
-            :attr:`config` is then the copy in use.
+            ``strategy`` or ``init_background_points`` is "auto" is copied and resolved from the dataset
+            (:meth:`_resolve_auto`): :attr:`config` is then the copy in use, holding no "auto".
         model: start from this model (its SH are padded/truncated to ``config.sh_degree``); default: SfM
             points when the dataset has them, else :func:`random_init_points`.
         device: where to train (default: CUDA when available with built kernels, else CPU).
@@ -335,15 +331,6 @@ class Trainer:
                  device=None):
         cfg = config if config is not None else TrainConfig()
         cfg.validate()
-        if cfg.strategy == "auto":  # resolved on a copy: the caller's config may start other runs (other data)
-            cfg = dataclasses.replace(cfg)
-        pts = getattr(dataset, "points", None)
-        #: a hint about the initialisation for the log (SfM points that leave most of the views empty), or None
-        self.init_note: str | None = None
-        #: what ``strategy = "auto"`` became and why (one line for the log), None when it was explicit
-        self.strategy_note = resolve_strategy(cfg, pts is not None and len(pts) > 0,
-                                              model.num_gaussians if model is not None else 0)
-        self.config = cfg
         if device is None:
             from .. import cuda_available
 
@@ -359,6 +346,7 @@ class Trainer:
             if tuple(f.image.shape) != (h, w, 3):
                 raise ValueError(f"Trainer: frame {f.name!r} image has shape {tuple(f.image.shape)}, "
                                  f"its camera expects ({h}, {w}, 3)")
+        self.config = cfg = self._resolve_auto(cfg, model)
         src = getattr(dataset, "path", "") or "the dataset"
 
         def no_valid_pixel(f) -> bool:
@@ -424,6 +412,39 @@ class Trainer:
         self.comm = None
 
     # ---- initialisation -------------------------------------------------------------------------------
+    def _resolve_auto(self, cfg: TrainConfig, model: GaussianModel | None) -> TrainConfig:
+        """The config this run uses: ``cfg`` itself when nothing in it is "auto", else a resolved copy (the caller's
+        config may start other runs, on other data). ``init_background_points = "auto"`` and ``strategy = "auto"``
+        are decided together, from the dataset alone (:func:`~.config.resolve_init_background`, then
+        :func:`~.config.resolve_strategy`): the same with or without a given ``model`` (a run started from another
+        Trainer's initial model, bench/real.py, resolves as that Trainer did), so the resolved config — what
+        metrics.json and the checkpoint record, never "auto" — re-runs the same way. Sets :attr:`sfm_coverage`,
+        :attr:`init_note` (only when this Trainer builds the initial model) and :attr:`strategy_note`.
+
+        The SfM coverage (:func:`sfm_view_coverage`, sampled: well under a second) is measured once, from the
+        loaded training frames' cameras and the SfM points (the frames :meth:`initial_model` samples, before
+        :func:`common_size_frames` pads them), and only when something reads it: an "auto" count, or an explicit
+        0 whose initialisation may deserve the suggestion."""
+        pts = getattr(self.dataset, "points", None)
+        has_sfm = pts is not None and len(pts) > 0
+        auto_bg = cfg.init_background_points == "auto"
+        if auto_bg or cfg.strategy == "auto":
+            cfg = dataclasses.replace(cfg)
+        #: ``sfm_view_coverage`` of the training views (median fraction of 8x8 cells the SfM points reach), or None
+        #: when not measured (no SfM points, or an explicit count that needs no note)
+        self.sfm_coverage: float | None = None
+        if has_sfm and (auto_bg or (cfg.init_background_points == 0 and model is None)):
+            self.sfm_coverage = sfm_view_coverage(self.train_frames, pts)
+        note = resolve_init_background(cfg, self.sfm_coverage)
+        #: a line for the log about the initialisation (what "auto" added and why, or the suggestion to add
+        #: background points when the SfM points leave most of the views empty), or None
+        self.init_note: str | None = note if model is None else None
+        #: what ``strategy = "auto"`` became and why (one line for the log), None when it was explicit
+        self.strategy_note = resolve_strategy(cfg, has_sfm, model.num_gaussians if model is not None else 0,
+                                              auto_background=auto_bg and cfg.init_background_points > 0,
+                                              coverage=self.sfm_coverage)
+        return cfg
+
     def initial_model(self) -> GaussianModel:
         """SfM points (with their colours) when the dataset has them — plus ``init_background_points``
         background points (:func:`background_init_points`) when that is > 0 — else ``init_points`` random points;
@@ -440,12 +461,6 @@ class Trainer:
                 cols = torch.as_tensor(np.asarray(cols), dtype=torch.float32)
                 if cols.numel() and cols.max() > 1.0:  # 8-bit colours
                     cols = cols / 255.0
-            if cfg.init_background_points == 0:
-                cover = sfm_view_coverage(self.train_frames, pts)
-                if cover < SPARSE_SFM_COVERAGE:
-                    self.init_note = (f"the SfM points reach {cover:.0%} of the median training view (8x8 cells): "
-                                      "the rest starts empty; --init-background 20000 adds points behind them "
-                                      "(bonsai: 28%, +1.7 dB at 7k; docs/TRAINING.md)")
             if cfg.init_background_points > 0:
                 bp, bc = background_init_points(self.train_frames, pts, cfg.init_background_points,
                                                 self.dataset.scene_center, self.extent,
