@@ -63,8 +63,9 @@ __device__ __forceinline__ bool load_input(int64_t g, bool valid, int L, const f
     for (int i = 0; i < IN_PAD; ++i) x[i] = 0.f;
     len = 0.f;
     if (!valid) return false;
-    bool finite = isfinite(means3D[3 * g + 0]) && isfinite(means3D[3 * g + 1]) && isfinite(means3D[3 * g + 2]);
-    for (int i = 0; i < L; ++i) finite = finite && isfinite(latents[g * L + i]);
+    // bitwise &: independent loads, not a chain (sh_row_finite in sh_common.cuh)
+    bool finite = isfinite(means3D[3 * g + 0]) & isfinite(means3D[3 * g + 1]) & isfinite(means3D[3 * g + 2]);
+    for (int i = 0; i < L; ++i) finite &= isfinite(latents[g * L + i]);
     if (!finite) return false;
     const float dx = means3D[3 * g + 0] - __ldg(campos + 0);
     const float dy = means3D[3 * g + 1] - __ldg(campos + 1);

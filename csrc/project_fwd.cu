@@ -52,9 +52,12 @@ __global__ void __launch_bounds__(kBlock1D) project_fwd_kernel(
     // The cull rule covers the colour too (docs/PIPELINE.md "Non-finite parameters"): the colour stages mark a
     // Gaussian with a non-finite SH coefficient or latent by a NaN colour, and a colour that overflowed is Inf.
     // Drawn, either would turn its tiles NaN (0 * Inf in the blend).
-    if (colors != nullptr)
+    if (colors != nullptr) {
+        bool colors_finite = true;  // bitwise &: the loads do not wait on each other (sh_row_finite)
         for (int ch = 0; ch < colors_per_gaussian; ++ch)
-            if (!isfinite(colors[static_cast<int64_t>(colors_per_gaussian) * g + ch])) return cull();
+            colors_finite &= isfinite(colors[static_cast<int64_t>(colors_per_gaussian) * g + ch]);
+        if (!colors_finite) return cull();
+    }
     const double qw = qf.x, qx = qf.y, qy = qf.z, qz = qf.w;
     const double qn2 = qw * qw + qx * qx + qy * qy + qz * qz;
     if (!(qn2 >= 1e-24)) return cull();  // degenerate quaternion
