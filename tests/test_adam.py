@@ -82,6 +82,26 @@ def test_cpu_parameters_take_torch_adam(rng):
         assert torch.equal(g["params"][0], h["params"][0])
 
 
+def test_make_optimizer_makes_every_parameter_contiguous(rng):
+    """A model read from a 3DGS PLY holds sh_rest as a channel-major transpose (not contiguous); the optimiser's
+    parameters (which the model then holds) are contiguous, so the one-launch Adam takes them on the GPU."""
+    from rigel_core.model import GaussianModel, PARAM_NAMES
+    from rigel_core.train.config import TrainConfig
+    from rigel_core.train.optim import make_optimizer
+
+    n = 7
+    tensors = [torch.randn(n, 3, generator=rng), torch.randn(n, 3, generator=rng), torch.randn(n, 4, generator=rng),
+               torch.randn(n, generator=rng), torch.randn(n, 1, 3, generator=rng),
+               torch.randn(n, 3, 15, generator=rng).transpose(1, 2)]
+    model = GaussianModel(*tensors)
+    assert not model.sh_rest.is_contiguous()
+    opt = make_optimizer(model, TrainConfig(), 1.0)
+    for g in opt.param_groups:
+        assert g["params"][0].is_contiguous() and g["params"][0] is getattr(model, g["name"])
+    assert torch.equal(model.sh_rest, tensors[5])
+    assert [g["name"] for g in opt.param_groups] == list(PARAM_NAMES)
+
+
 @gpu
 def test_one_launch_adam_matches_float64_adam(rng):
     groups = make_groups(rng, SHAPES, DEV, torch.float32)

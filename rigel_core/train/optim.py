@@ -164,7 +164,8 @@ def make_optimizer(model, cfg: TrainConfig, extent: float, extra_groups: list | 
     specs = [{"name": n, "lr": lrs[n], "per_gaussian": True} for n in PARAM_NAMES] + list(extra_groups or [])
     n = model.num_gaussians
     for spec in specs:
-        p = get_tensor(model, spec["name"]).detach().requires_grad_(True)
+        # contiguous: a PLY's sh_rest is a channel-major transpose; the one-launch Adam takes dense rows only
+        p = get_tensor(model, spec["name"]).detach().contiguous().requires_grad_(True)
         per_gaussian = bool(spec.get("per_gaussian", True))
         if per_gaussian and p.shape[0] != n:
             raise ValueError(f"make_optimizer: {spec['name']} has {p.shape[0]} rows, the model {n} Gaussians")
