@@ -15,7 +15,8 @@ Layout of the file (safetensors: a JSON header + raw little-endian tensors):
 
 The header's ``__metadata__`` holds one string entry ``"rigel"``: a JSON object with ``format`` (= 1),
 ``iteration``, ``nan_skips``, ``active_sh_degree``, ``extent``, ``config`` (:class:`~rigel_core.train.TrainConfig`
-fields) and ``eval_history``. Restoring all of it makes the next step identical to the one the
+fields), ``eval_history`` and, when the run's last iteration skipped its scheduled densification, ``deferred_schedule``
+(that iteration; ``Trainer.deferred_schedule``). Restoring all of it makes the next step identical to the one the
 uninterrupted run would have taken (tests/test_trainer.py checks bit equality on the CPU).
 
 Writes are atomic: the file is written next to its destination under a temporary name, flushed, fsync'ed and
@@ -92,6 +93,8 @@ def save_checkpoint(trainer, path) -> None:
         "config": trainer.config.to_dict(),
         "eval_history": [e.to_dict() for e in trainer.eval_history],
     }
+    if getattr(trainer, "deferred_schedule", None) is not None:  # the last iteration's skipped schedule (trainer.py)
+        meta["deferred_schedule"] = int(trainer.deferred_schedule)
     _atomic_save(tensors, meta, path)
 
 
@@ -225,6 +228,8 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
     # ---- the training state (--resume) ----
     it = _meta_int(path, meta, "iteration", 0, MAX_ITERATION)
     _meta_int(path, meta, "nan_skips", 0, it)
+    if meta.get("deferred_schedule") is not None:
+        _meta_int(path, meta, "deferred_schedule", it, it)  # only ever the checkpoint's own (last) iteration
     _meta_int(path, meta, "active_sh_degree", 0, 3)
     extent = meta.get("extent")
     if isinstance(extent, bool) or not isinstance(extent, (int, float)) or not math.isfinite(extent) or extent <= 0:
@@ -404,6 +409,8 @@ def load_trainer(path, dataset, *, device=None, config=None, trainer_cls):
     trainer.generator.set_state(tensors["rng.cpu"])
     trainer._view_stack = tensors["views.stack"].tolist()
     trainer.iteration = int(meta["iteration"])
+    deferred = meta.get("deferred_schedule")
+    trainer.deferred_schedule = None if deferred is None else int(deferred)
     trainer.nan_skips = int(meta.get("nan_skips", 0))
     trainer.model.active_sh_degree = int(meta.get("active_sh_degree", 0))
     trainer.eval_history = [EvalResult(**e) for e in meta.get("eval_history", [])]

@@ -92,6 +92,87 @@ def test_training_improves_heldout_psnr(rng):
     assert results[-1].sh_degree == 1 and results[98].sh_degree == 0 and results[99].sh_degree == 1
 
 
+def test_the_last_iteration_neither_densifies_nor_resets(rng):
+    """A run whose last iteration falls on both the densification and the opacity-reset schedule ends with the
+    model as trained (a --iters 3000 run used to end with every opacity at opacity_reset_value); one iteration
+    further on, the same iteration does both, so each branch is forced."""
+    ds = make_dataset(rng, n_gauss=40, size=24, n_train=4, n_test=1)
+    for iterations, last_acts in ((20, False), (21, True)):
+        cfg = small_config(iterations=iterations, init_points=60, densify_from=5, densify_interval=10,
+                           densify_until=100, opacity_reset_interval=20, grad_threshold=0.0)
+        tr = Trainer(ds, cfg, device="cpu")
+        results = [tr.step() for _ in range(20)]
+        assert results[9].densify is not None  # iteration 10: densified (a zero threshold takes every candidate)
+        r20 = results[19]
+        assert r20.iteration == 20
+        assert (r20.densify is not None) is last_acts and r20.opacity_reset is last_acts
+        top = float(tr.model.opacities.max())
+        assert (top <= cfg.opacity_reset_value + 1e-6) is last_acts, top
+
+
+def test_mcmc_never_relocates_at_the_last_iteration():
+    from rigel_core.train.mcmc import scheduled
+
+    cfg = TrainConfig(iterations=7000, densify_from=500, densify_until=15000, densify_interval=100)
+    assert scheduled(cfg, 6900) and not scheduled(cfg, 7000)
+    cfg.iterations = 7001
+    assert scheduled(cfg, 7000)
+
+
+@pytest.mark.parametrize("strategy", ["default", "mcmc"])
+def test_an_extended_run_equals_one_planned_longer(rng, tmp_path, strategy):
+    """The last iteration's skipped schedule (Trainer.deferred_schedule) runs first when the run goes on — live (a
+    larger ``iterations``) or through a checkpoint — so 20 + 10 iterations equal 30 planned, bit for bit on the
+    CPU, across the skipped densification and opacity reset (default) or relocation and growth (MCMC)."""
+    ds = make_dataset(rng, n_gauss=40, size=24, n_train=4, n_test=1)
+    kw = dict(init_points=60, densify_from=5, densify_interval=10, densify_until=100, opacity_reset_interval=20,
+              grad_threshold=1e-5, strategy=strategy, seed=int(torch.randint(0, 2 ** 31, (1,), generator=rng)),
+              position_lr_max_steps=30)  # the position lr schedule otherwise follows `iterations`
+    if strategy == "mcmc":
+        kw["max_gaussians"] = 200
+    planned = Trainer(ds, small_config(iterations=30, **kw), device="cpu")
+    short = Trainer(ds, small_config(iterations=20, **kw), device="cpu")
+    for _ in range(20):
+        planned.step()
+        short.step()
+    assert short.deferred_schedule == 20 and planned.deferred_schedule is None
+    assert short.model.num_gaussians != planned.model.num_gaussians or strategy == "default"
+    path = tmp_path / "c.safetensors"
+    short.save_checkpoint(path)
+    resumed = Trainer.from_checkpoint(path, ds, device="cpu")
+    assert resumed.deferred_schedule == 20
+    for t in (short, resumed):
+        t.config.iterations = 30
+    for _ in range(10):
+        results = [t.step() for t in (planned, short, resumed)]
+        assert len({r.num_gaussians for r in results}) == 1 and len({r.loss for r in results}) == 1
+    assert planned.deferred_schedule == short.deferred_schedule == resumed.deferred_schedule == 30  # 30 is last now
+    _assert_same_state(_state(planned), _state(short))
+    _assert_same_state(_state(planned), _state(resumed))
+
+
+def test_a_checkpoint_deferred_schedule_must_be_its_own_iteration(rng, tmp_path):
+    import json
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    ds = make_dataset(rng, n_gauss=20, size=16, n_train=3, n_test=1)
+    tr = Trainer(ds, small_config(iterations=10, init_points=30, densify_from=2, densify_interval=5), device="cpu")
+    for _ in range(10):
+        tr.step()
+    assert tr.deferred_schedule == 10
+    path = tmp_path / "c.safetensors"
+    tr.save_checkpoint(path)
+    with safe_open(str(path), "pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        meta = json.loads(f.metadata()["rigel"])
+    meta["deferred_schedule"] = 7
+    bad = tmp_path / "bad.safetensors"
+    save_file(tensors, str(bad), metadata={"rigel": json.dumps(meta)})
+    with pytest.raises(CheckpointError, match="deferred_schedule"):
+        Trainer.from_checkpoint(bad, ds, device="cpu")
+
+
 def test_learning_rates_sh_ramp_and_live_config(rng):
     ds = make_dataset(rng, n_gauss=20, size=16, n_train=4, n_test=1)
     cfg = small_config(iterations=100, init_points=30, sh_degree=3, sh_degree_interval=2, densify_from=1000)

@@ -71,7 +71,7 @@ from .optim import append_rows, per_gaussian_tensors, select_rows
 
 __all__ = ["MCMCReport", "split_mass", "sample_indices", "relocate_dead", "add_gaussians", "trim_to_cap",
            "position_noise", "add_position_noise", "noise_generator", "seed_noise", "scheduled", "regularizer",
-           "mcmc_step"]
+           "mcmc_step", "mcmc_relocate_and_grow"]
 
 #: largest float32 opacity below 1 the relocation hands out (logit ≈ 15.9)
 _MAX_OPACITY = 1.0 - torch.finfo(torch.float32).eps
@@ -239,10 +239,28 @@ def seed_noise(device, generator: torch.Generator | None) -> torch.Generator:
     return g
 
 
-def scheduled(cfg: TrainConfig, iteration: int) -> bool:
+def scheduled(cfg: TrainConfig, iteration: int, *, final_too: bool = False) -> bool:
     """Whether ``iteration`` relocates and grows (every ``densify_interval`` strictly between ``densify_from``
-    and ``densify_until``)."""
-    return cfg.densify_from < iteration < cfg.densify_until and iteration % cfg.densify_interval == 0
+    and ``densify_until``), never at the run's last iteration unless ``final_too``: nothing would train what it
+    moved or added (the trainer defers it: ``Trainer.deferred_schedule``)."""
+    return (cfg.densify_from < iteration < cfg.densify_until and iteration % cfg.densify_interval == 0
+            and (final_too or iteration < cfg.iterations))
+
+
+def mcmc_relocate_and_grow(model, optimizer, stats, cfg: TrainConfig, iteration: int,
+                           generator: torch.Generator | None, n_before: int | None = None,
+                           removed: int = 0) -> MCMCReport:
+    """The scheduled part of :func:`mcmc_step` for ``iteration``: :func:`relocate_dead` then :func:`add_gaussians`,
+    ``stats`` resized to the new count. Also what the trainer runs for a last iteration's deferred schedule
+    (``Trainer.deferred_schedule``). ``n_before``/``removed``: the count before this iteration's cap trim and what
+    it removed (for the report)."""
+    n_before = model.num_gaussians if n_before is None else n_before
+    relocated = relocate_dead(model, optimizer, cfg, generator)
+    added = add_gaussians(model, optimizer, cfg, generator)
+    capped = cfg.max_gaussians is not None and model.num_gaussians >= cfg.max_gaussians
+    if len(stats) != model.num_gaussians:
+        stats.reset(model.num_gaussians)
+    return MCMCReport(iteration, n_before, 0, 0, removed, model.num_gaussians, capped, relocated, added)
 
 
 @torch.no_grad()
@@ -286,7 +304,8 @@ def regularizer(model, cfg: TrainConfig) -> torch.Tensor:
 
 @torch.no_grad()
 def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_means: float,
-              generator: torch.Generator | None, ok: torch.Tensor | None = None) -> MCMCReport | None:
+              generator: torch.Generator | None, ok: torch.Tensor | None = None, *,
+              noise: bool = True) -> MCMCReport | None:
     """Everything ``strategy = "mcmc"`` does after the optimizer step of ``iteration`` (``Trainer.step``): cut the
     model to ``max_gaussians`` when above it; every ``densify_interval`` iterations strictly between
     ``densify_from`` and ``densify_until``, :func:`relocate_dead` then :func:`add_gaussians`; then
@@ -297,13 +316,11 @@ def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_mean
     removed = trim_to_cap(model, optimizer, cfg.max_gaussians, generator)
     report = None
     if scheduled(cfg, iteration):
-        relocated = relocate_dead(model, optimizer, cfg, generator)
-        added = add_gaussians(model, optimizer, cfg, generator)
-        capped = cfg.max_gaussians is not None and model.num_gaussians >= cfg.max_gaussians
-        report = MCMCReport(iteration, n_before, 0, 0, removed, model.num_gaussians, capped, relocated, added)
+        report = mcmc_relocate_and_grow(model, optimizer, stats, cfg, iteration, generator, n_before, removed)
     elif removed:
         report = MCMCReport(iteration, n_before, 0, 0, removed, model.num_gaussians, True, 0, 0)
     if len(stats) != model.num_gaussians:
         stats.reset(model.num_gaussians)
-    position_noise(model, lr_means, cfg, generator, ok)
+    if noise:  # False: the trainer defers the last iteration's relocation and noise together (same order)
+        position_noise(model, lr_means, cfg, generator, ok)
     return report

@@ -53,7 +53,8 @@ from .exposure import Exposure, exposure_lr, left_right_metrics
 from .losses import l1_loss, mse, psnr_from_mse, ssim
 from .distributed import batch_scaling
 from .graph_step import GraphStep, graph_step_unsupported
-from .mcmc import mcmc_step, regularizer as mcmc_regularizer, scheduled as mcmc_scheduled
+from .mcmc import mcmc_relocate_and_grow, mcmc_step, position_noise, regularizer as mcmc_regularizer, \
+    scheduled as mcmc_scheduled
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
 from .records import EvalResult  # its own module: rigel_core.checkpoint reads it without the trainer
@@ -402,6 +403,11 @@ class Trainer:
         self._nan_skips = torch.zeros((), dtype=torch.float64, device=self.device)
         self.eval_history: list[EvalResult] = []
         self.last_densify: DensifyReport | None = None
+        #: the run's last iteration when it skipped its scheduled densification / opacity reset / MCMC relocation
+        #: (nothing would have trained the result); applied first thing if the run is extended (a larger
+        #: ``iterations``, live or by --resume), so an extended run equals one planned longer. Saved in checkpoints.
+        self.deferred_schedule: int | None = None
+        self._deferred_ok: torch.Tensor | None = None  # MCMC: that step's NaN-guard verdict, for its deferred noise
         self.lock = threading.Lock()
         self._view_stack: list[int] = []
         #: views to train again first: their graph-step replay overflowed its binning capacity (graph_step.py)
@@ -607,6 +613,8 @@ class Trainer:
         are the means over this process's views."""
         t0 = time.perf_counter()
         cfg, model, comm = self.config, self.model, self.comm
+        if self.deferred_schedule is not None and cfg.iterations > self.deferred_schedule:
+            self._run_deferred_schedule()
         it = self.iteration + 1
         world, rank = (comm.world_size, comm.rank) if comm is not None else (1, 0)
         batch = int(cfg.batch_size)
@@ -667,9 +675,15 @@ class Trainer:
             if self.exposure is not None and cfg.exposure:
                 self.exposure.step(self.optimizer.found_inf)
             if cfg.strategy == "mcmc":  # relocation / growth to the budget, position noise (mcmc.py)
+                # the last iteration, when scheduled, defers its relocation and growth and (to keep their order
+                # with the noise draws of an extended run) its position noise: deferred_schedule
+                defer = it >= cfg.iterations and mcmc_scheduled(cfg, it, final_too=True)
                 report = mcmc_step(model, self.optimizer, self.stats, cfg, it, lrs["means3D"] * lr_factor,
-                                   self.generator, ok)
+                                   self.generator, ok, noise=not defer)
                 self.last_densify = report or self.last_densify
+                if defer:
+                    self.deferred_schedule = it
+                    self._deferred_ok = ok
             elif it < cfg.densify_until:
                 self.stats.add(inc[0], inc[1], inc[2], valid=ok)
                 report, reset = self._densify_schedule(it)
@@ -742,20 +756,53 @@ class Trainer:
         if self.config.render_mode == "mip":  # the 3D filter follows the training cameras' sampling rate
             self._update_filter_3d()
 
-    def _densify_schedule(self, it: int) -> tuple:
+    def _densify_schedule(self, it: int, *, deferred: bool = False) -> tuple:
         """The default strategy's host-side schedule after iteration ``it``'s update (before ``densify_until``):
         densify and prune every ``densify_interval`` after ``densify_from``, opacity reset every
-        ``opacity_reset_interval`` (and at ``densify_from`` for white-background data). Returns (report, reset)."""
+        ``opacity_reset_interval`` (and at ``densify_from`` for white-background data). Returns (report, reset).
+        The run's last iteration (``iterations``) does neither but records itself in :attr:`deferred_schedule`
+        (``deferred=True`` then runs it when the run is extended): no later step would train the new rows or bring
+        the reset opacities back, so the saved and evaluated model would carry untrained clones and splits, or every
+        opacity at ``opacity_reset_value`` (a ``--iters 3000`` run ended fully transparent). 3DGS saves and
+        evaluates before its densification of the same iteration."""
         cfg, model, report, reset = self.config, self.model, None, False
-        if it > cfg.densify_from and it % cfg.densify_interval == 0:
+        densify_now = it > cfg.densify_from and it % cfg.densify_interval == 0
+        reset_now = it % cfg.opacity_reset_interval == 0 or (self.white_bg and it == cfg.densify_from)
+        if not (densify_now or reset_now):
+            return report, reset
+        if it >= cfg.iterations and not deferred:
+            self.deferred_schedule = it
+            return report, reset
+        if densify_now:
             if self.comm is not None:
                 self.comm.sync_stats(self.stats)
             report = densify_and_prune(model, self.optimizer, self.stats, cfg, self.extent, it, self.generator)
             self.last_densify = report
-        if it % cfg.opacity_reset_interval == 0 or (self.white_bg and it == cfg.densify_from):
+        if reset_now:
             reset_opacity(model, self.optimizer, cfg.opacity_reset_value)
             reset = True
         return report, reset
+
+    def _run_deferred_schedule(self) -> None:
+        """The densification / reset / relocation the last iteration skipped (:attr:`deferred_schedule`), now that
+        the run goes on: as it would have run right after that iteration's update."""
+        it, cfg = self.deferred_schedule, self.config
+        self.deferred_schedule = None
+        with self.lock:
+            if cfg.strategy == "mcmc":
+                report = mcmc_relocate_and_grow(self.model, self.optimizer, self.stats, cfg, it, self.generator)
+                self.last_densify = report or self.last_densify
+                # that iteration's noise, at its learning rate under the extended schedule (what a run planned this
+                # long used); after --resume the skip flag is not kept: the step is taken as applied
+                lr_factor, _ = batch_scaling(cfg.batch_lr_scaling, int(cfg.batch_size) *
+                                             (self.comm.world_size if self.comm is not None else 1))
+                position_noise(self.model, group_lrs(cfg, it, self.extent)["means3D"] * lr_factor, cfg,
+                               self.generator, getattr(self, "_deferred_ok", None))
+                self._deferred_ok = None
+            else:
+                report, _ = self._densify_schedule(it, deferred=True)
+            if report is not None:
+                self._update_filter_3d()
 
     def _graph_step(self, it: int, lrs: dict, t0: float) -> StepResult | None:
         """Iteration ``it`` as a replay of the captured step (:mod:`.graph_step`), with the same host-side
@@ -766,7 +813,7 @@ class Trainer:
         if self.graph_step.disabled:
             return None
         mcmc = cfg.strategy == "mcmc"
-        if mcmc and (mcmc_scheduled(cfg, it) or (cfg.max_gaussians is not None
+        if mcmc and (mcmc_scheduled(cfg, it, final_too=True) or (cfg.max_gaussians is not None
                                                  and model.num_gaussians > cfg.max_gaussians)):
             return None  # relocation / growth / the cap's trim: host work, done by the eager step
         idx = self._next_view()
