@@ -419,4 +419,5 @@ def test_resume_with_a_damaged_metrics_json(real_run, tmp_path, capsys):
                      "--eval-every", "0", "--n-renders", "0"]) == 0
         m = json.loads((rd / "metrics.json").read_text())
         assert m["iterations_done"] == 20 and m["resumed_at"] == [20]
-    capsys.readouterr()
+        err = [ln for ln in capsys.readouterr().err.splitlines() if "metrics.json" in ln]
+        assert len(err) == 1 and "damaged" in err[0] and str(rd / "metrics.json") in err[0]  # said, in one line

@@ -939,17 +939,27 @@ def test_the_resolved_config_never_holds_auto_and_an_old_checkpoint_resumes_unch
     assert (resumed.config.init_background_points, resumed.config.strategy) == (0, "mcmc")
 
 
-@pytest.mark.parametrize("bad", ["x", -1, True, None, 1.5, [3]])
+@pytest.mark.parametrize("bad", ["x", -1, True, None, 1.5, [3], 10_000_001, 1e30])
 def test_init_background_points_validation(bad):
     with pytest.raises(ValueError, match="init_background_points must be") as e:
         TrainConfig(init_background_points=bad).validate()
     assert "\n" not in str(e.value)
-    for good, want in (("auto", "auto"), (0, 0), (7, 7), (7.0, 7)):
+    for good, want in (("auto", "auto"), ("AUTO", "auto"), (0, 0), (7, 7), (7.0, 7), (10_000_000, 10_000_000)):
         cfg = TrainConfig(init_background_points=good)
         cfg.validate()
         assert cfg.init_background_points == want
-    with pytest.raises(ValueError, match="auto_background_points"):
-        TrainConfig(auto_background_points=0).validate()
+    for n in (0, 10_000_001):
+        with pytest.raises(ValueError, match="auto_background_points"):
+            TrainConfig(auto_background_points=n).validate()
+
+
+def test_an_explicit_background_count_without_sfm_points_is_noted_and_recorded_as_unused(rng):
+    ds = make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=0)
+    cfg = small_config(init_background_points=500)
+    tr = Trainer(ds, cfg, device="cpu")
+    assert tr.model.num_gaussians == 200 and tr.config.init_background_points == 0
+    assert "not used: the dataset has no SfM points" in tr.init_note
+    assert cfg.init_background_points == 500  # the caller's config is left as given
 
 
 def test_cli_init_background_takes_auto_or_a_count(capsys):
@@ -965,11 +975,12 @@ def test_cli_init_background_takes_auto_or_a_count(capsys):
         assert config_overrides(args)["init_background_points"] == want
         assert new_config(args, config_overrides(args)).init_background_points == want
     assert config_overrides(parse("--set", "init_background_points=auto"))["init_background_points"] == "auto"
-    for bad in ("lots", "-3", "1.5", ""):
+    for bad in ("lots", "-3", "1.5", "", "99999999999999999999", "10000001"):
         with pytest.raises(SystemExit):
             parse("--init-background", bad)
         err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1].endswith(f"argument --init-background: expected a count ≥ 0 or 'auto', got {bad!r}")
+        assert err[-1].endswith(f"argument --init-background: expected a count in [0, 10,000,000] or 'auto', got "
+                                f"{bad!r}")
 
 
 @pytest.mark.parametrize("name,partial", [("bonsai", True), ("fern", False), ("beer", False)])

@@ -82,8 +82,11 @@ def background_count(text: str):
         n = int(t)
     except ValueError:
         n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a count ≥ 0 or 'auto', got {text!r}")
+    from ..train.config import MAX_BACKGROUND_POINTS
+
+    if not 0 <= n <= MAX_BACKGROUND_POINTS:
+        raise argparse.ArgumentTypeError(f"expected a count in [0, {MAX_BACKGROUND_POINTS:,}] or 'auto', got "
+                                         f"{text[:40]!r}")
     return n
 
 

@@ -278,6 +278,9 @@ def _main(args, lock: RunLock, comm=None) -> int:
         trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
         if resume_cfg is not None and metrics_path.is_file():
             metrics = read_metrics(metrics_path)   # a damaged metrics.json starts afresh (the checkpoint holds the state)
+            if metrics is None:
+                print(f"rigel-train: {metrics_path}: damaged; the training curve and evaluation history start afresh "
+                      "(the checkpoint holds the training state)", file=sys.stderr)
     except (ValueError, TypeError) as e:  # TypeError: a --set value of the wrong type
         if isinstance(e, TypeError) and not args.set_fields:
             raise
@@ -333,7 +336,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
                  + ", ".join(p.name for p in stale))
     log.info(f"{'resumed at iteration ' + str(trainer.iteration) if trainer.iteration else 'start'}: "
              f"{trainer.model.num_gaussians} Gaussians, device {device}, {cfg.iterations} iterations")
-    for note in (trainer.strategy_note, trainer.init_note):
+    for note in (trainer.init_note, trainer.strategy_note):  # the strategy may follow from the initialisation
         if note:
             log.info(note)
     if world * cfg.batch_size > 1:

@@ -31,6 +31,9 @@ STRATEGIES = ("auto", "default", "mcmc")
 #: points cover only part of the scene: ``init_background_points = "auto"`` then adds background points (and
 #: ``strategy = "auto"`` picks 3DGS's densification); an explicit 0 gets a suggestion in the log
 SPARSE_SFM_COVERAGE = 0.5
+#: the most background points a run may ask for (10M: each is a Gaussian drawn on a random training pixel's ray;
+#: far beyond any capture's need, and a bound that stops a typo from allocating tens of GB)
+MAX_BACKGROUND_POINTS = 10_000_000
 
 
 @dataclass
@@ -226,6 +229,9 @@ class TrainConfig:
                 if isinstance(v, float) and math.isfinite(v) and v.is_integer():
                     v = int(v)
                     setattr(self, f.name, v)
+                if isinstance(v, str) and v.strip().lower() == "auto":
+                    v = "auto"
+                    setattr(self, f.name, v)
                 if v != "auto" and (not isinstance(v, int) or isinstance(v, bool)):
                     raise ValueError(f"{where} must be an int ≥ 0 or 'auto', got {v!r}"[:200])
                 continue
@@ -283,11 +289,12 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.max_gaussians must be ≥ 1 or None, got {self.max_gaussians}")
         if self.init_points < 1:
             raise ValueError(f"TrainConfig.init_points must be ≥ 1, got {self.init_points}")
-        if self.init_background_points != "auto" and self.init_background_points < 0:
-            raise ValueError(f"TrainConfig.init_background_points must be ≥ 0 or 'auto', got "
-                             f"{self.init_background_points}")
-        if self.auto_background_points < 1:
-            raise ValueError(f"TrainConfig.auto_background_points must be ≥ 1, got {self.auto_background_points}")
+        if self.init_background_points != "auto" and not 0 <= self.init_background_points <= MAX_BACKGROUND_POINTS:
+            raise ValueError(f"TrainConfig.init_background_points must be in [0, {MAX_BACKGROUND_POINTS:,}] or "
+                             f"'auto', got {self.init_background_points}"[:200])
+        if not 1 <= self.auto_background_points <= MAX_BACKGROUND_POINTS:
+            raise ValueError(f"TrainConfig.auto_background_points must be in [1, {MAX_BACKGROUND_POINTS:,}], got "
+                             f"{self.auto_background_points}"[:200])
         for name in ("position_lr_init", "position_lr_final", "scaling_lr", "rotation_lr", "opacity_lr"):
             if not getattr(self, name) >= 0:   # a negative rate ascends the loss; 0 freezes the group
                 raise ValueError(f"TrainConfig.{name} must be ≥ 0, got {getattr(self, name)!r}")

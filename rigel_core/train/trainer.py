@@ -434,7 +434,8 @@ class Trainer:
         pts = getattr(self.dataset, "points", None)
         has_sfm = pts is not None and len(pts) > 0
         auto_bg = cfg.init_background_points == "auto"
-        if auto_bg or cfg.strategy == "auto":
+        unused_bg = not has_sfm and not auto_bg and cfg.init_background_points > 0
+        if auto_bg or cfg.strategy == "auto" or unused_bg:
             cfg = dataclasses.replace(cfg)
         #: ``sfm_view_coverage`` of the training views (median fraction of 8x8 cells the SfM points reach), or None
         #: when not measured (no SfM points, or an explicit count that needs no note)
@@ -442,8 +443,17 @@ class Trainer:
         if has_sfm and (auto_bg or (cfg.init_background_points == 0 and model is None)):
             self.sfm_coverage = sfm_view_coverage(self.train_frames, pts)
         note = resolve_init_background(cfg, self.sfm_coverage)
-        #: a line for the log about the initialisation (what "auto" added and why, or the suggestion to add
-        #: background points when the SfM points leave most of the views empty), or None
+        if unused_bg:  # background points go behind SfM points: without them there is nothing to add; say so and
+            # record what the run uses
+            note = (f"init_background_points={cfg.init_background_points:,} not used: the dataset has no SfM points "
+                    f"(random initialisation, init_points={cfg.init_points:,})")
+            cfg.init_background_points = 0
+        elif auto_bg and cfg.init_background_points > 0 and self.device.type != "cuda" and note:
+            note += ("; on the CPU backend these far, wide splats make each step many times slower "
+                     "(--init-background 0 leaves them out)")
+        #: a line for the log about the initialisation (what "auto" added and why, the suggestion to add
+        #: background points when the SfM points leave most of the views empty, or a count that could not be
+        #: used), or None
         self.init_note: str | None = note if model is None else None
         #: what ``strategy = "auto"`` became and why (one line for the log), None when it was explicit
         self.strategy_note = resolve_strategy(cfg, has_sfm, model.num_gaussians if model is not None else 0,
