@@ -346,7 +346,8 @@ def test_cli_set_and_real_capture_flags(tmp_path, capsys):
     cfg = json.loads((run / "metrics.json").read_text())["config"]
     assert (cfg["position_lr_max_steps"], cfg["init_background_points"], cfg["densify_until"],
             cfg["grad_threshold"], cfg["init_scale_rms"], cfg["init_box"], cfg["sh_degree"]) == \
-        (30000, 7, 2, 1e-3, True, [-1, -1, -1, 1, 1, 1], 1)
+        (30000, 0, 2, 1e-3, True, [-1, -1, -1, 1, 1, 1], 1)  # no SfM points here: the 7 is noted, not used
+    assert "init_background_points=7 not used" in (run / "log.txt").read_text()
     for bad, msg in ((["--set", "densify_untill=3"], "no field 'densify_untill'"),
                      (["--set", "densify_until"], "expected FIELD=VALUE"),
                      (["--set", "iterations=abc"], "rigel-train:")):
