@@ -28,7 +28,7 @@ from ..camera import Camera
 from .colmap_check import check_colmap_model
 from .frames import Dataset, DatasetError, FrameSpec, assemble_dataset, cap_frames, split_every
 from .images import find_mask
-from .transforms import FLOAT32_MAX, frame_name, warn_missing, warn_unmasked
+from .transforms import frame_name, unusable_points, warn_missing, warn_unmasked
 from .undistort import Distortion, fisheye_lens, opencv_lens
 
 __all__ = ["load_colmap", "find_sparse_dir"]
@@ -161,10 +161,10 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
         pts = list(rec.points3D.values())
         points = np.array([p.xyz for p in pts], dtype=np.float64).reshape(-1, 3)
         colors = np.array([p.color for p in pts], dtype=np.float64).reshape(-1, 3) / 255.0
-        bad = ~(np.abs(points) <= FLOAT32_MAX).all(axis=1)  # NaN, Inf, and beyond float32 (the model's dtype)
-        if bad.any():
-            raise DatasetError(sparse, f"points3D: {int(bad.sum())} points have NaN or Inf coordinates (or beyond "
-                                       f"float32's range)")
+        bad = unusable_points(points)
+        if bad:
+            raise DatasetError(sparse, f"points3D: {bad} points have NaN or Inf coordinates (or beyond float32's "
+                                       f"range)")
     train, test = split_every(specs, test_every)
     return assemble_dataset(cap_frames(train, max_frames), cap_frames(test, max_frames), root, "colmap", white_bg,
                             downscale, device, points, colors, alpha_as_mask=alpha_as_mask)

@@ -45,6 +45,12 @@ from .undistort import FISHEYE_KEYS, OPENCV_KEYS, fisheye_lens, opencv_lens
 #: the largest float32: SfM coordinates beyond it become Inf in the model
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
+
+def unusable_points(points: np.ndarray) -> int:
+    """How many rows of SfM ``points`` (M, 3) the float32 model cannot hold: NaN, Inf, or beyond float32's range
+    (the COLMAP and the ply_file_path readers refuse a file with any)."""
+    return int((~(np.abs(points) <= FLOAT32_MAX).all(axis=1)).sum())
+
 __all__ = ["read_json", "read_transforms", "frame_name", "read_ply_points", "check_file_path", "number"]
 
 
@@ -347,10 +353,9 @@ def read_ply_points(json_path, meta: dict | None = None):
     if len(v) == 0:
         return None, None
     points = np.stack([np.asarray(v[k], dtype=np.float64) for k in ("x", "y", "z")], axis=-1)
-    bad = ~(np.abs(points) <= FLOAT32_MAX).all(axis=1)  # NaN, Inf, and beyond float32 (the model's dtype)
-    if bad.any():
-        raise DatasetError(f"{where}: {int(bad.sum())} vertices have non-finite x y z (NaN, Inf or beyond "
-                           f"float32's range)")
+    bad = unusable_points(points)
+    if bad:
+        raise DatasetError(f"{where}: {bad} vertices have non-finite x y z (NaN, Inf or beyond float32's range)")
     if not all(k in names for k in ("red", "green", "blue")):
         return points, None
     cols = np.stack([np.asarray(v[k]) for k in ("red", "green", "blue")], axis=-1)

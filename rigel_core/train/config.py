@@ -342,12 +342,18 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.init_box must have 6 numbers, got {self.init_box!r}")
 
 
-def resolve_init_background(cfg: TrainConfig, coverage: float | None) -> str | None:
+def resolve_init_background(cfg: TrainConfig, coverage: float | None, has_sfm_points: bool = True) -> str | None:
     """Turn ``cfg.init_background_points == "auto"`` into a count, in place: ``cfg.auto_background_points`` when
     ``coverage`` (``sfm_view_coverage`` of the training views, a float in [0, 1]; None = no SfM points, or not
-    measured) is below :data:`SPARSE_SFM_COVERAGE`, else 0. An explicit count is left as it is. Returns a one-line
-    note for the log, or None: what "auto" added and why, or — for an explicit 0 on a low coverage — the
-    suggestion to add some. The rule and its measurement: the ``init_background_points`` field's comment."""
+    measured) is below :data:`SPARSE_SFM_COVERAGE`, else 0. An explicit count is left as it is — but for a dataset
+    without SfM points (``has_sfm_points`` False), where background points have nothing to go behind: 0, the count
+    the run uses. Returns a one-line note for the log, or None: what "auto" added and why, a count that could not be
+    used, or — for an explicit 0 on a low coverage — the suggestion to add some. The rule and its measurement: the
+    ``init_background_points`` field's comment."""
+    if not has_sfm_points and cfg.init_background_points not in (0, "auto"):
+        n, cfg.init_background_points = cfg.init_background_points, 0
+        return (f"init_background_points={n:,} not used: the dataset has no SfM points (random initialisation, "
+                f"init_points={cfg.init_points:,})")
     low = coverage is not None and coverage < SPARSE_SFM_COVERAGE
     where = (f"the SfM points reach {coverage:.0%} of the median training view (8x8 cells; under "
              f"{SPARSE_SFM_COVERAGE:.0%})" if low else "")

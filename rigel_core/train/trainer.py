@@ -434,21 +434,15 @@ class Trainer:
         pts = getattr(self.dataset, "points", None)
         has_sfm = pts is not None and len(pts) > 0
         auto_bg = cfg.init_background_points == "auto"
-        unused_bg = not has_sfm and not auto_bg and cfg.init_background_points > 0
-        if auto_bg or cfg.strategy == "auto" or unused_bg:
+        if auto_bg or cfg.strategy == "auto" or (not has_sfm and cfg.init_background_points != 0):
             cfg = dataclasses.replace(cfg)
         #: ``sfm_view_coverage`` of the training views (median fraction of 8x8 cells the SfM points reach), or None
         #: when not measured (no SfM points, or an explicit count that needs no note)
         self.sfm_coverage: float | None = None
         if has_sfm and (auto_bg or (cfg.init_background_points == 0 and model is None)):
             self.sfm_coverage = sfm_view_coverage(self.train_frames, pts)
-        note = resolve_init_background(cfg, self.sfm_coverage)
-        if unused_bg:  # background points go behind SfM points: without them there is nothing to add; say so and
-            # record what the run uses
-            note = (f"init_background_points={cfg.init_background_points:,} not used: the dataset has no SfM points "
-                    f"(random initialisation, init_points={cfg.init_points:,})")
-            cfg.init_background_points = 0
-        elif auto_bg and cfg.init_background_points > 0 and self.device.type != "cuda" and note:
+        note = resolve_init_background(cfg, self.sfm_coverage, has_sfm)
+        if auto_bg and cfg.init_background_points > 0 and self.device.type != "cuda" and note:
             note += ("; on the CPU backend these far, wide splats make each step many times slower "
                      "(--init-background 0 leaves them out)")
         #: a line for the log about the initialisation (what "auto" added and why, the suggestion to add
@@ -628,7 +622,7 @@ class Trainer:
         it = self.iteration + 1
         world, rank = (comm.world_size, comm.rank) if comm is not None else (1, 0)
         batch = int(cfg.batch_size)
-        lr_factor, betas = batch_scaling(cfg.batch_lr_scaling, batch * world)
+        lr_factor, betas = self._batch_scaling()
         lrs = group_lrs(cfg, it, self.extent)
         set_learning_rates(self.optimizer, {k: v * lr_factor for k, v in lrs.items()} if lr_factor != 1.0 else lrs,
                            cfg.adam_eps)
@@ -793,6 +787,12 @@ class Trainer:
             reset = True
         return report, reset
 
+    def _batch_scaling(self) -> tuple:
+        """(learning-rate factor, Adam betas) for this run's global batch (``batch_size`` × processes;
+        :func:`~.distributed.batch_scaling`)."""
+        world = self.comm.world_size if self.comm is not None else 1
+        return batch_scaling(self.config.batch_lr_scaling, int(self.config.batch_size) * world)
+
     def _run_deferred_schedule(self) -> None:
         """The densification / reset / relocation the last iteration skipped (:attr:`deferred_schedule`), now that
         the run goes on: as it would have run right after that iteration's update."""
@@ -804,10 +804,8 @@ class Trainer:
                 self.last_densify = report or self.last_densify
                 # that iteration's noise, at its learning rate under the extended schedule (what a run planned this
                 # long used); after --resume the skip flag is not kept: the step is taken as applied
-                lr_factor, _ = batch_scaling(cfg.batch_lr_scaling, int(cfg.batch_size) *
-                                             (self.comm.world_size if self.comm is not None else 1))
-                position_noise(self.model, group_lrs(cfg, it, self.extent)["means3D"] * lr_factor, cfg,
-                               self.generator, getattr(self, "_deferred_ok", None))
+                position_noise(self.model, group_lrs(cfg, it, self.extent)["means3D"] * self._batch_scaling()[0], cfg,
+                               self.generator, self._deferred_ok)
                 self._deferred_ok = None
             else:
                 report, _ = self._densify_schedule(it, deferred=True)
