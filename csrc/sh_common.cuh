@@ -108,7 +108,7 @@ __device__ inline float3 view_direction(const float* __restrict__ mean, const fl
     return make_float3(dx * inv, dy * inv, dz * inv);
 }
 
-// ---- staging of coefficient rows through shared memory (docs/PIPELINE.md [0] "Staging") ----
+// ---- staging of coefficient rows through shared memory (docs/PIPELINE.md [0], "Kernels") ----
 // sh_coeffs [N, K, 3] holds R = 3K floats per Gaussian. Read one row per thread, each warp-wide load touches 32
 // rows R floats apart (uncoalesced). Instead a block of kShBlock threads owns Gaussians g0 .. g0 + kShBlock - 1,
 // whose rows are the contiguous floats [g0 R, (g0 + kShBlock) R): the block copies that span with consecutive
