@@ -108,28 +108,100 @@ __device__ inline float3 view_direction(const float* __restrict__ mean, const fl
     return make_float3(dx * inv, dy * inv, dz * inv);
 }
 
-// The cull rule (docs/PIPELINE.md "Non-finite parameters"): are all K coefficients (not only the evaluated
-// degree's) and the mean of Gaussian g finite? A Gaussian that fails gets the colour NaN in the forward (the
-// projection culls it by it) and zero gradients in the backward.
-__device__ inline bool sh_row_finite(int64_t g, int coeffs_per_gaussian, const float* __restrict__ sh_coeffs,
-                                     const float* __restrict__ means3D) {
+// ---- staging of coefficient rows through shared memory (docs/PIPELINE.md [0], "Kernels") ----
+// sh_coeffs [N, K, 3] holds R = 3K floats per Gaussian. Read one row per thread, each warp-wide load touches 32
+// rows R floats apart (uncoalesced). Instead a block of kShBlock threads owns Gaussians g0 .. g0 + kShBlock - 1,
+// whose rows are the contiguous floats [g0 R, (g0 + kShBlock) R): the block copies that span with consecutive
+// threads on consecutive floats into shared memory, row r at sm[r S ..], S = sh_row_stride(R) (R rounded up to
+// odd), so that thread t reading slot s of its own row (address t S + s) hits 32 distinct banks. The backward
+// writes its v_sh_coeffs row into the same shared row and the block copies the span out the same way.
+// 128 threads: a degree-3 row (R = 48, S = 49) takes 128 * 49 * 4 = 25,088 bytes of static shared memory, under
+// the 48 KB a kernel gets without opting in (256 threads would need 50,176 and cudaFuncSetAttribute), and an
+// H200 SM (228 KB) still holds 9 such blocks (1,152 threads).
+constexpr int kShBlock = 128;
+// The widest row stride the runtime-R path stages (48 KB of dynamic shared memory, no opt-in): S <= 96, i.e.
+// K <= 31. Wider rows (K >= 32, never an SH model of degree <= 3 in practice) are read per thread from global
+// memory, as before the staging.
+constexpr int kShMaxStride = 48 * 1024 / (4 * kShBlock);
+
+__host__ __device__ constexpr int sh_row_stride(int row_floats) { return row_floats | 1; }
+
+// Calls f(e, i) for every float e in [0, span) that thread threadIdx.x moves, with i = its shared-memory index
+// (row e / R, slot e % R: i = (e / R) S + e % R). Consecutive threads get consecutive e (coalesced global
+// accesses). R_CT > 0: R = R_CT at compile time (span <= kShBlock R_CT, so at most R_CT floats per thread; the
+// division by a constant is a multiply-high); R_CT = 0: R at run time, the index advanced incrementally (one
+// division per thread, none per float).
+template <int R_CT, typename F>
+__device__ __forceinline__ void sh_for_each_staged(int span, int R, F&& f) {
+    const int t = static_cast<int>(threadIdx.x);
+    if constexpr (R_CT > 0) {
+        // (e / R) S + e % R, advanced by kShBlock per step: row += kQ, slot += kRem, with one carry at most
+        constexpr int kS = sh_row_stride(R_CT), kQ = kShBlock / R_CT, kRem = kShBlock - kQ * R_CT;
+        const int row0 = t / R_CT;
+        int slot = t - row0 * R_CT, i = row0 * kS + slot;
+        if (span == kShBlock * R_CT) {  // a full block (all but the last): no bounds test, loads issue together
+#pragma unroll
+            for (int j = 0; j < R_CT; ++j) {
+                f(t + j * kShBlock, i);
+                slot += kRem;
+                i += kQ * kS + kRem;
+                if (slot >= R_CT) {
+                    slot -= R_CT;
+                    i += kS - R_CT;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < R_CT; ++j) {
+                const int e = t + j * kShBlock;
+                if (e < span) f(e, i);
+                slot += kRem;
+                i += kQ * kS + kRem;
+                if (slot >= R_CT) {
+                    slot -= R_CT;
+                    i += kS - R_CT;
+                }
+            }
+        }
+    } else {
+        const int pad = sh_row_stride(R) - R;
+        const int q = kShBlock / R, r = kShBlock - q * R;  // e += kShBlock: row += q, slot += r (with carry)
+        int row = t / R, slot = t - row * R;
+#pragma unroll 4
+        for (int e = t; e < span; e += kShBlock) {
+            f(e, e + pad * row);
+            row += q;
+            slot += r;
+            if (slot >= R) {  // r < R: at most one carry
+                slot -= R;
+                ++row;
+            }
+        }
+    }
+}
+
+// The cull rule (docs/PIPELINE.md "Non-finite parameters"): are all R = 3K coefficients of a row (not only the
+// evaluated degree's) and its mean finite? A Gaussian that fails gets the colour NaN in the forward (the
+// projection culls it by it) and zero gradients in the backward. `row` is the row's copy in shared memory (or
+// the row in global memory for rows too wide to stage); R_CT > 0 fixes R at compile time.
+template <int R_CT>
+__device__ __forceinline__ bool sh_row_finite(const float* row, int R, const float* __restrict__ mean) {
     // Bitwise &, never &&: a short-circuit test makes each load wait for the previous one's result (a chain of
     // 48 dependent loads at degree 3, which doubled the SH stage's time on the H200); these loads are independent.
-    bool ok = isfinite(means3D[3 * g + 0]) & isfinite(means3D[3 * g + 1]) & isfinite(means3D[3 * g + 2]);
-    const float* c = sh_coeffs + g * coeffs_per_gaussian * 3;
-    const int n = 3 * coeffs_per_gaussian;
+    bool ok = isfinite(mean[0]) & isfinite(mean[1]) & isfinite(mean[2]);
+    const int n = R_CT > 0 ? R_CT : R;
     int i = 0;
     for (; i + 12 <= n; i += 12) {
         bool b = true;
 #pragma unroll
-        for (int j = 0; j < 12; ++j) b &= isfinite(c[i + j]);
+        for (int j = 0; j < 12; ++j) b &= isfinite(row[i + j]);
         ok &= b;
     }
-    for (; i < n; ++i) ok &= isfinite(c[i]);
+    for (; i < n; ++i) ok &= isfinite(row[i]);
     return ok;
 }
 
-// What the forward and the backward both evaluate for Gaussian g: the view direction d and its length, the
+// What the forward and the backward both evaluate for one Gaussian: the view direction d and its length, the
 // bases Y at d, and the colour before the +0.5 offset and the clamp, raw[ch] = sum_k Y_k c_k[ch] (k ascending).
 template <int DEGREE>
 struct ShEval {
@@ -139,24 +211,22 @@ struct ShEval {
     float raw[3];
 };
 
+// row: the Gaussian's coefficients c_k[ch] at row[3 k + ch] (shared or global memory); mean: its means3D row.
 template <int DEGREE>
-__device__ __forceinline__ ShEval<DEGREE> sh_eval(int64_t g, int coeffs_per_gaussian,
-                                                  const float* __restrict__ sh_coeffs,  // [N, K, 3]
-                                                  const float* __restrict__ means3D,    // [N, 3]
-                                                  const float* __restrict__ campos)     // [3]
+__device__ __forceinline__ ShEval<DEGREE> sh_eval(const float* row, const float* __restrict__ mean,
+                                                  const float* __restrict__ campos)  // [3]
 {
     constexpr int kBases = num_sh_bases(DEGREE);
     ShEval<DEGREE> e;
-    e.d = view_direction(means3D + 3 * g, campos, e.len);
+    e.d = view_direction(mean, campos, e.len);
     sh_basis<DEGREE>(e.d.x, e.d.y, e.d.z, e.Y);
-    const float* c = sh_coeffs + g * coeffs_per_gaussian * 3;
     e.raw[0] = 0.f;
     e.raw[1] = 0.f;
     e.raw[2] = 0.f;
 #pragma unroll
     for (int k = 0; k < kBases; ++k)
 #pragma unroll
-        for (int ch = 0; ch < 3; ++ch) e.raw[ch] += e.Y[k] * c[3 * k + ch];
+        for (int ch = 0; ch < 3; ++ch) e.raw[ch] += e.Y[k] * row[3 * k + ch];
     return e;
 }
 

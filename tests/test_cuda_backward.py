@@ -26,7 +26,7 @@ from rigel_core import _ext, config, cuda_backend
 from rigel_core.reference import project_gaussians, rasterize_tiles, sh_colors
 
 from helpers import cam_tensors, random_camera, random_gaussians
-from test_cuda_forward import edge_gaussians, make_scene, mild
+from test_cuda_forward import SH_NS, edge_gaussians, make_scene, mild, poison_cuda_allocator, sh_inputs, sh_ks
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -208,6 +208,28 @@ def test_sh_backward(rng, degree):
     else:
         assert float(gm.abs().max()) == 0.0  # the DC term does not depend on the direction
     assert torch.count_nonzero(gc[:, (degree + 1) ** 2:]) == 0  # bases beyond the degree
+    # every staging path of the kernel (test_cuda_forward.sh_ks) and block shape, with culled rows, outputs
+    # poisoned: the raw op against float64 autograd of the reference
+    bases = (degree + 1) ** 2
+    for k in sh_ks(degree):
+        for n in SH_NS:
+            coeffs, means, campos, rows = sh_inputs(rng, n, k)
+            v_colors = torch.randn(n, 3, generator=rng)
+            poison_cuda_allocator(n * k * 3, n * 3)
+            gc, gm = _ext.get().sh_colors_backward(degree, coeffs.to(DEV), means.to(DEV), campos.to(DEV),
+                                                   v_colors.to(DEV))
+            gc, gm = gc.cpu(), gm.cpu()
+            c, m = leaves((coeffs, means), "cpu", torch.float64)
+            (sh_colors(degree, c, m, campos.double()).nan_to_num() * v_colors.double()).sum().backward()
+            where = f"K={k} N={n}"
+            assert torch.isfinite(gc).all() and torch.isfinite(gm).all(), where
+            assert torch.count_nonzero(gc[rows]) == 0 and torch.count_nonzero(gm[rows]) == 0, where  # culled
+            assert torch.count_nonzero(gc[:, bases:]) == 0, where  # bases beyond the degree: exactly 0
+            assert_close([(f"sh_coeffs {where}", gc, c.grad)], TOL)
+            if degree > 0:
+                assert_close([(f"means3D {where}", gm, m.grad)], TOL)
+            else:
+                assert float(gm.abs().max()) == 0.0, where
 
 
 # ---- end to end ---------------------------------------------------------------------------------------------

@@ -200,6 +200,45 @@ def test_projection_fully_writes_reused_memory(rng):
 
 # ---- [0] SH ------------------------------------------------------------------------------------------------
 
+# The SH kernels stage each block's coefficient rows through shared memory (csrc/sh_common.cuh): kShBlock rows
+# per block, the last block partial. K selects the path (launch_sh_fwd_degree / launch_sh_bwd_degree): K = 16 the
+# compile-time row (R = 48); (degree+1)^2, 10 and 31 (the widest staged row) a run-time R; 32 too wide to stage
+# (read per thread from global memory).
+SH_BLOCK = 128
+SH_NS = (1, 37, SH_BLOCK - 1, 2 * SH_BLOCK + 1, 1000)  # N < block, partial last blocks, several blocks
+
+
+def sh_ks(degree):
+    return sorted({16, (degree + 1) ** 2, 31, 32} | ({10} if degree == 2 else set()))
+
+
+def sh_inputs(gen, n, k):
+    """Random float32 SH inputs (coeffs (n,k,3), means (n,3), campos (3,)) and the rows made non-finite: a NaN,
+    +Inf or -Inf in the last coefficient (a band the degree does not evaluate unless K = (degree+1)^2), or a NaN
+    mean, placed mid-block, at a block's last row, at the next block's start and at the tensor's last row.
+    Row 0 has its mean at the camera centre (direction 0: the DC term only)."""
+    coeffs = torch.randn(n, k, 3, generator=gen) * 0.6
+    means = torch.randn(n, 3, generator=gen)
+    campos = torch.randn(3, generator=gen)
+    means[0] = campos
+    rows = sorted({r for r in (n // 2, SH_BLOCK - 1, SH_BLOCK, n - 1) if 0 < r < n})
+    for j, r in enumerate(rows):
+        ch = int(torch.randint(3, (1,), generator=gen))
+        if j % 4 == 3:
+            means[r, ch] = float("nan")
+        else:
+            coeffs[r, k - 1, ch] = (float("nan"), float("inf"), float("-inf"))[j % 4]
+    return coeffs, means, campos, rows
+
+
+def poison_cuda_allocator(*numels):
+    """Fill, then free, float32 CUDA blocks of these sizes: the caching allocator usually hands them to the next
+    torch.empty of the same size, so an output element a kernel leaves unwritten reads NaN, not a stale value."""
+    torch.cuda.empty_cache()
+    bufs = [torch.full((m,), float("nan"), device=DEV) for m in numels]
+    del bufs
+
+
 @pytest.mark.parametrize("degree", [0, 1, 2, 3])
 def test_sh_colors_match_reference(rng, degree):
     n = 4000
@@ -212,6 +251,19 @@ def test_sh_colors_match_reference(rng, degree):
     assert torch.isfinite(got).all()
     assert float((got.double().cpu() - ref).abs().max()) <= 1e-5
     assert (ref == 0).any(), "the clamp at 0 was not exercised"
+    # every staging path and block shape, with culled rows: NaN in exactly the reference's rows, equal elsewhere
+    for k in sh_ks(degree):
+        for n in SH_NS:
+            coeffs, means, campos, rows = sh_inputs(rng, n, k)
+            poison_cuda_allocator(n * 3)
+            got = cuda_backend.sh_colors_cuda(degree, coeffs.to(DEV), means.to(DEV), campos.to(DEV)).cpu()
+            ref = sh_colors(degree, coeffs.double(), means.double(), campos.double())
+            culled = torch.isnan(ref).all(-1)
+            assert culled.nonzero().flatten().tolist() == rows, (k, n)
+            assert torch.equal(torch.isnan(got).any(-1), culled), f"K={k} N={n}: NaN rows differ"
+            assert torch.isnan(got[culled]).all(), f"K={k} N={n}: a culled row is not NaN in every channel"
+            err = float((got[~culled].double() - ref[~culled]).abs().max())
+            assert err <= 1e-5, f"K={k} N={n}: max error {err}"
 
 
 # ---- [2] binning -------------------------------------------------------------------------------------------
