@@ -1,7 +1,8 @@
 // [3] Tile rasterization, backward: one 16x16 block per tile, one thread per pixel, entries walked back to
 // front. Each pixel recovers the transmittance in front of entry i from the one behind it,
 // T_i = T_{i+1} / (1 - alpha_i), starting at final_T, and walks exactly the entries the forward blended:
-// positions [0, n_contrib) of its tile list, with the forward's skips re-applied (rasterize_common.cuh).
+// positions [0, n_contrib) of its tile list, with the forward's skips re-applied (rasterize_common.cuh); a warp
+// skips an entry that lies beyond all of its pixels' n_contrib or whose footprint misses its box (box_mask).
 //
 // With S_i = sum_{j>i} c_j alpha_j T_j + final_T * background (what lies behind entry i):
 //   d image / d c_i     = alpha_i T_i
@@ -72,12 +73,16 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
     __shared__ float4 s_conic_opacity[kTilePixels];  // (A, 2B, C, opacity)
     __shared__ float3 s_rgb[kTilePixels];
     __shared__ float s_z[kDepth ? kTilePixels : 1];
+    __shared__ uint8_t s_boxes[kTilePixels];  // box_mask of each staged entry
     __shared__ int s_max_contrib;
 
     const int tile = blockIdx.y * tiles_x + blockIdx.x;
     const int tid = threadIdx.y * kTileSize + threadIdx.x;
-    const int lane = tid & 31;
-    const int px = blockIdx.x * kTileSize + threadIdx.x, py = blockIdx.y * kTileSize + threadIdx.y;
+    const int lane = tid & 31, warp = tid >> 5;
+    int bx, by;
+    box_pixel(tid, bx, by);
+    const int tile_x0 = blockIdx.x * kTileSize, tile_y0 = blockIdx.y * kTileSize;
+    const int px = tile_x0 + bx, py = tile_y0 + by;
     const bool inside = px < width && py < height;
     const int pix = inside ? py * width + px : 0;
     const float fx = static_cast<float>(px) + 0.5f, fy = static_cast<float>(py) + 0.5f;
@@ -89,6 +94,7 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
     __syncthreads();
     const int start = tile_ranges[2 * tile + 0];
     const int stop = start + s_max_contrib;  // no pixel of the tile blended anything beyond
+    const int warp_last = __reduce_max_sync(0xffffffffu, last);  // nor of this warp beyond its own position
 
     const float T_final = inside ? final_T[pix] : 1.f;
     float T = T_final;
@@ -115,15 +121,20 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
         if (k < batch_end) {
             const int32_t id = gaussian_ids[k];
             s_id[tid] = id;
-            s_xy[tid] = make_float2(means2D[2 * id + 0], means2D[2 * id + 1]);
-            s_conic_opacity[tid] =
+            const float2 xy = make_float2(means2D[2 * id + 0], means2D[2 * id + 1]);
+            const float4 co =
                 make_float4(conics[3 * id + 0], 2.f * conics[3 * id + 1], conics[3 * id + 2], opacities[id]);
+            s_xy[tid] = xy;
+            s_conic_opacity[tid] = co;
+            s_boxes[tid] = static_cast<uint8_t>(box_mask(xy.x, xy.y, co.x, co.y, co.z, co.w, tile_x0, tile_y0));
             s_rgb[tid] = make_float3(colors[3 * id + 0], colors[3 * id + 1], colors[3 * id + 2]);
             if constexpr (kDepth) s_z[tid] = depths[id];
         }
         __syncthreads();
         for (int j = batch_end - batch_start - 1; j >= 0; --j) {
             const int position = batch_start - start + j;  // 0-based place in the tile's list
+            // warp-uniform skips: no pixel of this warp blended entry j (beyond its last, or outside its box)
+            if (position >= warp_last || !(s_boxes[j] >> warp & 1u)) continue;
             float grad[kG];
 #pragma unroll
             for (int i = 0; i < kG; ++i) grad[i] = 0.f;

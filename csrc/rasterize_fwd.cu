@@ -1,7 +1,8 @@
 // [3] Tile rasterization, forward (docs/PIPELINE.md [3]): one 16x16 block per tile, one thread per pixel,
 // front-to-back alpha compositing C = sum_i c_i alpha_i prod_{j<i} (1 - alpha_j) (Kerbl et al. 2023, eq. 3).
-// The block stages its tile's entries in shared memory, kTilePixels at a time (one load per thread), and
-// leaves as soon as every pixel of the tile is done (__syncthreads_count vote).
+// The block stages its tile's entries in shared memory, kTilePixels at a time (one load per thread), with the
+// warp boxes each entry can reach (rasterize_common.cuh box_mask: a warp skips the rest), and leaves as soon as
+// every pixel of the tile is done (__syncthreads_count vote).
 // Depth (docs/PIPELINE.md "Depth") comes from the same walk when kDepth: the expected depth sum_i w_i z_i / (1 - T)
 // (written into the depth_sum buffer) and the median
 // depth (z of the first blended entry after which T <= 1/2; 0 if none). kDepth = false is the colour-only kernel,
@@ -36,10 +37,15 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
     __shared__ float4 s_conic_opacity[kTilePixels];  // (A, 2B, C, opacity)
     __shared__ float3 s_rgb[kTilePixels];
     __shared__ float s_z[kDepth ? kTilePixels : 1];
+    __shared__ uint8_t s_boxes[kTilePixels];  // box_mask of each staged entry
 
     const int tile = blockIdx.y * tiles_x + blockIdx.x;
     const int tid = threadIdx.y * kTileSize + threadIdx.x;
-    const int px = blockIdx.x * kTileSize + threadIdx.x, py = blockIdx.y * kTileSize + threadIdx.y;
+    const int warp = tid >> 5;
+    int bx, by;
+    box_pixel(tid, bx, by);
+    const int tile_x0 = blockIdx.x * kTileSize, tile_y0 = blockIdx.y * kTileSize;
+    const int px = tile_x0 + bx, py = tile_y0 + by;
     const bool inside = px < width && py < height;
     const float fx = static_cast<float>(px) + 0.5f, fy = static_cast<float>(py) + 0.5f;
 
@@ -54,15 +60,19 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
         const int k = base + tid;
         if (k < end) {
             const int32_t id = gaussian_ids[k];
-            s_xy[tid] = make_float2(means2D[2 * id + 0], means2D[2 * id + 1]);
-            s_conic_opacity[tid] =
+            const float2 xy = make_float2(means2D[2 * id + 0], means2D[2 * id + 1]);
+            const float4 co =
                 make_float4(conics[3 * id + 0], 2.f * conics[3 * id + 1], conics[3 * id + 2], opacities[id]);
+            s_xy[tid] = xy;
+            s_conic_opacity[tid] = co;
+            s_boxes[tid] = static_cast<uint8_t>(box_mask(xy.x, xy.y, co.x, co.y, co.z, co.w, tile_x0, tile_y0));
             s_rgb[tid] = make_float3(colors[3 * id + 0], colors[3 * id + 1], colors[3 * id + 2]);
             if constexpr (kDepth) s_z[tid] = depths[id];
         }
         __syncthreads();
         const int batch = min(kTilePixels, end - base);
         for (int j = 0; j < batch && !done; ++j) {
+            if (!(s_boxes[j] >> warp & 1u)) continue;  // warp-uniform: no pixel of this box can blend entry j
             const float4 co = s_conic_opacity[j];
             const float2 xy = s_xy[j];
             const float q = quadratic_form(co.x, co.y, co.z, __fsub_rn(fx, xy.x), __fsub_rn(fy, xy.y));

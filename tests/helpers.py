@@ -50,3 +50,89 @@ def real_scene_pair(shared_data, name, device):
         pytest.importorskip("zstandard", reason=f"{path.name} is zstd-compressed; zstandard is not installed")
     model = load_scene(path, device=device)
     return model, model.to(dtype=torch.float64)
+
+
+# ---- warp boxes (csrc/rasterize_common.cuh box_mask), emulated in numpy float32 --------------------------------
+
+def _fma32(a, b, c):
+    """fmaf(a, b, c) for float32 arrays: the product is exact in float64; one more rounding than a true fma
+    on the sum (a 1-ulp difference at most, far inside box_mask's margins)."""
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+
+
+def box_mask_np(u, v, A, B2, C, opacity, tile_x0, tile_y0):
+    """box_mask of csrc/rasterize_common.cuh, one uint8 per entry (bit w: warp w's 8x4 box), float32 numpy.
+
+    Every argument broadcasts; u, v, A, B2 = 2B, C, opacity float32 (the staged conic and activated opacity).
+    """
+    f = np.float32
+    shape = np.broadcast_shapes(*(np.shape(x) for x in (u, v, A, B2, C, opacity, tile_x0, tile_y0)))
+    u, v, A, B2, C, o = (np.broadcast_to(np.asarray(x, dtype=f), shape) for x in (u, v, A, B2, C, opacity))
+    tile_x0, tile_y0 = (np.broadcast_to(np.asarray(t), shape) for t in (tile_x0, tile_y0))
+    with np.errstate(all="ignore"):
+        B = f(0.5) * B2
+        bb = B * B
+        det = _fma32(A, C, -bb) + _fma32(-B, B, bb)
+        Q = np.minimum(f(9.0), f(2.0) * np.log(np.maximum(o, f(1e-30)) / f(1.0 / 255.0)).astype(f))
+        trace = A + C
+        kappa = trace * trace / det
+        Qm = np.maximum(Q, f(0)) * (f(1) + f(1e-6) * kappa) + f(1e-4)
+        ex = np.sqrt(Qm * C / det) + f(1e-3)
+        ey = np.sqrt(Qm * A / det) + f(1e-3)
+        cols = np.zeros(shape, np.uint32)
+        rows = np.zeros(shape, np.uint32)
+        for bx in range(2):
+            lo = (tile_x0 + 8 * bx).astype(f) + f(0.5)
+            cols |= ((u + ex >= lo) & (u - ex <= lo + f(7))).astype(np.uint32) << bx
+        for by in range(4):
+            lo = (tile_y0 + 4 * by).astype(f) + f(0.5)
+            rows |= ((v + ey >= lo) & (v - ey <= lo + f(3))).astype(np.uint32) << by
+        mask = np.zeros(shape, np.uint32)
+        for by in range(4):
+            mask |= np.where((rows >> by) & 1, cols << (2 * by), 0).astype(np.uint32)
+        # the kernel's order of returns: not positive definite / NaN opacity, then Q < 0, then the others
+        unusable = ~(kappa < f(1e5)) | ~(ex < f(1e30)) | ~(ey < f(1e30)) | ~(np.abs(u) < f(1e30)) \
+            | ~(np.abs(v) < f(1e30))
+        mask = np.where(unusable, 0xFF, mask)
+        mask = np.where(Q < f(-1e-3), 0, mask)
+        mask = np.where(~((A > 0) & (C > 0) & (det > 0) & (o == o)), 0xFF, mask)
+    return mask.astype(np.uint8)
+
+
+def box_of_pixel(x, y):
+    """The warp (box) of tile-local pixel (x, y): 8x4 boxes, two per row of boxes (rasterize_common.cuh box_pixel)."""
+    return (np.asarray(y) // 4) * 2 + np.asarray(x) // 8
+
+
+def splats_2d(gen, n, width, height, kappa_hi=50.0):
+    """n screen-space splats for rasterizer tests that bypass projection and binning (float32, CPU).
+
+    Centres over the image and up to 8 px beyond; half of them snapped to within 0.3 px of an 8x4 warp-box edge
+    (box_mask's boundaries); sigma_min^2 in [0.3, 6] px^2, anisotropy log-uniform up to kappa_hi, any angle;
+    opacities in [0.02, 0.9], colours in [0, 1]. Returns means2D (n, 2), conics (n, 3) = (A, B, C), colors (n, 3),
+    opacities (n,).
+    """
+    f64 = dict(generator=gen, dtype=torch.float64)
+    u = -8 + (width + 16) * torch.rand(n, **f64)
+    v = -8 + (height + 16) * torch.rand(n, **f64)
+    snap = torch.rand(n, generator=gen) < 0.5
+    u = torch.where(snap, torch.round(u / 8) * 8 + 0.6 * torch.rand(n, **f64) - 0.3, u)
+    v = torch.where(snap, torch.round(v / 4) * 4 + 0.6 * torch.rand(n, **f64) - 0.3, v)
+    s_min = 0.3 + 5.7 * torch.rand(n, **f64)
+    kappa = torch.exp(math.log(kappa_hi) * torch.rand(n, **f64))
+    th = math.pi * torch.rand(n, **f64)
+    c, s = torch.cos(th), torch.sin(th)
+    l1, l2 = 1 / (s_min * kappa), 1 / s_min  # conic eigenvalues
+    conics = torch.stack([l1 * c * c + l2 * s * s, (l1 - l2) * c * s, l1 * s * s + l2 * c * c], -1)
+    colors = torch.rand(n, 3, **f64)
+    opacities = 0.02 + 0.88 * torch.rand(n, **f64)
+    return (torch.stack([u, v], -1).float(), conics.float(), colors.float(), opacities.float())
+
+
+def every_tile_lists(n, width, height, tile=16):
+    """gaussian_ids / tile_ranges (int32, CPU) listing all n entries, in index order, in every tile: what the
+    rasterizer draws then depends on its own tests alone (3-sigma cut, ALPHA_MIN, warp boxes), not on binning."""
+    n_tiles = -(-width // tile) * -(-height // tile)
+    ids = torch.arange(n, dtype=torch.int32).repeat(n_tiles)
+    starts = torch.arange(n_tiles, dtype=torch.int32) * n
+    return ids, torch.stack([starts, starts + n], -1)

@@ -25,7 +25,7 @@ import rigel_core as rc
 from rigel_core import _ext, config, cuda_backend
 from rigel_core.reference import project_gaussians, rasterize_tiles, sh_colors
 
-from helpers import cam_tensors, random_camera, random_gaussians
+from helpers import cam_tensors, every_tile_lists, random_camera, random_gaussians, splats_2d
 from test_cuda_forward import SH_NS, edge_gaussians, make_scene, mild, poison_cuda_allocator, sh_inputs, sh_ks
 
 pytestmark = pytest.mark.gpu
@@ -73,6 +73,12 @@ def raster_stage(rng, inputs, cam):
     m2, con, dep, rad = C.project_gaussians(*(t.to(DEV) for t in (means, quats, scales, opac, vm, K)), w, h,
                                             config.NEAR_PLANE, config.FAR_PLANE)
     _, ids, ranges, _ = cuda_backend.bin_gaussians_cuda(m2, con, opac.to(DEV), dep, rad, w, h)
+    return raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h)
+
+
+def raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h):
+    """CUDA raster fwd+bwd vs float64 autograd of the reference raster on given projected inputs and tile lists."""
+    ids, ranges = ids.to(DEV), ranges.to(DEV)
     w_img, w_T = torch.randn(h, w, 3, generator=rng), torch.randn(h, w, generator=rng)
     bg = torch.rand(3, generator=rng)
     base = (m2, con, colors, opac, bg)
@@ -121,6 +127,18 @@ def test_raster_backward_early_terminated_pixels(rng):
     inputs = tuple(a.float() for a in (means, quats, mild(rng, scales), opac, colors))
     _, final_T, _, _ = raster_stage(rng, inputs, cam)
     assert float((final_T < 1e-3).float().mean()) > 0.05, "too few pixels stop at T_MIN"
+
+
+def test_raster_backward_warp_boxes(rng):
+    """Every entry in every tile (no binning): the warp boxes and the per-warp end of the walk alone decide what
+    each warp visits; splats on box edges, anisotropy up to 30 (float64 comparison, see mild())."""
+    w, h = 64, 48
+    m2, con, colors, opac = splats_2d(rng, 120, w, h, kappa_hi=30.0)
+    opac[:4] = 0.5 * config.ALPHA_MIN  # never blended: no box
+    ids, ranges = every_tile_lists(m2.shape[0], w, h)
+    g, final_T, n_contrib, _ = raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h)
+    assert float(final_T.min()) < 0.3 and int(n_contrib.max()) > 20
+    assert torch.count_nonzero(g["means2D"].abs().sum(-1)) > 60 and not g["opacities"][:4].any()
 
 
 # ---- [1] projection backward --------------------------------------------------------------------------------

@@ -27,7 +27,8 @@ from rigel_core import _ext, config, cuda_backend
 from rigel_core.reference import (bin_gaussians, project_gaussians, rasterize_tiles, render_reference, sh_colors,
                                   tile_rects)
 
-from helpers import cam_tensors, random_camera, random_gaussians, real_scene_pair
+from helpers import (box_mask_np, cam_tensors, every_tile_lists, random_camera, random_gaussians, real_scene_pair,
+                     splats_2d)
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -334,6 +335,39 @@ def test_raster_identical_to_reference(rng, size, background):
                config.ALPHA_MAX * config.T_MIN / (1 - config.ALPHA_MAX))
     assert float(d_img.max()) <= jump + 1e-4 and float(d_T.max()) <= jump + 1e-4
     assert int(n_contrib.max()) > 1 and float(final_T.min()) < 0.5, "scene too thin to test compositing"
+
+
+def test_raster_warp_boxes_skip_only_what_cannot_blend(rng):
+    """Every entry in every tile (no binning), so the warp boxes alone decide what each warp evaluates: splats on
+    box edges, needles up to kappa 3e5 (every box kept beyond 1e5), opacity below ALPHA_MIN (no box), a NaN conic
+    and a non-positive-definite one (every box). Image, final_T and n_contrib as the float32 reference's."""
+    width, height = 80, 64
+    m2, con, colors, opac = splats_2d(rng, 260, width, height, kappa_hi=3e5)
+    opac = opac * 0.5
+    opac[:8] = torch.rand(8, generator=rng) * 0.9 * config.ALPHA_MIN  # below ALPHA_MIN: never blended
+    con[8] = float("nan")
+    m2[-1], con[-1], opac[-1] = torch.tensor([40.0, 30.0]), torch.tensor([0.02, 0.05, 0.02]), 0.3  # indefinite
+    n = m2.shape[0]
+    ids, ranges = every_tile_lists(n, width, height)
+    bg = torch.tensor([0.3, 0.6, 0.1])
+    image = torch.full((height, width, 3), float("nan"), device=DEV)
+    final_T = torch.full((height, width), float("nan"), device=DEV)
+    n_contrib = torch.full((height, width), -7, dtype=torch.int32, device=DEV)
+    C().rasterize_tiles(m2.to(DEV), con.to(DEV), colors.to(DEV), opac.to(DEV), ids.to(DEV), ranges.to(DEV), width,
+                        height, bg.to(DEV), image, final_T, n_contrib)
+    ref = rasterize_tiles(m2, con, colors, opac, ids, ranges, width // 16, height // 16, width, height, bg)
+    same = n_contrib.cpu() == ref.n_contrib
+    d_img = (image.cpu() - ref.image).abs().amax(-1)
+    # exp rounding at ALPHA_MIN / T_MIN ties only (see test_raster_identical_to_reference): rare
+    assert int((~same).sum()) <= max(2, same.numel() // 1000), f"{int((~same).sum())} pixels differ in n_contrib"
+    assert float(d_img[same].max()) <= 1e-4 and float((final_T.cpu() - ref.final_T).abs()[same].max()) <= 1e-4
+    assert int(n_contrib.max()) > 20 and float(final_T.min()) < 0.5
+    # the scene exercises the skip: many (entry, tile) pairs keep no box or only some
+    ty, tx = np.divmod(np.arange((width // 16) * (height // 16)), width // 16)
+    masks = box_mask_np(*(a.numpy()[None] for a in (m2[:, 0], m2[:, 1], con[:, 0], 2 * con[:, 1], con[:, 2], opac)),
+                        16 * tx[:, None], 16 * ty[:, None])
+    pop = np.unpackbits(masks[..., None], axis=-1).sum(-1)
+    assert (pop == 8).mean() < 0.7 and (pop == 0).mean() > 0.2 and ((pop > 0) & (pop < 8)).mean() > 0.05
 
 
 def test_raster_early_termination_matches(rng):

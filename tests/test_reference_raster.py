@@ -1,11 +1,13 @@
 """Reference tile rasterizer vs a naive compositor that visits every pixel and every depth-sorted Gaussian."""
 import math
 
+import numpy as np
 import torch
 
 from rigel_core import config, rasterize_gaussians
 from rigel_core.reference import bin_gaussians, project_gaussians, rasterize_tiles
-from helpers import cam_tensors, random_camera, random_gaussians
+
+from helpers import box_mask_np, box_of_pixel, cam_tensors, random_camera, random_gaussians
 
 
 def naive_composite(p, opac, colors, w, h, bg):
@@ -108,3 +110,117 @@ def test_float32_matches_float64(rng):
                config.ALPHA_MAX * config.T_MIN / (1 - config.ALPHA_MAX))
     assert int((d > 1e-3).sum()) <= 2, f"{int((d > 1e-3).sum())} pixels differ by more than 1e-3"
     assert float(d.max()) <= jump + 1e-3
+
+
+# ---- warp boxes: the CUDA rasterizer's per-warp skip (csrc/rasterize_common.cuh box_mask) ----------------------
+
+def _fragments_pass_np(u, v, A, B2, C, o, x0, y0):
+    """(n, 16, 16) bool: fragment_alpha's verdict for each entry and tile pixel, in float32 as the kernel computes
+    q (every product rounded, left to right: rasterize_common.cuh quadratic_form) — box_mask must cover these."""
+    f = np.float32
+    x0 = np.broadcast_to(np.asarray(x0), u.shape)[:, None]
+    y0 = np.broadcast_to(np.asarray(y0), v.shape)[:, None]
+    xs = (np.arange(16)[None] + x0).astype(f) + f(0.5)  # (n, 16) pixel centres, exact in float32
+    ys = (np.arange(16)[None] + y0).astype(f) + f(0.5)
+    dx = (xs[:, None, :] - u[:, None, None]).astype(f)
+    dy = (ys[:, :, None] - v[:, None, None]).astype(f)
+    A, B2, C, o = (a[:, None, None] for a in (A, B2, C, o))
+    with np.errstate(all="ignore"):
+        q = ((A * dx) * dx + (B2 * dx) * dy) + (C * dy) * dy
+        alpha = np.minimum(f(config.ALPHA_MAX), o * np.exp(f(-0.5) * q))
+    return (q <= f(config.RADIUS_SIGMA ** 2)) & (alpha >= f(config.ALPHA_MIN))
+
+
+def _grazing_conics(gen, n, kappa_hi):
+    """n random ellipses: sigma_minor^2 in [0.3, 4] px^2 (the 0.3 low-pass is the floor), anisotropy kappa
+    log-uniform in [1, kappa_hi], any angle. Returns float64 (A, B, C) of the conic (inverse covariance)."""
+    s_min = 0.3 + 3.7 * torch.rand(n, generator=gen, dtype=torch.float64)
+    kappa = torch.exp(math.log(kappa_hi) * torch.rand(n, generator=gen, dtype=torch.float64))
+    th = math.pi * torch.rand(n, generator=gen, dtype=torch.float64)
+    c, s = torch.cos(th), torch.sin(th)
+    l1, l2 = 1 / (s_min * kappa), 1 / s_min  # conic eigenvalues
+    return l1 * c * c + l2 * s * s, (l1 - l2) * c * s, l1 * s * s + l2 * c * c
+
+
+def test_warp_boxes_hold_every_fragment_that_passes(rng):
+    """Every fragment the kernel would blend lies in a box whose bit box_mask sets: random and grazing ellipses
+    (centred so that the extreme point of {q <= Q} sits on a box's first or last pixel centre, within ±2e-6 px),
+    needles up to kappa 3e5 (beyond 1e5 every box is kept), opacities from below ALPHA_MIN to 1, tiles far from
+    the origin (coordinates near 4000 px round at 2.4e-4 px). The emulation is tests/helpers.box_mask_np."""
+    f = np.float32
+    n = 6000
+    A, B, C = (t.numpy() for t in _grazing_conics(rng, n, 3e5))
+    o = np.exp(np.log(1e-3) * torch.rand(n, generator=rng, dtype=torch.float64).numpy())
+    x0 = 16 * torch.randint(0, 256, (n,), generator=rng).numpy()
+    y0 = 16 * torch.randint(0, 256, (n,), generator=rng).numpy()
+    # exact extent of {q <= Q}; half the centres graze a box edge from outside or inside, half are anywhere near
+    Q = np.minimum(config.RADIUS_SIGMA ** 2, 2 * np.log(np.maximum(o, 1e-30) / config.ALPHA_MIN))
+    det = A * C - B * B
+    ex, ey = np.sqrt(np.maximum(Q, 0) * C / det), np.sqrt(np.maximum(Q, 0) * A / det)
+    edge_x = x0 + 8 * torch.randint(0, 3, (n,), generator=rng).numpy() + np.where(
+        torch.rand(n, generator=rng).numpy() < 0.5, 0.5, -0.5)
+    edge_y = y0 + 4 * torch.randint(0, 5, (n,), generator=rng).numpy() + np.where(
+        torch.rand(n, generator=rng).numpy() < 0.5, 0.5, -0.5)
+    jit = lambda: 2e-6 * (2 * torch.rand(n, generator=rng, dtype=torch.float64).numpy() - 1)
+    sgn = lambda: np.where(torch.rand(n, generator=rng).numpy() < 0.5, -1.0, 1.0)
+    graze = torch.rand(n, generator=rng).numpy() < 0.5
+    u = np.where(graze, edge_x + sgn() * ex + jit(), x0 - 12 + 40 * torch.rand(n, generator=rng).numpy())
+    v = np.where(graze, edge_y + sgn() * ey + jit(), y0 - 12 + 40 * torch.rand(n, generator=rng).numpy())
+    u, v, A32, C32, o32 = (np.asarray(a, dtype=f) for a in (u, v, A, C, o))
+    B2 = f(2) * B.astype(f)  # staged as 2.f * conics[1]
+    mask = box_mask_np(u, v, A32, B2, C32, o32, x0, y0)
+    passes = _fragments_pass_np(u, v, A32, B2, C32, o32, x0, y0)
+    yy, xx = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+    covered = (mask[:, None, None] >> box_of_pixel(xx, yy)[None]) & 1
+    missed = passes & (covered == 0)
+    assert not missed.any(), f"{int(missed.sum())} passing fragments outside their box (entries " \
+                             f"{np.unique(np.nonzero(missed)[0])[:5].tolist()})"
+    # the cull must also cull: every branch present, and small round splats keep few boxes
+    pop = np.unpackbits(mask[:, None], axis=1).sum(1)
+    kappa = (A + C) ** 2 / det
+    assert (mask == 0).sum() > 0 and (o < config.ALPHA_MIN).any()  # opacity below ALPHA_MIN: no box
+    assert ((kappa >= 1e5) & (mask == 0xFF) & (o >= config.ALPHA_MIN)).any()  # needles beyond the bound: all
+    assert ((pop > 0) & (pop < 8)).mean() > 0.2
+    passing_hits = passes.any((1, 2))
+    assert passing_hits.sum() > n // 4
+    edge_pass = (passes & (covered == 1)).sum((1, 2))
+    assert (graze & (edge_pass > 0)).sum() > n // 10  # grazing ellipses do reach pixels
+    small = (ex < 3) & (ey < 3) & ~graze & (o >= config.ALPHA_MIN)  # 3-sigma boxes up to 6 px wide, anywhere
+    assert small.sum() > 50 and pop[small].mean() < 4.0, (small.sum(), pop[small].mean())
+
+
+def test_warp_boxes_would_miss_fragments_without_their_margins(rng):
+    """The margins of box_mask are needed: with Q' = Q and no 1e-3 px pad, ellipses whose extreme point sits on a
+    pixel centre of the next box lose fragments that pass (so the test above can fail)."""
+    import helpers
+    f = np.float32
+    n = 6000
+    A, B, C = (t.numpy() for t in _grazing_conics(rng, n, 1e4))
+    o = np.full(n, 0.9)
+    Q = config.RADIUS_SIGMA ** 2
+    det = A * C - B * B
+    ex = np.sqrt(Q * C / det)
+    # the extreme point (u + ex, v - B ex / C) of {q <= Q} on the pixel centre (8.5, 6.5), within ±1e-7 px
+    u = 8.5 - ex + 1e-7 * (2 * torch.rand(n, generator=rng, dtype=torch.float64).numpy() - 1)
+    v = 6.5 + B * ex / C
+    u, v, A32, C32, o32 = (np.asarray(a, dtype=f) for a in (u, v, A, C, o))
+    B2 = f(2) * B.astype(f)
+    passes = _fragments_pass_np(u, v, A32, B2, C32, o32, 0, 0)
+    yy, xx = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+    box = box_of_pixel(xx, yy)[None]
+
+    def missed(mask):
+        return int((passes & (((mask[:, None, None] >> box) & 1) == 0)).sum())
+
+    assert missed(box_mask_np(u, v, A32, B2, C32, o32, 0, 0)) == 0
+    # the same test without margins: Q' = Q, extents unpadded
+    Qf = f(Q)
+    ex0, ey0 = np.sqrt(Qf * C32 / det.astype(f)), np.sqrt(Qf * A32 / det.astype(f))
+    cols = ((u + ex0 >= f(0.5)) & (u - ex0 <= f(7.5))).astype(np.uint32) \
+        | (((u + ex0 >= f(8.5)) & (u - ex0 <= f(15.5))).astype(np.uint32) << 1)
+    rows = [((v + ey0 >= f(4 * by + 0.5)) & (v - ey0 <= f(4 * by + 3.5))) for by in range(4)]
+    bare = np.zeros(n, np.uint32)
+    for by in range(4):
+        bare |= np.where(rows[by], cols << (2 * by), 0).astype(np.uint32)
+    assert missed(bare.astype(np.uint8)) > 0
+    assert helpers.box_mask_np is box_mask_np
