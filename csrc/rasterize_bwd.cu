@@ -45,7 +45,7 @@ __device__ __forceinline__ void scatter_step(const float* in, float* out, int la
 }
 
 template <bool kDepth>
-__global__ void __launch_bounds__(kTilePixels) rasterize_bwd_kernel(
+__global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
     int width, int height, int tiles_x,
     const int32_t* __restrict__ tile_ranges,   // [n_tiles, 2]
     const int32_t* __restrict__ gaussian_ids,  // [E]

@@ -29,26 +29,27 @@ __device__ __forceinline__ bool fragment_alpha(float q, float opacity, float& G,
 // rows 4 (w >> 1) .. +3, lane l the pixel (l & 7, l >> 3) of its box. When an entry is staged, its loader
 // computes which boxes its footprint {q <= Q} can reach (a bit per warp); a warp whose bit is clear skips the
 // entry without evaluating it, a warp-uniform branch.
-constexpr int kBoxW = 8, kBoxH = 4;
-static_assert(kTileSize == 16 && kTilePixels == 256, "warp boxes are laid out for 16x16 tiles of 8 warps");
+constexpr int kBoxW = 8, kBoxH = 4, kBoxCols = kTileSize / kBoxW, kBoxRows = kTileSize / kBoxH;
+static_assert(kBoxW * kBoxH == 32 && kBoxCols * kBoxRows * 32 == kTilePixels && kBoxCols * kBoxRows <= 8,
+              "one warp per box, at most 8 boxes (a byte of bits)");
 
 // Pixel (x, y) within the tile of raster thread tid (tid = threadIdx.y * kTileSize + threadIdx.x).
 __device__ __forceinline__ void box_pixel(int tid, int& x, int& y) {
     const int warp = tid >> 5, lane = tid & 31;
-    x = (warp & 1) * kBoxW + (lane & 7);
-    y = (warp >> 1) * kBoxH + (lane >> 3);
+    x = (warp % kBoxCols) * kBoxW + lane % kBoxW;
+    y = (warp / kBoxCols) * kBoxH + lane / kBoxW;
 }
 
 // Bit w set <=> warp w's box may hold a pixel for which fragment_alpha passes. Conservative by construction:
 //  - Q = min(RADIUS_SIGMA^2, 2 ln(opacity / ALPHA_MIN)), as binning's footprint;
 //  - the float q a pixel computes differs from the exact form by at most ~5 ulp of its terms
 //    A dx^2 + 2|B dx dy| + C dy^2 <= 2 kappa q, kappa = lambda_max / lambda_min <= (A + C)^2 / det, so the
-//    test uses Q' = Q (1 + 1e-6 kappa) + 1e-4 (kappa 1e5 and above, or any non-finite or non-positive-definite
+//    test uses Q' = Q (1 + 1e-6 kappa) + 1e-3 (kappa 1e5 and above, or any non-finite or non-positive-definite
 //    input: every bit set);
 //  - det = AC - B^2 is taken with Kahan's difference of products (an fma recovers B^2's rounding), so a
 //    needle's determinant keeps its digits;
 //  - the ellipse q <= Q' lies inside |dx| <= sqrt(Q' C / det), |dy| <= sqrt(Q' A / det); the box test pads
-//    both by 1e-3 px.
+//    both by 1e-5 relative and 1e-3 px.
 // u, v: means2D; A, B2 = 2B, C: the conic as staged; tile_x0/y0: the tile's first pixel.
 __device__ __forceinline__ uint32_t box_mask(float u, float v, float A, float B2, float C, float opacity,
                                              int tile_x0, int tile_y0) {
@@ -57,31 +58,34 @@ __device__ __forceinline__ uint32_t box_mask(float u, float v, float A, float B2
     const float bb = B * B;
     const float det = fmaf(A, C, -bb) + fmaf(-B, B, bb);  // AC - B^2, Kahan
     if (!(A > 0.f) || !(C > 0.f) || !(det > 0.f) || !(opacity == opacity)) return kAll;
-    // Q < 0: opacity < ALPHA_MIN, and G <= 1 up to the rounding of a q near 0, so no pixel passes
-    const float Q = fminf(kCutoffQF, 2.f * logf(fmaxf(opacity, 1e-30f) / kAlphaMinF));
+    // Q < 0: opacity < ALPHA_MIN, and G <= 1 up to the rounding of a q near 0, so no pixel passes. The hardware
+    // log, reciprocal and reciprocal square root (a few ulp) keep the staging cheap; the margins dwarf their error.
+    const float Q = fminf(kCutoffQF, 2.f * __logf(fmaxf(opacity, 1e-30f) * (1.f / kAlphaMinF)));
     if (Q < -1e-3f) return 0u;
     const float trace = A + C;
-    const float kappa = trace * trace / det;
+    const float inv_det = __frcp_rn(det);
+    const float kappa = trace * trace * inv_det;
     if (!(kappa < 1e5f)) return kAll;
-    const float Qm = fmaxf(Q, 0.f) * (1.f + 1e-6f * kappa) + 1e-4f;
-    const float ex = sqrtf(Qm * C / det) + 1e-3f, ey = sqrtf(Qm * A / det) + 1e-3f;
+    const float Qm = (fmaxf(Q, 0.f) * (1.f + 1e-6f * kappa) + 1e-3f) * inv_det;
+    const float ex2 = Qm * C, ey2 = Qm * A;  // > 0 here
+    const float ex = ex2 * rsqrtf(ex2) * (1.f + 1e-5f) + 1e-3f, ey = ey2 * rsqrtf(ey2) * (1.f + 1e-5f) + 1e-3f;
     if (!(ex < 1e30f) || !(ey < 1e30f) || !(fabsf(u) < 1e30f) || !(fabsf(v) < 1e30f)) return kAll;
     // pixel centres of box column bx: x in [tile_x0 + 8 bx + 0.5, tile_x0 + 8 bx + 7.5]; rows likewise.
     uint32_t cols = 0u, rows = 0u;
 #pragma unroll
-    for (int bx = 0; bx < kTileSize / kBoxW; ++bx) {
+    for (int bx = 0; bx < kBoxCols; ++bx) {
         const float lo = static_cast<float>(tile_x0 + bx * kBoxW) + 0.5f, hi = lo + static_cast<float>(kBoxW - 1);
         if (u + ex >= lo && u - ex <= hi) cols |= 1u << bx;
     }
 #pragma unroll
-    for (int by = 0; by < kTileSize / kBoxH; ++by) {
+    for (int by = 0; by < kBoxRows; ++by) {
         const float lo = static_cast<float>(tile_y0 + by * kBoxH) + 0.5f, hi = lo + static_cast<float>(kBoxH - 1);
         if (v + ey >= lo && v - ey <= hi) rows |= 1u << by;
     }
     uint32_t mask = 0u;
 #pragma unroll
-    for (int by = 0; by < kTileSize / kBoxH; ++by)
-        if (rows >> by & 1u) mask |= cols << (2 * by);
+    for (int by = 0; by < kBoxRows; ++by)
+        if (rows >> by & 1u) mask |= cols << (kBoxCols * by);
     return mask;
 }
 
