@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Kernel A/B in one GPU call: build each variant of csrc/ in turn and time it with bench/forward.py, so that
+# variants are compared on one machine in one session (gsplat's and the host's drift between calls is larger
+# than most kernel changes; docs/BENCHMARKS.md, "Again at 8dcfed7 and 914860a").
+#
+# Here (git checkout), once per variant: copy csrc/ of a git ref into .ab/NAME/ (ignored; carried to the device):
+#   bash bench/kernel_ab.sh --prepare before 914860a^ --prepare boxes main --prepare bitwalk raster-bitwalk
+# On the GPU machine (device tool, carry .devcore, .data/ply and .ab):
+#   source .devcore/env.sh && bash bench/kernel_ab.sh --run [--tests "tests/test_cuda_forward.py ..."] \
+#       [--bench-args "--scenes 1M,donut --res 720p,4k"]
+# --run builds every .ab/NAME in name order (csrc/ replaced by it; the working tree's csrc/ is put back at the
+# end), runs the given GPU tests on each (pytest -m gpu) and bench/forward.py --no-gsplat --no-depth, and prints
+# one table: per scene and resolution, the raster stage, the forward and forward+backward of each variant (ms).
+# Logs in $OUT (default ./out): build_NAME.log, tests_NAME.log, NAME/forward.md.
+set -uo pipefail
+PY=${PYTHON:-python3}
+OUT=${OUT:-out}
+prepare=() run=0 tests="" bench_args="--iters 30"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prepare) prepare+=("$2=$3"); shift 2 ;;
+    --run) run=1 ;;
+    --tests) tests=$2; shift ;;
+    --bench-args) bench_args=$2; shift ;;
+    *) echo "kernel_ab.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+for pair in "${prepare[@]}"; do
+  name=${pair%%=*} ref=${pair#*=}
+  case "$name" in *[!A-Za-z0-9_-]*|"") echo "kernel_ab.sh: variant name '$name': letters, digits, - and _ only" >&2; exit 2 ;; esac
+  git rev-parse --verify -q "$ref^{commit}" >/dev/null || { echo "kernel_ab.sh: $ref is not a commit" >&2; exit 2; }
+  rm -rf ".ab/$name" && mkdir -p ".ab/$name" || exit 1
+  git archive "$ref" csrc | tar -x -C ".ab/$name" || exit 1
+  echo "$ref ($(git rev-parse --short "$ref"))" >".ab/$name/REF"
+  echo ".ab/$name: csrc/ of $(cat ".ab/$name/REF")"
+done
+[ "$run" = 1 ] || exit 0
+
+[ -d .ab ] && [ -n "$(ls -A .ab)" ] || { echo "kernel_ab.sh: no variants in .ab/ (--prepare them first)" >&2; exit 2; }
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
+keep=$(mktemp -d) && cp -a csrc "$keep/"
+# Put the tree's csrc/ back, newer than every object built here, so that the next build compiles it again (until
+# then rigel_core/_C is the last variant's).
+trap 'rm -rf csrc && cp -a "$keep/csrc" csrc && find csrc -type f -exec touch {} + && rm -rf "$keep"
+      echo "kernel_ab.sh: csrc/ restored; rigel_core/_C is the last variant'"'"'s until the next build"' EXIT
+names=() prev=""
+for dir in .ab/*/; do
+  name=$(basename "$dir")
+  [ -d "$dir/csrc" ] || continue
+  names+=("$name")
+  rm -rf csrc && cp -a "$dir/csrc" csrc
+  # The extracted files carry their commit's time, possibly older than the objects of the previous build: touch
+  # what differs from the previous variant (everything for the first), or the build would keep stale objects.
+  if [ -z "$prev" ]; then
+    find csrc -type f -exec touch {} +
+  else
+    (cd csrc && find . -type f) | while read -r f; do cmp -s "csrc/$f" "$prev/csrc/$f" || touch "csrc/$f"; done
+  fi
+  prev=$dir
+  t0=$(date +%s)
+  if ! $PY setup.py build_ext --inplace >"$OUT/build_$name.log" 2>&1; then
+    echo "$name ($(cat "$dir/REF")): build failed, see build_$name.log"; tail -5 "$OUT/build_$name.log"; continue
+  fi
+  line="$name ($(cat "$dir/REF")): build $(( $(date +%s) - t0 ))s"
+  if [ -n "$tests" ]; then
+    # shellcheck disable=SC2086
+    timeout "${TEST_TIMEOUT:-240}" $PY -m pytest -m gpu -q -p no:cacheprovider $tests >"$OUT/tests_$name.log" 2>&1
+    line+=", tests: $(grep -E '(passed|failed|error)' "$OUT/tests_$name.log" | tail -1)"
+  fi
+  echo "$line"
+  mkdir -p "$OUT/$name"
+  # shellcheck disable=SC2086
+  OUT="$OUT/$name" timeout "${BENCH_TIMEOUT:-200}" $PY bench/forward.py --no-gsplat --no-depth $bench_args \
+    >"$OUT/$name/bench.log" 2>&1 || echo "$name: bench/forward.py failed, see $name/bench.log"
+done
+$PY - "$OUT" "${names[@]}" <<'PYEOF'
+import sys
+from pathlib import Path
+out, names = Path(sys.argv[1]), sys.argv[2:]
+cols = {}  # name -> {(scene, res): (raster, total, fwd+bwd)}
+for name in names:
+    md = out / name / "forward.md"
+    if not md.exists():
+        continue
+    rows = [l.split("|")[1:-1] for l in md.read_text().splitlines() if l.startswith("| ") and "---" not in l]
+    head = [c.strip() for c in rows[0]]
+    idx = [head.index(k) for k in ("raster", "total", "fwd+bwd")]
+    cols[name] = {(r[0].strip(), r[2].strip()): tuple(r[i].strip() for i in idx) for r in rows[1:]}
+if not cols:
+    sys.exit("kernel_ab.sh: no forward.md came out")
+keys = list(next(iter(cols.values())))
+names = list(cols)
+hdr = ["scene", "resolution"] + [f"{k} {n}" for k in ("raster", "fwd", "fwd+bwd") for n in names]
+print("| " + " | ".join(hdr) + " |\n|" + "---|" * len(hdr))
+for key in keys:
+    vals = [cols[n].get(key, ("-",) * 3)[i] for i in range(3) for n in names]
+    print("| " + " | ".join(list(key) + vals) + " |")
+PYEOF
