@@ -40,16 +40,20 @@ __device__ __forceinline__ void box_pixel(int tid, int& x, int& y) {
     y = (warp / kBoxCols) * kBoxH + lane / kBoxW;
 }
 
-// Bit w set <=> warp w's box may hold a pixel for which fragment_alpha passes. Conservative by construction:
+// Bit w clear => no pixel of warp w's box passes fragment_alpha (a set bit promises nothing). Conservative:
 //  - Q = min(RADIUS_SIGMA^2, 2 ln(opacity / ALPHA_MIN)), as binning's footprint;
-//  - the float q a pixel computes differs from the exact form by at most ~5 ulp of its terms
+//  - the float q a pixel computes differs from the exact form by at most ~6 ulp of its terms
 //    A dx^2 + 2|B dx dy| + C dy^2 <= 2 kappa q, kappa = lambda_max / lambda_min <= (A + C)^2 / det, so the
-//    test uses Q' = Q (1 + 1e-6 kappa) + 1e-3 (kappa 1e5 and above, or any non-finite or non-positive-definite
-//    input: every bit set);
+//    test uses Q' = Q (1 + 1e-6 kappa) + 1e-3; kappa 1e5 and above, or any non-finite or non-positive-definite
+//    input: every bit set;
+//  - only below that kappa is the float q of a positive-definite conic >= q (1 - 6 ulp kappa) >= 0, so G <= 1
+//    and an opacity under ALPHA_MIN (Q < -1e-3) passes nowhere: no bit set. (A needle of kappa ~3e7 can round
+//    q to -0.03 and blend at 0.99 ALPHA_MIN: hence the kappa test first.)
 //  - det = AC - B^2 is taken with Kahan's difference of products (an fma recovers B^2's rounding), so a
 //    needle's determinant keeps its digits;
 //  - the ellipse q <= Q' lies inside |dx| <= sqrt(Q' C / det), |dy| <= sqrt(Q' A / det); the box test pads
-//    both by 1e-5 relative and 1e-3 px.
+//    both by 1e-5 relative and 1e-3 px. __logf (absolute error ~2^-21 near 1), __frcp_rn (correctly rounded) and
+//    rsqrtf (2 ulp) keep the staging cheap; the margins dwarf their error.
 // u, v: means2D; A, B2 = 2B, C: the conic as staged; tile_x0/y0: the tile's first pixel.
 __device__ __forceinline__ uint32_t box_mask(float u, float v, float A, float B2, float C, float opacity,
                                              int tile_x0, int tile_y0) {
@@ -58,14 +62,12 @@ __device__ __forceinline__ uint32_t box_mask(float u, float v, float A, float B2
     const float bb = B * B;
     const float det = fmaf(A, C, -bb) + fmaf(-B, B, bb);  // AC - B^2, Kahan
     if (!(A > 0.f) || !(C > 0.f) || !(det > 0.f) || !(opacity == opacity)) return kAll;
-    // Q < 0: opacity < ALPHA_MIN, and G <= 1 up to the rounding of a q near 0, so no pixel passes. The hardware
-    // log, reciprocal and reciprocal square root (a few ulp) keep the staging cheap; the margins dwarf their error.
-    const float Q = fminf(kCutoffQF, 2.f * __logf(fmaxf(opacity, 1e-30f) * (1.f / kAlphaMinF)));
-    if (Q < -1e-3f) return 0u;
     const float trace = A + C;
     const float inv_det = __frcp_rn(det);
     const float kappa = trace * trace * inv_det;
     if (!(kappa < 1e5f)) return kAll;
+    const float Q = fminf(kCutoffQF, 2.f * __logf(fmaxf(opacity, 1e-30f) * (1.f / kAlphaMinF)));
+    if (Q < -1e-3f) return 0u;
     const float Qm = (fmaxf(Q, 0.f) * (1.f + 1e-6f * kappa) + 1e-3f) * inv_det;
     const float ex2 = Qm * C, ey2 = Qm * A;  // > 0 here
     const float ex = ex2 * rsqrtf(ex2) * (1.f + 1e-5f) + 1e-3f, ey = ey2 * rsqrtf(ey2) * (1.f + 1e-5f) + 1e-3f;

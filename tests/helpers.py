@@ -94,11 +94,11 @@ def box_mask_np(u, v, A, B2, C, opacity, tile_x0, tile_y0):
         mask = np.zeros(shape, np.uint32)
         for by in range(4):
             mask |= np.where((rows >> by) & 1, cols << (2 * by), 0).astype(np.uint32)
-        # the kernel's order of returns: not positive definite / NaN opacity, then Q < 0, then the others
-        unusable = ~(kappa < f(1e5)) | ~(ex < f(1e30)) | ~(ey < f(1e30)) | ~(np.abs(u) < f(1e30)) \
-            | ~(np.abs(v) < f(1e30))
+        # the kernel's order of returns: not positive definite / NaN opacity, kappa, Q < 0, then the extents
+        unusable = ~(ex < f(1e30)) | ~(ey < f(1e30)) | ~(np.abs(u) < f(1e30)) | ~(np.abs(v) < f(1e30))
         mask = np.where(unusable, 0xFF, mask)
         mask = np.where(Q < f(-1e-3), 0, mask)
+        mask = np.where(~(kappa < f(1e5)), 0xFF, mask)
         mask = np.where(~((A > 0) & (C > 0) & (det > 0) & (o == o)), 0xFF, mask)
     return mask.astype(np.uint8)
 
@@ -140,3 +140,61 @@ def every_tile_lists(n, width, height, tile=16):
     ids = torch.arange(n, dtype=torch.int32).repeat(n_tiles)
     starts = torch.arange(n_tiles, dtype=torch.int32) * n
     return ids, torch.stack([starts, starts + n], -1)
+
+
+def grazing_splats(gen, tiles_x, tiles_y, per_tile, kappa_hi=1e4):
+    """Splats whose 3-sigma ellipse {q <= 9} has its extreme point (x or y) on a pixel centre of a warp-box or
+    tile edge of its own tile, within float32 rounding of the centre: the fragments box_mask's margins exist for.
+    Opacity in [0.4, 0.5], so the 3-sigma cut, not ALPHA_MIN, decides (alpha >= 0.4 e^-4.5 > ALPHA_MIN) and the
+    CUDA q and the float32 reference's q are the same float. Returns means2D (n, 2), conics (n, 3), colors (n, 3),
+    opacities (n,) float32 and tile lists (gaussian_ids, tile_ranges: each tile lists its own per_tile splats).
+    """
+    n_tiles = tiles_x * tiles_y
+    n = n_tiles * per_tile
+    f64 = dict(generator=gen, dtype=torch.float64)
+    s_min = 0.3 + 3.7 * torch.rand(n, **f64)
+    kappa = torch.exp(math.log(kappa_hi) * torch.rand(n, **f64))
+    th = math.pi * torch.rand(n, **f64)
+    c, s = torch.cos(th), torch.sin(th)
+    l1, l2 = 1 / (s_min * kappa), 1 / s_min
+    A, B, C = (x.float().double() for x in (l1 * c * c + l2 * s * s, (l1 - l2) * c * s, l1 * s * s + l2 * c * c))
+    det = A * C - B * B
+    ex, ey = torch.sqrt(9 * C / det), torch.sqrt(9 * A / det)
+    tile = torch.arange(n) // per_tile
+    tx, ty = (tile % tiles_x) * 16, (tile // tiles_x) * 16
+    edges = torch.tensor([0.5, 7.5, 8.5, 15.5], dtype=torch.float64)  # box / tile edge columns, pixel centres
+    row_edges = torch.tensor([0.5, 3.5, 4.5, 7.5, 8.5, 11.5, 12.5, 15.5], dtype=torch.float64)
+    any_px = lambda: torch.floor(16 * torch.rand(n, **f64)) + 0.5
+    sgn = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0).double()
+    along_x = torch.rand(n, generator=gen) < 0.5
+    xc = tx + torch.where(along_x, edges[torch.randint(0, 4, (n,), generator=gen)], any_px())
+    yc = ty + torch.where(along_x, any_px(), row_edges[torch.randint(0, 8, (n,), generator=gen)])
+    # x-extreme of {q <= 9} at (u + sgn ex, v - sgn B ex / C); y-extreme at (u - sgn B ey / A, v + sgn ey)
+    u = torch.where(along_x, xc - sgn * ex, xc + sgn * B * ey / A)
+    v = torch.where(along_x, yc + sgn * B * ex / C, yc - sgn * ey)
+    means2D = torch.stack([u, v], -1).float()
+    conics = torch.stack([A, B, C], -1).float()
+    colors = torch.rand(n, 3, generator=gen)
+    opacities = (0.4 + 0.1 * torch.rand(n, **f64)).float()
+    ids = torch.arange(n, dtype=torch.int32)
+    starts = torch.arange(n_tiles, dtype=torch.int32) * per_tile
+    return means2D, conics, colors, opacities, ids, torch.stack([starts, starts + per_tile], -1)
+
+
+def box_mask_bare_np(u, v, A, B2, C, tile_x0, tile_y0):
+    """box_mask without its float32 margins (Q' = Q = RADIUS_SIGMA^2, extents unpadded; opacity ignored): what a
+    careless copy would compute. Tests show that it drops fragments that pass, so that they can fail."""
+    f = np.float32
+    shape = np.broadcast_shapes(*(np.shape(x) for x in (u, v, A, B2, C, tile_x0, tile_y0)))
+    u, v, A, B2, C = (np.broadcast_to(np.asarray(x, dtype=f), shape) for x in (u, v, A, B2, C))
+    tile_x0, tile_y0 = (np.broadcast_to(np.asarray(t), shape) for t in (tile_x0, tile_y0))
+    det = A * C - (f(0.5) * B2) ** 2
+    ex, ey = np.sqrt(f(9) * C / det), np.sqrt(f(9) * A / det)
+    mask = np.zeros(shape, np.uint32)
+    for by in range(4):
+        for bx in range(2):
+            lox = (tile_x0 + 8 * bx).astype(f) + f(0.5)
+            loy = (tile_y0 + 4 * by).astype(f) + f(0.5)
+            hit = (u + ex >= lox) & (u - ex <= lox + f(7)) & (v + ey >= loy) & (v - ey <= loy + f(3))
+            mask |= hit.astype(np.uint32) << (2 * by + bx)
+    return mask.astype(np.uint8)

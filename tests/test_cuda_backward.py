@@ -137,7 +137,7 @@ def test_raster_backward_warp_boxes(rng):
     opac[:4] = 0.5 * config.ALPHA_MIN  # never blended: no box
     ids, ranges = every_tile_lists(m2.shape[0], w, h)
     g, final_T, n_contrib, _ = raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h)
-    assert float(final_T.min()) < 0.3 and int(n_contrib.max()) > 20
+    assert float(final_T.min()) < 0.3 and float((n_contrib > 20).float().mean()) > 0.5
     assert torch.count_nonzero(g["means2D"].abs().sum(-1)) > 60 and not g["opacities"][:4].any()
 
 

@@ -7,7 +7,7 @@ import torch
 from rigel_core import config, rasterize_gaussians
 from rigel_core.reference import bin_gaussians, project_gaussians, rasterize_tiles
 
-from helpers import box_mask_np, box_of_pixel, cam_tensors, random_camera, random_gaussians
+from helpers import box_mask_bare_np, box_mask_np, box_of_pixel, cam_tensors, random_camera, random_gaussians
 
 
 def naive_composite(p, opac, colors, w, h, bg):
@@ -131,11 +131,11 @@ def _fragments_pass_np(u, v, A, B2, C, o, x0, y0):
     return (q <= f(config.RADIUS_SIGMA ** 2)) & (alpha >= f(config.ALPHA_MIN))
 
 
-def _grazing_conics(gen, n, kappa_hi):
+def _grazing_conics(gen, n, kappa_hi, kappa_lo=1.0):
     """n random ellipses: sigma_minor^2 in [0.3, 4] px^2 (the 0.3 low-pass is the floor), anisotropy kappa
-    log-uniform in [1, kappa_hi], any angle. Returns float64 (A, B, C) of the conic (inverse covariance)."""
+    log-uniform in [kappa_lo, kappa_hi], any angle. Returns float64 (A, B, C) of the conic (inverse covariance)."""
     s_min = 0.3 + 3.7 * torch.rand(n, generator=gen, dtype=torch.float64)
-    kappa = torch.exp(math.log(kappa_hi) * torch.rand(n, generator=gen, dtype=torch.float64))
+    kappa = kappa_lo * torch.exp(math.log(kappa_hi / kappa_lo) * torch.rand(n, generator=gen, dtype=torch.float64))
     th = math.pi * torch.rand(n, generator=gen, dtype=torch.float64)
     c, s = torch.cos(th), torch.sin(th)
     l1, l2 = 1 / (s_min * kappa), 1 / s_min  # conic eigenvalues
@@ -192,7 +192,6 @@ def test_warp_boxes_hold_every_fragment_that_passes(rng):
 def test_warp_boxes_would_miss_fragments_without_their_margins(rng):
     """The margins of box_mask are needed: with Q' = Q and no 1e-3 px pad, ellipses whose extreme point sits on a
     pixel centre of the next box lose fragments that pass (so the test above can fail)."""
-    import helpers
     f = np.float32
     n = 6000
     A, B, C = (t.numpy() for t in _grazing_conics(rng, n, 1e4))
@@ -213,14 +212,31 @@ def test_warp_boxes_would_miss_fragments_without_their_margins(rng):
         return int((passes & (((mask[:, None, None] >> box) & 1) == 0)).sum())
 
     assert missed(box_mask_np(u, v, A32, B2, C32, o32, 0, 0)) == 0
-    # the same test without margins: Q' = Q, extents unpadded
-    Qf = f(Q)
-    ex0, ey0 = np.sqrt(Qf * C32 / det.astype(f)), np.sqrt(Qf * A32 / det.astype(f))
-    cols = ((u + ex0 >= f(0.5)) & (u - ex0 <= f(7.5))).astype(np.uint32) \
-        | (((u + ex0 >= f(8.5)) & (u - ex0 <= f(15.5))).astype(np.uint32) << 1)
-    rows = [((v + ey0 >= f(4 * by + 0.5)) & (v - ey0 <= f(4 * by + 3.5))) for by in range(4)]
-    bare = np.zeros(n, np.uint32)
-    for by in range(4):
-        bare |= np.where(rows[by], cols << (2 * by), 0).astype(np.uint32)
-    assert missed(bare.astype(np.uint8)) > 0
-    assert helpers.box_mask_np is box_mask_np
+    assert missed(box_mask_bare_np(u, v, A32, B2, C32, 0, 0)) > 0  # Q' = Q, extents unpadded
+
+
+def test_warp_boxes_keep_needles_whose_q_rounds_negative(rng):
+    """A needle (kappa 1e7..1e8) can round q along its long axis below 0, so G > 1 and an opacity just under
+    ALPHA_MIN blends: box_mask must keep every box there (its kappa test comes before the opacity one). Centres
+    far out along the long axis, which crosses the tile."""
+    f = np.float32
+    n = 20000  # ~25 of them blend somewhere in the tile
+    A, B, C = (t.numpy() for t in _grazing_conics(rng, n, 1e8, kappa_lo=1e7))
+    o = config.ALPHA_MIN * (0.9 + 0.099 * torch.rand(n, generator=rng, dtype=torch.float64).numpy())
+    x0, y0 = 432, 576
+    # centres 200..1000 px from a tile pixel along the long axis (the conic's smallest eigenvector), either side
+    _, vec = np.linalg.eigh(np.stack([np.stack([A, B], -1), np.stack([B, C], -1)], -2))
+    axis = vec[:, :, 0]
+    r = lambda k: torch.rand(k, generator=rng, dtype=torch.float64).numpy()
+    t = (200 + 800 * r(n)) * np.where(r(n) < 0.5, -1.0, 1.0)
+    px = x0 + 0.5 + np.floor(16 * r(n))  # the axis through a pixel centre
+    py = y0 + 0.5 + np.floor(16 * r(n))
+    u, v = px - t * axis[:, 0], py - t * axis[:, 1]
+    u, v, A32, C32, o32 = (np.asarray(a, dtype=f) for a in (u, v, A, C, o))
+    B2 = f(2) * B.astype(f)
+    mask = box_mask_np(u, v, A32, B2, C32, o32, x0, y0)
+    passes = _fragments_pass_np(u, v, A32, B2, C32, o32, x0, y0)
+    assert passes.any(), "no needle rounded q below 0 here: the test would not test the order"
+    yy, xx = np.meshgrid(np.arange(16), np.arange(16), indexing="ij")
+    covered = (mask[:, None, None] >> box_of_pixel(xx, yy)[None]) & 1
+    assert not (passes & (covered == 0)).any()
