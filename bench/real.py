@@ -406,6 +406,9 @@ def initial_model(ds, cfg: TrainConfig, device) -> GaussianModel:
 
 def run_rigel(ds, base: GaussianModel, cfg: TrainConfig, checkpoints, time_limit, device, label) -> dict:
     trainer = Trainer(ds, cfg, model=clone_model(base, device), device=device)
+    # evaluated before that iteration's densification, as 3DGS and this bench's gsplat loop (which refines at
+    # 0-based steps ≡ 0 mod 100, never at a checkpoint's step 6999) are: the schedule waits one step
+    trainer.schedule_holds = set(checkpoints)
 
     def trainer_eval():  # rigel's own evaluation (masks as the trainer applies them), recorded as a cross-check
         ev = trainer.evaluate(record=False)

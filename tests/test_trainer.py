@@ -151,6 +151,41 @@ def test_an_extended_run_equals_one_planned_longer(rng, tmp_path, strategy):
     _assert_same_state(_state(planned), _state(resumed))
 
 
+@pytest.mark.parametrize("strategy", ["default", "mcmc"])
+def test_an_evaluated_iteration_scores_the_model_as_trained(rng, strategy):
+    """An iteration the step evaluates (eval_every) or that is in schedule_holds holds its densification / reset /
+    relocation until the next step (3DGS evaluates before densifying the same iteration): its evaluation sees the
+    model as trained, not with untrained clones and splits; the held schedule runs first in the next step and is
+    reported there, and the run is bit for bit the one that never held."""
+    ds = make_dataset(rng, n_gauss=40, size=24, n_train=4, n_test=1)
+    kw = dict(iterations=40, init_points=60, densify_from=5, densify_interval=10, densify_until=100,
+              opacity_reset_interval=20, grad_threshold=0.0, strategy=strategy,
+              seed=int(torch.randint(0, 2 ** 31, (1,), generator=rng)))
+    if strategy == "mcmc":
+        kw["max_gaussians"] = 200
+    plain = Trainer(ds, small_config(**kw), device="cpu")
+    evals = Trainer(ds, small_config(eval_every=10, **kw), device="cpu")
+    holds = Trainer(ds, small_config(**kw), device="cpu")
+    holds.schedule_holds = {10, 20, 30}
+    runs = {t: [t.step() for _ in range(40)] for t in (plain, evals, holds)}
+    by_it = lambda t: {r.iteration: r for r in runs[t]}
+    p, e, h = by_it(plain), by_it(evals), by_it(holds)
+    for it in (10, 20, 30):
+        assert p[it].densify is not None, "the schedule must act at these iterations for the test to test"
+        assert e[it].densify is None and h[it].densify is None
+        done = lambda r: (r.densify.iteration, r.densify.n_after)
+        assert done(e[it + 1]) == done(p[it]) == done(h[it + 1]) == (it, p[it].num_gaussians)  # one step later
+        assert e[it].num_gaussians == p[it - 1].num_gaussians != p[it].num_gaussians or strategy == "mcmc"
+        if strategy == "default" and it == 20:
+            assert p[it].opacity_reset and not e[it].opacity_reset and e[it + 1].opacity_reset
+    ev = {x.iteration: x for x in evals.eval_history}
+    assert [i for i in ev if i in (10, 20, 30)] == [10, 20, 30]
+    assert all(ev[i].num_gaussians == e[i].num_gaussians for i in (10, 20, 30))
+    assert plain.deferred_schedule == evals.deferred_schedule == holds.deferred_schedule == 40
+    for t in (evals, holds):
+        _assert_same_state(_state(plain), _state(t))
+
+
 def test_a_checkpoint_deferred_schedule_must_be_its_own_iteration(rng, tmp_path):
     import json
     from safetensors import safe_open

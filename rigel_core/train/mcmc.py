@@ -305,22 +305,24 @@ def regularizer(model, cfg: TrainConfig) -> torch.Tensor:
 @torch.no_grad()
 def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_means: float,
               generator: torch.Generator | None, ok: torch.Tensor | None = None, *,
-              noise: bool = True) -> MCMCReport | None:
+              defer: bool = False) -> MCMCReport | None:
     """Everything ``strategy = "mcmc"`` does after the optimizer step of ``iteration`` (``Trainer.step``): cut the
     model to ``max_gaussians`` when above it; every ``densify_interval`` iterations strictly between
     ``densify_from`` and ``densify_until``, :func:`relocate_dead` then :func:`add_gaussians`; then
     :func:`position_noise` (scaled by this iteration's position lr ``lr_means``). ``stats`` (the densification
     accumulators, unused here) is resized when the count changes. Returns an :class:`MCMCReport` when Gaussians
-    were relocated, added or removed at a scheduled step (or removed by the cap at any step), else None."""
+    were relocated, added or removed at a scheduled step (or removed by the cap at any step), else None.
+    ``defer``: the trainer holds this iteration's relocation, growth and noise (``Trainer._holds``) and runs them,
+    in this order, at its next step (:func:`mcmc_relocate_and_grow`, :func:`position_noise`); only the cap acts."""
     n_before = model.num_gaussians
     removed = trim_to_cap(model, optimizer, cfg.max_gaussians, generator)
     report = None
-    if scheduled(cfg, iteration):
+    if scheduled(cfg, iteration) and not defer:
         report = mcmc_relocate_and_grow(model, optimizer, stats, cfg, iteration, generator, n_before, removed)
     elif removed:
         report = MCMCReport(iteration, n_before, 0, 0, removed, model.num_gaussians, True, 0, 0)
     if len(stats) != model.num_gaussians:
         stats.reset(model.num_gaussians)
-    if noise:  # False: the trainer defers the last iteration's relocation and noise together (same order)
+    if not defer:
         position_noise(model, lr_means, cfg, generator, ok)
     return report

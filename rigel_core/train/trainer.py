@@ -403,10 +403,13 @@ class Trainer:
         self._nan_skips = torch.zeros((), dtype=torch.float64, device=self.device)
         self.eval_history: list[EvalResult] = []
         self.last_densify: DensifyReport | None = None
-        #: the run's last iteration when it skipped its scheduled densification / opacity reset / MCMC relocation
-        #: (nothing would have trained the result); applied first thing if the run is extended (a larger
-        #: ``iterations``, live or by --resume), so an extended run equals one planned longer. Saved in checkpoints.
+        #: the last iteration when it held back its scheduled densification / opacity reset / MCMC relocation
+        #: (:meth:`_holds`: the run's last one, nothing would train the result; an evaluation's, which then sees the
+        #: model as trained): applied first thing at the next step (for the last one, if the run is extended: a
+        #: larger ``iterations``, live or by --resume), so the run equals one that never held. Saved in checkpoints.
         self.deferred_schedule: int | None = None
+        #: more iterations to hold the schedule at (an outside evaluation's, e.g. bench/real.py's checkpoints)
+        self.schedule_holds: set[int] = set()
         self._deferred_ok: torch.Tensor | None = None  # MCMC: that step's NaN-guard verdict, for its deferred noise
         self.lock = threading.Lock()
         self._view_stack: list[int] = []
@@ -617,8 +620,9 @@ class Trainer:
         are the means over this process's views."""
         t0 = time.perf_counter()
         cfg, model, comm = self.config, self.model, self.comm
+        held = None  # (report, reset) of the schedule an earlier iteration held back, run now
         if self.deferred_schedule is not None and cfg.iterations > self.deferred_schedule:
-            self._run_deferred_schedule()
+            held = self._run_deferred_schedule()
         it = self.iteration + 1
         world, rank = (comm.world_size, comm.rank) if comm is not None else (1, 0)
         batch = int(cfg.batch_size)
@@ -634,7 +638,7 @@ class Trainer:
         if it > 1 and graph_step_unsupported(self) is None:  # step 1 is eager: it makes the optimizer state
             res = self._graph_step(it, lrs, t0)
             if res is not None:
-                return res
+                return self._with_held(res, held)
         views = [self._view_forward_backward(idx, bg, it) for idx, bg in self._batch_views(batch, world, rank)]
         if self.graph_step is None and graph_step_unsupported(self) is None:
             self.graph_step = GraphStep(self)
@@ -679,11 +683,11 @@ class Trainer:
             if self.exposure is not None and cfg.exposure:
                 self.exposure.step(self.optimizer.found_inf)
             if cfg.strategy == "mcmc":  # relocation / growth to the budget, position noise (mcmc.py)
-                # the last iteration, when scheduled, defers its relocation and growth and (to keep their order
-                # with the noise draws of an extended run) its position noise: deferred_schedule
-                defer = it >= cfg.iterations and mcmc_scheduled(cfg, it, final_too=True)
+                # a held iteration (_holds), when scheduled, defers its relocation and growth and (to keep their
+                # order with the noise draws of the steps after) its position noise: deferred_schedule
+                defer = self._holds(it) and mcmc_scheduled(cfg, it, final_too=True)
                 report = mcmc_step(model, self.optimizer, self.stats, cfg, it, lrs["means3D"] * lr_factor,
-                                   self.generator, ok, noise=not defer)
+                                   self.generator, ok, defer=defer)
                 self.last_densify = report or self.last_densify
                 if defer:
                     self.deferred_schedule = it
@@ -712,6 +716,25 @@ class Trainer:
         if comm is not None:
             comm.maybe_check(self)
         res.seconds = time.perf_counter() - t0
+        return self._with_held(res, held)
+
+    def _holds(self, it: int) -> bool:
+        """Does iteration ``it`` hold back its scheduled densification / reset / relocation (until the next step,
+        :attr:`deferred_schedule`)? The run's last iteration (nothing would train the result), one evaluated by
+        the step (``eval_every``: 3DGS evaluates before densifying the same iteration, so the model is scored as
+        trained, not with untrained clones and splits), and :attr:`schedule_holds`. The same on every rank."""
+        cfg = self.config
+        return (it >= cfg.iterations or it in self.schedule_holds
+                or bool(cfg.eval_every and it % cfg.eval_every == 0 and self.test_frames))
+
+    @staticmethod
+    def _with_held(res: StepResult, held) -> StepResult:
+        """Report the held-back schedule that ran at the start of this step with this step (where the step has a
+        report of its own, with an interval of 1, that one is reported; both ran)."""
+        if held is not None:
+            report, reset = held
+            res.densify = res.densify if res.densify is not None else report
+            res.opacity_reset = res.opacity_reset or reset
         return res
 
     def _use_downscale(self, factor: int) -> None:
@@ -764,17 +787,17 @@ class Trainer:
         """The default strategy's host-side schedule after iteration ``it``'s update (before ``densify_until``):
         densify and prune every ``densify_interval`` after ``densify_from``, opacity reset every
         ``opacity_reset_interval`` (and at ``densify_from`` for white-background data). Returns (report, reset).
-        The run's last iteration (``iterations``) does neither but records itself in :attr:`deferred_schedule`
-        (``deferred=True`` then runs it when the run is extended): no later step would train the new rows or bring
-        the reset opacities back, so the saved and evaluated model would carry untrained clones and splits, or every
-        opacity at ``opacity_reset_value`` (a ``--iters 3000`` run ended fully transparent). 3DGS saves and
-        evaluates before its densification of the same iteration."""
+        An iteration that holds (:meth:`_holds`) does neither but records itself in :attr:`deferred_schedule`
+        (``deferred=True`` then runs it at the next step, for the last iteration when the run is extended): no later
+        step would train the new rows or bring the reset opacities back, so the saved and evaluated model would carry
+        untrained clones and splits, or every opacity at ``opacity_reset_value`` (a ``--iters 3000`` run ended fully
+        transparent). 3DGS saves and evaluates before its densification of the same iteration."""
         cfg, model, report, reset = self.config, self.model, None, False
         densify_now = it > cfg.densify_from and it % cfg.densify_interval == 0
         reset_now = it % cfg.opacity_reset_interval == 0 or (self.white_bg and it == cfg.densify_from)
         if not (densify_now or reset_now):
             return report, reset
-        if it >= cfg.iterations and not deferred:
+        if self._holds(it) and not deferred:
             self.deferred_schedule = it
             return report, reset
         if densify_now:
@@ -793,11 +816,12 @@ class Trainer:
         world = self.comm.world_size if self.comm is not None else 1
         return batch_scaling(self.config.batch_lr_scaling, int(self.config.batch_size) * world)
 
-    def _run_deferred_schedule(self) -> None:
-        """The densification / reset / relocation the last iteration skipped (:attr:`deferred_schedule`), now that
-        the run goes on: as it would have run right after that iteration's update."""
+    def _run_deferred_schedule(self) -> tuple:
+        """The densification / reset / relocation an iteration held back (:attr:`deferred_schedule`), now that
+        the run goes on: as it would have run right after that iteration's update. Returns (report, reset)."""
         it, cfg = self.deferred_schedule, self.config
         self.deferred_schedule = None
+        reset = False
         with self.lock:
             if cfg.strategy == "mcmc":
                 report = mcmc_relocate_and_grow(self.model, self.optimizer, self.stats, cfg, it, self.generator)
@@ -808,9 +832,10 @@ class Trainer:
                                self.generator, self._deferred_ok)
                 self._deferred_ok = None
             else:
-                report, _ = self._densify_schedule(it, deferred=True)
+                report, reset = self._densify_schedule(it, deferred=True)
             if report is not None:
                 self._update_filter_3d()
+        return report, reset
 
     def _graph_step(self, it: int, lrs: dict, t0: float) -> StepResult | None:
         """Iteration ``it`` as a replay of the captured step (:mod:`.graph_step`), with the same host-side
