@@ -15,8 +15,9 @@ Layout of the file (safetensors: a JSON header + raw little-endian tensors):
 
 The header's ``__metadata__`` holds one string entry ``"rigel"``: a JSON object with ``format`` (= 1),
 ``iteration``, ``nan_skips``, ``active_sh_degree``, ``extent``, ``config`` (:class:`~rigel_core.train.TrainConfig`
-fields), ``eval_history`` and, when the run's last iteration skipped its scheduled densification, ``deferred_schedule``
-(that iteration; ``Trainer.deferred_schedule``). Restoring all of it makes the next step identical to the one the
+fields), ``eval_history`` and, when the checkpoint's iteration held back its scheduled densification (the run's last,
+or an evaluated one: ``Trainer._holds``), ``deferred_schedule`` (that iteration; ``Trainer.deferred_schedule``) with
+``deferred_config`` (the config it was held under). Restoring all of it makes the next step identical to the one the
 uninterrupted run would have taken (tests/test_trainer.py checks bit equality on the CPU).
 
 Writes are atomic: the file is written next to its destination under a temporary name, flushed, fsync'ed and
@@ -93,8 +94,10 @@ def save_checkpoint(trainer, path) -> None:
         "config": trainer.config.to_dict(),
         "eval_history": [e.to_dict() for e in trainer.eval_history],
     }
-    if getattr(trainer, "deferred_schedule", None) is not None:  # the last iteration's skipped schedule (trainer.py)
+    if getattr(trainer, "deferred_schedule", None) is not None:  # a held iteration's schedule (Trainer._holds)
         meta["deferred_schedule"] = int(trainer.deferred_schedule)
+        if getattr(trainer, "_deferred_config", None) is not None:  # the config it was held under
+            meta["deferred_config"] = trainer._deferred_config.to_dict()
     _atomic_save(tensors, meta, path)
 
 
@@ -229,7 +232,9 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
     it = _meta_int(path, meta, "iteration", 0, MAX_ITERATION)
     _meta_int(path, meta, "nan_skips", 0, it)
     if meta.get("deferred_schedule") is not None:
-        _meta_int(path, meta, "deferred_schedule", it, it)  # only ever the checkpoint's own (last) iteration
+        _meta_int(path, meta, "deferred_schedule", it, it)  # only ever the checkpoint's own iteration
+        if "deferred_config" in meta:
+            _config_of(path, meta, "deferred_config")
     _meta_int(path, meta, "active_sh_degree", 0, 3)
     extent = meta.get("extent")
     if isinstance(extent, bool) or not isinstance(extent, (int, float)) or not math.isfinite(extent) or extent <= 0:
@@ -317,15 +322,15 @@ def validate_view_stack(path, tensors: dict, n_train_views=None) -> None:
             _fail(path, "views.stack", f"view index {int(v.max())} out of range for {n_train_views} training views")
 
 
-def _config_of(path, meta: dict):
-    """The saved TrainConfig, validated; CheckpointError naming the file and the field. A config without
+def _config_of(path, meta: dict, key: str = "config"):
+    """The saved TrainConfig (``meta[key]``), validated; CheckpointError naming the file and the field. A config without
     ``strategy`` was saved before the field existed, when every run used 3DGS's densification: it stays
     "default" (the field's default now, "auto", would turn such a run into the MCMC budget on resume). Likewise a
     config without ``init_background_points`` started without background points: it stays 0 (not "auto", which
     on a partial SfM would also switch an "auto" strategy). rigel saves resolved configs: an integer there, kept."""
-    d = meta.get("config")
+    d = meta.get(key)
     if not isinstance(d, dict):
-        _fail(path, "metadata config", "missing or not an object")
+        _fail(path, f"metadata {key}", "missing or not an object")
     if "strategy" not in d:
         d = {**d, "strategy": "default"}
     if "init_background_points" not in d:
@@ -334,7 +339,7 @@ def _config_of(path, meta: dict):
         cfg = TrainConfig.from_dict(d)
         cfg.validate()
     except (TypeError, ValueError) as e:
-        _fail(path, "config", str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
+        _fail(path, key, str(e).splitlines()[0][:300] if str(e) else type(e).__name__)
     return cfg
 
 
@@ -411,6 +416,8 @@ def load_trainer(path, dataset, *, device=None, config=None, trainer_cls):
     trainer.iteration = int(meta["iteration"])
     deferred = meta.get("deferred_schedule")
     trainer.deferred_schedule = None if deferred is None else int(deferred)
+    # the config the schedule was held under (older checkpoints: none, the held work then takes the current one)
+    trainer._deferred_config = _config_of(path, meta, "deferred_config") if "deferred_config" in meta else None
     trainer.nan_skips = int(meta.get("nan_skips", 0))
     trainer.model.active_sh_degree = int(meta.get("active_sh_degree", 0))
     trainer.eval_history = [EvalResult(**e) for e in meta.get("eval_history", [])]

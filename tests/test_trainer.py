@@ -186,6 +186,39 @@ def test_an_evaluated_iteration_scores_the_model_as_trained(rng, strategy):
         _assert_same_state(_state(plain), _state(t))
 
 
+@pytest.mark.parametrize("strategy", ["default", "mcmc"])
+def test_a_held_schedule_keeps_the_settings_it_was_held_under(rng, tmp_path, strategy):
+    """Settings changed between a held iteration and the next step (the viewer's sliders land there, during the
+    evaluation; or --resume --set from a checkpoint of that iteration) act from the next scheduled iteration on, as
+    without the hold: the held densification / relocation is the one decided then (Trainer._deferred_config, also
+    in the checkpoint). Here the interval goes 10 -> 15 right after iteration 10, which the unheld run densified."""
+    import dataclasses
+
+    ds = make_dataset(rng, n_gauss=40, size=24, n_train=4, n_test=1)
+    kw = dict(iterations=40, init_points=60, densify_from=5, densify_interval=10, densify_until=100,
+              opacity_reset_interval=1000, grad_threshold=0.0, strategy=strategy,
+              seed=int(torch.randint(0, 2 ** 31, (1,), generator=rng)))
+    if strategy == "mcmc":
+        kw["max_gaussians"] = 400
+    plain = Trainer(ds, small_config(**kw), device="cpu")
+    held = Trainer(ds, small_config(eval_every=10, **kw), device="cpu")
+    for t in (plain, held):
+        for _ in range(10):
+            t.step()
+        t.config.densify_interval = 15
+    assert held.deferred_schedule == 10 and plain.deferred_schedule is None
+    path = tmp_path / "held.safetensors"
+    held.save_checkpoint(path)
+    resumed = Trainer.from_checkpoint(path, ds, device="cpu", config=dataclasses.replace(held.config))
+    assert resumed.deferred_schedule == 10 and resumed._deferred_config.densify_interval == 10
+    for _ in range(21):  # to 31: iteration 30 (held by the evaluation) has run its schedule in step 31
+        results = [t.step() for t in (plain, held, resumed)]
+        assert len({r.num_gaussians for r in results[1:]}) == 1
+    assert plain.model.num_gaussians == held.model.num_gaussians == resumed.model.num_gaussians
+    _assert_same_state(_state(plain), _state(held))
+    _assert_same_state(_state(plain), _state(resumed))
+
+
 def test_a_checkpoint_deferred_schedule_must_be_its_own_iteration(rng, tmp_path):
     import json
     from safetensors import safe_open

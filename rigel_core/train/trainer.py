@@ -408,6 +408,10 @@ class Trainer:
         #: model as trained): applied first thing at the next step (for the last one, if the run is extended: a
         #: larger ``iterations``, live or by --resume), so the run equals one that never held. Saved in checkpoints.
         self.deferred_schedule: int | None = None
+        #: the config in force when the schedule was held: the held work runs under it (only ``iterations`` follows
+        #: the run), so settings changed in between (the viewer's sliders, ``--resume --set``) act from the next
+        #: scheduled iteration on, as they would without the hold. Saved in checkpoints.
+        self._deferred_config: TrainConfig | None = None
         #: more iterations to hold the schedule at (an outside evaluation's, e.g. bench/real.py's checkpoints)
         self.schedule_holds: set[int] = set()
         self._deferred_ok: torch.Tensor | None = None  # MCMC: that step's NaN-guard verdict, for its deferred noise
@@ -691,6 +695,7 @@ class Trainer:
                 self.last_densify = report or self.last_densify
                 if defer:
                     self.deferred_schedule = it
+                    self._deferred_config = dataclasses.replace(cfg)
                     self._deferred_ok = ok
             elif it < cfg.densify_until:
                 self.stats.add(inc[0], inc[1], inc[2], valid=ok)
@@ -783,7 +788,7 @@ class Trainer:
         if self.config.render_mode == "mip":  # the 3D filter follows the training cameras' sampling rate
             self._update_filter_3d()
 
-    def _densify_schedule(self, it: int, *, deferred: bool = False) -> tuple:
+    def _densify_schedule(self, it: int, *, deferred: bool = False, cfg: TrainConfig | None = None) -> tuple:
         """The default strategy's host-side schedule after iteration ``it``'s update (before ``densify_until``):
         densify and prune every ``densify_interval`` after ``densify_from``, opacity reset every
         ``opacity_reset_interval`` (and at ``densify_from`` for white-background data). Returns (report, reset).
@@ -791,14 +796,17 @@ class Trainer:
         (``deferred=True`` then runs it at the next step, for the last iteration when the run is extended): no later
         step would train the new rows or bring the reset opacities back, so the saved and evaluated model would carry
         untrained clones and splits, or every opacity at ``opacity_reset_value`` (a ``--iters 3000`` run ended fully
-        transparent). 3DGS saves and evaluates before its densification of the same iteration."""
-        cfg, model, report, reset = self.config, self.model, None, False
+        transparent). 3DGS saves and evaluates before its densification of the same iteration. ``cfg``: the
+        config to decide and act under (default: the trainer's)."""
+        cfg = self.config if cfg is None else cfg
+        model, report, reset = self.model, None, False
         densify_now = it > cfg.densify_from and it % cfg.densify_interval == 0
         reset_now = it % cfg.opacity_reset_interval == 0 or (self.white_bg and it == cfg.densify_from)
         if not (densify_now or reset_now):
             return report, reset
         if self._holds(it) and not deferred:
             self.deferred_schedule = it
+            self._deferred_config = dataclasses.replace(cfg)
             return report, reset
         if densify_now:
             if self.comm is not None:
@@ -819,8 +827,11 @@ class Trainer:
     def _run_deferred_schedule(self) -> tuple:
         """The densification / reset / relocation an iteration held back (:attr:`deferred_schedule`), now that
         the run goes on: as it would have run right after that iteration's update. Returns (report, reset)."""
-        it, cfg = self.deferred_schedule, self.config
-        self.deferred_schedule = None
+        it = self.deferred_schedule
+        held = self._deferred_config if self._deferred_config is not None else self.config
+        # as held, but ``iterations`` is the run's: an extended run equals one planned that long
+        cfg = dataclasses.replace(held, iterations=self.config.iterations)
+        self.deferred_schedule, self._deferred_config = None, None
         reset = False
         with self.lock:
             if cfg.strategy == "mcmc":
@@ -832,7 +843,7 @@ class Trainer:
                                self.generator, self._deferred_ok)
                 self._deferred_ok = None
             else:
-                report, reset = self._densify_schedule(it, deferred=True)
+                report, reset = self._densify_schedule(it, deferred=True, cfg=cfg)
             if report is not None:
                 self._update_filter_3d()
         return report, reset
