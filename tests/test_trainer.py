@@ -178,6 +178,7 @@ def test_an_evaluated_iteration_scores_the_model_as_trained(rng, strategy):
         assert e[it].num_gaussians == p[it - 1].num_gaussians != p[it].num_gaussians or strategy == "mcmc"
         if strategy == "default" and it == 20:
             assert p[it].opacity_reset and not e[it].opacity_reset and e[it + 1].opacity_reset
+            assert p[it].opacity_reset_iteration == e[it + 1].opacity_reset_iteration == it  # what the CLI logs
     ev = {x.iteration: x for x in evals.eval_history}
     assert [i for i in ev if i in (10, 20, 30)] == [10, 20, 30]
     assert all(ev[i].num_gaussians == e[i].num_gaussians for i in (10, 20, 30))

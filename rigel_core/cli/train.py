@@ -418,7 +418,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
             if r.densify:
                 record.densified(r.densify)
             if r.opacity_reset:
-                log.info(f"[{r.iteration}] opacity reset")
+                log.info(f"[{r.opacity_reset_iteration or r.iteration}] opacity reset")
             if len(window) >= args.log_every or trainer.iteration == cfg.iterations:
                 # the step values are read here, once per window (reading them waits for the device)
                 entry = record.steps(window)

@@ -97,6 +97,8 @@ class StepResult:
     seconds: float
     densify: DensifyReport | None = None
     opacity_reset: bool = False
+    #: the iteration whose opacity reset ``opacity_reset`` reports: this one, or the held one before it
+    opacity_reset_iteration: int | None = None
     eval: EvalResult | None = None
     values: torch.Tensor | None = field(default=None, repr=False)  # (6,) loss, l1, ssim, mse, skipped, nan_skips
     _host: tuple | None = field(default=None, init=False, repr=False)
@@ -624,7 +626,7 @@ class Trainer:
         are the means over this process's views."""
         t0 = time.perf_counter()
         cfg, model, comm = self.config, self.model, self.comm
-        held = None  # (report, reset) of the schedule an earlier iteration held back, run now
+        held = None  # (iteration, report, reset) of the schedule an earlier iteration held back, run now
         if self.deferred_schedule is not None and cfg.iterations > self.deferred_schedule:
             held = self._run_deferred_schedule()
         it = self.iteration + 1
@@ -736,10 +738,13 @@ class Trainer:
     def _with_held(res: StepResult, held) -> StepResult:
         """Report the held-back schedule that ran at the start of this step with this step (where the step has a
         report of its own, with an interval of 1, that one is reported; both ran)."""
+        if res.opacity_reset:
+            res.opacity_reset_iteration = res.iteration
         if held is not None:
-            report, reset = held
+            it, report, reset = held
             res.densify = res.densify if res.densify is not None else report
-            res.opacity_reset = res.opacity_reset or reset
+            if reset and not res.opacity_reset:
+                res.opacity_reset, res.opacity_reset_iteration = True, it
         return res
 
     def _use_downscale(self, factor: int) -> None:
@@ -826,7 +831,8 @@ class Trainer:
 
     def _run_deferred_schedule(self) -> tuple:
         """The densification / reset / relocation an iteration held back (:attr:`deferred_schedule`), now that
-        the run goes on: as it would have run right after that iteration's update. Returns (report, reset)."""
+        the run goes on: as it would have run right after that iteration's update. Returns (that iteration, report,
+        reset)."""
         it = self.deferred_schedule
         held = self._deferred_config if self._deferred_config is not None else self.config
         # as held, but ``iterations`` is the run's: an extended run equals one planned that long
@@ -846,7 +852,7 @@ class Trainer:
                 report, reset = self._densify_schedule(it, deferred=True, cfg=cfg)
             if report is not None:
                 self._update_filter_3d()
-        return report, reset
+        return it, report, reset
 
     def _graph_step(self, it: int, lrs: dict, t0: float) -> StepResult | None:
         """Iteration ``it`` as a replay of the captured step (:mod:`.graph_step`), with the same host-side
