@@ -151,18 +151,25 @@ def test_an_extended_run_equals_one_planned_longer(rng, tmp_path, strategy):
     _assert_same_state(_state(planned), _state(resumed))
 
 
+def _schedule_case(rng, strategy, *, opacity_reset_interval, max_gaussians):
+    """A 40-iteration run on a tiny scene whose schedule acts every 10 iterations from 10 (a zero gradient
+    threshold densifies every candidate); max_gaussians for MCMC only. Returns (dataset, small_config kwargs)."""
+    ds = make_dataset(rng, n_gauss=40, size=24, n_train=4, n_test=1)
+    kw = dict(iterations=40, init_points=60, densify_from=5, densify_interval=10, densify_until=100,
+              opacity_reset_interval=opacity_reset_interval, grad_threshold=0.0, strategy=strategy,
+              seed=int(torch.randint(0, 2 ** 31, (1,), generator=rng)))
+    if strategy == "mcmc":
+        kw["max_gaussians"] = max_gaussians
+    return ds, kw
+
+
 @pytest.mark.parametrize("strategy", ["default", "mcmc"])
 def test_an_evaluated_iteration_scores_the_model_as_trained(rng, strategy):
     """An iteration the step evaluates (eval_every) or that is in schedule_holds holds its densification / reset /
     relocation until the next step (3DGS evaluates before densifying the same iteration): its evaluation sees the
     model as trained, not with untrained clones and splits; the held schedule runs first in the next step and is
     reported there, and the run is bit for bit the one that never held."""
-    ds = make_dataset(rng, n_gauss=40, size=24, n_train=4, n_test=1)
-    kw = dict(iterations=40, init_points=60, densify_from=5, densify_interval=10, densify_until=100,
-              opacity_reset_interval=20, grad_threshold=0.0, strategy=strategy,
-              seed=int(torch.randint(0, 2 ** 31, (1,), generator=rng)))
-    if strategy == "mcmc":
-        kw["max_gaussians"] = 200
+    ds, kw = _schedule_case(rng, strategy, opacity_reset_interval=20, max_gaussians=200)
     plain = Trainer(ds, small_config(**kw), device="cpu")
     evals = Trainer(ds, small_config(eval_every=10, **kw), device="cpu")
     holds = Trainer(ds, small_config(**kw), device="cpu")
@@ -195,12 +202,7 @@ def test_a_held_schedule_keeps_the_settings_it_was_held_under(rng, tmp_path, str
     in the checkpoint). Here the interval goes 10 -> 15 right after iteration 10, which the unheld run densified."""
     import dataclasses
 
-    ds = make_dataset(rng, n_gauss=40, size=24, n_train=4, n_test=1)
-    kw = dict(iterations=40, init_points=60, densify_from=5, densify_interval=10, densify_until=100,
-              opacity_reset_interval=1000, grad_threshold=0.0, strategy=strategy,
-              seed=int(torch.randint(0, 2 ** 31, (1,), generator=rng)))
-    if strategy == "mcmc":
-        kw["max_gaussians"] = 400
+    ds, kw = _schedule_case(rng, strategy, opacity_reset_interval=1000, max_gaussians=400)
     plain = Trainer(ds, small_config(**kw), device="cpu")
     held = Trainer(ds, small_config(eval_every=10, **kw), device="cpu")
     for t in (plain, held):
