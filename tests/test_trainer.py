@@ -110,13 +110,22 @@ def test_the_last_iteration_neither_densifies_nor_resets(rng):
         assert (top <= cfg.opacity_reset_value + 1e-6) is last_acts, top
 
 
-def test_mcmc_never_relocates_at_the_last_iteration():
+def test_mcmc_never_relocates_at_the_last_iteration(rng):
+    """The MCMC schedule is the schedule (mcmc.scheduled, whatever the run's length); the trainer holds the last
+    iteration's relocation and growth (Trainer._holds): a 20-iteration run does not relocate at 20, a 21-iteration
+    run does."""
     from rigel_core.train.mcmc import scheduled
 
     cfg = TrainConfig(iterations=7000, densify_from=500, densify_until=15000, densify_interval=100)
-    assert scheduled(cfg, 6900) and not scheduled(cfg, 7000)
-    cfg.iterations = 7001
-    assert scheduled(cfg, 7000)
+    assert scheduled(cfg, 6900) and scheduled(cfg, 7000) and not scheduled(cfg, 7050)
+    ds = make_dataset(rng, n_gauss=40, size=24, n_train=4, n_test=1)
+    for iterations, last_acts in ((20, False), (21, True)):
+        tr = Trainer(ds, small_config(iterations=iterations, init_points=60, densify_from=5, densify_interval=10,
+                                      densify_until=100, strategy="mcmc", max_gaussians=200), device="cpu")
+        results = [tr.step() for _ in range(20)]
+        assert results[9].densify is not None  # iteration 10 relocated and grew
+        assert (results[19].densify is not None) is last_acts
+        assert (tr.deferred_schedule == 20) is not last_acts
 
 
 @pytest.mark.parametrize("strategy", ["default", "mcmc"])

@@ -239,19 +239,19 @@ def seed_noise(device, generator: torch.Generator | None) -> torch.Generator:
     return g
 
 
-def scheduled(cfg: TrainConfig, iteration: int, *, final_too: bool = False) -> bool:
+def scheduled(cfg: TrainConfig, iteration: int) -> bool:
     """Whether ``iteration`` relocates and grows (every ``densify_interval`` strictly between ``densify_from``
-    and ``densify_until``), never at the run's last iteration unless ``final_too``: nothing would train what it
-    moved or added (the trainer defers it: ``Trainer.deferred_schedule``)."""
-    return (cfg.densify_from < iteration < cfg.densify_until and iteration % cfg.densify_interval == 0
-            and (final_too or iteration < cfg.iterations))
+    and ``densify_until``). When it does is the trainer's to decide: it holds the run's last iteration's (nothing
+    would train what it moved or added) and an evaluated one's until the next step (``Trainer._holds``,
+    :func:`mcmc_step`'s ``defer``)."""
+    return cfg.densify_from < iteration < cfg.densify_until and iteration % cfg.densify_interval == 0
 
 
 def mcmc_relocate_and_grow(model, optimizer, stats, cfg: TrainConfig, iteration: int,
                            generator: torch.Generator | None, n_before: int | None = None,
                            removed: int = 0) -> MCMCReport:
     """The scheduled part of :func:`mcmc_step` for ``iteration``: :func:`relocate_dead` then :func:`add_gaussians`,
-    ``stats`` resized to the new count. Also what the trainer runs for a last iteration's deferred schedule
+    ``stats`` resized to the new count. Also what the trainer runs for a held iteration's deferred schedule
     (``Trainer.deferred_schedule``). ``n_before``/``removed``: the count before this iteration's cap trim and what
     it removed (for the report)."""
     n_before = model.num_gaussians if n_before is None else n_before

@@ -691,14 +691,12 @@ class Trainer:
             if cfg.strategy == "mcmc":  # relocation / growth to the budget, position noise (mcmc.py)
                 # a held iteration (_holds), when scheduled, defers its relocation and growth and (to keep their
                 # order with the noise draws of the steps after) its position noise: deferred_schedule
-                defer = self._holds(it) and mcmc_scheduled(cfg, it, final_too=True)
+                defer = self._holds(it) and mcmc_scheduled(cfg, it)
                 report = mcmc_step(model, self.optimizer, self.stats, cfg, it, lrs["means3D"] * lr_factor,
                                    self.generator, ok, defer=defer)
                 self.last_densify = report or self.last_densify
                 if defer:
-                    self.deferred_schedule = it
-                    self._deferred_config = dataclasses.replace(cfg)
-                    self._deferred_ok = ok
+                    self._hold(it, cfg, ok)
             elif it < cfg.densify_until:
                 self.stats.add(inc[0], inc[1], inc[2], valid=ok)
                 report, reset = self._densify_schedule(it)
@@ -718,7 +716,7 @@ class Trainer:
             values = torch.cat([values, (~ok).double().reshape(1), self._nan_skips.reshape(1)])
         res = StepResult(it, model.num_gaussians, first["frame"].name, model.active_sh_degree, lrs["means3D"] * lr_factor,
                          0.0, report, reset, values=values)
-        if cfg.eval_every and it % cfg.eval_every == 0 and self.test_frames and (comm is None or comm.is_main):
+        if self._evaluates(it) and (comm is None or comm.is_main):
             res.eval = self.evaluate()
         if comm is not None:
             comm.maybe_check(self)
@@ -730,9 +728,20 @@ class Trainer:
         :attr:`deferred_schedule`)? The run's last iteration (nothing would train the result), one evaluated by
         the step (``eval_every``: 3DGS evaluates before densifying the same iteration, so the model is scored as
         trained, not with untrained clones and splits), and :attr:`schedule_holds`. The same on every rank."""
-        cfg = self.config
-        return (it >= cfg.iterations or it in self.schedule_holds
-                or bool(cfg.eval_every and it % cfg.eval_every == 0 and self.test_frames))
+        return it >= self.config.iterations or it in self.schedule_holds or self._evaluates(it)
+
+    def _evaluates(self, it: int) -> bool:
+        """Does the step evaluate after iteration ``it`` (``eval_every``; on the main rank only, which the caller
+        checks: :meth:`_holds` must be the same on every rank)?"""
+        every = self.config.eval_every
+        return bool(every and it % every == 0 and self.test_frames)
+
+    def _hold(self, it: int, cfg: TrainConfig, ok: torch.Tensor | None = None) -> None:
+        """Record that iteration ``it`` held back its schedule under ``cfg`` (MCMC: with its NaN-guard verdict
+        ``ok``, for the deferred noise); :meth:`_run_deferred_schedule` runs it."""
+        self.deferred_schedule = it
+        self._deferred_config = dataclasses.replace(cfg)
+        self._deferred_ok = ok
 
     @staticmethod
     def _with_held(res: StepResult, held) -> StepResult:
@@ -810,8 +819,7 @@ class Trainer:
         if not (densify_now or reset_now):
             return report, reset
         if self._holds(it) and not deferred:
-            self.deferred_schedule = it
-            self._deferred_config = dataclasses.replace(cfg)
+            self._hold(it, cfg)
             return report, reset
         if densify_now:
             if self.comm is not None:
@@ -863,7 +871,7 @@ class Trainer:
         if self.graph_step.disabled:
             return None
         mcmc = cfg.strategy == "mcmc"
-        if mcmc and (mcmc_scheduled(cfg, it, final_too=True) or (cfg.max_gaussians is not None
+        if mcmc and (mcmc_scheduled(cfg, it) or (cfg.max_gaussians is not None
                                                  and model.num_gaussians > cfg.max_gaussians)):
             return None  # relocation / growth / the cap's trim: host work, done by the eager step
         idx = self._next_view()
@@ -881,7 +889,7 @@ class Trainer:
         self.iteration = it
         res = StepResult(it, model.num_gaussians, self.train_frames[idx].name, model.active_sh_degree,
                          lrs["means3D"], 0.0, report, reset, values=values)
-        if cfg.eval_every and it % cfg.eval_every == 0 and self.test_frames:
+        if self._evaluates(it):
             res.eval = self.evaluate()
         res.seconds = time.perf_counter() - t0
         return res
