@@ -132,10 +132,9 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
             if constexpr (kDepth) s_z[tid] = depths[id];
         }
         __syncthreads();
-        for (int j = batch_end - batch_start - 1; j >= 0; --j) {
+        // Entry j of the batch, walked back to front by every lane of the warp (collectives inside).
+        auto visit = [&](int j) {
             const int position = batch_start - start + j;  // 0-based place in the tile's list
-            // warp-uniform skips: no pixel of this warp blended entry j (beyond its last, or outside its box)
-            if (position >= warp_last || !(s_boxes[j] >> warp & 1u)) continue;
             float grad[kG];
 #pragma unroll
             for (int i = 0; i < kG; ++i) grad[i] = 0.f;
@@ -182,7 +181,7 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
                     grad[10] = fabsf(grad[1]);
                 }
             }
-            if (!__any_sync(0xffffffffu, active)) continue;  // nothing for this Gaussian in this warp
+            if (!__any_sync(0xffffffffu, active)) return;  // nothing for this Gaussian in this warp
             float a[16], b[8], c[4], d[2], e[1];
 #pragma unroll
             for (int i = 0; i < 16; ++i) a[i] = i < kG ? grad[i] : 0.f;
@@ -202,6 +201,24 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
                              : v < 11 ? v_means2D_abs + 2 * id + (v - 9)
                                       : v_depths + id;  // v == 11 only when kDepth
                 atomicAdd(dst, total);
+            }
+        };
+        // 32 entries at a time, from the back: one ballot gives the warp the entries it may have blended (inside
+        // its box, before its last n_contrib; warp-uniform); a full word is walked as a plain loop, any other word
+        // visits its set bits only.
+        const int n = batch_end - batch_start;
+        for (int j0 = (n - 1) & ~31; j0 >= 0; j0 -= 32) {
+            const int jl = j0 + lane;
+            uint32_t word = __ballot_sync(0xffffffffu, jl < n && batch_start - start + jl < warp_last &&
+                                                           (s_boxes[jl] >> warp & 1u));
+            if (word == 0xffffffffu) {
+                for (int j = j0 + 31; j >= j0; --j) visit(j);
+            } else {
+                while (word != 0u) {
+                    const int bit = 31 - __clz(word);
+                    visit(j0 + bit);
+                    word &= ~(1u << bit);
+                }
             }
         }
     }
