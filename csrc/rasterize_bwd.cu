@@ -75,6 +75,10 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
     __shared__ float3 s_rgb[kTilePixels];
     __shared__ float s_z[kDepth ? kTilePixels : 1];
     __shared__ uint8_t s_boxes[kTilePixels];  // box_mask of each staged entry
+    // Per-entry sums of the batch over the block's warps (stride kStride, odd: the lanes of one warp, one value
+    // each, hit distinct banks); flushed to the global gradients once per entry and tile.
+    constexpr int kStride = kG | 1;
+    __shared__ float s_grad[kTilePixels * kStride];
     __shared__ int s_max_contrib;
 
     const int tile = blockIdx.y * tiles_x + blockIdx.x;
@@ -90,6 +94,8 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
 
     const int last = inside ? n_contrib[pix] : 0;
     if (tid == 0) s_max_contrib = 0;
+#pragma unroll
+    for (int i = 0; i < kStride; ++i) s_grad[tid * kStride + i] = 0.f;
     __syncthreads();
     if (last > 0) atomicMax(&s_max_contrib, last);
     __syncthreads();
@@ -192,16 +198,7 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
             const float total = e[0] + __shfl_xor_sync(0xffffffffu, e[0], 1);
             const int v = ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 +
                           ((lane >> 1) & 1);
-            if ((lane & 1) == 0 && v < kG) {
-                const int32_t id = s_id[j];
-                float* dst = v < 2    ? v_means2D + 2 * id + v
-                             : v < 5  ? v_conics + 3 * id + (v - 2)
-                             : v < 8  ? v_colors + 3 * id + (v - 5)
-                             : v == 8 ? v_opacities + id
-                             : v < 11 ? v_means2D_abs + 2 * id + (v - 9)
-                                      : v_depths + id;  // v == 11 only when kDepth
-                atomicAdd(dst, total);
-            }
+            if ((lane & 1) == 0 && v < kG) atomicAdd(&s_grad[j * kStride + v], total);  // shared memory
         };
         // 32 entries at a time, from the back: one ballot gives the warp the entries it may have blended (inside
         // its box, before its last n_contrib; warp-uniform); a full word is walked as a plain loop, any other word
@@ -219,6 +216,26 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
                     visit(j0 + bit);
                     word &= ~(1u << bit);
                 }
+            }
+        }
+        __syncthreads();  // every warp's sums of this batch are in s_grad
+        // One global atomic per value of each entry the tile touched (zero where no warp blended it), instead of
+        // one per warp; the slot is cleared for the next batch.
+        if (tid < batch_end - batch_start) {
+            const int32_t id = s_id[tid];
+            float* row = s_grad + tid * kStride;
+#pragma unroll
+            for (int v = 0; v < kG; ++v) {
+                const float total = row[v];
+                row[v] = 0.f;
+                if (total == 0.f) continue;
+                float* dst = v < 2    ? v_means2D + 2 * id + v
+                             : v < 5  ? v_conics + 3 * id + (v - 2)
+                             : v < 8  ? v_colors + 3 * id + (v - 5)
+                             : v == 8 ? v_opacities + id
+                             : v < 11 ? v_means2D_abs + 2 * id + (v - 9)
+                                      : v_depths + id;  // v == 11 only when kDepth
+                atomicAdd(dst, total);
             }
         }
     }
