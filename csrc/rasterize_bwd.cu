@@ -75,6 +75,10 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
     __shared__ float3 s_rgb[kTilePixels];
     __shared__ float s_z[kDepth ? kTilePixels : 1];
     __shared__ uint8_t s_boxes[kTilePixels];  // box_mask of each staged entry
+    // Per-entry sums of the batch over the block's warps (stride kStride, odd: the lanes of one warp, one value
+    // each, hit distinct banks); flushed to the global gradients once per entry and tile.
+    constexpr int kStride = kG | 1;
+    __shared__ float s_grad[kTilePixels * kStride];
     __shared__ int s_max_contrib;
 
     const int tile = blockIdx.y * tiles_x + blockIdx.x;
@@ -90,6 +94,8 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
 
     const int last = inside ? n_contrib[pix] : 0;
     if (tid == 0) s_max_contrib = 0;
+#pragma unroll
+    for (int i = 0; i < kStride; ++i) s_grad[tid * kStride + i] = 0.f;
     __syncthreads();
     if (last > 0) atomicMax(&s_max_contrib, last);
     __syncthreads();
@@ -132,10 +138,9 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
             if constexpr (kDepth) s_z[tid] = depths[id];
         }
         __syncthreads();
-        for (int j = batch_end - batch_start - 1; j >= 0; --j) {
+        // Entry j of the batch, walked back to front by every lane of the warp (collectives inside).
+        auto visit = [&](int j) {
             const int position = batch_start - start + j;  // 0-based place in the tile's list
-            // warp-uniform skips: no pixel of this warp blended entry j (beyond its last, or outside its box)
-            if (position >= warp_last || !(s_boxes[j] >> warp & 1u)) continue;
             float grad[kG];
 #pragma unroll
             for (int i = 0; i < kG; ++i) grad[i] = 0.f;
@@ -182,7 +187,7 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
                     grad[10] = fabsf(grad[1]);
                 }
             }
-            if (!__any_sync(0xffffffffu, active)) continue;  // nothing for this Gaussian in this warp
+            if (!__any_sync(0xffffffffu, active)) return;  // nothing for this Gaussian in this warp
             float a[16], b[8], c[4], d[2], e[1];
 #pragma unroll
             for (int i = 0; i < 16; ++i) a[i] = i < kG ? grad[i] : 0.f;
@@ -193,8 +198,37 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
             const float total = e[0] + __shfl_xor_sync(0xffffffffu, e[0], 1);
             const int v = ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 +
                           ((lane >> 1) & 1);
-            if ((lane & 1) == 0 && v < kG) {
-                const int32_t id = s_id[j];
+            if ((lane & 1) == 0 && v < kG) atomicAdd(&s_grad[j * kStride + v], total);  // shared memory
+        };
+        // 32 entries at a time, from the back: one ballot gives the warp the entries it may have blended (inside
+        // its box, before its last n_contrib; warp-uniform); a full word is walked as a plain loop, any other word
+        // visits its set bits only.
+        const int n = batch_end - batch_start;
+        for (int j0 = (n - 1) & ~31; j0 >= 0; j0 -= 32) {
+            const int jl = j0 + lane;
+            uint32_t word = __ballot_sync(0xffffffffu, jl < n && batch_start - start + jl < warp_last &&
+                                                           (s_boxes[jl] >> warp & 1u));
+            if (word == 0xffffffffu) {
+                for (int j = j0 + 31; j >= j0; --j) visit(j);
+            } else {
+                while (word != 0u) {
+                    const int bit = 31 - __clz(word);
+                    visit(j0 + bit);
+                    word &= ~(1u << bit);
+                }
+            }
+        }
+        __syncthreads();  // every warp's sums of this batch are in s_grad
+        // One global atomic per value of each entry the tile touched (zero where no warp blended it), instead of
+        // one per warp; the slot is cleared for the next batch.
+        if (tid < batch_end - batch_start) {
+            const int32_t id = s_id[tid];
+            float* row = s_grad + tid * kStride;
+#pragma unroll
+            for (int v = 0; v < kG; ++v) {
+                const float total = row[v];
+                row[v] = 0.f;
+                if (total == 0.f) continue;
                 float* dst = v < 2    ? v_means2D + 2 * id + v
                              : v < 5  ? v_conics + 3 * id + (v - 2)
                              : v < 8  ? v_colors + 3 * id + (v - 5)

@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
 
     const int tile = blockIdx.y * tiles_x + blockIdx.x;
     const int tid = threadIdx.y * kTileSize + threadIdx.x;
-    const int warp = tid >> 5;
+    const int warp = tid >> 5, lane = tid & 31;
     int bx, by;
     box_pixel(tid, bx, by);
     const int tile_x0 = blockIdx.x * kTileSize, tile_y0 = blockIdx.y * kTileSize;
@@ -71,17 +71,17 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
         }
         __syncthreads();
         const int batch = min(kTilePixels, end - base);
-        for (int j = 0; j < batch && !done; ++j) {
-            if (!(s_boxes[j] >> warp & 1u)) continue;  // warp-uniform: no pixel of this box can blend entry j
+        // Blend staged entry j into this pixel (the walk of PIPELINE [3]); sets done at T_MIN.
+        auto blend = [&](int j) {
             const float4 co = s_conic_opacity[j];
             const float2 xy = s_xy[j];
             const float q = quadratic_form(co.x, co.y, co.z, __fsub_rn(fx, xy.x), __fsub_rn(fy, xy.y));
             float G, vis, alpha;
-            if (!fragment_alpha(q, co.w, G, vis, alpha)) continue;
+            if (!fragment_alpha(q, co.w, G, vis, alpha)) return;
             const float T_new = T * (1.f - alpha);
             if (T_new < kTMinF) {
                 done = true;
-                break;
+                return;
             }
             const float w = alpha * T;
             const float3 c = s_rgb[j];
@@ -95,6 +95,21 @@ __global__ void __launch_bounds__(kTilePixels) rasterize_fwd_kernel(
             }
             T = T_new;
             last = base - start + j + 1;
+        };
+        // 32 entries at a time: one ballot gives the warp the entries whose box bit is set (warp-uniform); a full
+        // word walks them in order as a plain loop, any other word visits its set bits only.
+        for (int j0 = 0; j0 < batch; j0 += 32) {
+            if (__all_sync(0xffffffffu, done)) break;
+            const int jl = j0 + lane;
+            uint32_t word = __ballot_sync(0xffffffffu, jl < batch && (s_boxes[jl] >> warp & 1u));
+            if (word == 0xffffffffu) {
+                for (int j = j0; j < j0 + 32 && !done; ++j) blend(j);
+            } else {
+                while (word != 0u && !done) {
+                    blend(j0 + __ffs(word) - 1);
+                    word &= word - 1u;  // clear the lowest set bit
+                }
+            }
         }
     }
     if (!inside) return;
