@@ -47,15 +47,34 @@ def background_scale(w_img, final_T):
     return (w_img.double() * final_T.detach().double().cpu()[..., None]).abs().sum((0, 1))
 
 
-def assert_close(named_pairs, tol, scales=None):
-    """``scales``: {name: tensor} to divide the error by instead of the reference's norm."""
-    scales = scales or {}
-    errors = {name: rel_err(a, b) if name not in scales else
-              float((a.detach().double().cpu() - b.detach().double().cpu()).norm() / scales[name].norm())
-              for name, a, b in named_pairs}
-    bad = {k: v for k, v in errors.items() if not v <= tol}
-    assert not bad, f"relative gradient errors above {tol}: {bad} (all: {errors})"
+def assert_close(named_pairs, tol, scales=None, floor=None):
+    """``scales``: {name: tensor} to divide the error by instead of the reference's norm.
+
+    ``floor``: {name: the error of the float32 *reference* against float64 on the same inputs} (what
+    :func:`gradient_errors` returns). A value is then held to max(tol, 2 × floor): where the random input is
+    ill-conditioned for float32 arithmetic as such, the kernel must be as good as float32 allows, not better. Two
+    kinds were seen on the H200 (each time the kernel's error equalled the float32 reference's): a fragment on the
+    3-sigma cut, q = 9.0000004 in float64 and 9 in float32, so one side blends it and the other does not
+    (RIGEL_SEED=3428218703, test_raster_backward_warp_boxes: means2D 2.13e-4 for both); a tiny edge Gaussian
+    (scales ~1e-7) whose means3D gradient dominates the norm (RIGEL_SEED=3548970854,
+    test_end_to_end_depth_gradients: kernel 1.08e-5, float32 reference 1.40e-5). A kernel error beyond twice the
+    float32 reference's still fails."""
+    floor = floor or {}
+    errors = gradient_errors(named_pairs, scales)
+    allowed = {name: max(tol, 2.0 * floor[name]) if name in floor else tol for name in errors}
+    bad = {k: v for k, v in errors.items() if not v <= allowed[k]}
+    assert not bad, (f"relative gradient errors above {tol} (or twice the float32 reference's, {floor}): {bad} "
+                     f"(all: {errors})")
     return errors
+
+
+def gradient_errors(named_pairs, scales=None):
+    """{name: relative error of a against b} for pairs (name, a, b); ``scales`` as in :func:`assert_close`. Of a
+    float32 reference against the float64 one, it is assert_close's ``floor``."""
+    scales = scales or {}
+    return {name: rel_err(a, b) if name not in scales else
+            float((a.detach().double().cpu() - b.detach().double().cpu()).norm() / scales[name].norm())
+            for name, a, b in named_pairs}
 
 
 def leaves(tensors, device, dtype):
@@ -84,19 +103,23 @@ def raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h):
     base = (m2, con, colors, opac, bg)
     x32 = leaves(base, DEV, torch.float32)
     image, final_T, n_contrib = cuda_backend.rasterize_tiles_cuda(*x32[:4], ids, ranges, w, h, background=x32[4])
-    x64 = leaves(base, "cpu", torch.float64)
-    ref = rasterize_tiles(*x64[:4], ids.cpu(), ranges.cpu(), -(-w // 16), -(-h // 16), w, h, x64[4])
+    x64, r32 = leaves(base, "cpu", torch.float64), leaves(base, "cpu", torch.float32)
+    tiles = (-(-w // 16), -(-h // 16), w, h)
+    ref = rasterize_tiles(*x64[:4], ids.cpu(), ranges.cpu(), *tiles, x64[4])
+    ref32 = rasterize_tiles(*r32[:4], ids.cpu(), ranges.cpu(), *tiles, r32[4])  # assert_close's floor
     # A pixel whose walk stops at a different entry in float32 and float64 is an exact tie of the stop rule, not a
     # kernel error: two clamped alphas give T = (1 − ALPHA_MAX)² = T_MIN in exact arithmetic, just below it in
     # float32. Such pixels (rare; bounded here) get zero loss weight on both sides; every other pixel is compared.
-    same = (n_contrib.cpu() == ref.n_contrib)
+    same = (n_contrib.cpu() == ref.n_contrib) & (ref32.n_contrib == ref.n_contrib)
     assert float((~same).float().mean()) <= 2e-3, f"{int((~same).sum())} pixels stop at different entries"
     w_img, w_T = w_img * same[..., None], w_T * same
     ((image * w_img.to(DEV)).sum() + (final_T * w_T.to(DEV)).sum()).backward()
     ((ref.image * w_img.double()).sum() + (ref.final_T * w_T.double()).sum()).backward()
+    ((ref32.image * w_img).sum() + (ref32.final_T * w_T).sum()).backward()
     names = ("means2D", "conics", "colors", "opacities", "background")
-    assert_close([(n, a.grad, b.grad) for n, a, b in zip(names, x32, x64)], TOL,
-                 {"background": background_scale(w_img, ref.final_T)})
+    scales = {"background": background_scale(w_img, ref.final_T)}
+    floor = gradient_errors([(n, a.grad, b.grad) for n, a, b in zip(names, r32, x64)], scales)
+    assert_close([(n, a.grad, b.grad) for n, a, b in zip(names, x32, x64)], TOL, scales, floor)
     return {n: a.grad for n, a in zip(names, x32)}, final_T, n_contrib, x32[0]
 
 
@@ -273,12 +296,17 @@ def test_end_to_end_rasterize_gaussians(rng):
     out = rc.rasterize_gaussians(*x[:5], vm.to(DEV), K.to(DEV), w, h, background=x[5])
     out.means2D.retain_grad()
     ((out.image * w_img.to(DEV)).sum() + (out.final_T * w_T.to(DEV)).sum()).backward()
-    y = leaves(inputs + (bg,), "cpu", torch.float64)
+    y, y32 = leaves(inputs + (bg,), "cpu", torch.float64), leaves(inputs + (bg,), "cpu", torch.float32)
     ref, ref_means2D = reference_composed(*y[:5], cam, torch.float64, out.gaussian_ids, out.tile_ranges, y[5])
     ((ref.image * w_img.double()).sum() + (ref.final_T * w_T.double()).sum()).backward()
+    ref32, ref32_means2D = reference_composed(*y32[:5], cam, torch.float32, out.gaussian_ids, out.tile_ranges, y32[5])
+    ((ref32.image * w_img).sum() + (ref32.final_T * w_T).sum()).backward()
     names = ("means3D", "quats", "scales", "opacities", "colors", "background")
     pairs = [(n, a.grad, b.grad) for n, a, b in zip(names, x, y)] + [("means2D", out.means2D.grad, ref_means2D.grad)]
-    assert_close(pairs, TOL, {"background": background_scale(w_img, ref.final_T)})
+    pairs32 = ([(n, a.grad, b.grad) for n, a, b in zip(names, y32, y)] +
+               [("means2D", ref32_means2D.grad, ref_means2D.grad)])
+    scales = {"background": background_scale(w_img, ref.final_T)}
+    assert_close(pairs, TOL, scales, gradient_errors(pairs32, scales))
 
 
 def test_end_to_end_model_with_sh(rng):

@@ -22,7 +22,7 @@ from rigel_core import _ext, config, cuda_backend
 from rigel_core.reference import expected_depth, project_gaussians, rasterize_tiles, render_reference, sh_colors
 
 from helpers import cam_tensors, real_scene_pair
-from test_cuda_backward import assert_close, background_scale, leaves
+from test_cuda_backward import assert_close, background_scale, gradient_errors, leaves
 from test_cuda_forward import _ply_cameras, cuda_project, make_scene
 
 pytestmark = pytest.mark.gpu
@@ -142,16 +142,21 @@ def test_end_to_end_depth_gradients(rng):
     vm, K = cam_tensors(cam, torch.float32)
     x = leaves(inputs, DEV, torch.float32)
     out = rc.rasterize_gaussians(*x, vm.to(DEV), K.to(DEV), w, h, depth=True)
-    y = leaves(inputs, "cpu", torch.float64)
-    vm64, K64 = cam_tensors(cam, torch.float64)
-    p = project_gaussians(y[0], y[1], y[2], y[3], vm64, K64, w, h)
-    ref = rasterize_tiles(p.means2D, p.conics, y[4], y[3], out.gaussian_ids.cpu(), out.tile_ranges.cpu(),
-                          -(-w // 16), -(-h // 16), w, h, depths=p.depths)
-    u = u * well_posed_depth_pixels(out.n_contrib, ref)[1]
+    refs = []  # float64, then float32 (assert_close's floor)
+    for dt in (torch.float64, torch.float32):
+        y = leaves(inputs, "cpu", dt)
+        vm_r, K_r = cam_tensors(cam, dt)
+        p = project_gaussians(y[0], y[1], y[2], y[3], vm_r, K_r, w, h)
+        refs.append((y, rasterize_tiles(p.means2D, p.conics, y[4], y[3], out.gaussian_ids.cpu(),
+                                        out.tile_ranges.cpu(), -(-w // 16), -(-h // 16), w, h, depths=p.depths)))
+    (y, ref), (y32, ref32) = refs
+    u = u * well_posed_depth_pixels(out.n_contrib, ref)[1] * well_posed_depth_pixels(ref32.n_contrib, ref)[1]
     (out.depth * u.to(DEV)).sum().backward()
     (expected_depth(ref.depth_sum, ref.final_T) * u.double()).sum().backward()
+    (expected_depth(ref32.depth_sum, ref32.final_T) * u).sum().backward()
     names = ("means3D", "quats", "scales", "opacities")
-    assert_close([(n, a.grad, b.grad) for n, a, b in zip(names, x, y)], TOL)
+    floor = gradient_errors([(n, a.grad, b.grad) for n, a, b in zip(names, y32, y)])
+    assert_close([(n, a.grad, b.grad) for n, a, b in zip(names, x, y)], TOL, floor=floor)
     assert x[4].grad is None or float(x[4].grad.abs().max()) == 0.0   # colours do not enter the depth
 
 
