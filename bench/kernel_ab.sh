@@ -11,10 +11,14 @@
 # --run builds every .ab/NAME in name order (csrc/ replaced by it; the working tree's csrc/ is put back at the
 # end), runs the given GPU tests on each (pytest -m gpu) and bench/forward.py --no-gsplat --no-depth, and prints
 # one table: per scene and resolution, the raster stage, the forward and forward+backward of each variant (ms).
-# Logs in $OUT (default ./out): build_NAME.log, tests_NAME.log, NAME/forward.md.
+# $OUT (default ./out) gets the table (ab.md) and one archive of the logs (ab_logs.tgz: build_NAME.log,
+# tests_NAME.log, NAME/forward.md, NAME/bench.log): the device tool returns only a few files per call. A failed
+# build, test run or bench prints its last lines. The PLY scenes come from $RIGEL_SHARED_DATA (default ./.data,
+# the carried copies, as bench/device_all.sh).
 set -uo pipefail
 PY=${PYTHON:-python3}
 OUT=${OUT:-out}
+export RIGEL_SHARED_DATA=${RIGEL_SHARED_DATA:-$PWD/.data}
 prepare=() run=0 tests="" bench_args="--iters 30"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -40,11 +44,13 @@ done
 
 [ -d .ab ] && [ -n "$(ls -A .ab)" ] || { echo "kernel_ab.sh: no variants in .ab/ (--prepare them first)" >&2; exit 2; }
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+RESULT=$OUT OUT=$(mktemp -d)  # logs gathered here, archived into $RESULT at the end
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 keep=$(mktemp -d) && cp -a csrc "$keep/"
 # Put the tree's csrc/ back, newer than every object built here, so that the next build compiles it again (until
 # then rigel_core/_C is the last variant's).
 trap 'rm -rf csrc && cp -a "$keep/csrc" csrc && find csrc -type f -exec touch {} + && rm -rf "$keep"
+      tar -czf "$RESULT/ab_logs.tgz" -C "$OUT" . && rm -rf "$OUT"
       echo "kernel_ab.sh: csrc/ restored; rigel_core/_C is the last variant'"'"'s until the next build"' EXIT
 names=() prev=""
 for dir in .ab/*/; do
@@ -71,12 +77,15 @@ for dir in .ab/*/; do
     line+=", tests: $(grep -E '(passed|failed|error)' "$OUT/tests_$name.log" | tail -1)"
   fi
   echo "$line"
+  [ -n "$tests" ] && grep -qE '[0-9]+ (failed|error)' "$OUT/tests_$name.log" &&
+    grep -E '^(FAILED|ERROR|E  )|RIGEL_SEED' "$OUT/tests_$name.log" | cut -c1-300 | head -20
   mkdir -p "$OUT/$name"
   # shellcheck disable=SC2086
   OUT="$OUT/$name" timeout "${BENCH_TIMEOUT:-200}" $PY bench/forward.py --no-gsplat --no-depth $bench_args \
-    >"$OUT/$name/bench.log" 2>&1 || echo "$name: bench/forward.py failed, see $name/bench.log"
+    >"$OUT/$name/bench.log" 2>&1 || { echo "$name: bench/forward.py failed (rc $?; 124: BENCH_TIMEOUT):"
+                                     tail -4 "$OUT/$name/bench.log"; }
 done
-$PY - "$OUT" "${names[@]}" <<'PYEOF'
+$PY - "$OUT" "${names[@]}" <<'PYEOF' | tee "$RESULT/ab.md"
 import sys
 from pathlib import Path
 out, names = Path(sys.argv[1]), sys.argv[2:]
