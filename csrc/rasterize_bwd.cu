@@ -2,7 +2,8 @@
 // front. Each pixel recovers the transmittance in front of entry i from the one behind it,
 // T_i = T_{i+1} / (1 - alpha_i), starting at final_T, and walks exactly the entries the forward blended:
 // positions [0, n_contrib) of its tile list, with the forward's skips re-applied (rasterize_common.cuh); a warp
-// skips an entry that lies beyond all of its pixels' n_contrib or whose footprint misses its box (box_mask).
+// visits only the entries before its pixels' largest n_contrib whose footprint reaches its box (box_mask), found
+// 32 at a time by one ballot.
 //
 // With S_i = sum_{j>i} c_j alpha_j T_j + final_T * background (what lies behind entry i):
 //   d image / d c_i     = alpha_i T_i
@@ -11,13 +12,15 @@
 // S^z_i = sum_{j>i} z_j alpha_j T_j:  d depth_sum / d z_i = alpha_i T_i,
 // d depth_sum / d alpha_i = T_i z_i - S^z_i / (1 - alpha_i). The median depth has no gradient.
 // then alpha = min(ALPHA_MAX, vis) (zero gradient where clamped), vis = opacity exp(-q/2), q the conic form.
-// Per-Gaussian sums are reduced across each warp before the atomics by a reduce-scatter over the kG values padded
+// Per-Gaussian sums are reduced across each warp by a reduce-scatter over the kG values padded
 // to 16: at the step with partner lane^o (o = 16, 8, 4, 2) each lane keeps one half of its values (the upper half
 // where lane & o) and adds the partner's copy of that half, sent in exchange for the other half — 8 + 4 + 2 + 1
 // shuffles leave one value per lane, one more (o = 1) completes its sum in both lanes of a pair. Lane L then holds
-// the total of value 8·b4 + 4·b3 + 2·b2 + b1 (b_k = bit k of L), and the even lanes issue their atomicAdds together,
-// one instruction: 16 shuffles and 1 atomic issue where a shuffle tree per value takes 5·kG shuffles and kG atomics
-// from one lane (55/60 SHFL and 13/14 RED in the SASS; measured against it on the H200 at df0558b: docs/BENCHMARKS.md).
+// the total of value 8·b4 + 4·b3 + 2·b2 + b1 (b_k = bit k of L): 16 shuffles where a shuffle tree per value takes
+// 5·kG (55/60 SHFL in the SASS of that design; measured against it on the H200 at df0558b: docs/BENCHMARKS.md).
+// The even lanes add their totals into the tile's per-entry sums in shared memory (s_grad; a compare-and-swap loop
+// on sm_90); after each batch thread t adds entry t's kG sums to the global gradients, one atomic per non-zero
+// value: one global atomic per value per entry and tile instead of one per warp.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
@@ -45,6 +48,7 @@ __device__ __forceinline__ void scatter_step(const float* in, float* out, int la
 }
 
 // 5 blocks per SM: the warp boxes took the kernel from 45 to 56 registers (4 blocks); bounded, 48 and no spills.
+// 5 blocks also take ~5 x 25 KB of shared memory (s_grad is ~half of it; sm_90 has 228 KB per SM).
 template <bool kDepth>
 __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
     int width, int height, int tiles_x,
@@ -75,8 +79,9 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
     __shared__ float3 s_rgb[kTilePixels];
     __shared__ float s_z[kDepth ? kTilePixels : 1];
     __shared__ uint8_t s_boxes[kTilePixels];  // box_mask of each staged entry
-    // Per-entry sums of the batch over the block's warps (stride kStride, odd: the lanes of one warp, one value
-    // each, hit distinct banks); flushed to the global gradients once per entry and tile.
+    // Per-entry sums of the batch over the block's warps, flushed to the global gradients once per entry and tile
+    // (stride kStride, odd: in the zeroing and the flush, where each lane walks its own row, the 32 lanes hit
+    // distinct banks).
     constexpr int kStride = kG | 1;
     __shared__ float s_grad[kTilePixels * kStride];
     __shared__ int s_max_contrib;

@@ -27,8 +27,9 @@ __device__ __forceinline__ bool fragment_alpha(float q, float opacity, float& G,
 // ---- warp boxes (docs/PIPELINE.md [3] "Warp boxes") ----
 // A raster block's 8 warps each own an 8x4 box of the 16x16 tile: warp w covers columns 8 (w & 1) .. +7 and
 // rows 4 (w >> 1) .. +3, lane l the pixel (l & 7, l >> 3) of its box. When an entry is staged, its loader
-// computes which boxes its footprint {q <= Q} can reach (a bit per warp); a warp whose bit is clear skips the
-// entry without evaluating it, a warp-uniform branch.
+// computes which boxes its footprint {q <= Q} can reach (a bit per warp); the raster kernels gather a warp's bits
+// 32 entries at a time with one ballot and visit only the set ones, so a clear bit costs the warp nothing per
+// entry.
 constexpr int kBoxW = 8, kBoxH = 4, kBoxCols = kTileSize / kBoxW, kBoxRows = kTileSize / kBoxH;
 static_assert(kBoxW * kBoxH == 32 && kBoxCols * kBoxRows * 32 == kTilePixels && kBoxCols * kBoxRows <= 8,
               "one warp per box, at most 8 boxes (a byte of bits)");

@@ -1,8 +1,10 @@
 // [3] Tile rasterization, forward (docs/PIPELINE.md [3]): one 16x16 block per tile, one thread per pixel,
 // front-to-back alpha compositing C = sum_i c_i alpha_i prod_{j<i} (1 - alpha_j) (Kerbl et al. 2023, eq. 3).
 // The block stages its tile's entries in shared memory, kTilePixels at a time (one load per thread), with the
-// warp boxes each entry can reach (rasterize_common.cuh box_mask: a warp skips the rest), and leaves as soon as
-// every pixel of the tile is done (__syncthreads_count vote).
+// warp boxes each entry can reach (rasterize_common.cuh box_mask); each warp takes a batch 32 entries at a time,
+// one ballot of its box bits, and visits the set ones only (all of them in a plain loop when all are set). A warp
+// leaves the batch once all its pixels are done (__all_sync), the block as soon as every pixel of the tile is done
+// (__syncthreads_count vote).
 // Depth (docs/PIPELINE.md "Depth") comes from the same walk when kDepth: the expected depth sum_i w_i z_i / (1 - T)
 // (written into the depth_sum buffer) and the median
 // depth (z of the first blended entry after which T <= 1/2; 0 if none). kDepth = false is the colour-only kernel,
