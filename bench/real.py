@@ -25,7 +25,10 @@ Per capture (a dataset folder ``rigel_core.data.load_dataset`` reads: COLMAP, in
 The two loops:
 
 * ``rigel``: ``rigel_core.train.Trainer`` with ``TrainConfig(iterations=max(--iters), eval_every=0)`` and otherwise
-  its defaults (plus ``--rigel-config key=value`` overrides), ``Trainer.step()`` in a loop. Its default strategy
+  its defaults (plus ``--rigel-config key=value`` overrides), ``Trainer.step()`` in a loop. Those defaults include
+  the resolution of ``coarse_to_fine = "auto"``: full-resolution training (1) on a capture with SfM points, 4 (¼ then
+  ½ resolution over the first min(3000, iterations / 2) iterations) on one without (``--rigel-config
+  coarse_to_fine=4`` or ``=1`` chooses; real.md notes a factor above 1). Its default strategy
   "auto" is the MCMC budget (1M) on a capture with SfM points, 3DGS's densification where background points
   were added automatically (a partial SfM: bonsai) — rigel's default against gsplat's default loop
   (``--rigel-config strategy=default`` compares 3DGS's densification on both sides; real.md names each run's
@@ -612,7 +615,9 @@ def markdown(results: dict) -> str:
                                 " (3DGS's clone / split / prune)")
                              + (f", {conf['init_background_points']:,} background points in the start"
                                 if isinstance(conf.get("init_background_points"), int)
-                                and conf["init_background_points"] > 0 else ""))
+                                and conf["init_background_points"] > 0 else "")
+                             + (f", coarse-to-fine from 1/{conf['coarse_to_fine']} resolution"
+                                if isinstance(conf.get("coarse_to_fine"), int) and conf["coarse_to_fine"] > 1 else ""))
             for c in r["checkpoints"]:
                 it = f"{c['iteration']:,}"
                 if r.get("stopped_at") == c["iteration"]:

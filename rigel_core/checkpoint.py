@@ -327,7 +327,9 @@ def _config_of(path, meta: dict, key: str = "config"):
     ``strategy`` was saved before the field existed, when every run used 3DGS's densification: it stays
     "default" (the field's default now, "auto", would turn such a run into the MCMC budget on resume). Likewise a
     config without ``init_background_points`` started without background points: it stays 0 (not "auto", which
-    on a partial SfM would also switch an "auto" strategy). rigel saves resolved configs: an integer there, kept."""
+    on a partial SfM would also switch an "auto" strategy), and one without ``coarse_to_fine`` trained at full
+    resolution: it stays 1 (not "auto", which on a dataset without SfM points would restart coarse). rigel saves
+    resolved configs: integers there, kept."""
     d = meta.get(key)
     if not isinstance(d, dict):
         _fail(path, f"metadata {key}", "missing or not an object")
@@ -335,6 +337,8 @@ def _config_of(path, meta: dict, key: str = "config"):
         d = {**d, "strategy": "default"}
     if "init_background_points" not in d:
         d = {**d, "init_background_points": 0}
+    if "coarse_to_fine" not in d:
+        d = {**d, "coarse_to_fine": 1}
     try:
         cfg = TrainConfig.from_dict(d)
         cfg.validate()

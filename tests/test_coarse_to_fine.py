@@ -1,5 +1,6 @@
 """Coarse-to-fine training resolution (TrainConfig.coarse_to_fine; rigel_core/train/trainer.py
-``training_downscale`` and ``Trainer._use_downscale``) and the downscale rule it shares with the data loaders
+``training_downscale`` and ``Trainer._use_downscale``), its default "auto" (rigel_core/train/config.py
+``resolve_coarse_to_fine``, ``Trainer._resolve_auto``) and the downscale rule it shares with the data loaders
 (rigel_core/data/frames.py ``downscale_frame``), on tiny CPU datasets."""
 import json
 import math
@@ -17,7 +18,7 @@ from rigel_core.data.images import resize_area
 from rigel_core.train import TrainConfig, Trainer
 from rigel_core.train import trainer as trainer_module
 from rigel_core.train.trainer import training_downscale
-from test_trainer import make_dataset, small_config
+from test_trainer import blender_dataset, make_dataset, small_config  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -51,16 +52,115 @@ def test_the_factor_never_makes_an_image_smaller_than_the_minimum(rng):
 
 
 def test_schedule_off():
-    assert {training_downscale(TrainConfig(), it) for it in range(1, 5000, 7)} == {1}
+    assert {training_downscale(TrainConfig(coarse_to_fine=1), it) for it in range(1, 5000, 7)} == {1}
     assert training_downscale(TrainConfig(coarse_to_fine=4, coarse_to_fine_iters=0), 1) == 1
+    with pytest.raises(ValueError, match="coarse_to_fine is 'auto'"):  # only a Trainer's resolved config has a factor
+        training_downscale(TrainConfig(), 1)
 
 
-@pytest.mark.parametrize("bad", [0, 3, 6, 128, -2])
+@pytest.mark.parametrize("bad", [0, 3, 6, 128, -2, "fast", "", True, 2.5, None, [4]])
 def test_bad_factor_is_refused(bad):
-    with pytest.raises(ValueError, match="coarse_to_fine"):
+    with pytest.raises(ValueError, match="TrainConfig.coarse_to_fine must be") as e:
         TrainConfig(coarse_to_fine=bad).validate()
+    assert "\n" not in str(e.value) and "'auto'" in str(e.value)
     with pytest.raises(ValueError, match="coarse_to_fine_iters"):
         TrainConfig(coarse_to_fine=2, coarse_to_fine_iters=-1).validate()
+
+
+def test_auto_and_every_power_of_two_are_accepted():
+    assert TrainConfig().coarse_to_fine == "auto"
+    for good, want in [("auto", "auto"), (" AUTO ", "auto"), (4.0, 4)] + [(2 ** k, 2 ** k) for k in range(7)]:
+        cfg = TrainConfig(coarse_to_fine=good)
+        cfg.validate()
+        assert cfg.coarse_to_fine == want and type(cfg.coarse_to_fine) is type(want)
+
+
+# ---- the default: "auto" ---------------------------------------------------------------------------------------
+def with_sfm_points(ds, rng, n=150):
+    """``ds`` with ``n`` SfM points (and colours) in the scene's box: what a real capture's loader gives."""
+    ds.points = ((torch.rand(n, 3, generator=rng, dtype=torch.float64) * 2 - 1) * 0.8).numpy()
+    ds.point_colors = torch.rand(n, 3, generator=rng, dtype=torch.float64).numpy()
+    return ds
+
+
+def test_auto_is_4_without_sfm_points_and_the_run_trains_coarse_first(rng):
+    ds = make_dataset(rng, n_gauss=40, size=32, n_train=3, n_test=1)
+    assert ds.points is None
+    cfg = small_config(coarse_to_fine="auto", iterations=10, coarse_to_fine_iters=4)
+    t = Trainer(ds, cfg, device="cpu")
+    assert t.config.coarse_to_fine == 4 and cfg.coarse_to_fine == "auto"  # the caller's config is left as given
+    assert t.config is not cfg and t.config == TrainConfig(**{**cfg.to_dict(), "coarse_to_fine": 4,
+                                                             "strategy": "default"})
+    note = t.coarse_note
+    assert note.startswith("coarse_to_fine auto: 4 (no SfM points") and "--set coarse_to_fine=1" in note
+    assert "\n" not in note and "1/4" in note and "4 iterations" in note  # min(coarse_to_fine_iters, iterations/2)
+    seen = []
+    for _ in range(6):
+        assert math.isfinite(t.step().loss)
+        seen.append(t.train_frames[0].camera.width)
+    assert seen == [8, 8, 16, 16, 32, 32]
+    # a run started from a given model (bench/real.py) resolves the same
+    again = Trainer(ds, cfg, model=t.model, device="cpu")
+    assert again.config == t.config and again.coarse_note == note
+
+
+def test_auto_is_1_with_sfm_points(rng):
+    ds = with_sfm_points(make_dataset(rng, n_gauss=40, size=32, n_train=3, n_test=1), rng)
+    cfg = small_config(coarse_to_fine="auto", iterations=10, coarse_to_fine_iters=4, auto_mcmc_budget=1000)
+    t = Trainer(ds, cfg, device="cpu")
+    assert t.config.coarse_to_fine == 1 and cfg.coarse_to_fine == "auto"
+    assert t.model.num_gaussians == 150  # the SfM start (not init_points' 200 random ones)
+    note = t.coarse_note
+    assert note.startswith("coarse_to_fine auto: 1, off (SfM points") and "--set coarse_to_fine=4" in note
+    assert "\n" not in note
+    for _ in range(2):
+        assert math.isfinite(t.step().loss)
+        assert t.train_downscale == 1 and t.train_frames[0].camera.width == 32
+
+
+@pytest.mark.parametrize("sfm", [False, True])
+def test_an_explicit_factor_is_never_changed(rng, sfm):
+    ds = make_dataset(rng, n_gauss=30, size=16, n_train=2, n_test=0)
+    if sfm:
+        with_sfm_points(ds, rng)
+    for factor in (1, 2, 4):
+        cfg = small_config(coarse_to_fine=factor, strategy="default")
+        t = Trainer(ds, cfg, device="cpu")
+        assert t.config.coarse_to_fine == factor and t.coarse_note is None
+        if not sfm:  # nothing "auto" left to resolve: the caller's config itself is the one in use
+            assert t.config is cfg
+
+
+def test_the_resolved_factor_is_recorded_and_reused_on_resume(rng, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from rigel_core.checkpoint import read_checkpoint
+    from rigel_core.cli.common import resume_config
+
+    ds = make_dataset(rng, n_gauss=30, size=32, n_train=3, n_test=0)
+    t = Trainer(ds, small_config(coarse_to_fine="auto", iterations=20, coarse_to_fine_iters=8), device="cpu")
+    for _ in range(3):  # stop inside the 1/4 → 1/2 schedule
+        t.step()
+    path = tmp_path / "c.safetensors"
+    t.save_checkpoint(path)
+    _, meta = read_checkpoint(path)
+    assert meta["config"]["coarse_to_fine"] == 4
+    assert "auto" not in {v for v in meta["config"].values() if isinstance(v, str)}
+    resumed = Trainer.from_checkpoint(path, ds, device="cpu")
+    assert resumed.config.coarse_to_fine == 4 and resumed.coarse_note is None and resumed.config == t.config
+    for _ in range(5):  # iterations 4..8 continue the schedule: 1/4 once more, then 1/2
+        resumed.step()
+        t.step()
+        assert resumed.train_downscale == t.train_downscale
+        assert torch.equal(resumed.model.means3D, t.model.means3D)
+    assert resumed.iteration == 8 and resumed.train_downscale == 2
+    assert resume_config(path, {"iterations": 20}).coarse_to_fine == 4
+    assert resume_config(path, {"coarse_to_fine": "auto"}).coarse_to_fine == "auto"  # asked again: resolved again
+    # a checkpoint from before the field existed trained at full resolution: it resumes with 1, not "auto" (4 here)
+    del meta["config"]["coarse_to_fine"], meta["config"]["coarse_to_fine_iters"]
+    save_file(load_file(path), path, metadata={"rigel": json.dumps(meta)})
+    old = Trainer.from_checkpoint(path, ds, device="cpu")
+    assert old.config.coarse_to_fine == 1 and old.coarse_note is None
 
 
 def test_downscaled_views_are_block_means_with_strict_masks(rng):
@@ -135,6 +235,57 @@ def test_rigel_viewer_refuses_a_bad_value_before_loading_the_dataset(tmp_path, c
                      "--set", "coarse_to_fine=3"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "TrainConfig.coarse_to_fine" in err[0], err
+
+
+def test_rigel_train_logs_and_records_the_resolved_factor_and_resumes_with_it(blender_dataset, tmp_path):
+    from rigel_core.checkpoint import read_checkpoint
+    from rigel_core.cli.train import main
+
+    run = tmp_path / "run"
+    common = ["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet", "--init-points", "80",
+              "--eval-every", "0", "--n-renders", "0", "--set", "coarse_to_fine_iters=4"]
+    assert main(common + ["--iters", "6"]) == 0
+    assert json.loads((run / "metrics.json").read_text())["config"]["coarse_to_fine"] == 4  # no SfM points
+    assert read_checkpoint(run / "checkpoint.safetensors")[1]["config"]["coarse_to_fine"] == 4
+    log = (run / "log.txt").read_text()
+    assert log.count("coarse_to_fine auto: 4 (no SfM points") == 1
+    assert main(common + ["--iters", "8", "--resume"]) == 0
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["config"]["coarse_to_fine"] == 4 and metrics["iterations_done"] == 8
+    assert (run / "log.txt").read_text().count("coarse_to_fine auto") == 1  # resumed: recorded, not re-decided
+    off = tmp_path / "off"
+    assert main(common[:2] + ["--out", str(off)] + common[4:] + ["--iters", "4", "--set", "coarse_to_fine=1"]) == 0
+    assert json.loads((off / "metrics.json").read_text())["config"]["coarse_to_fine"] == 1
+    assert "coarse_to_fine auto" not in (off / "log.txt").read_text()
+
+
+def test_cli_set_takes_auto_or_a_factor():
+    from rigel_core.cli.common import config_overrides, new_config
+    from rigel_core.cli.train import build_parser
+
+    def parse(*argv):
+        return build_parser().parse_args(["--data", "d", "--out", "o", *argv])
+
+    assert "coarse_to_fine" not in config_overrides(parse())  # the default: TrainConfig's "auto"
+    assert new_config(parse(), {}).coarse_to_fine == "auto"
+    for text, want in (("auto", "auto"), ("4", 4), ("1", 1), ("64", 64)):
+        args = parse("--set", f"coarse_to_fine={text}")
+        assert new_config(args, config_overrides(args)).coarse_to_fine == want
+
+
+def test_bench_real_passes_the_factor_through():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench import real
+
+    for text, want in (("4", 4), ("1", 1), ("auto", "auto")):
+        over = real.parse_overrides([f"coarse_to_fine={text}"])
+        assert over == {"coarse_to_fine": want} and real.rigel_config(100, 0, over).coarse_to_fine == want
+    assert real.rigel_config(100, 0, {}).coarse_to_fine == "auto"  # rigel's default: resolved by its Trainer
+    with pytest.raises(real.BenchError, match="TrainConfig.coarse_to_fine"):
+        real.rigel_config(100, 0, real.parse_overrides(["coarse_to_fine=3"]))
 
 
 # ---- one downscale rule: the loaders' --downscale and the trainer's coarse levels ----------------------------

@@ -234,7 +234,8 @@ def test_cli_gpus_2_on_cpu_then_resume_with_one_process(blender, tmp_path):
 
     common = ["--data", str(blender), "--device", "cpu", "--quiet", "--init-points", "100", "--eval-every", "0",
               "--set", "densify_from=4", "--set", "densify_interval=4", "--set", "grad_threshold=1e-5",
-              "--position-lr-max-steps", "12"]  # the same lr schedule in the 8- and 12-iteration runs
+              "--position-lr-max-steps", "12",  # the same lr schedule in the 8- and 12-iteration runs
+              "--set", "coarse_to_fine_iters=4"]  # and the same coarse-to-fine one ("auto": 4 here, no SfM points)
     run = tmp_path / "run"
     p = _cli(common + ["--out", str(run), "--gpus", "2", "--iters", "8", "--dist-check-every", "4"])
     out, err = p.communicate(timeout=240)
@@ -242,6 +243,7 @@ def test_cli_gpus_2_on_cpu_then_resume_with_one_process(blender, tmp_path):
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["distributed"]["world_size"] == 2 and metrics["distributed"]["global_batch"] == 2
     assert metrics["distributed"]["allreduce_calls"] == 8 and metrics["iterations_done"] == 8
+    assert metrics["config"]["coarse_to_fine"] == 4
     assert "2 process(es) x 1 view(s) = 2 views per step (gloo)" in (run / "log.txt").read_text()
     assert sorted(p.name for p in run.iterdir()) == [".lock", "checkpoint.safetensors", "log.txt", "metrics.json",
                                                       "model.ply", "renders"]  # rank 0 alone wrote

@@ -336,7 +336,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
                  + ", ".join(p.name for p in stale))
     log.info(f"{'resumed at iteration ' + str(trainer.iteration) if trainer.iteration else 'start'}: "
              f"{trainer.model.num_gaussians} Gaussians, device {device}, {cfg.iterations} iterations")
-    for note in (trainer.init_note, trainer.strategy_note):  # the strategy may follow from the initialisation
+    # the initialisation first: the strategy may follow from it
+    for note in (trainer.init_note, trainer.strategy_note, trainer.coarse_note):
         if note:
             log.info(note)
     if world * cfg.batch_size > 1:

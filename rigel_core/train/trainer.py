@@ -46,7 +46,8 @@ from ..data.frames import common_size_frames, downscale_frame, frame_mask
 from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
-from .config import SPARSE_SFM_COVERAGE, TrainConfig, resolve_init_background, resolve_strategy  # noqa: F401
+from .config import SPARSE_SFM_COVERAGE, TrainConfig, resolve_coarse_to_fine, resolve_init_background, \
+    resolve_strategy  # noqa: F401
 from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_grad, prepare_means2D_grad, \
     reset_opacity
 from .exposure import Exposure, exposure_lr, left_right_metrics
@@ -67,7 +68,11 @@ def training_downscale(cfg: TrainConfig, iteration: int) -> int:
     """The coarse-to-fine factor the training images are divided by at ``iteration`` (1 = full resolution):
     ``coarse_to_fine`` = 2^k halves k times, in k equal phases over the first T = min(``coarse_to_fine_iters``,
     ``iterations`` // 2) iterations (``TrainConfig.coarse_to_fine``; a short run keeps its second half at full
-    resolution). Iterations count from 1; iteration T + 1 on is full."""
+    resolution). Iterations count from 1; iteration T + 1 on is full. ValueError for an unresolved "auto" (the
+    Trainer resolves it from its dataset: :func:`~.config.resolve_coarse_to_fine`)."""
+    if cfg.coarse_to_fine == "auto":
+        raise ValueError("TrainConfig.coarse_to_fine is 'auto': the Trainer resolves it from its dataset "
+                         "(Trainer.config holds the factor in use)")
     k = int(cfg.coarse_to_fine).bit_length() - 1
     total = min(int(cfg.coarse_to_fine_iters), int(cfg.iterations) // 2)
     if k <= 0 or iteration > total:
@@ -320,7 +325,8 @@ class Trainer:
             the pixels that count, None = all); ``scene_center``,
             ``scene_extent``, ``points``, ``point_colors``, ``white_bg``).
         config: a :class:`TrainConfig` (default: 3DGS defaults); edited live, read at every step. One whose
-            ``strategy`` or ``init_background_points`` is "auto" is copied and resolved from the dataset
+            ``strategy``, ``init_background_points`` or ``coarse_to_fine`` is "auto" is copied and resolved from the
+            dataset
             (:meth:`_resolve_auto`): :attr:`config` is then the copy in use, holding no "auto".
         model: start from this model (its SH are padded/truncated to ``config.sh_degree``); default: SfM
             points when the dataset has them, else :func:`random_init_points`.
@@ -433,8 +439,10 @@ class Trainer:
         are decided together, from the dataset alone (:func:`~.config.resolve_init_background`, then
         :func:`~.config.resolve_strategy`): the same with or without a given ``model`` (a run started from another
         Trainer's initial model, bench/real.py, resolves as that Trainer did), so the resolved config — what
-        metrics.json and the checkpoint record, never "auto" — re-runs the same way. Sets :attr:`sfm_coverage`,
-        :attr:`init_note` (only when this Trainer builds the initial model) and :attr:`strategy_note`.
+        metrics.json and the checkpoint record, never "auto" — re-runs the same way. ``coarse_to_fine = "auto"``
+        follows from the SfM points alone (:func:`~.config.resolve_coarse_to_fine`: 4 without, 1 with). Sets
+        :attr:`sfm_coverage`, :attr:`init_note` (only when this Trainer builds the initial model),
+        :attr:`strategy_note` and :attr:`coarse_note`.
 
         The SfM coverage (:func:`sfm_view_coverage`, sampled: well under a second) is measured once, from the
         loaded training frames' cameras and the SfM points (the frames :meth:`initial_model` samples, before
@@ -443,7 +451,8 @@ class Trainer:
         pts = getattr(self.dataset, "points", None)
         has_sfm = pts is not None and len(pts) > 0
         auto_bg = cfg.init_background_points == "auto"
-        if auto_bg or cfg.strategy == "auto" or (not has_sfm and cfg.init_background_points != 0):
+        if auto_bg or cfg.strategy == "auto" or cfg.coarse_to_fine == "auto" \
+                or (not has_sfm and cfg.init_background_points != 0):
             cfg = dataclasses.replace(cfg)
         #: ``sfm_view_coverage`` of the training views (median fraction of 8x8 cells the SfM points reach), or None
         #: when not measured (no SfM points, or an explicit count that needs no note)
@@ -462,6 +471,8 @@ class Trainer:
         self.strategy_note = resolve_strategy(cfg, has_sfm, model.num_gaussians if model is not None else 0,
                                               auto_background=auto_bg and cfg.init_background_points > 0,
                                               coverage=self.sfm_coverage)
+        #: what ``coarse_to_fine = "auto"`` became and why (one line for the log), None when it was explicit
+        self.coarse_note = resolve_coarse_to_fine(cfg, has_sfm)
         return cfg
 
     def initial_model(self) -> GaussianModel:
