@@ -177,7 +177,8 @@ def _allreduce_worker(rank, world, port, job, args, out_path):
         ds, name = _dataset(args.allreduce_data, args)
         rows = []
         for n in [int(x) for x in args.sizes.split(",")]:
-            cfg = TrainConfig(iterations=10 ** 6, eval_every=0, densify_until=0, sh_degree_interval=1, seed=args.seed)
+            cfg = TrainConfig(iterations=10 ** 6, eval_every=0, densify_until=0, sh_degree_interval=1, seed=args.seed,
+                              coarse_to_fine=1)  # steps at full size
             model = _random_model(n, ds, torch.Generator().manual_seed(args.seed))
             tr = Trainer(ds, cfg, model=model, device=args.device)
             if comm is not None:

@@ -132,7 +132,8 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="rigel_vfc_"))
     make_dataset(tmp / "data", 300, 32, 32, n_train=args.train_views, n_test=2, seed=3, progress=False, device="cpu")
     ds = load_dataset(tmp / "data", white_bg=True)
-    trainer = Trainer(ds, TrainConfig(iterations=1000, init_points=300, sh_degree=1, eval_every=0), device="cpu")
+    trainer = Trainer(ds, TrainConfig(iterations=1000, init_points=300, sh_degree=1, eval_every=0, coarse_to_fine=1),
+                      device="cpu")
     session = TrainingSession(trainer, ModelSlot(), tmp / "run", running=False, eval_at_start=False).start()
     while session.slot.latest() is None:
         time.sleep(0.01)
