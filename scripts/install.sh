@@ -2,7 +2,8 @@
 # Install rigel into ./.venv from nothing (what a new user and CI run).
 #   bash scripts/install.sh [--system]
 #   --system  also apt-get the Vulkan/X packages the viewer and its tests use (lavapipe, Xvfb, glslc,
-#             validation layers); needs root or sudo.
+#             validation layers), and python3-venv and g++ (a bare Debian/Ubuntu image lacks the venv module
+#             and the compiler the extension build needs); needs root or sudo.
 # Builds the CUDA kernels (rigel_core._C) when a CUDA build of PyTorch and nvcc are present; installs the
 # pure-Python package otherwise (the PyTorch reference backend renders on the CPU).
 set -euo pipefail
@@ -12,7 +13,7 @@ if [ "${1:-}" = "--system" ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     libvulkan1 mesa-vulkan-drivers vulkan-tools vulkan-validationlayers \
-    xvfb xauth x11-utils imagemagick glslc glslang-tools spirv-tools libgl1 libegl1 >/dev/null
+    xvfb xauth x11-utils imagemagick glslc glslang-tools spirv-tools libgl1 libegl1 python3-venv g++ >/dev/null
 fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
