@@ -89,6 +89,7 @@ def save_checkpoint(trainer, path) -> None:
         "iteration": trainer.iteration,
         "nan_skips": trainer.nan_skips,
         "active_sh_degree": model.active_sh_degree,
+        "coarse_floor": int(getattr(trainer, "coarse_floor", 1)),  # the finest coarse-to-fine factor reached
         "render_mode": getattr(model, "render_mode", "default"),
         "extent": trainer.extent,
         "config": trainer.config.to_dict(),
@@ -236,6 +237,10 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
         if "deferred_config" in meta:
             _config_of(path, meta, "deferred_config")
     _meta_int(path, meta, "active_sh_degree", 0, 3)
+    if "coarse_floor" in meta:
+        floor = _meta_int(path, meta, "coarse_floor", 1, 64)
+        if floor & (floor - 1):
+            _fail(path, "metadata coarse_floor", f"expected a power of two, got {floor}")
     extent = meta.get("extent")
     if isinstance(extent, bool) or not isinstance(extent, (int, float)) or not math.isfinite(extent) or extent <= 0:
         _fail(path, "metadata extent", f"expected a finite number > 0, got {extent!r}"[:200])
@@ -418,6 +423,14 @@ def load_trainer(path, dataset, *, device=None, config=None, trainer_cls):
     trainer.generator.set_state(tensors["rng.cpu"])
     trainer._view_stack = tensors["views.stack"].tolist()
     trainer.iteration = int(meta["iteration"])
+    # the finest coarse-to-fine factor the saved run had reached: the resumed run never goes back to a coarser one
+    # (Trainer.coarse_floor), also when --iters extends it (older checkpoints: the saved run's own schedule)
+    if "coarse_floor" in meta:
+        trainer.coarse_floor = min(trainer.coarse_floor, int(meta["coarse_floor"]))
+    elif saved_cfg.coarse_to_fine != "auto":
+        from .train.trainer import training_downscale
+
+        trainer.coarse_floor = min(trainer.coarse_floor, training_downscale(saved_cfg, trainer.iteration))
     deferred = meta.get("deferred_schedule")
     trainer.deferred_schedule = None if deferred is None else int(deferred)
     # the config the schedule was held under (older checkpoints: none, the held work then takes the current one)

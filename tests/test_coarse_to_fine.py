@@ -163,6 +163,74 @@ def test_the_resolved_factor_is_recorded_and_reused_on_resume(rng, tmp_path):
     assert old.config.coarse_to_fine == 1 and old.coarse_note is None
 
 
+def test_an_extended_run_never_goes_back_to_a_coarser_resolution(rng, tmp_path):
+    """The schedule's length min(coarse_to_fine_iters, iterations / 2) grows with ``iterations``: extending a run
+    (the viewer, live; ``--resume --iters``, through a checkpoint) must not send it back to a coarse level it has
+    left (found by a new-user run: 20 iterations, then 100, trained 21–50 at 1/4 and 1/2 again)."""
+    from rigel_core.checkpoint import read_checkpoint
+
+    ds = make_dataset(rng, n_gauss=30, size=32, n_train=3, n_test=0)
+    cfg = small_config(coarse_to_fine=4, iterations=20, coarse_to_fine_iters=3000)  # T = 10: 4 ×5, 2 ×5, then 1
+    t = Trainer(ds, cfg, device="cpu")
+    factors = []
+    for _ in range(20):
+        t.step()
+        factors.append(t.train_downscale)
+    assert factors == [4] * 5 + [2] * 5 + [1] * 10
+    path = tmp_path / "at20.safetensors"
+    t.save_checkpoint(path)
+    assert read_checkpoint(path)[1]["coarse_floor"] == 1
+    t.config.iterations = 100  # live, as the viewer extends a run: the schedule alone would say 4 at 21–25
+    assert training_downscale(t.config, 21) == 4
+    for _ in range(10):
+        t.step()
+        assert t.train_downscale == 1
+    resumed = Trainer.from_checkpoint(path, ds, device="cpu", config=TrainConfig(**{**cfg.to_dict(), "iterations": 100}))
+    for _ in range(5):
+        resumed.step()
+        assert resumed.train_downscale == 1
+    # extended before it was saved: the floor, not the saved config's (longer) schedule, decides on resume
+    path2 = tmp_path / "at30.safetensors"
+    t.save_checkpoint(path2)
+    assert training_downscale(t.config, 31) == 2 and read_checkpoint(path2)[1]["coarse_floor"] == 1
+    again = Trainer.from_checkpoint(path2, ds, device="cpu")
+    again.step()
+    assert again.train_downscale == 1
+    # a checkpoint without the field (older): the saved run's own schedule at its iteration
+    from safetensors.torch import load_file, save_file
+
+    tensors, meta = load_file(path), read_checkpoint(path)[1]
+    del meta["coarse_floor"]
+    save_file(tensors, path, metadata={"rigel": json.dumps(meta)})
+    old = Trainer.from_checkpoint(path, ds, device="cpu", config=TrainConfig(**{**cfg.to_dict(), "iterations": 100}))
+    old.step()
+    assert old.train_downscale == 1
+    # a bad value is refused with one line naming the file and the field
+    from rigel_core.checkpoint import CheckpointError
+
+    for bad in (3, 0, 128, "4", True):
+        meta["coarse_floor"] = bad
+        save_file(tensors, path, metadata={"rigel": json.dumps(meta)})
+        with pytest.raises(CheckpointError, match="coarse_floor") as e:
+            Trainer.from_checkpoint(path, ds, device="cpu")
+        assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_auto_note_says_what_this_run_does(rng):
+    tiny = make_dataset(rng, n_gauss=20, size=16, n_train=2, n_test=0)  # 16 px: 1/4 would be 4 px < 8
+    t = Trainer(tiny, small_config(coarse_to_fine="auto", iterations=20), device="cpu")
+    assert t.config.coarse_to_fine == 4 and "starts at 1/2" in t.coarse_note and "16 px" in t.coarse_note
+    t.step()
+    assert t.train_downscale == 2
+    short = Trainer(tiny, small_config(coarse_to_fine="auto", iterations=1), device="cpu")
+    assert "too short" in short.coarse_note
+    short.step()
+    assert short.train_downscale == 1
+    wide = Trainer(make_dataset(rng, n_gauss=20, size=32, n_train=2, n_test=0),
+                   small_config(coarse_to_fine="auto", iterations=20), device="cpu")
+    assert "(this run" not in wide.coarse_note  # it does what the note says: 1/4, 1/2, full
+
+
 def test_downscaled_views_are_block_means_with_strict_masks(rng):
     ds = make_dataset(rng, n_gauss=60, size=32, n_train=3, n_test=1)
     m = torch.rand(32, 32, generator=rng) > 0.05  # a few invalid pixels

@@ -387,6 +387,21 @@ class Trainer:
         self.train_downscale = 1  # the factor the current train_frames / _train_images / _train_masks have
         #: coarse-to-fine factors asked → used when a mask made the level smaller (:meth:`_use_downscale`)
         self._coarse_used: dict[int, int] = {}
+        #: the finest coarse-to-fine factor the schedule has reached: a run never goes back to a coarser one, also
+        #: when ``iterations`` grows (``--resume --iters``, the viewer extending a run: the schedule's length
+        #: min(coarse_to_fine_iters, iterations / 2) grows with it); a resumed run starts from the factor its own
+        #: schedule had reached (rigel_core.checkpoint.load_trainer)
+        self.coarse_floor = int(cfg.coarse_to_fine)
+        if self.coarse_note and self.coarse_floor > 1:  # say what this run will actually do
+            start = self.coarse_floor
+            shortest = min(min(f.camera.width, f.camera.height) for f in views)
+            while start > 1 and shortest // start < MIN_COARSE_SIDE:
+                start //= 2
+            if min(int(cfg.coarse_to_fine_iters), int(cfg.iterations) // 2) == 0:
+                self.coarse_note += " (this run is too short for it: full resolution throughout)"
+            elif start < self.coarse_floor:
+                self.coarse_note += (f" (this run starts at 1/{start}: the images are {shortest} px on their shorter "
+                                     f"side, and a level keeps at least {MIN_COARSE_SIDE} px)")
         #: CPU generator for every random choice (view order, split offsets, init, random background):
         #: saved in checkpoints so a resumed run continues bit for bit.
         self.generator = torch.Generator().manual_seed(int(cfg.seed))
@@ -650,7 +665,8 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["betas"] = betas
         model.active_sh_degree = min(model.sh_degree, it // max(1, cfg.sh_degree_interval))
-        self._use_downscale(training_downscale(cfg, it))
+        self.coarse_floor = min(self.coarse_floor, training_downscale(cfg, it))
+        self._use_downscale(self.coarse_floor)
 
         if it > 1 and graph_step_unsupported(self) is None:  # step 1 is eager: it makes the optimizer state
             res = self._graph_step(it, lrs, t0)
@@ -772,9 +788,9 @@ class Trainer:
         :func:`~rigel_core.data.frames.downscale_frame` of each full-resolution view (what
         ``load_dataset(..., downscale=factor)`` gives for it; made once per phase). At most two image sets are held:
         the full-resolution one and the current coarse level; a coarse level is released when training moves to
-        another factor (before the next one is made). A smaller factor is used (with one warning) for images whose
-        shorter side would fall under :data:`MIN_COARSE_SIDE`, and for masks that would leave a view with valid
-        pixels no valid coarse pixel (the strict mask rule: ignored pixels reaching every factor × factor block)."""
+        another factor (before the next one is made). A smaller factor is used for images whose shorter side would
+        fall under :data:`MIN_COARSE_SIDE` (said once, in :attr:`coarse_note`, when "auto" chose the factor), and,
+        with one warning, for masks that would leave a view with valid pixels no valid coarse pixel (the strict mask rule: ignored pixels reaching every factor × factor block)."""
         asked = factor
         factor = self._coarse_used.get(asked, asked)  # a factor a mask made smaller (below) stays smaller
         if factor == self.train_downscale:  # every step but a phase's first
