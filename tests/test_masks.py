@@ -228,6 +228,56 @@ def test_masks_folder_mask_path_and_downscale_ngp(tmp_path, rng):
         load_dataset(tmp_path)
 
 
+def test_blender_masks_per_split_and_a_shared_name_warns(tmp_path, rng):
+    """A Blender set's splits share file names (train/r_0.png, test/r_0.png): masks/train/ and masks/test/ give
+    each image its own mask; a mask at masks/r_0.png serves both, with one warning that says so (a new-user run
+    found the test view silently taking the training view's mask)."""
+    g = np_rng(rng)
+    w, h = 20, 16
+    cams = [Camera.look_at((3 * math.cos(a), 3 * math.sin(a), 1), (0, 0, 0), width=w, height=h, name=f"r_{i}")
+            for i, a in enumerate(np.linspace(0, 3, 2))]
+    for split in ("train", "test"):
+        frames = []
+        for c in cams:
+            save_u8(tmp_path / split / f"{c.name}.png", g.uniform(size=(h, w, 3)))
+            frames.append({"file_path": f"./{split}/{c.name}", "transform_matrix": c2w(c)})
+        (tmp_path / f"transforms_{split}.json").write_text(json.dumps({"camera_angle_x": 0.8, "frames": frames}))
+    want = {}
+    for split in ("train", "test"):
+        for c in cams:
+            mk = block_mask(g, h, w, 4, 0.6)
+            want[split, c.name] = mk
+            save_u8(tmp_path / "masks" / split / f"{c.name}.png", mk.astype(float), "L")
+    import warnings as _w
+
+    with _w.catch_warnings():
+        _w.simplefilter("error")  # every image has its own mask: no warning
+        ds = load_dataset(tmp_path)
+    for split, frames in (("train", ds.train), ("test", ds.test)):
+        assert len(frames) == 2
+        for f in frames:
+            assert np.array_equal(f.mask.numpy(), want[split, f.name]), (split, f.name)
+    # masks for the training split only: the test images count every pixel, with the usual warning
+    import shutil
+
+    shutil.rmtree(tmp_path / "masks" / "test")
+    with pytest.warns(UserWarning, match=r"masks: 2 of 4 images have no mask file here"):
+        ds = load_dataset(tmp_path)
+    assert all(f.mask is None for f in ds.test) and all(f.mask is not None for f in ds.train)
+    # one mask per name at the masks/ root: both splits' r_0 use masks/r_0.png, and one warning says so
+    shutil.rmtree(tmp_path / "masks")
+    shared = block_mask(g, h, w, 4, 0.6)
+    save_u8(tmp_path / "masks" / "r_0.png", shared.astype(float), "L")
+    with pytest.warns(UserWarning, match=r"mask file\(s\) serve more than one image \(r_0.png: train/r_0.png, "
+                                         r"test/r_0.png\)"), \
+            pytest.warns(UserWarning, match=r"2 of 4 images have no mask file"):  # the two r_1
+        ds = load_dataset(tmp_path)
+    for f in ds.train + ds.test:
+        assert (f.mask is not None) == (f.name == "r_0")
+        if f.mask is not None:
+            assert np.array_equal(f.mask.numpy(), shared)
+
+
 def test_alpha_as_mask_or_composited(tmp_path, rng):
     g = np_rng(rng)
     w, h = 20, 16

@@ -105,6 +105,7 @@ def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=
             if split == "train":
                 raise DatasetError(f"{f}: none of its {total} frames has an image file")
         splits[split] = cap_frames(specs, max_frames)
+    warn_unmasked(root / "masks", splits["train"] + splits["test"])
     return assemble_dataset(splits["train"], splits["test"], root, "blender", white_bg, downscale, device,
                             alpha_as_mask=alpha_as_mask)
 

@@ -233,14 +233,23 @@ def _level(frame: dict, meta: dict, key: str) -> dict | None:
 
 
 def _mask_path(base: Path, frame: dict, img: Path | None) -> Path | None:
-    """The frame's ``mask_path`` (must exist), else ``base/masks/<image name>`` when that exists, else None."""
+    """The frame's ``mask_path`` (must exist), else the image's path below ``base`` mirrored under ``base/masks``
+    (``train/r_0.png`` → ``masks/train/r_0.png``: a Blender set's splits share file names), else
+    ``base/masks/<image name>`` (the nerfstudio / Brush convention), whichever exists first, else None."""
     mp = frame.get("mask_path")
     if isinstance(mp, str) and mp.strip():
         found = resolve_image_path(base, mp)
         if found is None:
             raise ValueError(f"mask_path {mp!r}: file not found")
         return found
-    return None if img is None else find_mask(base / "masks", img.name)
+    if img is None:
+        return None
+    try:
+        rel = img.resolve().relative_to(Path(base).resolve()).as_posix()
+    except ValueError:  # an image outside the dataset folder: its name only
+        rel = None
+    found = find_mask(base / "masks", rel) if rel is not None and "/" in rel else None
+    return found if found is not None else find_mask(base / "masks", img.name)
 
 
 #: ``camera_model`` values of nerfstudio's transforms.json that this loader understands.
@@ -303,11 +312,24 @@ def _frame_spec(meta: dict, frame: dict, img: Path | None, name: str, size, max_
 
 def warn_unmasked(masks_dir: Path, specs: list) -> None:
     """The one warning when a ``masks/`` folder exists but some images have no mask file in it (every pixel of
-    those images counts)."""
+    those images counts), and one when a mask file serves several images (found by file name for images of the
+    same name in different folders, e.g. a Blender set's ``train/r_0.png`` and ``test/r_0.png``: each then gets
+    it; ``masks/train/``, ``masks/test/`` keep them apart)."""
     n = sum(s.mask_path is None for s in specs)
     if n and Path(masks_dir).is_dir():
         warnings.warn(f"{masks_dir}: {n} of {len(specs)} images have no mask file here; all their pixels count",
                       stacklevel=3)
+    users: dict = {}
+    for s in specs:
+        if s.mask_path is not None and s.image_path is not None:
+            users.setdefault(Path(s.mask_path), []).append(Path(s.image_path))
+    shared = {m: imgs for m, imgs in users.items() if len(set(imgs)) > 1}
+    if shared:
+        m, imgs = next(iter(shared.items()))
+        names = ", ".join(f"{i.parent.name}/{i.name}" for i in imgs[:3])
+        warnings.warn(f"{masks_dir}: {len(shared)} mask file(s) serve more than one image ({m.name}: {names}); "
+                      "each such image uses it — mirror the image folders under masks/ (masks/train/, "
+                      "masks/test/) to give each its own", stacklevel=3)
 
 
 def warn_missing(path: Path, missing: int, total: int) -> None:
