@@ -39,7 +39,7 @@ from .atomic import atomic_path
 from .config import APPEARANCE_MAX_HIDDEN, APPEARANCE_MAX_LATENT
 from .reference.project import RENDER_MODES
 from .model import PARAM_NAMES, GaussianModel, num_sh_bases
-from .train.config import TrainConfig
+from .train.config import TrainConfig, training_downscale
 from .train.records import EvalResult
 
 __all__ = ["CHECKPOINT_FORMAT", "MAX_ITERATION", "CheckpointError", "save_checkpoint", "read_checkpoint",
@@ -428,8 +428,6 @@ def load_trainer(path, dataset, *, device=None, config=None, trainer_cls):
     if "coarse_floor" in meta:
         trainer.coarse_floor = min(trainer.coarse_floor, int(meta["coarse_floor"]))
     elif saved_cfg.coarse_to_fine != "auto":
-        from .train.trainer import training_downscale
-
         trainer.coarse_floor = min(trainer.coarse_floor, training_downscale(saved_cfg, trainer.iteration))
     deferred = meta.get("deferred_schedule")
     trainer.deferred_schedule = None if deferred is None else int(deferred)

@@ -24,7 +24,7 @@ from ..render_modes import RENDER_MODES
 MAX_ITERATION = 100_000_000
 
 __all__ = ["TrainConfig", "STRATEGIES", "SPARSE_SFM_COVERAGE", "AUTO_COARSE_TO_FINE", "resolve_strategy",
-           "resolve_init_background", "resolve_coarse_to_fine"]
+           "resolve_init_background", "resolve_coarse_to_fine", "training_downscale"]
 
 #: TrainConfig.strategy's values: "auto" is resolved to one of the other two when a Trainer is made
 STRATEGIES = ("auto", "default", "mcmc")
@@ -434,3 +434,20 @@ def resolve_coarse_to_fine(cfg: TrainConfig, has_sfm_points: bool) -> str | None
     cfg.coarse_to_fine = 1
     return ("coarse_to_fine auto: 1, off (SfM points: on real captures at 7k it was mixed, bonsai +0.29 dB, "
             "fern -0.32, beer -0.30; docs/TRAINING.md); --set coarse_to_fine=4 turns it on")
+
+
+def training_downscale(cfg: TrainConfig, iteration: int) -> int:
+    """The coarse-to-fine factor the training images are divided by at ``iteration`` (1 = full resolution):
+    ``coarse_to_fine`` = 2^k halves k times, in k equal phases over the first T = min(``coarse_to_fine_iters``,
+    ``iterations`` // 2) iterations (``TrainConfig.coarse_to_fine``; a short run keeps its second half at full
+    resolution). Iterations count from 1; iteration T + 1 on is full. ValueError for an unresolved "auto" (the
+    Trainer resolves it from its dataset: :func:`resolve_coarse_to_fine`)."""
+    if cfg.coarse_to_fine == "auto":
+        raise ValueError("TrainConfig.coarse_to_fine is 'auto': the Trainer resolves it from its dataset "
+                         "(Trainer.config holds the factor in use)")
+    k = int(cfg.coarse_to_fine).bit_length() - 1
+    total = min(int(cfg.coarse_to_fine_iters), int(cfg.iterations) // 2)
+    if k <= 0 or iteration > total:
+        return 1
+    phase = min(k - 1, (iteration - 1) * k // max(1, total))
+    return 2 ** (k - phase)

@@ -47,7 +47,7 @@ from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
 from .config import SPARSE_SFM_COVERAGE, TrainConfig, resolve_coarse_to_fine, resolve_init_background, \
-    resolve_strategy  # noqa: F401
+    resolve_strategy, training_downscale  # noqa: F401
 from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_grad, prepare_means2D_grad, \
     reset_opacity
 from .exposure import Exposure, exposure_lr, left_right_metrics
@@ -62,23 +62,6 @@ from .records import EvalResult  # its own module: rigel_core.checkpoint reads i
 
 __all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "background_init_points",
            "training_downscale"]
-
-
-def training_downscale(cfg: TrainConfig, iteration: int) -> int:
-    """The coarse-to-fine factor the training images are divided by at ``iteration`` (1 = full resolution):
-    ``coarse_to_fine`` = 2^k halves k times, in k equal phases over the first T = min(``coarse_to_fine_iters``,
-    ``iterations`` // 2) iterations (``TrainConfig.coarse_to_fine``; a short run keeps its second half at full
-    resolution). Iterations count from 1; iteration T + 1 on is full. ValueError for an unresolved "auto" (the
-    Trainer resolves it from its dataset: :func:`~.config.resolve_coarse_to_fine`)."""
-    if cfg.coarse_to_fine == "auto":
-        raise ValueError("TrainConfig.coarse_to_fine is 'auto': the Trainer resolves it from its dataset "
-                         "(Trainer.config holds the factor in use)")
-    k = int(cfg.coarse_to_fine).bit_length() - 1
-    total = min(int(cfg.coarse_to_fine_iters), int(cfg.iterations) // 2)
-    if k <= 0 or iteration > total:
-        return 1
-    phase = min(k - 1, (iteration - 1) * k // max(1, total))
-    return 2 ** (k - phase)
 
 
 #: coarse-to-fine never makes a training image's shorter side smaller than this (pixels)
