@@ -245,7 +245,7 @@ def _mask_path(base: Path, frame: dict, img: Path | None) -> Path | None:
     if img is None:
         return None
     try:
-        rel = img.resolve().relative_to(Path(base).resolve()).as_posix()
+        rel = Path(os.path.abspath(img)).relative_to(os.path.abspath(base)).as_posix()  # symlinks kept
     except ValueError:  # an image outside the dataset folder: its name only
         rel = None
     found = find_mask(base / "masks", rel) if rel is not None and "/" in rel else None
