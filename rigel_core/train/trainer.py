@@ -68,6 +68,15 @@ __all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "backgro
 MIN_COARSE_SIDE = 8
 
 
+def fitting_factor(factor: int, frames) -> int:
+    """``factor`` halved until the shortest side of ``frames``' images divided by it keeps :data:`MIN_COARSE_SIDE`
+    pixels (1 at least): the coarse-to-fine factor tiny images can take."""
+    shortest = min(min(f.camera.width, f.camera.height) for f in frames)
+    while factor > 1 and shortest // factor < MIN_COARSE_SIDE:
+        factor //= 2
+    return factor
+
+
 @dataclass
 class StepResult:
     """What one :meth:`Trainer.step` did. ``loss``, ``l1``, ``ssim``, ``psnr`` are those of the training view
@@ -376,13 +385,11 @@ class Trainer:
         #: schedule had reached (rigel_core.checkpoint.load_trainer)
         self.coarse_floor = int(cfg.coarse_to_fine)
         if self.coarse_note and self.coarse_floor > 1:  # say what this run will actually do
-            start = self.coarse_floor
-            shortest = min(min(f.camera.width, f.camera.height) for f in views)
-            while start > 1 and shortest // start < MIN_COARSE_SIDE:
-                start //= 2
+            start = fitting_factor(self.coarse_floor, views)
             if min(int(cfg.coarse_to_fine_iters), int(cfg.iterations) // 2) == 0:
                 self.coarse_note += " (this run is too short for it: full resolution throughout)"
             elif start < self.coarse_floor:
+                shortest = min(min(f.camera.width, f.camera.height) for f in views)
                 self.coarse_note += (f" (this run starts at 1/{start}: the images are {shortest} px on their shorter "
                                      f"side, and a level keeps at least {MIN_COARSE_SIDE} px)")
         #: CPU generator for every random choice (view order, split offsets, init, random background):
@@ -779,9 +786,7 @@ class Trainer:
         if factor == self.train_downscale:  # every step but a phase's first
             return
         full_frames, full_masks = self._full_views[0], self._full_views[2]
-        shortest = min(min(f.camera.width, f.camera.height) for f in full_frames)
-        while factor > 1 and shortest // factor < MIN_COARSE_SIDE:  # tiny images: a smaller factor
-            factor //= 2
+        factor = fitting_factor(factor, full_frames)  # tiny images: a smaller factor
         if factor == self.train_downscale:
             return
         # release the current coarse level first (no reference to it is kept anywhere else: the graph step copies
