@@ -372,9 +372,12 @@ def test_sh_split_autograd_and_render(rng, monkeypatch):
         (out.image * w_img).sum().backward()
         grads.append((out.image.detach(), {name: p.grad for name, p in params.items()}))
     (img_s, g_s), (img_j, g_j) = grads
-    assert torch.equal(bits(img_s), bits(img_j))
+    assert torch.equal(bits(img_s), bits(img_j))  # the forward has no atomics: bit for bit
+    # the rasterizer's backward sums per Gaussian with atomics (shared memory across warps, global across tiles) in
+    # no fixed order, so two renders' parameter gradients agree to float32 rounding only; the SH op's own
+    # gradients are compared bit for bit above
     for name in g_j:
-        assert torch.equal(bits(g_s[name]), bits(g_j[name])), name
+        torch.testing.assert_close(g_s[name], g_j[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
 # ---- end to end ---------------------------------------------------------------------------------------------
