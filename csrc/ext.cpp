@@ -63,6 +63,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("sh_colors_backward", &rigel::sh_colors_backward, py::arg("degree"), py::arg("sh_coeffs"),
           py::arg("means3D"), py::arg("campos"), py::arg("v_colors"),
           "[0] backward -> (v_sh_coeffs (N,K,3), v_means3D (N,3))");
+    m.def("sh_colors_split", &rigel::sh_colors_split, py::arg("degree"), py::arg("sh_dc"), py::arg("sh_rest"),
+          py::arg("means3D"), py::arg("campos"),
+          "[0] on the model's two SH tensors without concatenating them: sh_dc (N,1,3), sh_rest (N,K-1,3) -> colors "
+          "(N,3), bitwise sh_colors(degree, cat([sh_dc, sh_rest], 1), means3D, campos)");
+    m.def("sh_colors_split_backward", &rigel::sh_colors_split_backward, py::arg("degree"), py::arg("sh_dc"),
+          py::arg("sh_rest"), py::arg("means3D"), py::arg("campos"), py::arg("v_colors"),
+          "[0] split backward -> (v_sh_dc (N,1,3), v_sh_rest (N,K-1,3), v_means3D (N,3)), bitwise the parts of "
+          "sh_colors_backward's v_sh_coeffs");
     m.def("rasterize_tiles_backward", &rigel::rasterize_tiles_backward, py::arg("means2D"), py::arg("conics"),
           py::arg("colors"), py::arg("opacities"), py::arg("gaussian_ids"), py::arg("tile_ranges"), py::arg("width"),
           py::arg("height"), py::arg("background"), py::arg("final_T"), py::arg("n_contrib"), py::arg("v_image"),

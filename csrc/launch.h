@@ -37,6 +37,15 @@ void launch_sh_fwd(int degree, const at::Tensor& sh_coeffs, const at::Tensor& me
 void launch_sh_bwd(int degree, const at::Tensor& sh_coeffs, const at::Tensor& means3D, const at::Tensor& campos,
                    const at::Tensor& v_colors, at::Tensor& v_sh_coeffs, at::Tensor& v_means3D);
 
+// The same two stages reading the model's sh_dc [N,1,3] and sh_rest [N,K-1,3] (K >= 1; sh_rest may have no
+// elements) in place of sh_coeffs = cat(sh_dc, sh_rest) and writing v_sh_dc, v_sh_rest (bitwise the two parts of
+// v_sh_coeffs).
+void launch_sh_fwd_split(int degree, const at::Tensor& sh_dc, const at::Tensor& sh_rest, const at::Tensor& means3D,
+                         const at::Tensor& campos, at::Tensor& colors);
+void launch_sh_bwd_split(int degree, const at::Tensor& sh_dc, const at::Tensor& sh_rest, const at::Tensor& means3D,
+                         const at::Tensor& campos, const at::Tensor& v_colors, at::Tensor& v_sh_dc,
+                         at::Tensor& v_sh_rest, at::Tensor& v_means3D);
+
 // binning.cu, in two steps so that the host can refuse an oversized frame between them.
 // Step 1: per-Gaussian tile counts (the ellipse test) and their inclusive scan; offsets[N-1] is the frame's entry
 // count, which the exact mode reads on the host (its one device->host read). Writes counts-scan offsets [N] int64, tiles_touched [N] int32, and the

@@ -71,13 +71,16 @@ void check_image_size(const char* op, int64_t width, int64_t height) {
                                      std::to_string(max_h) + " and width*height*3 < 2^31)");
 }
 
-void check_sh_degree(const char* op, int64_t degree, const at::Tensor& sh_coeffs) {
+// The degree is in 0..3 and `coeffs` (sh_coeffs, or sh_rest of the split ops: `extra` = 1 for its missing DC
+// column) holds at least (degree+1)^2 coefficients per Gaussian.
+void check_sh_degree(const char* op, int64_t degree, const at::Tensor& coeffs, const char* name = "sh_coeffs",
+                     int64_t extra = 0) {
     if (!(degree >= 0 && degree <= 3))
         TORCH_CHECK_VALUE(false, prefix(op) + "SH degree must be in 0..3, got " + std::to_string(degree));
     const int64_t k = (degree + 1) * (degree + 1);
-    if (sh_coeffs.size(1) < k)
+    if (coeffs.size(1) + extra < k)
         TORCH_CHECK_VALUE(false, prefix(op) + "degree " + std::to_string(degree) + " needs K >= " + std::to_string(k) +
-                                     " coefficients, got sh_coeffs of shape " + shape_text_of(sh_coeffs.sizes()));
+                                     " coefficients, got " + name + " of shape " + shape_text_of(coeffs.sizes()));
 }
 
 void check_background(const char* op, const c10::optional<at::Tensor>& background, const at::Device& dev) {
@@ -122,6 +125,22 @@ CheckedInputs check_sh_inputs(const char* op, int64_t degree, const at::Tensor& 
     check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
     check(op, "sh_coeffs", sh_coeffs, at::kFloat, dev, {n, -1, 3}, "(N, K, 3)");
     check_sh_degree(op, degree, sh_coeffs);
+    check(op, "campos", campos, at::kFloat, dev, {3}, "(3,)");
+    return {dev, n};
+}
+
+// The inputs sh_colors_split and its backward share: as check_sh_inputs with sh_dc (N, 1, 3) and sh_rest
+// (N, K-1, 3) for sh_coeffs (K = 1 + sh_rest's columns).
+CheckedInputs check_sh_split_inputs(const char* op, int64_t degree, const at::Tensor& sh_dc, const at::Tensor& sh_rest,
+                                    const at::Tensor& means3D, const at::Tensor& campos) {
+    if (!(degree >= 0 && degree <= 3))
+        TORCH_CHECK_VALUE(false, prefix(op) + "SH degree must be in 0..3, got " + std::to_string(degree));
+    const at::Device dev = cuda_device(op, "means3D", means3D);
+    const int64_t n = num_gaussians(op, means3D);
+    check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "sh_dc", sh_dc, at::kFloat, dev, {n, 1, 3}, "(N, 1, 3)");
+    check(op, "sh_rest", sh_rest, at::kFloat, dev, {n, -1, 3}, "(N, K-1, 3)");
+    check_sh_degree(op, degree, sh_rest, "sh_rest", 1);
     check(op, "campos", campos, at::kFloat, dev, {3}, "(3,)");
     return {dev, n};
 }
@@ -231,6 +250,15 @@ at::Tensor sh_colors(int64_t degree, const at::Tensor& sh_coeffs, const at::Tens
     const c10::cuda::CUDAGuard guard(dev);
     at::Tensor colors = at::empty({n, 3}, means3D.options());
     launch_sh_fwd(static_cast<int>(degree), sh_coeffs, means3D, campos, colors);
+    return colors;
+}
+
+at::Tensor sh_colors_split(int64_t degree, const at::Tensor& sh_dc, const at::Tensor& sh_rest,
+                           const at::Tensor& means3D, const at::Tensor& campos) {
+    const auto [dev, n] = check_sh_split_inputs("sh_colors_split", degree, sh_dc, sh_rest, means3D, campos);
+    const c10::cuda::CUDAGuard guard(dev);
+    at::Tensor colors = at::empty({n, 3}, means3D.options());
+    launch_sh_fwd_split(static_cast<int>(degree), sh_dc, sh_rest, means3D, campos, colors);
     return colors;
 }
 
@@ -357,6 +385,22 @@ std::tuple<at::Tensor, at::Tensor> sh_colors_backward(int64_t degree, const at::
     at::Tensor v_sh_coeffs = at::empty_like(sh_coeffs), v_means3D = at::empty({n, 3}, means3D.options());
     launch_sh_bwd(static_cast<int>(degree), sh_coeffs, means3D, campos, v_colors, v_sh_coeffs, v_means3D);
     return {v_sh_coeffs, v_means3D};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sh_colors_split_backward(int64_t degree, const at::Tensor& sh_dc,
+                                                                        const at::Tensor& sh_rest,
+                                                                        const at::Tensor& means3D,
+                                                                        const at::Tensor& campos,
+                                                                        const at::Tensor& v_colors) {
+    const char* op = "sh_colors_split_backward";
+    const auto [dev, n] = check_sh_split_inputs(op, degree, sh_dc, sh_rest, means3D, campos);
+    check(op, "v_colors", v_colors, at::kFloat, dev, {n, 3}, "(N, 3)");
+    const c10::cuda::CUDAGuard guard(dev);
+    at::Tensor v_sh_dc = at::empty_like(sh_dc), v_sh_rest = at::empty_like(sh_rest);
+    at::Tensor v_means3D = at::empty({n, 3}, means3D.options());
+    launch_sh_bwd_split(static_cast<int>(degree), sh_dc, sh_rest, means3D, campos, v_colors, v_sh_dc, v_sh_rest,
+                        v_means3D);
+    return {v_sh_dc, v_sh_rest, v_means3D};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_tiles_backward(

@@ -37,6 +37,19 @@ std::tuple<at::Tensor, at::Tensor> sh_colors_backward(int64_t degree, const at::
                                                       const at::Tensor& means3D, const at::Tensor& campos,
                                                       const at::Tensor& v_colors);
 
+// [0] on the model's two SH tensors, sh_dc [N,1,3] and sh_rest [N,K-1,3] (K >= 1), without concatenating them:
+// -> colors [N,3], bitwise sh_colors(degree, cat(sh_dc, sh_rest, dim=1), means3D, campos).
+at::Tensor sh_colors_split(int64_t degree, const at::Tensor& sh_dc, const at::Tensor& sh_rest,
+                           const at::Tensor& means3D, const at::Tensor& campos);
+
+// [0] split backward -> (v_sh_dc [N,1,3], v_sh_rest [N,K-1,3], v_means3D [N,3]), bitwise the parts of
+// sh_colors_backward's v_sh_coeffs and its v_means3D.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sh_colors_split_backward(int64_t degree, const at::Tensor& sh_dc,
+                                                                        const at::Tensor& sh_rest,
+                                                                        const at::Tensor& means3D,
+                                                                        const at::Tensor& campos,
+                                                                        const at::Tensor& v_colors);
+
 // [2] -> (keys [E] int64, gaussian_ids [E] int32, tile_ranges [n_tiles,2] int32, tiles_touched [N] int32, E).
 // When E > max_entries nothing of size E is allocated: keys, gaussian_ids and tile_ranges come back empty and the
 // caller raises (returned, not thrown).

@@ -115,6 +115,10 @@ __device__ inline float3 view_direction(const float* __restrict__ mean, const fl
 // threads on consecutive floats into shared memory, row r at sm[r S ..], S = sh_row_stride(R) (R rounded up to
 // odd), so that thread t reading slot s of its own row (address t S + s) hits 32 distinct banks. The backward
 // writes its v_sh_coeffs row into the same shared row and the block copies the span out the same way.
+// The split ops (sh_dc [N,1,3] and sh_rest [N,K-1,3], the model's two parameter tensors, never concatenated)
+// copy two contiguous spans into the same shared rows: sh_dc's [3 g0, 3 (g0 + rows)) into slots 0..2 and
+// sh_rest's [(R-3) g0, (R-3) (g0 + rows)) into slots 3..R-1 (sh_stage_rows below); from there on both ops run
+// the same code on the same shared row.
 // 128 threads: a degree-3 row (R = 48, S = 49) takes 128 * 49 * 4 = 25,088 bytes of static shared memory, under
 // the 48 KB a kernel gets without opting in (256 threads would need 50,176 and cudaFuncSetAttribute), and an
 // H200 SM (228 KB) still holds 9 such blocks (1,152 threads).
@@ -126,66 +130,103 @@ constexpr int kShMaxStride = 48 * 1024 / (4 * kShBlock);
 
 __host__ __device__ constexpr int sh_row_stride(int row_floats) { return row_floats | 1; }
 
-// Calls f(e, i) for every float e in [0, span) that thread threadIdx.x moves, with i = its shared-memory index
-// (row e / R, slot e % R: i = (e / R) S + e % R). Consecutive threads get consecutive e (coalesced global
-// accesses). R_CT > 0: R = R_CT at compile time (span <= kShBlock R_CT, so at most R_CT floats per thread; the
-// division by a constant is a multiply-high); R_CT = 0: R at run time, the index advanced incrementally (one
-// division per thread, none per float).
-template <int R_CT, typename F>
-__device__ __forceinline__ void sh_for_each_staged(int span, int R, F&& f) {
+// One part of the staged rows: P floats per row, contiguous over the rows in global memory, at slots OFF ..
+// OFF + P - 1 of shared rows S floats apart. Calls f(e, i) for every float e in [0, span) (span = rows P) that
+// thread threadIdx.x moves, with i = its shared-memory index (row e / P, slot OFF + e % P:
+// i = (e / P) S + OFF + e % P). Consecutive threads get consecutive e (coalesced global accesses).
+// P_CT > 0: P = P_CT at compile time (span <= kShBlock P_CT, so at most P_CT floats per thread; the division by
+// a constant is a multiply-high); P_CT = 0: P at run time, the index advanced incrementally (one division per
+// thread, none per float). S_CT > 0: S = S_CT at compile time. Compile-time constants, not arguments that are
+// constant after inlining: with S an argument the unrolled R = 48 loop came out 60 % longer in SASS (nvcc 13,
+// sm_90: the loop is unrolled before S is known). The joined ops stage one part (P = R at OFF = 0), the split
+// ops two (P = 3 at 0, P = R - 3 at 3).
+template <int P_CT, int S_CT, int OFF, typename F>
+__device__ __forceinline__ void sh_for_each_staged(int span, int P, int S_rt, F&& f) {
     const int t = static_cast<int>(threadIdx.x);
-    if constexpr (R_CT > 0) {
-        // (e / R) S + e % R, advanced by kShBlock per step: row += kQ, slot += kRem, with one carry at most
-        constexpr int kS = sh_row_stride(R_CT), kQ = kShBlock / R_CT, kRem = kShBlock - kQ * R_CT;
-        const int row0 = t / R_CT;
-        int slot = t - row0 * R_CT, i = row0 * kS + slot;
-        if (span == kShBlock * R_CT) {  // a full block (all but the last): no bounds test, loads issue together
+    const int S = S_CT > 0 ? S_CT : S_rt;
+    if constexpr (P_CT > 0) {
+        // (e / P) S + OFF + e % P, advanced by kShBlock per step: row += kQ, slot += kRem, with one carry at most
+        constexpr int kQ = kShBlock / P_CT, kRem = kShBlock - kQ * P_CT;
+        const int row0 = t / P_CT;
+        int slot = t - row0 * P_CT, i = row0 * S + OFF + slot;
+        if (span == kShBlock * P_CT) {  // a full block (all but the last): no bounds test, loads issue together
 #pragma unroll
-            for (int j = 0; j < R_CT; ++j) {
+            for (int j = 0; j < P_CT; ++j) {
                 f(t + j * kShBlock, i);
                 slot += kRem;
-                i += kQ * kS + kRem;
-                if (slot >= R_CT) {
-                    slot -= R_CT;
-                    i += kS - R_CT;
+                i += kQ * S + kRem;
+                if (slot >= P_CT) {
+                    slot -= P_CT;
+                    i += S - P_CT;
                 }
             }
         } else {
 #pragma unroll
-            for (int j = 0; j < R_CT; ++j) {
+            for (int j = 0; j < P_CT; ++j) {
                 const int e = t + j * kShBlock;
                 if (e < span) f(e, i);
                 slot += kRem;
-                i += kQ * kS + kRem;
-                if (slot >= R_CT) {
-                    slot -= R_CT;
-                    i += kS - R_CT;
+                i += kQ * S + kRem;
+                if (slot >= P_CT) {
+                    slot -= P_CT;
+                    i += S - P_CT;
                 }
             }
         }
     } else {
-        const int pad = sh_row_stride(R) - R;
-        const int q = kShBlock / R, r = kShBlock - q * R;  // e += kShBlock: row += q, slot += r (with carry)
-        int row = t / R, slot = t - row * R;
+        if (span <= 0) return;  // also P = 0 (the split ops' sh_rest at K = 1): no division by it
+        const int pad = S - P;
+        const int q = kShBlock / P, r = kShBlock - q * P;  // e += kShBlock: row += q, slot += r (with carry)
+        int row = t / P, slot = t - row * P;
 #pragma unroll 4
         for (int e = t; e < span; e += kShBlock) {
-            f(e, e + pad * row);
+            f(e, e + pad * row + OFF);
             row += q;
             slot += r;
-            if (slot >= R) {  // r < R: at most one carry
-                slot -= R;
+            if (slot >= P) {  // r < P: at most one carry
+                slot -= P;
                 ++row;
             }
         }
     }
 }
 
+// The coefficient rows of Gaussians g0 .. g0 + rows - 1 and shared memory sm (rows S = sh_row_stride(R) apart):
+// f(p, e, i) for every float the calling thread moves, p[e] being the float in global memory and sm[i] its slot.
+// SPLIT false: a = sh_coeffs [N, K, 3] (or its gradient), b unused. SPLIT true: a = sh_dc [N, 1, 3],
+// b = sh_rest [N, K-1, 3] (either may be null when it has no elements: b at K = 1). T = const float to stage in,
+// float to copy a gradient row out. R_CT > 0: R = R_CT at compile time (the parts then 3 and R_CT - 3).
+template <int R_CT, bool SPLIT, typename T, typename F>
+__device__ __forceinline__ void sh_stage_rows(T* a, T* b, int64_t g0, int rows, int R, F&& f) {
+    constexpr int kS = R_CT > 0 ? sh_row_stride(R_CT) : 0;  // 0: S at run time
+    const int S = sh_row_stride(R);
+    if constexpr (SPLIT) {
+        T* __restrict__ dc = a + 3 * g0;
+        T* __restrict__ rest = b + (R - 3) * g0;  // int64: N R may exceed 2^31; K = 1: b + 0 (b may be null)
+        sh_for_each_staged<3, kS, 0>(rows * 3, 3, S, [&](int e, int i) { f(dc, e, i); });
+        sh_for_each_staged<(R_CT > 0 ? R_CT - 3 : 0), kS, 3>(rows * (R - 3), R - 3, S,
+                                                               [&](int e, int i) { f(rest, e, i); });
+    } else {
+        T* __restrict__ span = a + g0 * R;  // int64: N R may exceed 2^31
+        sh_for_each_staged<R_CT, kS, 0>(rows * R, R, S, [&](int e, int i) { f(span, e, i); });
+    }
+}
+
+// A coefficient row read (T = const float) or written (T = float) in place in the split ops' two tensors: slots
+// 0..2 in sh_dc's row, slots 3..R-1 in sh_rest's (rows too wide to stage). Indexed as the staged row pointer is.
+template <typename T>
+struct ShSplitRow {
+    T* dc;
+    T* rest;
+    __device__ __forceinline__ T& operator[](int i) const { return i < 3 ? dc[i] : rest[i - 3]; }
+};
+
 // The cull rule (docs/PIPELINE.md "Non-finite parameters"): are all R = 3K coefficients of a row (not only the
 // evaluated degree's) and its mean finite? A Gaussian that fails gets the colour NaN in the forward (the
 // projection culls it by it) and zero gradients in the backward. `row` is the row's copy in shared memory (or
-// the row in global memory for rows too wide to stage); R_CT > 0 fixes R at compile time.
-template <int R_CT>
-__device__ __forceinline__ bool sh_row_finite(const float* row, int R, const float* __restrict__ mean) {
+// the row in global memory for rows too wide to stage: a pointer, or ShSplitRow); R_CT > 0 fixes R at compile time.
+template <int R_CT, typename Row>
+__device__ __forceinline__ bool sh_row_finite(const Row& row, int R, const float* __restrict__ mean) {
     // Bitwise &, never &&: a short-circuit test makes each load wait for the previous one's result (a chain of
     // 48 dependent loads at degree 3, which doubled the SH stage's time on the H200); these loads are independent.
     bool ok = isfinite(mean[0]) & isfinite(mean[1]) & isfinite(mean[2]);
@@ -211,9 +252,10 @@ struct ShEval {
     float raw[3];
 };
 
-// row: the Gaussian's coefficients c_k[ch] at row[3 k + ch] (shared or global memory); mean: its means3D row.
-template <int DEGREE>
-__device__ __forceinline__ ShEval<DEGREE> sh_eval(const float* row, const float* __restrict__ mean,
+// row: the Gaussian's coefficients c_k[ch] at row[3 k + ch] (shared or global memory: a pointer, or ShSplitRow);
+// mean: its means3D row.
+template <int DEGREE, typename Row>
+__device__ __forceinline__ ShEval<DEGREE> sh_eval(const Row& row, const float* __restrict__ mean,
                                                   const float* __restrict__ campos)  // [3]
 {
     constexpr int kBases = num_sh_bases(DEGREE);

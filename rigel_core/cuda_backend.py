@@ -8,6 +8,7 @@ Stages (docs/PIPELINE.md) and their Functions:
 * ``_RasterizeTilesDepth`` [3] the same + depths → expected depth (divided in the kernel), depth_median from the
   same pass (kernels' kDepth)
 * ``_ShColors``           [0] SH coefficients, means3D → colours (``csrc/sh_*.cu``)
+* ``_ShColorsSplit``      [0] the same from the model's two SH tensors sh_dc, sh_rest, never concatenated
 * ``_MLPColors``          [0'] appearance latents, MLP, means3D → colours (``csrc/appearance.cu``;
   :mod:`rigel_core.appearance`)
 * ``_SSIMMap``            the trainer's SSIM loss map (``csrc/ssim.cu``; :mod:`rigel_core.train.losses`)
@@ -32,7 +33,8 @@ import torch
 from . import _ext, config
 from .render_output import RenderOutput
 
-__all__ = ["FixedBinningCapacity", "rasterize_gaussians_cuda", "sh_colors_cuda", "project_gaussians_cuda", "bin_gaussians_cuda",
+__all__ = ["FixedBinningCapacity", "rasterize_gaussians_cuda", "sh_colors_cuda", "sh_colors_split_cuda",
+           "project_gaussians_cuda", "bin_gaussians_cuda",
            "rasterize_tiles_cuda", "mlp_colors_cuda", "ssim_map_cuda"]
 
 
@@ -190,6 +192,25 @@ class _ShColors(torch.autograd.Function):
         return None, v_sh_coeffs, v_means3D, None
 
 
+class _ShColorsSplit(torch.autograd.Function):
+    """[0] from sh_dc (N,1,3) and sh_rest (N,K-1,3) in place of their concatenation: the kernels read both and the
+    backward writes their gradients directly (no (N,K,3) copy forward, no split of its gradient backward)."""
+
+    @staticmethod
+    def forward(ctx, degree, sh_dc, sh_rest, means3D, campos):
+        colors = _ext.get().sh_colors_split(degree, sh_dc, sh_rest, means3D, campos)
+        ctx.save_for_backward(sh_dc, sh_rest, means3D, campos)
+        ctx.degree = degree
+        return colors
+
+    @staticmethod
+    def backward(ctx, v_colors):
+        sh_dc, sh_rest, means3D, campos = ctx.saved_tensors
+        v_sh_dc, v_sh_rest, v_means3D = _ext.get().sh_colors_split_backward(ctx.degree, sh_dc, sh_rest, means3D,
+                                                                            campos, v_colors.contiguous())
+        return None, v_sh_dc, v_sh_rest, v_means3D, None
+
+
 def project_gaussians_cuda(means3D, quats, scales, opacities, viewmat, K, width: int, height: int,
                            near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE, colors=None,
                            render_mode: str = "default"):
@@ -332,6 +353,26 @@ def sh_colors_cuda(degree: int, sh_coeffs, means3D, campos) -> torch.Tensor:
     dev = means3D.device
     return _ShColors.apply(degree, _f32("sh_coeffs", sh_coeffs, dev), _f32("means3D", means3D, dev),
                            _f32("campos", campos, dev).reshape(3))
+
+
+def sh_colors_split_cuda(degree: int, sh_dc, sh_rest, means3D, campos) -> torch.Tensor:
+    """[0] :func:`sh_colors_cuda` of ``torch.cat([sh_dc, sh_rest], dim=1)`` without building that tensor.
+
+    Args: degree 0..3; sh_dc (N,1,3) the DC coefficients; sh_rest (N,K-1,3) the others (K ≥ (degree+1)², K = 1:
+    an (N,0,3) tensor); means3D (N,3); campos (3,): float32 CUDA — the :class:`~rigel_core.model.GaussianModel`
+    parameters as they are. Differentiable w.r.t. sh_dc, sh_rest and means3D. Colours and gradients are bitwise
+    those of :func:`sh_colors_cuda` on the concatenation (the kernels stage both tensors into the same shared
+    rows, csrc/sh_common.cuh ``sh_stage_rows``); what it saves is the concatenation's copy in the forward and the
+    split of its gradient in the backward (docs/PIPELINE.md [0]). Non-contiguous inputs are copied first. Raises
+    ValueError for a degree outside 0..3, too few coefficients or mismatched shapes, TypeError for non-float32
+    tensors. Math: rigel_core/reference/sh.py (same basis).
+    """
+    degree = int(degree)
+    if not 0 <= degree <= 3:
+        raise ValueError(f"SH degree must be in 0..3, got {degree}")
+    dev = means3D.device
+    return _ShColorsSplit.apply(degree, _f32("sh_dc", sh_dc, dev), _f32("sh_rest", sh_rest, dev),
+                                _f32("means3D", means3D, dev), _f32("campos", campos, dev).reshape(3))
 
 
 # ---- fused appearance MLP and SSIM loss: the same template (ops.cpp checks, one Function per stage) ----------

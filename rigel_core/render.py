@@ -105,8 +105,11 @@ def compute_colors(model, camera: Camera, sh_degree: int | None = None) -> torch
     degree = model.active_sh_degree if sh_degree is None else sh_degree
     degree = min(degree, model.sh_degree)
     if model.device.type == "cuda":
-        from .cuda_backend import sh_colors_cuda
+        from .cuda_backend import sh_colors_cuda, sh_colors_split_cuda
 
+        sh_dc, sh_rest = getattr(model, "sh_dc", None), getattr(model, "sh_rest", None)
+        if sh_dc is not None and sh_rest is not None:  # the parameters themselves: no torch.cat per call
+            return sh_colors_split_cuda(degree, sh_dc, sh_rest, model.means3D, campos)
         return sh_colors_cuda(degree, model.sh_coeffs, model.means3D, campos)
     from .reference import sh_colors
 

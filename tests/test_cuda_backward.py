@@ -273,6 +273,113 @@ def test_sh_backward(rng, degree):
                 assert float(gm.abs().max()) == 0.0, where
 
 
+# ---- [0] SH on the model's two tensors (sh_colors_split) ----------------------------------------------------
+
+def split_ks(degree):
+    """K for the split ops: every staging path sh_ks covers, K = 1 (sh_rest with no columns) at degree 0 and the
+    run-time K = 5 where the degree allows it."""
+    return sorted(set(sh_ks(degree)) | {k for k in (1, 5) if k >= (degree + 1) ** 2})
+
+
+def bits(t):
+    """t's float32 bits as int32: torch.equal on them compares bit for bit, NaN payloads included."""
+    return t.contiguous().view(torch.int32)
+
+
+@pytest.mark.parametrize("degree", [0, 1, 2, 3])
+def test_sh_split_matches_joined(rng, degree):
+    """The raw split ops on (sh_dc, sh_rest) against the joined ones on their concatenation: colours, v_sh_dc,
+    v_sh_rest (the two parts of v_sh_coeffs) and v_means3D bit for bit, on every staging path (K: compile-time,
+    run-time, too wide to stage, K = 1), every block shape (SH_NS and N = 0), with culled rows: sh_inputs' (the
+    last coefficient or the mean non-finite) and two at the split's seam (a DC slot NaN, sh_rest's first slot
+    +Inf; at K = 1 both in the DC). Outputs poisoned, so an element the split kernels leave unwritten shows."""
+    C = _ext.get()
+    for k in split_ks(degree):
+        for n in (0,) + SH_NS:
+            coeffs, means, campos, rows = sh_inputs(rng, n, k)
+            seam = [r for r in (n // 3, n // 3 + 1) if 0 < r < n and r not in rows]
+            for j, r in enumerate(seam):
+                ch = int(torch.randint(3, (1,), generator=rng))
+                coeffs[r, 0 if j == 0 or k == 1 else 1, ch] = float("nan") if j == 0 else float("inf")
+            v_colors = torch.randn(n, 3, generator=rng)
+            c, m, cp, vcol = (t.to(DEV) for t in (coeffs, means, campos, v_colors))
+            dc, rest = c[:, :1].contiguous(), c[:, 1:].contiguous()
+            where = f"degree={degree} K={k} N={n}"
+            want = C.sh_colors(degree, c, m, cp)
+            poison_cuda_allocator(n * 3)
+            got = C.sh_colors_split(degree, dc, rest, m, cp)
+            assert got.shape == (n, 3) and torch.equal(bits(got), bits(want)), where
+            culled = torch.isnan(want).any(-1).cpu()
+            assert culled.nonzero().flatten().tolist() == sorted(rows + seam), where  # the seam rows are culled
+            g_c, g_m = C.sh_colors_backward(degree, c, m, cp, vcol)
+            poison_cuda_allocator(n * 3, n * (k - 1) * 3, n * 3)
+            g_dc, g_rest, g_m2 = C.sh_colors_split_backward(degree, dc, rest, m, cp, vcol)
+            assert g_dc.shape == (n, 1, 3) and g_rest.shape == (n, k - 1, 3) and g_m2.shape == (n, 3), where
+            assert torch.isfinite(g_dc).all() and torch.isfinite(g_rest).all() and torch.isfinite(g_m2).all(), where
+            assert torch.equal(bits(g_dc), bits(g_c[:, :1])), f"v_sh_dc {where}"
+            assert torch.equal(bits(g_rest), bits(g_c[:, 1:])), f"v_sh_rest {where}"
+            assert torch.equal(bits(g_m2), bits(g_m)), f"v_means3D {where}"
+            assert torch.count_nonzero(g_dc[culled]) == 0 and torch.count_nonzero(g_rest[culled]) == 0, where
+
+
+def test_sh_split_autograd_and_render(rng, monkeypatch):
+    """sh_colors_split_cuda through autograd: colours and the gradients of sh_dc, sh_rest, means3D bit for bit
+    sh_colors_cuda's on torch.cat([sh_dc, sh_rest], 1), also from a non-contiguous sh_rest (a PLY's channel-major
+    transpose, copied first); rc.render of a CUDA GaussianModel takes the split op (model.sh_coeffs, the per-call
+    torch.cat it avoids, is made to raise) with the same image and gradients as the joined op."""
+    n = 3 * SH_BLOCK + 5
+    for k, degree in ((16, 3), (16, 1), (9, 2), (1, 0)):
+        dc = torch.randn(n, 1, 3, generator=rng) * 0.5
+        rest = torch.randn(n, k - 1, 3, generator=rng) * 0.3
+        means, campos = torch.randn(n, 3, generator=rng), torch.randn(3, generator=rng)
+        w = torch.randn(n, 3, generator=rng).to(DEV)
+        d1, r1, m1 = leaves((dc, rest, means), DEV, torch.float32)
+        col1 = cuda_backend.sh_colors_split_cuda(degree, d1, r1, m1, campos.to(DEV))
+        (col1 * w).sum().backward()
+        d2, r2, m2 = leaves((dc, rest, means), DEV, torch.float32)
+        col2 = cuda_backend.sh_colors_cuda(degree, torch.cat([d2, r2], 1), m2, campos.to(DEV))
+        (col2 * w).sum().backward()
+        where = f"K={k} degree={degree}"
+        assert torch.equal(bits(col1.detach()), bits(col2.detach())), where
+        for name, a, b in (("sh_dc", d1, d2), ("sh_rest", r1, r2), ("means3D", m1, m2)):
+            assert a.grad.shape == a.shape and torch.equal(bits(a.grad), bits(b.grad)), f"{name} {where}"
+        rest_t = rest.to(DEV).transpose(1, 2).contiguous().transpose(1, 2)
+        assert k == 1 or not rest_t.is_contiguous()
+        col3 = cuda_backend.sh_colors_split_cuda(degree, dc.to(DEV), rest_t, means.to(DEV), campos.to(DEV))
+        assert torch.equal(bits(col3), bits(col1.detach())), where
+
+    means, quats, scales, opac, _ = random_gaussians(rng, 400, dtype=torch.float32, spread=1.0,
+                                                     scale_range=(-3.5, -1.5))
+    model = rc.GaussianModel.from_tensors(means, torch.log(scales), quats, torch.logit(opac),
+                                          torch.randn(400, 1, 3, generator=rng) * 0.5,
+                                          torch.randn(400, 15, 3, generator=rng) * 0.1).to(DEV, torch.float32)
+    cam = random_camera(rng, 80, 64)
+    w_img = torch.randn(cam.height, cam.width, 3, generator=rng).to(DEV)
+    grads = []
+    for split in (True, False):
+        m = model.to(DEV, torch.float32)
+        params = {name: p.detach().clone().requires_grad_() for name, p in m.parameters().items()}
+        for name, p in params.items():
+            setattr(m, name, p)
+        with monkeypatch.context() as mp:
+            if split:
+                mp.setattr(rc.GaussianModel, "sh_coeffs", property(lambda self: pytest.fail("sh_coeffs built")))
+            else:  # the joined op: a model without sh_dc / sh_rest as compute_colors sees it
+                mp.setattr(cuda_backend, "sh_colors_split_cuda",
+                           lambda degree, dc, rest, means3D, campos: cuda_backend.sh_colors_cuda(
+                               degree, torch.cat([dc, rest], 1), means3D, campos))
+            out = rc.render(m, cam, background=(1.0, 1.0, 1.0))
+        (out.image * w_img).sum().backward()
+        grads.append((out.image.detach(), {name: p.grad for name, p in params.items()}))
+    (img_s, g_s), (img_j, g_j) = grads
+    assert torch.equal(bits(img_s), bits(img_j))  # the forward has no atomics: bit for bit
+    # the rasterizer's backward sums per Gaussian with atomics (shared memory across warps, global across tiles) in
+    # no fixed order, so two renders' parameter gradients agree to float32 rounding only; the SH op's own
+    # gradients are compared bit for bit above
+    for name in g_j:
+        torch.testing.assert_close(g_s[name], g_j[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
 # ---- end to end ---------------------------------------------------------------------------------------------
 
 def reference_composed(means3D, quats, scales, opacities, colors, cam, dtype, gaussian_ids, tile_ranges,

@@ -221,7 +221,8 @@ def sh_inputs(gen, n, k):
     coeffs = torch.randn(n, k, 3, generator=gen) * 0.6
     means = torch.randn(n, 3, generator=gen)
     campos = torch.randn(3, generator=gen)
-    means[0] = campos
+    if n > 0:  # (N = 0: the empty-input case)
+        means[0] = campos
     rows = sorted({r for r in (n // 2, SH_BLOCK - 1, SH_BLOCK, n - 1) if 0 < r < n})
     for j, r in enumerate(rows):
         ch = int(torch.randint(3, (1,), generator=gen))
@@ -599,6 +600,12 @@ expect(ValueError, "tile_ranges must be a contiguous int32 tensor on cuda:0 of s
 expect(ValueError, "background must be", lambda: C.rasterize_tiles(m2, con, c, o, ids, ranges, 32, 32, torch.zeros(4, device=d), img, fT, nc))
 expect(ValueError, "needs K >= 16", lambda: C.sh_colors(3, torch.zeros(n, 9, 3, device=d), m, torch.zeros(3, device=d)))
 expect(ValueError, "SH degree must be in 0..3", lambda: C.sh_colors(4, torch.zeros(n, 25, 3, device=d), m, torch.zeros(3, device=d)))
+expect(ValueError, "sh_dc must be a contiguous float32 tensor on cuda:0 of shape (N, 1, 3) = (50, 1, 3)",
+       lambda: C.sh_colors_split(0, torch.zeros(n, 3, device=d), torch.zeros(n, 0, 3, device=d), m, torch.zeros(3, device=d)))
+expect(ValueError, "needs K >= 16 coefficients, got sh_rest of shape [50, 8, 3]",
+       lambda: C.sh_colors_split(3, torch.zeros(n, 1, 3, device=d), torch.zeros(n, 8, 3, device=d), m, torch.zeros(3, device=d)))
+expect(ValueError, "sh_rest must be", lambda: C.sh_colors_split_backward(0, torch.zeros(n, 1, 3, device=d),
+       torch.zeros(n + 1, 0, 3, device=d), m, torch.zeros(3, device=d), torch.zeros(n, 3, device=d)))
 print("all C++ checks raised", flush=True)
 """
 
