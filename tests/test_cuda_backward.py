@@ -26,7 +26,7 @@ from rigel_core import _ext, config, cuda_backend
 from rigel_core.reference import project_gaussians, rasterize_tiles, sh_colors
 
 from helpers import cam_tensors, every_tile_lists, random_camera, random_gaussians, splats_2d
-from test_cuda_forward import SH_NS, edge_gaussians, make_scene, mild, poison_cuda_allocator, sh_inputs, sh_ks
+from test_cuda_forward import SH_BLOCK, SH_NS, edge_gaussians, make_scene, mild, poison_cuda_allocator, sh_inputs, sh_ks
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
