@@ -235,6 +235,12 @@ def run(args, device=None):
                 del loop
 
             row["trainer"] = time_trainer(trainer, args.iters, args.warmup)
+            del trainer
+            # Each loop below starts from the base model, as rigel's and gsplat's loops above do. The graph loop
+            # used to reuse the trainer of time_trainer, whose model had already trained warmup + iters steps
+            # towards the shifted target, while the eager loop started fresh: at 1M it read 5.23 ms (graph)
+            # against 4.40 ms (eager) at 800x800 (H200, 2026-12-02, aee63a1), not a like-for-like pair.
+            trainer = Trainer(one_view_dataset(cam, target, extent), cfg, model=clone_model(base), device=dev)
             row["trainer_tp"] = trainer_throughput(trainer, args.iters, args.warmup)
             gs_ = trainer.graph_step
             row["graph"] = "off" if gs_ is None else (f"off ({gs_.disabled})" if gs_.disabled else
@@ -286,7 +292,8 @@ def markdown(rows, meta: str, iters: int) -> str:
              "(target bwd/fwd ≤ 1.5); render = activations + SH + projection + binning + rasterization alone. "
              "Trainer.step: the full `Trainer.step()` (NaN guard, densification statistics; densification itself "
              "off), wall, each step between two synchronizes. Trainer loop: ms per step over back-to-back steps "
-             "(one synchronize at each end) with the CUDA-graph step (train/graph_step.py) and without it (eager); "
+             "(one synchronize at each end), each from the base model, with the CUDA-graph step (train/graph_step.py) "
+             "and without it (eager); "
              "loop ratio = graph loop / gsplat ms/it.", "",
              "| scene | N | resolution | rigel ms/it | rigel wall | gsplat ms/it | gsplat wall | ratio | ratio wall | "
              "rigel fwd | rigel bwd | bwd/fwd | render fwd | render bwd | render bwd/fwd | loss fwd+bwd | Adam | "
@@ -347,6 +354,7 @@ def main():
     if prof_text:
         print("\n" + prof_text)
     if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         Path(os.environ["OUT"], "train_step.md").write_text(table)
         if prof_text:
             Path(os.environ["OUT"], "train_step_profile.txt").write_text(prof_text)

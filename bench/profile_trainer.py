@@ -1,0 +1,86 @@
+"""Where a real training run's time goes: ``Trainer.step()`` on a capture, after ``--warm`` steps, with the
+CUDA-graph step and without it (issue 14: beer trains at 2.8 ms per iteration where bench/train_step.py's
+160k-Gaussian 1080p row takes 2.0 ms).
+
+    python bench/profile_trainer.py --data ../shared/data/real/beer --warm 2000 --steps 300 [--set KEY=VALUE ...]
+
+Per mode (graph, eager) it prints: ms per step over ``--steps`` back-to-back steps (one synchronize at each end;
+densification and the strategy run as in training), the host's own time per step (perf_counter around
+``step()`` alone, no synchronize: when it is close to the ms per step, the host is the limit), and
+torch.profiler's top ops by self GPU and self CPU time over ``--profile`` steps. ``--out DIR`` also writes the
+text there (profile_trainer.txt). Needs a CUDA device.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.real import parse_overrides, rigel_config  # noqa: E402
+from bench.train_step import profile  # noqa: E402
+from rigel_core.data import load_dataset  # noqa: E402
+from rigel_core.train.trainer import Trainer  # noqa: E402
+
+
+def measure(ds, cfg, args, label: str) -> str:
+    torch.manual_seed(cfg.seed)
+    trainer = Trainer(ds, cfg, device=torch.device("cuda"))
+    t0 = time.perf_counter()
+    for _ in range(args.warm):
+        trainer.step()
+    torch.cuda.synchronize()
+    warm_s = time.perf_counter() - t0
+    host = 0.0
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        h = time.perf_counter()
+        trainer.step()
+        host += time.perf_counter() - h
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    gs = trainer.graph_step
+    lines = [f"## {label}: {args.warm} warm-up steps in {warm_s:.2f} s ({1e3 * warm_s / max(args.warm, 1):.3f} ms/it); "
+             f"then {args.steps} steps: {1e3 * wall / args.steps:.3f} ms/it, host {1e3 * host / args.steps:.3f} ms/it; "
+             f"N {trainer.model.num_gaussians:,}; iteration {trainer.iteration}"
+             + ("" if gs is None else f"; graph: {gs.captures} captures, {gs.replays} replays, {gs.overflows} overflows"
+                + (f", off: {gs.disabled}" if gs.disabled else ""))]
+    if args.profile:
+        lines.append(profile(trainer.step, args.profile, label))
+    del trainer
+    torch.cuda.empty_cache()
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", required=True, help="a dataset folder rigel_core.data.load_dataset reads")
+    ap.add_argument("--warm", type=int, default=2000, help="steps before measuring (densification under way)")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--profile", type=int, default=50, help="steps under torch.profiler (0: none)")
+    ap.add_argument("--modes", default="graph,eager")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a TrainConfig override")
+    ap.add_argument("--downscale", type=float, default=1.0)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_trainer.py: needs a CUDA device", file=sys.stderr)
+        return 2
+    ds = load_dataset(args.data, downscale=args.downscale)
+    overrides = parse_overrides(args.set, "--set")
+    text = [f"# Trainer.step() on {args.data} ({torch.cuda.get_device_name()}, torch {torch.__version__})"]
+    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        cfg = rigel_config(args.warm + args.steps + args.profile + 10, 0, {**overrides, "cuda_graph": mode == "graph"})
+        text.append(measure(ds, cfg, args, mode))
+        print(text[-1], flush=True)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "profile_trainer.txt").write_text("\n".join(text) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
