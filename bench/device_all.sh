@@ -48,6 +48,9 @@
 #                             viewer training DATA (default lego_half, white background; "orbit": black) for ITERS
 #                             (default 7000) iterations while presenting at 60 Hz; $VTP_ARGS is passed on (e.g.
 #                             "--repeat 2", then give TIMEOUT ~560); table in logs/vtp_*/viewer_throughput.md
+#   profile:DATA[:WARM[:TIMEOUT]]  bench/profile_trainer.py: Trainer.step() on DATA (as for train:) after WARM
+#                             (default 2000) steps, graph and eager: ms and host ms per step, torch.profiler's
+#                             top ops; $PROFILE_ARGS is passed on (e.g. "--modes graph --set grad_threshold=1.5e-4")
 # A lane entry "JOB+JOB" runs those jobs at the same time on the lane's GPU (their timings then share it).
 # Per-job time limits: TIMEOUT in the spec, else JOB_TIMEOUT (default 330 s; training gets SIGINT, which saves
 # the run and its last evaluation).
@@ -212,6 +215,11 @@ print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','f
         --seeds "${c//./,}" --out "$sout" "${sargs[@]}" >"$LOGS/$name.log" 2>&1
       line="rc=$? (sweep.md; $(tail -1 "$LOGS/$name.log"))"
       [ -s "$sout/sweep.md" ] && line+=$'\n'"$(cat "$sout/sweep.md")" ;;
+    profile)  # profile:DATA[:WARM[:TIMEOUT]]
+      local pout=$LOGS/$name
+      timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/profile_trainer.py --data "$(data_dir "$a")" \
+        --warm "${b:-2000}" --out "$pout" ${PROFILE_ARGS:-} >"$LOGS/$name.log" 2>&1
+      line="rc=$? $(grep -h '^## ' "$LOGS/$name.log" | cut -c1-230 | tr '\n' ' ')" ;;
     vtp)  # vtp[:DATA[:ITERS[:TIMEOUT]]]
       local vout=$LOGS/$name vdata=${a:-lego_half} wb=""
       [ "$vdata" = orbit ] && wb="--no-white-bg"
