@@ -13,19 +13,23 @@
 # one table: per scene and resolution, the raster stage, the forward and forward+backward of each variant (ms).
 # $OUT (default ./out) gets the table (ab.md) and one archive of the logs (ab_logs.tgz: build_NAME.log,
 # tests_NAME.log, NAME/forward.md, NAME/bench.log): the device tool returns only a few files per call. A failed
-# build, test run or bench prints its last lines. The PLY scenes come from $RIGEL_SHARED_DATA (default ./.data,
-# the carried copies, as bench/device_all.sh).
+# build, test run or bench prints its last lines. --ssim also runs bench/ssim.py on each variant (NAME/ssim.log;
+# --ssim-args, default "--iters 50") and adds a second table to ab.md: the fused SSIM forward+backward ms per
+# resolution (and the PyTorch path's, the same for every variant: a check of the machine's drift). The PLY scenes
+# come from $RIGEL_SHARED_DATA (default ./.data, the carried copies, as bench/device_all.sh).
 set -uo pipefail
 PY=${PYTHON:-python3}
 OUT=${OUT:-out}
 export RIGEL_SHARED_DATA=${RIGEL_SHARED_DATA:-$PWD/.data}
-prepare=() run=0 tests="" bench_args="--iters 30"
+prepare=() run=0 tests="" bench_args="--iters 30" ssim=0 ssim_args="--iters 50"
 while [ $# -gt 0 ]; do
   case "$1" in
     --prepare) prepare+=("$2=$3"); shift 2 ;;
     --run) run=1 ;;
     --tests) tests=$2; shift ;;
     --bench-args) bench_args=$2; shift ;;
+    --ssim) ssim=1 ;;
+    --ssim-args) ssim_args=$2; shift ;;
     *) echo "kernel_ab.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -84,11 +88,25 @@ for dir in .ab/*/; do
   OUT="$OUT/$name" timeout "${BENCH_TIMEOUT:-200}" $PY bench/forward.py --no-gsplat --no-depth $bench_args \
     >"$OUT/$name/bench.log" 2>&1 || { echo "$name: bench/forward.py failed (rc $?; 124: BENCH_TIMEOUT):"
                                      tail -4 "$OUT/$name/bench.log"; }
+  if [ "$ssim" = 1 ]; then
+    # shellcheck disable=SC2086
+    timeout "${BENCH_TIMEOUT:-200}" $PY bench/ssim.py $ssim_args >"$OUT/$name/ssim.log" 2>&1 ||
+      { echo "$name: bench/ssim.py failed (rc $?; 124: BENCH_TIMEOUT):"; tail -4 "$OUT/$name/ssim.log"; }
+  fi
 done
-$PY - "$OUT" "${names[@]}" <<'PYEOF' | tee "$RESULT/ab.md"
+SSIM_TABLE=$ssim $PY - "$OUT" "${names[@]}" <<'PYEOF' | tee "$RESULT/ab.md"
+import os
+import re
 import sys
 from pathlib import Path
 out, names = Path(sys.argv[1]), sys.argv[2:]
+ssim = {}  # name -> {resolution: (torch ms, fused ms)}, lines "WxH: torch T ms, fused F ms ..." of bench/ssim.py
+for name in names if os.environ.get("SSIM_TABLE") == "1" else []:
+    log = out / name / "ssim.log"
+    found = re.findall(r"^(\d+x\d+): torch ([\d.]+) ms, fused ([\d.]+) ms", log.read_text() if log.exists() else "",
+                       re.M)
+    if found:
+        ssim[name] = {res: (t, f) for res, t, f in found}
 cols = {}  # name -> {(scene, res): (raster, total, fwd+bwd)}
 for name in names:
     md = out / name / "forward.md"
@@ -98,13 +116,24 @@ for name in names:
     head = [c.strip() for c in rows[0]]
     idx = [head.index(k) for k in ("raster", "total", "fwd+bwd")]
     cols[name] = {(r[0].strip(), r[2].strip()): tuple(r[i].strip() for i in idx) for r in rows[1:]}
-if not cols:
+if not cols and not ssim:
     sys.exit("kernel_ab.sh: no forward.md came out")
-keys = list(next(iter(cols.values())))
-names = list(cols)
-hdr = ["scene", "resolution"] + [f"{k} {n}" for k in ("raster", "fwd", "fwd+bwd") for n in names]
-print("| " + " | ".join(hdr) + " |\n|" + "---|" * len(hdr))
-for key in keys:
-    vals = [cols[n].get(key, ("-",) * 3)[i] for i in range(3) for n in names]
-    print("| " + " | ".join(list(key) + vals) + " |")
+if cols:
+    keys = list(next(iter(cols.values())))
+    fnames = list(cols)
+    hdr = ["scene", "resolution"] + [f"{k} {n}" for k in ("raster", "fwd", "fwd+bwd") for n in fnames]
+    print("| " + " | ".join(hdr) + " |\n|" + "---|" * len(hdr))
+    for key in keys:
+        vals = [cols[n].get(key, ("-",) * 3)[i] for i in range(3) for n in fnames]
+        print("| " + " | ".join(list(key) + vals) + " |")
+else:
+    print("(no forward.md came out)")
+if ssim:
+    snames = list(ssim)
+    print("\nSSIM forward+backward (bench/ssim.py, ms per call; torch = the PyTorch path, machine drift check)\n")
+    hdr = ["resolution"] + [f"fused {n}" for n in snames] + [f"torch {n}" for n in snames]
+    print("| " + " | ".join(hdr) + " |\n|" + "---|" * len(hdr))
+    for res in ssim[snames[0]]:
+        vals = [ssim[n].get(res, ("-", "-"))[1] for n in snames] + [ssim[n].get(res, ("-", "-"))[0] for n in snames]
+        print("| " + " | ".join([res] + vals) + " |")
 PYEOF

@@ -2,9 +2,10 @@
 
     PYTHONPATH=. python3 bench/ssim.py [--iters 50]
 
-Prints, per resolution, the mean milliseconds of ``ssim(pred, gt)`` + ``backward()`` on (H, W, 3) float32 images
-(CUDA events around ``iters`` iterations after warm-up), and the largest difference of the two paths' values and
-gradients.
+Prints, per resolution (800x800, 720x1280, 1920x1080; W x H), the mean milliseconds of ``ssim(pred, gt)`` +
+``backward()`` on (H, W, 3) float32 images (CUDA events around ``iters`` iterations after warm-up), and the largest
+difference of the two paths' values and gradients. One line per resolution, "WxH: torch T ms, fused F ms ..."
+(bench/kernel_ab.sh --ssim parses it).
 """
 import argparse
 
@@ -36,7 +37,7 @@ def main():
     ap.add_argument("--iters", type=int, default=50)
     args = ap.parse_args()
     g = torch.Generator(device="cuda").manual_seed(0)
-    for h, w in ((800, 800), (1080, 1920)):
+    for h, w in ((800, 800), (1280, 720), (1080, 1920)):  # 720x1280: the beer capture (bench/profile_trainer.py)
         gt = torch.rand(h, w, 3, device="cuda", generator=g)
         pred = (gt + 0.1 * torch.randn(h, w, 3, device="cuda", generator=g)).clamp(0, 1)
         t_torch, s_torch, g_torch = run(lambda p, t: ssim_map_reference(p, t).mean(), pred, gt, args.iters)
