@@ -18,12 +18,14 @@ alpha (opacity near 1: vis > ALPHA_MAX at the centres) and pixels that stop at T
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 import rigel_core as rc
 from rigel_core import _ext, config, cuda_backend
-from rigel_core.reference import project_gaussians, rasterize_tiles, sh_colors
+from rigel_core.reference import expected_depth, project_gaussians, rasterize_tiles, sh_colors
 
 from helpers import cam_tensors, every_tile_lists, random_camera, random_gaussians, splats_2d
 from test_cuda_forward import SH_BLOCK, SH_NS, edge_gaussians, make_scene, mild, poison_cuda_allocator, sh_inputs, sh_ks
@@ -95,28 +97,50 @@ def raster_stage(rng, inputs, cam):
     return raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h)
 
 
-def raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h):
-    """CUDA raster fwd+bwd vs float64 autograd of the reference raster on given projected inputs and tile lists."""
+def raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h, depths=None):
+    """CUDA raster fwd+bwd vs float64 autograd of the reference raster on given projected inputs and tile lists.
+
+    ``depths`` (N,) float32 or None: with it the kernels' depth instantiation, and the loss also weighs the expected
+    depth, on pixels at least 2 % covered (as test_cuda_depth.well_posed_depth_pixels: below that final_T's float32
+    rounding is amplified 1/(1 − final_T) times); its gradient is compared as "depths"."""
     ids, ranges = ids.to(DEV), ranges.to(DEV)
     w_img, w_T = torch.randn(h, w, 3, generator=rng), torch.randn(h, w, generator=rng)
     bg = torch.rand(3, generator=rng)
-    base = (m2, con, colors, opac, bg)
+    with_depth = depths is not None
+    w_D = torch.randn(h, w, generator=rng) if with_depth else None
+    base = (m2, con, colors, opac, bg) + ((depths,) if with_depth else ())
     x32 = leaves(base, DEV, torch.float32)
-    image, final_T, n_contrib = cuda_backend.rasterize_tiles_cuda(*x32[:4], ids, ranges, w, h, background=x32[4])
     x64, r32 = leaves(base, "cpu", torch.float64), leaves(base, "cpu", torch.float32)
     tiles = (-(-w // 16), -(-h // 16), w, h)
-    ref = rasterize_tiles(*x64[:4], ids.cpu(), ranges.cpu(), *tiles, x64[4])
-    ref32 = rasterize_tiles(*r32[:4], ids.cpu(), ranges.cpu(), *tiles, r32[4])  # assert_close's floor
+    if with_depth:
+        image, final_T, n_contrib, ed, _ = cuda_backend.rasterize_tiles_cuda(*x32[:4], ids, ranges, w, h,
+                                                                             background=x32[4], depths=x32[5])
+        ref = rasterize_tiles(*x64[:4], ids.cpu(), ranges.cpu(), *tiles, x64[4], depths=x64[5])
+        ref32 = rasterize_tiles(*r32[:4], ids.cpu(), ranges.cpu(), *tiles, r32[4], depths=r32[5])
+    else:
+        image, final_T, n_contrib = cuda_backend.rasterize_tiles_cuda(*x32[:4], ids, ranges, w, h, background=x32[4])
+        ref = rasterize_tiles(*x64[:4], ids.cpu(), ranges.cpu(), *tiles, x64[4])
+        ref32 = rasterize_tiles(*r32[:4], ids.cpu(), ranges.cpu(), *tiles, r32[4])  # assert_close's floor
     # A pixel whose walk stops at a different entry in float32 and float64 is an exact tie of the stop rule, not a
     # kernel error: two clamped alphas give T = (1 − ALPHA_MAX)² = T_MIN in exact arithmetic, just below it in
     # float32. Such pixels (rare; bounded here) get zero loss weight on both sides; every other pixel is compared.
     same = (n_contrib.cpu() == ref.n_contrib) & (ref32.n_contrib == ref.n_contrib)
     assert float((~same).float().mean()) <= 2e-3, f"{int((~same).sum())} pixels stop at different entries"
     w_img, w_T = w_img * same[..., None], w_T * same
-    ((image * w_img.to(DEV)).sum() + (final_T * w_T.to(DEV)).sum()).backward()
-    ((ref.image * w_img.double()).sum() + (ref.final_T * w_T.double()).sum()).backward()
-    ((ref32.image * w_img).sum() + (ref32.final_T * w_T).sum()).backward()
+    losses = [(image * w_img.to(DEV)).sum() + (final_T * w_T.to(DEV)).sum(),
+              (ref.image * w_img.double()).sum() + (ref.final_T * w_T.double()).sum(),
+              (ref32.image * w_img).sum() + (ref32.final_T * w_T).sum()]
     names = ("means2D", "conics", "colors", "opacities", "background")
+    if with_depth:
+        covered = same & (ref.final_T.detach() <= 0.98)
+        assert float(covered.double().mean()) >= 0.3, "too few covered pixels to compare the depth gradients"
+        w_D = w_D * covered
+        losses[0] = losses[0] + (ed * w_D.to(DEV)).sum()
+        losses[1] = losses[1] + (expected_depth(ref.depth_sum, ref.final_T) * w_D.double()).sum()
+        losses[2] = losses[2] + (expected_depth(ref32.depth_sum, ref32.final_T) * w_D).sum()
+        names += ("depths",)
+    for loss in losses:
+        loss.backward()
     scales = {"background": background_scale(w_img, ref.final_T)}
     floor = gradient_errors([(n, a.grad, b.grad) for n, a, b in zip(names, r32, x64)], scales)
     assert_close([(n, a.grad, b.grad) for n, a, b in zip(names, x32, x64)], TOL, scales, floor)
@@ -162,6 +186,49 @@ def test_raster_backward_warp_boxes(rng):
     g, final_T, n_contrib, _ = raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h)
     assert float(final_T.min()) < 0.3 and float((n_contrib > 20).float().mean()) > 0.5
     assert torch.count_nonzero(g["means2D"].abs().sum(-1)) > 60 and not g["opacities"][:4].any()
+
+
+def tile_covering_splats(gen, n, width, height, n_opaque):
+    """n screen-space splats (float32, CPU), in random order: n − n_opaque faint ones larger than a tile (sigma_min
+    25–60 px, anisotropy up to 3, any angle, opacity 0.01–0.022, centres over the image and up to 16 px beyond),
+    which nearly every pixel blends (alpha ~0.01 each: T ~1e-3 after 400, no T_MIN stop from them), and n_opaque
+    small nearly opaque ones (sigma_min 4–12 px, opacity 0.9–0.999) that stop pixels behind them. Returns means2D
+    (n, 2), conics (n, 3) = (A, B, C), colors (n, 3), opacities (n,)."""
+    f64 = dict(generator=gen, dtype=torch.float64)
+    u = -16 + (width + 32) * torch.rand(n, **f64)
+    v = -16 + (height + 32) * torch.rand(n, **f64)
+    opaque = torch.zeros(n, dtype=torch.bool)
+    opaque[torch.randperm(n, generator=gen)[:n_opaque]] = True
+    s_min = torch.where(opaque, 4 + 8 * torch.rand(n, **f64), 25 + 35 * torch.rand(n, **f64))
+    kappa = torch.exp(math.log(3.0) * torch.rand(n, **f64))
+    th = math.pi * torch.rand(n, **f64)
+    c, s = torch.cos(th), torch.sin(th)
+    l1, l2 = 1 / (s_min * kappa) ** 2, 1 / s_min ** 2  # conic eigenvalues
+    conics = torch.stack([l1 * c * c + l2 * s * s, (l1 - l2) * c * s, l1 * s * s + l2 * c * c], -1)
+    opacities = torch.where(opaque, 0.9 + 0.099 * torch.rand(n, **f64), 0.01 + 0.012 * torch.rand(n, **f64))
+    colors = torch.rand(n, 3, **f64)
+    return torch.stack([u, v], -1).float(), conics.float(), colors.float(), opacities.float()
+
+
+@pytest.mark.parametrize("depth", [False, True])
+def test_raster_backward_long_lists_of_tile_covering_splats(rng, depth):
+    """The kernel's per-tile gradient sums (rasterize_bwd.cu: the warps' totals per entry gathered in shared memory)
+    where every warp blends nearly every entry of a list longer than a batch, as on a capture of large splats early
+    in training: 400 entries listed in every tile of a 72x40 image, most walks longer than one batch of 256 (so a
+    partial front batch and a partial 32-entry chunk); ~90 % of a full tile's entries are blended by all 8 of its
+    warps (counted on the float32 reference, seeds 0–3); the right column and bottom row of tiles lie partly outside
+    the image (warps with no pixel there); opaque splats stop some pixels (walks of different lengths). Colour and
+    depth instantiations (11 and 12 values per entry). A float32 emulation of the kernel's walk (T recovered by
+    division over ~400 entries) stayed within 1e-6 of float64 on this scene (seeds 0–5), well inside TOL."""
+    w, h, n = 72, 40, 400
+    m2, con, colors, opac = tile_covering_splats(rng, n, w, h, n_opaque=20)
+    ids, ranges = every_tile_lists(n, w, h)
+    depths = (1 + 9 * torch.rand(n, generator=rng)) if depth else None
+    g, final_T, n_contrib, _ = raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h, depths)
+    assert float((n_contrib > 256).float().mean()) > 0.5, "most walks must span both batches"
+    assert int(n_contrib.min()) < int(n_contrib.max())
+    for name, gi in g.items():
+        assert torch.isfinite(gi).all() and torch.count_nonzero(gi) > 0, name
 
 
 # ---- [1] projection backward --------------------------------------------------------------------------------
