@@ -17,11 +17,14 @@
 # --ssim-args, default "--iters 50") and adds a second table to ab.md: the fused SSIM forward+backward ms per
 # resolution (and the PyTorch path's, the same for every variant: a check of the machine's drift). The PLY scenes
 # come from $RIGEL_SHARED_DATA (default ./.data, the carried copies, as bench/device_all.sh).
+# --cmd CMD (repeatable) runs a shell command on each variant after the benches, e.g. a real capture's training
+# step: --cmd "python3 bench/profile_trainer.py --data .data/real/beer --warm 2000 --modes graph --profile 20";
+# its output goes to NAME/cmd_K.log, its lines starting with "## " are printed under the variant's line.
 set -uo pipefail
 PY=${PYTHON:-python3}
 OUT=${OUT:-out}
 export RIGEL_SHARED_DATA=${RIGEL_SHARED_DATA:-$PWD/.data}
-prepare=() run=0 tests="" bench_args="--iters 30" ssim=0 ssim_args="--iters 50"
+prepare=() run=0 tests="" bench_args="--iters 30" ssim=0 ssim_args="--iters 50" cmds=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --prepare) prepare+=("$2=$3"); shift 2 ;;
@@ -30,6 +33,7 @@ while [ $# -gt 0 ]; do
     --bench-args) bench_args=$2; shift ;;
     --ssim) ssim=1 ;;
     --ssim-args) ssim_args=$2; shift ;;
+    --cmd) cmds+=("$2"); shift ;;
     *) echo "kernel_ab.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -93,6 +97,13 @@ for dir in .ab/*/; do
     timeout "${BENCH_TIMEOUT:-200}" $PY bench/ssim.py $ssim_args >"$OUT/$name/ssim.log" 2>&1 ||
       { echo "$name: bench/ssim.py failed (rc $?; 124: BENCH_TIMEOUT):"; tail -4 "$OUT/$name/ssim.log"; }
   fi
+  k=0
+  for c in "${cmds[@]}"; do
+    k=$((k + 1))
+    timeout "${CMD_TIMEOUT:-200}" bash -c "$c" >"$OUT/$name/cmd_$k.log" 2>&1 ||
+      echo "$name: --cmd $k failed (rc $?; 124: CMD_TIMEOUT): $(tail -1 "$OUT/$name/cmd_$k.log" | cut -c1-200)"
+    grep -E '^## ' "$OUT/$name/cmd_$k.log" | cut -c1-300 | sed "s/^/  $name cmd $k: /"
+  done
 done
 SSIM_TABLE=$ssim $PY - "$OUT" "${names[@]}" <<'PYEOF' | tee "$RESULT/ab.md"
 import os
