@@ -62,6 +62,9 @@ PY=${PYTHON:-python3}
 lane0="" lane1=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --lane0|--lane1) [ $# -ge 2 ] || { echo "device_all.sh: $1 needs a list of jobs" >&2; exit 2; } ;;
+  esac
+  case "$1" in
     --lane0) lane0=$2; shift ;;
     --lane1) lane1=$2; shift ;;
     *) echo "device_all.sh: unknown option $1" >&2; exit 2 ;;
@@ -219,7 +222,8 @@ print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','f
       local pout=$LOGS/$name
       timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/profile_trainer.py --data "$(data_dir "$a")" \
         --warm "${b:-2000}" --out "$pout" ${PROFILE_ARGS:-} >"$LOGS/$name.log" 2>&1
-      line="rc=$? $(grep -h '^## ' "$LOGS/$name.log" | cut -c1-230 | tr '\n' ' ')" ;;
+      local rc=$? found; found=$(grep -h '^## ' "$LOGS/$name.log" | cut -c1-230 | tr '\n' ' ')
+      line="rc=$rc ${found:-$(tail -1 "$LOGS/$name.log" | cut -c1-230)}" ;;
     vtp)  # vtp[:DATA[:ITERS[:TIMEOUT]]]
       local vout=$LOGS/$name vdata=${a:-lego_half} wb=""
       [ "$vdata" = orbit ] && wb="--no-white-bg"

@@ -27,6 +27,11 @@ export RIGEL_SHARED_DATA=${RIGEL_SHARED_DATA:-$PWD/.data}
 prepare=() run=0 tests="" bench_args="--iters 30" ssim=0 ssim_args="--iters 50" cmds=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --prepare|--tests|--bench-args|--ssim-args|--cmd)
+      need=2; [ "$1" = --prepare ] && need=3
+      [ $# -ge "$need" ] || { echo "kernel_ab.sh: $1 needs $((need - 1)) value(s)" >&2; exit 2; } ;;
+  esac
+  case "$1" in
     --prepare) prepare+=("$2=$3"); shift 2 ;;
     --run) run=1 ;;
     --tests) tests=$2; shift ;;
@@ -57,9 +62,17 @@ export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 keep=$(mktemp -d) && cp -a csrc "$keep/"
 # Put the tree's csrc/ back, newer than every object built here, so that the next build compiles it again (until
 # then rigel_core/_C is the last variant's).
-trap 'rm -rf csrc && cp -a "$keep/csrc" csrc && find csrc -type f -exec touch {} + && rm -rf "$keep"
-      tar -czf "$RESULT/ab_logs.tgz" -C "$OUT" . && rm -rf "$OUT"
-      echo "kernel_ab.sh: csrc/ restored; rigel_core/_C is the last variant'"'"'s until the next build"' EXIT
+last_built=""
+finish() {
+  rm -rf csrc && cp -a "$keep/csrc" csrc && find csrc -type f -exec touch {} + && rm -rf "$keep"
+  tar -czf "$RESULT/ab_logs.tgz" -C "$OUT" . && rm -rf "$OUT"
+  if [ -n "$last_built" ]; then
+    echo "kernel_ab.sh: csrc/ restored; rigel_core/_C is variant $last_built's until the next build"
+  else
+    echo "kernel_ab.sh: csrc/ restored; no variant built (rigel_core/_C as before; the next build recompiles csrc/)"
+  fi
+}
+trap finish EXIT
 names=() prev=""
 for dir in .ab/*/; do
   name=$(basename "$dir")
@@ -78,6 +91,7 @@ for dir in .ab/*/; do
   if ! $PY setup.py build_ext --inplace >"$OUT/build_$name.log" 2>&1; then
     echo "$name ($(cat "$dir/REF")): build failed, see build_$name.log"; tail -5 "$OUT/build_$name.log"; continue
   fi
+  last_built=$name
   line="$name ($(cat "$dir/REF")): build $(( $(date +%s) - t0 ))s"
   if [ -n "$tests" ]; then
     # shellcheck disable=SC2086

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.real import parse_overrides, rigel_config  # noqa: E402
+from bench.real import BenchError, parse_overrides, rigel_config  # noqa: E402
 from bench.train_step import profile  # noqa: E402
 from rigel_core.data import load_dataset  # noqa: E402
 from rigel_core.train.trainer import Trainer  # noqa: E402
@@ -56,23 +56,38 @@ def measure(ds, cfg, args, label: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog="Example: python bench/profile_trainer.py --data ../shared/data/real/beer "
+                                        "--warm 2000 --modes graph --profile 20")
     ap.add_argument("--data", required=True, help="a dataset folder rigel_core.data.load_dataset reads")
     ap.add_argument("--warm", type=int, default=2000, help="steps before measuring (densification under way)")
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--profile", type=int, default=50, help="steps under torch.profiler (0: none)")
-    ap.add_argument("--modes", default="graph,eager")
+    ap.add_argument("--steps", type=int, default=300, help="steps timed back to back after the warm-up")
+    ap.add_argument("--profile", type=int, default=50, help="steps under torch.profiler after those (0: none)")
+    ap.add_argument("--modes", default="graph,eager",
+                    help="comma-separated: graph (the CUDA-graph step) and/or eager; one fresh run each")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a TrainConfig override")
-    ap.add_argument("--downscale", type=float, default=1.0)
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--downscale", type=float, default=1.0, help="image downscale factor, as rigel-train's")
+    ap.add_argument("--out", type=Path, default=None, help="folder for profile_trainer.txt (created)")
     args = ap.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ("graph", "eager")]
+    if bad or not modes:
+        print(f"profile_trainer.py: --modes {args.modes!r}: give graph and/or eager", file=sys.stderr)
+        return 2
+    if not Path(args.data).exists():
+        print(f"profile_trainer.py: --data {args.data}: no such file or directory", file=sys.stderr)
+        return 2
+    try:
+        overrides = parse_overrides(args.set, "--set")
+    except BenchError as e:  # one line naming the item
+        print(f"profile_trainer.py: {e}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("profile_trainer.py: needs a CUDA device", file=sys.stderr)
         return 2
     ds = load_dataset(args.data, downscale=args.downscale)
-    overrides = parse_overrides(args.set, "--set")
     text = [f"# Trainer.step() on {args.data} ({torch.cuda.get_device_name()}, torch {torch.__version__})"]
-    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+    for mode in modes:
         cfg = rigel_config(args.warm + args.steps + args.profile + 10, 0, {**overrides, "cuda_graph": mode == "graph"})
         text.append(measure(ds, cfg, args, mode))
         print(text[-1], flush=True)
