@@ -154,8 +154,12 @@ def test_the_resolved_factor_is_recorded_and_reused_on_resume(rng, tmp_path):
         assert resumed.train_downscale == t.train_downscale
         assert torch.equal(resumed.model.means3D, t.model.means3D)
     assert resumed.iteration == 8 and resumed.train_downscale == 2
-    assert resume_config(path, {"iterations": 20}).coarse_to_fine == 4
-    assert resume_config(path, {"coarse_to_fine": "auto"}).coarse_to_fine == "auto"  # asked again: resolved again
+    changes = []
+    assert resume_config(path, {"iterations": 20}, changes).coarse_to_fine == 4
+    assert changes == []  # the saved value: nothing changed, nothing said
+    assert resume_config(path, {"coarse_to_fine": "auto"}, changes).coarse_to_fine == "auto"  # resolved again
+    assert resume_config(path, {"coarse_to_fine": 2, "iterations": 30}, changes).coarse_to_fine == 2
+    assert changes == ["coarse_to_fine 4 -> 'auto'", "coarse_to_fine 4 -> 2", "iterations 20 -> 30"]
     # a checkpoint from before the field existed trained at full resolution: it resumes with 1, not "auto" (4 here)
     del meta["config"]["coarse_to_fine"], meta["config"]["coarse_to_fine_iters"]
     save_file(load_file(path), path, metadata={"rigel": json.dumps(meta)})
@@ -305,7 +309,7 @@ def test_rigel_viewer_refuses_a_bad_value_before_loading_the_dataset(tmp_path, c
     assert len(err) == 1 and "TrainConfig.coarse_to_fine" in err[0], err
 
 
-def test_rigel_train_logs_and_records_the_resolved_factor_and_resumes_with_it(blender_dataset, tmp_path):
+def test_rigel_train_logs_and_records_the_resolved_factor_and_resumes_with_it(blender_dataset, tmp_path, capsys):
     from rigel_core.checkpoint import read_checkpoint
     from rigel_core.cli.train import main
 
@@ -317,10 +321,18 @@ def test_rigel_train_logs_and_records_the_resolved_factor_and_resumes_with_it(bl
     assert read_checkpoint(run / "checkpoint.safetensors")[1]["config"]["coarse_to_fine"] == 4
     log = (run / "log.txt").read_text()
     assert log.count("coarse_to_fine auto: 4 (no SfM points") == 1
+    capsys.readouterr()
     assert main(common + ["--iters", "8", "--resume"]) == 0
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["config"]["coarse_to_fine"] == 4 and metrics["iterations_done"] == 8
     assert (run / "log.txt").read_text().count("coarse_to_fine auto") == 1  # resumed: recorded, not re-decided
+    # what the command line changes in the saved settings is said (the same coarse_to_fine_iters is not)
+    changed = [l for l in capsys.readouterr().err.splitlines() if "with changed settings" in l]
+    assert len(changed) == 1 and changed[0].endswith("with changed settings: iterations 6 -> 8"), changed
+    assert main(common + ["--iters", "9", "--resume", "--set", "coarse_to_fine=2"]) == 0
+    changed = [l for l in capsys.readouterr().err.splitlines() if "with changed settings" in l]
+    assert len(changed) == 1 and "coarse_to_fine 4 -> 2" in changed[0] and "iterations 8 -> 9" in changed[0]
+    assert json.loads((run / "metrics.json").read_text())["config"]["coarse_to_fine"] == 2
     off = tmp_path / "off"
     assert main(common[:2] + ["--out", str(off)] + common[4:] + ["--iters", "4", "--set", "coarse_to_fine=1"]) == 0
     assert json.loads((off / "metrics.json").read_text())["config"]["coarse_to_fine"] == 1

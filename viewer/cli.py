@@ -203,9 +203,12 @@ def _start_training(args, settings: ViewSettings, locks: list):
     ckpt = run_dir / CHECKPOINT_NAME
     try:
         overrides = config_overrides(args)
-        resume_cfg = resume_config(ckpt, overrides) if args.resume and ckpt.is_file() else None
+        changes: list = []
+        resume_cfg = resume_config(ckpt, overrides, changes) if args.resume and ckpt.is_file() else None
     except (CheckpointError, ValueError) as e:
         raise _Refused(str(e)) from None
+    if changes:
+        print(f"rigel-viewer: resuming {ckpt} with changed settings: {'; '.join(changes)}", file=sys.stderr)
     problem = None if resume_cfg is not None else new_run_problem(overrides, args)  # before the dataset loads
     if problem:
         raise _Refused(problem)

@@ -163,10 +163,12 @@ def new_run_problem(overrides: dict, args=None) -> str | None:
     return None
 
 
-def resume_config(ckpt: Path, overrides: dict):
+def resume_config(ckpt: Path, overrides: dict, changes: list | None = None):
     """The TrainConfig of the checkpoint ``ckpt`` with ``overrides``, validated completely before anything loads.
     Raises CheckpointError (naming the file and field) or ValueError (the overrides make it invalid, or ask for
-    fewer iterations than the checkpoint has done)."""
+    fewer iterations than the checkpoint has done). ``changes``, when given, receives one ``"key saved -> new"``
+    string per setting the overrides change (the command line prints them, so that no saved setting is replaced
+    silently)."""
     from ..checkpoint import read_checkpoint, validate_checkpoint
     from ..train import TrainConfig
 
@@ -176,6 +178,8 @@ def resume_config(ckpt: Path, overrides: dict):
         # the saved max_gaussians was a cap for another strategy, not a budget chosen for this one
         raise ValueError(f"{ckpt}: the run used strategy {saved.get('strategy')!r}; --strategy mcmc needs "
                          f"--max-gaussians N (the Gaussian budget it grows to)")
+    if changes is not None:
+        changes.extend(f"{k} {saved[k]!r} -> {v!r}" for k, v in overrides.items() if k in saved and saved[k] != v)
     saved.update(overrides)
     cfg = TrainConfig.from_dict(saved)
     try:

@@ -255,11 +255,14 @@ def _main(args, lock: RunLock, comm=None) -> int:
     if args.resume and ckpt.is_file():  # validated completely before the dataset loads and anything is written
         from ..checkpoint import CheckpointError
 
+        changes: list = []
         try:
-            resume_cfg = resume_config(ckpt, overrides)
+            resume_cfg = resume_config(ckpt, overrides, changes)
         except (CheckpointError, ValueError) as e:
             print(f"rigel-train: {e}", file=sys.stderr)
             return 2
+        if changes:
+            print(f"rigel-train: resuming {ckpt} with changed settings: {'; '.join(changes)}", file=sys.stderr)
     problem = new_run_problem(overrides, args) if resume_cfg is None else None  # before the dataset loads
     if problem:
         print(f"rigel-train: {problem}", file=sys.stderr)
