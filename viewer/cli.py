@@ -207,8 +207,6 @@ def _start_training(args, settings: ViewSettings, locks: list):
         resume_cfg = resume_config(ckpt, overrides, changes) if args.resume and ckpt.is_file() else None
     except (CheckpointError, ValueError) as e:
         raise _Refused(str(e)) from None
-    if changes:
-        print(f"rigel-viewer: resuming {ckpt} with changed settings: {'; '.join(changes)}", file=sys.stderr)
     problem = None if resume_cfg is not None else new_run_problem(overrides, args)  # before the dataset loads
     if problem:
         raise _Refused(problem)
@@ -222,6 +220,8 @@ def _start_training(args, settings: ViewSettings, locks: list):
             raise _Refused(RunLock(run_dir).busy_message("rigel process"))
     except RunFolderTaken as e:
         raise _Refused(str(e)) from None
+    if changes:  # said once the resume goes ahead (a refused one stays one line)
+        print(f"rigel-viewer: resuming {ckpt} with changed settings: {'; '.join(changes)}", file=sys.stderr)
     log = _setup_logging(run_dir)
     frames = list(ds.train)
     if args.up is None:

@@ -251,18 +251,15 @@ def _main(args, lock: RunLock, comm=None) -> int:
     except ValueError as e:
         print(f"rigel-train: {e}", file=sys.stderr)
         return 2
-    resume_cfg = None
+    resume_cfg, changes = None, []
     if args.resume and ckpt.is_file():  # validated completely before the dataset loads and anything is written
         from ..checkpoint import CheckpointError
 
-        changes: list = []
         try:
             resume_cfg = resume_config(ckpt, overrides, changes)
         except (CheckpointError, ValueError) as e:
             print(f"rigel-train: {e}", file=sys.stderr)
             return 2
-        if changes:
-            print(f"rigel-train: resuming {ckpt} with changed settings: {'; '.join(changes)}", file=sys.stderr)
     problem = new_run_problem(overrides, args) if resume_cfg is None else None  # before the dataset loads
     if problem:
         print(f"rigel-train: {problem}", file=sys.stderr)
@@ -302,6 +299,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
         except OSError as e:
             print(f"rigel-train: --out {run_dir}: {e.strerror or e}", file=sys.stderr)
             return 2
+        if changes:  # said once the resume goes ahead (a refused one stays one line)
+            print(f"rigel-train: resuming {ckpt} with changed settings: {'; '.join(changes)}", file=sys.stderr)
     if comm is not None:  # every rank has started (or one failed: all stop, the failing one said why)
         comm.started = True
         if not comm.agree(True):
