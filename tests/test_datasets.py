@@ -172,6 +172,31 @@ def test_blender_downscale_and_overrides(tmp_path, rng):
         np.testing.assert_allclose(frame.alpha.numpy(), rgba[..., 3].reshape(4, 2, 6, 2).mean((1, 3)), atol=1e-6)
 
 
+def test_downscale_to_tiny_images_warns_once(tmp_path, rng):
+    from rigel_core.data.frames import PHOTO_PX, TINY_IMAGE_PX
+
+    g = np_rng(rng)
+    meta, _ = make_blender(tmp_path, g, w=PHOTO_PX + 32, h=PHOTO_PX, missing=())
+    (tmp_path / "transforms_train.json").write_text(json.dumps(meta))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a factor that keeps the short side at the threshold: no warning
+        assert load_dataset(tmp_path, downscale=PHOTO_PX / TINY_IMAGE_PX).train[0].camera.height == TINY_IMAGE_PX
+    with pytest.warns(UserWarning) as record:
+        ds = load_dataset(tmp_path, downscale=20)
+    tiny = [str(w.message) for w in record if "too small" in str(w.message)]
+    assert len(tiny) == 1, tiny  # once for the dataset, not per image
+    assert str(tmp_path) in tiny[0] and "--downscale 20" in tiny[0] and f"from {PHOTO_PX + 32}x{PHOTO_PX}" in tiny[0]
+    assert f"{ds.train[0].camera.width}x{ds.train[0].camera.height} px" in tiny[0]
+    # an image already smaller than a photo (the tests' synthetic scenes) is not warned about, however far it shrinks
+    small = tmp_path / "small"
+    small.mkdir()
+    meta, _ = make_blender(small, g, w=40, h=30, missing=())
+    (small / "transforms_train.json").write_text(json.dumps(meta))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_dataset(small, downscale=10)
+
+
 def test_blender_errors(tmp_path, rng):
     g = np_rng(rng)
     make_blender(tmp_path, g, missing=(0, 1, 2))

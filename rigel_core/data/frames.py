@@ -107,6 +107,13 @@ def camera_extent(cameras: list[Camera]) -> tuple[np.ndarray, float]:
     return center, (radius if radius > 0 else 1.0)
 
 
+#: a photo (short side >= PHOTO_PX) downscaled below TINY_IMAGE_PX pixels on its short side gets a warning:
+#: ``--downscale 100`` on a phone capture leaves images of a few pixels that train nothing useful (small synthetic
+#: test images, already below PHOTO_PX, are left alone)
+TINY_IMAGE_PX = 16
+PHOTO_PX = 128
+
+
 def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, device, source: Path,
                 alpha_as_mask: bool = False) -> list[Frame]:
     """Read, composite, mask, undistort and downscale the images of ``specs``.
@@ -123,7 +130,7 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
 
     Raises DatasetError naming the image (or mask) when it cannot be decoded.
     """
-    frames, maps, resized, no_alpha = [], {}, 0, 0
+    frames, maps, resized, no_alpha, tiny = [], {}, 0, 0, None
     for spec in specs:
         try:
             rgba = read_image(spec.image_path)
@@ -159,7 +166,10 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
             else:
                 mask = mask_all(valid)
         if downscale != 1:
+            before = (cam.width, cam.height)
             cam, rgb, alpha, mask = _downscale_arrays(cam, rgb, alpha, mask, downscale)
+            if min(cam.width, cam.height) < TINY_IMAGE_PX and min(before) >= PHOTO_PX and tiny is None:
+                tiny = (before, (cam.width, cam.height))
         frames.append(Frame(cam, torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)).to(device),
                             None if alpha is None else torch.from_numpy(np.ascontiguousarray(alpha)).to(device),
                             spec.name,
@@ -170,6 +180,10 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
     if resized:
         warnings.warn(f"{source}: {resized} image(s) differ in size from their camera's declared size; "
                       "intrinsics were rescaled to the image size", stacklevel=3)
+    if tiny is not None:
+        (w0, h0), (w1, h1) = tiny
+        warnings.warn(f"{source}: --downscale {downscale:g} makes the images {w1}x{h1} px (from {w0}x{h0}): "
+                      f"below {TINY_IMAGE_PX} px on a side, too small to train or judge a scene", stacklevel=3)
     return frames
 
 
