@@ -24,7 +24,7 @@ from ..render_modes import RENDER_MODES
 MAX_ITERATION = 100_000_000
 
 __all__ = ["TrainConfig", "STRATEGIES", "SPARSE_SFM_COVERAGE", "AUTO_COARSE_TO_FINE", "resolve_strategy",
-           "resolve_init_background", "resolve_coarse_to_fine", "training_downscale"]
+           "resolve_init_background", "resolve_coarse_to_fine", "coarse_to_fine_span", "training_downscale"]
 
 #: TrainConfig.strategy's values: "auto" is resolved to one of the other two when a Trainer is made
 STRATEGIES = ("auto", "default", "mcmc")
@@ -429,11 +429,16 @@ def resolve_coarse_to_fine(cfg: TrainConfig, has_sfm_points: bool) -> str | None
         cfg.coarse_to_fine = AUTO_COARSE_TO_FINE
         return (f"coarse_to_fine auto: {cfg.coarse_to_fine} (no SfM points: training starts at 1/{cfg.coarse_to_fine} "
                 f"resolution, full after min(coarse_to_fine_iters, iterations/2) = "
-                f"{min(cfg.coarse_to_fine_iters, cfg.iterations // 2):,} iterations; lego 30k: 36.03 dB in 56.7 s "
+                f"{coarse_to_fine_span(cfg):,} iterations; lego 30k: 36.03 dB in 56.7 s "
                 "against 35.95 dB / 75.9 s at full resolution); --set coarse_to_fine=1 turns it off")
     cfg.coarse_to_fine = 1
     return ("coarse_to_fine auto: 1, off (SfM points: on real captures at 7k it was mixed, bonsai +0.29 dB, "
             "fern -0.32, beer -0.30; docs/TRAINING.md); --set coarse_to_fine=4 turns it on")
+
+
+def coarse_to_fine_span(cfg: TrainConfig) -> int:
+    """T = min(``coarse_to_fine_iters``, ``iterations`` // 2): the iterations the coarse levels take (0: none)."""
+    return min(int(cfg.coarse_to_fine_iters), int(cfg.iterations) // 2)
 
 
 def training_downscale(cfg: TrainConfig, iteration: int) -> int:
@@ -446,7 +451,7 @@ def training_downscale(cfg: TrainConfig, iteration: int) -> int:
         raise ValueError("TrainConfig.coarse_to_fine is 'auto': the Trainer resolves it from its dataset "
                          "(Trainer.config holds the factor in use)")
     k = int(cfg.coarse_to_fine).bit_length() - 1
-    total = min(int(cfg.coarse_to_fine_iters), int(cfg.iterations) // 2)
+    total = coarse_to_fine_span(cfg)
     if k <= 0 or iteration > total:
         return 1
     phase = min(k - 1, (iteration - 1) * k // max(1, total))

@@ -46,8 +46,8 @@ from ..data.frames import common_size_frames, downscale_frame, frame_mask
 from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
-from .config import SPARSE_SFM_COVERAGE, TrainConfig, resolve_coarse_to_fine, resolve_init_background, \
-    resolve_strategy, training_downscale  # noqa: F401
+from .config import SPARSE_SFM_COVERAGE, TrainConfig, coarse_to_fine_span, resolve_coarse_to_fine, \
+    resolve_init_background, resolve_strategy, training_downscale  # noqa: F401
 from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_grad, prepare_means2D_grad, \
     reset_opacity
 from .exposure import Exposure, exposure_lr, left_right_metrics
@@ -68,10 +68,15 @@ __all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "backgro
 MIN_COARSE_SIDE = 8
 
 
+def shortest_side(frames) -> int:
+    """The shortest image side (pixels) over ``frames``."""
+    return min(min(f.camera.width, f.camera.height) for f in frames)
+
+
 def fitting_factor(factor: int, frames) -> int:
     """``factor`` halved until the shortest side of ``frames``' images divided by it keeps :data:`MIN_COARSE_SIDE`
     pixels (1 at least): the coarse-to-fine factor tiny images can take."""
-    shortest = min(min(f.camera.width, f.camera.height) for f in frames)
+    shortest = shortest_side(frames)
     while factor > 1 and shortest // factor < MIN_COARSE_SIDE:
         factor //= 2
     return factor
@@ -386,12 +391,11 @@ class Trainer:
         self.coarse_floor = int(cfg.coarse_to_fine)
         if self.coarse_note and self.coarse_floor > 1:  # say what this run will actually do
             start = fitting_factor(self.coarse_floor, views)
-            if min(int(cfg.coarse_to_fine_iters), int(cfg.iterations) // 2) == 0:
+            if coarse_to_fine_span(cfg) == 0:
                 self.coarse_note += " (this run is too short for it: full resolution throughout)"
             elif start < self.coarse_floor:
-                shortest = min(min(f.camera.width, f.camera.height) for f in views)
-                self.coarse_note += (f" (this run starts at 1/{start}: the images are {shortest} px on their shorter "
-                                     f"side, and a level keeps at least {MIN_COARSE_SIDE} px)")
+                self.coarse_note += (f" (this run starts at 1/{start}: the images are {shortest_side(views)} px on "
+                                     f"their shorter side, and a level keeps at least {MIN_COARSE_SIDE} px)")
         #: CPU generator for every random choice (view order, split offsets, init, random background):
         #: saved in checkpoints so a resumed run continues bit for bit.
         self.generator = torch.Generator().manual_seed(int(cfg.seed))
