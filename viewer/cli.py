@@ -172,8 +172,8 @@ def _start_training(args, settings: ViewSettings, locks: list):
     ``--data``. Everything about the run folder is checked before the dataset loads. Returns
     (run_dir, session, frames, device)."""
     from rigel_core.checkpoint import CheckpointError
-    from rigel_core.cli.common import build_trainer, config_overrides, load_training_data, new_run_problem, \
-        resume_config
+    from rigel_core.cli.common import build_trainer, changed_settings_line, config_overrides, load_training_data, \
+        new_run_problem, resume_config
     from rigel_core.run_dir import CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir, holds_run, out_problem
 
     from .app import _pick_render_device
@@ -221,7 +221,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
     except RunFolderTaken as e:
         raise _Refused(str(e)) from None
     if changes:  # said once the resume goes ahead (a refused one stays one line)
-        print(f"rigel-viewer: resuming {ckpt} with changed settings: {'; '.join(changes)}", file=sys.stderr)
+        print(f"rigel-viewer: {changed_settings_line(ckpt, changes)}", file=sys.stderr)
     log = _setup_logging(run_dir)
     frames = list(ds.train)
     if args.up is None:

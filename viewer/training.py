@@ -353,10 +353,8 @@ class TrainingSession:
             rec.log.info(f"{'resumed at iteration ' + str(tr.iteration) if tr.iteration else 'start'}: "
                          f"{tr.model.num_gaussians} Gaussians, device {tr.device}, {tr.config.iterations} iterations "
                          f"(rigel-viewer)")
-            for note in (getattr(tr, "init_note", None), getattr(tr, "strategy_note", None),
-                         getattr(tr, "coarse_note", None)):
-                if note:
-                    rec.log.info(note)
+            for note in getattr(tr, "notes", ()):
+                rec.log.info(note)
             if self.eval_at_start and tr.config.eval_every:
                 self._evaluate_at_start()
             self._publish()

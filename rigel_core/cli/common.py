@@ -17,7 +17,7 @@ from pathlib import Path
 from ..render_modes import RENDER_MODES
 from ..run_dir import CHECKPOINT_NAME
 
-__all__ = ["add_training_args", "config_overrides", "resume_config", "build_trainer", "new_config", "load_training_data",
+__all__ = ["add_training_args", "config_overrides", "resume_config", "changed_settings_line", "build_trainer", "new_config", "load_training_data",
            "device_problem"]
 
 
@@ -191,6 +191,12 @@ def resume_config(ckpt: Path, overrides: dict, changes: list | None = None):
         raise ValueError(f"{ckpt}: --iters {cfg.iterations} is below the run's iteration {done}; give --iters "
                          f"{done} or more (or leave it out) to continue it")
     return cfg
+
+
+def changed_settings_line(ckpt: Path, changes: list) -> str | None:
+    """The line that says which saved settings of ``ckpt`` the command line changes (:func:`resume_config`'s
+    ``changes``), without the command's name; None when it changes none."""
+    return f"resuming {ckpt} with changed settings: {'; '.join(changes)}" if changes else None
 
 
 def load_training_data(args: argparse.Namespace):

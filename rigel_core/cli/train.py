@@ -71,8 +71,8 @@ from pathlib import Path
 
 from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord, choose_run_dir,
                        new_metrics, open_run_log, out_problem, read_metrics)
-from .common import add_training_args, build_trainer, config_overrides, device_problem, load_training_data, \
-    new_run_problem, one_line_warnings, resume_config
+from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
+    load_training_data, new_run_problem, one_line_warnings, resume_config
 
 __all__ = ["main", "build_parser"]
 
@@ -300,7 +300,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
             print(f"rigel-train: --out {run_dir}: {e.strerror or e}", file=sys.stderr)
             return 2
         if changes:  # said once the resume goes ahead (a refused one stays one line)
-            print(f"rigel-train: resuming {ckpt} with changed settings: {'; '.join(changes)}", file=sys.stderr)
+            print(f"rigel-train: {changed_settings_line(ckpt, changes)}", file=sys.stderr)
     if comm is not None:  # every rank has started (or one failed: all stop, the failing one said why)
         comm.started = True
         if not comm.agree(True):
@@ -338,10 +338,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
                  + ", ".join(p.name for p in stale))
     log.info(f"{'resumed at iteration ' + str(trainer.iteration) if trainer.iteration else 'start'}: "
              f"{trainer.model.num_gaussians} Gaussians, device {device}, {cfg.iterations} iterations")
-    # the initialisation first: the strategy may follow from it
-    for note in (trainer.init_note, trainer.strategy_note, trainer.coarse_note):
-        if note:
-            log.info(note)
+    for note in trainer.notes:
+        log.info(note)
     if world * cfg.batch_size > 1:
         from ..train.distributed import batch_scaling
 

@@ -484,6 +484,13 @@ class Trainer:
         self.coarse_note = resolve_coarse_to_fine(cfg, has_sfm)
         return cfg
 
+    @property
+    def notes(self) -> list[str]:
+        """The lines that say what "auto" became for this run, in the order they follow from each other (the
+        initialisation, then the strategy it may decide, then coarse-to-fine); what rigel-train and the viewer log
+        at the start."""
+        return [n for n in (self.init_note, self.strategy_note, self.coarse_note) if n]
+
     def initial_model(self) -> GaussianModel:
         """SfM points (with their colours) when the dataset has them — plus ``init_background_points``
         background points (:func:`background_init_points`) when that is > 0 — else ``init_points`` random points;
