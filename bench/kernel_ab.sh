@@ -73,6 +73,16 @@ finish() {
   fi
 }
 trap finish EXIT
+# logged VARIANT WHAT LOG TIMEOUT CMD...: run CMD under the time limit into LOG; on failure one line and LOG's tail
+logged() {
+  local name=$1 what=$2 log=$3 limit=$4
+  shift 4
+  timeout "$limit" "$@" >"$log" 2>&1 && return 0
+  local rc=$?
+  echo "$name: $what failed (rc $rc; 124: its time limit, $limit s):"
+  tail -4 "$log"
+  return "$rc"
+}
 names=() prev=""
 for dir in .ab/*/; do
   name=$(basename "$dir")
@@ -103,19 +113,14 @@ for dir in .ab/*/; do
     grep -E '^(FAILED|ERROR|E  )|RIGEL_SEED' "$OUT/tests_$name.log" | cut -c1-300 | head -20
   mkdir -p "$OUT/$name"
   # shellcheck disable=SC2086
-  OUT="$OUT/$name" timeout "${BENCH_TIMEOUT:-200}" $PY bench/forward.py --no-gsplat --no-depth $bench_args \
-    >"$OUT/$name/bench.log" 2>&1 || { echo "$name: bench/forward.py failed (rc $?; 124: BENCH_TIMEOUT):"
-                                     tail -4 "$OUT/$name/bench.log"; }
-  if [ "$ssim" = 1 ]; then
-    # shellcheck disable=SC2086
-    timeout "${BENCH_TIMEOUT:-200}" $PY bench/ssim.py $ssim_args >"$OUT/$name/ssim.log" 2>&1 ||
-      { echo "$name: bench/ssim.py failed (rc $?; 124: BENCH_TIMEOUT):"; tail -4 "$OUT/$name/ssim.log"; }
-  fi
+  logged "$name" bench/forward.py "$OUT/$name/bench.log" "${BENCH_TIMEOUT:-200}" \
+    env OUT="$OUT/$name" $PY bench/forward.py --no-gsplat --no-depth $bench_args
+  # shellcheck disable=SC2086
+  [ "$ssim" = 1 ] && logged "$name" bench/ssim.py "$OUT/$name/ssim.log" "${BENCH_TIMEOUT:-200}" $PY bench/ssim.py $ssim_args
   k=0
   for c in "${cmds[@]}"; do
     k=$((k + 1))
-    timeout "${CMD_TIMEOUT:-200}" bash -c "$c" >"$OUT/$name/cmd_$k.log" 2>&1 ||
-      echo "$name: --cmd $k failed (rc $?; 124: CMD_TIMEOUT): $(tail -1 "$OUT/$name/cmd_$k.log" | cut -c1-200)"
+    logged "$name" "--cmd $k" "$OUT/$name/cmd_$k.log" "${CMD_TIMEOUT:-200}" bash -c "$c"
     grep -E '^## ' "$OUT/$name/cmd_$k.log" | cut -c1-300 | sed "s/^/  $name cmd $k: /"
   done
 done
