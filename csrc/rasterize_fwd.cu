@@ -18,8 +18,9 @@
 namespace rigel {
 namespace {
 
-// 6 blocks per SM (UNMEASURED A/B variant): the bit-walk took the colour-only kernel from 39 to 47 registers (5
-// blocks); bounded, 40 registers and no spills for both instantiations.
+// 6 blocks per SM: the bit-walk took the colour-only kernel from 39 to 47 registers (5 blocks); bounded, 40
+// registers and no spills for both instantiations (H200 A/B at aee63a1: raster -5 % at 4K, even at 720p;
+// docs/BENCHMARKS.md "Again at aee63a1").
 template <bool kDepth>
 __global__ void __launch_bounds__(kTilePixels, 6) rasterize_fwd_kernel(
     int width, int height, int tiles_x,
