@@ -112,15 +112,11 @@ def raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h, depths=Non
     x32 = leaves(base, DEV, torch.float32)
     x64, r32 = leaves(base, "cpu", torch.float64), leaves(base, "cpu", torch.float32)
     tiles = (-(-w // 16), -(-h // 16), w, h)
-    if with_depth:
-        image, final_T, n_contrib, ed, _ = cuda_backend.rasterize_tiles_cuda(*x32[:4], ids, ranges, w, h,
-                                                                             background=x32[4], depths=x32[5])
-        ref = rasterize_tiles(*x64[:4], ids.cpu(), ranges.cpu(), *tiles, x64[4], depths=x64[5])
-        ref32 = rasterize_tiles(*r32[:4], ids.cpu(), ranges.cpu(), *tiles, r32[4], depths=r32[5])
-    else:
-        image, final_T, n_contrib = cuda_backend.rasterize_tiles_cuda(*x32[:4], ids, ranges, w, h, background=x32[4])
-        ref = rasterize_tiles(*x64[:4], ids.cpu(), ranges.cpu(), *tiles, x64[4])
-        ref32 = rasterize_tiles(*r32[:4], ids.cpu(), ranges.cpu(), *tiles, r32[4])  # assert_close's floor
+    out = cuda_backend.rasterize_tiles_cuda(*x32[:4], ids, ranges, w, h, background=x32[4],
+                                            **({"depths": x32[5]} if with_depth else {}))
+    image, final_T, n_contrib = out[:3]
+    ref, ref32 = (rasterize_tiles(*x[:4], ids.cpu(), ranges.cpu(), *tiles, x[4], depths=x[5] if with_depth else None)
+                  for x in (x64, r32))  # ref32: assert_close's floor
     # A pixel whose walk stops at a different entry in float32 and float64 is an exact tie of the stop rule, not a
     # kernel error: two clamped alphas give T = (1 − ALPHA_MAX)² = T_MIN in exact arithmetic, just below it in
     # float32. Such pixels (rare; bounded here) get zero loss weight on both sides; every other pixel is compared.
@@ -135,7 +131,7 @@ def raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h, depths=Non
         covered = same & (ref.final_T.detach() <= 0.98)
         assert float(covered.double().mean()) >= 0.3, "too few covered pixels to compare the depth gradients"
         w_D = w_D * covered
-        losses[0] = losses[0] + (ed * w_D.to(DEV)).sum()
+        losses[0] = losses[0] + (out[3] * w_D.to(DEV)).sum()  # the expected depth
         losses[1] = losses[1] + (expected_depth(ref.depth_sum, ref.final_T) * w_D.double()).sum()
         losses[2] = losses[2] + (expected_depth(ref32.depth_sum, ref32.final_T) * w_D).sum()
         names += ("depths",)
