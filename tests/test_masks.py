@@ -334,7 +334,13 @@ def test_colmap_masks_and_with_lens_mask(tmp_path, rng):
     taps = user[y0, x0] & user[y0, x1] & user[y1, x0] & user[y1, x1]
     want = inside & taps
     assert (~inside).sum() > 0 and (inside & ~taps).sum() > 0  # both reasons occur
-    assert np.array_equal(f.mask.numpy(), want)
+    # A source position within float32 rounding of a pixel column or row (19.99999991 in float64 is 20.0 in the
+    # loader's float32 maps) is a tie: whether the neighbour gets a zero or a 1e-7 weight is rounding, not the
+    # rule (RIGEL_SEED=3538156169 failed on it). Such pixels (rare; bounded) are not compared.
+    frac = src - np.floor(src)
+    tie = ((frac < 4e-6) | (frac > 1 - 4e-6)).any(-1)
+    assert tie.mean() <= 0.02
+    assert np.array_equal(f.mask.numpy()[~tie], want[~tie])
 
 
 def test_cli_writes_masked_gt_and_counts(tmp_path, rng):
