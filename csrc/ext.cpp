@@ -94,6 +94,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "dS/dsigma1^2, dS/dsigma12; rigel_core/train/losses.py)");
     m.def("ssim_map_backward", &rigel::ssim_map_backward, py::arg("img1"), py::arg("img2"), py::arg("coef"),
           py::arg("v_map"), "SSIM backward: v_map like img1 -> v_img1 like img1 (the gradient to img1 only)");
+    m.def("photometric_sums", &rigel::photometric_sums, py::arg("pred"), py::arg("target"), py::arg("mask"),
+          "the trainer's loss terms in one pass: pred, target as ssim_map's, mask (H,W) / (B,H,W) bool or None -> "
+          "(totals (4,) float64 = sums over counting elements of |pred - target|, SSIM, (pred - target)^2, 1; coef)");
+    m.def("photometric_sums_backward", &rigel::photometric_sums_backward, py::arg("pred"), py::arg("target"),
+          py::arg("mask"), py::arg("coef"), py::arg("v_totals"),
+          "its backward: v_totals (4,) float64 -> v_pred like pred");
     m.def("adam_step", &rigel::adam_step, py::arg("params"), py::arg("grads"), py::arg("exp_avgs"),
           py::arg("exp_avg_sqs"), py::arg("steps"), py::arg("lrs"), py::arg("lr_tensors"), py::arg("beta1s"),
           py::arg("beta2s"), py::arg("epss"), py::arg("found_inf") = py::none(),

@@ -472,7 +472,7 @@ std::tuple<at::Tensor, at::Tensor> ssim_map(const at::Tensor& img1, const at::Te
     const c10::cuda::CUDAGuard guard(dev);
     at::Tensor map = at::empty_like(img1);
     at::Tensor coef = at::empty(ssim_coef_shape(img1), img1.options().dtype(at::kDouble));
-    launch_ssim_fwd(img1, img2, map, coef);
+    launch_ssim_fwd(img1, img2, c10::nullopt, &map, coef, nullptr);
     return {map, coef};
 }
 
@@ -485,8 +485,48 @@ at::Tensor ssim_map_backward(const at::Tensor& img1, const at::Tensor& img2, con
     check(op, "v_map", v_map, at::kFloat, dev, img1.sizes().vec(), "(as img1)");
     const c10::cuda::CUDAGuard guard(dev);
     at::Tensor v_img1 = at::empty_like(img1);
-    launch_ssim_bwd(v_map, img1, img2, coef, v_img1);
+    launch_ssim_bwd(&v_map, nullptr, c10::nullopt, img1, img2, coef, v_img1);
     return v_img1;
+}
+
+namespace {
+
+// The photometric loss's optional mask: bool, (H, W) or (B, H, W) of img1's batch, contiguous, on its device.
+void check_photometric_mask(const char* op, const c10::optional<at::Tensor>& mask, const at::Tensor& img1,
+                            const at::Device& dev) {
+    if (!mask.has_value()) return;
+    std::vector<int64_t> shape(img1.sizes().begin(), img1.sizes().end() - 1);  // (H, W) or (B, H, W)
+    check(op, "mask", *mask, at::kBool, dev, shape, img1.dim() == 4 ? "(B, H, W) of img1" : "(H, W) of img1");
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> photometric_sums(const at::Tensor& pred, const at::Tensor& target,
+                                                    const c10::optional<at::Tensor>& mask) {
+    const char* op = "photometric_sums";
+    const at::Device dev = check_ssim_image(op, pred);
+    check(op, "target", target, at::kFloat, dev, pred.sizes().vec(), "(as pred)");
+    check_photometric_mask(op, mask, pred, dev);
+    const c10::cuda::CUDAGuard guard(dev);
+    at::Tensor totals = at::zeros({4}, pred.options().dtype(at::kDouble));
+    at::Tensor coef = at::empty(ssim_coef_shape(pred), pred.options().dtype(at::kDouble));
+    launch_ssim_fwd(pred, target, mask, nullptr, coef, &totals);
+    return {totals, coef};
+}
+
+at::Tensor photometric_sums_backward(const at::Tensor& pred, const at::Tensor& target,
+                                     const c10::optional<at::Tensor>& mask, const at::Tensor& coef,
+                                     const at::Tensor& v_totals) {
+    const char* op = "photometric_sums_backward";
+    const at::Device dev = check_ssim_image(op, pred);
+    check(op, "target", target, at::kFloat, dev, pred.sizes().vec(), "(as pred)");
+    check_photometric_mask(op, mask, pred, dev);
+    check(op, "coef", coef, at::kDouble, dev, ssim_coef_shape(pred), "(3, *pred.shape)");
+    check(op, "v_totals", v_totals, at::kDouble, dev, {4}, "(4,)");
+    const c10::cuda::CUDAGuard guard(dev);
+    at::Tensor v_pred = at::empty_like(pred);
+    launch_ssim_bwd(nullptr, &v_totals, mask, pred, target, coef, v_pred);
+    return v_pred;
 }
 
 namespace {

@@ -105,6 +105,18 @@ std::tuple<at::Tensor, at::Tensor> ssim_map(const at::Tensor& img1, const at::Te
 at::Tensor ssim_map_backward(const at::Tensor& img1, const at::Tensor& img2, const at::Tensor& coef,
                              const at::Tensor& v_map);
 
+// The trainer's photometric loss terms in one pass (csrc/ssim.cu, fused form): pred, target as ssim_map's img1,
+// img2; mask (H,W) or (B,H,W) bool, optional (false = the pixel does not count: both images read as 0 there)
+// -> (totals [4] float64 = sums over counting elements of |pred - target|, SSIM, (pred - target)^2 and 1; coef as
+// ssim_map's). Twin: rigel_core.train.losses l1_loss / ssim / mse with the mask.
+std::tuple<at::Tensor, at::Tensor> photometric_sums(const at::Tensor& pred, const at::Tensor& target,
+                                                    const c10::optional<at::Tensor>& mask);
+
+// Its backward: v_totals [4] float64 (the gradients of the totals; the count's is ignored) -> v_pred like pred.
+at::Tensor photometric_sums_backward(const at::Tensor& pred, const at::Tensor& target,
+                                     const c10::optional<at::Tensor>& mask, const at::Tensor& coef,
+                                     const at::Tensor& v_totals);
+
 // One Adam step over G <= 16 parameter groups in one launch (csrc/adam.cu; rigel_core.train.optim.Adam). Per group:
 // params, grads, exp_avgs, exp_avg_sqs float32 tensors of one shape on one CUDA device (updated in place), steps a
 // one-element float32 count (incremented unless skipped), lrs the learning rate or lr_tensors a one-element device

@@ -4,6 +4,12 @@
 // its tile plus a 5-pixel halo (26x26, zero outside the image: the zero padding) in shared memory, filters the rows
 // (26 rows x 16 output columns, 11 taps) into shared memory, then each thread filters its column (11 taps) and
 // finishes its own pixel. The window is symmetric, so correlation and convolution agree.
+//
+// The trainer's photometric loss runs the same two kernels in their fused form (ssim.h): the forward stages the
+// masked images (0 where the per-pixel mask is false) and, instead of writing the map, adds each block's sums of
+// m|x - y|, m S, m (x - y)^2 and m into four float64 totals (one atomic per total and block); the backward builds
+// the upstream gradient of the map from the totals' gradients (g(p) = v_S m(p)) and adds the L1 and squared-error
+// terms, so a training step's loss is two launches instead of ~25 elementwise ones.
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -47,6 +53,31 @@ __device__ __forceinline__ int64_t pixel_offset(const Plane& p, int gi, int gj, 
     return p.base + (static_cast<int64_t>(gi) * W + gj) * C;
 }
 
+// Adds the block's values of v[0..3] (float64, one per thread) into totals[0..3]: warp shuffles, then one
+// shared-memory row per warp, then 4 atomics per block.
+__device__ __forceinline__ void add_block_totals(double v[4], double* __restrict__ totals, int tid) {
+    __shared__ double part[kSsimThreads / 32][4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) v[k] += __shfl_xor_sync(0xffffffffu, v[k], o);
+    if ((tid & 31) == 0)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) part[tid >> 5][k] = v[k];
+    __syncthreads();
+    if (tid < 4) {
+        double t = 0.0;
+#pragma unroll
+        for (int w = 0; w < kSsimThreads / 32; ++w) t += part[w][tid];
+        atomicAdd(totals + tid, t);
+    }
+}
+
+// The per-pixel mask of element offset o of a [B, H, W, C] tensor: mask [B, H, W] (or nullptr: every pixel counts).
+__device__ __forceinline__ bool pixel_counts(const bool* __restrict__ mask, int64_t o, int C) {
+    return mask == nullptr || mask[o / C];
+}
+
 // Row pass of NS staged signals: h[s][r][j] = sum_t w[t] * src[s][r][j + t] for the 26 halo rows r and the 16 output
 // columns j (output column j's window spans halo columns j .. j + 10).
 template <int NS>
@@ -80,14 +111,16 @@ __device__ __forceinline__ void filter_column(const SsimWindow& win, const doubl
     }
 }
 
-// Stages x and y (float32, exact), filters the rows of the five signals x, y, x^2, y^2, xy (products and sums in
-// float64), then the columns, to mu1, mu2, E[x^2], E[y^2], E[xy], and writes SSIM and the backward coefficients
-// (A, Bc, Cc) of ssim.h per pixel.
+// Stages x and y (float32, exact; 0 where the mask is false), filters the rows of the five signals x, y, x^2, y^2,
+// xy (products and sums in float64), then the columns, to mu1, mu2, E[x^2], E[y^2], E[xy], and writes the backward
+// coefficients (A, Bc, Cc) of ssim.h per pixel, and either SSIM per pixel (map) or the block's loss sums (totals).
 __global__ void __launch_bounds__(kSsimThreads) ssim_fwd_kernel(int H, int W, int C, int64_t numel, SsimWindow win,
                                                                 const float* __restrict__ img1,  // [B, H, W, C] x
                                                                 const float* __restrict__ img2,  // [B, H, W, C] y
-                                                                float* __restrict__ map,         // [B, H, W, C] out
-                                                                double* __restrict__ coef)       // [3, B, H, W, C] out
+                                                                const bool* __restrict__ mask,   // [B, H, W] or null
+                                                                float* __restrict__ map,         // [B, H, W, C] or null
+                                                                double* __restrict__ coef,       // [3, B, H, W, C] out
+                                                                double* __restrict__ totals)     // [4] or null
 {
     __shared__ float sx[kSsimSpan][kSsimSpan], sy[kSsimSpan][kSsimSpan];  // 5.3 KiB
     __shared__ double h[5][kSsimSpan][kSsimTile];                         // 16.25 KiB
@@ -96,8 +129,9 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_fwd_kernel(int H, int W, in
     for (int k = tid; k < kSsimSpan * kSsimSpan; k += kSsimThreads) {
         const int r = k / kSsimSpan, s = k % kSsimSpan;
         const int64_t o = pixel_offset(p, p.row0 + r, p.col0 + s, H, W, C);
-        sx[r][s] = o >= 0 ? img1[o] : 0.f;
-        sy[r][s] = o >= 0 ? img2[o] : 0.f;
+        const bool in = o >= 0 && pixel_counts(mask, o, C);
+        sx[r][s] = in ? img1[o] : 0.f;
+        sy[r][s] = in ? img2[o] : 0.f;
     }
     __syncthreads();
     for (int k = tid; k < kSsimSpan * kSsimTile; k += kSsimThreads) {
@@ -120,28 +154,43 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_fwd_kernel(int H, int W, in
     const int ty = static_cast<int>(threadIdx.y), tx = static_cast<int>(threadIdx.x);
     const int i = p.row0 + kSsimRadius + ty, j = p.col0 + kSsimRadius + tx;  // this thread's image pixel
     const int64_t o = pixel_offset(p, i, j, H, W, C);
-    if (o < 0) return;  // no barrier follows
-    double m[5];
-    filter_column<5>(win, h, ty, tx, m);
-    const double mu1 = m[0], mu2 = m[1];
-    const double var1 = m[2] - mu1 * mu1, var2 = m[3] - mu2 * mu2, cov = m[4] - mu1 * mu2;
-    const double n1 = 2.0 * mu1 * mu2 + kSsimC1, n2 = 2.0 * cov + kSsimC2;
-    const double d1 = mu1 * mu1 + mu2 * mu2 + kSsimC1, d2 = var1 + var2 + kSsimC2;
-    const double S = (n1 * n2) / (d1 * d2);
-    // S = n1 n2 / (d1 d2): dS/dmu1 = (2 mu2 n2 - 2 mu1 S d2) / (d1 d2), dS/dvar1 = -S / d2, dS/dcov = 2 n1 / (d1 d2)
-    const double dS_dmu1 = 2.0 * (mu2 * n2 - mu1 * S * d2) / (d1 * d2);
-    const double dS_dvar1 = -S / d2;
-    const double dS_dcov = 2.0 * n1 / (d1 * d2);
-    map[o] = static_cast<float>(S);
-    coef[o] = dS_dmu1 - 2.0 * mu1 * dS_dvar1 - mu2 * dS_dcov;
-    coef[numel + o] = dS_dvar1;
-    coef[2 * numel + o] = dS_dcov;
+    double sums[4] = {0.0, 0.0, 0.0, 0.0};  // m |x - y|, m S, m (x - y)^2, m
+    if (o >= 0) {
+        double m[5];
+        filter_column<5>(win, h, ty, tx, m);
+        const double mu1 = m[0], mu2 = m[1];
+        const double var1 = m[2] - mu1 * mu1, var2 = m[3] - mu2 * mu2, cov = m[4] - mu1 * mu2;
+        const double n1 = 2.0 * mu1 * mu2 + kSsimC1, n2 = 2.0 * cov + kSsimC2;
+        const double d1 = mu1 * mu1 + mu2 * mu2 + kSsimC1, d2 = var1 + var2 + kSsimC2;
+        const double S = (n1 * n2) / (d1 * d2);
+        // S = n1 n2 / (d1 d2): dS/dmu1 = (2 mu2 n2 - 2 mu1 S d2) / (d1 d2), dS/dvar1 = -S / d2,
+        // dS/dcov = 2 n1 / (d1 d2)
+        const double dS_dmu1 = 2.0 * (mu2 * n2 - mu1 * S * d2) / (d1 * d2);
+        const double dS_dvar1 = -S / d2;
+        const double dS_dcov = 2.0 * n1 / (d1 * d2);
+        if (map != nullptr) map[o] = static_cast<float>(S);
+        coef[o] = dS_dmu1 - 2.0 * mu1 * dS_dvar1 - mu2 * dS_dcov;
+        coef[numel + o] = dS_dvar1;
+        coef[2 * numel + o] = dS_dcov;
+        if (totals != nullptr && pixel_counts(mask, o, C)) {
+            const double d = static_cast<double>(sx[ty + kSsimRadius][tx + kSsimRadius]) -
+                             static_cast<double>(sy[ty + kSsimRadius][tx + kSsimRadius]);
+            sums[0] = fabs(d);
+            sums[1] = S;
+            sums[2] = d * d;
+            sums[3] = 1.0;
+        }
+    }
+    if (totals != nullptr) add_block_totals(sums, totals, tid);  // block-uniform: every thread arrives
 }
 
 // Stages g A, g Bc, g Cc (zero outside the image: only in-image pixels p have an SSIM term), filters them and
-// combines them with x(q), y(q) into dL/dx(q).
+// combines them with x(q), y(q) into dL/dx(q). g = dL_dmap, or in the fused loss g(p) = v_totals[1] m(p), and then
+// dL/dx(q) = m(q) (that + v_totals[0] sign(x - y) + 2 v_totals[2] (x - y)) with x, y the masked images.
 __global__ void __launch_bounds__(kSsimThreads) ssim_bwd_kernel(int H, int W, int C, int64_t numel, SsimWindow win,
-                                                                const float* __restrict__ dL_dmap,  // [B, H, W, C]
+                                                                const float* __restrict__ dL_dmap,  // [B, H, W, C] or null
+                                                                const double* __restrict__ v_totals,  // [4] or null
+                                                                const bool* __restrict__ mask,      // [B, H, W] or null
                                                                 const float* __restrict__ img1,     // [B, H, W, C]
                                                                 const float* __restrict__ img2,     // [B, H, W, C]
                                                                 const double* __restrict__ coef,    // [3, B, H, W, C]
@@ -151,10 +200,12 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_bwd_kernel(int H, int W, in
     __shared__ double h[3][kSsimSpan][kSsimTile];    // 9.75 KiB
     const Plane p = block_plane(H, W, C);
     const int tid = static_cast<int>(threadIdx.y) * kSsimTile + static_cast<int>(threadIdx.x);
+    const double v_S = v_totals != nullptr ? v_totals[1] : 0.0;
     for (int k = tid; k < kSsimSpan * kSsimSpan; k += kSsimThreads) {
         const int r = k / kSsimSpan, s = k % kSsimSpan;
         const int64_t o = pixel_offset(p, p.row0 + r, p.col0 + s, H, W, C);
-        const double g = o >= 0 ? static_cast<double>(dL_dmap[o]) : 0.0;
+        double g = 0.0;
+        if (o >= 0) g = dL_dmap != nullptr ? static_cast<double>(dL_dmap[o]) : (pixel_counts(mask, o, C) ? v_S : 0.0);
         sig[0][r][s] = o >= 0 ? g * coef[o] : 0.0;
         sig[1][r][s] = o >= 0 ? g * coef[numel + o] : 0.0;
         sig[2][r][s] = o >= 0 ? g * coef[2 * numel + o] : 0.0;
@@ -166,10 +217,19 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_bwd_kernel(int H, int W, in
     const int i = p.row0 + kSsimRadius + ty, j = p.col0 + kSsimRadius + tx;
     const int64_t o = pixel_offset(p, i, j, H, W, C);
     if (o < 0) return;
+    if (!pixel_counts(mask, o, C)) {  // a masked-out x(q) is replaced by 0 before anything: no gradient reaches it
+        dL_dimg1[o] = 0.f;
+        return;
+    }
     double f[3];
     filter_column<3>(win, h, ty, tx, f);
     const double x = static_cast<double>(img1[o]), y = static_cast<double>(img2[o]);
-    dL_dimg1[o] = static_cast<float>(f[0] + 2.0 * x * f[1] + y * f[2]);
+    double v = f[0] + 2.0 * x * f[1] + y * f[2];
+    if (v_totals != nullptr) {
+        const double d = x - y;
+        v += v_totals[0] * static_cast<double>((d > 0.0) - (d < 0.0)) + 2.0 * v_totals[2] * d;
+    }
+    dL_dimg1[o] = static_cast<float>(v);
 }
 
 dim3 ssim_grid(const at::Tensor& img) {
@@ -185,23 +245,27 @@ const SsimWindow& window() {
 
 }  // namespace
 
-void launch_ssim_fwd(const at::Tensor& img1, const at::Tensor& img2, at::Tensor& map, at::Tensor& coef) {
+void launch_ssim_fwd(const at::Tensor& img1, const at::Tensor& img2, const c10::optional<at::Tensor>& mask,
+                     at::Tensor* map, at::Tensor& coef, at::Tensor* totals) {
     const int64_t numel = img1.numel();
     if (numel == 0) return;
     const int H = static_cast<int>(img1.size(-3)), W = static_cast<int>(img1.size(-2)), C = static_cast<int>(img1.size(-1));
     ssim_fwd_kernel<<<ssim_grid(img1), dim3(kSsimTile, kSsimTile), 0, at::cuda::getCurrentCUDAStream()>>>(
-        H, W, C, numel, window(), img1.data_ptr<float>(), img2.data_ptr<float>(), map.data_ptr<float>(),
-        coef.data_ptr<double>());
+        H, W, C, numel, window(), img1.data_ptr<float>(), img2.data_ptr<float>(),
+        mask.has_value() ? mask->data_ptr<bool>() : nullptr, map != nullptr ? map->data_ptr<float>() : nullptr,
+        coef.data_ptr<double>(), totals != nullptr ? totals->data_ptr<double>() : nullptr);
     RIGEL_CHECK_LAUNCH("ssim_fwd_kernel");
 }
 
-void launch_ssim_bwd(const at::Tensor& dL_dmap, const at::Tensor& img1, const at::Tensor& img2,
-                     const at::Tensor& coef, at::Tensor& dL_dimg1) {
+void launch_ssim_bwd(const at::Tensor* dL_dmap, const at::Tensor* v_totals, const c10::optional<at::Tensor>& mask,
+                     const at::Tensor& img1, const at::Tensor& img2, const at::Tensor& coef, at::Tensor& dL_dimg1) {
     const int64_t numel = img1.numel();
     if (numel == 0) return;
     const int H = static_cast<int>(img1.size(-3)), W = static_cast<int>(img1.size(-2)), C = static_cast<int>(img1.size(-1));
     ssim_bwd_kernel<<<ssim_grid(img1), dim3(kSsimTile, kSsimTile), 0, at::cuda::getCurrentCUDAStream()>>>(
-        H, W, C, numel, window(), dL_dmap.data_ptr<float>(), img1.data_ptr<float>(), img2.data_ptr<float>(),
+        H, W, C, numel, window(), dL_dmap != nullptr ? dL_dmap->data_ptr<float>() : nullptr,
+        v_totals != nullptr ? v_totals->data_ptr<double>() : nullptr,
+        mask.has_value() ? mask->data_ptr<bool>() : nullptr, img1.data_ptr<float>(), img2.data_ptr<float>(),
         coef.data_ptr<double>(), dL_dimg1.data_ptr<float>());
     RIGEL_CHECK_LAUNCH("ssim_bwd_kernel");
 }

@@ -36,11 +36,17 @@ SsimWindow ssim_window();
 // coef [3, B, H, W, C] float64 = (A, Bc, Cc) per pixel p, the coefficients of the backward:
 //   Bc = dS/d(sigma1^2), Cc = dS/d(sigma12), A = dS/d(mu1) - 2 mu1 Bc - mu2 Cc.
 // All caller-allocated and written for every element.
-void launch_ssim_fwd(const at::Tensor& img1, const at::Tensor& img2, at::Tensor& map, at::Tensor& coef);
+// The fused photometric loss: with mask [B, H, W] bool (optional; false = the pixel does not count) x and y are
+// replaced by 0 where it is false, map is nullptr and totals [4] float64 (caller-zeroed) receives the sums over the
+// counting elements of |x - y|, S, (x - y)^2 and 1.
+void launch_ssim_fwd(const at::Tensor& img1, const at::Tensor& img2, const c10::optional<at::Tensor>& mask,
+                     at::Tensor* map, at::Tensor& coef, at::Tensor* totals);
 
 // Backward. dL_dmap [B, H, W, C], img1, img2, coef (the forward's) -> dL_dimg1 [B, H, W, C] (written for every
 // element): dL/dx(q) = [w*(g A)](q) + 2 x(q) [w*(g Bc)](q) + y(q) [w*(g Cc)](q), g = dL_dmap.
-void launch_ssim_bwd(const at::Tensor& dL_dmap, const at::Tensor& img1, const at::Tensor& img2,
-                     const at::Tensor& coef, at::Tensor& dL_dimg1);
+// Fused loss: dL_dmap nullptr, v_totals [4] float64 the gradients of the four totals (the fourth unused): g(p) =
+// v_totals[1] m(p), and dL/dx(q) = m(q) (the above + v_totals[0] sign(x - y) + 2 v_totals[2] (x - y)).
+void launch_ssim_bwd(const at::Tensor* dL_dmap, const at::Tensor* v_totals, const c10::optional<at::Tensor>& mask,
+                     const at::Tensor& img1, const at::Tensor& img2, const at::Tensor& coef, at::Tensor& dL_dimg1);
 
 }  // namespace rigel

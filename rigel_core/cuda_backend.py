@@ -12,6 +12,8 @@ Stages (docs/PIPELINE.md) and their Functions:
 * ``_MLPColors``          [0'] appearance latents, MLP, means3D → colours (``csrc/appearance.cu``;
   :mod:`rigel_core.appearance`)
 * ``_SSIMMap``            the trainer's SSIM loss map (``csrc/ssim.cu``; :mod:`rigel_core.train.losses`)
+* ``_PhotometricSums``    the trainer's whole loss in one pass: masked sums of |x − y|, SSIM, (x − y)², count
+  (the same kernels' fused form; :func:`rigel_core.train.losses.loss_terms`)
 
 Every kernel follows one template: host checks and binding in ``csrc/ops.cpp`` / ``csrc/ext.cpp`` (errors
 ``rigel_core._C.<op>: <argument> must be …``), one autograd Function here per stage, and one PyTorch reference
@@ -35,7 +37,7 @@ from .render_output import RenderOutput
 
 __all__ = ["FixedBinningCapacity", "rasterize_gaussians_cuda", "sh_colors_cuda", "sh_colors_split_cuda",
            "project_gaussians_cuda", "bin_gaussians_cuda",
-           "rasterize_tiles_cuda", "mlp_colors_cuda", "ssim_map_cuda"]
+           "rasterize_tiles_cuda", "mlp_colors_cuda", "ssim_map_cuda", "photometric_sums_cuda"]
 
 
 def _f32(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -451,3 +453,41 @@ def ssim_map_cuda(pred, target) -> torch.Tensor:
     """
     dev = pred.device
     return _SSIMMap.apply(_f32("pred", pred, dev), _f32("target", target.detach(), dev))
+
+
+class _PhotometricSums(torch.autograd.Function):
+    """(4,) float64 sums of the fused loss (csrc/ssim.cu), gradient to ``pred`` only; twin: the masked
+    :func:`rigel_core.train.losses.l1_loss`, :func:`~rigel_core.train.losses.ssim` and
+    :func:`~rigel_core.train.losses.mse` (times their count)."""
+
+    @staticmethod
+    def forward(ctx, pred, target, mask):
+        totals, coef = _ext.get().photometric_sums(pred, target, mask)
+        ctx.save_for_backward(pred, target, mask, coef)
+        return totals
+
+    @staticmethod
+    def backward(ctx, v_totals):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None
+        pred, target, mask, coef = ctx.saved_tensors
+        v = _ext.get().photometric_sums_backward(pred, target, mask, coef, v_totals.to(torch.float64).contiguous())
+        return v, None, None
+
+
+def photometric_sums_cuda(pred, target, mask=None) -> torch.Tensor:
+    """The trainer's loss terms of two (H, W, C) or (B, H, W, C) float32 CUDA images in one pass of the SSIM
+    kernels: a (4,) float64 tensor ``(Σ m|x − y|, Σ m·S, Σ m(x − y)², Σ m)`` over every element (pixel and channel),
+    x = ``pred``, y = ``target``, S the SSIM map of :func:`ssim_map_cuda` and m the pixel's ``mask`` value (bool
+    (H, W) or (B, H, W); None: every pixel counts). Where the mask is false both images read as 0 before anything
+    is computed (:func:`rigel_core.train.losses.apply_mask`'s rule), so a masked-out pixel's value has no effect on
+    the sums or on any gradient. Differentiable w.r.t. ``pred`` only: with v = ∂L/∂(the sums),
+    ∂L/∂x(q) = m(q)·(v₀·sign(x − y) + [the SSIM gradient of :func:`ssim_map_cuda` with g(p) = v₁·m(p)] + 2v₂(x − y))
+    (sign(0) = 0, as autograd's |·|). The sums are float64 atomics, one per block: their last bits may differ
+    between runs. Raises as :func:`ssim_map_cuda`; ``mask`` must be bool of the images' (B,) H, W."""
+    dev = pred.device
+    if mask is not None:
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask: expected a bool tensor, got {mask.dtype}")
+        mask = mask.to(dev).contiguous()
+    return _PhotometricSums.apply(_f32("pred", pred, dev), _f32("target", target.detach(), dev), mask)

@@ -245,11 +245,11 @@ def test_nan_guard_skips_the_exposure_update(rng):
     tr = Trainer(ds, small_config(init_points=40, exposure=True), device="cpu")
     tr.step()
     before = tr.exposure.affine.detach().clone()
-    orig = tr.compute_loss
-    tr.compute_loss = lambda *a, **k: tuple(v * float("nan") if i == 0 else v for i, v in enumerate(orig(*a, **k)))
+    orig = tr.loss_terms
+    tr.loss_terms = lambda *a, **k: tuple(v * float("nan") if i == 0 else v for i, v in enumerate(orig(*a, **k)))
     r = tr.step()
     assert r.skipped and torch.equal(tr.exposure.affine.detach(), before)
-    tr.compute_loss = orig
+    tr.loss_terms = orig
     fired = []
 
     def poison(grad):  # finite loss, non-finite exposure gradient only

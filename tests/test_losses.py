@@ -310,3 +310,435 @@ def test_fused_ssim_host_checks():
         C.ssim_map_backward(a, a, coef.float(), a)
     with pytest.raises(ValueError, match="shape"):
         C.ssim_map_backward(a, a, coef[:2], a)
+
+
+# ---- the trainer's loss terms (losses.loss_terms; fused: csrc/ssim.cu photometric_sums) ---------------------------
+from rigel_core.train.losses import apply_mask, loss_terms  # noqa: E402
+
+MASK_KINDS = ["none", "random", "all", "empty"]
+
+
+def _images(rng, shape, noise=0.1):
+    """float32 (pred, target) of ``shape`` ((H, W, C) or (B, H, W, C)) in [0, 1], built as :func:`_pair`: structure
+    at the window's scale plus noise, so SSIM is far from 0 and from 1."""
+    x = torch.rand(shape, generator=rng, dtype=torch.float64)
+    xb = x.reshape(-1, *shape[-3:]).permute(0, 3, 1, 2)
+    xb = 0.5 * xb + 0.5 * torch.nn.functional.avg_pool2d(xb, 5, 1, 2)
+    x = xb.permute(0, 2, 3, 1).reshape(shape)
+    y = (x + noise * torch.randn(shape, generator=rng, dtype=torch.float64)).clamp(0, 1)
+    return x.float(), y.float()
+
+
+def _mask(rng, shape, kind):
+    """None ("none") or a bool mask of the images' (B,) H, W: "all" / "empty" (every pixel / none counts), or
+    "random": 4-px blocks kept with probability 0.75, then single pixels dropped with probability 0.1."""
+    hw = tuple(shape[:-1])
+    if kind == "none":
+        return None
+    if kind == "all":
+        return torch.ones(hw, dtype=torch.bool)
+    if kind == "empty":
+        return torch.zeros(hw, dtype=torch.bool)
+    blocks = torch.rand(*hw[:-2], -(-hw[-2] // 4), -(-hw[-1] // 4), generator=rng) < 0.75
+    m = blocks.repeat_interleave(4, -2).repeat_interleave(4, -1)[..., :hw[-2], :hw[-1]]
+    return m & (torch.rand(hw, generator=rng) < 0.9)
+
+
+def _masked_sums_reference(pred, target, mask):
+    """float64 ``(Σ m|p − t|, Σ m·S, Σ m(p − t)², Σ m)`` over every element, from the reference ops on the masked
+    images (apply_mask: 0 where the mask is false), differentiable w.r.t. ``pred`` by autograd. mask None: all."""
+    if mask is None:
+        mask = torch.ones(pred.shape[:-1], dtype=torch.bool)
+    p, t, m, _ = apply_mask(pred, target, mask)
+    d = p - t
+    smap = ssim_map_reference(p, t)  # (B, C, H, W)
+    mb = (m if m.dim() == 4 else m[None]).permute(0, 3, 1, 2)  # (B|1, 1, H, W)
+    s = torch.where(mb, smap, smap.new_zeros(())).sum()
+    count = (m.expand(*pred.shape[:-1], 1).sum() * pred.shape[-1]).to(d.dtype)
+    return torch.stack([d.abs().sum(), s, (d * d).sum(), count])
+
+
+def _photometric_called(monkeypatch):
+    calls = []
+    real = cuda_backend.photometric_sums_cuda
+
+    def spy(p, t, m=None):
+        calls.append(p.shape)
+        return real(p, t, m)
+
+    monkeypatch.setattr(cuda_backend, "photometric_sums_cuda", spy)
+    return calls
+
+
+PHOTO_SHAPES = [(23, 37, 3), (40, 17, 3), (3, 21, 35, 3), (2, 16, 16, 1), (5, 7, 4)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask_kind", MASK_KINDS)
+@pytest.mark.parametrize("shape", PHOTO_SHAPES)
+def test_photometric_sums_match_float64_losses(rng, shape, mask_kind):
+    x, y = _images(rng, shape)
+    mask = _mask(rng, shape, mask_kind)
+    totals = cuda_backend.photometric_sums_cuda(x.cuda(), y.cuda(), None if mask is None else mask.cuda())
+    assert totals.shape == (4,) and totals.dtype == torch.float64 and totals.is_cuda
+    t = totals.cpu()
+    assert torch.isfinite(t).all()
+    count = x.numel() if mask is None else int(mask.sum()) * shape[-1]
+    assert t[3].item() == count  # a float64 sum of ones: exact
+    n = max(count, 1)
+    x64, y64 = x.double(), y.double()
+    want_l1, want_s, want_mse = l1_loss(x64, y64, mask), ssim(x64, y64, mask=mask), mse(x64, y64, mask)
+    # float64 sums of exact float32 differences: summation order only; SSIM in float64 from the exact inputs
+    # (its moments are differences of O(1) terms, divided by ≥ C2: ~1e-13 per pixel)
+    assert t[0].item() / n == pytest.approx(want_l1.item(), rel=1e-12, abs=1e-15)
+    assert t[2].item() / n == pytest.approx(want_mse.item(), rel=1e-12, abs=1e-15)
+    assert abs(t[1].item() / n - want_s.item()) <= 1e-9
+    if count:
+        assert 0.05 < want_s.item() < 0.99  # neither trivial nor hopeless (small images: mostly zero padding)
+    else:  # nothing counts: exact zeros, and loss_terms clamps the count to 1 (finite, not NaN)
+        assert torch.equal(t, torch.zeros(4, dtype=torch.float64))
+        lam = float(torch.rand((), generator=rng))
+        xg = x.cuda().requires_grad_(True)
+        loss, l1, s, m = loss_terms(xg, y.cuda(), mask.cuda(), lambda_dssim=lam)
+        assert all(math.isfinite(v.item()) for v in (loss, l1, s, m))
+        assert l1.item() == 0.0 and s.item() == 0.0 and m.item() == 0.0
+        assert loss.item() == pytest.approx(lam, rel=1e-6)
+        (g,) = torch.autograd.grad(loss, xg)
+        assert torch.equal(g, torch.zeros_like(g))
+
+
+def _upstreams(rng):
+    """Upstream gradients of the four totals: each of the three terms alone, then all together; v[3] (the count's)
+    arbitrary, as it must be ignored."""
+    vs = []
+    for k in range(4):
+        v = torch.randn(4, generator=rng, dtype=torch.float64)
+        if k < 3:
+            v[:3] = 0.0
+            v[k] = 0.5 + torch.rand((), generator=rng, dtype=torch.float64)
+        v[3] = 1e3 * torch.randn((), generator=rng, dtype=torch.float64)
+        vs.append(v)
+    return vs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mask_kind", ["none", "random", "empty"])
+@pytest.mark.parametrize("shape", [(23, 37, 3), (2, 40, 17, 3), (5, 7, 4)])
+def test_photometric_sums_gradient_matches_float64(rng, shape, mask_kind):
+    from rigel_core import _ext
+
+    C = _ext.get()
+    x, y = _images(rng, shape)
+    mask = _mask(rng, shape, mask_kind)
+    mc = None if mask is None else mask.cuda()
+    xc, yc = x.cuda(), y.cuda()
+    xg = xc.clone().requires_grad_(True)
+    totals = cuda_backend.photometric_sums_cuda(xg, yc, mc)
+    x64 = x.double().requires_grad_(True)
+    ref = _masked_sums_reference(x64, y.double(), mask)
+    _, coef = C.photometric_sums(xc, yc, mc)
+    for v in _upstreams(rng):
+        (g,) = torch.autograd.grad((totals * v.cuda()).sum(), xg, retain_graph=True)
+        (g64,) = torch.autograd.grad((ref[:3] * v[:3]).sum(), x64, retain_graph=True)
+        assert g.shape == shape and g.dtype == torch.float32 and torch.isfinite(g).all()
+        err = (g.double().cpu() - g64).norm().item()
+        scale = g64.norm().item()
+        assert err <= 1e-5 * scale + 1e-10, (v, err, scale)
+        if mask is not None:  # exactly no gradient where the mask is false
+            assert torch.all(g.cpu()[~mask[..., None].expand(shape)] == 0)
+        if mask_kind != "empty":
+            assert scale > 0
+        # the op itself: the same numbers as through autograd, and the count's gradient is never read
+        direct = C.photometric_sums_backward(xc, yc, mc, coef, v.cuda())
+        assert torch.equal(direct, g)
+        v_nan = v.clone()
+        v_nan[3] = math.nan
+        assert torch.equal(C.photometric_sums_backward(xc, yc, mc, coef, v_nan.cuda()), g)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(23, 37, 3), (2, 40, 17, 3), (13, 9, 1)])
+def test_photometric_sums_ignore_masked_values(rng, shape):
+    from rigel_core import _ext
+
+    C = _ext.get()
+    x, y = _images(rng, shape)
+    mask = _mask(rng, shape, "random")
+    inv = ~mask[..., None].expand(shape)
+    assert inv.any() and (~inv).any()
+    v = torch.randn(4, generator=rng, dtype=torch.float64).cuda()
+    mc = mask.cuda()
+
+    def run(a, b):
+        a, b = a.cuda(), b.cuda()
+        totals, coef = C.photometric_sums(a, b, mc)
+        return totals.cpu(), coef.cpu(), C.photometric_sums_backward(a, b, mc, coef, v).cpu()
+
+    t0, c0, g0 = run(torch.where(inv, 0.0, x), torch.where(inv, 0.0, y))
+    assert torch.all(g0[inv] == 0) and g0[~inv].abs().sum() > 0
+    one_block = len(shape) == 3 and shape[0] <= 16 and shape[1] <= 16 and shape[2] == 1
+    for fx, fy in ((math.nan, math.nan), (math.inf, -math.inf), (1e30, -1e30), (-7.0, 3.0), (None, None)):
+        a, b = x.clone(), y.clone()  # None: the images' own values stay there
+        if fx is not None:
+            a[inv], b[inv] = fx, fy
+        t1, c1, g1 = run(a, b)
+        assert torch.equal(c1, c0) and torch.equal(g1, g0), (fx, fy)
+        if one_block:  # one block, one atomic per total: bit for bit
+            assert torch.equal(t1, t0), (fx, fy)
+        else:  # the blocks' atomics may add in another order: the last bits only
+            torch.testing.assert_close(t1, t0, rtol=1e-13, atol=0)
+
+
+@pytest.mark.gpu
+def test_photometric_sums_outputs_fully_written(rng):
+    # As test_fused_ssim_outputs_fully_written: blocks of the outputs' sizes filled with NaN and freed first, so
+    # an element the kernels fail to write (or a total not zeroed) shows up.
+    from rigel_core import _ext
+
+    C = _ext.get()
+    for shape in ((2, 37, 53, 3), (16, 16, 3), (5, 7, 1)):
+        x, y = _images(rng, shape)
+        for mask in (None, _mask(rng, shape, "random")):
+            xc, yc, mc = x.cuda(), y.cuda(), None if mask is None else mask.cuda()
+            poison = [torch.full((4,), math.nan, dtype=torch.float64, device="cuda"),
+                      torch.full((3, *shape), math.nan, dtype=torch.float64, device="cuda")]
+            del poison
+            totals, coef = C.photometric_sums(xc, yc, mc)
+            assert torch.isfinite(totals).all() and torch.isfinite(coef).all()
+            ref = _masked_sums_reference(x.double(), y.double(), mask)
+            torch.testing.assert_close(totals.cpu(), ref, rtol=1e-9, atol=1e-9)
+            v = torch.randn(4, generator=rng, dtype=torch.float64).cuda()
+            poison = torch.full_like(xc, math.nan)
+            del poison
+            g = C.photometric_sums_backward(xc, yc, mc, coef, v)
+            assert torch.isfinite(g).all()
+            if mask is not None:
+                assert torch.all(g.cpu()[~mask[..., None].expand(shape)] == 0)
+
+
+LOSS_TERM_CASES = [("none", (31, 45, 3)), ("random", (31, 45, 3)), ("float", (31, 45, 3)), ("view", (31, 45, 3)),
+                   ("batch", (2, 27, 35, 3)), ("shared", (2, 27, 35, 3)), ("empty", (31, 45, 3))]
+
+
+def _loss_term_mask(rng, shape, kind):
+    """The mask of a LOSS_TERM_CASES case as the trainer may pass it: bool (H, W) or (B, H, W), a float {0, 1}
+    one ("float"), one (H, W) mask for a batch ("shared"), or None ("none", "view")."""
+    if kind in ("none", "view"):
+        return None
+    if kind == "empty":
+        return _mask(rng, shape, "empty")
+    m = _mask(rng, shape[1:] if kind == "shared" else shape, "random")
+    return m.double() if kind == "float" else m
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,shape", LOSS_TERM_CASES)
+def test_loss_terms_cuda_matches_cpu(rng, monkeypatch, kind, shape):
+    x, y = _images(rng, shape)
+    mask = _loss_term_mask(rng, shape, kind)
+    lam = float(torch.rand((), generator=rng))
+    if mask is not None:  # poison the masked pixels of both images, on both devices
+        inv = ~(mask > 0.5)[..., None].expand(shape)
+        x[inv], y[inv] = math.nan, math.inf
+    calls = _photometric_called(monkeypatch)
+    xc = x.cuda()
+    if kind == "view":  # a non-contiguous prediction (a (H, W, C) view of a CHW tensor)
+        xc = x.permute(2, 0, 1).contiguous().cuda().permute(1, 2, 0)
+        assert not xc.is_contiguous()
+    xc.requires_grad_(True)
+    mc = None if mask is None else (mask if kind == "float" else mask.cuda())  # the float mask stays on the CPU
+    got = loss_terms(xc, y.cuda(), mc, lambda_dssim=lam)
+    assert calls == [shape], "the fused path did not run"
+    x64 = x.double().requires_grad_(True)
+    want = loss_terms(x64, y.double(), mask, lambda_dssim=lam)
+    for a, b in zip(got, want):
+        assert a.shape == () and a.is_cuda and a.dtype == torch.float32
+        assert math.isfinite(a.item()) and abs(a.item() - b.item()) <= 1e-6, (kind, got, want)
+    assert [t.requires_grad for t in got] == [True, True, True, False]
+    assert [t.requires_grad for t in want] == [True, True, True, False]
+    (g,) = torch.autograd.grad(got[0], xc)
+    (g64,) = torch.autograd.grad(want[0], x64)
+    assert g.shape == shape and torch.isfinite(g).all()
+    err, scale = (g.double().cpu() - g64).norm().item(), g64.norm().item()
+    assert err <= 1e-5 * scale + 1e-10, (err, scale)
+    if mask is not None:
+        assert torch.all(g.cpu()[inv] == 0)
+    if kind == "empty":
+        assert scale == 0 and got[0].item() == pytest.approx(lam, rel=1e-6)
+    else:
+        assert scale > 0
+
+
+@pytest.mark.gpu
+def test_loss_terms_cuda_target_with_gradient_is_not_fused(rng, monkeypatch):
+    x, y = _images(rng, (26, 33, 3))
+    mask = _mask(rng, (26, 33, 3), "random").cuda()
+    calls = _photometric_called(monkeypatch)
+    fused = loss_terms(x.cuda(), y.cuda(), mask)
+    assert len(calls) == 1
+    yt = y.cuda().requires_grad_(True)
+    plain = loss_terms(x.cuda(), yt, mask)
+    assert len(calls) == 1  # the kernels give no gradient to the target: the module's functions
+    for a, b in zip(fused, plain):
+        assert abs(a.item() - b.item()) <= 2e-5  # float32 reference SSIM: ~1e-6
+    plain[0].backward()
+    assert yt.grad is not None and torch.isfinite(yt.grad).all()
+
+
+@pytest.mark.gpu
+def test_photometric_sums_host_checks():
+    from rigel_core import _ext
+
+    C = _ext.get()
+    a = torch.rand(8, 9, 3, device="cuda")
+    ab = torch.rand(2, 8, 9, 3, device="cuda")
+    m = torch.rand(8, 9, device="cuda") < 0.5
+    mb = torch.rand(2, 8, 9, device="cuda") < 0.5
+    for f in (cuda_backend.photometric_sums_cuda, C.photometric_sums):
+        with pytest.raises(TypeError, match="mask"):
+            f(a, a, m.float())
+        with pytest.raises(ValueError, match="mask"):
+            f(a, a, m[:, :8])
+        with pytest.raises(ValueError, match="mask"):
+            f(a, a, mb)  # a (B, H, W) mask for one image
+        with pytest.raises(ValueError, match="mask"):
+            f(ab, ab, m)  # the kernels take a batch's (B, H, W) mask (loss_terms expands an (H, W) one)
+        with pytest.raises(TypeError, match="float32"):
+            f(a.double(), a.double(), None)
+        with pytest.raises(ValueError, match="target"):
+            f(a, torch.rand(8, 9, 4, device="cuda"), None)
+    with pytest.raises(ValueError, match="mask"):
+        C.photometric_sums(a, a, (torch.rand(9, 8, device="cuda") < 0.5).t())  # not contiguous
+    with pytest.raises(TypeError, match="mask"):
+        C.photometric_sums(a, a, m.cpu())
+    with pytest.raises(ValueError, match="mask"):
+        loss_terms(a, a, m[:, :8])
+    totals, coef = C.photometric_sums(a, a, m)
+    totals_b, coef_b = C.photometric_sums(ab, ab, mb)
+    assert torch.isfinite(totals).all() and torch.isfinite(totals_b).all()
+    v = torch.zeros(4, dtype=torch.float64, device="cuda")
+    for bad in (v[:3], torch.zeros(5, dtype=torch.float64, device="cuda"), v[None], v.repeat(2)[::2]):
+        with pytest.raises(ValueError, match="v_totals"):
+            C.photometric_sums_backward(a, a, m, coef, bad)
+    for bad in (v.float(), v.cpu()):
+        with pytest.raises(TypeError, match="v_totals"):
+            C.photometric_sums_backward(a, a, m, coef, bad)
+    with pytest.raises(ValueError, match="coef"):
+        C.photometric_sums_backward(a, a, m, coef[:2], v)
+    with pytest.raises(TypeError, match="coef"):
+        C.photometric_sums_backward(a, a, m, coef.float(), v)
+    with pytest.raises(ValueError, match="mask"):
+        C.photometric_sums_backward(a, a, m[:, :8].contiguous(), coef, v)
+    with pytest.raises(TypeError, match="mask"):
+        C.photometric_sums_backward(a, a, m.float(), coef, v)
+    with pytest.raises(ValueError, match="mask"):
+        C.photometric_sums_backward(ab, ab, m, coef_b, v)
+    assert torch.isfinite(C.photometric_sums_backward(ab, ab, mb, coef_b, v)).all()
+
+
+# ---- loss_terms on the CPU ----------------------------------------------------------------------------------------
+def _loss_terms_numpy(p, t, mask, lam):
+    """(loss, l1, ssim, mse) in float64 from the definitions: masked-out pixels of both images set to 0, means over
+    the valid values (pixels × channels, at least 1), SSIM from the explicit-window :func:`ssim_reference`."""
+    p, t = p.reshape(-1, *p.shape[-3:]), t.reshape(-1, *t.shape[-3:])  # (B, H, W, C)
+    m = np.ones(p.shape[:-1], bool) if mask is None else np.broadcast_to(mask.numpy() > 0.5, p.shape[:-1])
+    pz, tz = np.where(m[..., None], p, 0.0), np.where(m[..., None], t, 0.0)
+    n = max(int(m.sum()) * p.shape[-1], 1)
+    d = (pz - tz)[m]  # (valid pixels, C)
+    l1, se = np.abs(d).sum() / n, (d ** 2).sum() / n
+    s = sum(ssim_reference(pz[b], tz[b], "same").transpose(1, 2, 0)[m[b]].sum() for b in range(len(p))) / n
+    return (1 - lam) * l1 + lam * (1 - s), l1, s, se
+
+
+@pytest.mark.parametrize("kind,shape", [("none", (19, 23, 3)), ("random", (19, 23, 3)), ("float", (19, 23, 3)),
+                                        ("batch", (2, 17, 21, 3)), ("shared", (2, 17, 21, 3)),
+                                        ("empty", (19, 23, 3))])
+def test_loss_terms_cpu_match_their_definition(rng, one_thread, kind, shape):
+    x, y = _images(rng, shape)
+    x, y = x.double(), y.double()
+    mask = _loss_term_mask(rng, shape, kind)
+    lam = float(torch.rand((), generator=rng, dtype=torch.float64))
+    xg = x.clone().requires_grad_(True)
+    got = loss_terms(xg, y, mask, lambda_dssim=lam)
+    want = _loss_terms_numpy(x.numpy(), y.numpy(), mask, lam)
+    for a, b in zip(got, want):
+        assert a.shape == () and a.dtype == torch.float64
+        assert abs(a.item() - b) <= 1e-12, (kind, got, want)
+    assert [t.requires_grad for t in got] == [True, True, True, False]  # mse: a metric, detached
+    if kind == "empty":
+        assert got[0].item() == pytest.approx(lam, abs=1e-15) and got[1].item() == got[2].item() == 0.0
+    # the default λ is the trainer's 0.2
+    loss, l1, s, _ = loss_terms(x, y, mask)
+    assert loss.item() == pytest.approx(0.8 * l1.item() + 0.2 * (1 - s.item()), rel=1e-14, abs=1e-15)
+    (g0,) = torch.autograd.grad(got[0], xg)
+    if mask is None:
+        return
+    # masked pixels: NaN / inf / huge in either image change nothing, bit for bit, and get exactly no gradient
+    inv = ~(mask > 0.5)[..., None].expand(shape)
+    for fx, fy in ((math.nan, math.nan), (math.inf, 1e30), (-1e30, math.nan)):
+        a, b = x.clone(), y.clone()
+        a[inv], b[inv] = fx, fy
+        a.requires_grad_(True)
+        again = loss_terms(a, b, mask, lambda_dssim=lam)
+        assert all(torch.equal(u, w) for u, w in zip(again, got)), (fx, fy)
+        (g1,) = torch.autograd.grad(again[0], a)
+        assert torch.equal(g1, g0)
+    assert torch.all(g0[inv] == 0)
+    if kind != "empty":
+        assert g0[~inv].abs().sum() > 0
+
+
+def test_loss_terms_cpu_gradient(rng, one_thread):
+    shape = (2, 9, 12, 2)
+    x, y = _images(rng, shape)
+    x, y = x.double().requires_grad_(True), y.double()
+    mask = _mask(rng, shape, "random")
+    lam = float(torch.rand((), generator=rng, dtype=torch.float64))
+    for m in (None, mask):
+        assert torch.autograd.gradcheck(lambda t: loss_terms(t, y, m, lambda_dssim=lam)[0], (x,), eps=1e-6,
+                                        atol=1e-8, fast_mode=True)
+
+
+def test_trainer_compute_loss_is_loss_terms(rng, one_thread):
+    from rigel_core import Camera, GaussianModel
+    from rigel_core.data import Dataset, Frame
+    from rigel_core.train import TrainConfig, Trainer
+
+    w, h = 30, 24
+    cam = Camera.look_at((0.5, -3.0, 1.2), (0, 0, 0), (0, 0, 1), width=w, height=h, fov_x_deg=60, name="v")
+    gt_img = torch.rand(h, w, 3, generator=rng)
+    mask = _mask(rng, (h, w, 3), "random")
+    lam = 0.05 + 0.9 * float(torch.rand((), generator=rng))
+    pts = (torch.rand(40, 3, generator=rng) * 2 - 1) * 0.8
+    model = GaussianModel.from_points(pts, torch.rand(40, 3, generator=rng), sh_degree=1, scale=0.15, opacity=0.7)
+    ds = Dataset([Frame(cam, gt_img, None, "v", mask)], [], np.zeros(3), 3.0)
+    tr = Trainer(ds, TrainConfig(sh_degree=1, lambda_dssim=lam, strategy="default", densify_from=1000, seed=1),
+                 device="cpu", model=model)
+    pred = torch.rand(h, w, 3, generator=rng, requires_grad=True)
+    for args in ((pred, gt_img), (pred, gt_img, None), (pred, gt_img, mask)):
+        terms = tr.loss_terms(*args)
+        three = tr.compute_loss(*args)
+        assert len(terms) == 4 and len(three) == 3
+        assert all(torch.equal(a, b) for a, b in zip(three, terms[:3]))
+        # λ is the config's
+        assert all(torch.equal(a, b) for a, b in zip(terms, loss_terms(*args, lambda_dssim=lam)))
+        loss, l1, s, m = terms
+        assert loss.item() == pytest.approx((1 - lam) * l1.item() + lam * (1 - s.item()), rel=1e-6)
+        assert not m.requires_grad and m.item() == pytest.approx(mse(*args).item(), rel=1e-6)
+        (g3,) = torch.autograd.grad(three[0], pred)
+        (g4,) = torch.autograd.grad(terms[0], pred)
+        assert torch.equal(g3, g4)
+    # the step reports the terms loss_terms gave it (its PSNR from their MSE)
+    seen = []
+    orig = tr.loss_terms
+
+    def spy(*a, **k):
+        seen.append(orig(*a, **k))
+        return seen[-1]
+
+    tr.loss_terms = spy
+    r = tr.step()
+    assert len(seen) == 1 and not r.skipped
+    loss, l1, s, m = (v.item() for v in seen[0])
+    assert (r.loss, r.l1, r.ssim) == (loss, l1, s)
+    assert r.psnr == psnr_from_mse(m) and math.isfinite(r.psnr)

@@ -514,15 +514,15 @@ def test_nan_loss_and_nan_gradient_are_skipped(rng):
     ds = make_dataset(rng, n_gauss=30, size=32, n_train=4, n_test=1)
     tr = Trainer(ds, small_config(init_points=40), device="cpu")
     tr.step()
-    orig = tr.compute_loss
-    tr.compute_loss = lambda pred, gt: tuple(v * float("nan") if i == 0 else v for i, v in enumerate(orig(pred, gt)))
+    orig = tr.loss_terms
+    tr.loss_terms = lambda *a: tuple(v * float("nan") if i == 0 else v for i, v in enumerate(orig(*a)))
     before = _state(tr)
     stats_before = tr.stats.grad_accum.clone()
     r = tr.step()
     assert r.skipped and math.isnan(r.loss) and r.nan_skips == 1 and tr.nan_skips == 1 and r.iteration == 2
     _assert_same_state(before, _state(tr))
     assert torch.equal(tr.stats.grad_accum, stats_before)
-    tr.compute_loss = orig
+    tr.loss_terms = orig
 
     fired = []
 

@@ -44,7 +44,6 @@ import torch
 from ..cuda_backend import FixedBinningCapacity
 from ..render import render
 from .densify import means2D_grad, prepare_means2D_grad
-from .losses import mse
 from .mcmc import add_position_noise, noise_generator, seed_noise
 from .mcmc import regularizer as mcmc_regularizer
 
@@ -292,8 +291,7 @@ class GraphStep:
                     with FixedBinningCapacity(capacity) as fixed:
                         out = render(model, cam, background=t.background)
                         prepare_means2D_grad(out)
-                        loss, l1, s = t.compute_loss(out.image, gt) if mask is None else \
-                            t.compute_loss(out.image, gt, mask)
+                        loss, l1, s, m_t = t.loss_terms(out.image, gt, mask)
                         if mcmc:  # the MCMC budget's opacity and scale regularisers, as the eager step
                             loss = loss + mcmc_regularizer(model, cfg)
                         loss.backward()
@@ -315,7 +313,6 @@ class GraphStep:
                     if mcmc:  # the Langevin position noise after the update (mcmc.py), zero when skipped
                         add_position_noise(model, self._lr["means3D"], cfg, eta_gen, ok)
                     with torch.no_grad():
-                        m_t = mse(out.image.detach(), gt, mask)
                         values = torch.cat([torch.stack([loss.detach(), l1.detach(), s.detach(), m_t]).double(),
                                             (~ok).double().reshape(1), t._nan_skips.reshape(1)])
                 finally:

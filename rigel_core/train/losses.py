@@ -31,7 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-__all__ = ["l1_loss", "mse", "psnr", "apply_mask", "psnr_from_mse", "gaussian_window_1d", "ssim_map",
+__all__ = ["loss_terms", "l1_loss", "mse", "psnr", "apply_mask", "psnr_from_mse", "gaussian_window_1d", "ssim_map",
            "ssim_map_reference", "ssim", "dssim", "SSIM_C1", "SSIM_C2", "SSIM_WINDOW", "SSIM_SIGMA"]
 
 SSIM_C1 = 0.01 ** 2  # (K1·L)², L = 1
@@ -193,6 +193,37 @@ def dssim(pred: torch.Tensor, target: torch.Tensor, **kw) -> torch.Tensor:
     """Structural dissimilarity as the 3DGS loss uses it: ``1 − SSIM`` (0-d tensor, 0 for identical images);
     ``mask=`` as :func:`ssim`."""
     return 1.0 - ssim(pred, target, **kw)
+
+
+def loss_terms(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None, *,
+               lambda_dssim: float = 0.2):
+    """The trainer's loss ``(loss, l1, ssim, mse)`` (0-d tensors): loss = (1 − λ)·L1 + λ·(1 − SSIM), λ =
+    ``lambda_dssim``, and the MSE of the same pixels (detached: a metric). ``mask`` as :func:`l1_loss`.
+
+    CUDA float32 images whose ``target`` needs no gradient take the fused kernels
+    (:func:`rigel_core.cuda_backend.photometric_sums_cuda`: two launches, float64 sums); everything else the
+    functions of this module. Both give the same values and gradients (tests/test_losses.py)."""
+    if (isinstance(pred, torch.Tensor) and pred.is_cuda and pred.dtype == torch.float32 and pred.numel() > 0
+            and not target.requires_grad):
+        from ..cuda_backend import photometric_sums_cuda
+
+        _check_pair(pred, target)
+        m = None
+        if mask is not None:
+            m = _as_mask(mask, pred)[..., 0]
+            if m.shape != pred.shape[:-1]:  # one (H, W) mask for a batch
+                m = m.expand(pred.shape[:-1])
+        totals = photometric_sums_cuda(pred, target, m)
+        count = totals[3].detach().clamp_min(1.0)
+        l1, s, sq = (totals[:3] / count).float().unbind()
+        l1_value, s_value, m_value = l1, s, sq.detach()
+    else:
+        l1_value = l1_loss(pred, target, mask)
+        s_value = ssim(pred, target, mask=mask)
+        with torch.no_grad():
+            m_value = mse(pred, target, mask)
+    loss = (1.0 - lambda_dssim) * l1_value + lambda_dssim * (1.0 - s_value)
+    return loss, l1_value, s_value, m_value
 
 
 def psnr_from_mse(m: float, max_val: float = 1.0) -> float:

@@ -51,7 +51,7 @@ from .config import SPARSE_SFM_COVERAGE, TrainConfig, coarse_to_fine_span, resol
 from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_grad, prepare_means2D_grad, \
     reset_opacity
 from .exposure import Exposure, exposure_lr, left_right_metrics
-from .losses import l1_loss, mse, psnr_from_mse, ssim
+from .losses import loss_terms, mse, psnr_from_mse, ssim
 from .distributed import batch_scaling
 from .graph_step import GraphStep, graph_step_unsupported
 from .mcmc import mcmc_relocate_and_grow, mcmc_step, position_noise, regularizer as mcmc_regularizer, \
@@ -566,11 +566,13 @@ class Trainer:
 
         ``mask`` (H, W) bool (True = counts), or None for every pixel: L1 and SSIM are then means over the valid
         pixels of the masked images (:mod:`.losses`), so a masked pixel of ``pred`` or ``gt`` has exactly zero
-        effect on the loss and its gradient."""
-        lam = self.config.lambda_dssim
-        l1 = l1_loss(pred, gt, mask)
-        s = ssim(pred, gt, mask=mask)
-        return (1.0 - lam) * l1 + lam * (1.0 - s), l1, s
+        effect on the loss and its gradient. (:func:`.losses.loss_terms`, which also gives the MSE.)"""
+        return self.loss_terms(pred, gt, mask)[:3]
+
+    def loss_terms(self, pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor | None = None):
+        """``(loss, l1, ssim, mse)``: :meth:`compute_loss` and the MSE of the same pixels (detached), by
+        :func:`.losses.loss_terms` (on CUDA the fused kernels: two launches). The eager and the graph step's loss."""
+        return loss_terms(pred, gt, mask, lambda_dssim=self.config.lambda_dssim)
 
     def _all_finite(self, loss: torch.Tensor, g2d: torch.Tensor | None) -> torch.Tensor:
         """0-d bool tensor on the device: the loss, every parameter gradient and the means2D gradient are finite.
@@ -634,7 +636,7 @@ class Trainer:
         out = render(model, frame.camera, background=bg)
         prepare_means2D_grad(out)
         pred = self._apply_exposure(out.image, idx, it)  # out.image itself when config.exposure is off
-        loss, l1, s = self.compute_loss(pred, gt) if mask is None else self.compute_loss(pred, gt, mask)
+        loss, l1, s, m_t = self.loss_terms(pred, gt, mask)
         if cfg.strategy == "mcmc":  # the MCMC budget's opacity and scale regularisers (mcmc.py)
             loss = loss + mcmc_regularizer(model, cfg)
 
@@ -642,8 +644,8 @@ class Trainer:
         if loss.requires_grad:
             loss.backward()
             g2d = means2D_grad(out)
-        return {"frame": frame, "out": out, "loss": loss, "l1": l1, "ssim": s, "g2d": g2d, "pred": pred, "gt": gt,
-                "mask": mask}
+        return {"frame": frame, "out": out, "loss": loss, "l1": l1, "ssim": s, "mse": m_t, "g2d": g2d, "pred": pred,
+                "gt": gt, "mask": mask}
 
     def step(self) -> StepResult:
         """Run one training iteration (module docstring) and return its :class:`StepResult`.
@@ -738,8 +740,8 @@ class Trainer:
         with torch.no_grad():
             terms = []
             for v in views:
-                m_t = mse(v["pred"].detach(), v["gt"], v["mask"])
-                terms.append(torch.stack([v["loss"].detach(), v["l1"].detach(), v["ssim"].detach(), m_t]).double())
+                terms.append(torch.stack([v["loss"].detach(), v["l1"].detach(), v["ssim"].detach(),
+                                          v["mse"]]).double())
             values = terms[0] if len(terms) == 1 else torch.stack(terms).mean(0)
             values = torch.cat([values, (~ok).double().reshape(1), self._nan_skips.reshape(1)])
         res = StepResult(it, model.num_gaussians, first["frame"].name, model.active_sh_degree, lrs["means3D"] * lr_factor,
