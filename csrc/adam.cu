@@ -5,6 +5,9 @@
 //   m <- b1 m + (1 - b1) g,   v <- b2 v + (1 - b2) g^2,
 //   p <- p - (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
 // A group's learning rate is a host float or, under CUDA-graph capture, read from a device scalar at run time.
+// With skip_zero_grad (TrainConfig.sparse_adam) an element whose gradient is exactly 0 is left as it is: parameter
+// and moments unchanged, nothing but its gradient read (a Gaussian no pixel of the view reached gets no update, as
+// gsplat's visible Adam and 3DGS's sparse Adam; the group's step count still advances).
 // When found_inf (a device float, the trainer's NaN guard) is non-zero nothing is written: parameters, moments and
 // step counts keep their values (the GradScaler protocol of PyTorch's fused Adam). The step counts are read by
 // the update kernel and incremented afterwards by a one-block kernel, so no block can see a half-updated count.
@@ -30,6 +33,7 @@ struct AdamLaunch {
     AdamGroupArgs group[kAdamMaxGroups];
     int num_groups;
     const float* found_inf;  // nullptr: always update
+    bool skip_zero_grad;     // leave elements whose gradient is exactly 0 untouched
 };
 
 __global__ void __launch_bounds__(kAdamThreads) adam_update_kernel(const AdamLaunch args) {
@@ -43,11 +47,17 @@ __global__ void __launch_bounds__(kAdamThreads) adam_update_kernel(const AdamLau
     const float bc2_sqrt = sqrtf(1.f - powf(a.beta2, t));
     const int64_t base = (static_cast<int64_t>(blockIdx.x) - a.block_start) * kAdamPerBlock + threadIdx.x;
     float g[kAdamPerThread], m[kAdamPerThread], v[kAdamPerThread], p[kAdamPerThread];
+    bool live[kAdamPerThread];
 #pragma unroll
     for (int k = 0; k < kAdamPerThread; ++k) {
         const int64_t i = base + int64_t(k) * kAdamThreads;
-        if (i < a.n) {
-            g[k] = a.grad[i];
+        g[k] = i < a.n ? a.grad[i] : 0.f;
+        live[k] = i < a.n && (!args.skip_zero_grad || g[k] != 0.f);
+    }
+#pragma unroll
+    for (int k = 0; k < kAdamPerThread; ++k) {
+        const int64_t i = base + int64_t(k) * kAdamThreads;
+        if (live[k]) {
             m[k] = a.exp_avg[i];
             v[k] = a.exp_avg_sq[i];
             p[k] = a.param[i];
@@ -56,7 +66,7 @@ __global__ void __launch_bounds__(kAdamThreads) adam_update_kernel(const AdamLau
 #pragma unroll
     for (int k = 0; k < kAdamPerThread; ++k) {
         const int64_t i = base + int64_t(k) * kAdamThreads;
-        if (i < a.n) {
+        if (live[k]) {
             const float mk = a.beta1 * m[k] + (1.f - a.beta1) * g[k];
             const float vk = a.beta2 * v[k] + (1.f - a.beta2) * g[k] * g[k];
             a.exp_avg[i] = mk;
@@ -74,9 +84,10 @@ __global__ void adam_count_kernel(const AdamLaunch args) {
 
 }  // namespace
 
-void launch_adam_step(const std::vector<AdamGroupArgs>& groups, const float* found_inf) {
+void launch_adam_step(const std::vector<AdamGroupArgs>& groups, const float* found_inf, bool skip_zero_grad) {
     AdamLaunch args{};
     args.found_inf = found_inf;
+    args.skip_zero_grad = skip_zero_grad;
     int64_t blocks = 0;
     for (const AdamGroupArgs& g : groups) {
         AdamGroupArgs& a = args.group[args.num_groups++];

@@ -102,10 +102,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "its backward: v_totals (4,) float64 -> v_pred like pred");
     m.def("adam_step", &rigel::adam_step, py::arg("params"), py::arg("grads"), py::arg("exp_avgs"),
           py::arg("exp_avg_sqs"), py::arg("steps"), py::arg("lrs"), py::arg("lr_tensors"), py::arg("beta1s"),
-          py::arg("beta2s"), py::arg("epss"), py::arg("found_inf") = py::none(),
+          py::arg("beta2s"), py::arg("epss"), py::arg("found_inf") = py::none(), py::arg("skip_zero_grad") = false,
           "One Adam step over <= 16 float32 CUDA parameter groups in one launch, in place (csrc/adam.cu): lists with "
           "one entry per group; lr_tensors[i] (a one-element device tensor, or None for lrs[i]) is read at run "
-          "time; found_inf non-zero skips everything (rigel_core.train.optim.Adam)");
+          "time; found_inf non-zero skips everything; skip_zero_grad leaves elements with a zero gradient as they "
+          "are (rigel_core.train.optim.Adam)");
     m.attr("TILE_SIZE") = RIGEL_TILE_SIZE;
     m.attr("MAX_ENTRIES") = RIGEL_MAX_ENTRIES;
 }

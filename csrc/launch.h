@@ -104,6 +104,6 @@ struct AdamGroupArgs {
     int64_t n;
     int64_t block_start;
 };
-void launch_adam_step(const std::vector<AdamGroupArgs>& groups, const float* found_inf);
+void launch_adam_step(const std::vector<AdamGroupArgs>& groups, const float* found_inf, bool skip_zero_grad);
 
 }  // namespace rigel

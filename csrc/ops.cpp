@@ -547,7 +547,7 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
                const std::vector<at::Tensor>& steps, const std::vector<double>& lrs,
                const std::vector<c10::optional<at::Tensor>>& lr_tensors, const std::vector<double>& beta1s,
                const std::vector<double>& beta2s, const std::vector<double>& epss,
-               const c10::optional<at::Tensor>& found_inf) {
+               const c10::optional<at::Tensor>& found_inf, bool skip_zero_grad) {
     const char* op = "adam_step";
     const size_t G = params.size();
     for (const size_t len : {grads.size(), exp_avgs.size(), exp_avg_sqs.size(), steps.size(), lrs.size(),
@@ -593,7 +593,7 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
     }
     if (found_inf.has_value()) check_scalar(op, "found_inf", *found_inf, dev);
     const c10::cuda::CUDAGuard guard(dev);
-    launch_adam_step(groups, found_inf.has_value() ? found_inf->data_ptr<float>() : nullptr);
+    launch_adam_step(groups, found_inf.has_value() ? found_inf->data_ptr<float>() : nullptr, skip_zero_grad);
 }
 
 }  // namespace rigel

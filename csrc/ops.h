@@ -121,12 +121,13 @@ at::Tensor photometric_sums_backward(const at::Tensor& pred, const at::Tensor& t
 // params, grads, exp_avgs, exp_avg_sqs float32 tensors of one shape on one CUDA device (updated in place), steps a
 // one-element float32 count (incremented unless skipped), lrs the learning rate or lr_tensors a one-element device
 // float32 read at run time (CUDA-graph capture), beta1s, beta2s in [0, 1), epss >= 0. found_inf: a one-element
-// device float32; non-zero skips the whole step. Raises TypeError / ValueError naming the argument.
+// device float32; non-zero skips the whole step. skip_zero_grad: an element whose gradient is exactly 0 keeps its
+// value and moments (TrainConfig.sparse_adam). Raises TypeError / ValueError naming the argument.
 void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads,
                const std::vector<at::Tensor>& exp_avgs, const std::vector<at::Tensor>& exp_avg_sqs,
                const std::vector<at::Tensor>& steps, const std::vector<double>& lrs,
                const std::vector<c10::optional<at::Tensor>>& lr_tensors, const std::vector<double>& beta1s,
                const std::vector<double>& beta2s, const std::vector<double>& epss,
-               const c10::optional<at::Tensor>& found_inf);
+               const c10::optional<at::Tensor>& found_inf, bool skip_zero_grad);
 
 }  // namespace rigel

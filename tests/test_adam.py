@@ -1,6 +1,7 @@
 """rigel_core.train.optim.Adam: every group in one CUDA launch (csrc/adam.cu) against PyTorch's own Adam run
 independently in float64 on the CPU (foreach and fused off: the plain per-tensor loop), fresh random inputs."""
 import copy
+import math
 
 import pytest
 import torch
@@ -249,3 +250,112 @@ def test_adam_step_refuses_bad_arguments():
         C.adam_step(**{k: v * 17 for k, v in ok.items()})
     with pytest.raises(TypeError, match="found_inf must be"):
         C.adam_step(**ok, found_inf=torch.zeros(()))
+
+
+def sparse_reference_steps(groups64, grads_per_step):
+    """TrainConfig.sparse_adam's rule written out in float64, element by element: an element whose gradient is 0
+    keeps its value and both moments; the group's step count advances. Returns the final (p, m, v) per group."""
+    out = []
+    for gi, g in enumerate(groups64):
+        p = g["params"][0].detach().clone()
+        m, v = torch.zeros_like(p), torch.zeros_like(p)
+        b1, b2 = g["betas"]
+        for t, grads in enumerate(grads_per_step, start=1):
+            gr = grads[gi]
+            live = gr != 0
+            m = torch.where(live, b1 * m + (1 - b1) * gr, m)
+            v = torch.where(live, b2 * v + (1 - b2) * gr * gr, v)
+            upd = g["lr"] / (1 - b1 ** t) * m / (v.sqrt() / math.sqrt(1 - b2 ** t) + g["eps"])
+            p = torch.where(live, p - upd, p)
+        out.append((p, m, v))
+    return out
+
+
+def sparse_grads(rng, groups, steps):
+    """Per step and group a N(0, 1) gradient (float64) with ~40 % of its rows and ~10 % of its other elements 0."""
+    all_steps = []
+    for _ in range(steps):
+        per = []
+        for g in groups:
+            shape = g["params"][0].shape
+            gr = torch.randn(shape, generator=rng, dtype=torch.float64)
+            rows = torch.rand(shape[0], generator=rng, dtype=torch.float64) < 0.4
+            gr[rows] = 0.0
+            gr[torch.rand(shape, generator=rng, dtype=torch.float64) < 0.1] = 0.0
+            per.append(gr)
+        all_steps.append(per)
+    return all_steps
+
+
+def run_sparse(opt, grads_per_step):
+    """Steps ``opt`` (sparse) through the gradients; checks after each step that every zero-gradient element kept
+    its value and moments exactly."""
+    for grads in grads_per_step:
+        before = []
+        for g, gr in zip(opt.param_groups, grads):
+            p = g["params"][0]
+            p.grad = gr.to(p.device, p.dtype).clone()
+            st = opt.state[p]
+            before.append((p.detach().clone(), {k: st[k].clone() for k in ("exp_avg", "exp_avg_sq") if k in st}))
+        opt.step()
+        for g, gr, (p0, s0) in zip(opt.param_groups, grads, before):
+            p, zero = g["params"][0], (gr == 0).to(g["params"][0].device)
+            assert torch.equal(p[zero], p0[zero]), g["name"]
+            for k, v in s0.items():
+                assert torch.equal(opt.state[p][k][zero], v[zero]), (g["name"], k)
+            if bool((~zero).any()):
+                assert bool((p[~zero] != p0[~zero]).any()), g["name"]  # the live elements did move
+
+
+def assert_sparse_matches(opt, ref):
+    for g, (p, m, v) in zip(opt.param_groups, ref):
+        q = g["params"][0]
+        torch.testing.assert_close(q.detach().cpu().double(), p, rtol=1e-5, atol=1e-6, msg=g["name"])
+        st = opt.state[q]
+        assert rel(st["exp_avg"], m) <= 1e-5 and rel(st["exp_avg_sq"], v) <= 2e-4, g["name"]
+
+
+def test_sparse_adam_on_the_torch_path(rng):
+    """``sparse`` on the CPU (torch's Adam, then the zero-gradient elements put back) against the rule in float64."""
+    groups = make_groups(rng, SHAPES[:5], "cpu", torch.float32)
+    ref_groups = twin(groups, "cpu", torch.float64)
+    opt = Adam(groups, fused=True)
+    opt.sparse = True
+    assert opt._kernel_groups() is None
+    grads = sparse_grads(rng, groups, 4)
+    run_sparse(opt, grads)
+    assert_sparse_matches(opt, sparse_reference_steps(ref_groups, grads))
+
+
+def test_sparse_adam_is_off_by_default_and_set_from_the_config(rng):
+    from rigel_core.model import GaussianModel
+    from rigel_core.train.config import TrainConfig
+    from rigel_core.train.optim import make_optimizer
+
+    n = 5
+    shapes = [(n, 3), (n, 3), (n, 4), (n,), (n, 1, 3), (n, 15, 3)]
+    model = GaussianModel(*[torch.randn(s, generator=rng) for s in shapes])
+    assert Adam.sparse is False and make_optimizer(model, TrainConfig(), 1.0).sparse is False
+    model = GaussianModel(*[torch.randn(s, generator=rng) for s in shapes])
+    assert make_optimizer(model, TrainConfig(sparse_adam=True), 1.0).sparse is True
+    with pytest.raises((TypeError, ValueError), match="sparse_adam"):
+        TrainConfig(sparse_adam="yes").validate()
+
+
+@gpu
+def test_sparse_adam_one_launch_matches_the_rule(rng):
+    groups = make_groups(rng, SHAPES, DEV, torch.float32)
+    ref_groups = twin(groups, "cpu", torch.float64)
+    opt = Adam(groups, fused=True)
+    opt.sparse = True
+    assert opt._kernel_groups() is not None
+    grads = sparse_grads(rng, groups, 4)
+    run_sparse(opt, grads)
+    assert_sparse_matches(opt, sparse_reference_steps(ref_groups, grads))
+    # sparse off again: the zero-gradient elements take a dense step (their momentum moves them)
+    p0 = [g["params"][0].detach().clone() for g in opt.param_groups]
+    opt.sparse = False
+    for g in opt.param_groups:
+        g["params"][0].grad = torch.zeros_like(g["params"][0])
+    opt.step()
+    assert any(not torch.equal(g["params"][0], q) for g, q in zip(opt.param_groups, p0))

@@ -341,9 +341,11 @@ def test_training_on_distorted_copy_matches_undistorted(tmp_path, rng):
     print(f"held-out PSNR: pinhole copy {p_clean:.2f} dB, distorted copy {p_dist:.2f} dB, "
           f"distorted without masks {p_nomask:.2f} dB")
     # The distorted copy has ~10 % fewer valid training pixels (the borders), so it trails the pinhole copy a little:
-    # 0.0–0.8 dB over seeds 1–6, 1.23 dB at seed 3894026905 (the same on 8de947d: not a regression) — hence 1.5 dB.
-    # The masks' own effect is the second bound: without them the border's black pixels cost 1.2–3.3 dB.
-    assert p_dist > p_clean - 1.5
+    # 0.0–0.8 dB over seeds 1–6, 1.23 dB at seed 3894026905 (the same on 8de947d: not a regression); over 15 fresh
+    # seeds on 2026-12-02 −0.08 to 1.44 dB, larger where the pinhole copy scores higher (1.16–1.44 dB at 25–27 dB),
+    # and one run (seed not kept) beyond 1.5 dB — hence 2 dB. The masks' own effect is the second bound: without
+    # them the border's black pixels cost 1.2–3.9 dB (1.37 dB the least seen).
+    assert p_dist > p_clean - 2.0
     assert p_nomask < p_dist - 0.5
 
 

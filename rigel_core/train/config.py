@@ -60,6 +60,10 @@ class TrainConfig:
     feature_lr: float = 2.5e-3  # SH DC; the higher-order SH use feature_lr / sh_rest_lr_divisor
     sh_rest_lr_divisor: float = 20.0
     adam_eps: float = 1e-15  # as 3DGS (Adam's default 1e-8 is large against 1e-6 position steps)
+    #: an element whose gradient is exactly 0 in a step keeps its value and Adam moments (train/optim.py Adam):
+    #: Gaussians no pixel of the view reached are not updated (gsplat's visible Adam, 3DGS's sparse Adam); saves
+    #: most of Adam's memory traffic at large N. Off by default until measured on lego and the real captures.
+    sparse_adam: bool = False
 
     # ---- loss -------------------------------------------------------------------------------------------
     lambda_dssim: float = 0.2  # loss = (1 − λ)·L1 + λ·(1 − SSIM)

@@ -100,6 +100,8 @@ class Adam(torch.optim.Adam):
     one-element device tensor (read when the step runs: CUDA-graph capture, train/graph_step.py). When the
     attribute ``found_inf`` (a device float scalar, PyTorch's GradScaler protocol, set by the trainer's NaN
     guard) is non-zero the whole step is skipped on the device: parameters, moments and counts unchanged.
+    With the attribute ``sparse`` True (``TrainConfig.sparse_adam``) an element whose gradient is exactly 0 keeps its
+    value and both moments (not decayed); the groups' step counts advance as usual — on either path.
     Why: torch's fused Adam launches once per group; the trainer's six groups at 160k Gaussians took 0.52 ms a
     step on the H200, most of it launches too small to fill the GPU (docs/BENCHMARKS.md)."""
 
@@ -126,11 +128,15 @@ class Adam(torch.optim.Adam):
             out.append((g, ps))
         return out
 
+    sparse = False
+
     @torch.no_grad()
     def step(self, closure=None):
         groups = None if closure is not None else self._kernel_groups()
         if groups is None:
-            return super().step(closure)
+            if not self.sparse:
+                return super().step(closure)
+            return self._sparse_fallback_step(closure)
         lists = [[] for _ in range(10)]
         for g, ps in groups:
             b1, b2 = g["betas"]
@@ -151,8 +157,28 @@ class Adam(torch.optim.Adam):
             found_inf = found_inf.reshape(1).to(lists[0][0].device, torch.float32) if lists[0] else None
         C = _ext.get()
         for i in range(0, len(lists[0]), 16):  # the kernel takes at most 16 groups a launch
-            C.adam_step(*(lst[i:i + 16] for lst in lists), found_inf)
+            C.adam_step(*(lst[i:i + 16] for lst in lists), found_inf, skip_zero_grad=bool(self.sparse))
         return None
+
+    def _sparse_fallback_step(self, closure):
+        """``sparse`` on the torch path: the dense step, then the elements whose gradient is 0 put back (value and
+        moments as before the step; moments created by this step start at 0 there)."""
+        kept = []
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                zero = p.grad == 0
+                st = self.state[p]
+                kept.append((p, zero, p[zero].clone(), *(st[k][zero].clone() if k in st else None
+                                                         for k in ("exp_avg", "exp_avg_sq"))))
+        loss = super().step(closure)
+        for p, zero, value, m, v in kept:
+            p[zero] = value
+            st = self.state[p]
+            st["exp_avg"][zero] = m if m is not None else 0.0
+            st["exp_avg_sq"][zero] = v if v is not None else 0.0
+        return loss
 
 
 def make_optimizer(model, cfg: TrainConfig, extent: float, extra_groups: list | None = None) -> Adam:
@@ -173,7 +199,9 @@ def make_optimizer(model, cfg: TrainConfig, extent: float, extra_groups: list | 
         groups.append({"params": [p], "lr": float(spec["lr"]), "name": spec["name"], "per_gaussian": per_gaussian})
     # on CUDA all groups in one launch (Adam above); elsewhere torch's fused Adam: one kernel per group instead of
     # a handful. Both skip a non-finite step on the device (``optimizer.found_inf``, see Trainer.step)
-    return Adam(groups, lr=0.0, eps=cfg.adam_eps, fused=True)
+    opt = Adam(groups, lr=0.0, eps=cfg.adam_eps, fused=True)
+    opt.sparse = bool(cfg.sparse_adam)
+    return opt
 
 
 def set_learning_rates(optimizer: torch.optim.Optimizer, lrs: dict, eps: float | None = None) -> None:
