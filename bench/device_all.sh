@@ -251,7 +251,7 @@ lane() {  # lane GPU "jobs..." -> summary lines into $LOGS/lane$GPU.txt; "a+b" r
 # DEADLINE (seconds from the start, default 0 = none): the lanes get SIGINT then (training saves its run), so the
 # tarball is still written inside the device call's limit.
 export LOGS PY
-export -f job lane run_metrics data_dir orbit_dataset
+export -f job lane run_metrics result_line data_dir orbit_dataset
 run_lane() {
   local rem=0
   [ "${DEADLINE:-0}" -gt 0 ] && rem=$(( DEADLINE - ($(date +%s) - t_start) ))
@@ -272,3 +272,8 @@ for f in "$LOGS"/real_*/real.md "$LOGS"/mip_*/mip.md "$LOGS"/mcmc_*/real.md "$LO
 tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 echo "== device_all: $ngpu GPU(s), $(( $(date +%s) - t_start ))s =="
 cat "$OUT/summary.txt"
+# Exit status: 1 when a job's line reports a non-zero rc or failed tests (the table is still complete above).
+if grep -qE '^[^|]+\| [0-9]+s \| (rc=[1-9]|(.*[^0-9])?[1-9][0-9]* (failed|errors?)\b)' "$OUT/summary.txt"; then
+  echo "device_all: some jobs failed (lines above with rc != 0 or failed tests)"
+  exit 1
+fi
