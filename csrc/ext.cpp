@@ -95,8 +95,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("ssim_map_backward", &rigel::ssim_map_backward, py::arg("img1"), py::arg("img2"), py::arg("coef"),
           py::arg("v_map"), "SSIM backward: v_map like img1 -> v_img1 like img1 (the gradient to img1 only)");
     m.def("photometric_sums", &rigel::photometric_sums, py::arg("pred"), py::arg("target"), py::arg("mask"),
+          py::arg("fp32") = false,
           "the trainer's loss terms in one pass: pred, target as ssim_map's, mask (H,W) / (B,H,W) bool or None -> "
-          "(totals (4,) float64 = sums over counting elements of |pred - target|, SSIM, (pred - target)^2, 1; coef)");
+          "(totals (4,) float64 = sums over counting elements of |pred - target|, SSIM, (pred - target)^2, 1; coef); "
+          "fp32: the float32 locally centred kernels (coef (5, *pred.shape) float32)");
     m.def("photometric_sums_backward", &rigel::photometric_sums_backward, py::arg("pred"), py::arg("target"),
           py::arg("mask"), py::arg("coef"), py::arg("v_totals"),
           "its backward: v_totals (4,) float64 -> v_pred like pred");

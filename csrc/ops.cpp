@@ -502,13 +502,20 @@ void check_photometric_mask(const char* op, const c10::optional<at::Tensor>& mas
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> photometric_sums(const at::Tensor& pred, const at::Tensor& target,
-                                                    const c10::optional<at::Tensor>& mask) {
+                                                    const c10::optional<at::Tensor>& mask, bool fp32) {
     const char* op = "photometric_sums";
     const at::Device dev = check_ssim_image(op, pred);
     check(op, "target", target, at::kFloat, dev, pred.sizes().vec(), "(as pred)");
     check_photometric_mask(op, mask, pred, dev);
     const c10::cuda::CUDAGuard guard(dev);
     at::Tensor totals = at::zeros({4}, pred.options().dtype(at::kDouble));
+    if (fp32) {
+        std::vector<int64_t> shape = ssim_coef_shape(pred);
+        shape[0] = 5;
+        at::Tensor coef = at::empty(shape, pred.options());
+        launch_loss32_fwd(pred, target, mask, coef, totals);
+        return {totals, coef};
+    }
     at::Tensor coef = at::empty(ssim_coef_shape(pred), pred.options().dtype(at::kDouble));
     launch_ssim_fwd(pred, target, mask, nullptr, coef, &totals);
     return {totals, coef};
@@ -521,10 +528,17 @@ at::Tensor photometric_sums_backward(const at::Tensor& pred, const at::Tensor& t
     const at::Device dev = check_ssim_image(op, pred);
     check(op, "target", target, at::kFloat, dev, pred.sizes().vec(), "(as pred)");
     check_photometric_mask(op, mask, pred, dev);
-    check(op, "coef", coef, at::kDouble, dev, ssim_coef_shape(pred), "(3, *pred.shape)");
     check(op, "v_totals", v_totals, at::kDouble, dev, {4}, "(4,)");
     const c10::cuda::CUDAGuard guard(dev);
     at::Tensor v_pred = at::empty_like(pred);
+    if (coef.defined() && coef.scalar_type() == at::kFloat) {  // the fp32 forward's
+        std::vector<int64_t> shape = ssim_coef_shape(pred);
+        shape[0] = 5;
+        check(op, "coef", coef, at::kFloat, dev, shape, "(5, *pred.shape) float32 or (3, *pred.shape) float64");
+        launch_loss32_bwd(v_totals, mask, pred, target, coef, v_pred);
+        return v_pred;
+    }
+    check(op, "coef", coef, at::kDouble, dev, ssim_coef_shape(pred), "(3, *pred.shape) float64 or (5, *pred.shape) float32");
     launch_ssim_bwd(nullptr, &v_totals, mask, pred, target, coef, v_pred);
     return v_pred;
 }

@@ -108,11 +108,13 @@ at::Tensor ssim_map_backward(const at::Tensor& img1, const at::Tensor& img2, con
 // The trainer's photometric loss terms in one pass (csrc/ssim.cu, fused form): pred, target as ssim_map's img1,
 // img2; mask (H,W) or (B,H,W) bool, optional (false = the pixel does not count: both images read as 0 there)
 // -> (totals [4] float64 = sums over counting elements of |pred - target|, SSIM, (pred - target)^2 and 1; coef as
-// ssim_map's). Twin: rigel_core.train.losses l1_loss / ssim / mse with the mask.
+// ssim_map's, or with fp32 [5, *pred.shape] float32: the float32 locally centred kernels, ssim.cu).
+// Twin: rigel_core.train.losses l1_loss / ssim / mse with the mask.
 std::tuple<at::Tensor, at::Tensor> photometric_sums(const at::Tensor& pred, const at::Tensor& target,
-                                                    const c10::optional<at::Tensor>& mask);
+                                                    const c10::optional<at::Tensor>& mask, bool fp32);
 
-// Its backward: v_totals [4] float64 (the gradients of the totals; the count's is ignored) -> v_pred like pred.
+// Its backward: v_totals [4] float64 (the gradients of the totals; the count's is ignored) -> v_pred like pred;
+// the forward's coef says which kernels (float64 (3, ...) or float32 (5, ...)).
 at::Tensor photometric_sums_backward(const at::Tensor& pred, const at::Tensor& target,
                                      const c10::optional<at::Tensor>& mask, const at::Tensor& coef,
                                      const at::Tensor& v_totals);

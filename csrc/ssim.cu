@@ -78,20 +78,23 @@ __device__ __forceinline__ bool pixel_counts(const bool* __restrict__ mask, int6
     return mask == nullptr || mask[o / C];
 }
 
+__device__ __forceinline__ double fused_ma(double a, double b, double c) { return fma(a, b, c); }
+__device__ __forceinline__ float fused_ma(float a, float b, float c) { return fmaf(a, b, c); }
+
 // Row pass of NS staged signals: h[s][r][j] = sum_t w[t] * src[s][r][j + t] for the 26 halo rows r and the 16 output
-// columns j (output column j's window spans halo columns j .. j + 10).
-template <int NS>
-__device__ __forceinline__ void filter_rows(const SsimWindow& win, const double (*src)[kSsimSpan][kSsimSpan],
-                                            double (*h)[kSsimSpan][kSsimTile], int tid) {
+// columns j (output column j's window spans halo columns j .. j + 10). T: double (SsimWindow) or float (SsimWindowF).
+template <int NS, typename T, typename Win>
+__device__ __forceinline__ void filter_rows(const Win& win, const T (*src)[kSsimSpan][kSsimSpan],
+                                            T (*h)[kSsimSpan][kSsimTile], int tid) {
     for (int k = tid; k < kSsimSpan * kSsimTile; k += kSsimThreads) {
         const int r = k / kSsimTile, j = k % kSsimTile;
-        double acc[NS];
+        T acc[NS];
 #pragma unroll
-        for (int s = 0; s < NS; ++s) acc[s] = 0.0;
+        for (int s = 0; s < NS; ++s) acc[s] = T(0);
 #pragma unroll
         for (int t = 0; t < kSsimTaps; ++t) {
 #pragma unroll
-            for (int s = 0; s < NS; ++s) acc[s] = fma(win.w[t], src[s][r][j + t], acc[s]);
+            for (int s = 0; s < NS; ++s) acc[s] = fused_ma(win.w[t], src[s][r][j + t], acc[s]);
         }
 #pragma unroll
         for (int s = 0; s < NS; ++s) h[s][r][j] = acc[s];
@@ -99,15 +102,15 @@ __device__ __forceinline__ void filter_rows(const SsimWindow& win, const double 
 }
 
 // Column pass for this thread's output pixel (tile row ty, column tx): out[s] = sum_t w[t] * h[s][ty + t][tx].
-template <int NS>
-__device__ __forceinline__ void filter_column(const SsimWindow& win, const double (*h)[kSsimSpan][kSsimTile], int ty,
-                                              int tx, double* out) {
+template <int NS, typename T, typename Win>
+__device__ __forceinline__ void filter_column(const Win& win, const T (*h)[kSsimSpan][kSsimTile], int ty, int tx,
+                                              T* out) {
 #pragma unroll
-    for (int s = 0; s < NS; ++s) out[s] = 0.0;
+    for (int s = 0; s < NS; ++s) out[s] = T(0);
 #pragma unroll
     for (int t = 0; t < kSsimTaps; ++t) {
 #pragma unroll
-        for (int s = 0; s < NS; ++s) out[s] = fma(win.w[t], h[s][ty + t][tx], out[s]);
+        for (int s = 0; s < NS; ++s) out[s] = fused_ma(win.w[t], h[s][ty + t][tx], out[s]);
     }
 }
 
@@ -232,6 +235,146 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_bwd_kernel(int H, int W, in
     dL_dimg1[o] = static_cast<float>(v);
 }
 
+// ---- the fused loss in float32, locally centred (photometric_sums with fp32; ssim.h) -------------------------
+// The float64 kernels above exist because the moments sigma^2 = E[x^2] - mu^2 and the backward's
+// A + 2x B + y Cc cancel (B, Cc ~ 1/C2 ~ 1e3 on flat regions). Both cancellations are of large centred terms, so
+// here every block subtracts one constant per image (c_x, c_y: the masked x and y at its tile's first pixel, or 0
+// outside the image) before anything: the forward filters x' = x - c_x, y' = y - c_y (the zero padding is x = 0,
+// i.e. x' = -c_x; the window sums to 1, so var(x') = var(x) exactly and mu(x) = c_x + mu(x')), and the backward
+// uses dS/dsigma1^2 * 2 (x(q) - mu1(p)) = 2 B ((x(q) - c_x) - (mu1(p) - c_x)). Near-flat regions then add small
+// numbers instead of subtracting large ones. The forward stores per pixel (float32) D = dS/dmu1, B = dS/dsigma1^2,
+// Cc = dS/dsigma12, mu1 and mu2, from which the backward block forms its own centred A' = D - 2 (mu1 - c_x) B -
+// (mu2 - c_y) Cc.
+struct SsimWindowF {
+    float w[kSsimTaps];
+};
+
+// The block's centring constants: the masked x and y at the first in-image pixel of its tile (uniform per block).
+__device__ __forceinline__ void block_centre(const Plane& p, int H, int W, int C, const float* __restrict__ img1,
+                                             const float* __restrict__ img2, const bool* __restrict__ mask, float& cx,
+                                             float& cy) {
+    const int64_t o = pixel_offset(p, p.row0 + kSsimRadius, p.col0 + kSsimRadius, H, W, C);  // always in the image
+    const bool in = pixel_counts(mask, o, C);
+    cx = in ? img1[o] : 0.f;
+    cy = in ? img2[o] : 0.f;
+}
+
+__global__ void __launch_bounds__(kSsimThreads) loss32_fwd_kernel(int H, int W, int C, int64_t numel, SsimWindowF win,
+                                                                  const float* __restrict__ img1,  // [B, H, W, C] x
+                                                                  const float* __restrict__ img2,  // [B, H, W, C] y
+                                                                  const bool* __restrict__ mask,   // [B, H, W] or null
+                                                                  float* __restrict__ coef,        // [5, B, H, W, C]
+                                                                  double* __restrict__ totals)     // [4]
+{
+    __shared__ float sx[kSsimSpan][kSsimSpan], sy[kSsimSpan][kSsimSpan];  // 5.3 KiB
+    __shared__ float h[5][kSsimSpan][kSsimTile];                          // 8.1 KiB
+    const Plane p = block_plane(H, W, C);
+    const int tid = static_cast<int>(threadIdx.y) * kSsimTile + static_cast<int>(threadIdx.x);
+    float cx, cy;
+    block_centre(p, H, W, C, img1, img2, mask, cx, cy);
+    for (int k = tid; k < kSsimSpan * kSsimSpan; k += kSsimThreads) {
+        const int r = k / kSsimSpan, s = k % kSsimSpan;
+        const int64_t o = pixel_offset(p, p.row0 + r, p.col0 + s, H, W, C);
+        const bool in = o >= 0 && pixel_counts(mask, o, C);
+        sx[r][s] = (in ? img1[o] : 0.f) - cx;
+        sy[r][s] = (in ? img2[o] : 0.f) - cy;
+    }
+    __syncthreads();
+    for (int k = tid; k < kSsimSpan * kSsimTile; k += kSsimThreads) {
+        const int r = k / kSsimTile, j = k % kSsimTile;
+        float a[5] = {0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int t = 0; t < kSsimTaps; ++t) {
+            const float x = sx[r][j + t], y = sy[r][j + t], w = win.w[t];
+            a[0] = fmaf(w, x, a[0]);
+            a[1] = fmaf(w, y, a[1]);
+            a[2] = fmaf(w, x * x, a[2]);
+            a[3] = fmaf(w, y * y, a[3]);
+            a[4] = fmaf(w, x * y, a[4]);
+        }
+#pragma unroll
+        for (int s = 0; s < 5; ++s) h[s][r][j] = a[s];
+    }
+    __syncthreads();
+    const int ty = static_cast<int>(threadIdx.y), tx = static_cast<int>(threadIdx.x);
+    const int i = p.row0 + kSsimRadius + ty, j = p.col0 + kSsimRadius + tx;
+    const int64_t o = pixel_offset(p, i, j, H, W, C);
+    double sums[4] = {0.0, 0.0, 0.0, 0.0};  // m |x - y|, m S, m (x - y)^2, m
+    if (o >= 0) {
+        float m[5];
+        filter_column<5>(win, h, ty, tx, m);
+        const float var1 = m[2] - m[0] * m[0], var2 = m[3] - m[1] * m[1], cov = m[4] - m[0] * m[1];  // centred
+        const float mu1 = cx + m[0], mu2 = cy + m[1];
+        const float n1 = 2.f * mu1 * mu2 + static_cast<float>(kSsimC1), n2 = 2.f * cov + static_cast<float>(kSsimC2);
+        const float d1 = mu1 * mu1 + mu2 * mu2 + static_cast<float>(kSsimC1);
+        const float d2 = var1 + var2 + static_cast<float>(kSsimC2);
+        const float inv = 1.f / (d1 * d2);
+        const float S = n1 * n2 * inv;
+        coef[o] = 2.f * (mu2 * n2 - mu1 * S * d2) * inv;  // dS/dmu1
+        coef[numel + o] = -S / d2;                         // dS/dsigma1^2
+        coef[2 * numel + o] = 2.f * n1 * inv;              // dS/dsigma12
+        coef[3 * numel + o] = mu1;
+        coef[4 * numel + o] = mu2;
+        if (pixel_counts(mask, o, C)) {
+            const double d = static_cast<double>(img1[o]) - static_cast<double>(img2[o]);  // exact, not centred
+            sums[0] = fabs(d);
+            sums[1] = static_cast<double>(S);
+            sums[2] = d * d;
+            sums[3] = 1.0;
+        }
+    }
+    add_block_totals(sums, totals, tid);  // block-uniform: every thread arrives
+}
+
+__global__ void __launch_bounds__(kSsimThreads) loss32_bwd_kernel(int H, int W, int C, int64_t numel, SsimWindowF win,
+                                                                  const double* __restrict__ v_totals,  // [4]
+                                                                  const bool* __restrict__ mask,   // [B, H, W] or null
+                                                                  const float* __restrict__ img1,  // [B, H, W, C]
+                                                                  const float* __restrict__ img2,  // [B, H, W, C]
+                                                                  const float* __restrict__ coef,  // [5, B, H, W, C]
+                                                                  float* __restrict__ dL_dimg1)    // [B, H, W, C] out
+{
+    __shared__ float sig[3][kSsimSpan][kSsimSpan];  // 7.9 KiB
+    __shared__ float h[3][kSsimSpan][kSsimTile];    // 4.9 KiB
+    const Plane p = block_plane(H, W, C);
+    const int tid = static_cast<int>(threadIdx.y) * kSsimTile + static_cast<int>(threadIdx.x);
+    float cx, cy;
+    block_centre(p, H, W, C, img1, img2, mask, cx, cy);
+    const float v_S = static_cast<float>(v_totals[1]);
+    for (int k = tid; k < kSsimSpan * kSsimSpan; k += kSsimThreads) {
+        const int r = k / kSsimSpan, s = k % kSsimSpan;
+        const int64_t o = pixel_offset(p, p.row0 + r, p.col0 + s, H, W, C);
+        float a = 0.f, b = 0.f, c = 0.f;
+        if (o >= 0 && pixel_counts(mask, o, C)) {
+            const float B = coef[numel + o], Cc = coef[2 * numel + o];
+            a = v_S * (coef[o] - 2.f * (coef[3 * numel + o] - cx) * B - (coef[4 * numel + o] - cy) * Cc);
+            b = v_S * B;
+            c = v_S * Cc;
+        }
+        sig[0][r][s] = a;
+        sig[1][r][s] = b;
+        sig[2][r][s] = c;
+    }
+    __syncthreads();
+    filter_rows<3>(win, sig, h, tid);
+    __syncthreads();
+    const int ty = static_cast<int>(threadIdx.y), tx = static_cast<int>(threadIdx.x);
+    const int i = p.row0 + kSsimRadius + ty, j = p.col0 + kSsimRadius + tx;
+    const int64_t o = pixel_offset(p, i, j, H, W, C);
+    if (o < 0) return;
+    if (!pixel_counts(mask, o, C)) {  // a masked-out x(q) is replaced by 0 before anything: no gradient reaches it
+        dL_dimg1[o] = 0.f;
+        return;
+    }
+    float f[3];
+    filter_column<3>(win, h, ty, tx, f);
+    const float x = img1[o], y = img2[o];
+    const float d = x - y;
+    dL_dimg1[o] = f[0] + 2.f * (x - cx) * f[1] + (y - cy) * f[2] +
+                  static_cast<float>(v_totals[0]) * static_cast<float>((d > 0.f) - (d < 0.f)) +
+                  2.f * static_cast<float>(v_totals[2]) * d;
+}
+
 dim3 ssim_grid(const at::Tensor& img) {
     const int64_t H = img.size(-3), W = img.size(-2), C = img.size(-1), B = img.dim() == 4 ? img.size(0) : 1;
     return dim3(static_cast<unsigned int>((W + kSsimTile - 1) / kSsimTile),
@@ -240,6 +383,15 @@ dim3 ssim_grid(const at::Tensor& img) {
 
 const SsimWindow& window() {
     static const SsimWindow win = ssim_window();
+    return win;
+}
+
+const SsimWindowF& window_f() {
+    static const SsimWindowF win = [] {
+        SsimWindowF f{};
+        for (int i = 0; i < kSsimTaps; ++i) f.w[i] = static_cast<float>(window().w[i]);
+        return f;
+    }();
     return win;
 }
 
@@ -268,6 +420,28 @@ void launch_ssim_bwd(const at::Tensor* dL_dmap, const at::Tensor* v_totals, cons
         mask.has_value() ? mask->data_ptr<bool>() : nullptr, img1.data_ptr<float>(), img2.data_ptr<float>(),
         coef.data_ptr<double>(), dL_dimg1.data_ptr<float>());
     RIGEL_CHECK_LAUNCH("ssim_bwd_kernel");
+}
+
+void launch_loss32_fwd(const at::Tensor& img1, const at::Tensor& img2, const c10::optional<at::Tensor>& mask,
+                       at::Tensor& coef, at::Tensor& totals) {
+    const int64_t numel = img1.numel();
+    if (numel == 0) return;
+    const int H = static_cast<int>(img1.size(-3)), W = static_cast<int>(img1.size(-2)), C = static_cast<int>(img1.size(-1));
+    loss32_fwd_kernel<<<ssim_grid(img1), dim3(kSsimTile, kSsimTile), 0, at::cuda::getCurrentCUDAStream()>>>(
+        H, W, C, numel, window_f(), img1.data_ptr<float>(), img2.data_ptr<float>(),
+        mask.has_value() ? mask->data_ptr<bool>() : nullptr, coef.data_ptr<float>(), totals.data_ptr<double>());
+    RIGEL_CHECK_LAUNCH("loss32_fwd_kernel");
+}
+
+void launch_loss32_bwd(const at::Tensor& v_totals, const c10::optional<at::Tensor>& mask, const at::Tensor& img1,
+                       const at::Tensor& img2, const at::Tensor& coef, at::Tensor& dL_dimg1) {
+    const int64_t numel = img1.numel();
+    if (numel == 0) return;
+    const int H = static_cast<int>(img1.size(-3)), W = static_cast<int>(img1.size(-2)), C = static_cast<int>(img1.size(-1));
+    loss32_bwd_kernel<<<ssim_grid(img1), dim3(kSsimTile, kSsimTile), 0, at::cuda::getCurrentCUDAStream()>>>(
+        H, W, C, numel, window_f(), v_totals.data_ptr<double>(), mask.has_value() ? mask->data_ptr<bool>() : nullptr,
+        img1.data_ptr<float>(), img2.data_ptr<float>(), coef.data_ptr<float>(), dL_dimg1.data_ptr<float>());
+    RIGEL_CHECK_LAUNCH("loss32_bwd_kernel");
 }
 
 }  // namespace rigel

@@ -49,4 +49,13 @@ void launch_ssim_fwd(const at::Tensor& img1, const at::Tensor& img2, const c10::
 void launch_ssim_bwd(const at::Tensor* dL_dmap, const at::Tensor* v_totals, const c10::optional<at::Tensor>& mask,
                      const at::Tensor& img1, const at::Tensor& img2, const at::Tensor& coef, at::Tensor& dL_dimg1);
 
+// The fused loss in float32 (photometric_sums with fp32; ssim.cu explains the local centring that keeps its
+// cancellations small): the forward as launch_ssim_fwd's fused form with coef [5, B, H, W, C] float32 = (dS/dmu1,
+// dS/dsigma1^2, dS/dsigma12, mu1, mu2) per pixel; totals [4] float64 (caller-zeroed) as there. The backward as
+// launch_ssim_bwd's fused form from that coef.
+void launch_loss32_fwd(const at::Tensor& img1, const at::Tensor& img2, const c10::optional<at::Tensor>& mask,
+                       at::Tensor& coef, at::Tensor& totals);
+void launch_loss32_bwd(const at::Tensor& v_totals, const c10::optional<at::Tensor>& mask, const at::Tensor& img1,
+                       const at::Tensor& img2, const at::Tensor& coef, at::Tensor& dL_dimg1);
+
 }  // namespace rigel

@@ -461,21 +461,21 @@ class _PhotometricSums(torch.autograd.Function):
     :func:`~rigel_core.train.losses.mse` (times their count)."""
 
     @staticmethod
-    def forward(ctx, pred, target, mask):
-        totals, coef = _ext.get().photometric_sums(pred, target, mask)
+    def forward(ctx, pred, target, mask, fp32):
+        totals, coef = _ext.get().photometric_sums(pred, target, mask, fp32=fp32)
         ctx.save_for_backward(pred, target, mask, coef)
         return totals
 
     @staticmethod
     def backward(ctx, v_totals):
         if not ctx.needs_input_grad[0]:
-            return None, None, None
+            return None, None, None, None
         pred, target, mask, coef = ctx.saved_tensors
         v = _ext.get().photometric_sums_backward(pred, target, mask, coef, v_totals.to(torch.float64).contiguous())
-        return v, None, None
+        return v, None, None, None
 
 
-def photometric_sums_cuda(pred, target, mask=None) -> torch.Tensor:
+def photometric_sums_cuda(pred, target, mask=None, fp32: bool = False) -> torch.Tensor:
     """The trainer's loss terms of two (H, W, C) or (B, H, W, C) float32 CUDA images in one pass of the SSIM
     kernels: a (4,) float64 tensor ``(Σ m|x − y|, Σ m·S, Σ m(x − y)², Σ m)`` over every element (pixel and channel),
     x = ``pred``, y = ``target``, S the SSIM map of :func:`ssim_map_cuda` and m the pixel's ``mask`` value (bool
@@ -484,10 +484,13 @@ def photometric_sums_cuda(pred, target, mask=None) -> torch.Tensor:
     the sums or on any gradient. Differentiable w.r.t. ``pred`` only: with v = ∂L/∂(the sums),
     ∂L/∂x(q) = m(q)·(v₀·sign(x − y) + [the SSIM gradient of :func:`ssim_map_cuda` with g(p) = v₁·m(p)] + 2v₂(x − y))
     (sign(0) = 0, as autograd's |·|). The sums are float64 atomics, one per block: their last bits may differ
-    between runs. Raises as :func:`ssim_map_cuda`; ``mask`` must be bool of the images' (B,) H, W."""
+    between runs. ``fp32``: the float32 kernels (csrc/ssim.cu, "the fused loss in float32": every block subtracts
+    one value per image before filtering, so the moments and the backward's sum cancel small terms, not large
+    ones; TrainConfig.loss_float32) instead of the float64 ones. Raises as :func:`ssim_map_cuda`; ``mask`` must be
+    bool of the images' (B,) H, W."""
     dev = pred.device
     if mask is not None:
         if mask.dtype != torch.bool:
             raise TypeError(f"mask: expected a bool tensor, got {mask.dtype}")
         mask = mask.to(dev).contiguous()
-    return _PhotometricSums.apply(_f32("pred", pred, dev), _f32("target", target.detach(), dev), mask)
+    return _PhotometricSums.apply(_f32("pred", pred, dev), _f32("target", target.detach(), dev), mask, bool(fp32))

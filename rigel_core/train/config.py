@@ -67,6 +67,9 @@ class TrainConfig:
 
     # ---- loss -------------------------------------------------------------------------------------------
     lambda_dssim: float = 0.2  # loss = (1 − λ)·L1 + λ·(1 − SSIM)
+    #: on CUDA, the loss's fused kernels in float32, locally centred (csrc/ssim.cu) instead of float64: half their
+    #: shared memory and arithmetic width. Off by default until measured (time, and quality on lego and the captures).
+    loss_float32: bool = False
     random_background: bool = False  # a random background colour per step (3DGS option; off by default)
 
     # ---- speed ------------------------------------------------------------------------------------------

@@ -196,13 +196,14 @@ def dssim(pred: torch.Tensor, target: torch.Tensor, **kw) -> torch.Tensor:
 
 
 def loss_terms(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None, *,
-               lambda_dssim: float = 0.2):
+               lambda_dssim: float = 0.2, fp32: bool = False):
     """The trainer's loss ``(loss, l1, ssim, mse)`` (0-d tensors): loss = (1 − λ)·L1 + λ·(1 − SSIM), λ =
     ``lambda_dssim``, and the MSE of the same pixels (detached: a metric). ``mask`` as :func:`l1_loss`.
 
     CUDA float32 images whose ``target`` needs no gradient take the fused kernels
     (:func:`rigel_core.cuda_backend.photometric_sums_cuda`: two launches, float64 sums); everything else the
-    functions of this module. Both give the same values and gradients (tests/test_losses.py)."""
+    functions of this module. Both give the same values and gradients (tests/test_losses.py). ``fp32``: the fused
+    kernels' float32 form (``TrainConfig.loss_float32``; no effect off CUDA)."""
     if (isinstance(pred, torch.Tensor) and pred.is_cuda and pred.dtype == torch.float32 and pred.numel() > 0
             and not target.requires_grad):
         from ..cuda_backend import photometric_sums_cuda
@@ -213,7 +214,7 @@ def loss_terms(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | No
             m = _as_mask(mask, pred)[..., 0]
             if m.shape != pred.shape[:-1]:  # one (H, W) mask for a batch
                 m = m.expand(pred.shape[:-1])
-        totals = photometric_sums_cuda(pred, target, m)
+        totals = photometric_sums_cuda(pred, target, m, fp32=fp32)
         count = totals[3].detach().clamp_min(1.0)
         l1, s, sq = (totals[:3] / count).float().unbind()
         l1_value, s_value, m_value = l1, s, sq.detach()

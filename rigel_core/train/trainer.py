@@ -572,7 +572,7 @@ class Trainer:
     def loss_terms(self, pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor | None = None):
         """``(loss, l1, ssim, mse)``: :meth:`compute_loss` and the MSE of the same pixels (detached), by
         :func:`.losses.loss_terms` (on CUDA the fused kernels: two launches). The eager and the graph step's loss."""
-        return loss_terms(pred, gt, mask, lambda_dssim=self.config.lambda_dssim)
+        return loss_terms(pred, gt, mask, lambda_dssim=self.config.lambda_dssim, fp32=self.config.loss_float32)
 
     def _all_finite(self, loss: torch.Tensor, g2d: torch.Tensor | None) -> torch.Tensor:
         """0-d bool tensor on the device: the loss, every parameter gradient and the means2D gradient are finite.
