@@ -5,13 +5,16 @@
 Prints, per resolution (800x800, 720x1280, 1920x1080; W x H), the mean milliseconds of ``ssim(pred, gt)`` +
 ``backward()`` on (H, W, 3) float32 images (CUDA events around ``iters`` iterations after warm-up), and the largest
 difference of the two paths' values and gradients. One line per resolution, "WxH: torch T ms, fused F ms ..."
-(bench/kernel_ab.sh --ssim parses it).
+(bench/kernel_ab.sh --ssim parses it). A second line, "WxH loss: ...", times the trainer's whole loss
+(``losses.loss_terms``: L1 + D-SSIM + the MSE metric, forward + backward) in the fused kernels' float64 and float32
+forms (``TrainConfig.loss_float32``), without and with a mask (a 16-px border masked, as a lens mask), and the
+float32 form's difference from the float64 one.
 """
 import argparse
 
 import torch
 
-from rigel_core.train.losses import ssim, ssim_map_reference
+from rigel_core.train.losses import loss_terms, ssim, ssim_map_reference
 
 
 def run(loss, pred, gt, iters):
@@ -45,6 +48,17 @@ def main():
         rel = float((g_fused - g_torch).norm() / g_torch.norm())
         print(f"{w}x{h}: torch {t_torch:.3f} ms, fused {t_fused:.3f} ms (x{t_torch / t_fused:.1f}); "
               f"|dSSIM| {abs(s_fused - s_torch):.2e}, grad rel diff {rel:.2e}")
+        mask = torch.zeros(h, w, dtype=torch.bool, device="cuda")
+        mask[16:-16, 16:-16] = True
+        cols = []
+        for m in (None, mask):
+            res = {fp32: run(lambda p, t, fp32=fp32, m=m: loss_terms(p, t, m, fp32=fp32)[0], pred, gt, args.iters)
+                   for fp32 in (False, True)}
+            (t64, l64, g64), (t32, l32, g32) = res[False], res[True]
+            rel = float((g32 - g64).norm() / g64.norm())
+            cols.append(f"{'masked' if m is not None else 'unmasked'} f64 {t64:.3f} ms, f32 {t32:.3f} ms "
+                        f"(x{t64 / t32:.2f}; |dloss| {abs(l32 - l64):.1e}, grad rel diff {rel:.1e})")
+        print(f"{w}x{h} loss: " + "; ".join(cols))
 
 
 if __name__ == "__main__":
