@@ -114,6 +114,46 @@ __device__ __forceinline__ void filter_column(const Win& win, const T (*h)[kSsim
     }
 }
 
+// Row pass of the five SSIM signals x, y, x^2, y^2, xy of the staged images (products and sums in T): h[0..4][r][j].
+template <typename T, typename Win>
+__device__ __forceinline__ void moments_rows(const Win& win, const float (*sx)[kSsimSpan], const float (*sy)[kSsimSpan],
+                                             T (*h)[kSsimSpan][kSsimTile], int tid) {
+    for (int k = tid; k < kSsimSpan * kSsimTile; k += kSsimThreads) {
+        const int r = k / kSsimTile, j = k % kSsimTile;
+        T a[5] = {T(0), T(0), T(0), T(0), T(0)};
+#pragma unroll
+        for (int t = 0; t < kSsimTaps; ++t) {
+            const T x = static_cast<T>(sx[r][j + t]), y = static_cast<T>(sy[r][j + t]);
+            const T w = win.w[t];
+            a[0] = fused_ma(w, x, a[0]);
+            a[1] = fused_ma(w, y, a[1]);
+            a[2] = fused_ma(w, x * x, a[2]);
+            a[3] = fused_ma(w, y * y, a[3]);
+            a[4] = fused_ma(w, x * y, a[4]);
+        }
+#pragma unroll
+        for (int s = 0; s < 5; ++s) h[s][r][j] = a[s];
+    }
+}
+
+// The backward's last step for this thread's pixel q (after the row pass into h): false when q lies outside the
+// image (nothing to write) or is masked out (its gradient, 0, written: a masked-out x(q) is replaced by 0 before
+// anything); else true with q's offset o and the column pass f[0..2].
+template <typename T, typename Win>
+__device__ __forceinline__ bool backward_pixel(const Plane& p, int H, int W, int C, const Win& win,
+                                               const T (*h)[kSsimSpan][kSsimTile], const bool* __restrict__ mask,
+                                               float* __restrict__ dL_dimg1, int64_t& o, T* f) {
+    const int ty = static_cast<int>(threadIdx.y), tx = static_cast<int>(threadIdx.x);
+    o = pixel_offset(p, p.row0 + kSsimRadius + ty, p.col0 + kSsimRadius + tx, H, W, C);
+    if (o < 0) return false;
+    if (!pixel_counts(mask, o, C)) {
+        dL_dimg1[o] = 0.f;
+        return false;
+    }
+    filter_column<3>(win, h, ty, tx, f);
+    return true;
+}
+
 // Stages x and y (float32, exact; 0 where the mask is false), filters the rows of the five signals x, y, x^2, y^2,
 // xy (products and sums in float64), then the columns, to mu1, mu2, E[x^2], E[y^2], E[xy], and writes the backward
 // coefficients (A, Bc, Cc) of ssim.h per pixel, and either SSIM per pixel (map) or the block's loss sums (totals).
@@ -137,22 +177,7 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_fwd_kernel(int H, int W, in
         sy[r][s] = in ? img2[o] : 0.f;
     }
     __syncthreads();
-    for (int k = tid; k < kSsimSpan * kSsimTile; k += kSsimThreads) {
-        const int r = k / kSsimTile, j = k % kSsimTile;
-        double a[5] = {0.0, 0.0, 0.0, 0.0, 0.0};
-#pragma unroll
-        for (int t = 0; t < kSsimTaps; ++t) {
-            const double x = static_cast<double>(sx[r][j + t]), y = static_cast<double>(sy[r][j + t]);
-            const double w = win.w[t];
-            a[0] = fma(w, x, a[0]);
-            a[1] = fma(w, y, a[1]);
-            a[2] = fma(w, x * x, a[2]);
-            a[3] = fma(w, y * y, a[3]);
-            a[4] = fma(w, x * y, a[4]);
-        }
-#pragma unroll
-        for (int s = 0; s < 5; ++s) h[s][r][j] = a[s];
-    }
+    moments_rows(win, sx, sy, h, tid);
     __syncthreads();
     const int ty = static_cast<int>(threadIdx.y), tx = static_cast<int>(threadIdx.x);
     const int i = p.row0 + kSsimRadius + ty, j = p.col0 + kSsimRadius + tx;  // this thread's image pixel
@@ -216,16 +241,9 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_bwd_kernel(int H, int W, in
     __syncthreads();
     filter_rows<3>(win, sig, h, tid);
     __syncthreads();
-    const int ty = static_cast<int>(threadIdx.y), tx = static_cast<int>(threadIdx.x);
-    const int i = p.row0 + kSsimRadius + ty, j = p.col0 + kSsimRadius + tx;
-    const int64_t o = pixel_offset(p, i, j, H, W, C);
-    if (o < 0) return;
-    if (!pixel_counts(mask, o, C)) {  // a masked-out x(q) is replaced by 0 before anything: no gradient reaches it
-        dL_dimg1[o] = 0.f;
-        return;
-    }
+    int64_t o;
     double f[3];
-    filter_column<3>(win, h, ty, tx, f);
+    if (!backward_pixel(p, H, W, C, win, h, mask, dL_dimg1, o, f)) return;
     const double x = static_cast<double>(img1[o]), y = static_cast<double>(img2[o]);
     double v = f[0] + 2.0 * x * f[1] + y * f[2];
     if (v_totals != nullptr) {
@@ -280,21 +298,7 @@ __global__ void __launch_bounds__(kSsimThreads) loss32_fwd_kernel(int H, int W, 
         sy[r][s] = (in ? img2[o] : 0.f) - cy;
     }
     __syncthreads();
-    for (int k = tid; k < kSsimSpan * kSsimTile; k += kSsimThreads) {
-        const int r = k / kSsimTile, j = k % kSsimTile;
-        float a[5] = {0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int t = 0; t < kSsimTaps; ++t) {
-            const float x = sx[r][j + t], y = sy[r][j + t], w = win.w[t];
-            a[0] = fmaf(w, x, a[0]);
-            a[1] = fmaf(w, y, a[1]);
-            a[2] = fmaf(w, x * x, a[2]);
-            a[3] = fmaf(w, y * y, a[3]);
-            a[4] = fmaf(w, x * y, a[4]);
-        }
-#pragma unroll
-        for (int s = 0; s < 5; ++s) h[s][r][j] = a[s];
-    }
+    moments_rows(win, sx, sy, h, tid);
     __syncthreads();
     const int ty = static_cast<int>(threadIdx.y), tx = static_cast<int>(threadIdx.x);
     const int i = p.row0 + kSsimRadius + ty, j = p.col0 + kSsimRadius + tx;
@@ -358,16 +362,9 @@ __global__ void __launch_bounds__(kSsimThreads) loss32_bwd_kernel(int H, int W, 
     __syncthreads();
     filter_rows<3>(win, sig, h, tid);
     __syncthreads();
-    const int ty = static_cast<int>(threadIdx.y), tx = static_cast<int>(threadIdx.x);
-    const int i = p.row0 + kSsimRadius + ty, j = p.col0 + kSsimRadius + tx;
-    const int64_t o = pixel_offset(p, i, j, H, W, C);
-    if (o < 0) return;
-    if (!pixel_counts(mask, o, C)) {  // a masked-out x(q) is replaced by 0 before anything: no gradient reaches it
-        dL_dimg1[o] = 0.f;
-        return;
-    }
+    int64_t o;
     float f[3];
-    filter_column<3>(win, h, ty, tx, f);
+    if (!backward_pixel(p, H, W, C, win, h, mask, dL_dimg1, o, f)) return;
     const float x = img1[o], y = img2[o];
     const float d = x - y;
     dL_dimg1[o] = f[0] + 2.f * (x - cx) * f[1] + (y - cy) * f[2] +
