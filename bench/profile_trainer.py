@@ -6,7 +6,8 @@ CUDA-graph step and without it (issue 14: beer trains at 2.8 ms per iteration wh
 
 Per mode (graph, eager) it prints: ms per step over ``--steps`` back-to-back steps (one synchronize at each end;
 densification and the strategy run as in training), the host's own time per step (perf_counter around
-``step()`` alone, no synchronize: when it is close to the ms per step, the host is the limit), and
+``step()`` alone, no synchronize; with the graph step also without the time it blocked on replays in flight,
+``GraphStep.wait_s``: when the host's own time is close to the ms per step, the host is the limit), and
 torch.profiler's top ops by self GPU and self CPU time over ``--profile`` steps. ``--out DIR`` also writes the
 text there (profile_trainer.txt). Needs a CUDA device.
 """
@@ -35,6 +36,8 @@ def measure(ds, cfg, args, label: str) -> str:
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
     host = 0.0
+    gs = trainer.graph_step
+    wait0 = gs.wait_s if gs is not None else 0.0
     t0 = time.perf_counter()
     for _ in range(args.steps):
         h = time.perf_counter()
@@ -43,8 +46,10 @@ def measure(ds, cfg, args, label: str) -> str:
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     gs = trainer.graph_step
+    own = "" if gs is None else f" (own work {1e3 * (host - (gs.wait_s - wait0)) / args.steps:.3f})"
     lines = [f"## {label}: {args.warm} warm-up steps in {warm_s:.2f} s ({1e3 * warm_s / max(args.warm, 1):.3f} ms/it); "
-             f"then {args.steps} steps: {1e3 * wall / args.steps:.3f} ms/it, host {1e3 * host / args.steps:.3f} ms/it; "
+             f"then {args.steps} steps: {1e3 * wall / args.steps:.3f} ms/it, host {1e3 * host / args.steps:.3f}{own} "
+             "ms/it; "
              f"N {trainer.model.num_gaussians:,}; iteration {trainer.iteration}"
              + ("" if gs is None else f"; graph: {gs.captures} captures, {gs.replays} replays, {gs.overflows} overflows"
                 + (f", off: {gs.disabled}" if gs.disabled else ""))]

@@ -169,17 +169,23 @@ def gsplat_available(wanted: bool) -> bool:
     return True
 
 
-def trainer_throughput(trainer: Trainer, iters: int, warmup: int) -> float:
-    """ms per ``Trainer.step()`` over ``iters`` back-to-back steps (one synchronize at each end): what a training
-    loop gets, with the host free to run ahead of the device (the graph step's case)."""
+def trainer_throughput(trainer: Trainer, iters: int, warmup: int) -> tuple[float, float | None]:
+    """(ms per ``Trainer.step()`` over ``iters`` back-to-back steps, one synchronize at each end: what a training
+    loop gets, with the host free to run ahead of the device (the graph step's case); the host's own ms per step:
+    that wall time minus the time the graph step blocked on replays in flight (GraphStep.wait_s), or None without
+    a graph step (the eager step never waits but at the end: its wall time is its host time))."""
     for _ in range(warmup):
         trainer.step()
     torch.cuda.synchronize()
+    gs_ = trainer.graph_step
+    wait0 = gs_.wait_s if gs_ is not None else 0.0
     t0 = time.perf_counter()
     for _ in range(iters):
         trainer.step()
     torch.cuda.synchronize()
-    return 1e3 * (time.perf_counter() - t0) / iters
+    wall = time.perf_counter() - t0
+    host = None if gs_ is None or gs_.disabled else 1e3 * (wall - (gs_.wait_s - wait0)) / iters
+    return 1e3 * wall / iters, host
 
 
 def run(args, device=None):
@@ -241,7 +247,7 @@ def run(args, device=None):
             # towards the shifted target, while the eager loop started fresh: at 1M it read 5.23 ms (graph)
             # against 4.40 ms (eager) at 800x800 (H200, 2026-12-02, aee63a1), not a like-for-like pair.
             trainer = Trainer(one_view_dataset(cam, target, extent), cfg, model=clone_model(base), device=dev)
-            row["trainer_tp"] = trainer_throughput(trainer, args.iters, args.warmup)
+            row["trainer_tp"], row["trainer_tp_host"] = trainer_throughput(trainer, args.iters, args.warmup)
             gs_ = trainer.graph_step
             row["graph"] = "off" if gs_ is None else (f"off ({gs_.disabled})" if gs_.disabled else
                                                        f"{gs_.captures} capture(s), {gs_.overflows} overflow(s)")
@@ -251,7 +257,7 @@ def run(args, device=None):
             eager_cfg = bench_config()
             eager_cfg.cuda_graph = False
             trainer = Trainer(one_view_dataset(cam, target, extent), eager_cfg, model=clone_model(base), device=dev)
-            row["trainer_tp_eager"] = trainer_throughput(trainer, args.iters, args.warmup)
+            row["trainer_tp_eager"] = trainer_throughput(trainer, args.iters, args.warmup)[0]
             del trainer
             rows.append(row)
             print("  " + format_row(row), flush=True)
@@ -279,7 +285,7 @@ def format_row(r: dict) -> str:
             f"(wall {fmt(d['ratio_wall'])}) | fwd {d['fwd']:.3f} bwd {d['bwd']:.3f} bwd/fwd {fmt(d['bwd_fwd'])} | "
             f"render fwd {rg['render']:.3f} bwd {rg['render_bwd']:.3f} ({fmt(d['render_bwd_fwd'])}) | "
             f"Adam {rg['adam']:.3f} | Trainer.step {r['trainer']:.3f} ms | loop: graph {r['trainer_tp']:.3f} "
-            f"eager {r['trainer_tp_eager']:.3f} ms/it "
+            f"(host {fmt(r.get('trainer_tp_host'), '.3f')}) eager {r['trainer_tp_eager']:.3f} ms/it "
             f"({r['graph']})")
 
 
@@ -293,13 +299,14 @@ def markdown(rows, meta: str, iters: int) -> str:
              "Trainer.step: the full `Trainer.step()` (NaN guard, densification statistics; densification itself "
              "off), wall, each step between two synchronizes. Trainer loop: ms per step over back-to-back steps "
              "(one synchronize at each end), each from the base model, with the CUDA-graph step (train/graph_step.py) "
-             "and without it (eager); "
+             "and without it (eager); graph host: the graph loop's wall time minus the time its host blocked on "
+             "replays in flight (the host's own work per step; below the graph loop's ms/it = the GPU bounds it); "
              "loop ratio = graph loop / gsplat ms/it.", "",
              "| scene | N | resolution | rigel ms/it | rigel wall | gsplat ms/it | gsplat wall | ratio | ratio wall | "
              "rigel fwd | rigel bwd | bwd/fwd | render fwd | render bwd | render bwd/fwd | loss fwd+bwd | Adam | "
-             "gsplat fwd | gsplat bwd | Trainer.step wall | Trainer loop graph | Trainer loop eager | loop ratio | "
-             "PSNR vs gsplat |",
-             "|---|---:|---|" + "---:|" * 21]
+             "gsplat fwd | gsplat bwd | Trainer.step wall | Trainer loop graph | graph host | Trainer loop eager | "
+             "loop ratio | PSNR vs gsplat |",
+             "|---|---:|---|" + "---:|" * 22]
     for r in rows:
         d, rg, gs = derived(r), r["rigel"], r.get("gsplat") or {}
         cells = [r["scene"], f"{r['n']:,}", r["res"], fmt(rg["total"], ".3f"), fmt(rg["wall"], ".3f"),
@@ -307,7 +314,7 @@ def markdown(rows, meta: str, iters: int) -> str:
                  fmt(d["fwd"], ".3f"), fmt(d["bwd"], ".3f"), fmt(d["bwd_fwd"]), fmt(rg["render"], ".3f"),
                  fmt(rg["render_bwd"], ".3f"), fmt(d["render_bwd_fwd"]), fmt(d["loss_ms"], ".3f"),
                  fmt(rg["adam"], ".3f"), fmt(d["g_fwd"], ".3f"), fmt(d["g_bwd"], ".3f"), fmt(r["trainer"], ".3f"),
-                 fmt(r["trainer_tp"], ".3f"), fmt(r["trainer_tp_eager"], ".3f"),
+                 fmt(r["trainer_tp"], ".3f"), fmt(r.get("trainer_tp_host"), ".3f"), fmt(r["trainer_tp_eager"], ".3f"),
                  fmt(r["trainer_tp"] / gs["total"] if gs.get("total") else None),
                  fmt(r.get("psnr_vs_gsplat"), ".1f")]
         lines.append("| " + " | ".join(cells) + " |")

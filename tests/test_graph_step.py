@@ -180,6 +180,7 @@ def test_graph_step_matches_the_eager_step(rng):
     assert gs is not None and gs.disabled is None and gs.captures >= 1 and gs.overflows == 0
     st = gs.stats()  # what metrics.json and bench/real.py record
     assert st["captures"] == gs.captures and st["capture_s"] > 0 and 30 <= st["replays"] < 40
+    assert 0 <= st["wait_s"] == gs.wait_s
     assert [r.view for r in rg] == [r.view for r in re_]
     # quats left out: on the H200 (RIGEL_SEED=788541674, 5a8f61f) 61 of the 800 quaternion components tipped —
     # the near-zero-gradient tipping _assert_trained_alike describes, more often here where the views' cropped

@@ -13,8 +13,8 @@ instant-ngp, COLMAP). Writes into ``RUN``:
 - ``log.txt``: one line per event (densification, evaluation, skipped steps, checkpoints), appended on resume;
 - ``metrics.json``: the run's configuration, the training loss curve (mean over each ``--log-every`` window:
   loss, training-view PSNR, Gaussian count, ms per iteration), held-out PSNR and SSIM at each evaluation,
-  ``graph_step`` (CUDA only: graphs captured, host seconds spent capturing, steps replayed, overflows; null when
-  every step was eager), timings (``train_s``: the steps' own seconds, evaluations excluded; ``loop_s``: the
+  ``graph_step`` (CUDA only: graphs captured, host seconds spent capturing, steps replayed, overflows, host
+  seconds waiting for the device; null when every step was eager), timings (``train_s``: the steps' own seconds, evaluations excluded; ``loop_s``: the
   training loop's wall-clock seconds, evaluations and periodic saves excluded; ``ms_per_iter``: ``train_s`` per
   iteration), peak GPU memory (CUDA), the number of steps the NaN guard skipped;
 - ``checkpoint.safetensors`` (:mod:`rigel_core.checkpoint`; ``--resume`` continues from it, and an ``--out``

@@ -136,6 +136,8 @@ class GraphStep:
         self.capture_s = 0.0  # host seconds spent in those captures (warm-up and instantiation included)
         self.replays = 0  # steps taken by replaying a graph (the others of the run were eager)
         self.overflows = 0  # replays that needed more entries than their capacity (trained again)
+        self.wait_s = 0.0  # host seconds blocked on replays in flight (check_pending): a loop's wall time minus
+        # this is the host's own work (bench/train_step.py's "graph loop host")
         self.disabled: str | None = None  # why the graph path was turned off for the run
         self._signature = None
         self._lr: dict[str, torch.Tensor] = {}  # device learning rates the captured Adam reads, by group name
@@ -196,10 +198,11 @@ class GraphStep:
                 self._drop(key)
 
     def stats(self) -> dict:
-        """``{"captures", "capture_s", "replays", "overflows", "disabled"}`` of the run so far (for metrics.json
-        and bench/real.py: how much of a run the graphs served and what re-capturing cost the host)."""
+        """``{"captures", "capture_s", "replays", "overflows", "wait_s", "disabled"}`` of the run so far (for
+        metrics.json and bench/real.py: how much of a run the graphs served, what re-capturing cost the host, and how
+        long the host waited for the device — most of the loop's time when the GPU is the bound)."""
         return {"captures": self.captures, "capture_s": self.capture_s, "replays": self.replays,
-                "overflows": self.overflows, "disabled": self.disabled}
+                "overflows": self.overflows, "wait_s": self.wait_s, "disabled": self.disabled}
 
     def record_entries(self, size: tuple, entries: int) -> None:
         """Note a frame of image size ``size`` (W, H) that needed ``entries`` binning entries (e.g. from an eager
@@ -239,7 +242,9 @@ class GraphStep:
         redo = []
         while len(self._pending) > keep:
             event, pinned, capacity, idx, size, n = self._pending.popleft()
+            t0 = time.perf_counter()
             event.synchronize()
+            self.wait_s += time.perf_counter() - t0
             total = int(pinned.item())
             self._recent.setdefault(size, deque(maxlen=RECENT_STEPS)).append((total, n))
             if total > capacity:
