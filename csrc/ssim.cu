@@ -256,8 +256,8 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_bwd_kernel(int H, int W, in
 // ---- the fused loss in float32, locally centred (photometric_sums with fp32; ssim.h) -------------------------
 // The float64 kernels above exist because the moments sigma^2 = E[x^2] - mu^2 and the backward's
 // A + 2x B + y Cc cancel (B, Cc ~ 1/C2 ~ 1e3 on flat regions). Both cancellations are of large centred terms, so
-// here every block subtracts one constant per image (c_x, c_y: the masked x and y at its tile's first pixel, or 0
-// outside the image) before anything: the forward filters x' = x - c_x, y' = y - c_y (the zero padding is x = 0,
+// here every block subtracts one constant per image (c_x, c_y: x and y at its tile's first counting pixel, or 0
+// when none counts) before anything: the forward filters x' = x - c_x, y' = y - c_y (the zero padding is x = 0,
 // i.e. x' = -c_x; the window sums to 1, so var(x') = var(x) exactly and mu(x) = c_x + mu(x')), and the backward
 // uses dS/dsigma1^2 * 2 (x(q) - mu1(p)) = 2 B ((x(q) - c_x) - (mu1(p) - c_x)). Near-flat regions then add small
 // numbers instead of subtracting large ones. The forward stores per pixel (float32) D = dS/dmu1, B = dS/dsigma1^2,
@@ -267,14 +267,26 @@ struct SsimWindowF {
     float w[kSsimTaps];
 };
 
-// The block's centring constants: the masked x and y at the first in-image pixel of its tile (uniform per block).
+// The block's centring constants: x and y at the first pixel of its tile that counts (in the image, mask true; in
+// thread order), or 0 when none does. Any constant is exact algebra; one near the tile's values keeps the sums
+// small. Every thread of the block must call it (two barriers).
 __device__ __forceinline__ void block_centre(const Plane& p, int H, int W, int C, const float* __restrict__ img1,
-                                             const float* __restrict__ img2, const bool* __restrict__ mask, float& cx,
-                                             float& cy) {
-    const int64_t o = pixel_offset(p, p.row0 + kSsimRadius, p.col0 + kSsimRadius, H, W, C);  // always in the image
-    const bool in = pixel_counts(mask, o, C);
-    cx = in ? img1[o] : 0.f;
-    cy = in ? img2[o] : 0.f;
+                                             const float* __restrict__ img2, const bool* __restrict__ mask, int tid,
+                                             float& cx, float& cy) {
+    __shared__ int first;
+    if (tid == 0) first = kSsimThreads;
+    __syncthreads();
+    const int ty = tid / kSsimTile, tx = tid % kSsimTile;
+    const int64_t o = pixel_offset(p, p.row0 + kSsimRadius + ty, p.col0 + kSsimRadius + tx, H, W, C);
+    if (o >= 0 && pixel_counts(mask, o, C)) atomicMin(&first, tid);
+    __syncthreads();
+    cx = cy = 0.f;
+    if (first < kSsimThreads) {
+        const int64_t f = pixel_offset(p, p.row0 + kSsimRadius + first / kSsimTile,
+                                       p.col0 + kSsimRadius + first % kSsimTile, H, W, C);
+        cx = img1[f];
+        cy = img2[f];
+    }
 }
 
 __global__ void __launch_bounds__(kSsimThreads) loss32_fwd_kernel(int H, int W, int C, int64_t numel, SsimWindowF win,
@@ -289,7 +301,7 @@ __global__ void __launch_bounds__(kSsimThreads) loss32_fwd_kernel(int H, int W, 
     const Plane p = block_plane(H, W, C);
     const int tid = static_cast<int>(threadIdx.y) * kSsimTile + static_cast<int>(threadIdx.x);
     float cx, cy;
-    block_centre(p, H, W, C, img1, img2, mask, cx, cy);
+    block_centre(p, H, W, C, img1, img2, mask, tid, cx, cy);
     for (int k = tid; k < kSsimSpan * kSsimSpan; k += kSsimThreads) {
         const int r = k / kSsimSpan, s = k % kSsimSpan;
         const int64_t o = pixel_offset(p, p.row0 + r, p.col0 + s, H, W, C);
@@ -343,7 +355,7 @@ __global__ void __launch_bounds__(kSsimThreads) loss32_bwd_kernel(int H, int W, 
     const Plane p = block_plane(H, W, C);
     const int tid = static_cast<int>(threadIdx.y) * kSsimTile + static_cast<int>(threadIdx.x);
     float cx, cy;
-    block_centre(p, H, W, C, img1, img2, mask, cx, cy);
+    block_centre(p, H, W, C, img1, img2, mask, tid, cx, cy);
     const float v_S = static_cast<float>(v_totals[1]);
     for (int k = tid; k < kSsimSpan * kSsimSpan; k += kSsimThreads) {
         const int r = k / kSsimSpan, s = k % kSsimSpan;

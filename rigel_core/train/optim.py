@@ -162,7 +162,12 @@ class Adam(torch.optim.Adam):
 
     def _sparse_fallback_step(self, closure):
         """``sparse`` on the torch path: the dense step, then the elements whose gradient is 0 put back (value and
-        moments as before the step; moments created by this step start at 0 there)."""
+        moments as before the step; moments created by this step start at 0 there). A closure runs first, so the
+        zero pattern is that of the gradients it computes."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         kept = []
         for g in self.param_groups:
             for p in g["params"]:
@@ -172,7 +177,7 @@ class Adam(torch.optim.Adam):
                 st = self.state[p]
                 kept.append((p, zero, p[zero].clone(), *(st[k][zero].clone() if k in st else None
                                                          for k in ("exp_avg", "exp_avg_sq"))))
-        loss = super().step(closure)
+        super().step()
         for p, zero, value, m, v in kept:
             p[zero] = value
             st = self.state[p]
