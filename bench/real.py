@@ -288,8 +288,9 @@ def masked_ssim(pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor | None)
 
 
 def train_loss(pred, gt, mask, lambda_dssim: float) -> torch.Tensor:
-    """(1 − λ)·L1 + λ·(1 − SSIM), masked as above (without a mask: ``Trainer.compute_loss``'s formula, its
-    functions)."""
+    """(1 − λ)·L1 + λ·(1 − SSIM), masked as above: the gsplat loop's loss, from the separate functions of
+    :mod:`rigel_core.train.losses` (``Trainer.compute_loss``'s formula; rigel's own runs take its fused kernels on
+    CUDA, the same values to float64 rounding: tests/test_losses.py)."""
     return (1.0 - lambda_dssim) * masked_l1(pred, gt, mask) + lambda_dssim * (1.0 - masked_ssim(pred, gt, mask))
 
 

@@ -411,7 +411,8 @@ def test_bad_masks_are_one_clear_error(tmp_path, rng):
 
 def test_fully_masked_training_set_is_refused_and_blind_test_views_left_out(rng):
     """Every training pixel masked: one clear error, no training on nothing (before: 'psnr inf', exit 0). A
-    held-out view with no valid pixel is left out of the evaluation with a warning instead of scoring inf."""
+    held-out view with no valid pixel is left out of the evaluation with a warning instead of scoring inf; a
+    training view with none is left out of training with a warning (its steps reported loss λ and PSNR inf)."""
     w, h = 24, 16
     cams = [Camera.look_at((0.5 + 0.1 * i, -3.0, 1.2), (0, 0, 0), (0, 0, 1), width=w, height=h, fov_x_deg=60,
                            name=f"v{i}") for i in range(4)]
@@ -424,9 +425,14 @@ def test_fully_masked_training_set_is_refused_and_blind_test_views_left_out(rng)
         Trainer(ds, TrainConfig(**cfg), device="cpu")
     ds = Dataset([Frame(cams[0], img(), None, "v0", none), Frame(cams[1], img(), None, "v1", every)],
                  [Frame(cams[2], img(), None, "t0", none), Frame(cams[3], img(), None, "t1", None)], np.zeros(3), 3.0)
-    with pytest.warns(UserWarning, match="1 held-out view"):
+    with pytest.warns(UserWarning, match="1 held-out view"), \
+            pytest.warns(UserWarning, match=r"1 training view\(s\) have every pixel masked and are left out of "
+                                            r"training: v0"):
         tr = Trainer(ds, TrainConfig(**cfg), device="cpu")
-    tr.step()
+    assert [f.name for f in tr.train_frames] == ["v1"]
+    for _ in range(3):
+        r = tr.step()
+        assert r.view == "v1" and math.isfinite(r.psnr)
     ev = tr.evaluate()
     assert ev.n_views == 1 and ev.per_view[0]["name"] == "t1" and math.isfinite(ev.psnr)
 

@@ -362,6 +362,11 @@ class Trainer:
         if all(no_valid_pixel(f) for f in self.train_frames):
             raise ValueError(f"{src}: every pixel of every training image is masked (masks/, mask_path, alpha or a "
                              "lens that covers none of the image): nothing to train on")
+        blind = [f.name for f in self.train_frames if no_valid_pixel(f)]
+        if blind:  # nothing to learn from, and its step would report loss λ and PSNR inf: leave it out, loudly
+            warnings.warn(f"{src}: {len(blind)} training view(s) have every pixel masked and are left out of "
+                          "training: " + ", ".join(blind[:5]) + (" …" if len(blind) > 5 else ""), stacklevel=2)
+            self.train_frames = [f for f in self.train_frames if not no_valid_pixel(f)]
         blind = [f.name for f in self.test_frames if no_valid_pixel(f)]
         if blind:  # a view with no valid pixel has no PSNR: leave it out of the held-out set, loudly
             warnings.warn(f"{src}: {len(blind)} held-out view(s) have every pixel masked and are not evaluated: "
