@@ -111,6 +111,19 @@ def test_errors():
         ssim(torch.zeros(8, 3), torch.zeros(8, 3))
     with pytest.raises(ValueError, match="differ in shape"):
         l1_loss(a, torch.zeros(8, 8, 4))
+    # mixed dtypes and non-tensors: one clear line, whichever argument it is (float32 pred with a float64 target
+    # used to raise torch's "expected scalar type Double but found Float", the other order silently promoted)
+    from rigel_core.train.losses import loss_terms
+
+    for f in (l1_loss, ssim, mse, loss_terms):
+        with pytest.raises(TypeError, match=r"prediction \(torch.float32\) and target \(torch.float64\) differ"):
+            f(a, a.double())
+        with pytest.raises(TypeError, match=r"prediction \(torch.float64\) and target \(torch.float32\) differ"):
+            f(a.double(), a)
+        with pytest.raises(TypeError, match="target: expected a torch.Tensor image, got ndarray"):
+            f(a, a.numpy())
+        with pytest.raises(TypeError, match="prediction: expected a torch.Tensor image, got ndarray"):
+            f(a.numpy(), a)
 
 
 # ---- fused CUDA SSIM (csrc/ssim.cu, rigel_core.cuda_backend.ssim_map_cuda) ----------------------------------------

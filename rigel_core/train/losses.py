@@ -50,8 +50,13 @@ def _as_batch(img: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def _check_pair(pred: torch.Tensor, target: torch.Tensor) -> None:
+    for name, t in (("prediction", pred), ("target", target)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor image, got {type(t).__name__}")
     if pred.shape != target.shape:
         raise ValueError(f"prediction {tuple(pred.shape)} and target {tuple(target.shape)} differ in shape")
+    if pred.dtype != target.dtype:
+        raise TypeError(f"prediction ({pred.dtype}) and target ({target.dtype}) differ in dtype; convert one")
 
 
 def _as_mask(mask: torch.Tensor, img: torch.Tensor) -> torch.Tensor:
@@ -204,11 +209,10 @@ def loss_terms(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | No
     (:func:`rigel_core.cuda_backend.photometric_sums_cuda`: two launches, float64 sums); everything else the
     functions of this module. Both give the same values and gradients (tests/test_losses.py). ``fp32``: the fused
     kernels' float32 form (``TrainConfig.loss_float32``; no effect off CUDA)."""
-    if (isinstance(pred, torch.Tensor) and pred.is_cuda and pred.dtype == torch.float32 and pred.numel() > 0
-            and not target.requires_grad):
+    _check_pair(pred, target)
+    if pred.is_cuda and pred.dtype == torch.float32 and pred.numel() > 0 and not target.requires_grad:
         from ..cuda_backend import photometric_sums_cuda
 
-        _check_pair(pred, target)
         m = None
         if mask is not None:
             m = _as_mask(mask, pred)[..., 0]
