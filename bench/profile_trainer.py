@@ -45,7 +45,6 @@ def measure(ds, cfg, args, label: str) -> str:
         host += time.perf_counter() - h
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    gs = trainer.graph_step
     own = "" if gs is None else f" (own work {1e3 * (host - (gs.wait_s - wait0)) / args.steps:.3f})"
     lines = [f"## {label}: {args.warm} warm-up steps in {warm_s:.2f} s ({1e3 * warm_s / max(args.warm, 1):.3f} ms/it); "
              f"then {args.steps} steps: {1e3 * wall / args.steps:.3f} ms/it, host {1e3 * host / args.steps:.3f}{own} "

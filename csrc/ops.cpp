@@ -214,9 +214,9 @@ at::Device check_ssim_image(const char* op, const at::Tensor& img1) {
     return dev;
 }
 
-// coef's shape: (3, *img1.shape).
-std::vector<int64_t> ssim_coef_shape(const at::Tensor& img1) {
-    std::vector<int64_t> s{3};
+// coef's shape: (planes, *img1.shape) — 3 float64 planes, or 5 float32 ones for the float32 loss kernels.
+std::vector<int64_t> ssim_coef_shape(const at::Tensor& img1, int64_t planes = 3) {
+    std::vector<int64_t> s{planes};
     for (int64_t d : img1.sizes()) s.push_back(d);
     return s;
 }
@@ -510,9 +510,7 @@ std::tuple<at::Tensor, at::Tensor> photometric_sums(const at::Tensor& pred, cons
     const c10::cuda::CUDAGuard guard(dev);
     at::Tensor totals = at::zeros({4}, pred.options().dtype(at::kDouble));
     if (fp32) {
-        std::vector<int64_t> shape = ssim_coef_shape(pred);
-        shape[0] = 5;
-        at::Tensor coef = at::empty(shape, pred.options());
+        at::Tensor coef = at::empty(ssim_coef_shape(pred, 5), pred.options());
         launch_loss32_fwd(pred, target, mask, coef, totals);
         return {totals, coef};
     }
@@ -532,13 +530,13 @@ at::Tensor photometric_sums_backward(const at::Tensor& pred, const at::Tensor& t
     const c10::cuda::CUDAGuard guard(dev);
     at::Tensor v_pred = at::empty_like(pred);
     if (coef.defined() && coef.scalar_type() == at::kFloat) {  // the fp32 forward's
-        std::vector<int64_t> shape = ssim_coef_shape(pred);
-        shape[0] = 5;
-        check(op, "coef", coef, at::kFloat, dev, shape, "(5, *pred.shape) float32 or (3, *pred.shape) float64");
+        check(op, "coef", coef, at::kFloat, dev, ssim_coef_shape(pred, 5),
+              "(5, *pred.shape) float32 or (3, *pred.shape) float64");
         launch_loss32_bwd(v_totals, mask, pred, target, coef, v_pred);
         return v_pred;
     }
-    check(op, "coef", coef, at::kDouble, dev, ssim_coef_shape(pred), "(3, *pred.shape) float64 or (5, *pred.shape) float32");
+    check(op, "coef", coef, at::kDouble, dev, ssim_coef_shape(pred),
+          "(3, *pred.shape) float64 or (5, *pred.shape) float32");
     launch_ssim_bwd(nullptr, &v_totals, mask, pred, target, coef, v_pred);
     return v_pred;
 }

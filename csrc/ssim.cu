@@ -154,6 +154,48 @@ __device__ __forceinline__ bool backward_pixel(const Plane& p, int H, int W, int
     return true;
 }
 
+// Stages the halo of both images minus the block's constants (cx = cy = 0: the images themselves; the float32 loss:
+// its centring), reading 0 outside the image and where the mask is false.
+__device__ __forceinline__ void stage_images(const Plane& p, int H, int W, int C, const float* __restrict__ img1,
+                                             const float* __restrict__ img2, const bool* __restrict__ mask, float cx,
+                                             float cy, float (*sx)[kSsimSpan], float (*sy)[kSsimSpan], int tid) {
+    for (int k = tid; k < kSsimSpan * kSsimSpan; k += kSsimThreads) {
+        const int r = k / kSsimSpan, s = k % kSsimSpan;
+        const int64_t o = pixel_offset(p, p.row0 + r, p.col0 + s, H, W, C);
+        const bool in = o >= 0 && pixel_counts(mask, o, C);
+        sx[r][s] = (in ? img1[o] : 0.f) - cx;
+        sy[r][s] = (in ? img2[o] : 0.f) - cy;
+    }
+}
+
+// SSIM of one pixel from its moments (var1, var2, cov central) and the backward's partials, in T:
+// S = n1 n2 / (d1 d2): dS/dmu1 = (2 mu2 n2 - 2 mu1 S d2) / (d1 d2), dS/dvar1 = -S / d2, dS/dcov = 2 n1 / (d1 d2).
+template <typename T>
+__device__ __forceinline__ T ssim_terms(T mu1, T mu2, T var1, T var2, T cov, T& dS_dmu1, T& dS_dvar1, T& dS_dcov) {
+    const T n1 = T(2) * mu1 * mu2 + T(kSsimC1), n2 = T(2) * cov + T(kSsimC2);
+    const T d1 = mu1 * mu1 + mu2 * mu2 + T(kSsimC1), d2 = var1 + var2 + T(kSsimC2);
+    const T S = (n1 * n2) / (d1 * d2);
+    dS_dmu1 = T(2) * (mu2 * n2 - mu1 * S * d2) / (d1 * d2);
+    dS_dvar1 = -S / d2;
+    dS_dcov = T(2) * n1 / (d1 * d2);
+    return S;
+}
+
+// A counting pixel's share of the loss totals: |x - y|, S, (x - y)^2, 1 (float64; x, y the exact image values).
+__device__ __forceinline__ void pixel_sums(float x, float y, double S, double sums[4]) {
+    const double d = static_cast<double>(x) - static_cast<double>(y);
+    sums[0] = fabs(d);
+    sums[1] = S;
+    sums[2] = d * d;
+    sums[3] = 1.0;
+}
+
+// sign(x - y) as autograd's |.| takes it (0 at 0).
+template <typename T>
+__device__ __forceinline__ T sign_of(T d) {
+    return static_cast<T>((d > T(0)) - (d < T(0)));
+}
+
 // Stages x and y (float32, exact; 0 where the mask is false), filters the rows of the five signals x, y, x^2, y^2,
 // xy (products and sums in float64), then the columns, to mu1, mu2, E[x^2], E[y^2], E[xy], and writes the backward
 // coefficients (A, Bc, Cc) of ssim.h per pixel, and either SSIM per pixel (map) or the block's loss sums (totals).
@@ -169,13 +211,7 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_fwd_kernel(int H, int W, in
     __shared__ double h[5][kSsimSpan][kSsimTile];                         // 16.25 KiB
     const Plane p = block_plane(H, W, C);
     const int tid = static_cast<int>(threadIdx.y) * kSsimTile + static_cast<int>(threadIdx.x);
-    for (int k = tid; k < kSsimSpan * kSsimSpan; k += kSsimThreads) {
-        const int r = k / kSsimSpan, s = k % kSsimSpan;
-        const int64_t o = pixel_offset(p, p.row0 + r, p.col0 + s, H, W, C);
-        const bool in = o >= 0 && pixel_counts(mask, o, C);
-        sx[r][s] = in ? img1[o] : 0.f;
-        sy[r][s] = in ? img2[o] : 0.f;
-    }
+    stage_images(p, H, W, C, img1, img2, mask, 0.f, 0.f, sx, sy, tid);
     __syncthreads();
     moments_rows(win, sx, sy, h, tid);
     __syncthreads();
@@ -187,27 +223,15 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_fwd_kernel(int H, int W, in
         double m[5];
         filter_column<5>(win, h, ty, tx, m);
         const double mu1 = m[0], mu2 = m[1];
-        const double var1 = m[2] - mu1 * mu1, var2 = m[3] - mu2 * mu2, cov = m[4] - mu1 * mu2;
-        const double n1 = 2.0 * mu1 * mu2 + kSsimC1, n2 = 2.0 * cov + kSsimC2;
-        const double d1 = mu1 * mu1 + mu2 * mu2 + kSsimC1, d2 = var1 + var2 + kSsimC2;
-        const double S = (n1 * n2) / (d1 * d2);
-        // S = n1 n2 / (d1 d2): dS/dmu1 = (2 mu2 n2 - 2 mu1 S d2) / (d1 d2), dS/dvar1 = -S / d2,
-        // dS/dcov = 2 n1 / (d1 d2)
-        const double dS_dmu1 = 2.0 * (mu2 * n2 - mu1 * S * d2) / (d1 * d2);
-        const double dS_dvar1 = -S / d2;
-        const double dS_dcov = 2.0 * n1 / (d1 * d2);
+        double dS_dmu1, dS_dvar1, dS_dcov;
+        const double S = ssim_terms(mu1, mu2, m[2] - mu1 * mu1, m[3] - mu2 * mu2, m[4] - mu1 * mu2, dS_dmu1, dS_dvar1,
+                                    dS_dcov);
         if (map != nullptr) map[o] = static_cast<float>(S);
         coef[o] = dS_dmu1 - 2.0 * mu1 * dS_dvar1 - mu2 * dS_dcov;
         coef[numel + o] = dS_dvar1;
         coef[2 * numel + o] = dS_dcov;
-        if (totals != nullptr && pixel_counts(mask, o, C)) {
-            const double d = static_cast<double>(sx[ty + kSsimRadius][tx + kSsimRadius]) -
-                             static_cast<double>(sy[ty + kSsimRadius][tx + kSsimRadius]);
-            sums[0] = fabs(d);
-            sums[1] = S;
-            sums[2] = d * d;
-            sums[3] = 1.0;
-        }
+        if (totals != nullptr && pixel_counts(mask, o, C))
+            pixel_sums(sx[ty + kSsimRadius][tx + kSsimRadius], sy[ty + kSsimRadius][tx + kSsimRadius], S, sums);
     }
     if (totals != nullptr) add_block_totals(sums, totals, tid);  // block-uniform: every thread arrives
 }
@@ -248,7 +272,7 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_bwd_kernel(int H, int W, in
     double v = f[0] + 2.0 * x * f[1] + y * f[2];
     if (v_totals != nullptr) {
         const double d = x - y;
-        v += v_totals[0] * static_cast<double>((d > 0.0) - (d < 0.0)) + 2.0 * v_totals[2] * d;
+        v += v_totals[0] * sign_of(d) + 2.0 * v_totals[2] * d;
     }
     dL_dimg1[o] = static_cast<float>(v);
 }
@@ -302,13 +326,7 @@ __global__ void __launch_bounds__(kSsimThreads) loss32_fwd_kernel(int H, int W, 
     const int tid = static_cast<int>(threadIdx.y) * kSsimTile + static_cast<int>(threadIdx.x);
     float cx, cy;
     block_centre(p, H, W, C, img1, img2, mask, tid, cx, cy);
-    for (int k = tid; k < kSsimSpan * kSsimSpan; k += kSsimThreads) {
-        const int r = k / kSsimSpan, s = k % kSsimSpan;
-        const int64_t o = pixel_offset(p, p.row0 + r, p.col0 + s, H, W, C);
-        const bool in = o >= 0 && pixel_counts(mask, o, C);
-        sx[r][s] = (in ? img1[o] : 0.f) - cx;
-        sy[r][s] = (in ? img2[o] : 0.f) - cy;
-    }
+    stage_images(p, H, W, C, img1, img2, mask, cx, cy, sx, sy, tid);
     __syncthreads();
     moments_rows(win, sx, sy, h, tid);
     __syncthreads();
@@ -319,25 +337,13 @@ __global__ void __launch_bounds__(kSsimThreads) loss32_fwd_kernel(int H, int W, 
     if (o >= 0) {
         float m[5];
         filter_column<5>(win, h, ty, tx, m);
-        const float var1 = m[2] - m[0] * m[0], var2 = m[3] - m[1] * m[1], cov = m[4] - m[0] * m[1];  // centred
         const float mu1 = cx + m[0], mu2 = cy + m[1];
-        const float n1 = 2.f * mu1 * mu2 + static_cast<float>(kSsimC1), n2 = 2.f * cov + static_cast<float>(kSsimC2);
-        const float d1 = mu1 * mu1 + mu2 * mu2 + static_cast<float>(kSsimC1);
-        const float d2 = var1 + var2 + static_cast<float>(kSsimC2);
-        const float inv = 1.f / (d1 * d2);
-        const float S = n1 * n2 * inv;
-        coef[o] = 2.f * (mu2 * n2 - mu1 * S * d2) * inv;  // dS/dmu1
-        coef[numel + o] = -S / d2;                         // dS/dsigma1^2
-        coef[2 * numel + o] = 2.f * n1 * inv;              // dS/dsigma12
+        // the centred moments' variances and covariance are those of the images
+        const float S = ssim_terms(mu1, mu2, m[2] - m[0] * m[0], m[3] - m[1] * m[1], m[4] - m[0] * m[1], coef[o],
+                                   coef[numel + o], coef[2 * numel + o]);  // dS/dmu1, dS/dsigma1^2, dS/dsigma12
         coef[3 * numel + o] = mu1;
         coef[4 * numel + o] = mu2;
-        if (pixel_counts(mask, o, C)) {
-            const double d = static_cast<double>(img1[o]) - static_cast<double>(img2[o]);  // exact, not centred
-            sums[0] = fabs(d);
-            sums[1] = static_cast<double>(S);
-            sums[2] = d * d;
-            sums[3] = 1.0;
-        }
+        if (pixel_counts(mask, o, C)) pixel_sums(img1[o], img2[o], static_cast<double>(S), sums);  // exact, not centred
     }
     add_block_totals(sums, totals, tid);  // block-uniform: every thread arrives
 }
@@ -379,9 +385,16 @@ __global__ void __launch_bounds__(kSsimThreads) loss32_bwd_kernel(int H, int W, 
     if (!backward_pixel(p, H, W, C, win, h, mask, dL_dimg1, o, f)) return;
     const float x = img1[o], y = img2[o];
     const float d = x - y;
-    dL_dimg1[o] = f[0] + 2.f * (x - cx) * f[1] + (y - cy) * f[2] +
-                  static_cast<float>(v_totals[0]) * static_cast<float>((d > 0.f) - (d < 0.f)) +
+    dL_dimg1[o] = f[0] + 2.f * (x - cx) * f[1] + (y - cy) * f[2] + static_cast<float>(v_totals[0]) * sign_of(d) +
                   2.f * static_cast<float>(v_totals[2]) * d;
+}
+
+// H, W, C of a (H, W, C) or (B, H, W, C) image, as the kernels take them.
+struct ImageDims {
+    int H, W, C;
+};
+ImageDims image_dims(const at::Tensor& img) {
+    return {static_cast<int>(img.size(-3)), static_cast<int>(img.size(-2)), static_cast<int>(img.size(-1))};
 }
 
 dim3 ssim_grid(const at::Tensor& img) {
@@ -410,7 +423,7 @@ void launch_ssim_fwd(const at::Tensor& img1, const at::Tensor& img2, const c10::
                      at::Tensor* map, at::Tensor& coef, at::Tensor* totals) {
     const int64_t numel = img1.numel();
     if (numel == 0) return;
-    const int H = static_cast<int>(img1.size(-3)), W = static_cast<int>(img1.size(-2)), C = static_cast<int>(img1.size(-1));
+    const auto [H, W, C] = image_dims(img1);
     ssim_fwd_kernel<<<ssim_grid(img1), dim3(kSsimTile, kSsimTile), 0, at::cuda::getCurrentCUDAStream()>>>(
         H, W, C, numel, window(), img1.data_ptr<float>(), img2.data_ptr<float>(),
         mask.has_value() ? mask->data_ptr<bool>() : nullptr, map != nullptr ? map->data_ptr<float>() : nullptr,
@@ -422,7 +435,7 @@ void launch_ssim_bwd(const at::Tensor* dL_dmap, const at::Tensor* v_totals, cons
                      const at::Tensor& img1, const at::Tensor& img2, const at::Tensor& coef, at::Tensor& dL_dimg1) {
     const int64_t numel = img1.numel();
     if (numel == 0) return;
-    const int H = static_cast<int>(img1.size(-3)), W = static_cast<int>(img1.size(-2)), C = static_cast<int>(img1.size(-1));
+    const auto [H, W, C] = image_dims(img1);
     ssim_bwd_kernel<<<ssim_grid(img1), dim3(kSsimTile, kSsimTile), 0, at::cuda::getCurrentCUDAStream()>>>(
         H, W, C, numel, window(), dL_dmap != nullptr ? dL_dmap->data_ptr<float>() : nullptr,
         v_totals != nullptr ? v_totals->data_ptr<double>() : nullptr,
@@ -435,7 +448,7 @@ void launch_loss32_fwd(const at::Tensor& img1, const at::Tensor& img2, const c10
                        at::Tensor& coef, at::Tensor& totals) {
     const int64_t numel = img1.numel();
     if (numel == 0) return;
-    const int H = static_cast<int>(img1.size(-3)), W = static_cast<int>(img1.size(-2)), C = static_cast<int>(img1.size(-1));
+    const auto [H, W, C] = image_dims(img1);
     loss32_fwd_kernel<<<ssim_grid(img1), dim3(kSsimTile, kSsimTile), 0, at::cuda::getCurrentCUDAStream()>>>(
         H, W, C, numel, window_f(), img1.data_ptr<float>(), img2.data_ptr<float>(),
         mask.has_value() ? mask->data_ptr<bool>() : nullptr, coef.data_ptr<float>(), totals.data_ptr<double>());
@@ -446,7 +459,7 @@ void launch_loss32_bwd(const at::Tensor& v_totals, const c10::optional<at::Tenso
                        const at::Tensor& img2, const at::Tensor& coef, at::Tensor& dL_dimg1) {
     const int64_t numel = img1.numel();
     if (numel == 0) return;
-    const int H = static_cast<int>(img1.size(-3)), W = static_cast<int>(img1.size(-2)), C = static_cast<int>(img1.size(-1));
+    const auto [H, W, C] = image_dims(img1);
     loss32_bwd_kernel<<<ssim_grid(img1), dim3(kSsimTile, kSsimTile), 0, at::cuda::getCurrentCUDAStream()>>>(
         H, W, C, numel, window_f(), v_totals.data_ptr<double>(), mask.has_value() ? mask->data_ptr<bool>() : nullptr,
         img1.data_ptr<float>(), img2.data_ptr<float>(), coef.data_ptr<float>(), dL_dimg1.data_ptr<float>());

@@ -134,9 +134,7 @@ class Adam(torch.optim.Adam):
     def step(self, closure=None):
         groups = None if closure is not None else self._kernel_groups()
         if groups is None:
-            if not self.sparse:
-                return super().step(closure)
-            return self._sparse_fallback_step(closure)
+            return self._sparse_fallback_step(closure) if self.sparse else super().step(closure)
         lists = [[] for _ in range(10)]
         for g, ps in groups:
             b1, b2 = g["betas"]

@@ -362,16 +362,20 @@ class Trainer:
         if all(no_valid_pixel(f) for f in self.train_frames):
             raise ValueError(f"{src}: every pixel of every training image is masked (masks/, mask_path, alpha or a "
                              "lens that covers none of the image): nothing to train on")
-        blind = [f.name for f in self.train_frames if no_valid_pixel(f)]
-        if blind:  # nothing to learn from, and its step would report loss λ and PSNR inf: leave it out, loudly
-            warnings.warn(f"{src}: {len(blind)} training view(s) have every pixel masked and are left out of "
-                          "training: " + ", ".join(blind[:5]) + (" …" if len(blind) > 5 else ""), stacklevel=2)
-            self.train_frames = [f for f in self.train_frames if not no_valid_pixel(f)]
-        blind = [f.name for f in self.test_frames if no_valid_pixel(f)]
-        if blind:  # a view with no valid pixel has no PSNR: leave it out of the held-out set, loudly
-            warnings.warn(f"{src}: {len(blind)} held-out view(s) have every pixel masked and are not evaluated: "
-                          + ", ".join(blind[:5]) + (" …" if len(blind) > 5 else ""), stacklevel=2)
-            self.test_frames = [f for f in self.test_frames if not no_valid_pixel(f)]
+        def without_blind(frames: list, what: str) -> list:
+            """``frames`` without those with no valid pixel, naming them in one warning: a training view has nothing
+            to learn from (its steps would report loss λ and PSNR inf), a held-out view has no PSNR."""
+            blind = [f.name for f in frames if no_valid_pixel(f)]
+            if not blind:
+                return frames
+            warnings.warn(f"{src}: {len(blind)} {what}: " + ", ".join(blind[:5]) + (" …" if len(blind) > 5 else ""),
+                          stacklevel=3)
+            return [f for f in frames if not no_valid_pixel(f)]
+
+        self.train_frames = without_blind(self.train_frames,
+                                          "training view(s) have every pixel masked and are left out of training")
+        self.test_frames = without_blind(self.test_frames,
+                                         "held-out view(s) have every pixel masked and are not evaluated")
         self.extent = float(dataset.scene_extent) if dataset.scene_extent and dataset.scene_extent > 0 else 1.0
         self.white_bg = bool(getattr(dataset, "white_bg", False))
         self.background = torch.full((3,), 1.0 if self.white_bg else 0.0, device=self.device)
