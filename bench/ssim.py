@@ -8,7 +8,9 @@ difference of the two paths' values and gradients. One line per resolution, "WxH
 (bench/kernel_ab.sh --ssim parses it). A second line, "WxH loss: ...", times the trainer's whole loss
 (``losses.loss_terms``: L1 + D-SSIM + the MSE metric, forward + backward) in the fused kernels' float64 and float32
 forms (``TrainConfig.loss_float32``), without and with a mask (a 16-px border masked, as a lens mask), and the
-float32 form's difference from the float64 one.
+float32 form's difference from the float64 one. Those are timed as replays of a CUDA graph of forward + backward
+(as the trainer's graph step runs them): launched eagerly, the loss's few small autograd launches keep the host
+busier than the GPU, and the times would be the host's.
 """
 import argparse
 
@@ -35,6 +37,31 @@ def run(loss, pred, gt, iters):
     return start.elapsed_time(end) / iters, float(s.detach()), x.grad.clone()
 
 
+def run_graph(loss, pred, gt, iters):
+    """As :func:`run`, the forward + backward captured once in a CUDA graph and replayed ``iters`` times."""
+    x = pred.clone().requires_grad_(True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream (torch.cuda.graphs' rule)
+        for _ in range(3):
+            x.grad = None
+            loss(x, gt).backward()
+    torch.cuda.current_stream().wait_stream(side)
+    x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        s = loss(x, gt)
+        s.backward()  # x.grad is allocated in the graph's pool: each replay rewrites it
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters, float(s.detach()), x.grad.clone()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--iters", type=int, default=50)
@@ -52,7 +79,8 @@ def main():
         mask[16:-16, 16:-16] = True
         cols = []
         for m in (None, mask):
-            res = {fp32: run(lambda p, t, fp32=fp32, m=m: loss_terms(p, t, m, fp32=fp32)[0], pred, gt, args.iters)
+            res = {fp32: run_graph(lambda p, t, fp32=fp32, m=m: loss_terms(p, t, m, fp32=fp32)[0], pred, gt,
+                                   args.iters)
                    for fp32 in (False, True)}
             (t64, l64, g64), (t32, l32, g32) = res[False], res[True]
             rel = float((g32 - g64).norm() / g64.norm())

@@ -22,7 +22,7 @@ from rigel_core import _ext, config, cuda_backend
 from rigel_core.reference import expected_depth, project_gaussians, rasterize_tiles, render_reference, sh_colors
 
 from helpers import cam_tensors, real_scene_pair
-from test_cuda_backward import assert_close, background_scale, gradient_errors, leaves
+from test_cuda_backward import assert_close, gradient_errors, leaves, raster_lists_stage
 from test_cuda_forward import _ply_cameras, cuda_project, make_scene
 
 pytestmark = pytest.mark.gpu
@@ -103,7 +103,12 @@ def well_posed_depth_pixels(n_contrib, ref):
 
 
 def test_raster_depth_backward(rng):
-    """CUDA vs float64 autograd, on the kernel's own projection and entries, incl. stopped and saturated pixels."""
+    """CUDA vs float64 autograd, on the kernel's own projection and entries, incl. stopped and saturated pixels
+    (test_cuda_backward.raster_lists_stage with depths: each group held to 1e-5, or to twice the float32
+    reference's error on the same inputs where float32 itself cannot do better. Seen on the H200 at 780c06a:
+    RIGEL_SEED=2690660735 gave means2D 3.5e-3, conics 1.6e-3, opacities 2.5e-3 with colours at 3e-7 when compared
+    without that floor: the signature of a fragment whose vis = 0.999 G lands on ALPHA_MAX, clamped (zero gradient)
+    on one side of the float32 / float64 rounding and not on the other.)"""
     cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False)
     means, quats, scales, opac, colors = inputs
     opac = torch.where(torch.rand(opac.shape, generator=rng) < 0.3, 0.999, opac)   # saturated alpha, T_MIN stops
@@ -112,24 +117,8 @@ def test_raster_depth_backward(rng):
     m2, con, dep, rad = _ext.get().project_gaussians(*(t.to(DEV) for t in (means, quats, scales, opac, vm, K)), w, h,
                                                      config.NEAR_PLANE, config.FAR_PLANE)
     _, ids, ranges, _ = cuda_backend.bin_gaussians_cuda(m2, con, opac.to(DEV), dep, rad, w, h)
-    w_img, w_T, w_D = (torch.randn(h, w, 3, generator=rng), torch.randn(h, w, generator=rng),
-                       torch.randn(h, w, generator=rng))
-    bg = torch.rand(3, generator=rng)
-    base = (m2, con, colors, opac, dep, bg)
-    x32 = leaves(base, DEV, torch.float32)
-    out = cuda_backend.rasterize_tiles_cuda(*x32[:4], ids, ranges, w, h, background=x32[5], depths=x32[4])
-    image, final_T, n_contrib, ed, dmed = out   # ed: the expected depth, divided in the kernel
-    assert not dmed.requires_grad
-    x64 = leaves(base, "cpu", torch.float64)
-    ref = rasterize_tiles(*x64[:4], ids.cpu(), ranges.cpu(), -(-w // 16), -(-h // 16), w, h, x64[5], depths=x64[4])
-    ed64 = expected_depth(ref.depth_sum, ref.final_T)
-    same, covered = well_posed_depth_pixels(n_contrib, ref)
-    w_img, w_T, w_D = w_img * same[..., None], w_T * same, w_D * covered
-    ((image * w_img.to(DEV)).sum() + (final_T * w_T.to(DEV)).sum() + (ed * w_D.to(DEV)).sum()).backward()
-    ((ref.image * w_img.double()).sum() + (ref.final_T * w_T.double()).sum() + (ed64 * w_D.double()).sum()).backward()
-    names = ("means2D", "conics", "colors", "opacities", "depths", "background")
-    assert_close([(n, a.grad, b.grad) for n, a, b in zip(names, x32, x64)], TOL,
-                 {"background": background_scale(w_img, ref.final_T)})
+    grads, final_T, _, _ = raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h, depths=dep)
+    assert torch.count_nonzero(grads["depths"]) > 0
     assert float((final_T < 1e-3).float().mean()) > 0.0, "no pixel stops at T_MIN"
 
 
