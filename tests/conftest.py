@@ -52,11 +52,3 @@ def rng():
     seed = int.from_bytes(os.urandom(4), "little") if "RIGEL_SEED" not in os.environ else int(os.environ["RIGEL_SEED"])
     print(f"RIGEL_SEED={seed}")
     return torch.Generator().manual_seed(seed)
-
-
-@pytest.fixture(params=["pixel", "pair"])
-def raster_bwd_form(request, monkeypatch):
-    """Both forms of the CUDA rasterizer backward (csrc/rasterize_bwd.cu: one pixel or two per thread), chosen per
-    launch by RIGEL_RASTER_BWD."""
-    monkeypatch.setenv("RIGEL_RASTER_BWD", request.param)
-    return request.param

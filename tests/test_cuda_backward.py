@@ -143,7 +143,7 @@ def raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h, depths=Non
     return {n: a.grad for n, a in zip(names, x32)}, final_T, n_contrib, x32[0]
 
 
-def test_raster_backward_random_scene_with_edges(raster_bwd_form, rng):
+def test_raster_backward_random_scene_with_edges(rng):
     cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False)
     g, _, _, m2 = raster_stage(rng, inputs, cam)
     for name, gi in g.items():
@@ -154,7 +154,7 @@ def test_raster_backward_random_scene_with_edges(raster_bwd_form, rng):
     assert float(absgrad.sum()) > float(g["means2D"].abs().sum())
 
 
-def test_raster_backward_saturated_alpha(raster_bwd_form, rng):
+def test_raster_backward_saturated_alpha(rng):
     cam = random_camera(rng, 80, 64)
     means, quats, scales, _, colors = random_gaussians(rng, 300, spread=1.0, scale_range=(-3.0, -2.0))
     opac = 0.995 + 0.005 * torch.rand(300, generator=rng, dtype=torch.float64)
@@ -163,7 +163,7 @@ def test_raster_backward_saturated_alpha(raster_bwd_form, rng):
     assert torch.count_nonzero(g["opacities"]) > 0
 
 
-def test_raster_backward_early_terminated_pixels(raster_bwd_form, rng):
+def test_raster_backward_early_terminated_pixels(rng):
     cam = random_camera(rng, 64, 48)
     means, quats, scales, _, colors = random_gaussians(rng, 300, spread=0.35, scale_range=(-1.6, -0.9))
     opac = 0.6 + 0.4 * torch.rand(300, generator=rng, dtype=torch.float64)
@@ -172,7 +172,7 @@ def test_raster_backward_early_terminated_pixels(raster_bwd_form, rng):
     assert float((final_T < 1e-3).float().mean()) > 0.05, "too few pixels stop at T_MIN"
 
 
-def test_raster_backward_warp_boxes(raster_bwd_form, rng):
+def test_raster_backward_warp_boxes(rng):
     """Every entry in every tile (no binning): the warp boxes and the per-warp end of the walk alone decide what
     each warp visits; splats on box edges, anisotropy up to 30 (float64 comparison, see mild())."""
     w, h = 64, 48
@@ -207,7 +207,7 @@ def tile_covering_splats(gen, n, width, height, n_opaque):
 
 
 @pytest.mark.parametrize("depth", [False, True])
-def test_raster_backward_long_lists_of_tile_covering_splats(raster_bwd_form, rng, depth):
+def test_raster_backward_long_lists_of_tile_covering_splats(rng, depth):
     """The kernel's per-tile gradient sums (rasterize_bwd.cu: the warps' totals per entry gathered in shared memory)
     where every warp blends nearly every entry of a list longer than a batch, as on a capture of large splats early
     in training: 400 entries listed in every tile of a 72x40 image, most walks longer than one batch of 256 (so a
@@ -456,7 +456,7 @@ def reference_composed(means3D, quats, scales, opacities, colors, cam, dtype, ga
     return ras, p.means2D
 
 
-def test_end_to_end_rasterize_gaussians(raster_bwd_form, rng):
+def test_end_to_end_rasterize_gaussians(rng):
     cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False, with_near=False)
     h, w = cam.height, cam.width
     w_img, w_T = torch.randn(h, w, 3, generator=rng), torch.randn(h, w, generator=rng)
