@@ -184,6 +184,49 @@ def test_raster_backward_warp_boxes(rng):
     assert torch.count_nonzero(g["means2D"].abs().sum(-1)) > 60 and not g["opacities"][:4].any()
 
 
+def per_pixel_absgrad(means2D, raster, w_img, w_T):
+    """(N, 2) Σ_p |∂L_p/∂means2D| of a reference raster, L_p = w_img[p]·image[p] + w_T[p]·final_T[p], differentiated
+    one pixel at a time (one batched autograd call, a row of the identity per pixel): the definition of the raster
+    backward's ``absgrad`` (AbsGS's densification statistic), independent of the kernel's per-fragment form."""
+    terms = ((raster.image * w_img.to(means2D.dtype)).sum(-1) + raster.final_T * w_T.to(means2D.dtype)).flatten()
+    eye = torch.eye(terms.numel(), dtype=terms.dtype)
+    (g,) = torch.autograd.grad(terms, means2D, grad_outputs=eye, retain_graph=True, is_grads_batched=True)
+    return g.abs().sum(0)
+
+
+def test_raster_backward_absgrad_against_per_pixel_float64(rng):
+    """means2D.absgrad (what densify_grad="absgrad" averages) against :func:`per_pixel_absgrad` of the float64
+    reference on the same float32 inputs: ≤ 1e-5 relative, or twice the float32 reference's error (the floor of
+    assert_close). Every entry in every tile of a 32x16 image; pixels whose walk stops at another entry in float32
+    and float64 (an exact tie of the stop rule) get zero weight, as in raster_lists_stage."""
+    w, h = 32, 16
+    m2, con, colors, opac = splats_2d(rng, 40, w, h, kappa_hi=10.0)
+    ids, ranges = every_tile_lists(m2.shape[0], w, h)
+    w_img, w_T = torch.randn(h, w, 3, generator=rng), torch.randn(h, w, generator=rng)
+    base = (m2, con, colors, opac)
+    x = leaves(base, DEV, torch.float32)
+    image, final_T, n_contrib = cuda_backend.rasterize_tiles_cuda(*x, ids.to(DEV), ranges.to(DEV), w, h)[:3]
+    refs = {}
+    for dt in (torch.float64, torch.float32):
+        y = leaves(base, "cpu", dt)
+        refs[dt] = (y, rasterize_tiles(*y, ids, ranges, -(-w // 16), -(-h // 16), w, h))
+    (y64, ref), (y32, ref32) = refs[torch.float64], refs[torch.float32]
+    same = (n_contrib.cpu() == ref.n_contrib) & (ref32.n_contrib == ref.n_contrib)
+    assert float((~same).float().mean()) <= 2e-3
+    w_img, w_T = w_img * same[..., None], w_T * same
+    poison = torch.full_like(x[0], float("nan"))
+    x[0].absgrad = poison   # the backward must replace it
+    ((image * w_img.to(DEV)).sum() + (final_T * w_T.to(DEV)).sum()).backward()
+    got = x[0].absgrad
+    assert got is not poison and got.shape == (m2.shape[0], 2) and torch.isfinite(got).all()
+    want, want32 = per_pixel_absgrad(y64[0], ref, w_img, w_T), per_pixel_absgrad(y32[0], ref32, w_img, w_T)
+    floor = gradient_errors([("absgrad", want32, want)])
+    assert_close([("absgrad", got, want)], TOL, floor=floor)
+    # the absolute sum never falls below the plain gradient's magnitude, and here exceeds it (signs cancel)
+    plain = x[0].grad.detach().cpu().abs()
+    assert bool((got.cpu() >= plain * (1 - 1e-5) - 1e-12).all()) and float(got.sum()) > 1.5 * float(plain.sum())
+
+
 def tile_covering_splats(gen, n, width, height, n_opaque):
     """n screen-space splats (float32, CPU), in random order: n − n_opaque faint ones larger than a tile (sigma_min
     25–60 px, anisotropy up to 3, any angle, opacity 0.01–0.022, centres over the image and up to 16 px beyond),

@@ -1147,6 +1147,29 @@ def test_densify_visibility_rules_against_brute_force(rng):
         TrainConfig(densify_visibility="bogus").validate()
 
 
+def test_densify_grad_picks_the_statistic_and_absgrad_needs_the_kernels(rng):
+    """densify_grad: "grad" averages ∂L/∂means2D, "absgrad" the raster backward's Σ_p |∂L_p/∂means2D| (left on the
+    render's means2D by the CUDA backend); a bad value and "absgrad" on the CPU are refused, naming the field."""
+    from types import SimpleNamespace
+
+    from rigel_core.train.densify import densify_grad, means2D_absgrad
+
+    g = torch.randn(7, 2, generator=rng)
+    a = g.abs() + torch.rand(7, 2, generator=rng)   # what a backward leaves: ≥ |g| per axis
+    m = torch.zeros(7, 2, requires_grad=True)
+    m.grad = g
+    out = SimpleNamespace(means2D=m)
+    assert means2D_absgrad(out) is None   # no backward has left one (the CPU reference never does)
+    m.absgrad = a
+    assert densify_grad(out, TrainConfig()) is g
+    assert densify_grad(out, TrainConfig(densify_grad="absgrad")) is a
+    with pytest.raises(ValueError, match="densify_grad"):
+        TrainConfig(densify_grad="abs").validate()
+    ds = make_dataset(rng, n_train=2, n_test=1, size=32)
+    with pytest.raises(ValueError, match="densify_grad='absgrad' needs the CUDA kernels"):
+        Trainer(ds, small_config(densify_grad="absgrad"), device="cpu")
+
+
 def test_snapshot_is_a_copy_that_training_does_not_change(rng):
     """Trainer.snapshot() and GaussianModel.to() on the same device and dtype return copies: before, ``.to``
     aliased the storage, so a published snapshot moved with Adam's in-place steps."""

@@ -117,6 +117,11 @@ class TrainConfig:
     #: square reaches the image), "opacity" (gsplat's opacity-aware extent reaches the image), "contrib" (it drew
     #: a pixel in the view)
     densify_visibility: str = "radius"
+    #: which gradient the densification statistic averages: "grad" (3DGS: the norm of the view's ∂L/∂means2D, a sum
+    #: over pixels whose signs can cancel) or "absgrad" (AbsGS, Ye et al. 2024: the norm of Σ_pixels |∂L_p/∂means2D|
+    #: per axis, which does not cancel where a large Gaussian covers detail; CUDA only; it is larger, so pair it with
+    #: a larger grad_threshold, e.g. 8e-4 as gsplat suggests for its absgrad). docs/TRAINING.md.
+    densify_grad: str = "grad"
     #: clone when max scale ≤ percent_dense·extent, split otherwise
     percent_dense: float = 0.01
     split_factor: float = 1.6  # children's scale = parent's / split_factor (3DGS: 0.8·N with N = 2)
@@ -298,6 +303,8 @@ class TrainConfig:
         if self.densify_visibility not in ("radius", "opacity", "contrib"):
             raise ValueError(f"TrainConfig.densify_visibility must be 'radius', 'opacity' or 'contrib', got "
                              f"{self.densify_visibility!r}")
+        if self.densify_grad not in ("grad", "absgrad"):
+            raise ValueError(f"TrainConfig.densify_grad must be 'grad' or 'absgrad', got {self.densify_grad!r}")
         if self.appearance not in ("sh", "mlp"):
             raise ValueError(f"TrainConfig.appearance must be 'sh' or 'mlp', got {self.appearance!r}")
         if not (1 <= self.mlp_latent_dim <= APPEARANCE_MAX_LATENT and 1 <= self.mlp_hidden_dim <= APPEARANCE_MAX_HIDDEN):

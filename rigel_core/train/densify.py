@@ -9,6 +9,12 @@ NDC coordinates (``x_ndc = (2·u)/W − 1`` up to a constant), so the pixel grad
 before the norm: ``‖(∂L/∂u · W/2, ∂L/∂v · H/2)‖``. That is the quantity 3DGS's 0.0002 threshold refers to
 (gsplat scales the same way), with the loss being a mean over pixels as in 3DGS.
 
+With ``densify_grad="absgrad"`` (AbsGS, Ye et al. 2024) the statistic averages instead the norm of
+``Σ_p |∂L_p/∂means2D|`` (per axis, over the view's pixels p, scaled the same way): a large Gaussian over fine detail
+gets opposite-signed pixel gradients that cancel in the sum, so 3DGS's statistic leaves it unsplit and blurry; the
+absolute sum does not cancel. It is never smaller than the plain norm, hence its larger thresholds. CUDA only: the
+raster backward accumulates it (``means2D.absgrad``, :func:`means2D_absgrad`).
+
 **Where the gradient comes from** (:func:`means2D_grad`). On the CPU reference, ``RenderOutput.means2D`` is a
 non-leaf node of the autograd graph: call :func:`prepare_means2D_grad` before ``backward()`` (it calls
 ``retain_grad()``) and read ``out.means2D.grad`` after. A backend that computes the gradient outside the
@@ -44,7 +50,8 @@ from ..reference.project import quat_to_rotmat
 from .config import TrainConfig
 from .optim import append_rows, per_gaussian_tensors, replace_param, select_rows
 
-__all__ = ["DensifyStats", "DensifyReport", "prepare_means2D_grad", "means2D_grad", "ndc_grad_norm",
+__all__ = ["DensifyStats", "DensifyReport", "prepare_means2D_grad", "means2D_grad", "means2D_absgrad", "densify_grad",
+           "ndc_grad_norm",
            "densify_and_prune", "reset_opacity"]
 
 
@@ -64,6 +71,20 @@ def means2D_grad(out) -> torch.Tensor | None:
         if callable(g):
             g = g()
     return g
+
+
+def means2D_absgrad(out) -> torch.Tensor | None:
+    """(N,2) Σ over pixels of |∂L_p/∂means2D| per axis (AbsGS, Ye et al. 2024), in pixels, after ``backward()``: what
+    the CUDA raster backward leaves on the render's means2D (``means2D.absgrad``, csrc/rasterize_bwd.cu); None when
+    the backend left none (the CPU reference computes only the summed gradient)."""
+    m = out.means2D
+    return getattr(m, "absgrad", None) if isinstance(m, torch.Tensor) else None
+
+
+def densify_grad(out, cfg) -> torch.Tensor | None:
+    """The per-view gradient the densification statistic averages (``cfg.densify_grad``): ∂L/∂means2D
+    (:func:`means2D_grad`) or its per-pixel absolute sum (:func:`means2D_absgrad`), (N,2) in pixels."""
+    return means2D_absgrad(out) if cfg.densify_grad == "absgrad" else means2D_grad(out)
 
 
 def ndc_grad_norm(grad_px: torch.Tensor, width: int, height: int) -> torch.Tensor:

@@ -43,7 +43,7 @@ import torch
 
 from ..cuda_backend import FixedBinningCapacity
 from ..render import render
-from .densify import means2D_grad, prepare_means2D_grad
+from .densify import densify_grad, means2D_grad, prepare_means2D_grad
 from .mcmc import add_position_noise, noise_generator, seed_noise
 from .mcmc import regularizer as mcmc_regularizer
 
@@ -307,7 +307,8 @@ class GraphStep:
                     inc = None
                     if stats_on:
                         vis = cfg.densify_visibility
-                        inc = t.stats.increment(g2d, out.radii, width, height, visibility=vis,
+                        g_stat = densify_grad(out, cfg)
+                        inc = t.stats.increment(g_stat, out.radii, width, height, visibility=vis,
                                                 means2D=out.means2D if vis == "opacity" else None,
                                                 opacities=model.opacities if vis == "opacity" else None)
                     t._nan_skips += (~finite).double()

@@ -48,8 +48,8 @@ from ..model import GaussianModel
 from ..render import render
 from .config import SPARSE_SFM_COVERAGE, TrainConfig, coarse_to_fine_span, resolve_coarse_to_fine, \
     resolve_init_background, resolve_strategy, training_downscale  # noqa: F401
-from .densify import DensifyReport, DensifyStats, densify_and_prune, means2D_grad, prepare_means2D_grad, \
-    reset_opacity
+from .densify import DensifyReport, DensifyStats, densify_and_prune, densify_grad, means2D_grad, \
+    prepare_means2D_grad, reset_opacity
 from .exposure import Exposure, exposure_lr, left_right_metrics
 from .losses import loss_terms, mse, psnr_from_mse, ssim
 from .distributed import batch_scaling
@@ -342,6 +342,9 @@ class Trainer:
 
             device = "cuda" if cuda_available() else "cpu"
         self.device = torch.device(device)
+        if cfg.densify_grad == "absgrad" and self.device.type != "cuda":
+            raise ValueError("TrainConfig.densify_grad='absgrad' needs the CUDA kernels (their raster backward sums the "
+                             "per-pixel |gradient|); the CPU reference does not: use densify_grad='grad' on the CPU")
         self.dataset = dataset
         self.train_frames = list(dataset.train)
         self.test_frames = list(dataset.test)
@@ -649,12 +652,13 @@ class Trainer:
         if cfg.strategy == "mcmc":  # the MCMC budget's opacity and scale regularisers (mcmc.py)
             loss = loss + mcmc_regularizer(model, cfg)
 
-        g2d = None
+        g2d = g_stat = None
         if loss.requires_grad:
             loss.backward()
             g2d = means2D_grad(out)
-        return {"frame": frame, "out": out, "loss": loss, "l1": l1, "ssim": s, "mse": m_t, "g2d": g2d, "pred": pred,
-                "gt": gt, "mask": mask}
+            g_stat = densify_grad(out, cfg)  # what the densification statistic averages
+        return {"frame": frame, "out": out, "loss": loss, "l1": l1, "ssim": s, "mse": m_t, "g2d": g2d,
+                "g_stat": g_stat, "pred": pred, "gt": gt, "mask": mask}
 
     def step(self) -> StepResult:
         """Run one training iteration (module docstring) and return its :class:`StepResult`.
@@ -700,7 +704,7 @@ class Trainer:
         if cfg.strategy != "mcmc" and it < cfg.densify_until:  # this process's densification increments
             for v in views:
                 out = v["out"]
-                g, d, r = self.stats.increment(v["g2d"], out.radii, v["frame"].camera.width,
+                g, d, r = self.stats.increment(v["g_stat"], out.radii, v["frame"].camera.width,
                                                v["frame"].camera.height, visibility=vis,
                                                means2D=out.means2D if vis == "opacity" else None,
                                                opacities=model.opacities if vis == "opacity" else None)
