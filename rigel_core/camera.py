@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from .limits import MAX_CAMERA_SIDE
+from .limits import MAX_CAMERA_COORD, MAX_CAMERA_SIDE
 
 __all__ = ["Camera", "host_to_device", "quat_to_rotmat_np", "ROTATION_TOL", "check_fov"]
 
@@ -67,6 +67,10 @@ def _check_viewmat(viewmat) -> np.ndarray:
     if ortho > ROTATION_TOL or abs(det - 1.0) > ROTATION_TOL:
         what = "a reflection" if det < 0 else "not a rotation"
         raise ValueError(f"viewmat's 3x3 part is {what} (max |R^T R - I| = {ortho:.3g}, det = {det:.6g})")
+    t = float(np.abs(vm[:3, 3]).max())  # |R^T t| = |t|: the camera's distance from the origin, per axis at most
+    if t > MAX_CAMERA_COORD:
+        raise ValueError(f"viewmat's translation reaches {t:.3g} scene units, beyond {MAX_CAMERA_COORD:.0e} "
+                         "(float32 keeps no useful precision there)")
     return vm
 
 
@@ -249,6 +253,9 @@ class Camera:
             raise ValueError(f"transform_matrix must be a 3x4 or 4x4 matrix, got shape {m.shape}")
         if not np.all(np.isfinite(m)):
             raise ValueError(f"transform_matrix has {int((~np.isfinite(m)).sum())} non-finite entries (NaN or inf)")
+        if float(np.abs(m[:3, 3]).max()) > MAX_CAMERA_COORD:
+            raise ValueError(f"transform_matrix places the camera at {float(np.abs(m[:3, 3]).max()):.3g} scene units, "
+                             f"beyond {MAX_CAMERA_COORD:.0e} (float32 keeps no useful precision there)")
         m = m.copy()
         m[:3, 1:3] *= -1.0
         try:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 __all__ = ["MAX_IMAGE_SIDE", "MAX_IMAGE_PIXELS", "MAX_CAMERA_SIDE", "MAX_SCENE_SPLATS", "MAX_SPZ_POINTS",
            "MAX_DATASET_FRAMES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_PATH_LENGTH", "MAX_NAME_BYTES",
-           "MAX_COLMAP_CAMERAS", "MAX_PLY_HEADER_BYTES", "MAX_SPZ_EXTENSION_BYTES", "check_image_size"]
+           "MAX_COLMAP_CAMERAS", "MAX_PLY_HEADER_BYTES", "MAX_SPZ_EXTENSION_BYTES", "MAX_CAMERA_COORD",
+           "check_image_size"]
 
 MAX_IMAGE_SIDE = 16384
 """Largest image width or height (pixels) accepted from a dataset image, a transforms file's ``w``/``h`` or
@@ -23,6 +24,12 @@ MAX_CAMERA_SIDE = 1 << 20
 """Hard bound on a :class:`rigel_core.Camera`'s width and height (no override): far above any sensor or render
 target, it keeps pixel coordinates exact in float32 and width·height far from int64 overflow. The per-use cap is
 :data:`MAX_IMAGE_SIDE`."""
+
+MAX_CAMERA_COORD = 1e8
+"""Largest |coordinate| of a camera's position (scene units) a :class:`rigel_core.Camera` accepts (no override).
+Beyond it float32, in which the kernels and the trainer work, keeps fewer than one unit of a position's digits
+and the squares in the scene extent overflow: a pose of 1e30 trained to 3.8 dB and wrote a model of infinities.
+Georeferenced captures (UTM northings ~5e6 m) stay below it."""
 
 MAX_SCENE_SPLATS = 50_000_000
 """Largest number of splats a scene file (PLY, compressed PLY) may declare (a 12 GB INRIA PLY at SH degree 3);

@@ -209,6 +209,23 @@ def test_copy_link_force_cli(tmp_path, scene, rng, capsys):
     assert (copy / "transforms.json").read_bytes() == before
     assert import_main([str(src), str(copy), "--force"]) == 0
     assert json.loads((copy / "transforms.json").read_text())["frames"][0]["file_path"] == "../src/images/img_00.png"
+    # nor any file a conversion would write into a DST that has no transforms.json: an image, the points file
+    other = tmp_path / "other"
+    (other / "images").mkdir(parents=True)
+    (other / "images" / "img_02.png").write_bytes(b"precious")
+    for mode in ("--copy-images", "--link-images"):
+        assert import_main([str(src), str(other), mode]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "img_02.png: already exists" in err and "--force" in err
+    assert (other / "images" / "img_02.png").read_bytes() == b"precious" and not (other / "transforms.json").exists()
+    (other / "images" / "img_02.png").unlink()
+    (other / "sparse_pc.ply").write_bytes(b"precious")
+    assert import_main([str(src), str(other)]) == 2 and "sparse_pc.ply: already exists" in capsys.readouterr().err
+    assert (other / "sparse_pc.ply").read_bytes() == b"precious"
+    assert import_main([str(src), str(other), "--copy-images", "--force"]) == 0
+    assert (other / "images" / "img_02.png").read_bytes() == (src / "images" / "img_02.png").read_bytes()
+    assert import_main([str(src), str(link), "--link-images", "--force"]) == 0   # its own links are no conflict
+    capsys.readouterr()
     # same camera model everywhere → also at the top level
     single = tmp_path / "single"
     make_colmap(single, scene, g, ["RADIAL"], n_images=1)

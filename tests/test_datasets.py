@@ -18,6 +18,7 @@ from PIL import Image
 
 from rigel_core import Camera
 from rigel_core.data import DatasetError, detect_format, load_dataset
+from rigel_core.data.convert import c2w_opengl
 from rigel_core.data.undistort import opencv_distort, remap_bilinear, undistort_opencv
 
 FLIP = np.diag([1.0, -1.0, -1.0, 1.0])
@@ -625,6 +626,7 @@ def test_image_header_over_the_cap(tmp_path, size, frag):
     ("cx", float("inf"), "cx (principal point) must be finite"), ("cy", float("nan"), "cy (principal point)"),
     ("viewmat", np.diag([1.0, 1.0, -1.0, 1.0]), "reflection"), ("viewmat", np.diag([2.0, 2, 2, 1]), "not a rotation"),
     ("viewmat", np.full((4, 4), np.nan), "NaN or Inf"), ("viewmat", np.eye(3), "4x4"),
+    ("viewmat", np.array([[1.0, 0, 0, 1e30], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]), "beyond 1e+08"),
 ])
 def test_camera_constructor_validates(rng, field, value, frag):
     kw = dict(width=16, height=12, fx=20.0, fy=21.0, cx=8.0, cy=6.0, viewmat=np.eye(4))
@@ -636,3 +638,48 @@ def test_camera_constructor_validates(rng, field, value, frag):
     # a proper rotation with float32 round-off is accepted
     g = np_rng(rng)
     Camera(16, 12, 20.0, 20.0, 8.0, 6.0, random_pose(g).astype(np.float32))
+
+
+@pytest.mark.parametrize("far", [1e300, 1e39, 1e30, 2e8])
+def test_a_camera_beyond_float32s_range_is_one_clear_error(tmp_path, rng, far):
+    """A pose that puts a camera at 1e30 used to train to ~4 dB, write a model of infinities and exit 0 (extent
+    inf): now the loader names the frame. Up to MAX_CAMERA_COORD (georeferenced captures) is accepted."""
+    from rigel_core.limits import MAX_CAMERA_COORD
+
+    w, h = 12, 10
+    cams = [Camera.look_at((3 * math.cos(a), 3 * math.sin(a), 1), (0, 0, 0), width=w, height=h, name=f"v{i}")
+            for i, a in enumerate(np.linspace(0, 2 * math.pi, 6, endpoint=False))]
+    frames = []
+    for cam in cams:
+        save_u8(tmp_path / "images" / f"{cam.name}.png", np.zeros((h, w, 3)))
+        frames.append({"file_path": f"images/{cam.name}.png", "transform_matrix": c2w_opengl(cam).tolist()})
+    frames[3]["transform_matrix"][1][3] = far
+    (tmp_path / "transforms.json").write_text(json.dumps({"fl_x": 10.0, "frames": frames}))
+    with pytest.raises(DatasetError, match=r"transforms.json: frame 3 .*places the camera at .*beyond 1e\+08"):
+        load_dataset(tmp_path, test_every=0)
+    frames[3]["transform_matrix"][1][3] = 0.5 * MAX_CAMERA_COORD   # far, but representable: a warning names it
+    (tmp_path / "transforms.json").write_text(json.dumps({"fl_x": 10.0, "frames": frames}))
+    with pytest.warns(UserWarning, match=r"camera 'v3' lies .*x farther .* check that frame's pose"):
+        ds = load_dataset(tmp_path, test_every=0)
+    assert ds.scene_extent > 0.25 * MAX_CAMERA_COORD   # (the mean centre moves a sixth of the way out)
+
+
+def test_an_ordinary_camera_ring_gives_no_outlier_warning(rng):
+    """The outlier rule (camera_extent) on rings with one camera pulled out by a factor: named beyond
+    OUTLIER_CAMERA_FACTOR times the median distance, silent below; fewer than 5 cameras are never judged."""
+    import warnings as _w
+
+    from rigel_core.data.frames import OUTLIER_CAMERA_FACTOR, camera_extent
+
+    g = np_rng(rng)
+    for pull, named in ((1.0, False), (0.5 * OUTLIER_CAMERA_FACTOR, False), (3.0 * OUTLIER_CAMERA_FACTOR, True)):
+        eyes = [g.normal(size=3) for _ in range(12)]
+        eyes = [3 * e / np.linalg.norm(e) for e in eyes]
+        eyes[5] = eyes[5] * pull
+        cams = [Camera.look_at(tuple(e), (0, 0, 0), width=8, height=8, name=f"c{i}") for i, e in enumerate(eyes)]
+        with _w.catch_warnings(record=True) as rec:
+            _w.simplefilter("always")
+            camera_extent(cams)
+            camera_extent(cams[:4])   # too few to judge
+        msgs = [str(r.message) for r in rec]
+        assert (len(msgs) == 1 and "'c5'" in msgs[0]) if named else not msgs, (pull, msgs)

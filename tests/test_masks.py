@@ -404,6 +404,17 @@ def test_bad_masks_are_one_clear_error(tmp_path, rng):
         {"fl_x": 10.0, "frames": [{"file_path": "images/a.png", "transform_matrix": c2w(cam)}]}))
     with pytest.raises(DatasetError, match=r"masks/a.png: cannot read mask"):
         load_dataset(tmp_path, test_every=0)
+    # a header declaring more pixels than any image may have: refused before decoding (was Pillow's traceback)
+    Image.new("L", (20000, 20000)).save(tmp_path / "masks" / "a.png")
+    with pytest.raises(DatasetError, match=r"masks/a.png: mask too large to decode"):
+        load_dataset(tmp_path, test_every=0)
+    Image.new("L", (17000, 8)).save(tmp_path / "masks" / "a.png")
+    with pytest.raises(DatasetError, match=r"masks/a.png: the mask header declares"):
+        load_dataset(tmp_path, test_every=0)
+    # a mask of another aspect ratio (here transposed) is stretched with a warning naming it
+    save_u8(tmp_path / "masks" / "a.png", np.ones((w, h)))
+    with pytest.warns(UserWarning, match=r"masks/a.png: the mask is 10x12 for a 12x10 image"):
+        load_dataset(tmp_path, test_every=0)
     frame = Frame(cam, torch.zeros(h, w, 3), None, "a", torch.ones(h, w + 1, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"frame 'a' mask has shape \(10, 13\)"):
         Trainer(Dataset([frame], [], np.zeros(3), 1.0), TrainConfig(init_points=10), device="cpu")

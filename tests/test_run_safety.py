@@ -181,6 +181,37 @@ def test_a_wrong_out_is_one_line_before_loading_data(tmp_path, capsys, cli, kind
     assert afile.read_text() == "not a folder"
 
 
+@pytest.mark.parametrize("cli", ["rigel-train --out", "rigel-train --data", "rigel-render", "rigel-import-colmap",
+                                 "rigel-viewer"])
+def test_an_empty_path_is_refused_not_taken_for_the_current_directory(tmp_path, capsys, cli, monkeypatch):
+    """``--out ""`` (an unset shell variable) meant the current directory: a run, renders or a dataset were written
+    there. Now argparse's one line, exit 2, and nothing is written."""
+    monkeypatch.chdir(tmp_path)
+    missing = str(tmp_path / "missing")
+    if cli.startswith("rigel-train"):
+        from rigel_core.cli.train import main
+
+        argv = ["--data", "" if cli.endswith("--data") else missing, "--out", "" if cli.endswith("--out") else
+                str(tmp_path / "run"), "--quiet"]
+    elif cli == "rigel-render":
+        from rigel_core.cli.render import main
+
+        argv = ["default", "--cameras", missing + ".json", "--out", ""]
+    elif cli == "rigel-import-colmap":
+        from rigel_core.cli.import_colmap import main
+
+        argv = [missing, ""]
+    else:
+        from viewer.cli import main
+
+        argv = ["default", "--offscreen", "--out", ""]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert "an empty path" in _one_line(capsys.readouterr().err.splitlines()[-1] + "\n")
+    assert not any(tmp_path.iterdir())
+
+
 # ---- exports never replace a file --------------------------------------------------------------------------------
 def _stand_in_viewer(tmp_path):
     from rigel_core.data import make_scene

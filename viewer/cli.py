@@ -53,7 +53,7 @@ import sys
 import time
 from pathlib import Path
 
-from rigel_core.cli.common import add_training_args
+from rigel_core.cli.common import add_training_args, path_arg
 from rigel_core.run_dir import LOG_NAME, out_problem
 
 from .camera_control import UP_AXES
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--offscreen", action="store_true", help="no window: render frames to PNG files (needs --out)")
     ap.add_argument("--frames", type=int, default=None, help="offscreen: frames to write (default 8); windowed: "
                                                              "quit after this many")
-    ap.add_argument("--out", type=Path, default=None, help="output folder (offscreen frames, screenshots, videos; "
+    ap.add_argument("--out", type=path_arg, default=None, help="output folder (offscreen frames, screenshots, videos; "
                                                            "with --data the run folder)")
     ap.add_argument("--fps", type=float, default=30.0, help="offscreen training: present at most this many frames "
                                                             "per second (1 to 1000, default 30)")

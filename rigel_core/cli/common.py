@@ -29,7 +29,7 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
         if flag not in skip:
             p.add_argument(flag, **kw)
 
-    add("--data", required=data_required, type=Path,
+    add("--data", required=data_required, type=path_arg,
         help="dataset directory (Blender, instant-ngp or COLMAP)")
     add("--iters", type=int, default=None, help="total iterations (default 30000)")
     add("--appearance", choices=["sh", "mlp"], default="sh",
@@ -71,6 +71,14 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--eval-every", type=int, default=None, help="held-out evaluation interval (0 = only at the end)")
     add("--seed", type=int, default=None, help="random seed")
     add("--resume", action="store_true", help=f"continue from RUN/{CHECKPOINT_NAME}")
+
+
+def path_arg(text: str) -> Path:
+    """A path argument that is not empty: ``--out ""`` (an unset shell variable) would otherwise mean the current
+    directory and write a run, renders or a dataset there. argparse's one-line error for an empty one."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (an unset shell variable?)")
+    return Path(text)
 
 
 def background_count(text: str):

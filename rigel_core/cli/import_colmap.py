@@ -7,7 +7,8 @@ SRC holds ``sparse/0`` (or ``sparse``) and the images (``SRC/images`` unless ``-
 By default each ``file_path`` points at the original image (relative to DST) and nothing is copied;
 ``--copy-images`` copies the images into ``DST/images`` (a self-contained folder, e.g. to move to another
 machine), ``--link-images`` puts symbolic links there. Poses stay in COLMAP's world frame
-(``applied_transform`` is the identity). An existing ``DST/transforms.json`` is kept unless ``--force``.
+(``applied_transform`` is the identity). Nothing in DST is replaced unless ``--force``: an existing
+``DST/transforms.json``, or an image or points file the conversion would write, stops it with one line.
 See :mod:`rigel_core.data.convert` for the keys written. Exit status 0 on success, 2 for bad arguments or input.
 """
 from __future__ import annotations
@@ -17,6 +18,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from .common import path_arg
+
 __all__ = ["main"]
 
 
@@ -24,8 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rigel-import-colmap",
                                 description="Convert a COLMAP dataset to a nerfstudio transforms.json "
                                             "with the SfM points in sparse_pc.ply.")
-    p.add_argument("src", metavar="SRC", help="COLMAP dataset directory (sparse/0 or sparse, and images/)")
-    p.add_argument("dst", metavar="DST", help="output directory for transforms.json and sparse_pc.ply")
+    p.add_argument("src", metavar="SRC", type=path_arg, help="COLMAP dataset directory (sparse/0 or sparse, and images/)")
+    p.add_argument("dst", metavar="DST", type=path_arg, help="output directory for transforms.json and sparse_pc.ply")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--copy-images", dest="images", action="store_const", const="copy", default="reference",
                    help="copy the images into DST/images (default: reference them in place)")
@@ -33,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="symlink the images into DST/images")
     p.add_argument("--images-dir", default="images",
                    help="folder of SRC holding the images (default: images)")
-    p.add_argument("--force", action="store_true", help="replace an existing DST/transforms.json")
+    p.add_argument("--force", action="store_true", help="replace an existing DST/transforms.json and the images / points file the conversion writes")
     return p
 
 

@@ -72,7 +72,7 @@ from pathlib import Path
 from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord, choose_run_dir,
                        new_metrics, open_run_log, out_problem, read_metrics)
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
-    load_training_data, new_run_problem, one_line_warnings, resume_config
+    load_training_data, new_run_problem, one_line_warnings, path_arg, resume_config
 
 __all__ = ["main", "build_parser"]
 
@@ -81,7 +81,7 @@ EXIT_INTERRUPTED = 130
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rigel-train", description="Train a 3D Gaussian Splatting model.")
-    p.add_argument("--out", required=True, help="run directory (created)")
+    p.add_argument("--out", required=True, type=path_arg, help="run directory (created)")
     add_training_args(p)   # --data, the dataset and TrainConfig flags, --resume (shared with rigel-viewer --data)
     p.add_argument("--checkpoint-every", type=int, default=5000, help="checkpoint interval (0 = only at the end)")
     p.add_argument("--log-every", type=int, default=10, help="loss-curve window in iterations")

@@ -29,7 +29,8 @@ through pycolmap) and writes ``DST/transforms.json`` plus ``DST/sparse_pc.ply`` 
   (``os.path.relpath``, nothing copied); ``images="copy"`` copies each image to ``DST/images/<name>``,
   ``images="link"`` makes a symbolic link there instead.
 - Every file is written atomically (:mod:`rigel_core.atomic`); ``transforms.json`` is written last, so its
-  presence means a complete conversion. An existing ``DST/transforms.json`` is refused unless ``force``.
+  presence means a complete conversion. An existing ``DST/transforms.json`` is refused unless ``force``, and so is
+  any file the conversion would replace (an image under ``DST/images``, ``DST/sparse_pc.ply``).
 """
 from __future__ import annotations
 
@@ -132,11 +133,12 @@ def colmap_to_transforms(src, dst, *, images: str = "reference", images_dir: str
             ``dst/images``) or ``"link"`` (symbolic links in ``dst/images``).
         images_dir: the folder of ``src`` holding the images named by the model (e.g. ``images_4`` for
             downsampled LLFF images; the loader rescales the intrinsics to the image size).
-        force: replace an existing ``dst/transforms.json``.
+        force: replace an existing ``dst/transforms.json`` and any image or points file the conversion writes.
     Returns: :class:`ConvertResult`.
     Raises:
         DatasetError naming the file: unreadable model, unsupported camera model, no image file found.
-        FileExistsError: ``dst/transforms.json`` exists and ``force`` is False.
+        FileExistsError: ``dst/transforms.json``, or a file the conversion would write, exists and ``force`` is
+        False.
         ImportError without pycolmap; OSError when writing fails.
     """
     if images not in IMAGE_MODES:
@@ -179,6 +181,14 @@ def colmap_to_transforms(src, dst, *, images: str = "reference", images_dir: str
     if not frames:
         raise DatasetError(f"{sparse}: none of its {total} registered images was found in {src_images}")
 
+    if not force:  # nothing in dst is replaced without --force: the images it would write, its points file
+        taken = [dst / "images" / f["name"] for f in frames
+                 if images != "reference" and _occupied(dst / "images" / f["name"], f["file_path"])]
+        if len(rec.points3D) and (dst / PLY_NAME).exists():
+            taken.insert(0, dst / PLY_NAME)
+        if taken:
+            more = f" and {len(taken) - 1} more file(s)" if len(taken) > 1 else ""
+            raise FileExistsError(f"{taken[0]}: already exists{more} in {dst} (use --force to replace them)")
     dst.mkdir(parents=True, exist_ok=True)
     for f in frames:
         f["file_path"] = _place_image(f.pop("file_path"), dst, f.pop("name"), images)
@@ -197,6 +207,16 @@ def colmap_to_transforms(src, dst, *, images: str = "reference", images_dir: str
     with atomic_path(out_json) as tmp:
         Path(tmp).write_text(json.dumps(meta, indent=2) + "\n")
     return ConvertResult(out_json, len(frames), missing, n_points, tuple(models))
+
+
+def _occupied(target: Path, source: Path) -> bool:
+    """True when writing ``target`` would replace a file other than ``source`` itself (e.g. a link to it)."""
+    if not (target.exists() or target.is_symlink()):
+        return False
+    try:
+        return not os.path.samefile(target, source)
+    except OSError:  # a dangling link
+        return True
 
 
 def _place_image(path: Path, dst: Path, name: str, mode: str) -> str:

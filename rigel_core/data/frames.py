@@ -103,8 +103,33 @@ def camera_extent(cameras: list[Camera]) -> tuple[np.ndarray, float]:
     # such as NeRF-synthetic's float32 matrices are orthonormal only to ~1e-7)
     centres = np.stack([c.c2w[:3, 3] for c in cameras]) if cameras else np.zeros((1, 3))
     center = centres.mean(0)
-    radius = float(np.linalg.norm(centres - center, axis=1).max()) * 1.1
+    dist = np.linalg.norm(centres - center, axis=1)
+    radius = float(dist.max()) * 1.1
+    far = outlier_camera(cameras, centres)
+    if far is not None:
+        warnings.warn(f"camera {far[0]!r} lies {far[1]:.3g}x farther from the others' median centre than the median "
+                      "camera does: the scene extent, which scales the position learning rate and densification, "
+                      f"becomes {radius:.3g}; check that frame's pose", stacklevel=2)
     return center, (radius if radius > 0 else 1.0)
+
+
+#: a camera farther than this many times the median camera's distance from the cameras' median centre is named in a
+#: warning (camera_extent): one stray pose can inflate the scene extent by orders of magnitude
+OUTLIER_CAMERA_FACTOR = 50.0
+
+
+def outlier_camera(cameras: list[Camera], centres: np.ndarray) -> tuple[str, float] | None:
+    """(name, factor) of the camera farthest from the cameras' median centre when it is more than
+    :data:`OUTLIER_CAMERA_FACTOR` times the median camera's distance from it (None otherwise, or for < 5 cameras,
+    or when the median distance is 0). Medians, so that the stray pose itself does not move the yardstick."""
+    if len(cameras) < 5:
+        return None
+    d = np.linalg.norm(centres - np.median(centres, axis=0), axis=1)
+    med = float(np.median(d))
+    i = int(d.argmax())
+    if not med > 0 or not d[i] > OUTLIER_CAMERA_FACTOR * med:
+        return None
+    return cameras[i].name or f"#{i}", float(d[i] / med)
 
 
 #: a photo (short side >= PHOTO_PX) downscaled below TINY_IMAGE_PX pixels on its short side gets a warning:

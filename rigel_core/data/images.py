@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import struct
+import warnings
 import zlib
 from pathlib import Path
 
@@ -44,7 +45,7 @@ _DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, IndexError, TypeEr
                   zlib.error)
 
 
-def _open_checked(path: Path, max_side: int, max_pixels: int):
+def _open_checked(path: Path, max_side: int, max_pixels: int, what: str = "image"):
     """``Image.open`` (lazy: reads the header only), then the declared size checked against the caps before any
     pixel is decoded. ValueError naming the file for an unreadable header or a size over the caps."""
     from PIL import Image
@@ -52,13 +53,13 @@ def _open_checked(path: Path, max_side: int, max_pixels: int):
     try:
         im = Image.open(path)
     except Image.DecompressionBombError as e:  # Pillow's own cap (~179 M pixels) hit inside open()
-        raise ValueError(f"{path}: image too large to decode ({e})") from None
+        raise ValueError(f"{path}: {what} too large to decode ({e})") from None
     except _DECODE_ERRORS as e:
-        raise ValueError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
+        raise ValueError(f"{path}: cannot read {what} ({type(e).__name__}: {e})") from None
     problem = check_image_size(*im.size, max_side=max_side, max_pixels=max_pixels)
     if problem:
         im.close()
-        raise ValueError(f"{path}: the image header declares {problem}")
+        raise ValueError(f"{path}: the {what} header declares {problem}")
     return im
 
 
@@ -101,13 +102,16 @@ def read_mask(path: Path, size: tuple[int, int] | None = None) -> np.ndarray:
     non-black colour keeps); an alpha channel, if present, is ignored. Store masks losslessly (PNG): JPEG noise
     turns black into small non-zero values.
 
-    ``size`` (width, height): the photo's size; a mask of another size is resized to it (nearest neighbour).
-    Raises ValueError naming the file when it cannot be decoded.
+    ``size`` (width, height): the photo's size; a mask of another size is resized to it (nearest neighbour), with a
+    warning naming the file when its aspect ratio differs (a transposed or foreign mask, not a scaled copy).
+    Raises ValueError naming the file when it cannot be decoded or its header declares a size over the caps of
+    :mod:`rigel_core.limits` (as :func:`read_image`).
     """
     from PIL import Image
 
+    im = _open_checked(path, MAX_IMAGE_SIDE, MAX_IMAGE_PIXELS, "mask")
     try:
-        with Image.open(path) as im:
+        with im:
             im.load()
             if im.mode in ("I", "I;16", "I;16B", "I;16L", "F"):
                 a = np.asarray(im, dtype=np.float64)
@@ -115,9 +119,13 @@ def read_mask(path: Path, size: tuple[int, int] | None = None) -> np.ndarray:
                 im = im.convert("RGB").convert("L") if im.mode not in ("L", "1") else im.convert("L")
                 a = np.asarray(im, dtype=np.float64)
             if size is not None and (a.shape[1], a.shape[0]) != tuple(size):
+                if abs(a.shape[1] * size[1] - a.shape[0] * size[0]) > 0.01 * a.shape[0] * size[0]:
+                    warnings.warn(f"{path}: the mask is {a.shape[1]}x{a.shape[0]} for a {size[0]}x{size[1]} image, "
+                                  "another aspect ratio: stretched to fit (check that it belongs to this image)",
+                                  stacklevel=2)
                 a = np.asarray(Image.fromarray(a.astype(np.float32), mode="F").resize(tuple(size), Image.NEAREST))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: cannot read mask ({e})") from e
+    except (*_DECODE_ERRORS, Image.DecompressionBombError) as e:
+        raise ValueError(f"{path}: cannot read mask ({type(e).__name__}: {e})") from None
     return a > 0
 
 

@@ -482,8 +482,8 @@ class Trainer:
             self.sfm_coverage = sfm_view_coverage(self.train_frames, pts)
         note = resolve_init_background(cfg, self.sfm_coverage, has_sfm)
         if auto_bg and cfg.init_background_points > 0 and self.device.type != "cuda" and note:
-            note += ("; on the CPU backend these far, wide splats make each step many times slower "
-                     "(--init-background 0 leaves them out)")
+            note += ("; on the CPU backend these far, wide splats make each step slower (~1.5x on bonsai; "
+                     "--init-background 0 leaves them out)")
         #: a line for the log about the initialisation (what "auto" added and why, the suggestion to add
         #: background points when the SfM points leave most of the views empty, or a count that could not be
         #: used), or None
