@@ -739,6 +739,44 @@ def test_cli_sigterm_saves_like_ctrl_c(blender_dataset, tmp_path, monkeypatch):
     assert (run / "model.ply").is_file() and "interrupted" in (run / "log.txt").read_text()
 
 
+@pytest.mark.parametrize("when", ["last step", "final evaluation"])
+def test_cli_ctrl_c_at_the_end_still_exits_interrupted(blender_dataset, tmp_path, monkeypatch, when):
+    """Ctrl-C during the last step: saved as interrupted, no final evaluation, 130. During the final evaluation (on
+    a CPU, seconds of a real capture): it finishes and everything is saved, but the status is 130, not 0 (a script
+    must not read success)."""
+    import signal
+
+    from rigel_core.cli.train import main
+
+    calls = {"n": 0, "evals": 0}
+    real_step, real_eval = Trainer.step, Trainer.evaluate
+
+    def step(self):
+        calls["n"] += 1
+        if when == "last step" and calls["n"] == 6:
+            os.kill(os.getpid(), signal.SIGINT)   # arrives during the last step, which then completes
+        return real_step(self)
+
+    def evaluate(self, *a, **kw):
+        calls["evals"] += 1
+        if when == "final evaluation":
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_eval(self, *a, **kw)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    monkeypatch.setattr(Trainer, "evaluate", evaluate)
+    run = tmp_path / "run"
+    status = main(["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet",
+                   "--init-points", "100", "--iters", "6", "--eval-every", "0"])
+    assert status == 130 and calls["n"] == 6
+    log = (run / "log.txt").read_text()
+    if when == "last step":
+        assert calls["evals"] == 0 and "interrupted" in log and "final:" not in log
+    else:
+        assert calls["evals"] == 1 and "final: 6 iterations" in log
+    assert (run / "model.ply").is_file() and (run / "checkpoint.safetensors").is_file()
+
+
 # ---- background points for a partial SfM (init_background_points) -------------------------------------------------
 def test_background_init_points_lie_behind_the_sfm_points_between_the_two_spheres(rng):
     from rigel_core.train import background_init_points

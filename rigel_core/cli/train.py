@@ -41,7 +41,8 @@ these keep the saved run's values unless given again. ``--set FIELD=VALUE`` (rep
 --set grad_threshold=4e-4 --set init_box=[-1,-1,-1,1,1,1]``), else as a string; it wins over the other flags.
 
 Ctrl-C finishes the current iteration, saves the checkpoint, the PLY and the metrics, then exits with status
-130 (a second Ctrl-C aborts at once); SIGTERM (``timeout``, ``docker stop``, schedulers) does the same, status
+130 (a second Ctrl-C aborts at once; during the final evaluation, the evaluation finishes and the run is saved as
+done, still with status 130); SIGTERM (``timeout``, ``docker stop``, schedulers) does the same, status
 143 (one process; a rank of ``--gpus N`` still ends at SIGTERM, the launcher's way to stop a stuck rank). Exit
 status 0 on success, 2 for bad arguments, an unreadable dataset, a damaged checkpoint, an ``--out`` that cannot be
 written or one another ``rigel-train`` is using.
@@ -438,6 +439,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
                 aside += time.perf_counter() - t_aside
             loop_s = loop_before + time.perf_counter() - t_loop - aside
         progress.update(len(window))
+        if stop.is_set() and comm is None:  # asked during the last step: saved as interrupted, no final evaluation
+            raise KeyboardInterrupt
         if is_main and (not trainer.eval_history or trainer.eval_history[-1].iteration != trainer.iteration):
             ev = trainer.evaluate()
             if ev is not None:
@@ -447,6 +450,9 @@ def _main(args, lock: RunLock, comm=None) -> int:
         log.info(f"final: {trainer.iteration} iterations, {trainer.model.num_gaussians} Gaussians"
                  + (f", test psnr {final.psnr:.2f} ssim {final.ssim:.4f}" if final else "")
                  + f", {train_s:.1f} s training, {trainer.nan_skips} skipped steps")
+        if stop.is_set():  # asked during the final evaluation: it finished and everything is saved, but the exit
+            # status still says the run was interrupted (a script waiting on it must not read success)
+            status = EXIT_INTERRUPTED if stop_signal[0] == signal.SIGINT else 128 + int(stop_signal[0])
     except KeyboardInterrupt:
         status = EXIT_INTERRUPTED if stop_signal[0] == signal.SIGINT else 128 + int(stop_signal[0])
         trainer.optimizer.zero_grad(set_to_none=True)
