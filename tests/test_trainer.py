@@ -777,6 +777,35 @@ def test_cli_ctrl_c_at_the_end_still_exits_interrupted(blender_dataset, tmp_path
     assert (run / "model.ply").is_file() and (run / "checkpoint.safetensors").is_file()
 
 
+def test_cli_resume_on_another_dataset_or_resolution_is_refused(blender_dataset, tmp_path, capsys):
+    """--resume checks that --data gives the views the run was trained on (count, resolution, extent, from its
+    metrics.json): another dataset, or the same at another --downscale, was trained on silently and its model.ply
+    overwritten (new-user review). A moved copy of the same dataset still resumes."""
+    import shutil
+
+    from rigel_core.cli.train import main
+
+    run = tmp_path / "run"
+    base = ["--out", str(run), "--device", "cpu", "--quiet", "--init-points", "100"]
+    assert main(["--data", str(blender_dataset), *base, "--iters", "2"]) == 0
+    before = (run / "model.ply").read_bytes()
+    capsys.readouterr()
+    assert main(["--data", str(blender_dataset), *base, "--iters", "3", "--resume", "--downscale", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--resume" in err and "another dataset or --downscale" in err, err
+    other = tmp_path / "other"
+    shutil.copytree(blender_dataset, other)
+    meta = json.loads((other / "transforms_train.json").read_text())
+    meta["frames"] = meta["frames"][:-1]   # one training view fewer: another dataset
+    (other / "transforms_train.json").write_text(json.dumps(meta))
+    assert main(["--data", str(other), *base, "--iters", "3", "--resume"]) == 2
+    assert "training views" in capsys.readouterr().err
+    assert (run / "model.ply").read_bytes() == before   # nothing was trained over
+    moved = tmp_path / "moved"
+    shutil.copytree(blender_dataset, moved)
+    assert main(["--data", str(moved), *base, "--iters", "3", "--resume"]) == 0
+
+
 # ---- background points for a partial SfM (init_background_points) -------------------------------------------------
 def test_background_init_points_lie_behind_the_sfm_points_between_the_two_spheres(rng):
     from rigel_core.train import background_init_points

@@ -173,7 +173,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
     (run_dir, session, frames, device)."""
     from rigel_core.checkpoint import CheckpointError
     from rigel_core.cli.common import build_trainer, changed_settings_line, config_overrides, load_training_data, \
-        new_run_problem, resume_config
+        new_run_problem, resume_config, resumed_data_problem
     from rigel_core.run_dir import CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir, holds_run, out_problem
 
     from .app import _pick_render_device
@@ -214,6 +214,9 @@ def _start_training(args, settings: ViewSettings, locks: list):
         print(f"rigel-viewer: --resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run", file=sys.stderr)
     device = _pick_render_device(args.device)
     ds = load_training_data(args)
+    problem = resumed_data_problem(run_dir, ds, args.data) if resume_cfg is not None else None
+    if problem:
+        raise _Refused(f"--resume: {run_dir} {problem}")
     trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
     try:  # the folder is checked again under the lock: a rigel-train may have finished a run here meanwhile
         if lock.claim(resume=args.resume) is None:

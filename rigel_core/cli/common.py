@@ -207,6 +207,36 @@ def changed_settings_line(ckpt: Path, changes: list) -> str | None:
     return f"resuming {ckpt} with changed settings: {'; '.join(changes)}" if changes else None
 
 
+def resumed_data_problem(run_dir: Path, ds, data) -> str | None:
+    """Why ``--resume`` must not continue the run in ``run_dir`` on dataset ``ds`` (loaded from ``data``), or None:
+    the run's ``metrics.json`` (when missing or damaged there is nothing to compare) names the training views it was
+    trained on — their number, resolution and scene extent (facts of the data, not of its path, so a moved dataset
+    still resumes). Another dataset, or the same at another ``--downscale``, would train the model on images it was
+    not fitted to and overwrite its model.ply."""
+    from ..run_dir import METRICS_NAME, read_metrics
+
+    path = Path(run_dir) / METRICS_NAME
+    previous = read_metrics(path) if path.is_file() else None
+    seen = (previous or {}).get("dataset")
+    if not isinstance(seen, dict) or not {"train_views", "resolution", "scene_extent"} <= set(seen):
+        return None
+    train = list(ds.train)
+    now = {"train_views": len(train), "resolution": [train[0].camera.width, train[0].camera.height],
+           "scene_extent": float(ds.scene_extent or 1.0)}
+    same = (seen["train_views"] == now["train_views"] and list(seen["resolution"]) == now["resolution"]
+            and isinstance(seen["scene_extent"], (int, float))
+            and abs(seen["scene_extent"] - now["scene_extent"]) <= 1e-6 * max(1.0, abs(now["scene_extent"])))
+    if same:
+        return None
+
+    def facts(d):
+        w, h = d["resolution"]
+        return f"{d['train_views']} training views of {w}x{h}, extent {d['scene_extent']:.4g}"
+
+    return (f"was trained on {previous.get('data', 'another dataset')} ({facts(seen)}); --data {data} gives "
+            f"{facts(now)}: another dataset or --downscale (train it into a new --out)")
+
+
 def load_training_data(args: argparse.Namespace):
     """The dataset ``--data`` names, read with the dataset flags (``rigel_core.data.load_dataset``)."""
     from ..data import load_dataset

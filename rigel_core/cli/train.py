@@ -73,7 +73,7 @@ from pathlib import Path
 from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord, choose_run_dir,
                        new_metrics, open_run_log, out_problem, read_metrics)
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
-    load_training_data, new_run_problem, one_line_warnings, path_arg, resume_config
+    load_training_data, new_run_problem, one_line_warnings, path_arg, resume_config, resumed_data_problem
 
 __all__ = ["main", "build_parser"]
 
@@ -274,6 +274,11 @@ def _main(args, lock: RunLock, comm=None) -> int:
     t_loaded = time.perf_counter()
 
     metrics_path = run_dir / METRICS_NAME
+    if resume_cfg is not None:
+        problem = resumed_data_problem(run_dir, ds, args.data)
+        if problem:
+            print(f"rigel-train: --resume: {run_dir} {problem}", file=sys.stderr)
+            return 2
     metrics = None
     try:
         trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
