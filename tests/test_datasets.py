@@ -683,3 +683,30 @@ def test_an_ordinary_camera_ring_gives_no_outlier_warning(rng):
             camera_extent(cams[:4])   # too few to judge
         msgs = [str(r.message) for r in rec]
         assert (len(msgs) == 1 and "'c5'" in msgs[0]) if named else not msgs, (pull, msgs)
+
+
+def test_frames_in_sub_folders_keep_distinct_names_and_render_splits_like_the_loader(tmp_path):
+    """``camK/imgNN.png`` frames: names shared across folders become "camK_imgNN" (they name the renders and the
+    metrics' per-view entries, where "img00" twice overwrote one view's files), and ``rigel-render --split test``
+    picks the views the loader holds out (it sorted by name, the loader by path)."""
+    from rigel_core.cli.render import resolve_cameras
+
+    w, h = 8, 6
+    frames = []
+    for k in range(4):
+        for i in (0, 4, 8, 12):
+            cam = Camera.look_at((3 * math.cos(k + i), 3 * math.sin(k + i), 1), (0, 0, 0), width=w, height=h)
+            path = f"cam{k}/img{i:02d}.png"
+            save_u8(tmp_path / path, np.zeros((h, w, 3)))
+            frames.append({"file_path": path, "transform_matrix": c2w_opengl(cam).tolist()})
+    frames.append({"file_path": "solo.png", "transform_matrix": frames[0]["transform_matrix"]})
+    save_u8(tmp_path / "solo.png", np.zeros((h, w, 3)))
+    (tmp_path / "transforms.json").write_text(json.dumps({"fl_x": 10.0, "frames": frames}))
+    ds = load_dataset(tmp_path)   # every 8th held out, by path
+    names = [f.name for f in ds.train + ds.test]
+    assert len(set(names)) == len(names) == 17 and "solo" in names and "cam2_img08" in names
+    assert all(f.camera.name == f.name for f in ds.train + ds.test)
+    assert [f.name for f in ds.test] == ["cam0_img00", "cam2_img00", "solo"]
+    for split, frames_ in (("test", ds.test), ("train", ds.train)):
+        cams, rnames, _ = resolve_cameras(str(tmp_path), split, None)
+        assert rnames == [f.name for f in frames_]

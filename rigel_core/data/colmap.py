@@ -26,7 +26,8 @@ import numpy as np
 
 from ..camera import Camera
 from .colmap_check import check_colmap_model
-from .frames import Dataset, DatasetError, FrameSpec, assemble_dataset, cap_frames, split_every
+from .frames import Dataset, DatasetError, FrameSpec, assemble_dataset, cap_frames, split_every, \
+    with_unique_names
 from .images import find_mask
 from .transforms import frame_name, unusable_points, warn_missing, warn_unmasked
 from .undistort import Distortion, fisheye_lens, opencv_lens
@@ -165,6 +166,6 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
         if bad:
             raise DatasetError(sparse, f"points3D: {bad} points have NaN or Inf coordinates (or beyond float32's "
                                        f"range)")
-    train, test = split_every(specs, test_every)
+    train, test = split_every(with_unique_names(specs, images_dir), test_every)
     return assemble_dataset(cap_frames(train, max_frames), cap_frames(test, max_frames), root, "colmap", white_bg,
                             downscale, device, points, colors, alpha_as_mask=alpha_as_mask)

@@ -325,6 +325,36 @@ def common_size_frames(frames: list[Frame], max_extra: float = PAD_MAX_EXTRA) ->
             else f for f in frames]
 
 
+def held_out_order(spec: FrameSpec) -> str:
+    """The sort key under which a transforms.json's frames are split every N-th into train / held-out: the image
+    path (``load_ngp``; ``rigel-render --split`` uses it too, so that both pick the same views)."""
+    return str(spec.image_path) if spec.image_path is not None else spec.name
+
+
+def with_unique_names(specs: list[FrameSpec], source: Path) -> list[FrameSpec]:
+    """``specs`` with the names that two or more of them share (``cam0/img0.png`` and ``cam1/img0.png`` are both
+    "img0") replaced by the image path relative to the dataset, without its suffix, "/" → "_" ("cam0_img0"), on
+    the frame and its camera: a name becomes the file name of the view's renders and its key in metrics.json, where
+    a shared one overwrote the other view's files. Unique names are kept as they are."""
+    counts: dict[str, int] = {}
+    for s in specs:
+        counts[s.name] = counts.get(s.name, 0) + 1
+    if all(c == 1 for c in counts.values()):
+        return specs
+    base = source if source.is_dir() else source.parent
+    out = []
+    for s in specs:
+        if counts[s.name] > 1 and s.image_path is not None:
+            try:
+                rel = Path(s.image_path).relative_to(base)
+            except ValueError:
+                rel = Path(s.image_path)
+            name = rel.with_suffix("").as_posix().strip("/").replace("/", "_")
+            s = replace(s, name=name, camera=replace(s.camera, name=name))
+        out.append(s)
+    return out
+
+
 def split_every(items: list, test_every: int) -> tuple[list, list]:
     """(train, test): items at indices 0, N, 2N, … go to test (N = ``test_every``; none when N ≤ 0)."""
     if test_every is None or test_every <= 0:
