@@ -806,6 +806,20 @@ def test_cli_resume_on_another_dataset_or_resolution_is_refused(blender_dataset,
     assert main(["--data", str(moved), *base, "--iters", "3", "--resume"]) == 0
 
 
+def test_cli_ctrl_c_while_loading_is_one_line(blender_dataset, tmp_path, monkeypatch, capsys):
+    """Ctrl-C before training starts (a capture takes seconds to load): one line and 130, no traceback, no run."""
+    import rigel_core.cli.train as train_cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_cli, "load_training_data", interrupted)
+    run = tmp_path / "run"
+    assert train_cli.main(["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "rigel-train: interrupted" and not run.exists()
+
+
 # ---- background points for a partial SfM (init_background_points) -------------------------------------------------
 def test_background_init_points_lie_behind_the_sfm_points_between_the_two_spheres(rng):
     from rigel_core.train import background_init_points

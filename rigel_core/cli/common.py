@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -39,7 +40,7 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--white-bg", action="store_true", help="composite alpha onto white (NeRF-synthetic)")
     add("--alpha-as-mask", action="store_true",
         help="use the images' alpha channel as a mask (alpha 0 = pixel ignored) instead of compositing")
-    add("--downscale", type=float, default=1, help="divide image sizes by this")
+    add("--downscale", type=downscale_arg, default=1, help="divide image sizes by this (a finite number ≥ 1)")
     add("--test-every", type=int, default=8, help="hold-out stride for instant-ngp / COLMAP data")
     add("--max-gaussians", type=int, default=None,
         help="hard cap on the Gaussian count; the budget of the mcmc strategy")
@@ -71,6 +72,18 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--eval-every", type=int, default=None, help="held-out evaluation interval (0 = only at the end)")
     add("--seed", type=int, default=None, help="random seed")
     add("--resume", action="store_true", help=f"continue from RUN/{CHECKPOINT_NAME}")
+
+
+def downscale_arg(text: str) -> float:
+    """``--downscale``: a finite number ≥ 1 (NaN was "cannot convert float NaN to integer" without the flag's name;
+    inf trained on 1x1 images)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v >= 1.0):
+        raise argparse.ArgumentTypeError(f"expected a finite number ≥ 1, got {text[:40]!r}")
+    return v
 
 
 def path_arg(text: str) -> Path:

@@ -155,7 +155,11 @@ def main(argv=None) -> int:
     from .common import one_line_warnings
 
     with one_line_warnings("rigel-render"):
-        return _main(argv)
+        try:
+            return _main(argv)
+        except KeyboardInterrupt:  # the views already written stay (each PNG is written whole, atomically)
+            print("rigel-render: interrupted", file=sys.stderr)
+            return 130
 
 
 def _main(argv=None) -> int:

@@ -146,7 +146,12 @@ def main(argv=None) -> int:
     (:func:`rigel_core.train.distributed.launch`); with WORLD_SIZE > 1 in the environment (torchrun, or those
     ranks) this process joins the group and trains its part of each global batch; rank 0 alone writes."""
     with one_line_warnings("rigel-train"):   # a dataset's or scene's warning: one line, not Python's report
-        return _run(list(sys.argv[1:] if argv is None else argv))
+        try:
+            return _run(list(sys.argv[1:] if argv is None else argv))
+        except KeyboardInterrupt:  # before training starts (loading a capture takes seconds), or a second Ctrl-C
+            # while saving: one line, not Python's traceback (training itself catches it and saves)
+            print("rigel-train: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
 
 
 def _run(argv: list) -> int:

@@ -89,8 +89,9 @@ def load_dataset(path, *, white_bg: bool = False, downscale: float = 1, test_eve
 
 def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None, alpha_as_mask=False) -> Dataset:
     """A Blender / NeRF-synthetic directory: ``transforms_train.json`` (required), ``transforms_test.json``
-    (optional; ``transforms_val.json`` is ignored). Frames whose image is missing are skipped with one warning
-    per file; a training file with no usable frame is an error (an empty test split only warns)."""
+    (optional: without it there are no held-out views, as a deliberate choice, silently; ``transforms_val.json`` is
+    ignored). Frames whose image is missing are skipped with one warning per file; a training file with no usable
+    frame is an error, a test file with none leaves the test split empty after that warning."""
     root = Path(root)
     splits = {}
     for split in ("train", "test"):

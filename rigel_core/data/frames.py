@@ -156,6 +156,7 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
     Raises DatasetError naming the image (or mask) when it cannot be decoded.
     """
     frames, maps, resized, no_alpha, tiny = [], {}, 0, 0, None
+    stretched, first_resized = 0, ""
     for spec in specs:
         try:
             rgba = read_image(spec.image_path)
@@ -164,6 +165,9 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
         cam = spec.camera
         h, w = rgba.shape[:2]
         if (w, h) != (cam.width, cam.height):
+            if not resized:
+                first_resized = f"{spec.image_path} is {w}x{h}, its camera {cam.width}x{cam.height}"
+            stretched += abs(w * cam.height - h * cam.width) > 0.01 * w * cam.height
             cam = cam.with_size(w, h)
             resized += 1
         keep = None  # (h, w) bool in the photo's pixels
@@ -203,8 +207,10 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
         warnings.warn(f"{source}: alpha as mask asked, but {no_alpha} of {len(specs)} image(s) have no alpha "
                       "channel: every pixel of those counts", stacklevel=3)
     if resized:
-        warnings.warn(f"{source}: {resized} image(s) differ in size from their camera's declared size; "
-                      "intrinsics were rescaled to the image size", stacklevel=3)
+        warnings.warn(f"{source}: {resized} image(s) differ in size from their camera's declared size (first: "
+                      f"{first_resized}); intrinsics were rescaled to the image size"
+                      + (f", {stretched} of them to another aspect ratio (check those images)" if stretched else ""),
+                      stacklevel=3)
     if tiny is not None:
         (w0, h0), (w1, h1) = tiny
         warnings.warn(f"{source}: --downscale {downscale:g} makes the images {w1}x{h1} px (from {w0}x{h0}): "
