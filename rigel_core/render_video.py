@@ -161,6 +161,10 @@ def cli_path_video(ap, args, load_scene) -> int:
             ap.error(f"--{name} must be positive")
     if args.fps is not None and not args.fps > 0:
         ap.error("--fps must be positive")
+    if Path(args.video).is_dir():   # it became DIR.mp4 beside the folder
+        print(f"rigel-render: error: --video {args.video} is a folder: give the video's file name, e.g. "
+              f"{Path(args.video) / 'video.mp4'}", file=sys.stderr)
+        return 2
     dest = video_path(args.video)
     if dest.exists() and not args.force:
         print(f"rigel-render: error: {dest} exists (use --force to replace it)", file=sys.stderr)

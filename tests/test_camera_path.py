@@ -390,6 +390,11 @@ def test_cli_path_errors(tmp_path, tiny_scene, capsys):
     assert main([str(tiny_scene), "--path", str(bad), "--video", str(tmp_path / "o.mp4"), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and str(bad) in err and "keyframes[0]" in err
+    folder = tmp_path / "videos"
+    folder.mkdir()   # a folder as --video became videos.mp4 beside it
+    assert main([str(tiny_scene), "--path", str(bad), "--video", str(folder), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is a folder" in err and not (tmp_path / "videos.mp4").exists()
     with pytest.raises(SystemExit):
         main([str(tiny_scene), "--path", str(bad)])          # --video missing
     with pytest.raises(SystemExit):
