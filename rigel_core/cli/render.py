@@ -164,7 +164,7 @@ def main(argv=None) -> int:
 
 def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rigel-render", description=__doc__.split("\n\n")[0])
-    ap.add_argument("scene", help="scene file (.ply, .compressed.ply, .spz) or 'default' for the bundled scene")
+    ap.add_argument("scene", help="scene file (.ply, .compressed.ply, .spz, .splat) or 'default' for the bundled scene")
     ap.add_argument("--cameras", type=path_arg, help="transforms .json file (Blender or instant-ngp) or directory")
     ap.add_argument("--split", choices=("train", "test"), default=None,
                     help="Blender: which transforms_<split>.json of a directory; instant-ngp: every-8th hold-out")
