@@ -16,7 +16,7 @@ import torch
 
 from .limits import MAX_CAMERA_COORD, MAX_CAMERA_SIDE
 
-__all__ = ["Camera", "host_to_device", "quat_to_rotmat_np", "ROTATION_TOL", "check_fov"]
+__all__ = ["Camera", "host_to_device", "quat_to_rotmat_np", "ROTATION_TOL", "check_fov", "check_camera_position"]
 
 #: Largest |RᵀR − I| entry and |det R − 1| accepted in a viewmat. Stored poses are float32 at worst
 #: (NeRF-synthetic's are orthonormal to ~1e-7); 1e-3 leaves room for any honest rounding and refuses scaled,
@@ -67,11 +67,17 @@ def _check_viewmat(viewmat) -> np.ndarray:
     if ortho > ROTATION_TOL or abs(det - 1.0) > ROTATION_TOL:
         what = "a reflection" if det < 0 else "not a rotation"
         raise ValueError(f"viewmat's 3x3 part is {what} (max |R^T R - I| = {ortho:.3g}, det = {det:.6g})")
-    t = float(np.abs(vm[:3, 3]).max())  # |R^T t| = |t|: the camera's distance from the origin, per axis at most
-    if t > MAX_CAMERA_COORD:
-        raise ValueError(f"viewmat's translation reaches {t:.3g} scene units, beyond {MAX_CAMERA_COORD:.0e} "
-                         "(float32 keeps no useful precision there)")
     return vm
+
+
+def check_camera_position(position) -> None:
+    """ValueError when a camera position (3,) read from a file lies beyond :data:`MAX_CAMERA_COORD` in any
+    coordinate (the loaders call it; a camera built in code, such as the viewer's orbit zoomed far out, is not
+    bounded)."""
+    far = float(np.abs(np.asarray(position, dtype=np.float64)).max())
+    if far > MAX_CAMERA_COORD:
+        raise ValueError(f"the camera lies at {far:.3g} scene units, beyond {MAX_CAMERA_COORD:.0e} (float32 keeps no "
+                         "useful precision there)")
 
 
 def quat_to_rotmat_np(q) -> np.ndarray:
@@ -253,9 +259,10 @@ class Camera:
             raise ValueError(f"transform_matrix must be a 3x4 or 4x4 matrix, got shape {m.shape}")
         if not np.all(np.isfinite(m)):
             raise ValueError(f"transform_matrix has {int((~np.isfinite(m)).sum())} non-finite entries (NaN or inf)")
-        if float(np.abs(m[:3, 3]).max()) > MAX_CAMERA_COORD:
-            raise ValueError(f"transform_matrix places the camera at {float(np.abs(m[:3, 3]).max()):.3g} scene units, "
-                             f"beyond {MAX_CAMERA_COORD:.0e} (float32 keeps no useful precision there)")
+        try:
+            check_camera_position(m[:3, 3])
+        except ValueError as e:
+            raise ValueError(f"transform_matrix: {e}") from None
         m = m.copy()
         m[:3, 1:3] *= -1.0
         try:

@@ -804,6 +804,11 @@ def test_cli_resume_on_another_dataset_or_resolution_is_refused(blender_dataset,
     moved = tmp_path / "moved"
     shutil.copytree(blender_dataset, moved)
     assert main(["--data", str(moved), *base, "--iters", "3", "--resume"]) == 0
+    # a damaged record has nothing to compare (was a traceback formatting its null extent): the resume goes on
+    metrics = json.loads((run / "metrics.json").read_text())
+    metrics["dataset"]["scene_extent"] = None
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    assert main(["--data", str(blender_dataset), *base, "--iters", "4", "--resume"]) == 0
 
 
 def test_cli_ctrl_c_while_loading_is_one_line(blender_dataset, tmp_path, monkeypatch, capsys):

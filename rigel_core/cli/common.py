@@ -231,14 +231,19 @@ def resumed_data_problem(run_dir: Path, ds, data) -> str | None:
     path = Path(run_dir) / METRICS_NAME
     previous = read_metrics(path) if path.is_file() else None
     seen = (previous or {}).get("dataset")
-    if not isinstance(seen, dict) or not {"train_views", "resolution", "scene_extent"} <= set(seen):
+    if not isinstance(seen, dict):
         return None
+    res, n, ext = seen.get("resolution"), seen.get("train_views"), seen.get("scene_extent")
+    number = (int, float)
+    if not (isinstance(n, int) and isinstance(res, list) and len(res) == 2
+            and all(isinstance(v, int) for v in res) and isinstance(ext, number) and not isinstance(ext, bool)
+            and math.isfinite(ext)):
+        return None   # an older or damaged record: nothing to compare
     train = list(ds.train)
     now = {"train_views": len(train), "resolution": [train[0].camera.width, train[0].camera.height],
            "scene_extent": float(ds.scene_extent or 1.0)}
-    same = (seen["train_views"] == now["train_views"] and list(seen["resolution"]) == now["resolution"]
-            and isinstance(seen["scene_extent"], (int, float))
-            and abs(seen["scene_extent"] - now["scene_extent"]) <= 1e-6 * max(1.0, abs(now["scene_extent"])))
+    same = (n == now["train_views"] and res == now["resolution"]
+            and abs(ext - now["scene_extent"]) <= 1e-6 * max(1.0, abs(now["scene_extent"])))
     if same:
         return None
 

@@ -84,7 +84,7 @@ def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | Non
     specs, _, total = read_transforms(p, require_images=False, size=size, max_image_size=max_image_size)
     if not specs:
         raise DatasetError(f"{p}: no frames")
-    specs = with_unique_names(specs, p)   # the names rigel-train's loader gives the same frames
+    specs = with_unique_names(specs)   # the names rigel-train's loader gives the same frames
     if held_out:  # the views rigel-train holds out of a transforms.json (its default --test-every 8)
         train, test = split_every(sorted(specs, key=held_out_order), 8)
         specs = train if split == "train" else test

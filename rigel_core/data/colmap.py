@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..camera import Camera
+from ..camera import Camera, check_camera_position
 from .colmap_check import check_colmap_model
 from .frames import Dataset, DatasetError, FrameSpec, assemble_dataset, cap_frames, split_every, \
     with_unique_names
@@ -149,6 +149,7 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
             pin = Camera(cam.width, cam.height, cam.focal_length_x, cam.focal_length_y,
                          cam.principal_point_x, cam.principal_point_y, _cam_from_world(image),
                          frame_name({"file_path": image.name}, image.image_id))
+            check_camera_position(pin.c2w[:3, 3])
             dist = _colmap_distortion(model, cam.params, cam.width, cam.height)
         except ValueError as e:
             raise DatasetError(f"{sparse}: image {image.name} (camera {image.camera_id}, {model}): {e}") from e
@@ -166,6 +167,6 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
         if bad:
             raise DatasetError(sparse, f"points3D: {bad} points have NaN or Inf coordinates (or beyond float32's "
                                        f"range)")
-    train, test = split_every(with_unique_names(specs, images_dir), test_every)
+    train, test = split_every(with_unique_names(specs), test_every)
     return assemble_dataset(cap_frames(train, max_frames), cap_frames(test, max_frames), root, "colmap", white_bg,
                             downscale, device, points, colors, alpha_as_mask=alpha_as_mask)

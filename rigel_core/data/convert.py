@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from ..atomic import atomic_path
-from ..camera import Camera
+from ..camera import Camera, check_camera_position
 from .colmap import _cam_from_world, _import_pycolmap, find_sparse_dir
 from .colmap_check import check_colmap_model
 from .frames import DatasetError
@@ -171,6 +171,7 @@ def colmap_to_transforms(src, dst, *, images: str = "reference", images_dir: str
         try:
             cam = Camera(keys["w"], keys["h"], keys["fl_x"], keys["fl_y"], keys["cx"], keys["cy"],
                          _cam_from_world(image))
+            check_camera_position(cam.c2w[:3, 3])
         except ValueError as e:
             raise DatasetError(f"{sparse}: image {image.name} (camera {image.camera_id}): {e}") from e
         frames.append({"file_path": path, "name": image.name, "image_id": int(image.image_id),

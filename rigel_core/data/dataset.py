@@ -102,7 +102,7 @@ def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=
             splits[split] = []
             continue
         specs, missing, total = read_transforms(f)
-        specs = with_unique_names(specs, root)   # within a split: a view's renders are named after it
+        specs = with_unique_names(specs)   # within a split: a view's renders are named after it
         warn_missing(f, missing, total)
         if not specs:
             if split == "train":
@@ -125,7 +125,7 @@ def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames
         raise DatasetError(f"{json_path}: none of its {total} frames has an image file")
     points, colors = read_ply_points(json_path)  # nerfstudio's ply_file_path (SfM points), else None
     warn_unmasked(json_path.parent / "masks", specs)
-    specs = with_unique_names(specs, json_path)
+    specs = with_unique_names(specs)
     train, test = split_every(sorted(specs, key=held_out_order), test_every)
     return assemble_dataset(cap_frames(train, max_frames), cap_frames(test, max_frames), json_path, "ngp", white_bg,
                             downscale, device, points, colors, alpha_as_mask=alpha_as_mask)

@@ -337,28 +337,35 @@ def held_out_order(spec: FrameSpec) -> str:
     return str(spec.image_path) if spec.image_path is not None else spec.name
 
 
-def with_unique_names(specs: list[FrameSpec], source: Path) -> list[FrameSpec]:
+def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
     """``specs`` with the names that two or more of them share (``cam0/img0.png`` and ``cam1/img0.png`` are both
-    "img0") replaced by the image path relative to the dataset, without its suffix, "/" → "_" ("cam0_img0"), on
-    the frame and its camera: a name becomes the file name of the view's renders and its key in metrics.json, where
-    a shared one overwrote the other view's files. Unique names are kept as they are."""
+    "img0") replaced, on the frame and its camera, by the image path's last components joined by "_" — as few as
+    make them distinct ("cam0_img0"), else with the extension (``x.png`` / ``x.jpg``: "x_png", "x_jpg"). Trailing
+    components, so the names do not depend on where the dataset lies or how a file refers to the images
+    (``../col/images/cam0/img0.png`` is "cam0_img0" too). A name becomes the file name of the view's renders and its
+    key in metrics.json, where a shared one overwrote the other view's files. Unique names are kept as they are."""
     counts: dict[str, int] = {}
     for s in specs:
         counts[s.name] = counts.get(s.name, 0) + 1
     if all(c == 1 for c in counts.values()):
         return specs
-    base = source if source.is_dir() else source.parent
-    out = []
-    for s in specs:
-        if counts[s.name] > 1 and s.image_path is not None:
-            try:
-                rel = Path(s.image_path).relative_to(base)
-            except ValueError:
-                rel = Path(s.image_path)
-            name = rel.with_suffix("").as_posix().strip("/").replace("/", "_")
-            s = replace(s, name=name, camera=replace(s.camera, name=name))
-        out.append(s)
-    return out
+    taken = {n for n, c in counts.items() if c == 1}
+    new: dict[int, str] = {}
+    for name in [n for n, c in counts.items() if c > 1]:
+        group = [i for i, s in enumerate(specs) if s.name == name and s.image_path is not None]
+        paths = [Path(specs[i].image_path) for i in group]
+        parts = [[p for p in path.with_suffix("").parts if p not in ("", ".", "..", "/")] for path in paths]
+        longest = max((len(p) for p in parts), default=1)
+        for k, ext in [(k, False) for k in range(2, longest + 1)] + [(k, True) for k in range(1, longest + 1)]:
+            cand = ["_".join(p[-k:]) + (f"_{path.suffix.lstrip('.')}" if ext and path.suffix else "")
+                    for p, path in zip(parts, paths)]
+            if len(set(cand)) == len(cand) and not taken & set(cand):
+                break
+        for i, c in zip(group, cand):
+            new[i] = c
+        taken |= set(cand)
+    return [replace(s, name=new[i], camera=replace(s.camera, name=new[i])) if i in new else s
+            for i, s in enumerate(specs)]
 
 
 def split_every(items: list, test_every: int) -> tuple[list, list]:
