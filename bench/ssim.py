@@ -19,22 +19,27 @@ import torch
 from rigel_core.train.losses import loss_terms, ssim, ssim_map_reference
 
 
+def ms_per_call(fn, iters: int) -> float:
+    """Mean milliseconds of ``fn()`` over ``iters`` back-to-back calls (CUDA events around them)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 def run(loss, pred, gt, iters):
     x = pred.clone().requires_grad_(True)
     for _ in range(3):
         loss(x, gt).backward()
     x.grad = None
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        s = loss(x, gt)
-        s.backward()
-    end.record()
-    torch.cuda.synchronize()
+    ms = ms_per_call(lambda: loss(x, gt).backward(), iters)
     x.grad = None
     s = loss(x, gt)
     s.backward()
-    return start.elapsed_time(end) / iters, float(s.detach()), x.grad.clone()
+    return ms, float(s.detach()), x.grad.clone()
 
 
 def run_graph(loss, pred, gt, iters):
@@ -53,13 +58,7 @@ def run_graph(loss, pred, gt, iters):
         s = loss(x, gt)
         s.backward()  # x.grad is allocated in the graph's pool: each replay rewrites it
     graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters, float(s.detach()), x.grad.clone()
+    return ms_per_call(graph.replay, iters), float(s.detach()), x.grad.clone()
 
 
 def main():

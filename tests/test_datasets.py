@@ -655,7 +655,8 @@ def test_a_camera_beyond_float32s_range_is_one_clear_error(tmp_path, rng, far):
         frames.append({"file_path": f"images/{cam.name}.png", "transform_matrix": c2w_opengl(cam).tolist()})
     frames[3]["transform_matrix"][1][3] = far
     (tmp_path / "transforms.json").write_text(json.dumps({"fl_x": 10.0, "frames": frames}))
-    with pytest.raises(DatasetError, match=r"transforms.json: frame 3 .*transform_matrix: the camera lies at .*beyond 1e\+08"):
+    with pytest.raises(DatasetError,
+                       match=r"transforms.json: frame 3 .*transform_matrix: the camera lies at .*beyond 1e\+08"):
         load_dataset(tmp_path, test_every=0)
     frames[3]["transform_matrix"][1][3] = 0.5 * MAX_CAMERA_COORD   # far, but representable: a warning names it
     (tmp_path / "transforms.json").write_text(json.dumps({"fl_x": 10.0, "frames": frames}))

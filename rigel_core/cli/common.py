@@ -234,10 +234,8 @@ def resumed_data_problem(run_dir: Path, ds, data) -> str | None:
     if not isinstance(seen, dict):
         return None
     res, n, ext = seen.get("resolution"), seen.get("train_views"), seen.get("scene_extent")
-    number = (int, float)
-    if not (isinstance(n, int) and isinstance(res, list) and len(res) == 2
-            and all(isinstance(v, int) for v in res) and isinstance(ext, number) and not isinstance(ext, bool)
-            and math.isfinite(ext)):
+    if not (isinstance(n, int) and isinstance(res, list) and len(res) == 2 and all(isinstance(v, int) for v in res)
+            and type(ext) in (int, float) and math.isfinite(ext)):
         return None   # an older or damaged record: nothing to compare
     train = list(ds.train)
     now = {"train_views": len(train), "resolution": [train[0].camera.width, train[0].camera.height],

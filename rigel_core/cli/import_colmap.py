@@ -27,8 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rigel-import-colmap",
                                 description="Convert a COLMAP dataset to a nerfstudio transforms.json "
                                             "with the SfM points in sparse_pc.ply.")
-    p.add_argument("src", metavar="SRC", type=path_arg, help="COLMAP dataset directory (sparse/0 or sparse, and images/)")
-    p.add_argument("dst", metavar="DST", type=path_arg, help="output directory for transforms.json and sparse_pc.ply")
+    p.add_argument("src", metavar="SRC", type=path_arg,
+                   help="COLMAP dataset directory (sparse/0 or sparse, and images/)")
+    p.add_argument("dst", metavar="DST", type=path_arg,
+                   help="output directory for transforms.json and sparse_pc.ply")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--copy-images", dest="images", action="store_const", const="copy", default="reference",
                    help="copy the images into DST/images (default: reference them in place)")
@@ -36,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="symlink the images into DST/images")
     p.add_argument("--images-dir", default="images",
                    help="folder of SRC holding the images (default: images)")
-    p.add_argument("--force", action="store_true", help="replace an existing DST/transforms.json and the images / points file the conversion writes")
+    p.add_argument("--force", action="store_true",
+                   help="replace an existing DST/transforms.json and the images / points file the conversion writes")
     return p
 
 

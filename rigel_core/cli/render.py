@@ -164,7 +164,8 @@ def main(argv=None) -> int:
 
 def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rigel-render", description=__doc__.split("\n\n")[0])
-    ap.add_argument("scene", help="scene file (.ply, .compressed.ply, .spz, .splat) or 'default' for the bundled scene")
+    ap.add_argument("scene",
+                    help="scene file (.ply, .compressed.ply, .spz, .splat) or 'default' for the bundled scene")
     ap.add_argument("--cameras", type=path_arg, help="transforms .json file (Blender or instant-ngp) or directory")
     ap.add_argument("--split", choices=("train", "test"), default=None,
                     help="Blender: which transforms_<split>.json of a directory; instant-ngp: every-8th hold-out")
@@ -176,7 +177,8 @@ def _main(argv=None) -> int:
     ap.add_argument("--alpha", action="store_true", help="write RGBA with alpha = 1 - final_T")
     ap.add_argument("--sh-degree", type=int, default=None, help="evaluate SH up to this degree (default: all)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when the kernels are available)")
-    ap.add_argument("--path", type=path_arg, help="camera path .json (rigel or nerfstudio camera_path.json): render a video")
+    ap.add_argument("--path", type=path_arg,
+                    help="camera path .json (rigel or nerfstudio camera_path.json): render a video")
     ap.add_argument("--video", type=path_arg, help="with --path: output video (.mp4; .gif without imageio-ffmpeg)")
     ap.add_argument("--fps", type=float, default=None, help="with --path: frames per second (default: the path's)")
     ap.add_argument("--frames", type=int, default=None, help="with --path: number of frames (default: the path's)")

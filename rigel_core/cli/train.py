@@ -14,7 +14,8 @@ instant-ngp, COLMAP). Writes into ``RUN``:
 - ``metrics.json``: the run's configuration, the training loss curve (mean over each ``--log-every`` window:
   loss, training-view PSNR, Gaussian count, ms per iteration), held-out PSNR and SSIM at each evaluation,
   ``graph_step`` (CUDA only: graphs captured, host seconds spent capturing, steps replayed, overflows, host
-  seconds waiting for the device; null when every step was eager), timings (``train_s``: the steps' own seconds, evaluations excluded; ``loop_s``: the
+  seconds waiting for the device; null when every step was eager), timings (``train_s``: the steps' own seconds,
+  evaluations excluded; ``loop_s``: the
   training loop's wall-clock seconds, evaluations and periodic saves excluded; ``ms_per_iter``: ``train_s`` per
   iteration), peak GPU memory (CUDA), the number of steps the NaN guard skipped;
 - ``checkpoint.safetensors`` (:mod:`rigel_core.checkpoint`; ``--resume`` continues from it, and an ``--out``
@@ -416,6 +417,9 @@ def _main(args, lock: RunLock, comm=None) -> int:
             _save_png(out_dir / f"{f.name}_gt.png", f.image, getattr(f, "mask", None))
         write_metrics()
 
+    def interrupted_status() -> int:  # 130 after Ctrl-C, 128 + the signal's number after SIGTERM
+        return EXIT_INTERRUPTED if stop_signal[0] == signal.SIGINT else 128 + int(stop_signal[0])
+
     status = 0
     t_loop, aside = time.perf_counter(), 0.0   # loop_s: the loop's wall time less evaluations and periodic saves
     try:
@@ -462,9 +466,9 @@ def _main(args, lock: RunLock, comm=None) -> int:
                  + f", {train_s:.1f} s training, {trainer.nan_skips} skipped steps")
         if stop.is_set():  # asked during the final evaluation: it finished and everything is saved, but the exit
             # status still says the run was interrupted (a script waiting on it must not read success)
-            status = EXIT_INTERRUPTED if stop_signal[0] == signal.SIGINT else 128 + int(stop_signal[0])
+            status = interrupted_status()
     except KeyboardInterrupt:
-        status = EXIT_INTERRUPTED if stop_signal[0] == signal.SIGINT else 128 + int(stop_signal[0])
+        status = interrupted_status()
         trainer.optimizer.zero_grad(set_to_none=True)
         if trainer.is_consistent():
             # a second Ctrl-C aborts mid-step: the ranks may not be at the same point, so no collective then

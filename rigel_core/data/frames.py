@@ -5,6 +5,7 @@ downscale (image and mask) → torch.
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import torch
 
 from ..camera import Camera
 from ..io.errors import DatasetError  # defined with the other input-error families
-from .images import composite, read_image, read_mask, resize_area
+from .images import composite, other_aspect, read_image, read_mask, resize_area
 from .undistort import Distortion, mask_all, remap, remap_mask, undistort_map
 
 __all__ = ["Frame", "Dataset", "DatasetError", "FrameSpec", "Distortion", "load_frames", "camera_extent",
@@ -167,7 +168,7 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
         if (w, h) != (cam.width, cam.height):
             if not resized:
                 first_resized = f"{spec.image_path} is {w}x{h}, its camera {cam.width}x{cam.height}"
-            stretched += abs(w * cam.height - h * cam.width) > 0.01 * w * cam.height
+            stretched += other_aspect((w, h), (cam.width, cam.height))
             cam = cam.with_size(w, h)
             resized += 1
         keep = None  # (h, w) bool in the photo's pixels
@@ -344,9 +345,7 @@ def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
     components, so the names do not depend on where the dataset lies or how a file refers to the images
     (``../col/images/cam0/img0.png`` is "cam0_img0" too). A name becomes the file name of the view's renders and its
     key in metrics.json, where a shared one overwrote the other view's files. Unique names are kept as they are."""
-    counts: dict[str, int] = {}
-    for s in specs:
-        counts[s.name] = counts.get(s.name, 0) + 1
+    counts = Counter(s.name for s in specs)
     if all(c == 1 for c in counts.values()):
         return specs
     taken = {n for n, c in counts.items() if c == 1}

@@ -96,6 +96,13 @@ def read_image(path: Path, *, max_side: int = MAX_IMAGE_SIDE, max_pixels: int = 
         raise ValueError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
 
 
+def other_aspect(size: tuple[int, int], declared: tuple[int, int]) -> bool:
+    """Whether an image of ``size`` (width, height) resized to ``declared`` would be stretched: aspect ratios more
+    than 1 % apart (a transposed or foreign image, not a scaled copy)."""
+    (w, h), (dw, dh) = size, declared
+    return abs(w * dh - h * dw) > 0.01 * w * dh
+
+
 def read_mask(path: Path, size: tuple[int, int] | None = None) -> np.ndarray:
     """Decode a mask image to an (H, W) bool array: True (keep) where the mask is non-zero, False (ignore) where
     it is black — the nerfstudio / Brush convention. Colour masks are reduced to their luminance (any
@@ -119,7 +126,7 @@ def read_mask(path: Path, size: tuple[int, int] | None = None) -> np.ndarray:
                 im = im.convert("RGB").convert("L") if im.mode not in ("L", "1") else im.convert("L")
                 a = np.asarray(im, dtype=np.float64)
             if size is not None and (a.shape[1], a.shape[0]) != tuple(size):
-                if abs(a.shape[1] * size[1] - a.shape[0] * size[0]) > 0.01 * a.shape[0] * size[0]:
+                if other_aspect((a.shape[1], a.shape[0]), size):
                     warnings.warn(f"{path}: the mask is {a.shape[1]}x{a.shape[0]} for a {size[0]}x{size[1]} image, "
                                   "another aspect ratio: stretched to fit (check that it belongs to this image)",
                                   stacklevel=2)

@@ -343,8 +343,8 @@ class Trainer:
             device = "cuda" if cuda_available() else "cpu"
         self.device = torch.device(device)
         if cfg.densify_grad == "absgrad" and self.device.type != "cuda":
-            raise ValueError("TrainConfig.densify_grad='absgrad' needs the CUDA kernels (their raster backward sums the "
-                             "per-pixel |gradient|); the CPU reference does not: use densify_grad='grad' on the CPU")
+            raise ValueError("TrainConfig.densify_grad='absgrad' needs the CUDA kernels (their raster backward sums "
+                             "the per-pixel |gradient|); the CPU reference does not: use densify_grad='grad' there")
         self.dataset = dataset
         self.train_frames = list(dataset.train)
         self.test_frames = list(dataset.test)
@@ -368,12 +368,13 @@ class Trainer:
         def without_blind(frames: list, what: str) -> list:
             """``frames`` without those with no valid pixel, naming them in one warning: a training view has nothing
             to learn from (its steps would report loss λ and PSNR inf), a held-out view has no PSNR."""
-            blind = [f.name for f in frames if no_valid_pixel(f)]
-            if not blind:
+            blind = [no_valid_pixel(f) for f in frames]
+            if not any(blind):
                 return frames
-            warnings.warn(f"{src}: {len(blind)} {what}: " + ", ".join(blind[:5]) + (" …" if len(blind) > 5 else ""),
+            names = [f.name for f, b in zip(frames, blind) if b]
+            warnings.warn(f"{src}: {len(names)} {what}: " + ", ".join(names[:5]) + (" …" if len(names) > 5 else ""),
                           stacklevel=3)
-            return [f for f in frames if not no_valid_pixel(f)]
+            return [f for f, b in zip(frames, blind) if not b]
 
         self.train_frames = without_blind(self.train_frames,
                                           "training view(s) have every pixel masked and are left out of training")
