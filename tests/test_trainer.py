@@ -1247,13 +1247,68 @@ def test_densify_grad_picks_the_statistic_and_absgrad_needs_the_kernels(rng):
     out = SimpleNamespace(means2D=m)
     assert means2D_absgrad(out) is None   # no backward has left one (the CPU reference never does)
     m.absgrad = a
-    assert densify_grad(out, TrainConfig()) is g
+    assert densify_grad(out, TrainConfig(densify_grad="grad")) is g
     assert densify_grad(out, TrainConfig(densify_grad="absgrad")) is a
     with pytest.raises(ValueError, match="densify_grad"):
         TrainConfig(densify_grad="abs").validate()
     ds = make_dataset(rng, n_train=2, n_test=1, size=32)
     with pytest.raises(ValueError, match="densify_grad='absgrad' needs the CUDA kernels"):
         Trainer(ds, small_config(densify_grad="absgrad"), device="cpu")
+
+
+@pytest.mark.parametrize("strategy, sfm, cuda, want, noted", [
+    ("default", True, True, "absgrad", True),    # a real capture under 3DGS's densification, on the kernels
+    ("default", True, False, "grad", True),      # ... on the CPU: no absolute gradients there, said in the log
+    ("default", False, True, "grad", False),     # no SfM points (lego): 3DGS's statistic
+    ("mcmc", True, True, "grad", False),         # the MCMC budget reads no gradient statistic
+])
+def test_densify_grad_auto_resolves_from_the_capture_the_strategy_and_the_device(strategy, sfm, cuda, want, noted):
+    from rigel_core.train.config import resolve_densify_grad
+
+    cfg = TrainConfig(strategy=strategy)
+    assert cfg.densify_grad == "auto"   # the default
+    note = resolve_densify_grad(cfg, has_sfm_points=sfm, cuda=cuda)
+    assert cfg.densify_grad == want and (note is not None) == noted
+    if noted:
+        assert note.startswith(f"densify_grad auto: {want}")
+    for explicit in ("grad", "absgrad"):   # an explicit statistic is kept, whatever the capture
+        cfg = TrainConfig(strategy=strategy, densify_grad=explicit)
+        assert resolve_densify_grad(cfg, has_sfm_points=sfm, cuda=cuda) is None and cfg.densify_grad == explicit
+
+
+def test_densify_grad_auto_on_a_cpu_capture_trains_with_the_plain_statistic(rng):
+    """A dataset with SfM points under 3DGS's densification on the CPU backend: "auto" resolves to "grad" (the
+    resolved config never holds "auto"), the caller's config is left as it was, and the log line says why."""
+    from test_mcmc import _with_sfm_points
+
+    ds = _with_sfm_points(make_dataset(rng, n_train=2, n_test=1, size=32), rng)
+    cfg = small_config(strategy="default", densify_grad="auto")
+    tr = Trainer(ds, cfg, device="cpu")
+    assert tr.config.densify_grad == "grad" and cfg.densify_grad == "auto"
+    assert any(n.startswith("densify_grad auto: grad (the CPU backend") for n in tr.notes)
+    tr.step()   # and it trains
+
+
+def test_absgrad_threshold_replaces_grad_threshold_under_absgrad(rng):
+    """densify_and_prune compares the statistic with ``grad_threshold`` under "grad" and with ``absgrad_threshold``
+    under "absgrad"; each threshold is ignored under the other statistic."""
+    extent = 2.0
+    small = math.log(0.5 * TrainConfig().percent_dense * extent)
+    mean_grads = torch.tensor([1e-4, 5e-4, 1e-3])   # below both / between them / above both (defaults 2e-4, 8e-4)
+    cases = [(dict(densify_grad="grad"), 2), (dict(densify_grad="absgrad"), 1),
+             (dict(densify_grad="grad", absgrad_threshold=1e-5), 2), (dict(densify_grad="absgrad", grad_threshold=1.0), 1),
+             (dict(densify_grad="absgrad", absgrad_threshold=5e-5), 3), (dict(densify_grad="grad", grad_threshold=2e-3), 0)]
+    for kw, clones in cases:
+        m, opt = _model_with_state(rng, torch.full((3, 3), small), [0.5] * 3)
+        stats = DensifyStats(3)
+        stats.grad_accum = mean_grads * 4
+        stats.denom = torch.full((3,), 4.0)
+        rep = densify_and_prune(m, opt, stats, TrainConfig(**kw), extent, iteration=600)
+        assert (rep.n_clone, rep.n_split) == (clones, 0), kw
+    with pytest.raises(ValueError, match="absgrad_threshold"):
+        TrainConfig(absgrad_threshold=-1e-4).validate()
+    with pytest.raises(ValueError, match="grad_threshold"):
+        TrainConfig(grad_threshold=float("nan")).validate()
 
 
 def test_snapshot_is_a_copy_that_training_does_not_change(rng):

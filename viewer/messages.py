@@ -20,16 +20,19 @@ __all__ = [
 ]
 
 #: TrainConfig fields that :class:`SetDensifyParams` may change (the densification panel's sliders).
-DENSIFY_FIELDS = ("grad_threshold", "densify_interval", "densify_from", "densify_until", "opacity_reset_interval",
+DENSIFY_FIELDS = ("grad_threshold", "absgrad_threshold", "densify_interval", "densify_from", "densify_until", "opacity_reset_interval",
                   "prune_opacity", "max_gaussians")
 #: the fields of :data:`DENSIFY_FIELDS` the MCMC budget (``strategy = "mcmc"``, rigel_core/train/mcmc.py) never
 #: reads: it has no gradient threshold, opacity reset or pruning, so its panel has no slider for them
-MCMC_UNUSED_FIELDS = ("grad_threshold", "opacity_reset_interval", "prune_opacity")
+MCMC_UNUSED_FIELDS = ("grad_threshold", "absgrad_threshold", "opacity_reset_interval", "prune_opacity")
 
 
-def densify_fields(strategy: str) -> tuple:
-    """The fields of :data:`DENSIFY_FIELDS` that the (resolved) densification ``strategy`` reads."""
-    return tuple(f for f in DENSIFY_FIELDS if strategy != "mcmc" or f not in MCMC_UNUSED_FIELDS)
+def densify_fields(strategy: str, densify_grad: str = "grad") -> tuple:
+    """The fields of :data:`DENSIFY_FIELDS` that the (resolved) densification ``strategy`` reads; of the two
+    thresholds, the one of the (resolved) statistic ``densify_grad`` ("grad" or "absgrad")."""
+    unused = MCMC_UNUSED_FIELDS if strategy == "mcmc" else \
+        ("grad_threshold",) if densify_grad == "absgrad" else ("absgrad_threshold",)
+    return tuple(f for f in DENSIFY_FIELDS if f not in unused)
 
 
 # ---- commands (UI → training thread) ------------------------------------------------------------------------

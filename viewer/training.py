@@ -361,7 +361,8 @@ class TrainingSession:
             self._emit(M.TrainingStarted(tr.iteration, tr.config.iterations, tr.model.num_gaussians,
                                          str(tr.device), len(tr.train_frames), len(tr.test_frames),
                                          str(self.run_dir), self._running and not self._finished,
-                                         {k: getattr(tr.config, k) for k in M.densify_fields(tr.config.strategy)},
+                                         {k: getattr(tr.config, k)
+                                          for k in M.densify_fields(tr.config.strategy, tr.config.densify_grad)},
                                          "mlp" if getattr(tr.model, "appearance", None) is not None else "sh",
                                          tr.config.strategy))
             while True:

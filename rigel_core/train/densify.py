@@ -12,8 +12,9 @@ before the norm: ``‖(∂L/∂u · W/2, ∂L/∂v · H/2)‖``. That is the qua
 With ``densify_grad="absgrad"`` (AbsGS, Ye et al. 2024) the statistic averages instead the norm of
 ``Σ_p |∂L_p/∂means2D|`` (per axis, over the view's pixels p, scaled the same way): a large Gaussian over fine detail
 gets opposite-signed pixel gradients that cancel in the sum, so 3DGS's statistic leaves it unsplit and blurry; the
-absolute sum does not cancel. It is never smaller than the plain norm, hence its larger thresholds. CUDA only: the
-raster backward accumulates it (``means2D.absgrad``, :func:`means2D_absgrad`).
+absolute sum does not cancel. It is never smaller than the plain norm, hence its own, larger threshold
+(``absgrad_threshold``). CUDA only: the raster backward accumulates it (``means2D.absgrad``,
+:func:`means2D_absgrad`). ``densify_grad="auto"`` picks it for real captures (config.resolve_densify_grad).
 
 **Where the gradient comes from** (:func:`means2D_grad`). On the CPU reference, ``RenderOutput.means2D`` is a
 non-leaf node of the autograd graph: call :func:`prepare_means2D_grad` before ``backward()`` (it calls
@@ -82,8 +83,8 @@ def means2D_absgrad(out) -> torch.Tensor | None:
 
 
 def densify_grad(out, cfg) -> torch.Tensor | None:
-    """The per-view gradient the densification statistic averages (``cfg.densify_grad``): ∂L/∂means2D
-    (:func:`means2D_grad`) or its per-pixel absolute sum (:func:`means2D_absgrad`), (N,2) in pixels."""
+    """The per-view gradient the densification statistic averages (``cfg.densify_grad``, resolved): ∂L/∂means2D
+    (:func:`means2D_grad`) or its per-pixel absolute sum (:func:`means2D_absgrad`, "absgrad"), (N,2) in pixels."""
     return means2D_absgrad(out) if cfg.densify_grad == "absgrad" else means2D_grad(out)
 
 
@@ -223,7 +224,7 @@ def densify_and_prune(model, optimizer, stats: DensifyStats, cfg: TrainConfig, e
     grads = stats.mean_grad()
     scales = model.scales
     max_scale = scales.max(dim=1).values
-    cand = grads >= cfg.grad_threshold
+    cand = grads >= (cfg.absgrad_threshold if cfg.densify_grad == "absgrad" else cfg.grad_threshold)
     budget = n if cfg.max_gaussians is None else max(0, int(cfg.max_gaussians) - n)
     cand, capped = _apply_cap(cand, grads, budget)
     small = max_scale <= cfg.percent_dense * extent

@@ -47,7 +47,7 @@ from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
 from .config import SPARSE_SFM_COVERAGE, TrainConfig, coarse_to_fine_span, resolve_coarse_to_fine, \
-    resolve_init_background, resolve_strategy, training_downscale  # noqa: F401
+    resolve_densify_grad, resolve_init_background, resolve_strategy, training_downscale  # noqa: F401
 from .densify import DensifyReport, DensifyStats, densify_and_prune, densify_grad, means2D_grad, \
     prepare_means2D_grad, reset_opacity
 from .exposure import Exposure, exposure_lr, left_right_metrics
@@ -342,7 +342,7 @@ class Trainer:
 
             device = "cuda" if cuda_available() else "cpu"
         self.device = torch.device(device)
-        if cfg.densify_grad == "absgrad" and self.device.type != "cuda":
+        if cfg.densify_grad == "absgrad" and self.device.type != "cuda":  # ("auto" becomes "grad" on the CPU)
             raise ValueError("TrainConfig.densify_grad='absgrad' needs the CUDA kernels (their raster backward sums "
                              "the per-pixel |gradient|); the CPU reference does not: use densify_grad='grad' there")
         self.dataset = dataset
@@ -462,9 +462,10 @@ class Trainer:
         :func:`~.config.resolve_strategy`): the same with or without a given ``model`` (a run started from another
         Trainer's initial model, bench/real.py, resolves as that Trainer did), so the resolved config — what
         metrics.json and the checkpoint record, never "auto" — re-runs the same way. ``coarse_to_fine = "auto"``
-        follows from the SfM points alone (:func:`~.config.resolve_coarse_to_fine`: 4 without, 1 with). Sets
-        :attr:`sfm_coverage`, :attr:`init_note` (only when this Trainer builds the initial model),
-        :attr:`strategy_note` and :attr:`coarse_note`.
+        follows from the SfM points alone (:func:`~.config.resolve_coarse_to_fine`: 4 without, 1 with);
+        ``densify_grad = "auto"`` from the SfM points, the resolved strategy and the device
+        (:func:`~.config.resolve_densify_grad`). Sets :attr:`sfm_coverage`, :attr:`init_note` (only when this
+        Trainer builds the initial model), :attr:`strategy_note`, :attr:`coarse_note` and :attr:`densify_grad_note`.
 
         The SfM coverage (:func:`sfm_view_coverage`, sampled: well under a second) is measured once, from the
         loaded training frames' cameras and the SfM points (the frames :meth:`initial_model` samples, before
@@ -473,7 +474,7 @@ class Trainer:
         pts = getattr(self.dataset, "points", None)
         has_sfm = pts is not None and len(pts) > 0
         auto_bg = cfg.init_background_points == "auto"
-        if auto_bg or cfg.strategy == "auto" or cfg.coarse_to_fine == "auto" \
+        if auto_bg or "auto" in (cfg.strategy, cfg.coarse_to_fine, cfg.densify_grad) \
                 or (not has_sfm and cfg.init_background_points != 0):
             cfg = dataclasses.replace(cfg)
         #: ``sfm_view_coverage`` of the training views (median fraction of 8x8 cells the SfM points reach), or None
@@ -495,14 +496,17 @@ class Trainer:
                                               coverage=self.sfm_coverage)
         #: what ``coarse_to_fine = "auto"`` became and why (one line for the log), None when it was explicit
         self.coarse_note = resolve_coarse_to_fine(cfg, has_sfm)
+        #: what ``densify_grad = "auto"`` became and why (one line for the log), None when it was explicit or
+        #: does not matter (the MCMC budget reads no gradient statistic)
+        self.densify_grad_note = resolve_densify_grad(cfg, has_sfm, self.device.type == "cuda")
         return cfg
 
     @property
     def notes(self) -> list[str]:
         """The lines that say what "auto" became for this run, in the order they follow from each other (the
-        initialisation, then the strategy it may decide, then coarse-to-fine); what rigel-train and the viewer log
-        at the start."""
-        return [n for n in (self.init_note, self.strategy_note, self.coarse_note) if n]
+        initialisation, then the strategy it may decide, then coarse-to-fine and the densification statistic); what
+        rigel-train and the viewer log at the start."""
+        return [n for n in (self.init_note, self.strategy_note, self.coarse_note, self.densify_grad_note) if n]
 
     def initial_model(self) -> GaussianModel:
         """SfM points (with their colours) when the dataset has them — plus ``init_background_points``

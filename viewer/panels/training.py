@@ -12,6 +12,7 @@ REFRESH_HZ_MAX = 60.0
 #: densification sliders: field → (label, kind, min, max, format)
 DENSIFY_SLIDERS = {
     "grad_threshold": ("grad threshold", "float_log", 1e-5, 1e-2, "%.1e"),
+    "absgrad_threshold": ("absgrad threshold", "float_log", 1e-5, 1e-2, "%.1e"),
     "densify_interval": ("interval", "int", 10, 2000, "%d"),
     "densify_from": ("start iteration", "int_iters", 0, None, "%d"),
     "densify_until": ("stop iteration", "int_iters", 0, None, "%d"),
