@@ -333,8 +333,10 @@ def _config_of(path, meta: dict, key: str = "config"):
     "default" (the field's default now, "auto", would turn such a run into the MCMC budget on resume). Likewise a
     config without ``init_background_points`` started without background points: it stays 0 (not "auto", which
     on a partial SfM would also switch an "auto" strategy), and one without ``coarse_to_fine`` trained at full
-    resolution: it stays 1 (not "auto", which on a dataset without SfM points would restart coarse). rigel saves
-    resolved configs: integers there, kept."""
+    resolution: it stays 1 (not "auto", which on a dataset without SfM points would restart coarse), and one
+    without ``densify_grad`` densified with 3DGS's statistic: it stays "grad" (not "auto", which on a real capture
+    would switch the statistic and its threshold mid-run). rigel saves resolved configs: integers and "grad" /
+    "absgrad" there, kept."""
     d = meta.get(key)
     if not isinstance(d, dict):
         _fail(path, f"metadata {key}", "missing or not an object")
@@ -344,6 +346,8 @@ def _config_of(path, meta: dict, key: str = "config"):
         d = {**d, "init_background_points": 0}
     if "coarse_to_fine" not in d:
         d = {**d, "coarse_to_fine": 1}
+    if "densify_grad" not in d:
+        d = {**d, "densify_grad": "grad"}
     try:
         cfg = TrainConfig.from_dict(d)
         cfg.validate()

@@ -5,6 +5,7 @@ error is the optimisation's. Images are 16–64 px and models a few hundred Gaus
 costs ~15–30 ms per forward+backward there (single-threaded: at this size PyTorch's intra-op threads cost
 more than they save, so the tests pin one thread).
 """
+import dataclasses
 import json
 import math
 import os
@@ -1287,6 +1288,18 @@ def test_densify_grad_auto_on_a_cpu_capture_trains_with_the_plain_statistic(rng)
     assert tr.config.densify_grad == "grad" and cfg.densify_grad == "auto"
     assert any(n.startswith("densify_grad auto: grad (the CPU backend") for n in tr.notes)
     tr.step()   # and it trains
+
+
+def test_a_checkpoint_config_without_densify_grad_keeps_the_plain_statistic():
+    """A config saved before ``densify_grad`` existed densified with 3DGS's statistic: it is read back as "grad",
+    not as today's default "auto" (which on a real capture on the CUDA kernels would switch statistic and threshold
+    mid-run); a saved value is kept."""
+    from rigel_core.checkpoint import _config_of
+
+    saved = dataclasses.asdict(TrainConfig(strategy="default", densify_grad="absgrad"))
+    assert _config_of("x.safetensors", {"config": saved}).densify_grad == "absgrad"
+    del saved["densify_grad"], saved["absgrad_threshold"]
+    assert _config_of("x.safetensors", {"config": saved}).densify_grad == "grad"
 
 
 def test_absgrad_threshold_replaces_grad_threshold_under_absgrad(rng):
