@@ -66,10 +66,11 @@ def make_dataset(rng, n_gauss=150, size=64, n_train=24, n_test=6, white_bg=False
 def small_config(**kw):
     # init_background_points explicit (no "auto": its 20000 points would swamp these models); the tests of "auto"
     # ask for it. coarse_to_fine explicit too (1: these tests are about full-resolution training; "auto" would
-    # train these datasets without SfM points coarse first): tests/test_coarse_to_fine.py asks for it
+    # train these datasets without SfM points coarse first): tests/test_coarse_to_fine.py asks for it; densify_grad
+    # explicit too ("grad", what "auto" becomes on the CPU: a config without "auto" is used as given)
     base = dict(iterations=300, init_points=200, densify_from=50, densify_interval=50, densify_until=250,
                 eval_every=0, sh_degree=1, sh_degree_interval=100, seed=0, init_background_points=0,
-                coarse_to_fine=1)
+                coarse_to_fine=1, densify_grad="grad")
     base.update(kw)
     return TrainConfig(**base)
 

@@ -332,13 +332,27 @@ def test_the_training_panel_offers_only_the_fields_the_strategy_reads(rng, tmp_p
         started = wait_for([], session, lambda e: isinstance(e, M.TrainingStarted))
     finally:
         session.stop()
-    unused = {"grad_threshold", "opacity_reset_interval", "prune_opacity"}
-    want = set(M.DENSIFY_FIELDS) - (unused if strategy == "mcmc" else set())
+    unused = {"grad_threshold", "absgrad_threshold", "opacity_reset_interval", "prune_opacity"}
+    # 3DGS's densification reads one of the two thresholds: the plain statistic's here (CPU)
+    want = set(M.DENSIFY_FIELDS) - (unused if strategy == "mcmc" else {"absgrad_threshold"})
+    assert trainer.config.densify_grad == "grad"
     assert started.strategy == strategy and set(started.densify) == want
     assert started.densify["max_gaussians"] == 400
     st = TrainingState()
     st.apply(started)
     assert st.strategy == strategy and set(st.densify) == want
+
+
+def test_the_panel_offers_the_threshold_of_the_statistic_the_run_reads():
+    # under densify_grad="absgrad" the densification compares with absgrad_threshold: a grad_threshold slider there
+    # would move nothing (and the other way round)
+    grad, absgrad = set(M.densify_fields("default", "grad")), set(M.densify_fields("default", "absgrad"))
+    assert "grad_threshold" in grad and "absgrad_threshold" not in grad
+    assert "absgrad_threshold" in absgrad and "grad_threshold" not in absgrad
+    assert grad - {"grad_threshold"} == absgrad - {"absgrad_threshold"}
+    assert not {"grad_threshold", "absgrad_threshold"} & set(M.densify_fields("mcmc", "absgrad"))
+    from viewer.panels.training import DENSIFY_SLIDERS
+    assert set(M.DENSIFY_FIELDS) == set(DENSIFY_SLIDERS)   # a slider for every field the panel may be offered
 
 
 def test_a_failure_in_the_thread_is_shown_logged_and_saved(rng, tmp_path, caplog, one_thread):
