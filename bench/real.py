@@ -30,9 +30,10 @@ The two loops:
   ½ resolution over the first min(3000, iterations / 2) iterations) on one without (``--rigel-config
   coarse_to_fine=4`` or ``=1`` chooses; real.md notes a factor above 1). Its default strategy
   "auto" is the MCMC budget (1M) on a capture with SfM points, 3DGS's densification where background points
-  were added automatically (a partial SfM: bonsai) — rigel's default against gsplat's default loop
-  (``--rigel-config strategy=default`` compares 3DGS's densification on both sides; real.md names each run's
-  strategy); with ``rigel-mcmc`` in ``--methods`` the ``rigel`` run is ``strategy="default"`` (the comparison's
+  were added automatically (a partial SfM: bonsai), and there, on CUDA, ``densify_grad = "auto"`` picks AbsGS's
+  statistic at ``absgrad_threshold`` 8e-4 — rigel's default against gsplat's default loop
+  (``--rigel-config strategy=default --rigel-config densify_grad=grad`` compares 3DGS's densification with 3DGS's
+  statistic on both sides; real.md names each run's strategy and statistic); with ``rigel-mcmc`` in ``--methods`` the ``rigel`` run is ``strategy="default"`` (the comparison's
   base) unless ``--rigel-config strategy=…`` says otherwise.
 * ``gsplat``: parameters in a ``torch.nn.ParameterDict`` (``means``, ``scales`` (log), ``quats``, ``opacities``
   (logits), ``sh0`` (N,1,3), ``shN`` (N,K−1,3)), one ``torch.optim.Adam`` per key, ``gsplat.rasterization(means,
@@ -613,7 +614,10 @@ def markdown(results: dict) -> str:
             if method in RIGEL_METHODS and conf.get("strategy"):
                 notes.append(f"- {sc['scene']} {method}: densification {conf['strategy']}"
                              + (f" (budget {conf['max_gaussians']:,} Gaussians)" if conf["strategy"] == "mcmc" else
-                                " (3DGS's clone / split / prune)")
+                                " (3DGS's clone / split / prune"
+                                + (f", AbsGS's statistic at {conf.get('absgrad_threshold', 0):g})"
+                                   if conf.get("densify_grad") == "absgrad" else
+                                   f", threshold {conf.get('grad_threshold', 0):g})"))
                              + (f", {conf['init_background_points']:,} background points in the start"
                                 if isinstance(conf.get("init_background_points"), int)
                                 and conf["init_background_points"] > 0 else "")

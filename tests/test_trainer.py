@@ -1276,6 +1276,12 @@ def test_densify_grad_auto_resolves_from_the_capture_the_strategy_and_the_device
     for explicit in ("grad", "absgrad"):   # an explicit statistic is kept, whatever the capture
         cfg = TrainConfig(strategy=strategy, densify_grad=explicit)
         assert resolve_densify_grad(cfg, has_sfm_points=sfm, cuda=cuda) is None and cfg.densify_grad == explicit
+    # a grad_threshold set away from its default is a threshold for 3DGS's statistic: "auto" keeps that statistic
+    # (and says so where it would have picked absgrad), else the setting would be silently ignored
+    cfg = TrainConfig(strategy=strategy, grad_threshold=1.5e-4)
+    note = resolve_densify_grad(cfg, has_sfm_points=sfm, cuda=cuda)
+    assert cfg.densify_grad == "grad"
+    assert (note is not None and "grad_threshold is set" in note) == (want == "absgrad")
 
 
 def test_densify_grad_auto_on_a_cpu_capture_trains_with_the_plain_statistic(rng):
@@ -1294,13 +1300,17 @@ def test_densify_grad_auto_on_a_cpu_capture_trains_with_the_plain_statistic(rng)
 def test_a_checkpoint_config_without_densify_grad_keeps_the_plain_statistic():
     """A config saved before ``densify_grad`` existed densified with 3DGS's statistic: it is read back as "grad",
     not as today's default "auto" (which on a real capture on the CUDA kernels would switch statistic and threshold
-    mid-run); a saved value is kept."""
+    mid-run); a saved value is kept, and an "absgrad" saved before ``absgrad_threshold`` keeps its threshold."""
     from rigel_core.checkpoint import _config_of
 
     saved = dataclasses.asdict(TrainConfig(strategy="default", densify_grad="absgrad"))
     assert _config_of("x.safetensors", {"config": saved}).densify_grad == "absgrad"
     del saved["densify_grad"], saved["absgrad_threshold"]
     assert _config_of("x.safetensors", {"config": saved}).densify_grad == "grad"
+    # "absgrad" saved before absgrad_threshold existed was compared with grad_threshold: that value carries over
+    saved.update(densify_grad="absgrad", grad_threshold=6e-4)
+    old = _config_of("x.safetensors", {"config": saved})
+    assert (old.densify_grad, old.absgrad_threshold, old.grad_threshold) == ("absgrad", 6e-4, 6e-4)
 
 
 def test_absgrad_threshold_replaces_grad_threshold_under_absgrad(rng):
@@ -1310,8 +1320,10 @@ def test_absgrad_threshold_replaces_grad_threshold_under_absgrad(rng):
     small = math.log(0.5 * TrainConfig().percent_dense * extent)
     mean_grads = torch.tensor([1e-4, 5e-4, 1e-3])   # below both / between them / above both (defaults 2e-4, 8e-4)
     cases = [(dict(densify_grad="grad"), 2), (dict(densify_grad="absgrad"), 1),
-             (dict(densify_grad="grad", absgrad_threshold=1e-5), 2), (dict(densify_grad="absgrad", grad_threshold=1.0), 1),
-             (dict(densify_grad="absgrad", absgrad_threshold=5e-5), 3), (dict(densify_grad="grad", grad_threshold=2e-3), 0)]
+             (dict(densify_grad="grad", absgrad_threshold=1e-5), 2),
+             (dict(densify_grad="absgrad", grad_threshold=1.0), 1),
+             (dict(densify_grad="absgrad", absgrad_threshold=5e-5), 3),
+             (dict(densify_grad="grad", grad_threshold=2e-3), 0)]
     for kw, clones in cases:
         m, opt = _model_with_state(rng, torch.full((3, 3), small), [0.5] * 3)
         stats = DensifyStats(3)
@@ -1321,8 +1333,8 @@ def test_absgrad_threshold_replaces_grad_threshold_under_absgrad(rng):
         assert (rep.n_clone, rep.n_split) == (clones, 0), kw
     with pytest.raises(ValueError, match="absgrad_threshold"):
         TrainConfig(absgrad_threshold=-1e-4).validate()
-    with pytest.raises(ValueError, match="grad_threshold"):
-        TrainConfig(grad_threshold=float("nan")).validate()
+    with pytest.raises(ValueError, match="TrainConfig.grad_threshold must be ≥ 0"):
+        TrainConfig(grad_threshold=-1.0).validate()
 
 
 def test_snapshot_is_a_copy_that_training_does_not_change(rng):

@@ -20,8 +20,8 @@ __all__ = [
 ]
 
 #: TrainConfig fields that :class:`SetDensifyParams` may change (the densification panel's sliders).
-DENSIFY_FIELDS = ("grad_threshold", "absgrad_threshold", "densify_interval", "densify_from", "densify_until", "opacity_reset_interval",
-                  "prune_opacity", "max_gaussians")
+DENSIFY_FIELDS = ("grad_threshold", "absgrad_threshold", "densify_interval", "densify_from", "densify_until",
+                  "opacity_reset_interval", "prune_opacity", "max_gaussians")
 #: the fields of :data:`DENSIFY_FIELDS` the MCMC budget (``strategy = "mcmc"``, rigel_core/train/mcmc.py) never
 #: reads: it has no gradient threshold, opacity reset or pruning, so its panel has no slider for them
 MCMC_UNUSED_FIELDS = ("grad_threshold", "absgrad_threshold", "opacity_reset_interval", "prune_opacity")

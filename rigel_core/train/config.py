@@ -113,7 +113,8 @@ class TrainConfig:
     densify_from: int = 500
     densify_until: int = 15_000
     densify_interval: int = 100
-    #: threshold on the view-averaged |∂L/∂means2D| in NDC units (pixel gradient × (W/2, H/2); see densify.py)
+    #: threshold on the view-averaged |∂L/∂means2D| in NDC units (pixel gradient × (W/2, H/2); see densify.py); read
+    #: under densify_grad "grad" only ("absgrad" has absgrad_threshold)
     grad_threshold: float = 2e-4
     #: which views count in a Gaussian's view-averaged gradient (DensifyStats.update): "radius" (3DGS: its 3σ
     #: square reaches the image), "opacity" (gsplat's opacity-aware extent reaches the image), "contrib" (it drew
@@ -472,7 +473,8 @@ def resolve_densify_grad(cfg: TrainConfig, has_sfm_points: bool, cuda: bool) -> 
       reference leaves no absolute gradient) — measured on bonsai at 7k, seeds 0 and 1: 28.44 dB in 14.0 s
       against 27.78 dB in 17.0 s (docs/BENCHMARKS.md);
     - else "grad" (3DGS): lego at 30k (no SfM points) gave 35.25 / 35.78 dB with absgrad at thresholds 8e-4 / 6e-4,
-      against 36.02 dB with it.
+      against 36.02 dB with it; and also "grad" where ``grad_threshold`` differs from its default (a threshold set
+      for 3DGS's statistic, which "absgrad" would not read).
 
     Returns a one-line note of the choice for the log, or None when ``cfg.densify_grad`` was already explicit or the
     choice does not matter (the MCMC budget). A resumed run keeps the statistic its checkpoint recorded."""
@@ -481,6 +483,11 @@ def resolve_densify_grad(cfg: TrainConfig, has_sfm_points: bool, cuda: bool) -> 
     if cfg.strategy == "mcmc":
         cfg.densify_grad = "grad"
         return None
+    default_threshold = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "grad_threshold")
+    if has_sfm_points and cuda and cfg.grad_threshold != default_threshold:
+        cfg.densify_grad = "grad"
+        return (f"densify_grad auto: grad (grad_threshold is set, {cfg.grad_threshold:g}: it is 3DGS's statistic's "
+                "threshold; --set densify_grad=absgrad with --set absgrad_threshold=T for AbsGS's)")
     if has_sfm_points and cuda:
         cfg.densify_grad = "absgrad"
         return (f"densify_grad auto: absgrad (a real capture under 3DGS's densification: Σ_pixels |∂L_p/∂means2D| "
