@@ -459,6 +459,7 @@ def test_offscreen_training_writes_frames_and_psnr_rises(procedural_64, tmp_path
     s = json.loads((out / "summary.json").read_text())
     assert s["ok"] and s["iterations"] == 200 and s["status"] == "finished" and s["frames"] == 3
     assert s["strategy"] == "default"  # "auto" resolved: the procedural data has no SfM points
+    assert s["densify_grad"] == "grad"  # likewise (no SfM points: 3DGS's statistic)
     assert s["frame_ring"] == "host-mapped" and s["render_device"] == "cpu" and s["training_device"] == "cpu"
     assert [e["iteration"] for e in s["eval"]] == [0, 100, 200]
     assert s["psnr"] > s["psnr_initial"] + 5                                  # held-out PSNR rises

@@ -306,6 +306,7 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
         "ms_per_iter": round(1e3 * state.elapsed_s / max(state.iteration - start_it, 1), 3),
         "training_device": state.device, "run_dir": state.run_dir, "saved": list(state.saved),
         "strategy": trainer.config.strategy, "max_gaussians": trainer.config.max_gaussians,
+        "densify_grad": trainer.config.densify_grad,
         "error_view_psnr": viewer.error_view.psnr if viewer.error_view is not None else None,
         "shots": shots, "last_frame": last, "files": files,
     }
