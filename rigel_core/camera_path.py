@@ -423,9 +423,11 @@ class CameraPath:
     def cameras(self, width: int | None = None, height: int | None = None, *, frames: int | None = None,
                 constant_speed: bool | None = None, prefix: str = "path") -> list:
         """The video's cameras: ``frames`` (default :meth:`num_frames`) :class:`~rigel_core.Camera` of
-        ``width × height`` (default: the path's own size, else 640 × 480), named ``<prefix>_0000`` …"""
-        w = int(width or self.width or 640)
-        h = int(height or self.height or 480)
+        ``width × height`` (default: the path's own size, else 640 × 480; one of them alone keeps that size's aspect
+        ratio), named ``<prefix>_0000`` …"""
+        base_w, base_h = (self.width, self.height) if self.width and self.height else (640, 480)
+        w = int(width or (max(1, round(int(height) * base_w / base_h)) if height else base_w))
+        h = int(height or max(1, round(w * base_h / base_w)))
         pos, quat, fov, _ = self.sample(frames, constant_speed=constant_speed)
         return [_camera(p, q, f, w, h, f"{prefix}_{i:04d}") for i, (p, q, f) in enumerate(zip(pos, quat, fov))]
 

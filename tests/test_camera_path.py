@@ -165,6 +165,19 @@ def test_cameras_match_keyframes(g):
         assert back.fov_y_deg == pytest.approx(k.fov_y_deg)
 
 
+def test_one_side_of_the_size_keeps_the_paths_aspect_ratio(g):
+    """cameras(width=W) alone: the height follows the path's own aspect ratio (else 640 × 480's), and likewise for a
+    height alone (``rigel-render --path --width 64`` rendered 64 × 480 from a path without a size)."""
+    kfs = random_keyframes(g, 2)
+    sizes = lambda p, **kw: {(c.width, c.height) for c in p.cameras(**kw)}  # noqa: E731
+    bare = CameraPath(kfs, frames=3)
+    assert sizes(bare) == {(640, 480)}
+    assert sizes(bare, width=64) == {(64, 48)} and sizes(bare, height=96) == {(128, 96)}
+    sized = CameraPath(kfs, frames=3, width=1920, height=1080)
+    assert sizes(sized, width=64) == {(64, 36)} and sizes(sized, height=9) == {(16, 9)}
+    assert sizes(sized, width=3, height=5) == {(3, 5)} and sizes(sized, width=1) == {(1, 1)}
+
+
 def test_bad_keyframe_times():
     kf = [Keyframe(np.zeros(3), [1, 0, 0, 0], 40, 1.0), Keyframe(np.ones(3), [1, 0, 0, 0], 40, 0.5)]
     with pytest.raises(ValueError, match="strictly increasing"):
