@@ -7,6 +7,7 @@ on every gradient (compared bit for bit), hence on the densification statistics.
 """
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -411,10 +412,22 @@ def test_bad_masks_are_one_clear_error(tmp_path, rng):
     Image.new("L", (17000, 8)).save(tmp_path / "masks" / "a.png")
     with pytest.raises(DatasetError, match=r"masks/a.png: the mask header declares"):
         load_dataset(tmp_path, test_every=0)
-    # a mask of another aspect ratio (here transposed) is stretched with a warning naming it
+    # a mask of another aspect ratio (here transposed) is stretched with a warning naming it: one warning for the
+    # dataset, with the count, however many masks are so
     save_u8(tmp_path / "masks" / "a.png", np.ones((w, h)))
-    with pytest.warns(UserWarning, match=r"masks/a.png: the mask is 10x12 for a 12x10 image"):
+    with pytest.warns(UserWarning, match=r"1 mask\(s\) have another aspect ratio .*masks/a.png: the mask is 10x12 for "
+                                         r"a 12x10 image"):
         load_dataset(tmp_path, test_every=0)
+    frames = [{"file_path": f"images/{n}.png", "transform_matrix": c2w(cam)} for n in "abc"]
+    for n in "bc":
+        save_u8(tmp_path / "images" / f"{n}.png", np.zeros((h, w, 3)))
+        save_u8(tmp_path / "masks" / f"{n}.png", np.ones((w, h)))
+    (tmp_path / "transforms.json").write_text(json.dumps({"fl_x": 10.0, "frames": frames}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_dataset(tmp_path, test_every=0)
+    aspect = [str(c.message) for c in caught if "aspect ratio" in str(c.message)]
+    assert len(aspect) == 1 and "3 mask(s)" in aspect[0] and "masks/a.png" in aspect[0]
     frame = Frame(cam, torch.zeros(h, w, 3), None, "a", torch.ones(h, w + 1, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"frame 'a' mask has shape \(10, 13\)"):
         Trainer(Dataset([frame], [], np.zeros(3), 1.0), TrainConfig(init_points=10), device="cpu")

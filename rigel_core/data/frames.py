@@ -157,7 +157,7 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
     Raises DatasetError naming the image (or mask) when it cannot be decoded.
     """
     frames, maps, resized, no_alpha, tiny = [], {}, 0, 0, None
-    stretched, first_resized = 0, ""
+    stretched, first_resized, masks_stretched, first_mask = 0, "", 0, ""
     for spec in specs:
         try:
             rgba = read_image(spec.image_path)
@@ -174,9 +174,17 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
         keep = None  # (h, w) bool in the photo's pixels
         if spec.mask_path is not None:
             try:
-                keep = read_mask(spec.mask_path, (w, h))
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    keep = read_mask(spec.mask_path, (w, h))
             except ValueError as e:
                 raise DatasetError(str(e)) from e
+            for c in caught:  # a mask of another aspect ratio: one warning for the dataset (below), others as they are
+                if "another aspect ratio" in str(c.message):
+                    first_mask = first_mask or str(c.message).split(": stretched")[0]
+                    masks_stretched += 1
+                else:
+                    warnings.warn_explicit(c.message, c.category, c.filename, c.lineno)
         no_alpha += alpha_as_mask and rgba.shape[-1] != 4
         if alpha_as_mask and rgba.shape[-1] == 4:
             rgb, alpha = np.ascontiguousarray(rgba[..., :3]), None
@@ -207,6 +215,9 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
     if no_alpha:
         warnings.warn(f"{source}: alpha as mask asked, but {no_alpha} of {len(specs)} image(s) have no alpha "
                       "channel: every pixel of those counts", stacklevel=3)
+    if masks_stretched:
+        warnings.warn(f"{source}: {masks_stretched} mask(s) have another aspect ratio than their image (first: "
+                      f"{first_mask}): stretched to fit (check that they belong to those images)", stacklevel=3)
     if resized:
         warnings.warn(f"{source}: {resized} image(s) differ in size from their camera's declared size (first: "
                       f"{first_resized}); intrinsics were rescaled to the image size"
