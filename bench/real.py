@@ -33,8 +33,9 @@ The two loops:
   were added automatically (a partial SfM: bonsai), and there, on CUDA, ``densify_grad = "auto"`` picks AbsGS's
   statistic at ``absgrad_threshold`` 8e-4 — rigel's default against gsplat's default loop
   (``--rigel-config strategy=default --rigel-config densify_grad=grad`` compares 3DGS's densification with 3DGS's
-  statistic on both sides; real.md names each run's strategy and statistic); with ``rigel-mcmc`` in ``--methods`` the ``rigel`` run is ``strategy="default"`` (the comparison's
-  base) unless ``--rigel-config strategy=…`` says otherwise.
+  statistic on both sides; real.md names each run's strategy and statistic); with ``rigel-mcmc`` in
+  ``--methods`` the ``rigel`` run is ``strategy="default"`` (the comparison's base) unless ``--rigel-config
+  strategy=…`` says otherwise.
 * ``gsplat``: parameters in a ``torch.nn.ParameterDict`` (``means``, ``scales`` (log), ``quats``, ``opacities``
   (logits), ``sh0`` (N,1,3), ``shN`` (N,K−1,3)), one ``torch.optim.Adam`` per key, ``gsplat.rasterization(means,
   quats, exp(scales), sigmoid(opacities), colors=cat(sh0, shN) (N,K,3), viewmats, Ks, W, H, sh_degree=active,

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from .camera import Camera
 
 __all__ = ["Keyframe", "CameraPath", "CameraPathError", "FORMAT", "FORMAT_VERSION", "rotmat_to_quat", "slerp",
-           "load_path", "save_path", "save_nerfstudio", "path_from_dict", "path_to_dict"]
+           "load_path", "save_path", "save_nerfstudio", "path_from_dict", "path_to_dict", "render_size"]
 
 FORMAT = "rigel-camera-path"
 #: rigel's camera-path JSON, version 1::
@@ -425,11 +425,29 @@ class CameraPath:
         """The video's cameras: ``frames`` (default :meth:`num_frames`) :class:`~rigel_core.Camera` of
         ``width × height`` (default: the path's own size, else 640 × 480; one of them alone keeps that size's aspect
         ratio), named ``<prefix>_0000`` …"""
-        base_w, base_h = (self.width, self.height) if self.width and self.height else (640, 480)
-        w = int(width or (max(1, round(int(height) * base_w / base_h)) if height else base_w))
-        h = int(height or max(1, round(w * base_h / base_w)))
+        w, h = render_size(width, height, self.width, self.height)
         pos, quat, fov, _ = self.sample(frames, constant_speed=constant_speed)
         return [_camera(p, q, f, w, h, f"{prefix}_{i:04d}") for i, (p, q, f) in enumerate(zip(pos, quat, fov))]
+
+
+def render_size(width: int | None, height: int | None, path_width: int | None = None,
+                path_height: int | None = None) -> tuple[int, int]:
+    """(width, height) of a path's render: those given; one of them alone keeps the aspect ratio of the path's own
+    size (``path_width`` × ``path_height``, one of which alone is completed at 4:3), else of 640 × 480; neither:
+    that size. None or 0 counts as not given."""
+    pw, ph = path_width or None, path_height or None
+    if pw and not ph:
+        ph = max(1, round(pw * 3 / 4))
+    elif ph and not pw:
+        pw = max(1, round(ph * 4 / 3))
+    base_w, base_h = (pw, ph) if pw else (640, 480)
+    if width and height:
+        return int(width), int(height)
+    if width:
+        return int(width), max(1, round(int(width) * base_h / base_w))
+    if height:
+        return max(1, round(int(height) * base_w / base_h)), int(height)
+    return int(base_w), int(base_h)
 
 
 # ---- files ---------------------------------------------------------------------------------------------------------
@@ -599,11 +617,11 @@ def save_path(path: CameraPath, out, *, force: bool = False) -> Path:
 def save_nerfstudio(path: CameraPath, out, *, width: int | None = None, height: int | None = None,
                     force: bool = False) -> Path:
     """Write the path's rendered samples as nerfstudio's ``camera_path.json`` (``camera_to_world`` row-major in
-    OpenGL axes, vertical ``fov`` in degrees, ``aspect``; ``keyframes`` empty: the samples are the path)."""
-    w = int(width or path.width or 640)
-    h = int(height or path.height or 480)
+    OpenGL axes, vertical ``fov`` in degrees, ``aspect``; ``keyframes`` empty: the samples are the path), at
+    :func:`render_size`."""
     from .camera import quat_to_rotmat_np
 
+    w, h = render_size(width, height, path.width, path.height)
     pos, quat, fov, _ = path.sample()
     samples = []
     for p, q, f in zip(pos, quat, fov):

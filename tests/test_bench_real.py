@@ -331,7 +331,8 @@ def test_cli_rigel_only_when_gsplat_is_missing(procedural, tmp_path, monkeypatch
     assert sc["runs"]["rigel"]["config"]["init_points"] == 200
     # the run's config as trained ("auto" resolved: random points here, so 3DGS's densification), named in real.md
     assert sc["runs"]["rigel"]["config"]["strategy"] == "default"
-    assert "- proc rigel: densification default (3DGS's clone / split / prune)" in (out / "real.md").read_text()
+    assert "- proc rigel: densification default (3DGS's clone / split / prune, threshold 0.0002)" in \
+        (out / "real.md").read_text()
     from PIL import Image
 
     im = Image.open(out / sc["png"])

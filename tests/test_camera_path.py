@@ -165,7 +165,7 @@ def test_cameras_match_keyframes(g):
         assert back.fov_y_deg == pytest.approx(k.fov_y_deg)
 
 
-def test_one_side_of_the_size_keeps_the_paths_aspect_ratio(g):
+def test_one_side_of_the_size_keeps_the_paths_aspect_ratio(g, tmp_path):
     """cameras(width=W) alone: the height follows the path's own aspect ratio (else 640 × 480's), and likewise for a
     height alone (``rigel-render --path --width 64`` rendered 64 × 480 from a path without a size)."""
     kfs = random_keyframes(g, 2)
@@ -176,6 +176,13 @@ def test_one_side_of_the_size_keeps_the_paths_aspect_ratio(g):
     sized = CameraPath(kfs, frames=3, width=1920, height=1080)
     assert sizes(sized, width=64) == {(64, 36)} and sizes(sized, height=9) == {(16, 9)}
     assert sizes(sized, width=3, height=5) == {(3, 5)} and sizes(sized, width=1) == {(1, 1)}
+    # a path that declares one side alone: that side, the other at 4:3 (it gave 640 × 480 for width 1000 alone)
+    assert sizes(CameraPath(kfs, frames=3, width=1000)) == {(1000, 750)}
+    assert sizes(CameraPath(kfs, frames=3, height=300), width=40) == {(40, 30)}
+    # nerfstudio's camera_path.json is written at the same size
+    out = save_nerfstudio(bare, tmp_path / "ns.json", width=64)
+    d = json.loads(out.read_text())
+    assert (d["render_width"], d["render_height"]) == (64, 48)
 
 
 def test_bad_keyframe_times():

@@ -423,11 +423,12 @@ def test_bad_masks_are_one_clear_error(tmp_path, rng):
         save_u8(tmp_path / "images" / f"{n}.png", np.zeros((h, w, 3)))
         save_u8(tmp_path / "masks" / f"{n}.png", np.ones((w, h)))
     (tmp_path / "transforms.json").write_text(json.dumps({"fl_x": 10.0, "frames": frames}))
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught:   # held-out views too: one warning for the dataset
         warnings.simplefilter("always")
-        load_dataset(tmp_path, test_every=0)
+        ds = load_dataset(tmp_path, test_every=2)
+    assert (len(ds.train), len(ds.test)) == (1, 2)
     aspect = [str(c.message) for c in caught if "aspect ratio" in str(c.message)]
-    assert len(aspect) == 1 and "3 mask(s)" in aspect[0] and "masks/a.png" in aspect[0]
+    assert len(aspect) == 1 and "3 mask(s)" in aspect[0] and "masks/b.png: the mask is 10x12" in aspect[0]  # 1st
     frame = Frame(cam, torch.zeros(h, w, 3), None, "a", torch.ones(h, w + 1, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"frame 'a' mask has shape \(10, 13\)"):
         Trainer(Dataset([frame], [], np.zeros(3), 1.0), TrainConfig(init_points=10), device="cpu")

@@ -1276,6 +1276,12 @@ def test_densify_grad_auto_resolves_from_the_capture_the_strategy_and_the_device
     for explicit in ("grad", "absgrad"):   # an explicit statistic is kept, whatever the capture
         cfg = TrainConfig(strategy=strategy, densify_grad=explicit)
         assert resolve_densify_grad(cfg, has_sfm_points=sfm, cuda=cuda) is None and cfg.densify_grad == explicit
+        # ... and a grad_threshold that "absgrad" does not read is said (the old recipe set it for absgrad)
+        cfg = TrainConfig(strategy=strategy, densify_grad=explicit, grad_threshold=6e-4)
+        note = resolve_densify_grad(cfg, has_sfm_points=sfm, cuda=cuda)
+        assert cfg.densify_grad == explicit
+        assert (note is not None and "grad_threshold 0.0006 is not read" in note) == \
+            (explicit == "absgrad" and strategy != "mcmc")
     # a grad_threshold set away from its default is a threshold for 3DGS's statistic: "auto" keeps that statistic
     # (and says so where it would have picked absgrad), else the setting would be silently ignored
     cfg = TrainConfig(strategy=strategy, grad_threshold=1.5e-4)

@@ -343,6 +343,20 @@ def test_the_training_panel_offers_only_the_fields_the_strategy_reads(rng, tmp_p
     assert st.strategy == strategy and set(st.densify) == want
 
 
+def test_a_session_under_absgrad_offers_its_threshold(rng, tmp_path, one_thread):
+    # the session's TrainingStarted reads the statistic from the trainer's resolved config (absgrad is CUDA only,
+    # so the CPU trainer's config is switched after construction: the session does not step here)
+    trainer = tiny_trainer(rng, iterations=5, strategy="default")
+    trainer.config.densify_grad = "absgrad"
+    session = TrainingSession(trainer, ModelSlot(), tmp_path / "run", running=False, eval_at_start=False).start()
+    try:
+        started = wait_for([], session, lambda e: isinstance(e, M.TrainingStarted))
+    finally:
+        session.stop()
+    assert "absgrad_threshold" in started.densify and "grad_threshold" not in started.densify
+    assert started.densify["absgrad_threshold"] == trainer.config.absgrad_threshold
+
+
 def test_the_panel_offers_the_threshold_of_the_statistic_the_run_reads():
     # under densify_grad="absgrad" the densification compares with absgrad_threshold: a grad_threshold slider there
     # would move nothing (and the other way round)

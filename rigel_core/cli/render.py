@@ -81,13 +81,15 @@ def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | Non
             raise DatasetError(f"{p}: no transforms_{split or 'train'}.json or transforms.json in this directory")
     elif p.name == "transforms.json" or not p.name.startswith("transforms_"):
         held_out = split is not None
-    specs, _, total = read_transforms(p, require_images=False, size=size, max_image_size=max_image_size)
+    specs = []
+    if held_out:
+        # rigel-train's loader drops the frames without an image file before it names and splits the others: the
+        # same here, or the every-8th hold-out of the rest would shift (a file of cameras alone keeps them all)
+        specs, _, total = read_transforms(p, size=size, max_image_size=max_image_size)
+    if not specs:
+        specs, _, total = read_transforms(p, require_images=False, size=size, max_image_size=max_image_size)
     if not specs:
         raise DatasetError(f"{p}: no frames")
-    if held_out and any(sp.image_path is not None for sp in specs):
-        # rigel-train's loader drops the frames without an image file before it names and splits the others:
-        # the same here, or the every-8th hold-out of the rest would shift (a file of cameras alone keeps them all)
-        specs = [sp for sp in specs if sp.image_path is not None]
     specs = with_unique_names(specs)   # the names rigel-train's loader gives the same frames
     if held_out:  # the views rigel-train holds out of a transforms.json (its default --test-every 8)
         train, test = split_every(sorted(specs, key=held_out_order), 8)

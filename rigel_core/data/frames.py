@@ -173,18 +173,14 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
             resized += 1
         keep = None  # (h, w) bool in the photo's pixels
         if spec.mask_path is not None:
+            stretched_mask = []  # a mask of another aspect ratio: one warning for all of them (below)
             try:
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    keep = read_mask(spec.mask_path, (w, h))
+                keep = read_mask(spec.mask_path, (w, h), on_other_aspect=stretched_mask.append)
             except ValueError as e:
                 raise DatasetError(str(e)) from e
-            for c in caught:  # a mask of another aspect ratio: one warning for the dataset (below), others as they are
-                if "another aspect ratio" in str(c.message):
-                    first_mask = first_mask or str(c.message).split(": stretched")[0]
-                    masks_stretched += 1
-                else:
-                    warnings.warn_explicit(c.message, c.category, c.filename, c.lineno)
+            if stretched_mask:
+                first_mask = first_mask or stretched_mask[0]
+                masks_stretched += 1
         no_alpha += alpha_as_mask and rgba.shape[-1] != 4
         if alpha_as_mask and rgba.shape[-1] == 4:
             rgb, alpha = np.ascontiguousarray(rgba[..., :3]), None
@@ -396,6 +392,7 @@ def assemble_dataset(train: list[FrameSpec], test: list[FrameSpec], source: Path
     """The :class:`Dataset` of two lists of frame specs: images loaded (:func:`load_frames`), the scene centre and
     extent from the training cameras (the test ones when there are none); what every format's loader ends with."""
     kw = dict(white_bg=white_bg, downscale=downscale, device=device, source=source, alpha_as_mask=alpha_as_mask)
-    train_frames, test_frames = load_frames(train, **kw), load_frames(test, **kw)
+    frames = load_frames(train + test, **kw)   # one call: its warnings count the whole dataset once
+    train_frames, test_frames = frames[:len(train)], frames[len(train):]
     center, extent = camera_extent([f.camera for f in (train_frames or test_frames)])
     return Dataset(train_frames, test_frames, center, extent, points, point_colors, white_bg, fmt, str(source))

@@ -103,14 +103,15 @@ def other_aspect(size: tuple[int, int], declared: tuple[int, int]) -> bool:
     return abs(w * dh - h * dw) > 0.01 * w * dh
 
 
-def read_mask(path: Path, size: tuple[int, int] | None = None) -> np.ndarray:
+def read_mask(path: Path, size: tuple[int, int] | None = None, on_other_aspect=None) -> np.ndarray:
     """Decode a mask image to an (H, W) bool array: True (keep) where the mask is non-zero, False (ignore) where
     it is black — the nerfstudio / Brush convention. Colour masks are reduced to their luminance (any
     non-black colour keeps); an alpha channel, if present, is ignored. Store masks losslessly (PNG): JPEG noise
     turns black into small non-zero values.
 
     ``size`` (width, height): the photo's size; a mask of another size is resized to it (nearest neighbour), with a
-    warning naming the file when its aspect ratio differs (a transposed or foreign mask, not a scaled copy).
+    warning naming the file when its aspect ratio differs (a transposed or foreign mask, not a scaled copy) — or,
+    with ``on_other_aspect`` given, that callable called with the warning's text instead (a loader that groups them).
     Raises ValueError naming the file when it cannot be decoded or its header declares a size over the caps of
     :mod:`rigel_core.limits` (as :func:`read_image`).
     """
@@ -127,9 +128,12 @@ def read_mask(path: Path, size: tuple[int, int] | None = None) -> np.ndarray:
                 a = np.asarray(im, dtype=np.float64)
             if size is not None and (a.shape[1], a.shape[0]) != tuple(size):
                 if other_aspect((a.shape[1], a.shape[0]), size):
-                    warnings.warn(f"{path}: the mask is {a.shape[1]}x{a.shape[0]} for a {size[0]}x{size[1]} image, "
-                                  "another aspect ratio: stretched to fit (check that it belongs to this image)",
-                                  stacklevel=2)
+                    what = f"{path}: the mask is {a.shape[1]}x{a.shape[0]} for a {size[0]}x{size[1]} image"
+                    if on_other_aspect is not None:
+                        on_other_aspect(what)
+                    else:
+                        warnings.warn(f"{what}, another aspect ratio: stretched to fit (check that it belongs to this "
+                                      "image)", stacklevel=2)
                 a = np.asarray(Image.fromarray(a.astype(np.float32), mode="F").resize(tuple(size), Image.NEAREST))
     except (*_DECODE_ERRORS, Image.DecompressionBombError) as e:
         raise ValueError(f"{path}: cannot read mask ({type(e).__name__}: {e})") from None

@@ -7,9 +7,9 @@ Rendering" (SIGGRAPH 2023) §5–6 and the defaults of its released ``arguments/
 The trainer reads the config **every step**, so a viewer may edit any field while training runs (learning
 rates, loss weight, the densification schedule and thresholds, the cap). Two exceptions, fixed at
 construction: ``sh_degree`` (it sizes the SH tensors) and the initialisation fields (``init_*``,
-``auto_background_points``). "auto" values (``strategy``, ``init_background_points``, ``coarse_to_fine``) are
-resolved by the Trainer
-from its dataset when it is made; its config then holds the concrete values.
+``auto_background_points``). "auto" values (``strategy``, ``init_background_points``, ``coarse_to_fine``,
+``densify_grad``) are resolved by the Trainer from its dataset (and, for ``densify_grad``, its device) when it is
+made; its config then holds the concrete values.
 """
 from __future__ import annotations
 
@@ -23,8 +23,9 @@ from ..render_modes import RENDER_MODES
 #: the largest iteration count a run (or a checkpoint) may declare; rigel_core.checkpoint uses the same bound
 MAX_ITERATION = 100_000_000
 
-__all__ = ["TrainConfig", "STRATEGIES", "SPARSE_SFM_COVERAGE", "AUTO_COARSE_TO_FINE", "resolve_strategy",
-           "resolve_init_background", "resolve_coarse_to_fine", "coarse_to_fine_span", "training_downscale"]
+__all__ = ["TrainConfig", "STRATEGIES", "DENSIFY_GRADS", "SPARSE_SFM_COVERAGE", "AUTO_COARSE_TO_FINE",
+           "resolve_strategy", "resolve_init_background", "resolve_coarse_to_fine", "resolve_densify_grad",
+           "coarse_to_fine_span", "training_downscale"]
 
 #: TrainConfig.strategy's values: "auto" is resolved to one of the other two when a Trainer is made
 STRATEGIES = ("auto", "default", "mcmc")
@@ -113,8 +114,8 @@ class TrainConfig:
     densify_from: int = 500
     densify_until: int = 15_000
     densify_interval: int = 100
-    #: threshold on the view-averaged |∂L/∂means2D| in NDC units (pixel gradient × (W/2, H/2); see densify.py); read
-    #: under densify_grad "grad" only ("absgrad" has absgrad_threshold)
+    #: threshold on the view-averaged |∂L/∂means2D| in NDC units (pixel gradient × (W/2, H/2); see densify.py);
+    #: read under densify_grad "grad" only ("absgrad" has absgrad_threshold)
     grad_threshold: float = 2e-4
     #: which views count in a Gaussian's view-averaged gradient (DensifyStats.update): "radius" (3DGS: its 3σ
     #: square reaches the image), "opacity" (gsplat's opacity-aware extent reaches the image), "contrib" (it drew
@@ -476,14 +477,20 @@ def resolve_densify_grad(cfg: TrainConfig, has_sfm_points: bool, cuda: bool) -> 
       against 36.02 dB with it; and also "grad" where ``grad_threshold`` differs from its default (a threshold set
       for 3DGS's statistic, which "absgrad" would not read).
 
-    Returns a one-line note of the choice for the log, or None when ``cfg.densify_grad`` was already explicit or the
-    choice does not matter (the MCMC budget). A resumed run keeps the statistic its checkpoint recorded."""
+    Returns a one-line note for the log where the choice concerns a real capture under 3DGS's densification (what
+    "auto" became and why); None when ``cfg.densify_grad`` was already explicit, under the MCMC budget (which reads
+    no gradient statistic) and without SfM points (3DGS's statistic, the plain recipe: nothing to say) — except
+    that an explicit "absgrad" with ``grad_threshold`` set away from its default gets a note that the latter is
+    not read. A resumed run keeps the statistic its checkpoint recorded."""
+    default_threshold = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "grad_threshold")
     if cfg.densify_grad != "auto":
+        if cfg.densify_grad == "absgrad" and cfg.strategy != "mcmc" and cfg.grad_threshold != default_threshold:
+            return (f"densify_grad absgrad: grad_threshold {cfg.grad_threshold:g} is not read under it "
+                    f"(absgrad_threshold {cfg.absgrad_threshold:g} is: --set absgrad_threshold=T)")
         return None
     if cfg.strategy == "mcmc":
         cfg.densify_grad = "grad"
         return None
-    default_threshold = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "grad_threshold")
     if has_sfm_points and cuda and cfg.grad_threshold != default_threshold:
         cfg.densify_grad = "grad"
         return (f"densify_grad auto: grad (grad_threshold is set, {cfg.grad_threshold:g}: it is 3DGS's statistic's "

@@ -322,9 +322,9 @@ class Trainer:
             the pixels that count, None = all); ``scene_center``,
             ``scene_extent``, ``points``, ``point_colors``, ``white_bg``).
         config: a :class:`TrainConfig` (default: 3DGS defaults); edited live, read at every step. One whose
-            ``strategy``, ``init_background_points`` or ``coarse_to_fine`` is "auto" is copied and resolved from the
-            dataset
-            (:meth:`_resolve_auto`): :attr:`config` is then the copy in use, holding no "auto".
+            ``strategy``, ``init_background_points``, ``coarse_to_fine`` or ``densify_grad`` is "auto" is copied and
+            resolved from the dataset (:meth:`_resolve_auto`): :attr:`config` is then the copy in use, holding no
+            "auto".
         model: start from this model (its SH are padded/truncated to ``config.sh_degree``); default: SfM
             points when the dataset has them, else :func:`random_init_points`.
         device: where to train (default: CUDA when available with built kernels, else CPU).
