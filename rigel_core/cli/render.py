@@ -66,7 +66,7 @@ def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | Non
     Raises rigel_core.data.DatasetError naming the file when it cannot be used (including a size above
     ``max_image_size`` per side or its square in all).
     """
-    from ..data.frames import DatasetError, held_out_order, split_every, with_unique_names
+    from ..data.frames import DatasetError, held_out_split, with_unique_names
     from ..data.transforms import read_transforms
 
     p = Path(cameras)
@@ -90,10 +90,11 @@ def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | Non
         specs, _, total = read_transforms(p, require_images=False, size=size, max_image_size=max_image_size)
     if not specs:
         raise DatasetError(f"{p}: no frames")
-    specs = with_unique_names(specs)   # the names rigel-train's loader gives the same frames
-    if held_out:  # the views rigel-train holds out of a transforms.json (its default --test-every 8)
-        train, test = split_every(sorted(specs, key=held_out_order), 8)
+    if held_out:  # the views (and names) rigel-train holds out of a transforms.json (its default --test-every 8)
+        train, test = held_out_split(specs, 8)
         specs = train if split == "train" else test
+    else:
+        specs = with_unique_names(specs)   # the names rigel-train's loader gives the same frames
     names = _unique([s.name for s in specs])
     return [s.camera for s in specs], names, p
 

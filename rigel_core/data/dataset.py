@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .frames import Dataset, DatasetError, assemble_dataset, cap_frames, held_out_order, split_every, \
+from .frames import Dataset, DatasetError, assemble_dataset, cap_frames, held_out_split, \
     with_unique_names
 from .transforms import read_ply_points, read_transforms, warn_missing, warn_unmasked
 
@@ -125,7 +125,6 @@ def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames
         raise DatasetError(f"{json_path}: none of its {total} frames has an image file")
     points, colors = read_ply_points(json_path)  # nerfstudio's ply_file_path (SfM points), else None
     warn_unmasked(json_path.parent / "masks", specs)
-    specs = with_unique_names(specs)
-    train, test = split_every(sorted(specs, key=held_out_order), test_every)
+    train, test = held_out_split(specs, test_every)
     return assemble_dataset(cap_frames(train, max_frames), cap_frames(test, max_frames), json_path, "ngp", white_bg,
                             downscale, device, points, colors, alpha_as_mask=alpha_as_mask)

@@ -339,10 +339,12 @@ def common_size_frames(frames: list[Frame], max_extra: float = PAD_MAX_EXTRA) ->
             else f for f in frames]
 
 
-def held_out_order(spec: FrameSpec) -> str:
-    """The sort key under which a transforms.json's frames are split every N-th into train / held-out: the image
-    path (``load_ngp``; ``rigel-render --split`` uses it too, so that both pick the same views)."""
-    return str(spec.image_path) if spec.image_path is not None else spec.name
+def held_out_split(specs: list[FrameSpec], test_every: int) -> tuple[list[FrameSpec], list[FrameSpec]]:
+    """(train, held-out) of a transforms.json's frames: unique names (:func:`with_unique_names`), then every
+    ``test_every``-th frame in image-path order held out (:func:`split_every`). ``load_ngp`` and ``rigel-render
+    --split`` both call it, so that they name and pick the same views."""
+    return split_every(sorted(with_unique_names(specs), key=lambda s: str(s.image_path) if s.image_path is not None
+                              else s.name), test_every)
 
 
 def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
