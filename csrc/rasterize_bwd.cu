@@ -12,15 +12,21 @@
 // S^z_i = sum_{j>i} z_j alpha_j T_j:  d depth_sum / d z_i = alpha_i T_i,
 // d depth_sum / d alpha_i = T_i z_i - S^z_i / (1 - alpha_i). The median depth has no gradient.
 // then alpha = min(ALPHA_MAX, vis) (zero gradient where clamped), vis = opacity exp(-q/2), q the conic form.
-// Per-Gaussian sums are reduced across each warp by a reduce-scatter over the kG values padded
-// to 16: at the step with partner lane^o (o = 16, 8, 4, 2) each lane keeps one half of its values (the upper half
-// where lane & o) and adds the partner's copy of that half, sent in exchange for the other half — 8 + 4 + 2 + 1
-// shuffles leave one value per lane, one more (o = 1) completes its sum in both lanes of a pair. Lane L then holds
-// the total of value 8·b4 + 4·b3 + 2·b2 + b1 (b_k = bit k of L): 16 shuffles where a shuffle tree per value takes
-// 5·kG (55/60 SHFL in the SASS of that design; measured against it on the H200 at df0558b: docs/BENCHMARKS.md).
-// The even lanes add their totals into the tile's per-entry sums in shared memory (s_grad; a compare-and-swap loop
-// on sm_90); after each batch thread t adds entry t's kG sums to the global gradients, one atomic per non-zero
-// value: one global atomic per value per entry and tile instead of one per warp.
+// Per-Gaussian sums over a warp's 32 pixels, in chunks of 8 entries (flush_chunk): the walk writes each entry's
+// per-pixel w = alpha_i T_i and u = v_vis G (all the sequential walk has to hand on) to a row of the warp's chunk in
+// shared memory, skipping entries no pixel of the warp blended. A full chunk is summed transposed: lane (k, h) adds
+// up entry k's 8 pixels of box row h in registers (v_colors = sum v_image w; the geometric terms from sum u,
+// sum u dx, sum u dx^2, dy being constant along the row), and a 2-step butterfly over h completes the kG sums —
+// ~20 instructions per entry where a warp reduction per entry takes ~16 shuffles and ~45 selects and adds. A short
+// chunk (fewer than dense_min entries, at the end of a batch) takes the per-entry reduction instead: a reduce-scatter
+// over the kG values padded to 16 (at the step with partner lane^o, o = 16, 8, 4, 2, each lane keeps one half of its
+// values and adds the partner's copy of that half: 8 + 4 + 2 + 1 shuffles, one more completes each sum in a lane
+// pair).
+// Either way the totals go into the tile's per-entry sums in shared memory (s_grad; a compare-and-swap loop on
+// sm_90); after each batch thread t adds entry t's kG sums to the global gradients, one atomic per non-zero value:
+// one global atomic per value per entry and tile instead of one per warp.
+#include <cstdlib>
+
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
@@ -47,10 +53,15 @@ __device__ __forceinline__ void scatter_step(const float* in, float* out, int la
     }
 }
 
-// 5 blocks per SM: the warp boxes took the kernel from 45 to 56 registers (4 blocks); bounded, 48 and no spills.
-// 5 blocks also take ~5 x 25 KB of shared memory (s_grad is ~half of it; sm_90 has 228 KB per SM).
+// Entries per transposed chunk (below) and the padded row of one entry's 32 per-pixel values in s_w / s_u (33:
+// a lane walking its entry's row and the lanes writing one row both hit 32 distinct banks).
+constexpr int kSlots = 8;
+constexpr int kSlotStride = 33;
+constexpr int kWarps = kTilePixels / 32;
+
+// 4 blocks per SM: ~42 KB of shared memory per block (46 KB with depth; sm_90 has 228 KB per SM), 64 registers.
 template <bool kDepth>
-__global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
+__global__ void __launch_bounds__(kTilePixels, 4) rasterize_bwd_kernel(
     int width, int height, int tiles_x,
     const int32_t* __restrict__ tile_ranges,   // [n_tiles, 2]
     const int32_t* __restrict__ gaussian_ids,  // [E]
@@ -70,7 +81,8 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
     float* __restrict__ v_means2D_abs,         // [N, 2] accumulated
     const float* __restrict__ depths,          // [N] (kDepth only)
     const float* __restrict__ v_depth_sum,     // [H, W] (kDepth only)
-    float* __restrict__ v_depths)              // [N] accumulated (kDepth only)
+    float* __restrict__ v_depths,              // [N] accumulated (kDepth only)
+    int dense_min)                             // chunks of at least this many entries are summed transposed
 {
     constexpr int kG = kGradValues<kDepth>;
     __shared__ int32_t s_id[kTilePixels];
@@ -84,6 +96,11 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
     // distinct banks).
     constexpr int kStride = kG | 1;
     __shared__ float s_grad[kTilePixels * kStride];
+    // Per warp, the chunk of up to kSlots entries it blended, one row each: w = alpha T_i and u = v_vis G of every
+    // pixel of its box (zero where the pixel did not blend the entry), and each pixel's upstream gradient.
+    __shared__ float s_w[kWarps][kSlots * kSlotStride];
+    __shared__ float s_u[kWarps][kSlots * kSlotStride];
+    __shared__ float4 s_pix[kTilePixels];  // (v_r, v_g, v_b, v_depth_sum) of pixel tid
     __shared__ int s_max_contrib;
 
     const int tile = blockIdx.y * tiles_x + blockIdx.x;
@@ -125,6 +142,125 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
             Sb = T_final * __ldg(background + 2);
         }
     }
+    s_pix[tid] = make_float4(vr, vg, vb, vD);  // read by the warp's own lanes only (after a __syncwarp)
+    float* const my_w = s_w[warp];
+    float* const my_u = s_u[warp];
+    // In the transposed sum lane (k, h) = (lane & 7, lane >> 3) takes slot k's pixels 8h .. 8h + 7: box row h,
+    // columns 0..7 (box_pixel's layout).
+    const int k_slot = lane & (kSlots - 1), h_row = lane / kSlots;
+    const int box_x0 = tile_x0 + (warp % kBoxCols) * kBoxW;
+    const float fy_row = static_cast<float>(tile_y0 + (warp / kBoxCols) * kBoxH + h_row) + 0.5f;
+    int slot_j = 0;  // the batch index of the entry in slot k_slot
+
+    // The kG sums of one entry, gathered over the warp (lane L contributing grad[]), added to its s_grad row.
+    auto reduce_to_shared = [&](const float* grad, int j) {
+        float a[16], b[8], c[4], d[2], e[1];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) a[i] = i < kG ? grad[i] : 0.f;
+        scatter_step<8, 16>(a, b, lane);
+        scatter_step<4, 8>(b, c, lane);
+        scatter_step<2, 4>(c, d, lane);
+        scatter_step<1, 2>(d, e, lane);
+        const float total = e[0] + __shfl_xor_sync(0xffffffffu, e[0], 1);
+        const int v = ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 + ((lane >> 1) & 1);
+        if ((lane & 1) == 0 && v < kG) atomicAdd(&s_grad[j * kStride + v], total);  // shared memory
+    };
+
+    // Sum the gradients of the chunk's n entries (rows 0..n-1 of my_w / my_u; warp-uniform n, slot_j set) into
+    // s_grad. Transposed (n >= dense_min): lane (k, h) adds up its 8 pixels of entry k in registers, then one
+    // butterfly over h; no per-entry warp reduction. Otherwise one warp reduction per entry, each lane its pixel.
+    // Either way from the per-fragment (w, u), u = v_vis G, vis = opacity G:
+    //   v_color = v_image w,  v_opacity = u,  v_q = -opacity u / 2,
+    //   v_conic (A, B, C) = v_q (dx^2, 2 dx dy, dy^2),  v_means2D = opacity u (A dx + B dy, B dx + C dy)
+    // (dq/du = -2 (A dx + B dy), dq/dv = -2 (B dx + C dy)); a pixel with u = 0 adds nothing, even to |v_means2D|.
+    auto flush_chunk = [&](int n) {
+        __syncwarp();  // the rows and s_pix are written
+        if (n >= dense_min) {
+            float g[kG];
+#pragma unroll
+            for (int i = 0; i < kG; ++i) g[i] = 0.f;
+            if (k_slot < n) {
+                const float4 co = s_conic_opacity[slot_j];
+                const float2 xy = s_xy[slot_j];
+                const float A = co.x, B = 0.5f * co.y, C = co.z, op = co.w;
+                const float dy = __fsub_rn(fy_row, xy.y);
+                const float Bdy = B * dy, Cdy = C * dy;
+                float su = 0.f, sux = 0.f, suxx = 0.f, cr = 0.f, cg = 0.f, cb = 0.f, cd = 0.f, au = 0.f, av = 0.f;
+                const float* wr = my_w + k_slot * kSlotStride + kBoxW * h_row;
+                const float* ur = my_u + k_slot * kSlotStride + kBoxW * h_row;
+                const float4* pv = s_pix + warp * 32 + kBoxW * h_row;
+#pragma unroll
+                for (int p = 0; p < kBoxW; ++p) {
+                    const float w = wr[p], u = ur[p];
+                    const float4 vp = pv[p];
+                    const float dx = __fsub_rn(static_cast<float>(box_x0 + p) + 0.5f, xy.x);
+                    cr = fmaf(vp.x, w, cr);
+                    cg = fmaf(vp.y, w, cg);
+                    cb = fmaf(vp.z, w, cb);
+                    if constexpr (kDepth) cd = fmaf(vp.w, w, cd);
+                    const float t = u * dx;
+                    su += u;
+                    sux += t;
+                    suxx = fmaf(t, dx, suxx);
+                    const float mu = fabsf(u * fmaf(A, dx, Bdy)), mv = fabsf(u * fmaf(B, dx, Cdy));
+                    au += u != 0.f ? mu : 0.f;
+                    av += u != 0.f ? mv : 0.f;
+                }
+                const float hq = -0.5f * op;  // v_q = hq u
+                g[0] = op * (A * sux + Bdy * su);
+                g[1] = op * (B * sux + Cdy * su);
+                g[2] = hq * suxx;
+                g[3] = 2.f * hq * dy * sux;
+                g[4] = hq * dy * dy * su;
+                g[5] = cr;
+                g[6] = cg;
+                g[7] = cb;
+                g[8] = su;
+                g[9] = fabsf(op) * au;
+                g[10] = fabsf(op) * av;
+                if constexpr (kDepth) g[kG - 1] = cd;
+            }
+#pragma unroll
+            for (int i = 0; i < kG; ++i) {  // over h: the 4 lanes k, k + 8, k + 16, k + 24
+                g[i] += __shfl_xor_sync(0xffffffffu, g[i], 8);
+                g[i] += __shfl_xor_sync(0xffffffffu, g[i], 16);
+            }
+            if (k_slot < n) {
+#pragma unroll
+                for (int i = 0; i < kG; ++i)
+                    if ((i & 3) == h_row && g[i] != 0.f) atomicAdd(&s_grad[slot_j * kStride + i], g[i]);
+            }
+        } else {
+            for (int k = 0; k < n; ++k) {
+                const int j = __shfl_sync(0xffffffffu, slot_j, k);
+                const float w = my_w[k * kSlotStride + lane], u = my_u[k * kSlotStride + lane];
+                float grad[kG];
+#pragma unroll
+                for (int i = 0; i < kG; ++i) grad[i] = 0.f;
+                if (w != 0.f || u != 0.f) {
+                    const float4 co = s_conic_opacity[j];
+                    const float2 xy = s_xy[j];
+                    const float dx = __fsub_rn(fx, xy.x), dy = __fsub_rn(fy, xy.y);
+                    const float A = co.x, B = 0.5f * co.y, C = co.z, op = co.w;
+                    grad[5] = vr * w;
+                    grad[6] = vg * w;
+                    grad[7] = vb * w;
+                    if constexpr (kDepth) grad[kG - 1] = vD * w;
+                    grad[8] = u;
+                    const float v_q = -0.5f * op * u;
+                    grad[2] = v_q * dx * dx;
+                    grad[3] = v_q * 2.f * dx * dy;
+                    grad[4] = v_q * dy * dy;
+                    grad[0] = -2.f * v_q * (A * dx + B * dy);
+                    grad[1] = -2.f * v_q * (B * dx + C * dy);
+                    grad[9] = fabsf(grad[0]);
+                    grad[10] = fabsf(grad[1]);
+                }
+                reduce_to_shared(grad, j);
+            }
+        }
+        __syncwarp();  // the rows may be written again
+    };
 
     for (int batch_end = stop; batch_end > start; batch_end -= kTilePixels) {
         const int batch_start = max(start, batch_end - kTilePixels);
@@ -143,12 +279,13 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
             if constexpr (kDepth) s_z[tid] = depths[id];
         }
         __syncthreads();
-        // Entry j of the batch, walked back to front by every lane of the warp (collectives inside).
+        int n_slots = 0;  // rows of the chunk filled (warp-uniform)
+        // Entry j of the batch, walked back to front by every lane of the warp: the transmittance and what lies
+        // behind are carried on, and the entry's (w, u) per pixel take the next row of the chunk when any pixel of
+        // the warp blended it.
         auto visit = [&](int j) {
             const int position = batch_start - start + j;  // 0-based place in the tile's list
-            float grad[kG];
-#pragma unroll
-            for (int i = 0; i < kG; ++i) grad[i] = 0.f;
+            float w = 0.f, u = 0.f;
             bool active = false;
             if (position < last) {
                 const float4 co = s_conic_opacity[j];
@@ -161,10 +298,7 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
                     const float one_minus = 1.f - alpha;
                     const float T_i = T / one_minus;  // transmittance in front of this entry
                     const float3 c = s_rgb[j];
-                    const float w = alpha * T_i;
-                    grad[5] = vr * w;  // v_colors
-                    grad[6] = vg * w;
-                    grad[7] = vb * w;
+                    w = alpha * T_i;
                     const float inv = 1.f / one_minus;
                     float v_alpha = vr * (T_i * c.x - Sr * inv) + vg * (T_i * c.y - Sg * inv) +
                                     vb * (T_i * c.z - Sb * inv) - vT * T_final * inv;
@@ -172,38 +306,23 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
                         const float z = s_z[j];
                         v_alpha += vD * (T_i * z - SD * inv);
                         SD += z * w;
-                        grad[kG - 1] = vD * w;  // v_depth
                     }
                     Sr += c.x * w;
                     Sg += c.y * w;
                     Sb += c.z * w;
                     T = T_i;
-                    const float v_vis = vis <= kAlphaMaxF ? v_alpha : 0.f;
-                    grad[8] = v_vis * G;                     // v_opacity
-                    const float v_q = -0.5f * v_vis * vis;  // d vis / d q = -vis / 2
-                    const float A = co.x, B = 0.5f * co.y, C = co.z;
-                    grad[2] = v_q * dx * dx;        // v_A
-                    grad[3] = v_q * 2.f * dx * dy;  // v_B
-                    grad[4] = v_q * dy * dy;        // v_C
-                    // dq/du = -2 (A dx + B dy), dq/dv = -2 (B dx + C dy)
-                    grad[0] = -2.f * v_q * (A * dx + B * dy);
-                    grad[1] = -2.f * v_q * (B * dx + C * dy);
-                    grad[9] = fabsf(grad[0]);
-                    grad[10] = fabsf(grad[1]);
+                    const float v_vis = vis <= kAlphaMaxF ? v_alpha : 0.f;  // zero where alpha was clamped
+                    u = v_vis * G;
                 }
             }
             if (!__any_sync(0xffffffffu, active)) return;  // nothing for this Gaussian in this warp
-            float a[16], b[8], c[4], d[2], e[1];
-#pragma unroll
-            for (int i = 0; i < 16; ++i) a[i] = i < kG ? grad[i] : 0.f;
-            scatter_step<8, 16>(a, b, lane);
-            scatter_step<4, 8>(b, c, lane);
-            scatter_step<2, 4>(c, d, lane);
-            scatter_step<1, 2>(d, e, lane);
-            const float total = e[0] + __shfl_xor_sync(0xffffffffu, e[0], 1);
-            const int v = ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 +
-                          ((lane >> 1) & 1);
-            if ((lane & 1) == 0 && v < kG) atomicAdd(&s_grad[j * kStride + v], total);  // shared memory
+            my_w[n_slots * kSlotStride + lane] = w;
+            my_u[n_slots * kSlotStride + lane] = u;
+            if (k_slot == n_slots) slot_j = j;
+            if (++n_slots == kSlots) {
+                flush_chunk(kSlots);
+                n_slots = 0;
+            }
         };
         // 32 entries at a time, from the back: one ballot gives the warp the entries it may have blended (inside
         // its box, before its last n_contrib; warp-uniform); a full word is walked as a plain loop, any other word
@@ -223,6 +342,7 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
                 }
             }
         }
+        if (n_slots > 0) flush_chunk(n_slots);  // the staged entries are replaced after this batch
         __syncthreads();  // every warp's sums of this batch are in s_grad
         // One global atomic per value of each entry the tile touched (zero where no warp blended it), instead of
         // one per warp; the slot is cleared for the next batch.
@@ -246,6 +366,21 @@ __global__ void __launch_bounds__(kTilePixels, 5) rasterize_bwd_kernel(
     }
 }
 
+// Chunks of at least this many entries are summed transposed (rasterize_bwd_kernel's flush_chunk); 1..kSlots,
+// RIGEL_RASTER_BWD_DENSE_MIN overrides it per launch (0: always transposed, kSlots + 1: never) so that the tests
+// force each form.
+constexpr int kDenseMinDefault = 3;
+
+int dense_min_now() {
+    const char* v = std::getenv("RIGEL_RASTER_BWD_DENSE_MIN");
+    if (v == nullptr || *v == '\0') return kDenseMinDefault;
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    TORCH_CHECK_VALUE(end != v && *end == '\0' && x >= 0 && x <= kSlots + 1,
+                      "RIGEL_RASTER_BWD_DENSE_MIN must be an integer in [0, ", kSlots + 1, "], not '", v, "'");
+    return static_cast<int>(x);
+}
+
 }  // namespace
 
 void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
@@ -261,6 +396,7 @@ void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, c
     const dim3 grid(tiles_x, tiles_y), block(kTileSize, kTileSize);
     const auto stream = at::cuda::getCurrentCUDAStream();
     const float* bg = background.has_value() ? background->data_ptr<float>() : nullptr;
+    const int dense_min = dense_min_now();
     if (depths.has_value()) {
         rasterize_bwd_kernel<true><<<grid, block, 0, stream>>>(
             width, height, tiles_x, tile_ranges.data_ptr<int32_t>(), gaussian_ids.data_ptr<int32_t>(),
@@ -269,7 +405,7 @@ void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, c
             v_image.data_ptr<float>(), v_final_T.data_ptr<float>(), v_means2D.data_ptr<float>(),
             v_conics.data_ptr<float>(), v_colors.data_ptr<float>(), v_opacities.data_ptr<float>(),
             v_means2D_abs.data_ptr<float>(), depths->data_ptr<float>(), v_depth_sum->data_ptr<float>(),
-            v_depths->data_ptr<float>());
+            v_depths->data_ptr<float>(), dense_min);
     } else {
         rasterize_bwd_kernel<false><<<grid, block, 0, stream>>>(
             width, height, tiles_x, tile_ranges.data_ptr<int32_t>(), gaussian_ids.data_ptr<int32_t>(),
@@ -277,7 +413,7 @@ void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, c
             opacities.data_ptr<float>(), bg, final_T.data_ptr<float>(), n_contrib.data_ptr<int32_t>(),
             v_image.data_ptr<float>(), v_final_T.data_ptr<float>(), v_means2D.data_ptr<float>(),
             v_conics.data_ptr<float>(), v_colors.data_ptr<float>(), v_opacities.data_ptr<float>(),
-            v_means2D_abs.data_ptr<float>(), nullptr, nullptr, nullptr);
+            v_means2D_abs.data_ptr<float>(), nullptr, nullptr, nullptr, dense_min);
     }
     RIGEL_CHECK_LAUNCH("rasterize_bwd_kernel");
 }

@@ -52,3 +52,17 @@ def rng():
     seed = int.from_bytes(os.urandom(4), "little") if "RIGEL_SEED" not in os.environ else int(os.environ["RIGEL_SEED"])
     print(f"RIGEL_SEED={seed}")
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture(params=["default", "transposed", "per-entry"])
+def raster_bwd_sums(request, monkeypatch):
+    """Each way the CUDA rasterizer backward sums an entry's per-pixel gradients (csrc/rasterize_bwd.cu's
+    flush_chunk), chosen per launch by RIGEL_RASTER_BWD_DENSE_MIN: the default mix (chunks of 3 or more entries
+    transposed, shorter ones by warp reductions), every chunk transposed (0), or every entry by a warp reduction
+    (9, above the chunk size of 8)."""
+    value = {"default": None, "transposed": "0", "per-entry": "9"}[request.param]
+    if value is None:
+        monkeypatch.delenv("RIGEL_RASTER_BWD_DENSE_MIN", raising=False)
+    else:
+        monkeypatch.setenv("RIGEL_RASTER_BWD_DENSE_MIN", value)
+    return request.param

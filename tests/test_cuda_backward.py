@@ -143,7 +143,7 @@ def raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h, depths=Non
     return {n: a.grad for n, a in zip(names, x32)}, final_T, n_contrib, x32[0]
 
 
-def test_raster_backward_random_scene_with_edges(rng):
+def test_raster_backward_random_scene_with_edges(raster_bwd_sums, rng):
     cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False)
     g, _, _, m2 = raster_stage(rng, inputs, cam)
     for name, gi in g.items():
@@ -154,7 +154,7 @@ def test_raster_backward_random_scene_with_edges(rng):
     assert float(absgrad.sum()) > float(g["means2D"].abs().sum())
 
 
-def test_raster_backward_saturated_alpha(rng):
+def test_raster_backward_saturated_alpha(raster_bwd_sums, rng):
     cam = random_camera(rng, 80, 64)
     means, quats, scales, _, colors = random_gaussians(rng, 300, spread=1.0, scale_range=(-3.0, -2.0))
     opac = 0.995 + 0.005 * torch.rand(300, generator=rng, dtype=torch.float64)
@@ -163,7 +163,7 @@ def test_raster_backward_saturated_alpha(rng):
     assert torch.count_nonzero(g["opacities"]) > 0
 
 
-def test_raster_backward_early_terminated_pixels(rng):
+def test_raster_backward_early_terminated_pixels(raster_bwd_sums, rng):
     cam = random_camera(rng, 64, 48)
     means, quats, scales, _, colors = random_gaussians(rng, 300, spread=0.35, scale_range=(-1.6, -0.9))
     opac = 0.6 + 0.4 * torch.rand(300, generator=rng, dtype=torch.float64)
@@ -172,7 +172,7 @@ def test_raster_backward_early_terminated_pixels(rng):
     assert float((final_T < 1e-3).float().mean()) > 0.05, "too few pixels stop at T_MIN"
 
 
-def test_raster_backward_warp_boxes(rng):
+def test_raster_backward_warp_boxes(raster_bwd_sums, rng):
     """Every entry in every tile (no binning): the warp boxes and the per-warp end of the walk alone decide what
     each warp visits; splats on box edges, anisotropy up to 30 (float64 comparison, see mild())."""
     w, h = 64, 48
@@ -194,7 +194,7 @@ def per_pixel_absgrad(means2D, raster, w_img, w_T):
     return g.abs().sum(0)
 
 
-def test_raster_backward_absgrad_against_per_pixel_float64(rng):
+def test_raster_backward_absgrad_against_per_pixel_float64(raster_bwd_sums, rng):
     """means2D.absgrad (what densify_grad="absgrad" averages) against :func:`per_pixel_absgrad` of the float64
     reference on the same float32 inputs: ≤ 1e-5 relative, or twice the float32 reference's error (the floor of
     assert_close). Every entry in every tile of a 32x16 image; pixels whose walk stops at another entry in float32
@@ -227,6 +227,27 @@ def test_raster_backward_absgrad_against_per_pixel_float64(rng):
     assert bool((got.cpu() >= plain * (1 - 1e-5) - 1e-12).all()) and float(got.sum()) > 1.5 * float(plain.sum())
 
 
+def test_raster_backward_dense_min_setting_is_checked(monkeypatch):
+    """RIGEL_RASTER_BWD_DENSE_MIN (the tests' switch between the kernel's two ways of summing) refuses what it cannot
+    mean, naming itself, instead of launching with it."""
+    w, h = 32, 16
+    m2, con, colors, opac = (t.to(DEV) for t in splats_2d(torch.Generator().manual_seed(0), 8, w, h, kappa_hi=3.0))
+    ids, ranges = every_tile_lists(m2.shape[0], w, h)
+    out = cuda_backend.rasterize_tiles_cuda(m2, con, colors, opac, ids.to(DEV), ranges.to(DEV), w, h)
+    C = _ext.get()
+    args = (m2, con, colors, opac, ids.to(DEV), ranges.to(DEV), w, h, None, out[1], out[2],
+            torch.ones(h, w, 3, device=DEV), torch.zeros(h, w, device=DEV))
+    for bad in ("x", "-1", "10", "3.5"):
+        monkeypatch.setenv("RIGEL_RASTER_BWD_DENSE_MIN", bad)
+        with pytest.raises(ValueError, match="RIGEL_RASTER_BWD_DENSE_MIN"):
+            C.rasterize_tiles_backward(*args)
+    sums = []
+    for good in ("0", "9"):
+        monkeypatch.setenv("RIGEL_RASTER_BWD_DENSE_MIN", good)
+        sums.append(C.rasterize_tiles_backward(*args)[2])
+    assert torch.count_nonzero(sums[0]) > 0
+    torch.testing.assert_close(sums[0], sums[1], rtol=1e-5, atol=1e-6)
+
 def tile_covering_splats(gen, n, width, height, n_opaque):
     """n screen-space splats (float32, CPU), in random order: n − n_opaque faint ones larger than a tile (sigma_min
     25–60 px, anisotropy up to 3, any angle, opacity 0.01–0.022, centres over the image and up to 16 px beyond),
@@ -250,7 +271,7 @@ def tile_covering_splats(gen, n, width, height, n_opaque):
 
 
 @pytest.mark.parametrize("depth", [False, True])
-def test_raster_backward_long_lists_of_tile_covering_splats(rng, depth):
+def test_raster_backward_long_lists_of_tile_covering_splats(raster_bwd_sums, rng, depth):
     """The kernel's per-tile gradient sums (rasterize_bwd.cu: the warps' totals per entry gathered in shared memory)
     where every warp blends nearly every entry of a list longer than a batch, as on a capture of large splats early
     in training: 400 entries listed in every tile of a 72x40 image, most walks longer than one batch of 256 (so a
@@ -499,7 +520,7 @@ def reference_composed(means3D, quats, scales, opacities, colors, cam, dtype, ga
     return ras, p.means2D
 
 
-def test_end_to_end_rasterize_gaussians(rng):
+def test_end_to_end_rasterize_gaussians(raster_bwd_sums, rng):
     cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False, with_near=False)
     h, w = cam.height, cam.width
     w_img, w_T = torch.randn(h, w, 3, generator=rng), torch.randn(h, w, generator=rng)

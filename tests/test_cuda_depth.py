@@ -102,7 +102,7 @@ def well_posed_depth_pixels(n_contrib, ref):
     return same, covered
 
 
-def test_raster_depth_backward(rng):
+def test_raster_depth_backward(raster_bwd_sums, rng):
     """CUDA vs float64 autograd, on the kernel's own projection and entries, incl. stopped and saturated pixels
     (test_cuda_backward.raster_lists_stage with depths: each group held to 1e-5, or to twice the float32
     reference's error on the same inputs where float32 itself cannot do better. Seen on the H200 at 780c06a:
@@ -122,7 +122,7 @@ def test_raster_depth_backward(rng):
     assert float((final_T < 1e-3).float().mean()) > 0.0, "no pixel stops at T_MIN"
 
 
-def test_end_to_end_depth_gradients(rng):
+def test_end_to_end_depth_gradients(raster_bwd_sums, rng):
     """rc.rasterize_gaussians(..., depth=True): ∂(Σ u·ED)/∂(means3D, quats, scales, opacities) vs float64 through
     the reference projection and raster on the CUDA run's entries (test_cuda_backward's composition)."""
     cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False, with_near=False)
