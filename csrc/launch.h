@@ -85,7 +85,13 @@ void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, c
                           const at::Tensor& v_final_T, at::Tensor& v_means2D, at::Tensor& v_conics,
                           at::Tensor& v_colors, at::Tensor& v_opacities, at::Tensor& v_means2D_abs,
                           const c10::optional<at::Tensor>& depths, const c10::optional<at::Tensor>& v_depth_sum,
-                          const c10::optional<at::Tensor>& v_depths);
+                          const c10::optional<at::Tensor>& v_depths, int dense_min);
+// The backward sums a warp's gradients in chunks of kRasterBwdChunk entries; a chunk of at least dense_min entries
+// transposed, a shorter one by a warp reduction per entry (rasterize_bwd.cu). dense_min: 0 .. kRasterBwdChunk + 1
+// (0: always transposed, kRasterBwdChunk + 1: never); ops.cpp passes kRasterBwdDenseMin unless
+// RIGEL_RASTER_BWD_DENSE_MIN says otherwise (the tests force each way).
+constexpr int kRasterBwdChunk = 8;
+constexpr int kRasterBwdDenseMin = 3;
 
 // adam.cu. One Adam step over up to kAdamMaxGroups groups in one launch (then one launch for the step counts).
 // Each group: n float32 elements of param, grad, exp_avg, exp_avg_sq (contiguous, one device); step a device

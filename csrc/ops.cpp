@@ -2,6 +2,7 @@
 #include "ops.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -403,6 +404,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sh_colors_split_backward(int64_t 
     return {v_sh_dc, v_sh_rest, v_means3D};
 }
 
+// kRasterBwdDenseMin, or RIGEL_RASTER_BWD_DENSE_MIN when set (launch.h; read per call so that a test can switch).
+static int raster_bwd_dense_min() {
+    const char* v = std::getenv("RIGEL_RASTER_BWD_DENSE_MIN");
+    if (v == nullptr || *v == '\0') return kRasterBwdDenseMin;
+    char* end = nullptr;
+    const long x = std::strtol(v, &end, 10);
+    if (end == v || *end != '\0' || x < 0 || x > kRasterBwdChunk + 1)
+        TORCH_CHECK_VALUE(false, prefix("rasterize_tiles_backward") + "RIGEL_RASTER_BWD_DENSE_MIN must be an integer in [0, " +
+                                     std::to_string(kRasterBwdChunk + 1) + "], not '" + v + "'");
+    return static_cast<int>(x);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> rasterize_tiles_backward(
     const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors, const at::Tensor& opacities,
     const at::Tensor& gaussian_ids, const at::Tensor& tile_ranges, int64_t width, int64_t height,
@@ -432,7 +445,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     if (depths.has_value()) v_depths = at::zeros({n}, f32);
     launch_rasterize_bwd(means2D, conics, colors, opacities, gaussian_ids, tile_ranges, static_cast<int>(width),
                          static_cast<int>(height), background, final_T, n_contrib, v_image, v_final_T, v_means2D,
-                         v_conics, v_colors, v_opacities, v_means2D_abs, depths, v_depth_sum, v_depths);
+                         v_conics, v_colors, v_opacities, v_means2D_abs, depths, v_depth_sum, v_depths,
+                         raster_bwd_dense_min());
     return {v_means2D, v_conics, v_colors, v_opacities, v_means2D_abs,
             v_depths.has_value() ? *v_depths : at::Tensor()};
 }

@@ -25,8 +25,6 @@
 // Either way the totals go into the tile's per-entry sums in shared memory (s_grad; a compare-and-swap loop on
 // sm_90); after each batch thread t adds entry t's kG sums to the global gradients, one atomic per non-zero value:
 // one global atomic per value per entry and tile instead of one per warp.
-#include <cstdlib>
-
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
@@ -55,7 +53,7 @@ __device__ __forceinline__ void scatter_step(const float* in, float* out, int la
 
 // Entries per transposed chunk (below) and the padded row of one entry's 32 per-pixel values in s_w / s_u (33:
 // a lane walking its entry's row and the lanes writing one row both hit 32 distinct banks).
-constexpr int kSlots = 8;
+constexpr int kSlots = kRasterBwdChunk;
 constexpr int kSlotStride = 33;
 constexpr int kWarps = kTilePixels / 32;
 
@@ -366,21 +364,6 @@ __global__ void __launch_bounds__(kTilePixels, 4) rasterize_bwd_kernel(
     }
 }
 
-// Chunks of at least this many entries are summed transposed (rasterize_bwd_kernel's flush_chunk); 1..kSlots,
-// RIGEL_RASTER_BWD_DENSE_MIN overrides it per launch (0: always transposed, kSlots + 1: never) so that the tests
-// force each form.
-constexpr int kDenseMinDefault = 3;
-
-int dense_min_now() {
-    const char* v = std::getenv("RIGEL_RASTER_BWD_DENSE_MIN");
-    if (v == nullptr || *v == '\0') return kDenseMinDefault;
-    char* end = nullptr;
-    const long x = std::strtol(v, &end, 10);
-    TORCH_CHECK_VALUE(end != v && *end == '\0' && x >= 0 && x <= kSlots + 1,
-                      "RIGEL_RASTER_BWD_DENSE_MIN must be an integer in [0, ", kSlots + 1, "], not '", v, "'");
-    return static_cast<int>(x);
-}
-
 }  // namespace
 
 void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, const at::Tensor& colors,
@@ -390,13 +373,12 @@ void launch_rasterize_bwd(const at::Tensor& means2D, const at::Tensor& conics, c
                           const at::Tensor& v_final_T, at::Tensor& v_means2D, at::Tensor& v_conics,
                           at::Tensor& v_colors, at::Tensor& v_opacities, at::Tensor& v_means2D_abs,
                           const c10::optional<at::Tensor>& depths, const c10::optional<at::Tensor>& v_depth_sum,
-                          const c10::optional<at::Tensor>& v_depths) {
+                          const c10::optional<at::Tensor>& v_depths, int dense_min) {
     if (means2D.size(0) == 0) return;
     const int tiles_x = (width + kTileSize - 1) / kTileSize, tiles_y = (height + kTileSize - 1) / kTileSize;
     const dim3 grid(tiles_x, tiles_y), block(kTileSize, kTileSize);
     const auto stream = at::cuda::getCurrentCUDAStream();
     const float* bg = background.has_value() ? background->data_ptr<float>() : nullptr;
-    const int dense_min = dense_min_now();
     if (depths.has_value()) {
         rasterize_bwd_kernel<true><<<grid, block, 0, stream>>>(
             width, height, tiles_x, tile_ranges.data_ptr<int32_t>(), gaussian_ids.data_ptr<int32_t>(),
