@@ -4,7 +4,7 @@ import math
 import numpy as np
 import torch
 
-from rigel_core import Camera
+from rigel_core import Camera, config
 
 
 def random_camera(gen, width=64, height=48, dist=4.0):
@@ -198,3 +198,15 @@ def box_mask_bare_np(u, v, A, B2, C, tile_x0, tile_y0):
             hit = (u + ex >= lox) & (u - ex <= lox + f(7)) & (v + ey >= loy) & (v - ey <= loy + f(3))
             mask |= hit.astype(np.uint32) << (2 * by + bx)
     return mask.astype(np.uint8)
+
+
+def stop_rule_ties(n_contrib32, final_T32, n_contrib64):
+    """(H, W) bool, CPU: pixels whose float32 walk (the CUDA kernel or the float32 reference: ``n_contrib32``,
+    ``final_T32``) stopped before the float64 reference's (``n_contrib64``) on the exact tie of the stop rule: one
+    clamped fragment in front (T = 1 − ALPHA_MAX exactly as float32 computes it) and a clamped one next, whose
+    T (1 − ALPHA_MAX)² equals T_MIN in exact arithmetic (3DGS's 0.99 and 1e-4), falls below it in float32 (0.99f
+    rounds up, so 1 − 0.99f rounds down) and stays above it in float64. Not an error of either side. A scene with a
+    large saturated splat in front of another has it on a large share of its pixels (RIGEL_SEED=4087383481 on the H200,
+    test_raster_depth_backward: 1222 of 6912 pixels, every one of them this tie)."""
+    one_clamped = torch.tensor(1.0, dtype=torch.float32) - torch.tensor(config.ALPHA_MAX, dtype=torch.float32)
+    return (final_T32.detach().cpu() == one_clamped) & (n_contrib32.cpu() < n_contrib64.cpu())

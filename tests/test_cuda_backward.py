@@ -27,7 +27,7 @@ import rigel_core as rc
 from rigel_core import _ext, config, cuda_backend
 from rigel_core.reference import expected_depth, project_gaussians, rasterize_tiles, sh_colors
 
-from helpers import cam_tensors, every_tile_lists, random_camera, random_gaussians, splats_2d
+from helpers import cam_tensors, every_tile_lists, random_camera, random_gaussians, splats_2d, stop_rule_ties
 from test_cuda_forward import SH_BLOCK, SH_NS, edge_gaussians, make_scene, mild, poison_cuda_allocator, sh_inputs, sh_ks
 
 pytestmark = pytest.mark.gpu
@@ -119,9 +119,14 @@ def raster_lists_stage(rng, m2, con, colors, opac, ids, ranges, w, h, depths=Non
                   for x in (x64, r32))  # ref32: assert_close's floor
     # A pixel whose walk stops at a different entry in float32 and float64 is an exact tie of the stop rule, not a
     # kernel error: two clamped alphas give T = (1 − ALPHA_MAX)² = T_MIN in exact arithmetic, just below it in
-    # float32. Such pixels (rare; bounded here) get zero loss weight on both sides; every other pixel is compared.
+    # float32 (helpers.stop_rule_ties, which may cover many pixels behind a large saturated splat). Such pixels get
+    # zero loss weight on both sides; every other pixel is compared. Other differences are bounded (rare).
     same = (n_contrib.cpu() == ref.n_contrib) & (ref32.n_contrib == ref.n_contrib)
-    assert float((~same).float().mean()) <= 2e-3, f"{int((~same).sum())} pixels stop at different entries"
+    ties = stop_rule_ties(n_contrib, final_T, ref.n_contrib) | stop_rule_ties(ref32.n_contrib, ref32.final_T,
+                                                                             ref.n_contrib)
+    other = ~same & ~ties
+    assert float(other.float().mean()) <= 2e-3, f"{int(other.sum())} pixels stop at different entries (not a tie)"
+    assert float(same.float().mean()) >= 0.5, "too few pixels left to compare"
     w_img, w_T = w_img * same[..., None], w_T * same
     losses = [(image * w_img.to(DEV)).sum() + (final_T * w_T.to(DEV)).sum(),
               (ref.image * w_img.double()).sum() + (ref.final_T * w_T.double()).sum(),

@@ -21,7 +21,7 @@ import rigel_core as rc
 from rigel_core import _ext, config, cuda_backend
 from rigel_core.reference import expected_depth, project_gaussians, rasterize_tiles, render_reference, sh_colors
 
-from helpers import cam_tensors, real_scene_pair
+from helpers import cam_tensors, real_scene_pair, stop_rule_ties
 from test_cuda_backward import assert_close, gradient_errors, leaves, raster_lists_stage
 from test_cuda_forward import _ply_cameras, cuda_project, make_scene
 
@@ -87,16 +87,17 @@ def test_raster_depth_forward_matches_reference(rng, size):
     assert float((dsum.cpu() - expected_depth(ref.depth_sum, ref.final_T)).abs().max()) <= 1e-4 * zmax
 
 
-def well_posed_depth_pixels(n_contrib, ref):
+def well_posed_depth_pixels(n_contrib, final_T, ref):
     """Pixels whose gradients float32 can match float64 to TOL: the walk stops at the same entry on both sides (not an
-    exact tie of the stop rule, see test_cuda_backward.raster_stage; bounded here), and, for the expected depth
+    exact tie of the stop rule, helpers.stop_rule_ties; other differences bounded), and, for the expected depth
     depth_sum / (1 − final_T), coverage 1 − final_T ≥ 0.02: below it final_T's float32 rounding (~6e-8 absolute)
     is amplified 1/(1 − final_T) times in a term of order one. Seen on the H200 at df0558b before this mask:
     RIGEL_SEED=337140294 (test_raster_depth_backward: colours 6e-3, depths 6e-3, background 0.24) and
     RIGEL_SEED=3086392211 (test_end_to_end_depth_gradients: means3D 1.7e-5). Returns (same stop, same stop and
     covered), (H, W) bool each."""
     same = n_contrib.cpu() == ref.n_contrib
-    assert float((~same).double().mean()) <= 2e-3, f"{int((~same).sum())} pixels stop at different entries"
+    other = ~same & ~stop_rule_ties(n_contrib, final_T, ref.n_contrib)
+    assert float(other.double().mean()) <= 2e-3, f"{int(other.sum())} pixels stop at different entries (not a tie)"
     covered = same & (ref.final_T.detach() <= 0.98)
     assert float(covered.double().mean()) >= 0.3, "too few covered pixels to compare the depth gradients"
     return same, covered
@@ -139,7 +140,8 @@ def test_end_to_end_depth_gradients(raster_bwd_sums, rng):
         refs.append((y, rasterize_tiles(p.means2D, p.conics, y[4], y[3], out.gaussian_ids.cpu(),
                                         out.tile_ranges.cpu(), -(-w // 16), -(-h // 16), w, h, depths=p.depths)))
     (y, ref), (y32, ref32) = refs
-    u = u * well_posed_depth_pixels(out.n_contrib, ref)[1] * well_posed_depth_pixels(ref32.n_contrib, ref)[1]
+    u = u * (well_posed_depth_pixels(out.n_contrib, out.final_T, ref)[1] *
+             well_posed_depth_pixels(ref32.n_contrib, ref32.final_T, ref)[1])
     (out.depth * u.to(DEV)).sum().backward()
     (expected_depth(ref.depth_sum, ref.final_T) * u.double()).sum().backward()
     (expected_depth(ref32.depth_sum, ref32.final_T) * u).sum().backward()
