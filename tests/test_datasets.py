@@ -739,3 +739,9 @@ def test_unique_names_use_trailing_path_components_whatever_the_prefix():
     assert [s.camera.name for s in out[:4]] == ["cam0_img0", "cam1_img0", "x_png", "x_jpg"]
     kept = specs[4:]
     assert with_unique_names(kept) is kept   # nothing shared: the same list back
+    # frames without an image (cameras alone) share names with nothing to separate them: numbered, never taking a
+    # name another view has or a renamed sibling took
+    bare = [FrameSpec(cam, None, "img0"), FrameSpec(cam, Path("img0.png"), "img0"), FrameSpec(cam, None, "img0"),
+            FrameSpec(cam, None, "img0_1"), FrameSpec(cam, None, "v"), FrameSpec(cam, None, "v")]
+    names = [s.name for s in with_unique_names(bare)]
+    assert names == ["img0", "img0_png", "img0_2", "img0_1", "v", "v_1"]

@@ -353,7 +353,8 @@ def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
     make them distinct ("cam0_img0"), else with the extension (``x.png`` / ``x.jpg``: "x_png", "x_jpg"). Trailing
     components, so the names do not depend on where the dataset lies or how a file refers to the images
     (``../col/images/cam0/img0.png`` is "cam0_img0" too). A name becomes the file name of the view's renders and its
-    key in metrics.json, where a shared one overwrote the other view's files. Unique names are kept as they are."""
+    key in metrics.json, where a shared one overwrote the other view's files. Frames without an image path that
+    share a name are numbered ("img0", "img0_1", …). Unique names are kept as they are."""
     counts = Counter(s.name for s in specs)
     if all(c == 1 for c in counts.values()):
         return specs
@@ -372,6 +373,16 @@ def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
         for i, c in zip(group, cand):
             new[i] = c
         taken |= set(cand)
+        # frames without an image path (a file of cameras alone) have nothing to tell them apart: the first keeps
+        # the name unless a renamed sibling took it, the others are numbered
+        for i in [i for i, s in enumerate(specs) if s.name == name and s.image_path is None]:
+            cand_name, k = name, 0
+            while cand_name in taken:
+                k += 1
+                cand_name = f"{name}_{k}"
+            taken.add(cand_name)
+            if cand_name != name:
+                new[i] = cand_name
     return [replace(s, name=new[i], camera=replace(s.camera, name=new[i])) if i in new else s
             for i, s in enumerate(specs)]
 
