@@ -14,14 +14,14 @@
 // then alpha = min(ALPHA_MAX, vis) (zero gradient where clamped), vis = opacity exp(-q/2), q the conic form.
 // Per-Gaussian sums over a warp's 32 pixels, in chunks of 8 entries (flush_chunk): the walk writes each entry's
 // per-pixel w = alpha_i T_i and u = v_vis G (all the sequential walk has to hand on) to a row of the warp's chunk in
-// shared memory, skipping entries no pixel of the warp blended. A full chunk is summed transposed: lane (k, h) adds
-// up entry k's 8 pixels of box row h in registers (v_colors = sum v_image w; the geometric terms from sum u,
-// sum u dx, sum u dx^2, dy being constant along the row), and a 2-step butterfly over h completes the kG sums —
-// ~20 instructions per entry where a warp reduction per entry takes ~16 shuffles and ~45 selects and adds. A short
-// chunk (fewer than dense_min entries, at the end of a batch) takes the per-entry reduction instead: a reduce-scatter
-// over the kG values padded to 16 (at the step with partner lane^o, o = 16, 8, 4, 2, each lane keeps one half of its
-// values and adds the partner's copy of that half: 8 + 4 + 2 + 1 shuffles, one more completes each sum in a lane
-// pair).
+// shared memory, skipping entries no pixel of the warp blended. A chunk (8 entries, fewer at the end of a batch) of
+// at least dense_min entries is summed transposed: lane (k, h) adds up entry k's 8 pixels of box row h in
+// registers (v_colors = sum v_image w; the geometric terms from sum u, sum u dx, sum u dx^2, dy being constant
+// along the row), and a 2-step butterfly over h completes the kG sums — ~20 instructions per entry where a warp
+// reduction per entry takes ~16 shuffles and ~45 selects and adds. A shorter chunk takes the per-entry reduction
+// instead: a reduce-scatter over the kG values padded to 16 (at the step with partner lane^o, o = 16, 8, 4, 2,
+// each lane keeps one half of its values and adds the partner's copy of that half: 8 + 4 + 2 + 1 shuffles, one
+// more completes each sum in a lane pair).
 // Either way the totals go into the tile's per-entry sums in shared memory (s_grad; a compare-and-swap loop on
 // sm_90); after each batch thread t adds entry t's kG sums to the global gradients, one atomic per non-zero value:
 // one global atomic per value per entry and tile instead of one per warp.
@@ -56,8 +56,12 @@ __device__ __forceinline__ void scatter_step(const float* in, float* out, int la
 constexpr int kSlots = kRasterBwdChunk;
 constexpr int kSlotStride = 33;
 constexpr int kWarps = kTilePixels / 32;
+// The transposed sum's lane (k, h) = (lane & 7, lane >> 3) is entry k and box row h: 8 entries, 8 pixels a row, 4 rows
+// (the butterfly over h is lane ^ 8, lane ^ 16; value i goes to lane h = i & 3).
+static_assert(kSlots == 8 && kBoxW == 8 && kBoxH == 4, "the transposed sum assumes 8 entries of 8x4 pixels");
 
-// 4 blocks per SM: ~42 KB of shared memory per block (46 KB with depth; sm_90 has 228 KB per SM), 64 registers.
+// 4 blocks per SM: 41.8 KiB of static shared memory per block (44.8 KiB with depth; the static limit is 48 KiB, sm_90
+// has 228 KB per SM), 64 registers (5 blocks would cap them at 48: spills).
 template <bool kDepth>
 __global__ void __launch_bounds__(kTilePixels, 4) rasterize_bwd_kernel(
     int width, int height, int tiles_x,
@@ -95,7 +99,7 @@ __global__ void __launch_bounds__(kTilePixels, 4) rasterize_bwd_kernel(
     constexpr int kStride = kG | 1;
     __shared__ float s_grad[kTilePixels * kStride];
     // Per warp, the chunk of up to kSlots entries it blended, one row each: w = alpha T_i and u = v_vis G of every
-    // pixel of its box (zero where the pixel did not blend the entry), and each pixel's upstream gradient.
+    // pixel of its box (zero where the pixel did not blend the entry); s_pix holds each pixel's upstream gradient.
     __shared__ float s_w[kWarps][kSlots * kSlotStride];
     __shared__ float s_u[kWarps][kSlots * kSlotStride];
     __shared__ float4 s_pix[kTilePixels];  // (v_r, v_g, v_b, v_depth_sum) of pixel tid
@@ -171,6 +175,8 @@ __global__ void __launch_bounds__(kTilePixels, 4) rasterize_bwd_kernel(
     //   v_color = v_image w,  v_opacity = u,  v_q = -opacity u / 2,
     //   v_conic (A, B, C) = v_q (dx^2, 2 dx dy, dy^2),  v_means2D = opacity u (A dx + B dy, B dx + C dy)
     // (dq/du = -2 (A dx + B dy), dq/dv = -2 (B dx + C dy)); a pixel with u = 0 adds nothing, even to |v_means2D|.
+    // One difference: a non-finite upstream gradient (v_image, v_depth_sum) at a pixel reaches every entry of a
+    // transposed chunk (0 x NaN), the per-entry sum only the entries that pixel blended.
     auto flush_chunk = [&](int n) {
         __syncwarp();  // the rows and s_pix are written
         if (n >= dense_min) {

@@ -200,13 +200,17 @@ def box_mask_bare_np(u, v, A, B2, C, tile_x0, tile_y0):
     return mask.astype(np.uint8)
 
 
-def stop_rule_ties(n_contrib32, final_T32, n_contrib64):
+def stop_rule_ties(n_contrib32, final_T32, n_contrib64, final_T64):
     """(H, W) bool, CPU: pixels whose float32 walk (the CUDA kernel or the float32 reference: ``n_contrib32``,
-    ``final_T32``) stopped before the float64 reference's (``n_contrib64``) on the exact tie of the stop rule: one
-    clamped fragment in front (T = 1 − ALPHA_MAX exactly as float32 computes it) and a clamped one next, whose
-    T (1 − ALPHA_MAX)² equals T_MIN in exact arithmetic (3DGS's 0.99 and 1e-4), falls below it in float32 (0.99f
-    rounds up, so 1 − 0.99f rounds down) and stays above it in float64. Not an error of either side. A scene with a
-    large saturated splat in front of another has it on a large share of its pixels (RIGEL_SEED=4087383481 on the H200,
+    ``final_T32``) stopped before the float64 reference's (``n_contrib64``, ``final_T64``) on the exact tie of the
+    stop rule: one clamped fragment in front (T = 1 − ALPHA_MAX exactly as float32 computes it) and a clamped one
+    next, whose T (1 − ALPHA_MAX)² equals T_MIN in exact arithmetic (3DGS's 0.99 and 1e-4), falls below it in
+    float32 (0.99f rounds up, so 1 − 0.99f rounds down) and stays above it in float64, whose walk goes on past it
+    (its final T at most that product). Not an error of either side. A scene with a large saturated splat in front
+    of another has it on a large share of its pixels (RIGEL_SEED=4087383481 on the H200,
     test_raster_depth_backward: 1222 of 6912 pixels, every one of them this tie)."""
-    one_clamped = torch.tensor(1.0, dtype=torch.float32) - torch.tensor(config.ALPHA_MAX, dtype=torch.float32)
-    return (final_T32.detach().cpu() == one_clamped) & (n_contrib32.cpu() < n_contrib64.cpu())
+    f32 = torch.float32
+    one_clamped = torch.tensor(1.0, dtype=f32) - torch.tensor(config.ALPHA_MAX, dtype=f32)
+    two_clamped = (1.0 - config.ALPHA_MAX) ** 2
+    return ((final_T32.detach().cpu() == one_clamped) & (n_contrib32.cpu() < n_contrib64.cpu())
+            & (final_T64.detach().cpu().double() <= two_clamped * (1 + 1e-9)))
