@@ -128,7 +128,7 @@ job() {  # job NAME -> one summary line on stdout; everything else into $LOGS
   local line
   case "$kind" in
     tests)
-      OUT=$LOGS TEST_TIMEOUT=${TEST_TIMEOUT:-300} bash bench/device_run.sh --no-build --all-gpu-tests --no-sanitizer \
+      OUT=$LOGS TEST_TIMEOUT=${TEST_TIMEOUT:-450} bash bench/device_run.sh --no-build --all-gpu-tests --no-sanitizer \
         --no-bench >"$LOGS/tests_run.log" 2>&1
       line=$(grep -E '(passed|failed|error)' "$LOGS/gpu_tests.log" | tail -1) ;;
     uitests)

@@ -43,9 +43,12 @@ if [ $tests = 1 ]; then
   t0=$(date +%s)
   files="tests/test_cuda_forward.py tests/test_cuda_backward.py tests/test_config.py tests/test_cuda_depth.py tests/test_cuda_mip.py"
   [ $all_tests = 1 ] && files="tests"
-  # -n 4 (pytest-xdist, on the GPU image): a test that crashes its worker is reported, the others still run
+  # -n 4 (pytest-xdist, on the GPU image): a test that crashes its worker is reported, the others still run. Each
+  # worker gets 4 CPU threads (16 cores): with torch's default of one per core the workers' float64 references
+  # oversubscribe the CPU (34 raster tests took > 200 s with 14 workers, 15 s with 8 workers of 2 threads). Cut
+  # by SIGINT at the limit, pytest still prints its summary and the failures so far.
   xdist=""; $PY -c "import xdist" 2>/dev/null && xdist="-n 4"
-  timeout ${TEST_TIMEOUT:-300} $PY -m pytest -m gpu $files -q -rs $xdist -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
+  OMP_NUM_THREADS=${OMP_NUM_THREADS:-4} timeout -s INT ${TEST_TIMEOUT:-450} $PY -m pytest -m gpu $files -q -rs $xdist -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
   summary+=("gpu tests    $(grep -E '(passed|failed|error)' "$OUT/gpu_tests.log" | tail -1) ($(( $(date +%s) - t0 ))s)")
 fi
 
