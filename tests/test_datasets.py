@@ -745,3 +745,6 @@ def test_unique_names_use_trailing_path_components_whatever_the_prefix():
             FrameSpec(cam, None, "img0_1"), FrameSpec(cam, None, "v"), FrameSpec(cam, None, "v")]
     names = [s.name for s in with_unique_names(bare)]
     assert names == ["img0", "img0_png", "img0_2", "img0_1", "v", "v_1"]
+    # two frames of one image have no distinct candidate at all: numbered
+    same = [FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, None, "c_1")]
+    assert [s.name for s in with_unique_names(same)] == ["d_c_png", "d_c_png_1", "c_1"]

@@ -83,6 +83,25 @@ def test_render_depth_cli(tmp_path, scene, capsys):
     assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary file left
 
 
+
+def test_render_depth_names_never_clash(tmp_path):
+    """A frame named "a.depth" beside a frame "a": with --depth, a's depth image and a.depth's colour render would both
+    be a.depth.png (one overwrote the other); the colour render's name is numbered instead and every file written."""
+    import json
+
+    cams = tmp_path / "transforms.json"
+    orbit_transforms((0, 0, 0), 9.0, 3, 24, 16, 55.0, out=cams, elevation_deg=25)
+    data = json.loads(cams.read_text())
+    for frame, path in zip(data["frames"], ["a.png", "a.depth.png", "b.png"]):
+        frame["file_path"] = path
+    cams.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    assert main(["default", "--cameras", str(cams), "--out", str(out), "--device", "cpu", "--depth"]) == 0
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) == 9 and "a.depth.png" in files and "a.depth_1.png" in files, files
+    with Image.open(out / "a.depth.png") as img:   # a's depth image, not a.depth's colour render
+        assert img.mode.startswith("I;16") or img.mode == "I"
+
 @pytest.mark.parametrize("args,text", [(["--depth-range", "1,2"], "needs --depth"),
                                        (["--depth", "--depth-range", "3,1"], "NEAR < FAR"),
                                        (["--depth", "--depth-range", "a,b"], "NEAR,FAR"),

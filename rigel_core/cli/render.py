@@ -145,6 +145,23 @@ def _depth_paths(out: Path, name: str) -> tuple[Path, Path]:
     return out / f"{name}.depth.png", out / f"{name}.depth.npy"
 
 
+def _clear_of_depth_files(names: list[str]) -> list[str]:
+    """``names`` (distinct) with each one whose colour render would be another view's depth image under ``--depth``
+    (a frame "a.depth" beside a frame "a": both write a.depth.png) numbered, "a.depth_1"."""
+    depth_stems = {f"{n}.depth" for n in names}
+    taken = set(names) | depth_stems
+    out = []
+    for n in names:
+        if n in depth_stems:
+            k = 1
+            while f"{n}_{k}" in taken or f"{n}_{k}.depth" in taken:
+                k += 1
+            n = f"{n}_{k}"
+            taken |= {n, f"{n}.depth"}
+        out.append(n)
+    return out
+
+
 def _load_scene(scene: str, device):
     if scene == "default":
         from ..data import default_scene_path
@@ -244,6 +261,8 @@ def _main(argv=None) -> int:
     size = (args.width, args.height) if args.width and args.height else None
     try:
         cams, names, cam_file = resolve_cameras(args.cameras, args.split, size, cap)
+        if args.depth is not None:
+            names = _clear_of_depth_files(names)
         if args.width or args.height:
             cams = [_resized(cam, args.width, args.height, cap, cam_file, name) for cam, name in zip(cams, names)]
         model = _load_scene(args.scene, device)

@@ -354,7 +354,8 @@ def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
     components, so the names do not depend on where the dataset lies or how a file refers to the images
     (``../col/images/cam0/img0.png`` is "cam0_img0" too). A name becomes the file name of the view's renders and its
     key in metrics.json, where a shared one overwrote the other view's files. Frames without an image path that
-    share a name are numbered ("img0", "img0_1", …). Unique names are kept as they are."""
+    share a name, and frames of the same image, are numbered ("img0", "img0_1", …). Unique names are kept as they
+    are."""
     counts = Counter(s.name for s in specs)
     if all(c == 1 for c in counts.values()):
         return specs
@@ -383,6 +384,18 @@ def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
             taken.add(cand_name)
             if cand_name != name:
                 new[i] = cand_name
+    # two frames of one image (``c`` and ``c.png`` both resolved to c.png) have no distinct candidate: the later
+    # ones are numbered
+    final = [new.get(i, s.name) for i, s in enumerate(specs)]
+    everything, seen = set(final), set()
+    for i, name in enumerate(final):
+        if name in seen:
+            k = 1
+            while f"{name}_{k}" in everything:
+                k += 1
+            new[i] = final[i] = f"{name}_{k}"
+            everything.add(final[i])
+        seen.add(final[i])
     return [replace(s, name=new[i], camera=replace(s.camera, name=new[i])) if i in new else s
             for i, s in enumerate(specs)]
 
