@@ -27,8 +27,11 @@ def resolve_image_path(base: Path, file_path: str) -> Path | None:
 
     ``file_path`` is used as given when that file exists; otherwise each of :data:`IMAGE_EXTENSIONS` is
     appended (NeRF-synthetic paths have none), then substituted for an extension it already has
-    (a ``.png`` entry whose image was re-encoded as ``.webp``).
+    (a ``.png`` entry whose image was re-encoded as ``.webp``). A path whose last component is ``.`` or ``..``
+    names a folder: None.
     """
+    if Path(file_path).name in ("", ".", ".."):
+        return None
     p = Path(file_path)
     if not p.is_absolute():
         p = Path(base) / p

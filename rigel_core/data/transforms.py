@@ -161,9 +161,10 @@ def _matrix(value) -> np.ndarray:
 
 
 def frame_name(frame: dict, index: int) -> str:
-    """The name of a frame: the stem of its ``file_path`` (``./train/r_0`` → ``r_0``), else ``frame_<index>``."""
+    """The name of a frame: the stem of its ``file_path`` (``./train/r_0`` → ``r_0``), else (none, or a path that
+    names a folder: ``.``, ``..``) ``frame_<index>``."""
     fp = frame.get("file_path")
-    if isinstance(fp, str) and fp.strip():
+    if isinstance(fp, str) and fp.strip() and Path(fp).name not in ("", ".", ".."):
         name = Path(fp).name
         stem, ext = os.path.splitext(name)
         return stem if ext in IMAGE_EXTENSIONS else name
