@@ -748,17 +748,20 @@ def test_unique_names_use_trailing_path_components_whatever_the_prefix():
     # two frames of one image have no distinct candidate at all: numbered
     same = [FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, None, "c_1")]
     assert [s.name for s in with_unique_names(same)] == ["d_c_png", "d_c_png_1", "c_1"]
+    # ... never taking the name of a view that had it alone from the start
+    same = [FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, None, "d_c_png")]
+    assert [s.name for s in with_unique_names(same)] == ["d_c_png_1", "d_c_png_2", "d_c_png"]
 
 
 def test_file_path_naming_a_folder_is_no_image(tmp_path):
-    """A frame whose file_path is "." or ".." (or ends in "..") names a folder: no image is looked up next to it (a
+    """A frame whose file_path ends in ".", ".." or a separator names a folder: no image is looked up next to it (a
     sibling "<folder>.png" is not it; Path(".").with_suffix raised), and the frame takes the fallback name."""
     from rigel_core.data.images import resolve_image_path
     from rigel_core.data.transforms import frame_name
 
     (tmp_path / "d").mkdir()
     (tmp_path / "d.png").write_bytes(b"not read")
-    for fp in (".", "..", "d/.."):
+    for fp in (".", "..", "d/..", "d/.", "d/", "d\\"):
         assert resolve_image_path(tmp_path / "d", fp) is None, fp
         assert frame_name({"file_path": fp}, 3) == "frame_00003", fp
     assert resolve_image_path(tmp_path, "d") == tmp_path / "d.png"   # a stem still finds its image

@@ -385,10 +385,12 @@ def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
             if cand_name != name:
                 new[i] = cand_name
     # two frames of one image (``c`` and ``c.png`` both resolved to c.png) have no distinct candidate: the later
-    # ones are numbered
+    # ones are numbered (a frame that kept its name, unique from the start, keeps it)
     final = [new.get(i, s.name) for i, s in enumerate(specs)]
-    everything, seen = set(final), set()
-    for i, name in enumerate(final):
+    everything = set(final)
+    seen = {final[i] for i in range(len(specs)) if i not in new}
+    for i in sorted(new):
+        name = final[i]
         if name in seen:
             k = 1
             while f"{name}_{k}" in everything:

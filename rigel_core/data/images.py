@@ -15,11 +15,18 @@ import numpy as np
 
 from ..limits import MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, check_image_size
 
-__all__ = ["IMAGE_EXTENSIONS", "resolve_image_path", "read_image", "read_mask", "find_mask", "image_size",
+__all__ = ["IMAGE_EXTENSIONS", "names_folder", "resolve_image_path", "read_image", "read_mask", "find_mask", "image_size",
            "composite", "resize_area", "write_png", "write_render_rgba"]
 
 #: Extensions tried, in order, when a dataset names an image without one (NeRF-synthetic ``./train/r_0``).
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".PNG", ".JPG", ".JPEG", ".WEBP")
+
+
+def names_folder(file_path: str) -> bool:
+    """Does ``file_path`` name a folder by its form: empty last component (a trailing ``/`` or ``\\``), ``.`` or
+    ``..``? Checked on the text: pathlib drops a trailing ``/.``, so ``d/.`` would read as ``d``."""
+    text = str(file_path).replace("\\", "/")
+    return text.endswith("/") or text.rsplit("/", 1)[-1] in ("", ".", "..")
 
 
 def resolve_image_path(base: Path, file_path: str) -> Path | None:
@@ -27,10 +34,10 @@ def resolve_image_path(base: Path, file_path: str) -> Path | None:
 
     ``file_path`` is used as given when that file exists; otherwise each of :data:`IMAGE_EXTENSIONS` is
     appended (NeRF-synthetic paths have none), then substituted for an extension it already has
-    (a ``.png`` entry whose image was re-encoded as ``.webp``). A path whose last component is ``.`` or ``..``
-    names a folder: None.
+    (a ``.png`` entry whose image was re-encoded as ``.webp``). A path that names a folder (:func:`names_folder`):
+    None.
     """
-    if Path(file_path).name in ("", ".", ".."):
+    if names_folder(file_path):
         return None
     p = Path(file_path)
     if not p.is_absolute():

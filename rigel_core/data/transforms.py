@@ -39,7 +39,7 @@ from ..camera import Camera, check_fov
 from ..limits import (MAX_DATASET_FRAMES, MAX_IMAGE_SIDE, MAX_JSON_BYTES, MAX_JSON_DEPTH, MAX_NAME_BYTES,
                       MAX_PATH_LENGTH, check_image_size)
 from .frames import DatasetError, FrameSpec
-from .images import IMAGE_EXTENSIONS, find_mask, image_size, resolve_image_path
+from .images import IMAGE_EXTENSIONS, find_mask, image_size, names_folder, resolve_image_path
 from .undistort import FISHEYE_KEYS, OPENCV_KEYS, fisheye_lens, opencv_lens
 
 #: the largest float32: SfM coordinates beyond it become Inf in the model
@@ -162,9 +162,9 @@ def _matrix(value) -> np.ndarray:
 
 def frame_name(frame: dict, index: int) -> str:
     """The name of a frame: the stem of its ``file_path`` (``./train/r_0`` → ``r_0``), else (none, or a path that
-    names a folder: ``.``, ``..``) ``frame_<index>``."""
+    names a folder: :func:`~rigel_core.data.images.names_folder`) ``frame_<index>``."""
     fp = frame.get("file_path")
-    if isinstance(fp, str) and fp.strip() and Path(fp).name not in ("", ".", ".."):
+    if isinstance(fp, str) and fp.strip() and not names_folder(fp):
         name = Path(fp).name
         stem, ext = os.path.splitext(name)
         return stem if ext in IMAGE_EXTENSIONS else name
