@@ -740,17 +740,21 @@ def test_unique_names_use_trailing_path_components_whatever_the_prefix():
     kept = specs[4:]
     assert with_unique_names(kept) is kept   # nothing shared: the same list back
     # frames without an image (cameras alone) share names with nothing to separate them: numbered, never taking a
-    # name another view has or a renamed sibling took
+    # name another view has; a frame with an image is named as if they were not there (as the loader names it)
     bare = [FrameSpec(cam, None, "img0"), FrameSpec(cam, Path("img0.png"), "img0"), FrameSpec(cam, None, "img0"),
             FrameSpec(cam, None, "img0_1"), FrameSpec(cam, None, "v"), FrameSpec(cam, None, "v")]
     names = [s.name for s in with_unique_names(bare)]
-    assert names == ["img0", "img0_png", "img0_2", "img0_1", "v", "v_1"]
+    assert names == ["img0_2", "img0", "img0_3", "img0_1", "v", "v_1"]   # the imaged frame: the loader's name
     # two frames of one image have no distinct candidate at all: numbered
     same = [FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, None, "c_1")]
     assert [s.name for s in with_unique_names(same)] == ["d_c_png", "d_c_png_1", "c_1"]
-    # ... never taking the name of a view that had it alone from the start
+    # ... and a frame without an image that has a name the imaged frames took gets a number
     same = [FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, None, "d_c_png")]
-    assert [s.name for s in with_unique_names(same)] == ["d_c_png_1", "d_c_png_2", "d_c_png"]
+    assert [s.name for s in with_unique_names(same)] == ["d_c_png", "d_c_png_1", "d_c_png_2"]
+    # an imaged frame never yields its name: a unique one is kept, even when a renamed group's candidate is the same
+    taken = [FrameSpec(cam, Path("a/c.png"), "c"), FrameSpec(cam, Path("b/c.png"), "c"), FrameSpec(cam, Path("x.png"),
+                                                                                                  "a_c")]
+    assert [s.name for s in with_unique_names(taken)] == ["a_c_png", "b_c_png", "a_c"]
 
 
 def test_file_path_naming_a_folder_is_no_image(tmp_path):
@@ -766,3 +770,31 @@ def test_file_path_naming_a_folder_is_no_image(tmp_path):
         assert frame_name({"file_path": fp}, 3) == "frame_00003", fp
     assert resolve_image_path(tmp_path, "d") == tmp_path / "d.png"   # a stem still finds its image
     assert frame_name({"file_path": "a/b.png"}, 3) == "b"
+
+
+def test_render_names_a_blender_split_with_missing_images_as_the_loader(tmp_path):
+    """transforms_<split>.json frames sharing a stem across folders, one of them without its image: the loader drops
+    it and names the other plainly ("r_0"); rigel-render, which reads the split's cameras with or without images,
+    must give that view the same name and number the imageless one (it gave "r_0" to the imageless camera and
+    "a_r_0" to the view the trainer calls "r_0")."""
+    from rigel_core.cli.render import resolve_cameras
+
+    w, h = 8, 6
+    frames = []
+    for k, path in enumerate(["a/r_0.png", "b/r_0.png", "a/r_1.png"]):
+        cam = Camera.look_at((3 * math.cos(k), 3 * math.sin(k), 1), (0, 0, 0), width=w, height=h)
+        frames.append({"file_path": path, "transform_matrix": c2w_opengl(cam).tolist()})
+        if path != "b/r_0.png":
+            save_u8(tmp_path / path, np.zeros((h, w, 3)))
+    for split in ("train", "test"):
+        (tmp_path / f"transforms_{split}.json").write_text(
+            json.dumps({"camera_angle_x": 0.7, "w": w, "h": h, "frames": frames}))
+    with pytest.warns(UserWarning):
+        ds = load_dataset(tmp_path)
+    assert sorted(f.name for f in ds.train) == ["r_0", "r_1"]
+    cams, names, _ = resolve_cameras(str(tmp_path), "train", None)
+    assert names == ["r_0", "r_0_1", "r_1"]
+    loader = {f.name: f.camera.viewmat for f in ds.train}
+    for cam, name in zip(cams, names):   # the same name is the same view
+        if name in loader:
+            np.testing.assert_allclose(cam.viewmat, loader[name], atol=1e-6)

@@ -353,16 +353,18 @@ def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
     make them distinct ("cam0_img0"), else with the extension (``x.png`` / ``x.jpg``: "x_png", "x_jpg"). Trailing
     components, so the names do not depend on where the dataset lies or how a file refers to the images
     (``../col/images/cam0/img0.png`` is "cam0_img0" too). A name becomes the file name of the view's renders and its
-    key in metrics.json, where a shared one overwrote the other view's files. Frames without an image path that
-    share a name, and frames of the same image, are numbered ("img0", "img0_1", …). Unique names are kept as they
-    are."""
-    counts = Counter(s.name for s in specs)
-    if all(c == 1 for c in counts.values()):
-        return specs
+    key in metrics.json, where a shared one overwrote the other view's files.
+
+    The frames with an image path are named among themselves alone, so that they get the names a loader that drops
+    the frames without an image gives them (rigel-render reads a file's cameras with or without their images). The
+    frames without one are then named around them: a name another frame has is numbered ("img0_1", …); so are
+    frames of the same image, which no path separates. Unique names are kept as they are."""
+    imaged = [i for i, s in enumerate(specs) if s.image_path is not None]
+    counts = Counter(specs[i].name for i in imaged)
     taken = {n for n, c in counts.items() if c == 1}
     new: dict[int, str] = {}
     for name in [n for n, c in counts.items() if c > 1]:
-        group = [i for i, s in enumerate(specs) if s.name == name and s.image_path is not None]
+        group = [i for i in imaged if specs[i].name == name]
         paths = [Path(specs[i].image_path) for i in group]
         parts = [[p for p in path.with_suffix("").parts if p not in ("", ".", "..", "/")] for path in paths]
         longest = max((len(p) for p in parts), default=1)
@@ -374,21 +376,11 @@ def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
         for i, c in zip(group, cand):
             new[i] = c
         taken |= set(cand)
-        # frames without an image path (a file of cameras alone) have nothing to tell them apart: the first keeps
-        # the name unless a renamed sibling took it, the others are numbered
-        for i in [i for i, s in enumerate(specs) if s.name == name and s.image_path is None]:
-            cand_name, k = name, 0
-            while cand_name in taken:
-                k += 1
-                cand_name = f"{name}_{k}"
-            taken.add(cand_name)
-            if cand_name != name:
-                new[i] = cand_name
     # two frames of one image (``c`` and ``c.png`` both resolved to c.png) have no distinct candidate: the later
     # ones are numbered (a frame that kept its name, unique from the start, keeps it)
-    final = [new.get(i, s.name) for i, s in enumerate(specs)]
-    everything = set(final)
-    seen = {final[i] for i in range(len(specs)) if i not in new}
+    final = {i: new.get(i, specs[i].name) for i in imaged}
+    everything = set(final.values())
+    seen = {final[i] for i in imaged if i not in new}
     for i in sorted(new):
         name = final[i]
         if name in seen:
@@ -398,6 +390,22 @@ def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
             new[i] = final[i] = f"{name}_{k}"
             everything.add(final[i])
         seen.add(final[i])
+    # frames without an image path have nothing to tell them apart: a name no other frame has is kept; of a shared
+    # one the first keeps it unless a frame with an image has it, the others are numbered
+    everyone = Counter(s.name for s in specs)
+    alone = {i for i, s in enumerate(specs) if s.image_path is None and everyone[s.name] == 1 and s.name not in seen}
+    seen |= {specs[i].name for i in alone}
+    for i, s in enumerate(specs):
+        if s.image_path is None and i not in alone:
+            cand_name, k = s.name, 0
+            while cand_name in seen:
+                k += 1
+                cand_name = f"{s.name}_{k}"
+            seen.add(cand_name)
+            if cand_name != s.name:
+                new[i] = cand_name
+    if not new:
+        return specs
     return [replace(s, name=new[i], camera=replace(s.camera, name=new[i])) if i in new else s
             for i, s in enumerate(specs)]
 
