@@ -739,6 +739,10 @@ def test_unique_names_use_trailing_path_components_whatever_the_prefix():
     assert [s.camera.name for s in out[:4]] == ["cam0_img0", "cam1_img0", "x_png", "x_jpg"]
     kept = specs[4:]
     assert with_unique_names(kept) is kept   # nothing shared: the same list back
+    # a file beside a folder holding its namesake: the folders they share (the dataset's) never enter the names
+    for root in ("/data/scan_7", "../elsewhere/x"):
+        side = [FrameSpec(cam, Path(f"{root}/img0.png"), "img0"), FrameSpec(cam, Path(f"{root}/sub/img0.png"), "img0")]
+        assert [s.name for s in with_unique_names(side)] == ["img0", "sub_img0"], root
     # frames without an image (cameras alone) share names with nothing to separate them: numbered, never taking a
     # name another view has; a frame with an image is named as if they were not there (as the loader names it)
     bare = [FrameSpec(cam, None, "img0"), FrameSpec(cam, Path("img0.png"), "img0"), FrameSpec(cam, None, "img0"),
@@ -747,10 +751,10 @@ def test_unique_names_use_trailing_path_components_whatever_the_prefix():
     assert names == ["img0_2", "img0", "img0_3", "img0_1", "v", "v_1"]   # the imaged frame: the loader's name
     # two frames of one image have no distinct candidate at all: numbered
     same = [FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, None, "c_1")]
-    assert [s.name for s in with_unique_names(same)] == ["d_c_png", "d_c_png_1", "c_1"]
+    assert [s.name for s in with_unique_names(same)] == ["c_png", "c_png_1", "c_1"]
     # ... and a frame without an image that has a name the imaged frames took gets a number
-    same = [FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, None, "d_c_png")]
-    assert [s.name for s in with_unique_names(same)] == ["d_c_png", "d_c_png_1", "d_c_png_2"]
+    same = [FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, Path("d/c.png"), "c"), FrameSpec(cam, None, "c_png")]
+    assert [s.name for s in with_unique_names(same)] == ["c_png", "c_png_1", "c_png_2"]
     # an imaged frame never yields its name: a unique one is kept, even when a renamed group's candidate is the same
     taken = [FrameSpec(cam, Path("a/c.png"), "c"), FrameSpec(cam, Path("b/c.png"), "c"), FrameSpec(cam, Path("x.png"),
                                                                                                   "a_c")]

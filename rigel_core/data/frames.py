@@ -353,7 +353,8 @@ def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
     make them distinct ("cam0_img0"), else with the extension (``x.png`` / ``x.jpg``: "x_png", "x_jpg"). Trailing
     components, so the names do not depend on where the dataset lies or how a file refers to the images
     (``../col/images/cam0/img0.png`` is "cam0_img0" too). A name becomes the file name of the view's renders and its
-    key in metrics.json, where a shared one overwrote the other view's files.
+    key in metrics.json, where a shared one overwrote the other view's files. The folders every frame of a group lies
+    in are left out ("img0" and "sub_img0" for img0.png beside sub/img0.png).
 
     The frames with an image path are named among themselves alone, so that they get the names a loader that drops
     the frames without an image gives them (rigel-render reads a file's cameras with or without their images). The
@@ -367,6 +368,12 @@ def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
         group = [i for i in imaged if specs[i].name == name]
         paths = [Path(specs[i].image_path) for i in group]
         parts = [[p for p in path.with_suffix("").parts if p not in ("", ".", "..", "/")] for path in paths]
+        # the folders all of them lie in (the dataset's own, and above) never enter a name: img0.png beside
+        # sub/img0.png are "img0" and "sub_img0" wherever the dataset lies
+        common = 0
+        while all(len(p) > common + 1 for p in parts) and len({p[common] for p in parts}) == 1:
+            common += 1
+        parts = [p[common:] for p in parts]
         longest = max((len(p) for p in parts), default=1)
         for k, ext in [(k, False) for k in range(2, longest + 1)] + [(k, True) for k in range(1, longest + 1)]:
             cand = ["_".join(p[-k:]) + (f"_{path.suffix.lstrip('.')}" if ext and path.suffix else "")
