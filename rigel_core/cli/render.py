@@ -67,7 +67,7 @@ def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | Non
     ``max_image_size`` per side or its square in all).
     """
     from ..data.frames import DatasetError, held_out_split, with_unique_names
-    from ..data.transforms import read_transforms
+    from ..data.transforms import read_transforms, warn_missing
 
     p = Path(cameras)
     held_out = False
@@ -85,7 +85,9 @@ def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | Non
     if held_out:
         # rigel-train's loader drops the frames without an image file before it names and splits the others: the
         # same here, or the every-8th hold-out of the rest would shift (a file of cameras alone keeps them all)
-        specs, _, total = read_transforms(p, size=size, max_image_size=max_image_size)
+        specs, missing, total = read_transforms(p, size=size, max_image_size=max_image_size)
+        if specs:   # the loader's warning, once
+            warn_missing(p, missing, total)
     if not specs:
         specs, _, total = read_transforms(p, require_images=False, size=size, max_image_size=max_image_size)
     if not specs:
