@@ -15,8 +15,8 @@ import numpy as np
 
 from ..limits import MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, check_image_size
 
-__all__ = ["IMAGE_EXTENSIONS", "names_folder", "resolve_image_path", "read_image", "read_mask", "find_mask", "image_size",
-           "composite", "resize_area", "write_png", "write_render_rgba"]
+__all__ = ["IMAGE_EXTENSIONS", "names_folder", "resolve_image_path", "read_image", "read_mask", "find_mask",
+           "image_size", "composite", "resize_area", "write_png", "write_render_rgba"]
 
 #: Extensions tried, in order, when a dataset names an image without one (NeRF-synthetic ``./train/r_0``).
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".PNG", ".JPG", ".JPEG", ".WEBP")
