@@ -97,8 +97,7 @@ def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | Non
         specs = train if split == "train" else test
     else:
         specs = with_unique_names(specs)   # the names rigel-train's loader gives the same frames
-    names = _unique([s.name for s in specs])
-    return [s.camera for s in specs], names, p
+    return [s.camera for s in specs], [s.name for s in specs], p   # distinct: with_unique_names
 
 
 def _resized(cam, width: int | None, height: int | None, cap: int, cam_file, name: str):
@@ -121,15 +120,6 @@ def _out_of_memory(e: BaseException) -> bool:
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[-1][:300]
-
-
-def _unique(names: list[str]) -> list[str]:
-    seen, out = {}, []
-    for n in names:
-        k = seen.get(n, 0)
-        seen[n] = k + 1
-        out.append(n if k == 0 else f"{n}_{k}")
-    return out
 
 
 def parse_depth_range(text: str) -> tuple[float, float]:

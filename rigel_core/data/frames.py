@@ -347,6 +347,17 @@ def held_out_split(specs: list[FrameSpec], test_every: int) -> tuple[list[FrameS
                               else s.name), test_every)
 
 
+def free_name(name: str, taken, numbered: bool = False) -> str:
+    """``name`` when it is not in ``taken`` (and ``numbered`` is False), else the first of "name_1", "name_2", …
+    that is not."""
+    if not numbered and name not in taken:
+        return name
+    k = 1
+    while f"{name}_{k}" in taken:
+        k += 1
+    return f"{name}_{k}"
+
+
 def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
     """``specs`` with the names that two or more of them share (``cam0/img0.png`` and ``cam1/img0.png`` are both
     "img0") replaced, on the frame and its camera, by the image path's last components joined by "_" — as few as
@@ -389,12 +400,8 @@ def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
     everything = set(final.values())
     seen = {final[i] for i in imaged if i not in new}
     for i in sorted(new):
-        name = final[i]
-        if name in seen:
-            k = 1
-            while f"{name}_{k}" in everything:
-                k += 1
-            new[i] = final[i] = f"{name}_{k}"
+        if final[i] in seen:
+            new[i] = final[i] = free_name(final[i], everything, numbered=True)
             everything.add(final[i])
         seen.add(final[i])
     # frames without an image path have nothing to tell them apart: a name no other frame has is kept; of a shared
@@ -404,13 +411,10 @@ def with_unique_names(specs: list[FrameSpec]) -> list[FrameSpec]:
     seen |= {specs[i].name for i in alone}
     for i, s in enumerate(specs):
         if s.image_path is None and i not in alone:
-            cand_name, k = s.name, 0
-            while cand_name in seen:
-                k += 1
-                cand_name = f"{s.name}_{k}"
-            seen.add(cand_name)
-            if cand_name != s.name:
-                new[i] = cand_name
+            name = free_name(s.name, seen)
+            seen.add(name)
+            if name != s.name:
+                new[i] = name
     if not new:
         return specs
     return [replace(s, name=new[i], camera=replace(s.camera, name=new[i])) if i in new else s

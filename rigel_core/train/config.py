@@ -482,7 +482,7 @@ def resolve_densify_grad(cfg: TrainConfig, has_sfm_points: bool, cuda: bool) -> 
     no gradient statistic) and without SfM points (3DGS's statistic, the plain recipe: nothing to say) — except
     that an explicit "absgrad" with ``grad_threshold`` set away from its default gets a note that the latter is
     not read. A resumed run keeps the statistic its checkpoint recorded."""
-    default_threshold = next(f.default for f in dataclasses.fields(TrainConfig) if f.name == "grad_threshold")
+    default_threshold = TrainConfig.grad_threshold   # the field's default (a dataclass keeps it on the class)
     if cfg.densify_grad != "auto":
         if cfg.densify_grad == "absgrad" and cfg.strategy != "mcmc" and cfg.grad_threshold != default_threshold:
             return (f"densify_grad absgrad: grad_threshold {cfg.grad_threshold:g} is not read under it "
