@@ -102,7 +102,10 @@ __global__ void __launch_bounds__(kTilePixels, 4) rasterize_bwd_kernel(
     // pixel of its box (zero where the pixel did not blend the entry); s_pix holds each pixel's upstream gradient.
     __shared__ float s_w[kWarps][kSlots * kSlotStride];
     __shared__ float s_u[kWarps][kSlots * kSlotStride];
-    __shared__ float4 s_pix[kTilePixels];  // (v_r, v_g, v_b, v_depth_sum) of pixel tid
+    // (v_r, v_g, v_b, v_depth_sum) of each pixel, box row h of warp w at w * kPixStride + 9 h (rows 9 float4 apart:
+    // the transposed sum's 4 rows read at once fall in 4 different bank groups)
+    constexpr int kPixRow = kBoxW + 1, kPixStride = kBoxH * kPixRow;
+    __shared__ float4 s_pix[kWarps * kPixStride];
     __shared__ int s_max_contrib;
 
     const int tile = blockIdx.y * tiles_x + blockIdx.x;
@@ -144,7 +147,10 @@ __global__ void __launch_bounds__(kTilePixels, 4) rasterize_bwd_kernel(
             Sb = T_final * __ldg(background + 2);
         }
     }
-    s_pix[tid] = make_float4(vr, vg, vb, vD);  // read by the warp's own lanes only (after a __syncwarp)
+    s_pix[warp * kPixStride + (lane / kBoxW) * kPixRow + lane % kBoxW] = make_float4(vr, vg, vb, vD);  // own warp
+    // A non-finite upstream gradient anywhere in the warp: the per-entry sums only, where a pixel adds to the entries
+    // it blended alone (the transposed sum multiplies every pixel's by its w, 0 x NaN where it blended nothing).
+    const bool warp_finite = __all_sync(0xffffffffu, isfinite(vr) && isfinite(vg) && isfinite(vb) && isfinite(vD));
     float* const my_w = s_w[warp];
     float* const my_u = s_u[warp];
     // In the transposed sum lane (k, h) = (lane & 7, lane >> 3) takes slot k's pixels 8h .. 8h + 7: box row h,
@@ -175,11 +181,10 @@ __global__ void __launch_bounds__(kTilePixels, 4) rasterize_bwd_kernel(
     //   v_color = v_image w,  v_opacity = u,  v_q = -opacity u / 2,
     //   v_conic (A, B, C) = v_q (dx^2, 2 dx dy, dy^2),  v_means2D = opacity u (A dx + B dy, B dx + C dy)
     // (dq/du = -2 (A dx + B dy), dq/dv = -2 (B dx + C dy)); a pixel with u = 0 adds nothing, even to |v_means2D|.
-    // One difference: a non-finite upstream gradient (v_image, v_depth_sum) at a pixel reaches every entry of a
-    // transposed chunk (0 x NaN), the per-entry sum only the entries that pixel blended.
+    // A warp with a non-finite upstream gradient (v_image, v_depth_sum) takes the per-entry sums (warp_finite).
     auto flush_chunk = [&](int n) {
         __syncwarp();  // the rows and s_pix are written
-        if (n >= dense_min) {
+        if (n >= dense_min && warp_finite) {
             float g[kG];
 #pragma unroll
             for (int i = 0; i < kG; ++i) g[i] = 0.f;
@@ -192,7 +197,7 @@ __global__ void __launch_bounds__(kTilePixels, 4) rasterize_bwd_kernel(
                 float su = 0.f, sux = 0.f, suxx = 0.f, cr = 0.f, cg = 0.f, cb = 0.f, cd = 0.f, au = 0.f, av = 0.f;
                 const float* wr = my_w + k_slot * kSlotStride + kBoxW * h_row;
                 const float* ur = my_u + k_slot * kSlotStride + kBoxW * h_row;
-                const float4* pv = s_pix + warp * 32 + kBoxW * h_row;
+                const float4* pv = s_pix + warp * kPixStride + kPixRow * h_row;
 #pragma unroll
                 for (int p = 0; p < kBoxW; ++p) {
                     const float w = wr[p], u = ur[p];
@@ -229,10 +234,16 @@ __global__ void __launch_bounds__(kTilePixels, 4) rasterize_bwd_kernel(
                 g[i] += __shfl_xor_sync(0xffffffffu, g[i], 8);
                 g[i] += __shfl_xor_sync(0xffffffffu, g[i], 16);
             }
-            if (k_slot < n) {
+            // lane h adds values h, h + 4, h + 8: picked by selects, so that every lane runs the same 3 atomics (a
+            // compare-and-swap loop each) instead of 11 divergent ones
 #pragma unroll
-                for (int i = 0; i < kG; ++i)
-                    if ((i & 3) == h_row && g[i] != 0.f) atomicAdd(&s_grad[slot_j * kStride + i], g[i]);
+            for (int r = 0; r < (kG + 3) / 4; ++r) {
+                float val = 0.f;
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    if (4 * r + q < kG) val = q == h_row ? g[4 * r + q] : val;
+                const int i = 4 * r + h_row;
+                if (k_slot < n && i < kG && val != 0.f) atomicAdd(&s_grad[slot_j * kStride + i], val);
             }
         } else {
             for (int k = 0; k < n; ++k) {

@@ -330,6 +330,37 @@ def test_raster_backward_both_summations_agree_entry_by_entry(rng, monkeypatch, 
         err = (a - b).abs()
         assert bool((err <= 1e-4 * scale).all()), f"{name}: largest difference {float(err.max()):.3g}"
 
+
+@pytest.mark.parametrize("dense_min", ["0", "9"])
+def test_raster_backward_nan_upstream_where_nothing_blends_stays_there(rng, monkeypatch, dense_min):
+    """A NaN / Inf upstream gradient at pixels that blended nothing changes no gradient, in either summation (the
+    transposed one multiplies every pixel's upstream gradient by its w, 0 x NaN = NaN for the entries it did not
+    blend: a warp holding one takes the per-entry sums). Small splats over the left part of the image; every pixel
+    that blends nothing gets a non-finite value, among them pixels in the same 8x4 warp boxes as blending ones."""
+    monkeypatch.setenv("RIGEL_RASTER_BWD_DENSE_MIN", dense_min)
+    w, h, n = 48, 32, 60
+    m2, con, colors, opac = splats_2d(rng, n, w, h, kappa_hi=3.0)
+    m2[:, 0] = 4 + 12 * torch.rand(n, generator=rng)   # centres in x 4..16
+    con = con.clone()
+    con[:, 0], con[:, 1], con[:, 2] = 0.5, 0.0, 0.5     # sigma ~1.4 px: nothing reaches x >= 24
+    m2, con, colors, opac = (t.to(DEV) for t in (m2, con, colors, opac))
+    ids, ranges = (t.to(DEV) for t in every_tile_lists(n, w, h))
+    out = cuda_backend.rasterize_tiles_cuda(m2, con, colors, opac, ids, ranges, w, h)
+    empty = (out[2] == 0).cpu()
+    boxes = empty.reshape(h // 4, 4, w // 8, 8).permute(0, 2, 1, 3).reshape(-1, 32)
+    assert bool((boxes.any(1) & ~boxes.all(1)).any()), "no warp box with both blending and empty pixels"
+    empty = empty.to(DEV)
+    v_image, v_T = torch.randn(h, w, 3, generator=rng).to(DEV), torch.randn(h, w, generator=rng).to(DEV)
+    v_T = v_T * ~empty
+    C = _ext.get()
+    args = (m2, con, colors, opac, ids, ranges, w, h, None, out[1], out[2])
+    clean = C.rasterize_tiles_backward(*args, v_image * ~empty[..., None], v_T)
+    poison = torch.tensor([float("nan"), float("inf"), -float("inf")], device=DEV).expand(h, w, 3)
+    got = C.rasterize_tiles_backward(*args, torch.where(empty[..., None], poison, v_image), v_T)
+    for name, a, b in zip(("means2D", "conics", "colors", "opacities", "means2D_abs"), got, clean):
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=lambda m: f"{name}: {m}")
+
 # ---- [1] projection backward --------------------------------------------------------------------------------
 
 def project_stage(rng, inputs, cam):
