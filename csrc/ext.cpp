@@ -109,6 +109,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "one entry per group; lr_tensors[i] (a one-element device tensor, or None for lrs[i]) is read at run "
           "time; found_inf non-zero skips everything; skip_zero_grad leaves elements with a zero gradient as they "
           "are (rigel_core.train.optim.Adam)");
+    m.def("mcmc_position_noise", &rigel::mcmc_position_noise, py::arg("means3D"), py::arg("quats"),
+          py::arg("log_scales"), py::arg("opacity_logits"), py::arg("eta"), py::arg("lr_tensor"), py::arg("lr"),
+          py::arg("noise_lr"), py::arg("k"), py::arg("t"), py::arg("ok") = py::none(),
+          "The MCMC budget's position noise, in place (csrc/mcmc_noise.cu): means3D += noise_lr lr sigmoid(-k (o - t)) "
+          "R diag(s^2) R^T eta; returns the noise (N, 3) (rigel_core.train.mcmc.add_position_noise)");
     m.attr("TILE_SIZE") = RIGEL_TILE_SIZE;
     m.attr("MAX_ENTRIES") = RIGEL_MAX_ENTRIES;
 }

@@ -622,4 +622,31 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
     launch_adam_step(groups, found_inf.has_value() ? found_inf->data_ptr<float>() : nullptr, skip_zero_grad);
 }
 
+// The MCMC budget's position noise, in place (csrc/mcmc_noise.cu; rigel_core.train.mcmc.add_position_noise).
+at::Tensor mcmc_position_noise(at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& log_scales,
+                               const at::Tensor& opacity_logits, const at::Tensor& eta,
+                               const c10::optional<at::Tensor>& lr_tensor, double lr, double noise_lr, double k,
+                               double t, const c10::optional<at::Tensor>& ok) {
+    const char* op = "mcmc_position_noise";
+    const at::Device dev = cuda_device(op, "means3D", means3D);
+    const int64_t n = num_gaussians(op, means3D);
+    check(op, "means3D", means3D, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "quats", quats, at::kFloat, dev, {n, 4}, "(N, 4)");
+    check(op, "log_scales", log_scales, at::kFloat, dev, {n, 3}, "(N, 3)");
+    check(op, "opacity_logits", opacity_logits, at::kFloat, dev, {n}, "(N,)");
+    check(op, "eta", eta, at::kFloat, dev, {n, 3}, "(N, 3)");
+    if (lr_tensor.has_value()) check_scalar(op, "lr_tensor", *lr_tensor, dev);
+    if (ok.has_value()) check(op, "ok", *ok, at::kBool, dev, {1}, "(1,)");
+    if (!std::isfinite(lr) || !std::isfinite(noise_lr) || !std::isfinite(k) || !std::isfinite(t))
+        TORCH_CHECK_VALUE(false, prefix(op) + "lr, noise_lr, k and t must be finite; got " + std::to_string(lr) + ", " +
+                                     std::to_string(noise_lr) + ", " + std::to_string(k) + ", " + std::to_string(t));
+    const c10::cuda::CUDAGuard guard(dev);
+    at::Tensor noise = at::empty({n, 3}, means3D.options());
+    launch_mcmc_noise(means3D, quats, log_scales, opacity_logits, eta,
+                      lr_tensor.has_value() ? lr_tensor->data_ptr<float>() : nullptr, static_cast<float>(lr),
+                      static_cast<float>(noise_lr), static_cast<float>(k), static_cast<float>(t),
+                      ok.has_value() ? ok->data_ptr<bool>() : nullptr, noise);
+    return noise;
+}
+
 }  // namespace rigel

@@ -253,6 +253,94 @@ def test_position_noise_is_zero_for_opaque_and_follows_sigma_for_transparent(rng
     assert (none == 0).all() and torch.equal(model.means3D, start)
 
 
+def _noise_float64(means, quats, log_scales, logits, eta, c, cfg):
+    """The position noise in float64 from its definition: Σ = R·diag(s²)·Rᵀ as a matrix, s and o activated, the
+    gate σ(−k(o − t)), a non-finite component 0 (tensors on the CPU)."""
+    q, ls, lo, e = (t.double().cpu() for t in (quats, log_scales, logits, eta))
+    s = torch.where(torch.isfinite(ls), torch.exp(ls), torch.nan)
+    o = torch.where(torch.isfinite(lo), torch.sigmoid(lo), torch.nan)
+    rot = quat_to_rotmat(q)
+    sigma = rot @ torch.diag_embed(s ** 2) @ rot.transpose(1, 2)
+    gate = torch.sigmoid(-cfg.mcmc_noise_k * (o - cfg.mcmc_noise_t))
+    noise = (sigma @ e[:, :, None])[:, :, 0] * (c * gate)[:, None]
+    return torch.where(torch.isfinite(noise), noise, 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lr_on_device", [False, True])
+def test_position_noise_kernel_matches_float64_and_the_pytorch_form(rng, lr_on_device, monkeypatch):
+    """csrc/mcmc_noise.cu against the float64 definition, and against the PyTorch form it replaces on CUDA (same η),
+    with non-finite log-scales and logits, zero quaternions, opacities on both sides of the gate's knee; ok False
+    moves nothing."""
+    import rigel_core.train.mcmc as mcmc
+    n = 6000
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=n)
+    model = random_scene(rng, n)
+    model.quats = torch.randn(n, 4, generator=rng)
+    model.quats[:7] = 0.0
+    model.log_scales = -4 + 3.5 * torch.rand(n, 3, generator=rng)
+    model.opacity_logits = torch.logit(torch.rand(n, generator=rng) * 0.02 + 1e-4)  # around t = 0.005
+    model.opacity_logits[::5] = 4 * torch.randn(n, generator=rng)[::5]
+    bad = torch.randint(0, n, (40,), generator=rng)
+    model.log_scales[bad[:20], torch.randint(0, 3, (20,), generator=rng)] = torch.tensor([math.inf, -math.inf, math.nan,
+                                                                                          1.0] * 5)
+    model.opacity_logits[bad[20:]] = torch.tensor([math.inf, -math.inf, math.nan, 0.5] * 5)
+    gpu = type(model)(*(getattr(model, k).detach().cuda() for k in PARAM_NAMES))
+    lr = 1e-4 * (1 + float(torch.rand(1, generator=rng)))
+    lr_arg = torch.tensor(lr, device="cuda") if lr_on_device else lr
+    seed = int(torch.randint(0, 2 ** 62, (1,), generator=rng))
+    assert mcmc._noise_kernel(gpu, lr_arg) is not None, "the kernel path must be taken on CUDA"
+
+    def draw(ok=None):
+        start = gpu.means3D.clone()
+        g = mcmc.noise_generator(torch.device("cuda")).manual_seed(seed)
+        noise = mcmc.add_position_noise(gpu, lr_arg, cfg, g, ok)
+        moved = gpu.means3D.clone()
+        gpu.means3D = start
+        return noise, moved, start
+
+    noise, moved, start = draw()
+    eta = torch.randn((n, 3), generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda")
+    want = _noise_float64(start, gpu.quats, gpu.log_scales, gpu.opacity_logits, eta,
+                          cfg.mcmc_noise_lr * float(torch.tensor(lr, dtype=torch.float32)), cfg)
+    got = noise.double().cpu()
+    assert bool((want != 0).sum() > n // 2) and bool((got[:7] == 0).all())  # zero quaternions: NaN → not moved
+    scale = float(want.abs().max())
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-6 * scale)
+    assert torch.equal(moved, start + noise)  # the kernel's in-place add is the float32 sum
+    # the PyTorch form (CUDA, same η) agrees with it
+    monkeypatch.setattr(mcmc, "_noise_kernel", lambda model, lr_means: None)
+    torch_noise, torch_moved, _ = draw()
+    torch.testing.assert_close(noise, torch_noise, rtol=2e-5, atol=1e-6 * scale)
+    monkeypatch.undo()
+    for ok, moves in ((torch.tensor(True, device="cuda"), True), (torch.tensor(False, device="cuda"), False)):
+        gpu.means3D = start.clone()
+        out, after, _ = draw(ok)
+        if moves:
+            assert torch.equal(out, noise) and torch.equal(after, moved)
+        else:
+            assert (out == 0).all() and torch.equal(after, start)
+
+
+@pytest.mark.gpu
+def test_position_noise_kernel_refuses_bad_arguments_naming_them():
+    from rigel_core import _ext
+    C = _ext.get()
+    n = 5
+    args = dict(means3D=torch.zeros(n, 3, device="cuda"), quats=torch.ones(n, 4, device="cuda"),
+                log_scales=torch.zeros(n, 3, device="cuda"), opacity_logits=torch.zeros(n, device="cuda"),
+                eta=torch.zeros(n, 3, device="cuda"), lr_tensor=None, lr=1e-4, noise_lr=5e5, k=100.0, t=0.005)
+    assert C.mcmc_position_noise(**args).shape == (n, 3)
+    for key, value, err in (("means3D", torch.zeros(n, 3, device="cuda", dtype=torch.float64), TypeError),
+                            ("quats", torch.ones(n, 3, device="cuda"), ValueError),
+                            ("eta", torch.zeros(n, 3), TypeError),
+                            ("lr_tensor", torch.zeros(2, device="cuda"), ValueError),
+                            ("ok", torch.ones(n, dtype=torch.bool, device="cuda"), ValueError),
+                            ("k", math.nan, ValueError)):
+        with pytest.raises(err, match=key if key != "k" else "finite"):
+            C.mcmc_position_noise(**{**args, key: value})
+
+
 def test_regularizer_gradients(rng):
     model = random_scene(rng, 37)
     cfg = TrainConfig(strategy="mcmc", max_gaussians=100, mcmc_opacity_reg=float(torch.rand(1, generator=rng)),

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import _ext
 from ..reference.project import quat_to_rotmat
 from .config import TrainConfig
 from .densify import DensifyReport
@@ -263,6 +264,20 @@ def mcmc_relocate_and_grow(model, optimizer, stats, cfg: TrainConfig, iteration:
     return MCMCReport(iteration, n_before, 0, 0, removed, model.num_gaussians, capped, relocated, added)
 
 
+def _noise_kernel(model, lr_means):
+    """``rigel_core._C.mcmc_position_noise`` when it applies to ``model`` (float32 contiguous CUDA parameters, a
+    float or float32 device ``lr_means``), else None (the PyTorch form)."""
+    if not model.means3D.is_cuda or not _ext.available() or not hasattr(_ext.get(), "mcmc_position_noise"):
+        return None
+    params = (model.means3D, model.quats, model.log_scales, model.opacity_logits)
+    if any(p.dtype != torch.float32 or not p.is_contiguous() or p.device != model.means3D.device for p in params):
+        return None
+    if isinstance(lr_means, torch.Tensor) and (lr_means.dtype != torch.float32 or lr_means.numel() != 1
+                                               or lr_means.device != model.means3D.device):
+        return None
+    return _ext.get().mcmc_position_noise
+
+
 @torch.no_grad()
 def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.Generator,
                        ok: torch.Tensor | None = None) -> torch.Tensor:
@@ -273,6 +288,12 @@ def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.G
     decided on the device. No host synchronisation (capturable in a CUDA graph)."""
     means = model.means3D
     eta = torch.randn(means.shape, generator=eta_generator, device=means.device, dtype=means.dtype)
+    kernel = _noise_kernel(model, lr_means)
+    if kernel is not None:  # csrc/mcmc_noise.cu: the same formula in one launch (the PyTorch form below is its twin)
+        lr_t = lr_means.reshape(1) if isinstance(lr_means, torch.Tensor) else None
+        return kernel(means, model.quats.detach(), model.log_scales.detach(), model.opacity_logits.detach(), eta,
+                      lr_t, 0.0 if lr_t is not None else float(lr_means), float(cfg.mcmc_noise_lr),
+                      float(cfg.mcmc_noise_k), float(cfg.mcmc_noise_t), None if ok is None else ok.reshape(1))
     rot = quat_to_rotmat(model.quats.detach())  # (N,3,3)
     s2 = model.scales.detach() ** 2
     # Σ·η = R·diag(s²)·Rᵀ·η, as broadcast products and sums over 3: as einsums these ran as two batched cuBLAS
