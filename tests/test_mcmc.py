@@ -291,15 +291,15 @@ def test_position_noise_kernel_matches_float64_and_the_pytorch_form(rng, lr_on_d
     seed = int(torch.randint(0, 2 ** 62, (1,), generator=rng))
     assert mcmc._noise_kernel(gpu, lr_arg) is not None, "the kernel path must be taken on CUDA"
 
-    def draw(ok=None):
-        start = gpu.means3D.clone()
+    start = gpu.means3D.clone()
+
+    def draw(ok=None):  # the noise and the moved means, from the same start and seed each time
+        gpu.means3D = start.clone()
         g = mcmc.noise_generator(torch.device("cuda")).manual_seed(seed)
         noise = mcmc.add_position_noise(gpu, lr_arg, cfg, g, ok)
-        moved = gpu.means3D.clone()
-        gpu.means3D = start
-        return noise, moved, start
+        return noise, gpu.means3D.clone()
 
-    noise, moved, start = draw()
+    noise, moved = draw()
     eta = torch.randn((n, 3), generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda")
     want = _noise_float64(start, gpu.quats, gpu.log_scales, gpu.opacity_logits, eta,
                           cfg.mcmc_noise_lr * float(torch.tensor(lr, dtype=torch.float32)), cfg)
@@ -310,12 +310,12 @@ def test_position_noise_kernel_matches_float64_and_the_pytorch_form(rng, lr_on_d
     assert torch.equal(moved, start + noise)  # the kernel's in-place add is the float32 sum
     # the PyTorch form (CUDA, same η) agrees with it
     monkeypatch.setattr(mcmc, "_noise_kernel", lambda model, lr_means: None)
-    torch_noise, torch_moved, _ = draw()
+    torch_noise, torch_moved = draw()
     torch.testing.assert_close(noise, torch_noise, rtol=2e-5, atol=1e-6 * scale)
+    assert torch.equal(torch_moved, start + torch_noise)
     monkeypatch.undo()
     for ok, moves in ((torch.tensor(True, device="cuda"), True), (torch.tensor(False, device="cuda"), False)):
-        gpu.means3D = start.clone()
-        out, after, _ = draw(ok)
+        out, after = draw(ok)
         if moves:
             assert torch.equal(out, noise) and torch.equal(after, moved)
         else:
