@@ -6,8 +6,11 @@
 //   total    8                        the one device->host read of the frame
 //
 // A Gaussian whose tile rectangle has at most kLargeRect tiles is handled by one thread; a larger one (a splat
-// near the camera can cover the whole image) is put on a list and handled by one warp, 32 tiles at a time, so
-// that no thread walks thousands of tiles while the others wait.
+// near the camera can cover the whole image) is put on a list, and its rectangle's tiles (row-major) are cut into
+// kLargeParts equal parts, each walked by one warp 32 tiles at a time, so that no thread walks thousands of tiles
+// while the others wait. (One warp per large Gaussian was the bound before: on beer after 5000 steps 13k of 23k
+// visible Gaussians are large, 5.4M tile tests a frame, and a warp that drew a few whole-image splats walked
+// 113 rows of 32 tiles for each; docs/BENCHMARKS.md.)
 //
 // The footprint test runs in float, in the reference's order of operations (rigel_core/reference/binning.py),
 // so that the entry list is identical to the reference's for the same projected inputs.
@@ -23,7 +26,8 @@
 namespace rigel {
 namespace {
 
-constexpr int kLargeRect = 32;  // tiles; above this a Gaussian is counted and emitted by a whole warp
+constexpr int kLargeRect = 32;  // tiles; above this a Gaussian is counted and emitted by warps
+constexpr int kLargeParts = 8;  // warps per large Gaussian (gridDim.y of the warp kernels)
 
 // One Gaussian's footprint: centre, conic, and the threshold Q(1 + 1e-5) + 1e-5 on min q over a tile box.
 struct Footprint {
@@ -76,14 +80,16 @@ __device__ inline bool touches(const Footprint& f, int tx, int ty, int width, in
     return best <= f.thresh;
 }
 
-// The warp-per-Gaussian kernels' walk over the large list: the grid's warps stride over the first *large_count
-// ids (warp-uniform, so the kernels may use warp collectives), and the tiles of each one's rectangle are walked
-// in row-major order, tile k at (x0 + k % width, y0 + k / width).
+// The warp kernels' walk over the large list: each row of the grid (blockIdx.y = part) has its warps stride over
+// the first *large_count ids (warp-uniform, so the kernels may use warp collectives); a Gaussian's rectangle is
+// numbered row-major, tile k at (x0 + k % width, y0 + k / width), and part p takes k in [p·per, (p+1)·per), per
+// = its area / kLargeParts rounded up to whole warps (parts past the area are empty).
 struct LargeWalk {
     int lane;     // of the calling thread in its warp
     int first;    // this warp's first index into the list
-    int stride;   // warps in the grid
+    int stride;   // warps in one row of the grid
     int n_large;  // length of the list
+    int part;     // this warp's part of each Gaussian's tiles
 };
 
 __device__ __forceinline__ LargeWalk large_walk(const int32_t* __restrict__ large_count) {
@@ -92,7 +98,15 @@ __device__ __forceinline__ LargeWalk large_walk(const int32_t* __restrict__ larg
     w.first = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     w.stride = (gridDim.x * blockDim.x) >> 5;
     w.n_large = *large_count;
+    w.part = blockIdx.y;
     return w;
+}
+
+// Tiles [k0, k1) of the rectangle's row-major numbering that part `part` walks (k0 >= k1: none).
+__device__ __forceinline__ void part_range(int area, int part, int& k0, int& k1) {
+    const int per = (area + 32 * kLargeParts - 1) / (32 * kLargeParts) * 32;
+    k0 = part * per;
+    k1 = min(area, k0 + per);
 }
 
 // Tile k of the rectangle in that row-major order (a tile of it for 0 <= k < rect.area(); rect not empty).
@@ -120,7 +134,9 @@ __global__ void __launch_bounds__(kBlock1D) count_tiles_kernel(
     const int32_t radius = radii[g];
     if (radius > 0) {
         const Footprint f = load_footprint(g, means2D, conics, opacities, radius, tiles_x, tiles_y);
-        if (f.rect.area() > kLargeRect) {
+        if (f.rect.area() > kLargeRect) {  // counted by count_large_kernel's warps, which add their parts
+            counts[g] = 0;
+            tiles_touched[g] = 0;
             large_ids[atomicAdd(large_count, 1)] = static_cast<int32_t>(g);
             return;
         }
@@ -131,7 +147,8 @@ __global__ void __launch_bounds__(kBlock1D) count_tiles_kernel(
     tiles_touched[g] = count;
 }
 
-// Warp per listed (large) Gaussian; the grid strides over the list, whose length only the device knows.
+// Warp per part of a listed (large) Gaussian, adding the part's count; each grid row strides over the list, whose
+// length only the device knows.
 __global__ void __launch_bounds__(kBlock1D) count_large_kernel(
     int width, int height, int tiles_x, int tiles_y,
     const float* __restrict__ means2D,       // [N, 2]
@@ -148,17 +165,19 @@ __global__ void __launch_bounds__(kBlock1D) count_large_kernel(
     for (int i = walk.first; i < walk.n_large; i += walk.stride) {
         const int32_t g = large_ids[i];
         const Footprint f = load_footprint(g, means2D, conics, opacities, radii[g], tiles_x, tiles_y);
-        const int area = f.rect.area();
+        int k0, k1;
+        part_range(f.rect.area(), walk.part, k0, k1);
+        if (k0 >= k1) continue;
         unsigned int count = 0;
-        for (int k = lane; k < area; k += 32) {
+        for (int k = k0 + lane; k < k1; k += 32) {
             int tx, ty;
             rect_tile(f.rect, k, tx, ty);
             count += touches(f, tx, ty, width, height);
         }
         count = __reduce_add_sync(0xffffffffu, count);
-        if (lane == 0) {
-            counts[g] = count;
-            tiles_touched[g] = static_cast<int32_t>(count);
+        if (lane == 0 && count != 0) {
+            atomicAdd(reinterpret_cast<unsigned long long*>(counts + g), static_cast<unsigned long long>(count));
+            atomicAdd(tiles_touched + g, static_cast<int32_t>(count));
         }
     }
 }
@@ -202,8 +221,11 @@ __global__ void __launch_bounds__(kBlock1D) emit_entries_kernel(
                 write_entry(keys, gaussian_ids, out++, capacity, tx, ty, tiles_x, depth_bits, static_cast<int32_t>(g));
 }
 
-// Warp per listed Gaussian: 32 consecutive row-major tiles at a time; a ballot and a prefix count keep the
-// row-major order of the slice.
+// Warp per part of a listed Gaussian, 32 consecutive row-major tiles at a time: the parts share the Gaussian's
+// slice through a cursor (one atomic per 32 tiles), and a ballot and a prefix count place the warp's entries. The
+// order inside a slice is therefore not row-major and may differ between runs; the sorted list is the same, since
+// a Gaussian's entries all have different tiles and so different keys (the stable sort orders equal keys, which
+// only entries of different Gaussians can share, by slice, i.e. by Gaussian index).
 __global__ void __launch_bounds__(kBlock1D) emit_large_kernel(
     int width, int height, int tiles_x, int tiles_y,
     const float* __restrict__ means2D,        // [N, 2]
@@ -214,6 +236,7 @@ __global__ void __launch_bounds__(kBlock1D) emit_large_kernel(
     const int64_t* __restrict__ offsets,      // [N]
     const int32_t* __restrict__ large_ids,    // [*large_count]
     const int32_t* __restrict__ large_count,  // [1]
+    int32_t* __restrict__ cursor,             // [N] zero on entry: entries of the slice written so far
     int64_t capacity,                         // entries at or past it are dropped
     uint64_t* __restrict__ keys,              // [E] out
     int32_t* __restrict__ gaussian_ids)       // [E] out
@@ -224,19 +247,24 @@ __global__ void __launch_bounds__(kBlock1D) emit_large_kernel(
     for (int i = walk.first; i < walk.n_large; i += walk.stride) {
         const int32_t g = large_ids[i];
         const Footprint f = load_footprint(g, means2D, conics, opacities, radii[g], tiles_x, tiles_y);
+        int k0, k1;
+        part_range(f.rect.area(), walk.part, k0, k1);
+        if (k0 >= k1) continue;
         const uint64_t depth_bits = __float_as_uint(depths[g]);
-        const int area = f.rect.area();
-        int64_t out = g == 0 ? 0 : offsets[g - 1];
-        for (int base = 0; base < area; base += 32) {
+        const int64_t slice = g == 0 ? 0 : offsets[g - 1];
+        for (int base = k0; base < k1; base += 32) {
             const int k = base + lane;
             int tx, ty;
             rect_tile(f.rect, k, tx, ty);
-            const bool hit = k < area && touches(f, tx, ty, width, height);
+            const bool hit = k < k1 && touches(f, tx, ty, width, height);
             const unsigned int mask = __ballot_sync(0xffffffffu, hit);
+            if (mask == 0u) continue;
+            int at = 0;
+            if (lane == 0) at = atomicAdd(cursor + g, __popc(mask));
+            at = __shfl_sync(0xffffffffu, at, 0);
             if (hit)
-                write_entry(keys, gaussian_ids, out + __popc(mask & lanes_below), capacity, tx, ty, tiles_x, depth_bits,
-                            g);
-            out += __popc(mask);
+                write_entry(keys, gaussian_ids, slice + at + __popc(mask & lanes_below), capacity, tx, ty, tiles_x,
+                            depth_bits, g);
         }
     }
 }
@@ -281,10 +309,10 @@ __global__ void __launch_bounds__(kBlock1D) tile_ranges_kernel(
 
 int bit_width(uint32_t v) { return v == 0 ? 0 : 32 - __builtin_clz(v); }
 
-// Blocks of the warp-per-Gaussian kernels: enough warps to fill the GPU; they stride over the list.
-unsigned int large_grid() {
+// Grid of the warp kernels: kLargeParts rows of enough warps to fill the GPU; each row strides over the list.
+dim3 large_grid() {
     static const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-    return static_cast<unsigned int>(sms * 4);
+    return dim3(static_cast<unsigned int>(sms * 4), kLargeParts);
 }
 
 }  // namespace
@@ -343,10 +371,12 @@ std::pair<at::Tensor, at::Tensor> launch_emit_and_sort(const at::Tensor& means2D
         opacities.data_ptr<float>(), depths.data_ptr<float>(), radii.data_ptr<int32_t>(), offsets.data_ptr<int64_t>(),
         total, keys_out, ids_a.data_ptr<int32_t>());
     RIGEL_CHECK_LAUNCH("emit_entries_kernel");
+    at::Tensor cursor = at::zeros({n}, i32);
     emit_large_kernel<<<large_grid(), kBlock1D, 0, stream>>>(
         width, height, tiles_x, tiles_y, means2D.data_ptr<float>(), conics.data_ptr<float>(),
         opacities.data_ptr<float>(), depths.data_ptr<float>(), radii.data_ptr<int32_t>(), offsets.data_ptr<int64_t>(),
-        large_ids.data_ptr<int32_t>(), large_count.data_ptr<int32_t>(), total, keys_out, ids_a.data_ptr<int32_t>());
+        large_ids.data_ptr<int32_t>(), large_count.data_ptr<int32_t>(), cursor.data_ptr<int32_t>(), total, keys_out,
+        ids_a.data_ptr<int32_t>());
     RIGEL_CHECK_LAUNCH("emit_large_kernel");
     }
     if (fixed_capacity) {  // the frame needs offsets[n-1] entries (device-side); pad the rest of the capacity

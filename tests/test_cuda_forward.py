@@ -287,6 +287,56 @@ def test_binning_identical_to_reference(rng, size):
     assert (touched.cpu().long() <= area).all() and int(area.sum()) >= keys.numel()
 
 
+def large_splats_2d(gen, n, width, height):
+    """n screen-space splats, most of them large: sigma_max log-uniform in [2, 400] px (a few cover the whole image
+    at 3 sigma), anisotropy up to 20, any angle, centres over the image and 100 px beyond; opacities in [0.003, 1]
+    (the footprint's Q spans its range); every 7th depth equal to the first (ties between Gaussians in a tile).
+    Returns means2D (n, 2), conics (n, 3), opacities (n,), depths (n,) float32 and radii (n,) int32 = ceil(3
+    sigma_max), CPU."""
+    f64 = dict(generator=gen, dtype=torch.float64)
+    u = -100 + (width + 200) * torch.rand(n, **f64)
+    v = -100 + (height + 200) * torch.rand(n, **f64)
+    s_max = torch.exp(math.log(2) + math.log(200) * torch.rand(n, **f64))
+    s_min = s_max / torch.exp(math.log(20) * torch.rand(n, **f64))
+    th = math.pi * torch.rand(n, **f64)
+    c, s = torch.cos(th), torch.sin(th)
+    l1, l2 = 1 / s_max ** 2, 1 / s_min ** 2  # conic eigenvalues
+    conics = torch.stack([l1 * c * c + l2 * s * s, (l1 - l2) * c * s, l1 * s * s + l2 * c * c], -1)
+    opacities = torch.exp(math.log(0.003) * torch.rand(n, **f64))
+    depths = 0.5 + 20 * torch.rand(n, **f64)
+    depths[::7] = depths[0]
+    radii = torch.ceil(3 * s_max).to(torch.int32)
+    return (torch.stack([u, v], -1).float(), conics.float(), opacities.float(), depths.float(), radii)
+
+
+@pytest.mark.parametrize("size", [(640, 360), (203, 137), (1280, 720)])
+def test_binning_of_large_splats_identical_to_reference(rng, size):
+    """Gaussians whose rectangles exceed 32 tiles are counted and emitted by 8 warps each (csrc/binning.cu's
+    parts, which share the Gaussian's slice through a cursor): the sorted keys, ids, ranges and counts equal the
+    reference's, on both binning paths, with rectangles from 33 tiles to the whole image, parts left empty and
+    depth ties between Gaussians."""
+    w, h = size
+    m2, con, opac, dep, rad = large_splats_2d(rng, 1500, w, h)
+    rect = tile_rects(m2, rad, w, h)
+    area = (rect[:, 2] - rect[:, 0]) * (rect[:, 3] - rect[:, 1])
+    n_tiles = -(-w // 16) * -(-h // 16)
+    assert int((area > 32).sum()) > 500 and int((area == n_tiles).sum()) > 0
+    assert int(((area > 32) & (area < 8 * 32)).sum()) > 20  # some parts stay empty
+    assert n_tiles <= 2 * 8 * 32 or int((area > 2 * 8 * 32).sum()) > 20  # parts of several warp rows
+    ref = bin_gaussians(m2, con, opac, dep, rad, w, h)
+    inputs = [t.to(DEV) for t in (m2, con, opac, dep, rad)]
+    keys, ids, ranges, touched = cuda_backend.bin_gaussians_cuda(*inputs, w, h)
+    assert keys.numel() > 0 and int(ref.tiles_touched[area > 32].sum()) > keys.numel() // 2
+    assert torch.equal(touched.cpu(), ref.tiles_touched)
+    assert torch.equal(keys.cpu(), ref.keys), "sorted keys differ"
+    assert torch.equal(ids.cpu(), ref.gaussian_ids), "gaussian_ids differ (ties must keep Gaussian-index order)"
+    assert torch.equal(ranges.cpu(), ref.tile_ranges), "tile_ranges differ"
+    e = keys.numel()
+    fk, fi, fr, ft, total = C().bin_gaussians_fixed(*inputs, w, h, e + 1000)
+    assert int(total.item()) == e and torch.equal(ft, touched) and torch.equal(fr, ranges)
+    assert torch.equal(fk[:e], keys) and torch.equal(fi[:e], ids)
+
+
 def test_binning_entry_limit_refuses_before_allocating(rng):
     cam, (means, quats, scales, opac, _) = make_scene(rng, 2000, 128, 96)
     m2, con, dep, rad = cuda_project(cam, means, quats, scales, opac)
