@@ -35,16 +35,26 @@ SsimWindow ssim_window() {
 namespace {
 
 // Element (b, i, j, c) of a contiguous [B, H, W, C] tensor is plane_base + (i * W + j) * C, plane_base = b*H*W*C + c.
+// The coefficient planes the forward leaves for the backward (coef) are stored channel-planar instead, element
+// (b, i, j, c) of plane k at k * numel + ((b * C + c) * H + i) * W + j: a block's row of 16 pixels then writes and
+// reads 16 consecutive values (interleaved with the other channels' blocks, every 32-byte sector of the
+// channels-last layout was written by three blocks at different times, a third of it each).
 struct Plane {
-    int64_t base;  // offset of pixel (0, 0) of this block's channel plane
-    int row0;      // image row of halo row 0 (= tile row - radius)
-    int col0;      // image column of halo column 0
+    int64_t base;       // offset of pixel (0, 0) of this block's channel plane
+    int64_t coef_base;  // offset of pixel (0, 0) of this block's plane in a coefficient plane
+    int row0;           // image row of halo row 0 (= tile row - radius)
+    int col0;           // image column of halo column 0
 };
 
 __device__ __forceinline__ Plane block_plane(int H, int W, int C) {
     const int b = static_cast<int>(blockIdx.z) / C, c = static_cast<int>(blockIdx.z) % C;
-    return {static_cast<int64_t>(b) * H * W * C + c, static_cast<int>(blockIdx.y) * kSsimTile - kSsimRadius,
-            static_cast<int>(blockIdx.x) * kSsimTile - kSsimRadius};
+    return {static_cast<int64_t>(b) * H * W * C + c, static_cast<int64_t>(blockIdx.z) * H * W,
+            static_cast<int>(blockIdx.y) * kSsimTile - kSsimRadius, static_cast<int>(blockIdx.x) * kSsimTile - kSsimRadius};
+}
+
+// Offset of in-image pixel (gi, gj) of the block's plane in a coefficient plane.
+__device__ __forceinline__ int64_t coef_offset(const Plane& p, int gi, int gj, int W) {
+    return p.coef_base + static_cast<int64_t>(gi) * W + gj;
 }
 
 // Offset of image pixel (gi, gj) of the plane, or -1 when it lies outside the image (zero padding).
@@ -204,7 +214,7 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_fwd_kernel(int H, int W, in
                                                                 const float* __restrict__ img2,  // [B, H, W, C] y
                                                                 const bool* __restrict__ mask,   // [B, H, W] or null
                                                                 float* __restrict__ map,         // [B, H, W, C] or null
-                                                                double* __restrict__ coef,       // [3, B, H, W, C] out
+                                                                double* __restrict__ coef,       // [3, B, C, H, W] out (Plane)
                                                                 double* __restrict__ totals)     // [4] or null
 {
     __shared__ float sx[kSsimSpan][kSsimSpan], sy[kSsimSpan][kSsimSpan];  // 5.3 KiB
@@ -227,9 +237,10 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_fwd_kernel(int H, int W, in
         const double S = ssim_terms(mu1, mu2, m[2] - mu1 * mu1, m[3] - mu2 * mu2, m[4] - mu1 * mu2, dS_dmu1, dS_dvar1,
                                     dS_dcov);
         if (map != nullptr) map[o] = static_cast<float>(S);
-        coef[o] = dS_dmu1 - 2.0 * mu1 * dS_dvar1 - mu2 * dS_dcov;
-        coef[numel + o] = dS_dvar1;
-        coef[2 * numel + o] = dS_dcov;
+        const int64_t q = coef_offset(p, i, j, W);
+        coef[q] = dS_dmu1 - 2.0 * mu1 * dS_dvar1 - mu2 * dS_dcov;
+        coef[numel + q] = dS_dvar1;
+        coef[2 * numel + q] = dS_dcov;
         if (totals != nullptr && pixel_counts(mask, o, C))
             pixel_sums(sx[ty + kSsimRadius][tx + kSsimRadius], sy[ty + kSsimRadius][tx + kSsimRadius], S, sums);
     }
@@ -245,7 +256,7 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_bwd_kernel(int H, int W, in
                                                                 const bool* __restrict__ mask,      // [B, H, W] or null
                                                                 const float* __restrict__ img1,     // [B, H, W, C]
                                                                 const float* __restrict__ img2,     // [B, H, W, C]
-                                                                const double* __restrict__ coef,    // [3, B, H, W, C]
+                                                                const double* __restrict__ coef,    // [3, B, C, H, W]
                                                                 float* __restrict__ dL_dimg1)       // [B, H, W, C] out
 {
     __shared__ double sig[3][kSsimSpan][kSsimSpan];  // 15.8 KiB
@@ -256,11 +267,18 @@ __global__ void __launch_bounds__(kSsimThreads) ssim_bwd_kernel(int H, int W, in
     for (int k = tid; k < kSsimSpan * kSsimSpan; k += kSsimThreads) {
         const int r = k / kSsimSpan, s = k % kSsimSpan;
         const int64_t o = pixel_offset(p, p.row0 + r, p.col0 + s, H, W, C);
-        double g = 0.0;
-        if (o >= 0) g = dL_dmap != nullptr ? static_cast<double>(dL_dmap[o]) : (pixel_counts(mask, o, C) ? v_S : 0.0);
-        sig[0][r][s] = o >= 0 ? g * coef[o] : 0.0;
-        sig[1][r][s] = o >= 0 ? g * coef[numel + o] : 0.0;
-        sig[2][r][s] = o >= 0 ? g * coef[2 * numel + o] : 0.0;
+        double a = 0.0, b = 0.0, c = 0.0;
+        if (o >= 0) {
+            const double g =
+                dL_dmap != nullptr ? static_cast<double>(dL_dmap[o]) : (pixel_counts(mask, o, C) ? v_S : 0.0);
+            const int64_t q = coef_offset(p, p.row0 + r, p.col0 + s, W);
+            a = g * coef[q];
+            b = g * coef[numel + q];
+            c = g * coef[2 * numel + q];
+        }
+        sig[0][r][s] = a;
+        sig[1][r][s] = b;
+        sig[2][r][s] = c;
     }
     __syncthreads();
     filter_rows<3>(win, sig, h, tid);
@@ -317,7 +335,7 @@ __global__ void __launch_bounds__(kSsimThreads) loss32_fwd_kernel(int H, int W, 
                                                                   const float* __restrict__ img1,  // [B, H, W, C] x
                                                                   const float* __restrict__ img2,  // [B, H, W, C] y
                                                                   const bool* __restrict__ mask,   // [B, H, W] or null
-                                                                  float* __restrict__ coef,        // [5, B, H, W, C]
+                                                                  float* __restrict__ coef,        // [5, B, C, H, W]
                                                                   double* __restrict__ totals)     // [4]
 {
     __shared__ float sx[kSsimSpan][kSsimSpan], sy[kSsimSpan][kSsimSpan];  // 5.3 KiB
@@ -339,10 +357,11 @@ __global__ void __launch_bounds__(kSsimThreads) loss32_fwd_kernel(int H, int W, 
         filter_column<5>(win, h, ty, tx, m);
         const float mu1 = cx + m[0], mu2 = cy + m[1];
         // the centred moments' variances and covariance are those of the images
-        const float S = ssim_terms(mu1, mu2, m[2] - m[0] * m[0], m[3] - m[1] * m[1], m[4] - m[0] * m[1], coef[o],
-                                   coef[numel + o], coef[2 * numel + o]);  // dS/dmu1, dS/dsigma1^2, dS/dsigma12
-        coef[3 * numel + o] = mu1;
-        coef[4 * numel + o] = mu2;
+        const int64_t q = coef_offset(p, i, j, W);
+        const float S = ssim_terms(mu1, mu2, m[2] - m[0] * m[0], m[3] - m[1] * m[1], m[4] - m[0] * m[1], coef[q],
+                                   coef[numel + q], coef[2 * numel + q]);  // dS/dmu1, dS/dsigma1^2, dS/dsigma12
+        coef[3 * numel + q] = mu1;
+        coef[4 * numel + q] = mu2;
         if (pixel_counts(mask, o, C)) pixel_sums(img1[o], img2[o], static_cast<double>(S), sums);  // exact, not centred
     }
     add_block_totals(sums, totals, tid);  // block-uniform: every thread arrives
@@ -353,7 +372,7 @@ __global__ void __launch_bounds__(kSsimThreads) loss32_bwd_kernel(int H, int W, 
                                                                   const bool* __restrict__ mask,   // [B, H, W] or null
                                                                   const float* __restrict__ img1,  // [B, H, W, C]
                                                                   const float* __restrict__ img2,  // [B, H, W, C]
-                                                                  const float* __restrict__ coef,  // [5, B, H, W, C]
+                                                                  const float* __restrict__ coef,  // [5, B, C, H, W]
                                                                   float* __restrict__ dL_dimg1)    // [B, H, W, C] out
 {
     __shared__ float sig[3][kSsimSpan][kSsimSpan];  // 7.9 KiB
@@ -368,8 +387,9 @@ __global__ void __launch_bounds__(kSsimThreads) loss32_bwd_kernel(int H, int W, 
         const int64_t o = pixel_offset(p, p.row0 + r, p.col0 + s, H, W, C);
         float a = 0.f, b = 0.f, c = 0.f;
         if (o >= 0 && pixel_counts(mask, o, C)) {
-            const float B = coef[numel + o], Cc = coef[2 * numel + o];
-            a = v_S * (coef[o] - 2.f * (coef[3 * numel + o] - cx) * B - (coef[4 * numel + o] - cy) * Cc);
+            const int64_t q = coef_offset(p, p.row0 + r, p.col0 + s, W);
+            const float B = coef[numel + q], Cc = coef[2 * numel + q];
+            a = v_S * (coef[q] - 2.f * (coef[3 * numel + q] - cx) * B - (coef[4 * numel + q] - cy) * Cc);
             b = v_S * B;
             c = v_S * Cc;
         }

@@ -33,7 +33,8 @@ struct SsimWindow {
 SsimWindow ssim_window();
 
 // Forward. img1, img2 [B, H, W, C] -> map [B, H, W, C] float32 (SSIM per pixel and channel) and
-// coef [3, B, H, W, C] float64 = (A, Bc, Cc) per pixel p, the coefficients of the backward:
+// coef [3, B, H, W, C] float64 = (A, Bc, Cc) per pixel p, the coefficients of the backward, stored channel-planar
+// (element (b, i, j, c) of plane k at k numel + ((b C + c) H + i) W + j; ssim.cu's Plane says why):
 //   Bc = dS/d(sigma1^2), Cc = dS/d(sigma12), A = dS/d(mu1) - 2 mu1 Bc - mu2 Cc.
 // All caller-allocated and written for every element.
 // The fused photometric loss: with mask [B, H, W] bool (optional; false = the pixel does not count) x and y are
@@ -51,7 +52,7 @@ void launch_ssim_bwd(const at::Tensor* dL_dmap, const at::Tensor* v_totals, cons
 
 // The fused loss in float32 (photometric_sums with fp32; ssim.cu explains the local centring that keeps its
 // cancellations small): the forward as launch_ssim_fwd's fused form with coef [5, B, H, W, C] float32 = (dS/dmu1,
-// dS/dsigma1^2, dS/dsigma12, mu1, mu2) per pixel; totals [4] float64 (caller-zeroed) as there. The backward as
+// dS/dsigma1^2, dS/dsigma12, mu1, mu2) per pixel (channel-planar as launch_ssim_fwd's); totals [4] float64 (caller-zeroed) as there. The backward as
 // launch_ssim_bwd's fused form from that coef.
 void launch_loss32_fwd(const at::Tensor& img1, const at::Tensor& img2, const c10::optional<at::Tensor>& mask,
                        at::Tensor& coef, at::Tensor& totals);
