@@ -8,8 +8,9 @@
 // rigel_core.model), and a non-finite noise component is written as 0 (a non-finite Gaussian stays culled, it is
 // not moved). When *ok is false (the NaN guard's skipped step) nothing moves and the noise is 0.
 //
-// Why a kernel: the PyTorch form is ~60 elementwise launches (the rotation matrices alone ~25) and took, with its
-// two batched 3×3 products, about 0.2 ms of beer's 2.7 ms CUDA-graph step on an H200 (docs/BENCHMARKS.md).
+// Why a kernel: the PyTorch form is ~60 elementwise launches (the rotation matrices alone ~25); with it beer's
+// CUDA-graph step took 3.37 ms after 5000 steps on an H200, with this kernel 2.78 ms (same build and call;
+// docs/BENCHMARKS.md, "beer's step again").
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
