@@ -182,10 +182,12 @@ __global__ void __launch_bounds__(kBlock1D) count_large_kernel(
     }
 }
 
-// Each Gaussian writes its own slice [offsets[g-1], offsets[g]) of the entry list, tiles in row-major order:
-// no atomics, and the list is in (Gaussian index, tile) order, which the stable sort keeps for equal keys.
-// An entry at or past `capacity` is dropped (the fixed-capacity mode of launch_emit_and_sort: the frame is then
-// incomplete and the caller, told by the device-side total, discards it).
+// Each Gaussian writes its own slice [offsets[g-1], offsets[g]) of the entry list, so the list is in Gaussian
+// index order, which the stable sort keeps for equal keys (a small Gaussian's slice in row-major tile order, a
+// large one's in the order its parts reach the cursor: emit_large_kernel). An entry at or past `capacity` is
+// dropped (the fixed-capacity mode of launch_emit_and_sort: the frame is then incomplete, and the caller, told by
+// the device-side total, discards it; which of a large Gaussian's entries straddling the capacity survive may
+// then differ between runs).
 __device__ inline void write_entry(uint64_t* __restrict__ keys, int32_t* __restrict__ gaussian_ids, int64_t at,
                                    int64_t capacity, int tx, int ty, int tiles_x, uint64_t depth_bits, int32_t g) {
     if (at >= capacity) return;

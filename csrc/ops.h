@@ -96,7 +96,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& b1, const at::Tensor& W2, const at::Tensor& b2, const at::Tensor& colors,
     const at::Tensor& v_colors, bool need_means);
 
-// SSIM -> (map like img1, coef [3, *img1.shape] float64: the backward's per-pixel coefficients). img1, img2
+// SSIM -> (map like img1, coef [3, *img1.shape] float64: the backward's per-pixel coefficients, opaque: stored
+// channel-planar inside that shape, csrc/ssim.h). img1, img2
 // channels-last (H,W,C) or (B,H,W,C); 11x11 Gaussian window, sigma 1.5, zero "same" padding (csrc/ssim.h).
 // Twin: rigel_core.train.losses.ssim_map_reference.
 std::tuple<at::Tensor, at::Tensor> ssim_map(const at::Tensor& img1, const at::Tensor& img2);

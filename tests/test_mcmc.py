@@ -289,7 +289,8 @@ def test_position_noise_kernel_matches_float64_and_the_pytorch_form(rng, lr_on_d
     lr = 1e-4 * (1 + float(torch.rand(1, generator=rng)))
     lr_arg = torch.tensor(lr, device="cuda") if lr_on_device else lr
     seed = int(torch.randint(0, 2 ** 62, (1,), generator=rng))
-    assert mcmc._noise_kernel(gpu, lr_arg) is not None, "the kernel path must be taken on CUDA"
+    assert mcmc._noise_kernel(gpu, lr_arg, cfg) is not None, "the kernel path must be taken on CUDA"
+    assert mcmc._noise_kernel(gpu, math.inf, cfg) is None and mcmc._noise_kernel(gpu, lr, cfg, torch.tensor(True)) is None
 
     start = gpu.means3D.clone()
 
@@ -309,7 +310,7 @@ def test_position_noise_kernel_matches_float64_and_the_pytorch_form(rng, lr_on_d
     torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-6 * scale)
     assert torch.equal(moved, start + noise)  # the kernel's in-place add is the float32 sum
     # the PyTorch form (CUDA, same η) agrees with it
-    monkeypatch.setattr(mcmc, "_noise_kernel", lambda model, lr_means: None)
+    monkeypatch.setattr(mcmc, "_noise_kernel", lambda *args: None)
     torch_noise, torch_moved = draw()
     torch.testing.assert_close(noise, torch_noise, rtol=2e-5, atol=1e-6 * scale)
     assert torch.equal(torch_moved, start + torch_noise)

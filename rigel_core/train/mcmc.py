@@ -264,16 +264,25 @@ def mcmc_relocate_and_grow(model, optimizer, stats, cfg: TrainConfig, iteration:
     return MCMCReport(iteration, n_before, 0, 0, removed, model.num_gaussians, capped, relocated, added)
 
 
-def _noise_kernel(model, lr_means):
-    """``rigel_core._C.mcmc_position_noise`` when it applies to ``model`` (float32 contiguous CUDA parameters, a
-    float or float32 device ``lr_means``), else None (the PyTorch form)."""
+def _noise_kernel(model, lr_means, cfg: TrainConfig | None = None, ok: torch.Tensor | None = None):
+    """``rigel_core._C.mcmc_position_noise`` when it applies (float32 contiguous CUDA parameters; a finite float or
+    a one-element float32 device ``lr_means``; finite noise settings in ``cfg``; ``ok`` None or a one-element bool
+    on the same device), else None: the PyTorch form, which also takes what the kernel's checks refuse."""
     if not model.means3D.is_cuda or not _ext.available() or not hasattr(_ext.get(), "mcmc_position_noise"):
         return None
+    dev = model.means3D.device
     params = (model.means3D, model.quats, model.log_scales, model.opacity_logits)
-    if any(p.dtype != torch.float32 or not p.is_contiguous() or p.device != model.means3D.device for p in params):
+    if any(p.dtype != torch.float32 or not p.is_contiguous() or p.device != dev for p in params):
         return None
-    if isinstance(lr_means, torch.Tensor) and (lr_means.dtype != torch.float32 or lr_means.numel() != 1
-                                               or lr_means.device != model.means3D.device):
+    if isinstance(lr_means, torch.Tensor):
+        if lr_means.dtype != torch.float32 or lr_means.numel() != 1 or lr_means.device != dev:
+            return None
+    elif not math.isfinite(float(lr_means)):
+        return None
+    if cfg is not None and not all(math.isfinite(float(v)) for v in
+                                   (cfg.mcmc_noise_lr, cfg.mcmc_noise_k, cfg.mcmc_noise_t)):
+        return None
+    if ok is not None and (ok.dtype != torch.bool or ok.numel() != 1 or ok.device != dev):
         return None
     return _ext.get().mcmc_position_noise
 
@@ -288,7 +297,7 @@ def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.G
     decided on the device. No host synchronisation (capturable in a CUDA graph)."""
     means = model.means3D
     eta = torch.randn(means.shape, generator=eta_generator, device=means.device, dtype=means.dtype)
-    kernel = _noise_kernel(model, lr_means)
+    kernel = _noise_kernel(model, lr_means, cfg, ok)
     if kernel is not None:  # csrc/mcmc_noise.cu: the same formula in one launch (the PyTorch form below is its twin)
         lr_t = lr_means.reshape(1) if isinstance(lr_means, torch.Tensor) else None
         return kernel(means, model.quats.detach(), model.log_scales.detach(), model.opacity_logits.detach(), eta,
