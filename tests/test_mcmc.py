@@ -290,7 +290,9 @@ def test_position_noise_kernel_matches_float64_and_the_pytorch_form(rng, lr_on_d
     lr_arg = torch.tensor(lr, device="cuda") if lr_on_device else lr
     seed = int(torch.randint(0, 2 ** 62, (1,), generator=rng))
     assert mcmc._noise_kernel(gpu, lr_arg, cfg) is not None, "the kernel path must be taken on CUDA"
-    assert mcmc._noise_kernel(gpu, math.inf, cfg) is None and mcmc._noise_kernel(gpu, lr, cfg, torch.tensor(True)) is None
+    # what the op refuses goes to the PyTorch form: a non-finite float lr, an ok on the CPU
+    assert mcmc._noise_kernel(gpu, math.inf, cfg) is None
+    assert mcmc._noise_kernel(gpu, lr, cfg, torch.tensor(True)) is None
 
     start = gpu.means3D.clone()
 
@@ -325,6 +327,8 @@ def test_position_noise_kernel_matches_float64_and_the_pytorch_form(rng, lr_on_d
 
 @pytest.mark.gpu
 def test_position_noise_kernel_refuses_bad_arguments_naming_them():
+    """rigel_core._C.mcmc_position_noise: a wrong dtype, device or shape is a TypeError / ValueError naming the
+    argument; a non-finite setting a ValueError."""
     from rigel_core import _ext
     C = _ext.get()
     n = 5
