@@ -48,6 +48,9 @@
 #                             viewer training DATA (default lego_half, white background; "orbit": black) for ITERS
 #                             (default 7000) iterations while presenting at 60 Hz; $VTP_ARGS is passed on (e.g.
 #                             "--repeat 2", then give TIMEOUT ~560); table in logs/vtp_*/viewer_throughput.md
+#   lens:DATA:ITERS:SEEDS[:TIMEOUT]  bench/lens_ab.py (issue 12): rigel on DATA (as for train:; a transforms.json
+#                             capture with a lens) with the lens modelled and zeroed, both scored on the same
+#                             undistorted pixels, per seed (SEEDS with "." for ","); table in logs/lens_*/lens.md
 #   profile:DATA[:WARM[:TIMEOUT]]  bench/profile_trainer.py: Trainer.step() on DATA (as for train:) after WARM
 #                             (default 2000) steps, graph and eager: ms and host ms per step, torch.profiler's
 #                             top ops; $PROFILE_ARGS is passed on (e.g. "--modes graph --set grad_threshold=1.5e-4")
@@ -218,6 +221,12 @@ print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','f
         --seeds "${c//./,}" --out "$sout" "${sargs[@]}" >"$LOGS/$name.log" 2>&1
       line="rc=$? (sweep.md; $(tail -1 "$LOGS/$name.log"))"
       [ -s "$sout/sweep.md" ] && line+=$'\n'"$(cat "$sout/sweep.md")" ;;
+    lens)  # lens:DATA:ITERS:SEEDS[:TIMEOUT]
+      local lout=$LOGS/$name
+      timeout -s INT ${d:-${JOB_TIMEOUT:-330}} $PY bench/lens_ab.py --data "$(data_dir "$a")" --iters "${b:-7000}" \
+        --seeds "${c//./,}" --out "$lout" >"$LOGS/$name.log" 2>&1
+      line="rc=$? $(tail -1 "$LOGS/$name.log" | cut -c1-200)"
+      [ -s "$lout/lens.md" ] && line+=$'\n'"$(cat "$lout/lens.md")" ;;
     profile)  # profile:DATA[:WARM[:TIMEOUT]]
       local pout=$LOGS/$name
       timeout -s INT ${c:-${JOB_TIMEOUT:-330}} $PY bench/profile_trainer.py --data "$(data_dir "$a")" \
