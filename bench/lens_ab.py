@@ -11,7 +11,7 @@ that common-frame PSNR of both runs, and each run's PSNR in its own frame (the u
 
     python bench/lens_ab.py --data .data/real/beer --iters 7000 --seeds 0,1,2,3 --out $OUT/lens
 
-The zeroed copy is written to a temporary folder (transforms.json with k1..k6, p1, p2 set to 0; everything else
+The zeroed copy is written to a temporary folder (transforms.json with every lens coefficient the loader reads set to 0; everything else
 linked), so only transforms.json datasets are taken (``rigel-import-colmap`` converts COLMAP). Both runs use
 rigel's defaults (``--rigel-config KEY=VALUE`` overrides both) and the same seed. Outputs under ``--out`` (never
 overwritten): lens.md, lens.json. CPU check: ``--device cpu --iters 20 --downscale 8 --max-frames 6``.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -30,16 +29,17 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.real import BenchError, parse_overrides, rigel_config  # noqa: E402
+from bench.real import BenchError, parse_overrides, rigel_config, write_text  # noqa: E402
 from rigel_core.data import load_dataset  # noqa: E402
 from rigel_core.data.frames import with_unique_names  # noqa: E402
 from rigel_core.data.transforms import read_transforms  # noqa: E402
-from rigel_core.data.undistort import remap, undistort_map  # noqa: E402
+from rigel_core.data.undistort import FISHEYE_KEYS, OPENCV_KEYS, remap, undistort_map  # noqa: E402
 from rigel_core.render import render  # noqa: E402
+from rigel_core.train.losses import psnr_from_mse  # noqa: E402
 from rigel_core.train.trainer import Trainer  # noqa: E402
 
-#: the transforms.json keys of a lens (instant-ngp / nerfstudio), at the top level or per frame
-LENS_KEYS = ("k1", "k2", "k3", "k4", "k5", "k6", "p1", "p2")
+#: the transforms.json keys of a lens the loader reads (instant-ngp / nerfstudio), at the top level or per frame
+LENS_KEYS = tuple(dict.fromkeys(OPENCV_KEYS + FISHEYE_KEYS))
 
 
 def zeroed_copy(src: Path, dst: Path) -> int:
@@ -64,12 +64,10 @@ def zeroed_copy(src: Path, dst: Path) -> int:
 
 
 def masked_psnr(pred: np.ndarray, gt: np.ndarray, mask: np.ndarray | None) -> float:
-    """PSNR (peak 1) of (H, W, 3) images over the pixels where ``mask`` (H, W) is True (all when None)."""
+    """PSNR (peak 1, :func:`rigel_core.train.losses.psnr_from_mse`) of (H, W, 3) images, ``pred`` clamped to
+    [0, 1], over the pixels where ``mask`` (H, W) is True (all when None)."""
     err = (np.clip(pred, 0.0, 1.0).astype(np.float64) - gt.astype(np.float64)) ** 2
-    if mask is not None:
-        err = err[mask]
-    mse = float(err.mean()) if err.size else float("nan")
-    return -10.0 * math.log10(mse) if mse > 0 else float("inf")
+    return psnr_from_mse(float((err if mask is None else err[mask]).mean()))
 
 
 def train(ds, cfg, device) -> Trainer:
@@ -180,10 +178,8 @@ def main(argv=None) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     payload = {"data": str(src), "iters": args.iters, "downscale": args.downscale, "results": results}
-    for name, text in (("lens.json", json.dumps(payload, indent=1)), ("lens.md", markdown(str(src), results))):
-        tmp_path = out / (name + ".tmp")
-        tmp_path.write_text(text)
-        os.replace(tmp_path, out / name)
+    write_text(out / "lens.json", json.dumps(payload, indent=1))
+    write_text(out / "lens.md", markdown(str(src), results))
     return 0
 
 
