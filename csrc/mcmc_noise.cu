@@ -16,6 +16,7 @@
 
 #include "common.cuh"
 #include "launch.h"
+#include "project_common.cuh"
 
 namespace rigel {
 namespace {
@@ -46,9 +47,8 @@ __global__ void __launch_bounds__(kBlock1D) mcmc_noise_kernel(
     float w = quats[4 * g + 0], x = quats[4 * g + 1], y = quats[4 * g + 2], z = quats[4 * g + 3];
     const float norm = sqrtf(w * w + x * x + y * y + z * z);
     w /= norm, x /= norm, y /= norm, z /= norm;
-    const float R[3][3] = {{1.f - 2.f * (y * y + z * z), 2.f * (x * y - w * z), 2.f * (x * z + w * y)},
-                           {2.f * (x * y + w * z), 1.f - 2.f * (x * x + z * z), 2.f * (y * z - w * x)},
-                           {2.f * (x * z - w * y), 2.f * (y * z + w * x), 1.f - 2.f * (x * x + y * y)}};
+    float R[3][3];
+    quat_to_rotmat(w, x, y, z, R);
     const float e[3] = {eta[3 * g + 0], eta[3 * g + 1], eta[3 * g + 2]};
     float local[3];
 #pragma unroll

@@ -41,17 +41,19 @@ __device__ inline CameraD load_camera(const float* __restrict__ viewmat,  // [4,
     return c;
 }
 
-// Rotation matrix of the unit quaternion (w, x, y, z) (already normalised by the caller).
-__device__ inline void quat_to_rotmat(double w, double x, double y, double z, double Rq[3][3]) {
-    Rq[0][0] = 1.0 - 2.0 * (y * y + z * z);
-    Rq[0][1] = 2.0 * (x * y - w * z);
-    Rq[0][2] = 2.0 * (x * z + w * y);
-    Rq[1][0] = 2.0 * (x * y + w * z);
-    Rq[1][1] = 1.0 - 2.0 * (x * x + z * z);
-    Rq[1][2] = 2.0 * (y * z - w * x);
-    Rq[2][0] = 2.0 * (x * z - w * y);
-    Rq[2][1] = 2.0 * (y * z + w * x);
-    Rq[2][2] = 1.0 - 2.0 * (x * x + y * y);
+// Rotation matrix of the unit quaternion (w, x, y, z) (already normalised by the caller), in T (the projection's
+// double, the MCMC noise's float: mcmc_noise.cu).
+template <typename T>
+__device__ inline void quat_to_rotmat(T w, T x, T y, T z, T Rq[3][3]) {
+    Rq[0][0] = T(1) - T(2) * (y * y + z * z);
+    Rq[0][1] = T(2) * (x * y - w * z);
+    Rq[0][2] = T(2) * (x * z + w * y);
+    Rq[1][0] = T(2) * (x * y + w * z);
+    Rq[1][1] = T(1) - T(2) * (x * x + z * z);
+    Rq[1][2] = T(2) * (y * z - w * x);
+    Rq[2][0] = T(2) * (x * z - w * y);
+    Rq[2][1] = T(2) * (y * z + w * x);
+    Rq[2][2] = T(1) - T(2) * (x * x + y * y);
 }
 
 // World covariance Sigma = M M^T with M = Rq diag(s).
