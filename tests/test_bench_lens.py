@@ -27,7 +27,7 @@ def write_capture(root, g: np.random.Generator, n=10, w=40, h=30, k1=0.12):
         az = 2 * math.pi * i / n
         eye = 6.0 * np.array([math.cos(az), math.sin(az), 0.4])
         cam = Camera.look_at(eye, (0, 0, 0), (0, 0, 1), width=w, height=h, fov_x_deg=60, name=f"v{i:02d}")
-        f = g.uniform(1, 6, size=(3, 2))
+        f = g.uniform(8, 20, size=(3, 2))  # a few cycles across the frame: the lens moves them visibly
         img = 0.5 + 0.4 * np.stack([np.sin(f[c, 0] * xx + f[c, 1] * yy + i) for c in range(3)], -1)
         Image.fromarray((img * 255).round().astype(np.uint8)).save(root / "images" / f"{cam.name}.png")
         frames.append({"file_path": f"images/{cam.name}.png",
