@@ -241,6 +241,32 @@ def test_training_thread_writes_warnings_and_graph_stats_to_the_run(rng, tmp_pat
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["graph_step"] is None  # CPU: eager
 
 
+def test_a_pause_is_reported_only_after_the_paused_model_is_published(rng, tmp_path, one_thread, monkeypatch):
+    """Whoever sees TrainingPaused finds the paused iteration in the slot, however slow the copy (the copy is
+    slowed here so that an event sent before the publish is caught every time, not one CI run in a hundred)."""
+    import viewer.training as T
+
+    real = T.snapshot_model
+
+    def slow(trainer):
+        time.sleep(0.3)
+        return real(trainer)
+
+    monkeypatch.setattr(T, "snapshot_model", slow)
+    trainer = tiny_trainer(rng, iterations=30)
+    slot = ModelSlot()
+    session = TrainingSession(trainer, slot, tmp_path / "run", running=False).start()
+    try:
+        ev = []
+        wait_for(ev, session, lambda e: isinstance(e, M.TrainingStarted))
+        for k in (2, 1):                              # the window-cut pause and a one-step pause
+            session.send(M.Step(k))
+            paused = wait_for(ev, session, lambda e: isinstance(e, M.TrainingPaused))
+            assert slot.latest().info["iteration"] == paused.iteration == trainer.iteration
+    finally:
+        session.stop(save=False, timeout=30)
+
+
 def test_training_thread_obeys_commands_and_reports_events(rng, tmp_path, one_thread):
     from rigel_core.io import load_scene
 

@@ -289,16 +289,21 @@ class TrainingSession:
             self._flush_progress()
         if r.eval is not None:
             self._evaluated(r.eval)
+        paused = False
         if self._steps_left > 0:
             self._steps_left -= 1
             if self._steps_left == 0 and not self._running:
-                changed = True
+                changed = paused = True
                 self._flush_progress()
-                self._emit(M.TrainingPaused(tr.iteration))
         if tr.iteration >= tr.config.iterations:
+            if paused:
+                self._emit(M.TrainingPaused(tr.iteration))
             self._finish()
-        elif changed or (self.slot.wanted and time.perf_counter() - self._last_publish >= self.publish_every_s):
-            self._publish()   # periodic copies only when the viewer will take one (ModelSlot.request)
+        else:
+            if changed or (self.slot.wanted and time.perf_counter() - self._last_publish >= self.publish_every_s):
+                self._publish()   # periodic copies only when the viewer will take one (ModelSlot.request)
+            if paused:            # after the publish: whoever sees the pause finds the paused model in the slot
+                self._emit(M.TrainingPaused(tr.iteration))
         end = time.perf_counter()
         self._loop_s += end - start - self._aside_s
         self._loop_mark = None if self._finished else end
