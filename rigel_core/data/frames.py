@@ -145,7 +145,8 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
     """Read, composite, mask, undistort and downscale the images of ``specs``.
 
     When an image's size differs from the size its camera declares, the intrinsics are rescaled to the image
-    (a dataset shipped with downsampled images); a warning says so once per call.
+    (a dataset shipped with downsampled images); a warning says so once per call. An image of another aspect ratio
+    (:func:`~rigel_core.data.images.other_aspect`: rotated, or not this camera's) is refused.
 
     Masks (``Frame.mask``; None when every pixel counts): the AND of the lens-validity mask
     (:func:`~rigel_core.data.undistort.undistort_map`), the user's mask file (``spec.mask_path``, undistorted
@@ -154,10 +155,11 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
     stored, not composited, and ``Frame.alpha`` is None). ``--downscale``: :func:`downscale_frame`'s rule, applied
     last (after undistortion), to the arrays before they become tensors.
 
-    Raises DatasetError naming the image (or mask) when it cannot be decoded.
+    Raises DatasetError naming the image (or mask) when it cannot be decoded, or the image is of another aspect
+    ratio than its camera.
     """
     frames, maps, resized, no_alpha, tiny = [], {}, 0, 0, None
-    stretched, first_resized, masks_stretched, first_mask = 0, "", 0, ""
+    first_resized, masks_stretched, first_mask = "", 0, ""
     for spec in specs:
         try:
             rgba = read_image(spec.image_path)
@@ -166,9 +168,12 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
         cam = spec.camera
         h, w = rgba.shape[:2]
         if (w, h) != (cam.width, cam.height):
+            if other_aspect((w, h), (cam.width, cam.height)):  # rescaled intrinsics would stretch it: a wrong image
+                raise DatasetError(f"{spec.image_path}: the image is {w}x{h}, its camera {cam.width}x{cam.height}: "
+                                   "another aspect ratio (a rotated or foreign image?); give the camera this "
+                                   "image's size or the image its camera's")
             if not resized:
                 first_resized = f"{spec.image_path} is {w}x{h}, its camera {cam.width}x{cam.height}"
-            stretched += other_aspect((w, h), (cam.width, cam.height))
             cam = cam.with_size(w, h)
             resized += 1
         keep = None  # (h, w) bool in the photo's pixels
@@ -216,9 +221,7 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
                       f"{first_mask}): stretched to fit (check that they belong to those images)", stacklevel=3)
     if resized:
         warnings.warn(f"{source}: {resized} image(s) differ in size from their camera's declared size (first: "
-                      f"{first_resized}); intrinsics were rescaled to the image size"
-                      + (f", {stretched} of them to another aspect ratio (check those images)" if stretched else ""),
-                      stacklevel=3)
+                      f"{first_resized}); intrinsics were rescaled to the image size", stacklevel=3)
     if tiny is not None:
         (w0, h0), (w1, h1) = tiny
         warnings.warn(f"{source}: --downscale {downscale:g} makes the images {w1}x{h1} px (from {w0}x{h0}): "

@@ -108,9 +108,13 @@ def read_image(path: Path, *, max_side: int = MAX_IMAGE_SIDE, max_pixels: int = 
 
 def other_aspect(size: tuple[int, int], declared: tuple[int, int]) -> bool:
     """Whether an image of ``size`` (width, height) resized to ``declared`` would be stretched: aspect ratios more
-    than 1 % apart (a transposed or foreign image, not a scaled copy)."""
+    than 1 % apart, and more than rounding each side of a scaled copy to whole pixels explains (a 1000×662 photo
+    shipped at 10×7 is a scaled copy; a transposed or foreign image is not)."""
     (w, h), (dw, dh) = size, declared
-    return abs(w * dh - h * dw) > 0.01 * w * dh
+    if abs(w * dh - h * dw) <= 0.01 * w * dh:
+        return False
+    # some scale s with |s·dw − w| ≤ 1 and |s·dh − h| ≤ 1: the two intervals of s overlap
+    return max((w - 1) / dw, (h - 1) / dh) > min((w + 1) / dw, (h + 1) / dh)
 
 
 def read_mask(path: Path, size: tuple[int, int] | None = None, on_other_aspect=None) -> np.ndarray:
