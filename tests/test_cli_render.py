@@ -32,7 +32,7 @@ def test_orbit_transforms(tmp_path, rng):
                             elevation_deg=30)
     assert json.loads((tmp_path / "o" / "transforms.json").read_text()) == meta
     specs, missing, total = read_transforms(tmp_path / "o" / "transforms.json", require_images=False)
-    assert (missing, total) == (0, 5) and [s.name for s in specs] == [f"orbit_{i:03d}" for i in range(5)]
+    assert (missing, total) == ([], 5) and [s.name for s in specs] == [f"orbit_{i:03d}" for i in range(5)]
     u = up / np.linalg.norm(up)
     for s in specs:
         cam = s.camera

@@ -138,7 +138,7 @@ def make_blender(root, g, *, w=12, h=8, n=3, missing=(2,), top_extra=None):
 def test_blender_composite_extensions_missing(tmp_path, rng, white_bg):
     g = np_rng(rng)
     meta, images = make_blender(tmp_path, g)
-    with pytest.warns(UserWarning, match=r"1 of 3 frames have no image"):
+    with pytest.warns(UserWarning, match=r"1 of 3 frames have no image file and were skipped \(first: './train/f2'\)"):
         ds = load_dataset(tmp_path, white_bg=white_bg)
     assert ds.test == [] and [f.name for f in ds.train] == ["f0", "f1"]
     for frame, i in zip(ds.train, (0, 1)):
@@ -197,6 +197,39 @@ def test_downscale_to_tiny_images_warns_once(tmp_path, rng):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_dataset(small, downscale=10)
+
+
+@pytest.mark.parametrize("size, declared, stretched", [
+    ((15, 10), (30, 20), False), ((10, 7), (1000, 662), False), ((7, 10), (1000, 662), True),
+    ((20, 30), (30, 20), True), ((30, 18), (30, 20), True), ((101, 100), (100, 100), False),
+    ((300, 200), (504, 378), True)])
+def test_other_aspect_allows_rounding_of_a_scaled_copy_only(size, declared, stretched):
+    """A scaled copy of the declared size, each side rounded to whole pixels, is not stretched; a transposed or
+    foreign size is (1000×662 at 10×7: 1.43 against 1.51, only rounding; 300×200 against 504×378: 1.5 against
+    1.33)."""
+    from rigel_core.data.images import other_aspect
+
+    assert other_aspect(size, declared) == stretched
+
+
+def test_an_image_of_another_aspect_ratio_is_refused_and_a_scaled_one_rescales(tmp_path, rng):
+    """An image whose size is a scaled copy of its camera's: the intrinsics follow it, with one warning. One of
+    another aspect ratio (rescaled intrinsics would stretch it; a rotated or foreign photo): DatasetError naming
+    that file; nothing is trained on it."""
+    g = np_rng(rng)
+    meta, _ = make_blender(tmp_path, g, w=12, h=8, missing=())
+    meta.update(w=24, h=16)
+    (tmp_path / "transforms_train.json").write_text(json.dumps(meta))
+    with pytest.warns(UserWarning, match=r"3 image\(s\) differ in size .*train/f0.png is 12x8, its camera 24x16\)"):
+        ds = load_dataset(tmp_path)
+    assert [(f.camera.width, f.camera.height) for f in ds.train] == [(12, 8)] * 3
+    assert ds.train[0].camera.cx == pytest.approx(6.0) and ds.train[0].camera.cy == pytest.approx(4.0)
+    Image.fromarray(g.integers(0, 256, size=(12, 8, 3), dtype=np.uint8)).save(tmp_path / "train" / "f2.png")
+    with pytest.raises(DatasetError) as e:
+        load_dataset(tmp_path)
+    msg = str(e.value)
+    assert "train/f2.png" in msg and "8x12" in msg and "24x16" in msg and "aspect ratio" in msg, msg
+    assert "\n" not in msg
 
 
 def test_blender_errors(tmp_path, rng):

@@ -134,14 +134,14 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
         raise DatasetError(f"{sparse}: cannot read the COLMAP model ({e})") from e
     images_dir = root / "images"
     masks_dir = root / "masks"
-    specs, missing, total = [], 0, 0
+    specs, missing, total = [], [], 0
     for image in sorted(rec.images.values(), key=lambda im: im.name):
         if hasattr(image, "has_pose") and not image.has_pose:
             continue  # not registered
         total += 1
         path = images_dir / image.name
         if not path.is_file():
-            missing += 1
+            missing.append(image.name)
             continue
         cam = rec.cameras[image.camera_id]
         model = cam.model_name

@@ -183,8 +183,9 @@ def read_transforms(path, *, require_images: bool = True, size: tuple[int, int] 
             ``--width/--height``).
         max_image_size: largest width or height accepted (pixels; the pixel cap is its square).
     Returns:
-        (specs, n_missing, n_total): a list of :class:`FrameSpec` in file order, how many frames had no image
-        file, and how many frames the file lists.
+        (specs, missing, n_total): a list of :class:`FrameSpec` in file order, the ``file_path`` of each frame
+        whose image file does not exist (skipped; empty with ``require_images=False``), and how many frames the
+        file lists.
     Raises:
         DatasetError naming the file, the frame index and the field for malformed JSON, a missing or invalid
         ``transform_matrix``, no focal length, an unknown image size, an unsupported ``camera_model``, or a
@@ -195,7 +196,7 @@ def read_transforms(path, *, require_images: bool = True, size: tuple[int, int] 
     """
     path = Path(path)
     meta = read_json(path)
-    specs, missing = [], 0
+    specs, missing = [], []
     for i, frame in enumerate(meta["frames"]):
         where = f"{path}: frame {i}"
         if not isinstance(frame, dict):
@@ -209,7 +210,7 @@ def read_transforms(path, *, require_images: bool = True, size: tuple[int, int] 
         except OSError as e:
             raise DatasetError(f"{where} ({fp!r:.80}): cannot look up the image ({e.strerror or e})") from None
         if img is None and require_images:
-            missing += 1
+            missing.append(str(fp))
             continue
         try:
             spec = _frame_spec(meta, frame, img, frame_name(frame, i), size, max_image_size)
@@ -333,10 +334,12 @@ def warn_unmasked(masks_dir: Path, specs: list) -> None:
                       "masks/test/) to give each its own", stacklevel=3)
 
 
-def warn_missing(path: Path, missing: int, total: int) -> None:
-    """The one warning for frames skipped because their image file does not exist."""
+def warn_missing(path: Path, missing: list, total: int) -> None:
+    """The one warning for frames skipped because their image file does not exist (``missing``: their paths as
+    the file gives them; the first is named)."""
     if missing:
-        warnings.warn(f"{path}: {missing} of {total} frames have no image file and were skipped", stacklevel=3)
+        warnings.warn(f"{path}: {len(missing)} of {total} frames have no image file and were skipped (first: "
+                      f"{missing[0]!r:.120})", stacklevel=3)
 
 
 def read_ply_points(json_path, meta: dict | None = None):
