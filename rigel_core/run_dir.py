@@ -223,6 +223,16 @@ def open_run_log(run_dir: Path, name: str, console=None) -> logging.Logger:
     return log
 
 
+def log_to_file(log: logging.Logger, lines) -> None:
+    """Write each of ``lines`` to ``log``'s ``log.txt`` only, not to its console handler: what the console has
+    shown already (the dataset's warnings, printed before the run folder existed)."""
+    for line in lines:
+        record = log.makeRecord(log.name, logging.WARNING, "", 0, line, None, None)
+        for h in log.handlers:
+            if isinstance(h, logging.FileHandler):
+                h.handle(record)
+
+
 def close_run_log(log: logging.Logger) -> None:
     for h in list(log.handlers):
         log.removeHandler(h)

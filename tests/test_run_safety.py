@@ -154,6 +154,40 @@ def test_resuming_with_fewer_iterations_than_done_is_refused(cli, tmp_path, caps
     assert train_main(common + quiet + ["--iters", "5", "--resume"]) == 0   # more iterations still continue it
 
 
+def test_the_datasets_warnings_reach_the_runs_log(tmp_path, capsys):
+    """A warning of the dataset (a frame without its image file) comes before the run folder exists: it is shown
+    on the console as one line and also written to the run's log.txt (it was on stderr alone); so is --resume's
+    note that there was nothing to resume."""
+    from rigel_core.cli.train import main as train_main
+    from rigel_core.data import make_dataset
+
+    data = tmp_path / "data"
+    make_dataset(data, 50, 8, 8, n_train=3, n_test=1, device="cpu", progress=False)
+    (data / "train" / "r_1.png").unlink()
+    run = tmp_path / "run"
+    assert train_main(["--data", str(data), "--out", str(run), "--device", "cpu", "--quiet", "--eval-every", "0",
+                       "--n-renders", "0", "--init-points", "20", "--iters", "2", "--resume"]) == 0
+    err = capsys.readouterr().err
+    warned = [ln for ln in err.splitlines() if "have no image file" in ln]
+    assert len(warned) == 1 and "'./train/r_1'" in warned[0], err
+    log = (run / "log.txt").read_text()
+    assert "warning: " in log and "1 of 3 frames have no image file and were skipped (first: './train/r_1')" in log, log
+    assert "--resume: no checkpoint.safetensors" in log and log.count("have no image file") == 1, log
+
+
+@pytest.mark.parametrize("value", ["-3", "x", "1.5"])
+def test_test_every_must_be_a_whole_number_of_at_least_zero(tmp_path, capsys, value):
+    """--test-every -3 held nothing out without a word (split_every treats N ≤ 0 as none): refused as argparse
+    does, before anything loads."""
+    from rigel_core.cli.train import main as train_main
+
+    with pytest.raises(SystemExit) as e:
+        train_main(["--data", str(tmp_path), "--out", str(tmp_path / "run"), "--test-every", value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--test-every" in err and "whole number ≥ 0" in err and not (tmp_path / "run").exists(), err
+
+
 # ---- a wrong --out: one line, before any data loads --------------------------------------------------------------
 @pytest.mark.parametrize("cli", ["rigel-train", "rigel-render", "rigel-viewer --data", "rigel-viewer SCENE"])
 @pytest.mark.parametrize("kind", ["file", "under-a-file"])

@@ -41,7 +41,8 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--alpha-as-mask", action="store_true",
         help="use the images' alpha channel as a mask (alpha 0 = pixel ignored) instead of compositing")
     add("--downscale", type=downscale_arg, default=1, help="divide image sizes by this (a finite number ≥ 1)")
-    add("--test-every", type=int, default=8, help="hold-out stride for instant-ngp / COLMAP data")
+    add("--test-every", type=test_every_arg, default=8,
+        help="hold out every Nth view of instant-ngp / COLMAP data (0: none)")
     add("--max-gaussians", type=int, default=None,
         help="hard cap on the Gaussian count; the budget of the mcmc strategy")
     add("--init-points", type=int, default=None, help="random initial points without SfM points")
@@ -86,6 +87,17 @@ def downscale_arg(text: str) -> float:
     return v
 
 
+def test_every_arg(text: str) -> int:
+    """``--test-every``: a whole number ≥ 0 (0 holds no view out); argparse's one-line error otherwise."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0 (0: no held-out views), got {text[:40]!r}")
+    return n
+
+
 def path_arg(text: str) -> Path:
     """A path argument that is not empty: ``--out ""`` (an unset shell variable) would otherwise mean the current
     directory and write a run, renders or a dataset there. argparse's one-line error for an empty one."""
@@ -120,6 +132,24 @@ def one_line_warnings(prog: str):
 
     shown = warnings.showwarning
     warnings.showwarning = one_line
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
+
+
+@contextlib.contextmanager
+def remembered_warnings(into: list, prefix: str = ""):
+    """While inside: every warning shown (as before, e.g. by :func:`one_line_warnings`) also has its message,
+    after ``prefix``, appended to ``into``: a dataset's warnings come before the run's ``log.txt`` exists, and are written there
+    once it does (:func:`rigel_core.run_dir.log_to_file`)."""
+    shown = warnings.showwarning
+
+    def remember(message, category, filename, lineno, file=None, line=None):
+        into.append(f"{prefix}{message}")
+        shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = remember
     try:
         yield
     finally:

@@ -72,9 +72,10 @@ import time
 from pathlib import Path
 
 from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord, choose_run_dir,
-                       new_metrics, open_run_log, out_problem, read_metrics)
+                       log_to_file, new_metrics, open_run_log, out_problem, read_metrics)
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
-    load_training_data, new_run_problem, one_line_warnings, path_arg, resume_config, resumed_data_problem
+    load_training_data, new_run_problem, one_line_warnings, path_arg, remembered_warnings, resume_config, \
+    resumed_data_problem
 
 __all__ = ["main", "build_parser"]
 
@@ -246,8 +247,11 @@ def _main(args, lock: RunLock, comm=None) -> int:
     except RunFolderTaken as e:
         print(f"rigel-train: {e}", file=sys.stderr)
         return 2
+    early = []  # what the console shows before log.txt exists (the dataset's and the trainer's warnings, …): written
+    # there once it does
     if args.resume and not ckpt.is_file():
-        print(f"rigel-train: --resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run", file=sys.stderr)
+        early.append(f"--resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run")
+        print(f"rigel-train: {early[-1]}", file=sys.stderr)
     device = args.device or ("cuda" if cuda_available() else "cpu")
     problem = device_problem(device)
     if problem:
@@ -273,7 +277,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
         return 2
     t_start = time.perf_counter()
     try:
-        ds = load_training_data(args)
+        with remembered_warnings(early, prefix="warning: "):
+            ds = load_training_data(args)
     except (DatasetError, ValueError, FileNotFoundError, ImportError) as e:
         print(f"rigel-train: {e}", file=sys.stderr)
         return 2
@@ -287,7 +292,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
             return 2
     metrics = None
     try:
-        trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
+        with remembered_warnings(early, prefix="warning: "):
+            trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
         if resume_cfg is not None and metrics_path.is_file():
             metrics = read_metrics(metrics_path)   # a damaged metrics.json starts afresh (the checkpoint holds the state)
             if metrics is None:
@@ -338,6 +344,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
         log.handlers[:] = [logging.NullHandler()]
     record = RunRecord(run_dir, log, metrics)
     if is_main:  # a warning while training: log.txt and (through the log's console handler) the console
+        log_to_file(log, early)
         record.log_warnings(echo=False)
     log.info(f"data {args.data}: {len(ds.train)} train / {len(ds.test)} test views, "
              f"{ds.train[0].camera.width}x{ds.train[0].camera.height}, extent {trainer.extent:.3f}, "
