@@ -154,7 +154,8 @@ def test_resuming_with_fewer_iterations_than_done_is_refused(cli, tmp_path, caps
     assert train_main(common + quiet + ["--iters", "5", "--resume"]) == 0   # more iterations still continue it
 
 
-def test_the_datasets_warnings_reach_the_runs_log(tmp_path, capsys):
+@pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer --data"])
+def test_the_datasets_warnings_reach_the_runs_log(cli, tmp_path, capsys):
     """A warning of the dataset (a frame without its image file) comes before the run folder exists: it is shown
     on the console as one line and also written to the run's log.txt (it was on stderr alone); so is --resume's
     note that there was nothing to resume."""
@@ -165,8 +166,14 @@ def test_the_datasets_warnings_reach_the_runs_log(tmp_path, capsys):
     make_dataset(data, 50, 8, 8, n_train=3, n_test=1, device="cpu", progress=False)
     (data / "train" / "r_1.png").unlink()
     run = tmp_path / "run"
-    assert train_main(["--data", str(data), "--out", str(run), "--device", "cpu", "--quiet", "--eval-every", "0",
-                       "--n-renders", "0", "--init-points", "20", "--iters", "2", "--resume"]) == 0
+    common = ["--data", str(data), "--out", str(run), "--device", "cpu", "--init-points", "20", "--iters", "2",
+              "--resume"]
+    if cli == "rigel-train":
+        assert train_main(common + ["--quiet", "--eval-every", "0", "--n-renders", "0"]) == 0
+    else:
+        from viewer.cli import main
+
+        assert main(common + ["--offscreen", "--frames", "1"]) == 0
     err = capsys.readouterr().err
     warned = [ln for ln in err.splitlines() if "have no image file" in ln]
     assert len(warned) == 1 and "'./train/r_1'" in warned[0], err

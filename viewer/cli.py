@@ -173,8 +173,9 @@ def _start_training(args, settings: ViewSettings, locks: list):
     (run_dir, session, frames, device)."""
     from rigel_core.checkpoint import CheckpointError
     from rigel_core.cli.common import build_trainer, changed_settings_line, config_overrides, load_training_data, \
-        new_run_problem, resume_config, resumed_data_problem
-    from rigel_core.run_dir import CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir, holds_run, out_problem
+        new_run_problem, remembered_warnings, resume_config, resumed_data_problem
+    from rigel_core.run_dir import CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir, holds_run, \
+        log_to_file, out_problem
 
     from .app import _pick_render_device
     from .camera_control import up_from_cameras
@@ -210,14 +211,18 @@ def _start_training(args, settings: ViewSettings, locks: list):
     problem = None if resume_cfg is not None else new_run_problem(overrides, args)  # before the dataset loads
     if problem:
         raise _Refused(problem)
+    early = []  # what stderr shows before log.txt exists (the dataset's warnings, …): written there once it does
     if args.resume and resume_cfg is None:
-        print(f"rigel-viewer: --resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run", file=sys.stderr)
+        early.append(f"--resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run")
+        print(f"rigel-viewer: {early[-1]}", file=sys.stderr)
     device = _pick_render_device(args.device)
-    ds = load_training_data(args)
+    with remembered_warnings(early, prefix="warning: "):
+        ds = load_training_data(args)
     problem = resumed_data_problem(run_dir, ds, args.data) if resume_cfg is not None else None
     if problem:
         raise _Refused(f"--resume: {run_dir} {problem}")
-    trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
+    with remembered_warnings(early, prefix="warning: "):
+        trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
     try:  # the folder is checked again under the lock: a rigel-train may have finished a run here meanwhile
         if lock.claim(resume=args.resume) is None:
             raise _Refused(RunLock(run_dir).busy_message("rigel process"))
@@ -226,6 +231,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
     if changes:  # said once the resume goes ahead (a refused one stays one line)
         print(f"rigel-viewer: {changed_settings_line(ckpt, changes)}", file=sys.stderr)
     log = _setup_logging(run_dir)
+    log_to_file(log, early)
     frames = list(ds.train)
     if args.up is None:
         settings.up = up_from_cameras([f.camera for f in frames])
