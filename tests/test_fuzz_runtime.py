@@ -421,3 +421,4 @@ def test_resume_with_a_damaged_metrics_json(real_run, tmp_path, capsys):
         assert m["iterations_done"] == 20 and m["resumed_at"] == [20]
         err = [ln for ln in capsys.readouterr().err.splitlines() if "metrics.json" in ln]
         assert len(err) == 1 and "damaged" in err[0] and str(rd / "metrics.json") in err[0]  # said, in one line
+        assert f"{rd / 'metrics.json'}: damaged" in (rd / "log.txt").read_text()   # and in the run's log

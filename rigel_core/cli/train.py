@@ -297,8 +297,9 @@ def _main(args, lock: RunLock, comm=None) -> int:
         if resume_cfg is not None and metrics_path.is_file():
             metrics = read_metrics(metrics_path)   # a damaged metrics.json starts afresh (the checkpoint holds the state)
             if metrics is None:
-                print(f"rigel-train: {metrics_path}: damaged; the training curve and evaluation history start afresh "
-                      "(the checkpoint holds the training state)", file=sys.stderr)
+                early.append(f"{metrics_path}: damaged; the training curve and evaluation history start afresh "
+                             "(the checkpoint holds the training state)")
+                print(f"rigel-train: {early[-1]}", file=sys.stderr)
     except (ValueError, TypeError) as e:  # TypeError: a --set value of the wrong type
         if isinstance(e, TypeError) and not args.set_fields:
             raise
