@@ -150,16 +150,19 @@ def fresh_run_dir(base: Path) -> Path:
 def choose_run_dir(out: Path | None, default: Path, *, resume: bool) -> Path:
     """The run folder to train into; never one that holds another run.
 
-    ``resume``: ``out`` (or ``default``) as it is, unless it holds ``model.ply`` but no checkpoint (a finished
-    run whose checkpoint was deleted: nothing to continue, and the new run would replace its model), which raises
-    :class:`RunFolderTaken`. An explicit ``out`` that holds a run without ``resume`` raises
+    ``resume``: ``out`` (or ``default``) as it is, unless it holds ``model.ply`` or ``metrics.json`` but no
+    checkpoint (a finished run whose checkpoint was deleted: nothing to continue, and the new run would replace its
+    model or its record), which raises :class:`RunFolderTaken`. (A ``log.txt`` alone — a run killed before its
+    first save — is appended to.) An explicit ``out`` that holds a run without ``resume`` raises
     :class:`RunFolderTaken` naming its run files (or that it is a file). Without ``out``, ``default`` becomes
     ``default-2``, ``-3``, … when it holds a run (:func:`fresh_run_dir`)."""
     if resume:
         run = Path(out) if out is not None else Path(default)
-        if (run / PLY_NAME).exists() and not (run / CHECKPOINT_NAME).exists():
-            raise RunFolderTaken(f"{run} holds {PLY_NAME} but no {CHECKPOINT_NAME}: --resume has nothing to "
-                                 f"continue, and a new run would replace {PLY_NAME}; choose another --out")
+        kept = [f for f in (PLY_NAME, METRICS_NAME) if (run / f).exists()]
+        if kept and not (run / CHECKPOINT_NAME).exists():
+            names = " and ".join(kept)
+            raise RunFolderTaken(f"{run} holds {names} but no {CHECKPOINT_NAME}: --resume has nothing to "
+                                 f"continue, and a new run would replace {names}; choose another --out")
         return run
     if out is not None:
         out = Path(out)
@@ -269,6 +272,12 @@ def new_metrics(metrics: dict | None, *, data, device: str, trainer, resumed: bo
         metrics = {"train": [], "eval": [], "densify": [], "timings": {}, "resumed_at": []}
     if resumed:
         metrics.setdefault("resumed_at", []).append(trainer.iteration)
+        # points past the checkpoint came from a session that ended without saving (a second Ctrl-C, kill -9): its
+        # steps are redone now, so their old points go (the curve stays monotonic, each iteration once)
+        for key in ("train", "eval", "densify"):
+            metrics[key] = [e for e in metrics.get(key, [])
+                            if not (isinstance(e, dict) and isinstance(e.get("iteration"), (int, float))
+                                    and e["iteration"] > trainer.iteration)]
     # the views as loaded (the trainer may pad some to a common size, with masked margins that are not data)
     train, test = list(getattr(trainer.dataset, "train", trainer.train_frames)), trainer.test_frames
     metrics.update({"data": str(data), "device": device, "config": trainer.config.to_dict(),

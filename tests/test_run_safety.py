@@ -67,14 +67,16 @@ def test_a_locked_run_folder_is_refused(tmp_path, capsys, cli):
 # ---- a folder holding a run's model.ply but no checkpoint -------------------------------------------------------
 @pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer"])
 @pytest.mark.parametrize("resume", [False, True], ids=["new", "resume"])
-def test_a_model_ply_without_a_checkpoint_is_never_trained_over(tmp_path, capsys, cli, resume):
-    """A run whose checkpoint was deleted (to save space) keeps its model.ply: training into that folder, with or
-    without --resume (nothing to continue), would replace it. One line naming the folder and model.ply, exit 2,
-    before the dataset is read, nothing written."""
+@pytest.mark.parametrize("kept_file", ["model.ply", "metrics.json"])
+def test_a_model_ply_without_a_checkpoint_is_never_trained_over(tmp_path, capsys, cli, resume, kept_file):
+    """A run whose checkpoint was deleted (to save space) keeps its model.ply or its metrics.json: training into
+    that folder, with or without --resume (nothing to continue), would replace it (--resume replaced a lone
+    metrics.json with a new run's). One line naming the folder and the file, exit 2, before the dataset is read,
+    nothing written."""
     run = tmp_path / "run"
     run.mkdir()
     kept = os.urandom(64)
-    (run / "model.ply").write_bytes(kept)
+    (run / kept_file).write_bytes(kept)
     argv = ["--data", str(tmp_path / "no-such-dataset"), "--out", str(run)] + (["--resume"] if resume else [])
     if cli == "rigel-viewer":
         from viewer.cli import main
@@ -86,9 +88,9 @@ def test_a_model_ply_without_a_checkpoint_is_never_trained_over(tmp_path, capsys
         argv.append("--quiet")
     assert main(argv) == 2
     line = _one_line(capsys.readouterr().err)
-    assert str(run) in line and "model.ply" in line and "no-such-dataset" not in line, line
-    assert sorted(p.name for p in run.iterdir()) == ["model.ply"]
-    assert (run / "model.ply").read_bytes() == kept
+    assert str(run) in line and kept_file in line and "no-such-dataset" not in line, line
+    assert sorted(p.name for p in run.iterdir()) == [kept_file]
+    assert (run / kept_file).read_bytes() == kept
 
 
 @pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer --data"])
@@ -180,6 +182,35 @@ def test_the_datasets_warnings_reach_the_runs_log(cli, tmp_path, capsys):
     log = (run / "log.txt").read_text()
     assert "warning: " in log and "1 of 3 frames have no image file and were skipped (first: './train/r_1')" in log, log
     assert "--resume: no checkpoint.safetensors" in log and log.count("have no image file") == 1, log
+
+
+def test_a_resume_drops_the_curve_points_past_its_checkpoint(tmp_path):
+    """A session that ended without saving (a second Ctrl-C, kill -9) left loss-curve and evaluation points past
+    the checkpoint's iteration in metrics.json; the resumed run redoes those steps, so those points go and the
+    curve stays monotonic (it read 40, 58, …, 118, 58, 68, …)."""
+    import json
+
+    from rigel_core.cli.train import main as train_main
+    from rigel_core.data import make_dataset
+
+    data = tmp_path / "data"
+    make_dataset(data, 50, 8, 8, n_train=2, n_test=1, device="cpu", progress=False)
+    run = tmp_path / "run"
+    common = ["--data", str(data), "--out", str(run), "--device", "cpu", "--quiet", "--n-renders", "0",
+              "--eval-every", "2"]
+    assert train_main(common + ["--init-points", "20", "--iters", "4"]) == 0
+    m = json.loads((run / "metrics.json").read_text())
+    assert m["train"] and m["eval"]
+    lost = {"iteration": 9, "loss": 0.5, "psnr": 10.0, "num_gaussians": 20, "ms_per_iter": 1.0}
+    m["train"].append(lost)
+    m["eval"].append({**m["eval"][-1], "iteration": 8})
+    (run / "metrics.json").write_text(json.dumps(m))
+    assert train_main(common + ["--iters", "10", "--resume"]) == 0
+    m = json.loads((run / "metrics.json").read_text())
+    for key in ("train", "eval"):
+        its = [e["iteration"] for e in m[key]]
+        assert its == sorted(set(its)) and its[-1] == 10, (key, its)
+    assert lost not in m["train"] and m["resumed_at"] == [4]
 
 
 @pytest.mark.parametrize("value", ["-3", "x", "1.5"])
