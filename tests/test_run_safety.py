@@ -213,6 +213,30 @@ def test_a_resume_drops_the_curve_points_past_its_checkpoint(tmp_path):
     assert lost not in m["train"] and m["resumed_at"] == [4]
 
 
+@pytest.mark.parametrize("flag", [["--sh-degree", "1"], ["--appearance", "mlp"]])
+def test_a_resume_refuses_a_model_setting_it_would_ignore(tmp_path, capsys, flag):
+    """--resume kept the checkpoint's SH degree and appearance and dropped --sh-degree / --appearance without a
+    word: a different explicit value is one line naming it, exit 2, nothing written; the run's own value (or
+    leaving it out) resumes."""
+    from rigel_core.cli.train import main as train_main
+    from rigel_core.data import make_dataset
+
+    data = tmp_path / "data"
+    make_dataset(data, 50, 8, 8, n_train=2, n_test=1, device="cpu", progress=False)
+    run = tmp_path / "run"
+    common = ["--data", str(data), "--out", str(run), "--device", "cpu", "--quiet", "--eval-every", "0",
+              "--n-renders", "0"]
+    assert train_main(common + ["--init-points", "20", "--iters", "2", "--sh-degree", "2"]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert train_main(common + ["--iters", "3", "--resume"] + flag) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert flag[0] in line and "checkpoint.safetensors" in line and "new --out" in line, line
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    same = ["--sh-degree", "2"] if flag[0] == "--sh-degree" else ["--appearance", "sh"]
+    assert train_main(common + ["--iters", "3", "--resume"] + same) == 0
+
+
 @pytest.mark.parametrize("value", ["-3", "x", "1.5"])
 def test_test_every_must_be_a_whole_number_of_at_least_zero(tmp_path, capsys, value):
     """--test-every -3 held nothing out without a word (split_every treats N ≤ 0 as none): refused as argparse

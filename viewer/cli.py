@@ -172,8 +172,8 @@ def _start_training(args, settings: ViewSettings, locks: list):
     ``--data``. Everything about the run folder is checked before the dataset loads. Returns
     (run_dir, session, frames, device)."""
     from rigel_core.checkpoint import CheckpointError
-    from rigel_core.cli.common import build_trainer, changed_settings_line, config_overrides, load_training_data, \
-        new_run_problem, remembered_warnings, resume_config, resumed_data_problem
+    from rigel_core.cli.common import build_trainer, changed_settings_line, config_overrides, kept_settings, \
+        load_training_data, new_run_problem, remembered_warnings, resume_config, resumed_data_problem
     from rigel_core.run_dir import CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir, holds_run, \
         log_to_file, out_problem
 
@@ -205,7 +205,8 @@ def _start_training(args, settings: ViewSettings, locks: list):
     try:
         overrides = config_overrides(args)
         changes: list = []
-        resume_cfg = resume_config(ckpt, overrides, changes) if args.resume and ckpt.is_file() else None
+        resume_cfg = (resume_config(ckpt, overrides, changes, kept_settings(args)) if args.resume and ckpt.is_file()
+                      else None)
     except (CheckpointError, ValueError) as e:
         raise _Refused(str(e)) from None
     problem = None if resume_cfg is not None else new_run_problem(overrides, args)  # before the dataset loads

@@ -33,10 +33,10 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--data", required=data_required, type=path_arg,
         help="dataset directory (Blender, instant-ngp or COLMAP)")
     add("--iters", type=int, default=None, help="total iterations (default 30000)")
-    add("--appearance", choices=["sh", "mlp"], default="sh",
+    add("--appearance", choices=["sh", "mlp"], default=None,
         help="colour model: spherical harmonics, or per-Gaussian latents decoded by a shared MLP "
              "(model.ply is then baked to SH of --sh-degree; a resumed run keeps its own)")
-    add("--sh-degree", type=int, default=3, help="maximum SH degree (0..3)")
+    add("--sh-degree", type=int, default=None, help="maximum SH degree (0..3; default 3; a resumed run keeps its own)")
     add("--white-bg", action="store_true", help="composite alpha onto white (NeRF-synthetic)")
     add("--alpha-as-mask", action="store_true",
         help="use the images' alpha channel as a mask (alpha 0 = pixel ignored) instead of compositing")
@@ -214,12 +214,19 @@ def new_run_problem(overrides: dict, args=None) -> str | None:
     return None
 
 
-def resume_config(ckpt: Path, overrides: dict, changes: list | None = None):
+def kept_settings(args: argparse.Namespace) -> dict:
+    """The settings a resumed run keeps from its checkpoint that the command line gave explicitly (``--sh-degree``,
+    ``--appearance``; None where left out): :func:`resume_config` refuses one that differs."""
+    return {"sh_degree": args.sh_degree, "appearance": args.appearance}
+
+
+def resume_config(ckpt: Path, overrides: dict, changes: list | None = None, kept: dict | None = None):
     """The TrainConfig of the checkpoint ``ckpt`` with ``overrides``, validated completely before anything loads.
     Raises CheckpointError (naming the file and field) or ValueError (the overrides make it invalid, or ask for
     fewer iterations than the checkpoint has done). ``changes``, when given, receives one ``"key saved -> new"``
     string per setting the overrides change (the command line prints them, so that no saved setting is replaced
-    silently)."""
+    silently). ``kept`` (:func:`kept_settings`): settings the model's layout fixes; one given and unlike the
+    checkpoint's raises ValueError (it was ignored without a word)."""
     from ..checkpoint import read_checkpoint, validate_checkpoint
     from ..train import TrainConfig
 
@@ -229,6 +236,10 @@ def resume_config(ckpt: Path, overrides: dict, changes: list | None = None):
         # the saved max_gaussians was a cap for another strategy, not a budget chosen for this one
         raise ValueError(f"{ckpt}: the run used strategy {saved.get('strategy')!r}; --strategy mcmc needs "
                          f"--max-gaussians N (the Gaussian budget it grows to)")
+    for k, v in (kept or {}).items():
+        if v is not None and saved.get(k) != v:
+            raise ValueError(f"{ckpt}: the run was trained with {k} {saved.get(k)!r}, which a resumed run keeps; "
+                             f"--{k.replace('_', '-')} {v} needs a new --out")
     if changes is not None:
         changes.extend(f"{k} {saved[k]!r} -> {v!r}" for k, v in overrides.items() if k in saved and saved[k] != v)
     saved.update(overrides)
@@ -310,7 +321,8 @@ def new_config(args, overrides: dict):
     a command can refuse it before its dataset loads."""
     from ..train import TrainConfig
 
-    cfg = TrainConfig(**{"sh_degree": args.sh_degree, "appearance": args.appearance, **overrides})
+    cfg = TrainConfig(**{"sh_degree": 3 if args.sh_degree is None else args.sh_degree,
+                         "appearance": args.appearance or "sh", **overrides})
     cfg.validate()
     return cfg
 

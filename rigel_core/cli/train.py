@@ -74,8 +74,8 @@ from pathlib import Path
 from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord, choose_run_dir,
                        log_to_file, new_metrics, open_run_log, out_problem, read_metrics)
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
-    load_training_data, new_run_problem, one_line_warnings, path_arg, remembered_warnings, resume_config, \
-    resumed_data_problem
+    kept_settings, load_training_data, new_run_problem, one_line_warnings, path_arg, remembered_warnings, \
+    resume_config, resumed_data_problem
 
 __all__ = ["main", "build_parser"]
 
@@ -267,7 +267,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
         from ..checkpoint import CheckpointError
 
         try:
-            resume_cfg = resume_config(ckpt, overrides, changes)
+            resume_cfg = resume_config(ckpt, overrides, changes, kept_settings(args))
         except (CheckpointError, ValueError) as e:
             print(f"rigel-train: {e}", file=sys.stderr)
             return 2
