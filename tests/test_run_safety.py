@@ -237,17 +237,20 @@ def test_a_resume_refuses_a_model_setting_it_would_ignore(tmp_path, capsys, flag
     assert train_main(common + ["--iters", "3", "--resume"] + same) == 0
 
 
-@pytest.mark.parametrize("value", ["-3", "x", "1.5"])
-def test_test_every_must_be_a_whole_number_of_at_least_zero(tmp_path, capsys, value):
-    """--test-every -3 held nothing out without a word (split_every treats N ≤ 0 as none): refused as argparse
-    does, before anything loads."""
+@pytest.mark.parametrize("flag, value", [("--test-every", "-3"), ("--test-every", "x"), ("--test-every", "1.5"),
+                                         ("--test-every", "1"), ("--eval-every", "-1"),
+                                         ("--checkpoint-every", "-1"), ("--n-renders", "-2")])
+def test_counts_must_be_whole_numbers_of_at_least_zero(tmp_path, capsys, flag, value):
+    """--test-every -3 held nothing out without a word (split_every treats N ≤ 0 as none), and --test-every 1 held
+    out every view ("the dataset has no training frames"); negative --eval-every / --checkpoint-every /
+    --n-renders were taken silently: refused as argparse does, before anything loads."""
     from rigel_core.cli.train import main as train_main
 
     with pytest.raises(SystemExit) as e:
-        train_main(["--data", str(tmp_path), "--out", str(tmp_path / "run"), "--test-every", value])
+        train_main(["--data", str(tmp_path), "--out", str(tmp_path / "run"), flag, value])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "--test-every" in err and "whole number ≥ 0" in err and not (tmp_path / "run").exists(), err
+    assert flag in err and ("whole number ≥ 0" in err or "every view" in err) and not (tmp_path / "run").exists(), err
 
 
 # ---- a wrong --out: one line, before any data loads --------------------------------------------------------------

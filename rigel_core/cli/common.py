@@ -70,7 +70,8 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
         help="set a TrainConfig field (repeatable; VALUE read as JSON, else as a string), "
              "e.g. --set densify_until=5000")
-    add("--eval-every", type=int, default=None, help="held-out evaluation interval (0 = only at the end)")
+    add("--eval-every", type=whole_number_arg("only at the end"), default=None,
+        help="held-out evaluation interval (0 = only at the end)")
     add("--seed", type=int, default=None, help="random seed")
     add("--resume", action="store_true", help=f"continue from RUN/{CHECKPOINT_NAME}")
 
@@ -87,14 +88,27 @@ def downscale_arg(text: str) -> float:
     return v
 
 
+def whole_number_arg(zero: str):
+    """An argparse type: a whole number ≥ 0 (``zero`` says what 0 means, for the error line); argparse's one-line
+    error, exit 2, otherwise (a negative count was taken silently)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0 (0: {zero}), got {text[:40]!r}")
+        return n
+
+    return parse
+
+
 def test_every_arg(text: str) -> int:
-    """``--test-every``: a whole number ≥ 0 (0 holds no view out); argparse's one-line error otherwise."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 0 (0: no held-out views), got {text[:40]!r}")
+    """``--test-every``: a whole number ≥ 0 (0 holds no view out), not 1 (which would hold out every view)."""
+    n = whole_number_arg("no held-out views")(text)
+    if n == 1:
+        raise argparse.ArgumentTypeError("1 would hold out every view and leave none to train on: give 0 (no "
+                                         "held-out views) or N ≥ 2 (every Nth view)")
     return n
 
 

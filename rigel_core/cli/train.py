@@ -75,7 +75,7 @@ from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, R
                        log_to_file, new_metrics, open_run_log, out_problem, read_metrics)
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
     kept_settings, load_training_data, new_run_problem, one_line_warnings, path_arg, remembered_warnings, \
-    resume_config, resumed_data_problem
+    resume_config, resumed_data_problem, whole_number_arg
 
 __all__ = ["main", "build_parser"]
 
@@ -86,9 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rigel-train", description="Train a 3D Gaussian Splatting model.")
     p.add_argument("--out", required=True, type=path_arg, help="run directory (created)")
     add_training_args(p)   # --data, the dataset and TrainConfig flags, --resume (shared with rigel-viewer --data)
-    p.add_argument("--checkpoint-every", type=int, default=5000, help="checkpoint interval (0 = only at the end)")
+    p.add_argument("--checkpoint-every", type=whole_number_arg("only at the end"), default=5000,
+                   help="checkpoint interval (0 = only at the end)")
     p.add_argument("--log-every", type=int, default=10, help="loss-curve window in iterations")
-    p.add_argument("--n-renders", type=int, default=3, help="held-out views saved as PNG at each evaluation")
+    p.add_argument("--n-renders", type=whole_number_arg("none"), default=3,
+                   help="held-out views saved as PNG at each evaluation")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when usable")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     # data-parallel training (rigel_core/train/distributed.py; issue 16)
