@@ -706,11 +706,16 @@ def test_cli_end_to_end_resume_and_interrupt(blender_dataset, tmp_path, monkeypa
     assert "no checkpoint.safetensors" in capsys.readouterr().err
 
 
-def test_cli_sigterm_saves_like_ctrl_c(blender_dataset, tmp_path, monkeypatch):
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGHUP"])
+def test_cli_sigterm_saves_like_ctrl_c(blender_dataset, tmp_path, monkeypatch, signame):
     """SIGTERM (what `timeout`, `docker stop`, systemd and batch schedulers send) finishes the step and saves the
     checkpoint, the PLY and the metrics as Ctrl-C does, exit status 143 = 128 + SIGTERM; a run killed this way
-    resumes instead of losing every iteration since the last periodic checkpoint."""
+    resumes instead of losing every iteration since the last periodic checkpoint. SIGHUP (a closed terminal, a
+    dropped ssh session) likewise, 129: it killed the run with nothing saved.
+    """
     import signal
+
+    sig = getattr(signal, signame)
 
     from rigel_core.checkpoint import read_checkpoint
     from rigel_core.cli.train import main
@@ -721,22 +726,22 @@ def test_cli_sigterm_saves_like_ctrl_c(blender_dataset, tmp_path, monkeypatch):
     def step(self):
         calls["n"] += 1
         if calls["n"] == 3:
-            os.kill(os.getpid(), signal.SIGTERM)   # arrives during this step, which then completes
+            os.kill(os.getpid(), sig)   # arrives during this step, which then completes
         return real_step(self)
 
     monkeypatch.setattr(Trainer, "step", step)
     def not_caught(signum, frame):   # stands in for the default action (which would end pytest) if main misses it
         calls["missed"] = True
 
-    before = signal.signal(signal.SIGTERM, not_caught)
+    before = signal.signal(sig, not_caught)
     try:
         run = tmp_path / "run"
         status = main(["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet",
                        "--init-points", "100", "--iters", "50"])
-        assert signal.getsignal(signal.SIGTERM) is not_caught   # the handler is put back
+        assert signal.getsignal(sig) is not_caught   # the handler is put back
     finally:
-        signal.signal(signal.SIGTERM, before)
-    assert status == 143 and "missed" not in calls
+        signal.signal(sig, before)
+    assert status == 128 + int(sig) and "missed" not in calls
     assert read_checkpoint(run / "checkpoint.safetensors")[1]["iteration"] == 3
     assert (run / "model.ply").is_file() and "interrupted" in (run / "log.txt").read_text()
 
@@ -794,7 +799,7 @@ def test_cli_resume_on_another_dataset_or_resolution_is_refused(blender_dataset,
     capsys.readouterr()
     assert main(["--data", str(blender_dataset), *base, "--iters", "3", "--resume", "--downscale", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--resume" in err and "another dataset or --downscale" in err, err
+    assert err.count("\n") == 1 and "--resume" in err and "another dataset, --downscale or --test-every" in err, err
     other = tmp_path / "other"
     shutil.copytree(blender_dataset, other)
     meta = json.loads((other / "transforms_train.json").read_text())

@@ -305,7 +305,7 @@ def resumed_data_problem(run_dir: Path, ds, data) -> str | None:
         return f"{d['train_views']} training views of {w}x{h}, extent {d['scene_extent']:.4g}"
 
     return (f"was trained on {previous.get('data', 'another dataset')} ({facts(seen)}); --data {data} gives "
-            f"{facts(now)}: another dataset or --downscale (train it into a new --out)")
+            f"{facts(now)}: another dataset, --downscale or --test-every (train it into a new --out)")
 
 
 def load_training_data(args: argparse.Namespace):

@@ -44,7 +44,8 @@ these keep the saved run's values unless given again. ``--set FIELD=VALUE`` (rep
 Ctrl-C finishes the current iteration, saves the checkpoint, the PLY and the metrics, then exits with status
 130 (a second Ctrl-C aborts at once; during the final evaluation, the evaluation finishes and the run is saved as
 done, still with status 130); SIGTERM (``timeout``, ``docker stop``, schedulers) does the same, status
-143 (one process; a rank of ``--gpus N`` still ends at SIGTERM, the launcher's way to stop a stuck rank). Exit
+143, and SIGHUP (a closed terminal, a dropped ssh session) too, status 129 (one process; a rank of ``--gpus N``
+still ends at SIGTERM, the launcher's way to stop a stuck rank). Exit
 status 0 on success, 2 for bad arguments, an unreadable dataset, a damaged checkpoint, an ``--out`` that cannot be
 written or one another ``rigel-train`` is using.
 
@@ -372,7 +373,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
 
-    # Ctrl-C or SIGTERM: finish the current iteration, then save (a second one aborts at once).
+    # Ctrl-C, SIGTERM or SIGHUP: finish the current iteration, then save (a second one aborts at once).
     stop = threading.Event()
     old_handlers = {}
     stop_signal = [signal.SIGINT]
@@ -386,7 +387,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
                 comm.stop_requested = True
 
         # SIGTERM only in a single process: the --gpus launcher ends a rank stuck in a collective with SIGTERM
-        caught = (signal.SIGINT,) if comm is not None else (signal.SIGINT, signal.SIGTERM)
+        # (and SIGHUP: a closed terminal or a dropped ssh session, which killed the run with nothing saved)
+        caught = (signal.SIGINT,) if comm is not None else (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         old_handlers = {s: signal.signal(s, _on_sigint) for s in caught}
 
     timings = metrics["timings"]
@@ -427,7 +429,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
             _save_png(out_dir / f"{f.name}_gt.png", f.image, getattr(f, "mask", None))
         write_metrics()
 
-    def interrupted_status() -> int:  # 130 after Ctrl-C, 128 + the signal's number after SIGTERM
+    def interrupted_status() -> int:  # 130 after Ctrl-C, 128 + the signal's number after SIGTERM / SIGHUP
         return EXIT_INTERRUPTED if stop_signal[0] == signal.SIGINT else 128 + int(stop_signal[0])
 
     status = 0
