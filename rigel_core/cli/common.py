@@ -155,8 +155,8 @@ def one_line_warnings(prog: str):
 @contextlib.contextmanager
 def remembered_warnings(into: list, prefix: str = ""):
     """While inside: every warning shown (as before, e.g. by :func:`one_line_warnings`) also has its message,
-    after ``prefix``, appended to ``into``: a dataset's warnings come before the run's ``log.txt`` exists, and are written there
-    once it does (:func:`rigel_core.run_dir.log_to_file`)."""
+    after ``prefix``, appended to ``into``: a dataset's warnings come before the run's ``log.txt`` exists, and are
+    written there once it does (:func:`rigel_core.run_dir.log_to_file`)."""
     shown = warnings.showwarning
 
     def remember(message, category, filename, lineno, file=None, line=None):
