@@ -173,7 +173,8 @@ def _start_training(args, settings: ViewSettings, locks: list):
     (run_dir, session, frames, device)."""
     from rigel_core.checkpoint import CheckpointError
     from rigel_core.cli.common import build_trainer, changed_settings_line, config_overrides, kept_settings, \
-        load_training_data, new_run_problem, remembered_warnings, resume_config, resumed_data_problem
+        load_training_data, new_run_problem, no_checkpoint_line, remembered_warnings, resume_config, \
+        resumed_data_problem
     from rigel_core.run_dir import CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir, holds_run, \
         log_to_file, out_problem
 
@@ -214,7 +215,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
         raise _Refused(problem)
     early = []  # what stderr shows before log.txt exists (the dataset's warnings, …): written there once it does
     if args.resume and resume_cfg is None:
-        early.append(f"--resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run")
+        early.append(no_checkpoint_line(run_dir))
         print(f"rigel-viewer: {early[-1]}", file=sys.stderr)
     device = _pick_render_device(args.device)
     with remembered_warnings(early, prefix="warning: "):

@@ -228,6 +228,14 @@ def new_run_problem(overrides: dict, args=None) -> str | None:
     return None
 
 
+def no_checkpoint_line(run_dir: Path) -> str:
+    """What rigel-train and rigel-viewer say (stderr and log.txt) when ``--resume`` finds no checkpoint to continue
+    and a new run starts in ``run_dir``."""
+    from ..run_dir import CHECKPOINT_NAME
+
+    return f"--resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run"
+
+
 def kept_settings(args: argparse.Namespace) -> dict:
     """The settings a resumed run keeps from its checkpoint that the command line gave explicitly (``--sh-degree``,
     ``--appearance``; None where left out): :func:`resume_config` refuses one that differs."""

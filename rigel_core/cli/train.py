@@ -75,8 +75,8 @@ from pathlib import Path
 from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord, choose_run_dir,
                        log_to_file, new_metrics, open_run_log, out_problem, read_metrics)
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
-    kept_settings, load_training_data, new_run_problem, one_line_warnings, path_arg, remembered_warnings, \
-    resume_config, resumed_data_problem, whole_number_arg
+    kept_settings, load_training_data, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
+    remembered_warnings, resume_config, resumed_data_problem, whole_number_arg
 
 __all__ = ["main", "build_parser"]
 
@@ -252,9 +252,13 @@ def _main(args, lock: RunLock, comm=None) -> int:
         return 2
     early = []  # what the console shows before log.txt exists (the dataset's and the trainer's warnings, …): written
     # there once it does
+
+    def say_early(line: str) -> None:
+        early.append(line)
+        print(f"rigel-train: {line}", file=sys.stderr)
+
     if args.resume and not ckpt.is_file():
-        early.append(f"--resume: no {CHECKPOINT_NAME} in {run_dir}; starting a new run")
-        print(f"rigel-train: {early[-1]}", file=sys.stderr)
+        say_early(no_checkpoint_line(run_dir))
     device = args.device or ("cuda" if cuda_available() else "cpu")
     problem = device_problem(device)
     if problem:
@@ -300,9 +304,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
         if resume_cfg is not None and metrics_path.is_file():
             metrics = read_metrics(metrics_path)   # a damaged metrics.json starts afresh (the checkpoint holds the state)
             if metrics is None:
-                early.append(f"{metrics_path}: damaged; the training curve and evaluation history start afresh "
-                             "(the checkpoint holds the training state)")
-                print(f"rigel-train: {early[-1]}", file=sys.stderr)
+                say_early(f"{metrics_path}: damaged; the training curve and evaluation history start afresh "
+                          "(the checkpoint holds the training state)")
     except (ValueError, TypeError) as e:  # TypeError: a --set value of the wrong type
         if isinstance(e, TypeError) and not args.set_fields:
             raise
