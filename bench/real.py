@@ -60,6 +60,15 @@ same iteration), ``real.json`` (everything, per-view metrics included), ``summar
 ``real_<scene>_<view>.png`` (the first held-out view: ground truth | rigel | gsplat, at each method's last
 checkpoint). Nothing is written into the datasets. stdout: one line per evaluation.
 
+**The stronger peer** (issue 35): ``--methods rigel,gsplat,gsplat-mcmc`` adds gsplat's ``MCMCStrategy`` from the same
+start, loss and schedule (plus its opacity and scale regularisers, 0.01 each, as gsplat's example trainer adds them),
+capped at the ``rigel`` run's Gaussian budget (its ``max_gaussians`` under MCMC, else its final count; ``--mcmc-cap``
+fixes it); real.md then has rigel's time ratio and ΔPSNR against both gsplat loops.
+
+**The suite** (issue 35): ``--scenes suite`` runs :data:`SUITE` — the four captures and variants derived from them
+at load (``NAME~VARIANT``, :data:`VARIANTS`: ``nosfm`` SfM points removed, ``halfviews`` / ``fewviews`` every 2nd /
+8th training view, ``halfres`` half resolution), recipes in code rather than copies of the images.
+
 **MCMC vs default** (issue 17): ``--methods rigel,rigel-mcmc`` runs rigel's default strategy, then rigel with
 ``strategy="mcmc"`` and ``max_gaussians`` = the count the default run ended with (its last checkpoint): the two
 at equal Gaussian counts, the same start, seed and overrides (``--rigel-config`` applies to both,
@@ -105,8 +114,11 @@ from rigel_core.train.trainer import Trainer  # noqa: E402
 
 #: "rigel-mcmc": rigel with the 3DGS-MCMC budget (``strategy="mcmc"``, rigel_core/train/mcmc.py) capped at the
 #: Gaussian count the default ``rigel`` run of the same scene ended with (or ``--mcmc-cap``): equal counts
-METHODS = ("rigel", "rigel-mcmc", "gsplat")
+#: "gsplat-mcmc": gsplat's MCMCStrategy (the stronger peer a gsplat user runs) from the same start, loss and schedule,
+#: with the Gaussian budget of the scene's ``rigel`` run (its MCMC budget, or the count it ended with) or ``--mcmc-cap``
+METHODS = ("rigel", "rigel-mcmc", "gsplat", "gsplat-mcmc")
 RIGEL_METHODS = ("rigel", "rigel-mcmc")
+GSPLAT_METHODS = ("gsplat", "gsplat-mcmc")
 DEFAULT_ITERS = "7000,30000"
 GIB = 2 ** 30
 
@@ -121,10 +133,47 @@ def shared_data() -> Path:
     return Path(os.environ.get("RIGEL_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
+#: capture variants (issue 35), applied to a loaded capture by :func:`apply_variants` — recipes, not copies of the
+#: images — so that the suite holds the kinds of capture users bring: ``NAME~VARIANT[~VARIANT]`` in ``--scenes``
+VARIANTS = {
+    "nosfm": "SfM points removed (random initialisation, as for a capture without them)",
+    "halfviews": "every other training view (the held-out views unchanged)",
+    "fewviews": "every 8th training view (a small capture; the held-out views unchanged)",
+    "halfres": "images at half resolution (the loader's downscale doubled)",
+}
+#: ``--scenes suite``: the four captures and the variants that model what users bring (issue 35): SfM points removed,
+#: half and an eighth of the views, half resolution, no points with a distorted lens (beer~nosfm, fox)
+SUITE = ("bonsai", "fern", "beer", "fox", "bonsai~nosfm", "fern~nosfm", "beer~nosfm", "bonsai~halfviews",
+         "bonsai~fewviews", "beer~halfviews", "fox~halfres", "beer~halfres")
+
+
+def split_variants(item: str) -> tuple[str, tuple[str, ...]]:
+    """``"fern~nosfm~halfres"`` → ("fern", ("nosfm", "halfres")); BenchError for a variant :data:`VARIANTS` lacks."""
+    base, *variants = item.split("~")
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not base:
+        raise BenchError(f"--scenes {item!r}: unknown variant {bad[0] if bad else ''!r}; variants: "
+                         + ", ".join(f"{k} ({v})" for k, v in VARIANTS.items()))
+    return base, tuple(dict.fromkeys(variants))
+
+
+def apply_variants(ds, variants) -> None:
+    """Apply :data:`VARIANTS` (except ``halfres``, which the loader's downscale does) to a loaded dataset, in place.
+    The scene's centre and extent stay the capture's (they scale learning rates: the same scene)."""
+    if "nosfm" in variants:
+        ds.points = ds.point_colors = None
+    if "halfviews" in variants:
+        ds.train = ds.train[::2]
+    if "fewviews" in variants:
+        ds.train = ds.train[::8]
+
+
 def find_scenes(spec: str | None) -> list[tuple[str, Path]]:
-    """(name, path) of each capture: ``spec`` is comma-separated paths or names of folders under
-    ``$RIGEL_SHARED_DATA/real``; None = every folder there that ``detect_format`` recognises (sorted).
-    Raises BenchError naming the path when a capture is missing or holds no dataset."""
+    """(name, path, variants) of each capture: ``spec`` is comma-separated paths or names of folders under
+    ``$RIGEL_SHARED_DATA/real``, each optionally followed by ``~VARIANT`` (:data:`VARIANTS`; the name keeps them, e.g.
+    "fern~nosfm"), or "suite" (:data:`SUITE`, the captures that exist); None = every folder there that
+    ``detect_format`` recognises (sorted). Raises BenchError naming the path when a capture is missing or holds no
+    dataset."""
     from rigel_core.data import DatasetError, detect_format
 
     real = shared_data() / "real"
@@ -138,26 +187,32 @@ def find_scenes(spec: str | None) -> list[tuple[str, Path]]:
             except DatasetError as e:
                 print(f"skipping {d}: {e}", flush=True)
                 continue
-            found.append((d.name, d))
+            found.append((d.name, d, ()))
         if not found:
             raise BenchError(f"{real}: no dataset folder found")
         return found
     out = []
-    for item in (s.strip() for s in spec.split(",")):
+    items = [s.strip() for s in spec.split(",")]
+    if items == ["suite"]:
+        items = [i for i in SUITE if (real / i.split("~")[0]).is_dir()]
+        if not items:
+            raise BenchError(f"--scenes suite: none of its captures is under {real}")
+    for item in items:
         if not item:
             continue
-        p = Path(item)
+        base, variants = split_variants(item)
+        p = Path(base)
         if not p.exists():
-            p = real / item
+            p = real / base
         try:
             fmt_name, root = detect_format(p)
         except DatasetError as e:
             raise BenchError(f"--scenes {item!r}: {e}") from None
-        name = (root.parent if root.is_file() else root).name
-        out.append((name, p))
+        name = "~".join(((root.parent if root.is_file() else root).name, *variants))
+        out.append((name, p, variants))
     if not out:
         raise BenchError("--scenes: no scene given")
-    names = [n for n, _ in out]
+    names = [n for n, _, _ in out]
     if len(set(names)) != len(names):
         raise BenchError(f"--scenes: two captures share a folder name ({', '.join(names)}); output files would clash")
     return out
@@ -244,6 +299,19 @@ def mcmc_config(cfg: TrainConfig, cap: int, overrides: dict) -> TrainConfig:
     except ValueError as e:
         raise BenchError(f"--mcmc-config: {e}") from None
     return out
+
+
+def gsplat_mcmc_cap(sc: dict, fixed: int | None) -> int:
+    """The budget of the ``gsplat-mcmc`` run of scene record ``sc``: ``fixed`` (``--mcmc-cap``) when given, else the
+    ``rigel`` run's own — its ``max_gaussians`` when it trained under the MCMC budget, else the Gaussian count it
+    ended with. BenchError when that run is missing or failed."""
+    if fixed:
+        return int(fixed)
+    r = sc.get("runs", {}).get("rigel") or {}
+    conf = r.get("config") or {}
+    if conf.get("strategy") == "mcmc" and conf.get("max_gaussians"):
+        return int(conf["max_gaussians"])
+    return mcmc_cap(sc, None)
 
 
 def mcmc_cap(sc: dict, fixed: int | None) -> int:
@@ -482,10 +550,14 @@ def gsplat_warmup(device) -> float:
 
 
 class GsplatLoop:
-    """The plain gsplat 1.5.3 training loop (module docstring), from ``base`` (a CPU GaussianModel)."""
+    """The plain gsplat 1.5.3 training loop (module docstring), from ``base`` (a CPU GaussianModel); with
+    ``mcmc_cap`` set, gsplat's ``MCMCStrategy(cap_max=mcmc_cap)`` in place of its ``DefaultStrategy``, run as gsplat's
+    ``examples/simple_trainer.py`` runs it: no ``step_pre_backward``, the loss plus ``mcmc_opacity_reg`` ·
+    mean(sigmoid(opacities)) + ``mcmc_scale_reg`` · mean(exp(scales)) (0.01 each, its defaults and rigel's), and
+    ``step_post_backward(..., lr=<the means' learning rate of the step>)`` (the relocation, growth and noise)."""
 
-    def __init__(self, ds, base: GaussianModel, cfg: TrainConfig, device, seed: int):
-        from gsplat import DefaultStrategy
+    def __init__(self, ds, base: GaussianModel, cfg: TrainConfig, device, seed: int, mcmc_cap: int | None = None):
+        import gsplat
 
         self.cfg, self.device = cfg, device
         self.extent = float(ds.scene_extent) if ds.scene_extent and ds.scene_extent > 0 else 1.0
@@ -498,9 +570,11 @@ class GsplatLoop:
                "opacities": cfg.opacity_lr, "sh0": cfg.feature_lr, "shN": cfg.feature_lr / cfg.sh_rest_lr_divisor}
         self.optimizers = {k: torch.optim.Adam([{"params": self.params[k], "lr": lrs[k], "name": k}], eps=cfg.adam_eps)
                            for k in self.params}
-        self.strategy = DefaultStrategy()
+        self.mcmc = mcmc_cap is not None
+        self.strategy = gsplat.MCMCStrategy(cap_max=int(mcmc_cap)) if self.mcmc else gsplat.DefaultStrategy()
         self.strategy.check_sanity(self.params, self.optimizers)
-        self.state = self.strategy.initialize_state(scene_scale=self.extent)
+        self.state = (self.strategy.initialize_state() if self.mcmc else
+                      self.strategy.initialize_state(scene_scale=self.extent))
         self.frames = list(ds.train)
         self.images = [f.image.to(device, torch.float32) for f in self.frames]
         self.masks = [frame_mask(f, device) for f in self.frames]
@@ -535,16 +609,24 @@ class GsplatLoop:
         if not self.order:
             self.order = torch.randperm(len(self.frames), generator=self.generator).tolist()
         i = self.order.pop()
-        self.optimizers["means"].param_groups[0]["lr"] = position_lr(cfg, it, self.extent)
+        means_lr = position_lr(cfg, it, self.extent)
+        self.optimizers["means"].param_groups[0]["lr"] = means_lr
         self.active_degree = min(self.sh_degree, it // max(1, cfg.sh_degree_interval))
         img, info = self.render(self.cams[i], self.active_degree)
-        self.strategy.step_pre_backward(self.params, self.optimizers, self.state, step, info)
+        if not self.mcmc:
+            self.strategy.step_pre_backward(self.params, self.optimizers, self.state, step, info)
         loss = train_loss(img, self.images[i], self.masks[i], cfg.lambda_dssim)
+        if self.mcmc:
+            loss = (loss + cfg.mcmc_opacity_reg * torch.sigmoid(self.params["opacities"]).mean()
+                    + cfg.mcmc_scale_reg * torch.exp(self.params["scales"]).mean())
         loss.backward()
         for opt in self.optimizers.values():
             opt.step()
             opt.zero_grad(set_to_none=True)
-        self.strategy.step_post_backward(self.params, self.optimizers, self.state, step, info, packed=False)
+        if self.mcmc:
+            self.strategy.step_post_backward(self.params, self.optimizers, self.state, step, info, lr=means_lr)
+        else:
+            self.strategy.step_post_backward(self.params, self.optimizers, self.state, step, info, packed=False)
 
     @torch.no_grad()
     def render_frame(self, frame) -> torch.Tensor:
@@ -554,12 +636,13 @@ class GsplatLoop:
         return self.params["means"].shape[0]
 
 
-def run_gsplat(ds, base, cfg, checkpoints, time_limit, device, seed, label) -> dict:
-    loop = GsplatLoop(ds, base, cfg, device, seed)
+def run_gsplat(ds, base, cfg, checkpoints, time_limit, device, seed, label, mcmc_cap: int | None = None) -> dict:
+    loop = GsplatLoop(ds, base, cfg, device, seed, mcmc_cap)
     res = train_and_evaluate(label, loop.step, loop.render_frame, loop.num_gaussians, ds.test, checkpoints,
                              time_limit, device)
     s = loop.strategy  # gsplat's DefaultStrategy is a dataclass: record its settings
     res["strategy"] = dataclasses.asdict(s) if dataclasses.is_dataclass(s) else type(s).__name__
+    res["strategy_name"] = type(s).__name__
     del loop
     return res
 
@@ -580,7 +663,7 @@ def compare(rig: dict, gsp: dict) -> dict:
 
 
 TABLE_HEAD = ("| scene | method | iters | PSNR | SSIM | N | train s | peak GiB | time ratio rigel/gsplat | "
-              "ΔPSNR rigel − gsplat |")
+              "ΔPSNR rigel − gsplat | time ratio rigel/gsplat-mcmc | ΔPSNR rigel − gsplat-mcmc |")
 
 
 def markdown(results: dict) -> str:
@@ -596,13 +679,14 @@ def markdown(results: dict) -> str:
              "torch.cuda.max_memory_allocated during the run. time ratio = rigel / gsplat training time "
              "(< 1: rigel faster); ΔPSNR = rigel − gsplat at the same iteration." +
              (f" rigel config overrides: {meta['rigel_config']}." if meta["rigel_config"] else ""), "",
-             TABLE_HEAD, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             TABLE_HEAD, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     notes = []
     for sc in results["scenes"]:
         runs = sc.get("runs", {})
         if sc.get("error"):
             notes.append(f"- {sc['scene']}: {sc['error']}")
-        cmp = {m: compare(runs[m], runs["gsplat"]) for m in RIGEL_METHODS if m in runs and "gsplat" in runs}
+        cmp = {(m, g): compare(runs[m], runs[g]) for m in RIGEL_METHODS for g in GSPLAT_METHODS
+               if m in runs and g in runs}
         for method in METHODS:
             r = runs.get(method)
             if r is None:
@@ -628,10 +712,11 @@ def markdown(results: dict) -> str:
                 it = f"{c['iteration']:,}"
                 if r.get("stopped_at") == c["iteration"]:
                     it += f" (stopped: {r['stop_reason']})"
-                ratio, diff = cmp.get(method, {}).get(c["iteration"], (None, None))
+                ratio, diff = cmp.get((method, "gsplat"), {}).get(c["iteration"], (None, None))
+                ratio_m, diff_m = cmp.get((method, "gsplat-mcmc"), {}).get(c["iteration"], (None, None))
                 lines.append(f"| {sc['scene']} | {method} | {it} | {fmt(c['psnr'])} | {fmt(c['ssim'], '.4f')} | "
                              f"{c['num_gaussians']:,} | {c['train_s']:.1f} | {fmt(c['peak_gib'])} | {fmt(ratio)} | "
-                             f"{fmt(diff, '+.2f')} |")
+                             f"{fmt(diff, '+.2f')} | {fmt(ratio_m)} | {fmt(diff_m, '+.2f')} |")
     lines += mcmc_table(results)
     if notes:
         lines += [""] + notes
@@ -689,11 +774,12 @@ def summary_line(sc: dict) -> str:
         stop = f" stopped ({r['stop_reason']})" if r.get("stopped_at") else ""
         parts.append(f"{method} it {c['iteration']} {fmt(c['psnr'])} dB SSIM {fmt(c['ssim'], '.4f')} "
                      f"N {c['num_gaussians']:,} {c['train_s']:.1f} s {fmt(c['peak_gib'])} GiB{stop}")
-    if "rigel" in runs and "gsplat" in runs:
-        cmp = compare(runs["rigel"], runs["gsplat"])
-        if cmp:
-            it = max(cmp)
-            parts.append(f"at {it}: time ratio {fmt(cmp[it][0])} ΔPSNR {fmt(cmp[it][1], '+.2f')} dB")
+    for g in GSPLAT_METHODS:
+        if "rigel" in runs and g in runs:
+            cmp = compare(runs["rigel"], runs[g])
+            if cmp:
+                it = max(cmp)
+                parts.append(f"vs {g} at {it}: time ratio {fmt(cmp[it][0])} ΔPSNR {fmt(cmp[it][1], '+.2f')} dB")
     if "rigel" in runs and "rigel-mcmc" in runs:
         cmp = compare(runs["rigel-mcmc"], runs["rigel"])
         if cmp:
@@ -743,7 +829,8 @@ def parse_args(argv=None):
     ap.add_argument("--downscale", type=float, default=1.0, help="divide image sizes by this (default: 1)")
     ap.add_argument("--methods", default="rigel,gsplat",
                     help="comma-separated of rigel, rigel-mcmc (rigel with --strategy mcmc at the rigel run's final "
-                         "Gaussian count), gsplat (default: %(default)s)")
+                         "Gaussian count), gsplat (its DefaultStrategy), gsplat-mcmc (its MCMCStrategy at the rigel "
+                         "run's budget) (default: %(default)s)")
     ap.add_argument("--max-frames", type=int, default=None, help="at most this many frames per split (tests)")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     ap.add_argument("--out", default=None, help="output directory (default: $OUT, else real-<UTC time>)")
@@ -769,6 +856,11 @@ def parse_args(argv=None):
     if "rigel-mcmc" in args.methods and "rigel" in args.methods:  # the default run first: its count is the budget
         args.methods.remove("rigel-mcmc")
         args.methods.insert(args.methods.index("rigel") + 1, "rigel-mcmc")
+    if "gsplat-mcmc" in args.methods and "rigel" in args.methods:  # after rigel: its budget is the cap
+        args.methods.remove("gsplat-mcmc")
+        args.methods.append("gsplat-mcmc")
+    if "gsplat-mcmc" in args.methods and "rigel" not in args.methods and args.mcmc_cap is None:
+        ap.error("--methods gsplat-mcmc: give --mcmc-cap N, or run rigel too (its budget is the cap)")
     if args.mcmc_cap is not None and args.mcmc_cap < 1:
         ap.error("--mcmc-cap must be ≥ 1")
     if args.downscale <= 0:
@@ -806,7 +898,7 @@ def run(args) -> int:
     cfg_gsplat = TrainConfig(iterations=checkpoints[-1], eval_every=0, seed=args.seed)  # the 3DGS defaults
     scenes = find_scenes(args.scenes)
     out = out_dir(args.out)
-    for name, path in scenes:  # never write into a dataset
+    for name, path, _ in scenes:  # never write into a dataset
         folder = Path(path) if Path(path).is_dir() else Path(path).parent
         if out.resolve().is_relative_to(folder.resolve()):
             raise BenchError(f"--out {out}: inside the dataset {path}; choose another output directory")
@@ -815,8 +907,9 @@ def run(args) -> int:
             raise BenchError(f"{out / f}: exists (a previous run); choose another --out")
     out.mkdir(parents=True, exist_ok=True)
 
-    have_gsplat, why_not = gsplat_status(device) if "gsplat" in args.methods else (False, None)
-    if "gsplat" in args.methods and not have_gsplat:
+    want_gsplat = any(m in args.methods for m in GSPLAT_METHODS)
+    have_gsplat, why_not = gsplat_status(device) if want_gsplat else (False, None)
+    if want_gsplat and not have_gsplat:
         print(f"gsplat half skipped: {why_not}", flush=True)
     commit = os.environ.get("RIGEL_COMMIT") or subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -827,18 +920,20 @@ def run(args) -> int:
         "rigel_config": overrides, "mcmc_config": mcmc_overrides, "mcmc_cap": args.mcmc_cap,
         "time_limit_s": args.time_limit, "seed": args.seed, "white_bg": args.white_bg,
         "max_frames": args.max_frames, "argv": sys.argv[1:]}, "scenes": []}
-    print(f"bench/real.py: {len(scenes)} scene(s) {', '.join(n for n, _ in scenes)}; "
+    print(f"bench/real.py: {len(scenes)} scene(s) {', '.join(n for n, _, _ in scenes)}; "
           f"methods {', '.join(args.methods)}; "
           f"checkpoints {checkpoints}; downscale {args.downscale:g}; device {device}; output {out}", flush=True)
     warm = False
     interrupted = False
     try:
-        for name, path in scenes:
-            sc = {"scene": name, "path": str(path), "runs": {}}
+        for name, path, variants in scenes:
+            sc = {"scene": name, "path": str(path), "variants": list(variants), "runs": {}}
             results["scenes"].append(sc)
             t0 = time.perf_counter()
             try:
-                ds = load_dataset(path, white_bg=args.white_bg, downscale=args.downscale, max_frames=args.max_frames)
+                ds = load_dataset(path, white_bg=args.white_bg, max_frames=args.max_frames,
+                                  downscale=args.downscale * (2 if "halfres" in variants else 1))
+                apply_variants(ds, variants)
             except (DatasetError, ImportError, OSError) as e:
                 sc["error"] = f"{type(e).__name__}: {e}"
                 print(f"[{name}] cannot load: {sc['error']}", flush=True)
@@ -862,16 +957,16 @@ def run(args) -> int:
             first_views = {}
             for method in args.methods:
                 label = f"[{name}] {method}"
-                if method == "gsplat" and not have_gsplat:
-                    sc["runs"]["gsplat"] = {"skipped": why_not}
+                if method in GSPLAT_METHODS and not have_gsplat:
+                    sc["runs"][method] = {"skipped": why_not}
                     continue
-                if method == "gsplat" and not warm:
+                if method in GSPLAT_METHODS and not warm:
                     try:
                         print(f"  gsplat first call (JIT build) {gsplat_warmup(device):.0f} s", flush=True)
                     except Exception as e:  # noqa: BLE001  (a failed build must not cost the rigel rows)
                         have_gsplat, why_not = False, f"gsplat failed on its first call ({type(e).__name__}: {e})"
                         print(f"  {why_not}; gsplat skipped", flush=True)
-                        sc["runs"]["gsplat"] = {"skipped": why_not}
+                        sc["runs"][method] = {"skipped": why_not}
                         continue
                     warm = True
                 if device.type == "cuda":
@@ -886,6 +981,12 @@ def run(args) -> int:
                               + ("" if args.mcmc_cap else " (the default run's final count)"), flush=True)
                         r = run_rigel(ds, base, mcmc_config(cfg_rigel, cap, mcmc_overrides), checkpoints,
                                       args.time_limit, device, label)
+                    elif method == "gsplat-mcmc":
+                        cap = gsplat_mcmc_cap(sc, args.mcmc_cap)
+                        print(f"{label}: budget {cap:,} Gaussians"
+                              + ("" if args.mcmc_cap else " (the rigel run's)"), flush=True)
+                        r = run_gsplat(ds, base, cfg_gsplat, checkpoints, args.time_limit, device, args.seed, label,
+                                       mcmc_cap=cap)
                     else:
                         r = run_gsplat(ds, base, cfg_gsplat, checkpoints, args.time_limit, device, args.seed, label)
                 except Exception as e:  # noqa: BLE001  (one failed run must not cost the others)

@@ -74,6 +74,31 @@ class FakeStrategy:
                 params[k] = new
 
 
+class FakeMCMCStrategy:
+    """Checks gsplat's MCMCStrategy protocol as its example trainer drives it: no ``step_pre_backward``, one
+    ``step_post_backward(..., lr=means' lr)`` per step after Adam; ``cap_max`` recorded."""
+
+    instances = []
+
+    def __init__(self, cap_max=1_000_000):
+        self.cap_max, self.steps, self.lrs = cap_max, [], []
+        FakeMCMCStrategy.instances.append(self)
+
+    def check_sanity(self, params, optimizers):
+        assert {"means", "scales", "quats", "opacities"} <= set(params)
+
+    def initialize_state(self):  # (no scene_scale: MCMC's takes none)
+        return {}
+
+    def step_pre_backward(self, *a, **k):  # pragma: no cover - must not be called
+        raise AssertionError("MCMCStrategy has no step_pre_backward in gsplat's example trainer")
+
+    def step_post_backward(self, params, optimizers, state, step, info, lr):
+        assert all(p.grad is None for p in params.values())  # after Adam's step and zero_grad
+        self.steps.append(step)
+        self.lrs.append(lr)
+
+
 def fake_rasterization(calls):
     def rasterization(means, quats, scales, opacities, colors, viewmats, Ks, width, height, sh_degree=None,
                       packed=True, near_plane=0.01, far_plane=1e10, **kw):
@@ -100,7 +125,9 @@ def fake_gsplat(monkeypatch):
     mod.__version__ = "fake"
     mod.rasterization = fake_rasterization(calls)
     mod.DefaultStrategy = FakeStrategy
+    mod.MCMCStrategy = FakeMCMCStrategy
     FakeStrategy.instances = []
+    FakeMCMCStrategy.instances = []
     monkeypatch.setitem(sys.modules, "gsplat", mod)
     return calls
 
@@ -201,6 +228,35 @@ def test_gsplat_loop_follows_densification_and_time_limit(rng, fake_gsplat, monk
     assert [c["iteration"] for c in res["checkpoints"]] == [1]
 
 
+def test_gsplat_mcmc_loop_protocol_and_regularisers(rng, fake_gsplat):
+    """gsplat's MCMCStrategy is driven as its example trainer drives it (lr = the means' rate of each step, the
+    budget passed as cap_max), and its loss adds the opacity and scale regularisers: with the regularisers' weights
+    at 0 the loop follows the DefaultStrategy loop's trajectory exactly, with them it does not."""
+    from rigel_core.train.optim import position_lr
+
+    ds = sfm_dataset(rng, n=40, size=16, n_train=3, n_test=1)
+    dev = torch.device("cpu")
+    base = real.initial_model(ds, TrainConfig(iterations=6, sh_degree=0, init_background_points=0), dev)
+    cfg = TrainConfig(iterations=6, eval_every=0)
+    res = real.run_gsplat(ds, base, cfg, [6], None, dev, 0, "gsplat-mcmc", mcmc_cap=1234)
+    strat = FakeMCMCStrategy.instances[-1]
+    assert strat.cap_max == 1234 and strat.steps == list(range(6)) and res["strategy_name"] == "FakeMCMCStrategy"
+    assert strat.lrs == [position_lr(cfg, it, ds.scene_extent) for it in range(1, 7)]
+    plain = real.run_gsplat(ds, base, cfg, [6], None, dev, 0, "gsplat")
+    no_reg = dataclasses.replace(cfg, mcmc_opacity_reg=0.0, mcmc_scale_reg=0.0)
+    same = real.run_gsplat(ds, base, no_reg, [6], None, dev, 0, "gsplat-mcmc", mcmc_cap=1234)
+    assert same["checkpoints"][-1]["psnr"] == pytest.approx(plain["checkpoints"][-1]["psnr"], abs=1e-9)
+    assert res["checkpoints"][-1]["psnr"] != pytest.approx(plain["checkpoints"][-1]["psnr"], abs=1e-6)
+    # the budget: the rigel run's MCMC budget, else its final count; --mcmc-cap wins
+    sc = {"scene": "s", "runs": {"rigel": {"config": {"strategy": "mcmc", "max_gaussians": 777},
+                                           "checkpoints": [{"num_gaussians": 500}]}}}
+    assert real.gsplat_mcmc_cap(sc, None) == 777 and real.gsplat_mcmc_cap(sc, 9) == 9
+    sc["runs"]["rigel"]["config"]["strategy"] = "default"
+    assert real.gsplat_mcmc_cap(sc, None) == 500
+    with pytest.raises(real.BenchError, match="--mcmc-cap"):
+        real.gsplat_mcmc_cap({"scene": "s", "runs": {}}, None)
+
+
 # ---- masks ----------------------------------------------------------------------------------------------------
 def test_masked_loss_and_metrics(rng):
     h, w = 20, 24
@@ -280,11 +336,38 @@ def test_scene_discovery(tmp_path, monkeypatch):
     (tmp_path / "real" / "a" / "sparse" / "0").mkdir(parents=True)
     (tmp_path / "real" / "a" / "sparse" / "0" / "cameras.txt").write_text("")
     (tmp_path / "real" / "notes").mkdir()
-    assert real.find_scenes(None) == [("a", tmp_path / "real" / "a"), ("b", tmp_path / "real" / "b")]
-    assert real.find_scenes(f"b,{tmp_path / 'real' / 'a'}") == [("b", tmp_path / "real" / "b"),
-                                                                ("a", tmp_path / "real" / "a")]
+    assert real.find_scenes(None) == [("a", tmp_path / "real" / "a", ()), ("b", tmp_path / "real" / "b", ())]
+    assert real.find_scenes(f"b,{tmp_path / 'real' / 'a'}") == [("b", tmp_path / "real" / "b", ()),
+                                                                ("a", tmp_path / "real" / "a", ())]
     with pytest.raises(real.BenchError, match="nosuch"):
         real.find_scenes("nosuch")
+    # variants: kept in the name (output files, tables), checked against VARIANTS, repeated ones once
+    assert real.find_scenes("a~nosfm~halfres~nosfm,b") == [("a~nosfm~halfres", tmp_path / "real" / "a",
+                                                            ("nosfm", "halfres")), ("b", tmp_path / "real" / "b", ())]
+    with pytest.raises(real.BenchError, match="unknown variant 'blur'"):
+        real.find_scenes("a~blur")
+    # the suite: its entries whose capture exists here (none of bonsai, fern, beer, fox: refused), else those
+    with pytest.raises(real.BenchError, match="suite"):
+        real.find_scenes("suite")
+    for name in ("fern", "fox"):
+        (tmp_path / "real" / name).mkdir()
+        (tmp_path / "real" / name / "transforms.json").write_text("{}")
+    got = real.find_scenes("suite")
+    assert [n for n, _, _ in got] == [i for i in real.SUITE if i.split("~")[0] in ("fern", "fox")]
+    assert "fern~nosfm" in [n for n, _, _ in got] and all(set(v) <= set(real.VARIANTS) for _, _, v in got)
+
+
+def test_variants_change_what_they_name_only(rng):
+    ds = sfm_dataset(rng, n=30, size=16, n_train=17, n_test=2)
+    train, test, center, extent = list(ds.train), list(ds.test), ds.scene_center.copy(), ds.scene_extent
+    real.apply_variants(ds, ())
+    assert ds.train == train and ds.points is not None
+    real.apply_variants(ds, ("halfviews",))
+    assert ds.train == train[::2] and ds.test == test and ds.points is not None
+    ds.train = list(train)
+    real.apply_variants(ds, ("fewviews", "nosfm"))
+    assert ds.train == train[::8] and ds.test == test and ds.points is None and ds.point_colors is None
+    assert np.array_equal(ds.scene_center, center) and ds.scene_extent == extent  # the same scene
 
 
 # ---- the command line -----------------------------------------------------------------------------------------
@@ -300,7 +383,7 @@ def procedural(tmp_path_factory):
 
 CLI = ["--device", "cpu", "--iters", "4,8", "--rigel-config", "init_points=200", "sh_degree=1"]
 COLUMNS = ["scene", "method", "iters", "PSNR", "SSIM", "N", "train s", "peak GiB", "time ratio rigel/gsplat",
-           "ΔPSNR rigel − gsplat"]
+           "ΔPSNR rigel − gsplat", "time ratio rigel/gsplat-mcmc", "ΔPSNR rigel − gsplat-mcmc"]
 
 
 def table_rows(md: str) -> tuple[list[str], list[list[str]]]:
@@ -366,6 +449,28 @@ def test_cli_both_methods_with_a_stand_in_gsplat(procedural, tmp_path, fake_gspl
     for r in res["scenes"][0]["runs"].values():
         assert r["stopped_at"] == 1 and [c["iteration"] for c in r["checkpoints"]] == [1]
     assert "1 (stopped: time limit" in (out2 / "real.md").read_text()
+
+
+def test_cli_gsplat_mcmc_column(procedural, tmp_path, fake_gsplat, monkeypatch, capsys):
+    """--methods gsplat-mcmc runs after rigel (whatever the order given) at the rigel run's budget, and rigel's rows
+    carry the time ratio and ΔPSNR against it; a variant scene keeps its name in the table."""
+    monkeypatch.setattr(real, "gsplat_status", lambda device: (True, None))
+    out = tmp_path / "out"
+    assert real.main(CLI + ["--scenes", f"{procedural}~halfviews", "--out", str(out),
+                            "--methods", "gsplat-mcmc,gsplat,rigel"]) == 0
+    head, rows = table_rows((out / "real.md").read_text())
+    assert head == COLUMNS
+    assert [(r[0], r[1]) for r in rows[::2]] == [("proc~halfviews", m) for m in ("rigel", "gsplat", "gsplat-mcmc")]
+    res = json.loads((out / "real.json").read_text())
+    sc = res["scenes"][0]
+    assert sc["n_train"] == 3 and sc["variants"] == ["halfviews"]  # 5 training views, every other one
+    runs = sc["runs"]
+    assert FakeMCMCStrategy.instances[-1].cap_max == runs["rigel"]["checkpoints"][-1]["num_gaussians"]
+    for i, r in enumerate(rows[:2]):
+        g, c = runs["gsplat-mcmc"]["checkpoints"][i], runs["rigel"]["checkpoints"][i]
+        assert float(r[10]) == pytest.approx(c["train_s"] / g["train_s"], abs=0.006)
+        assert float(r[11]) == pytest.approx(c["psnr"] - g["psnr"], abs=0.006)
+    assert "vs gsplat-mcmc at 8" in (out / "summary.txt").read_text()
 
 
 def test_cli_mcmc_vs_default_at_equal_counts(procedural, tmp_path, capsys):
