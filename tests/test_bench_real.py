@@ -168,7 +168,8 @@ def test_automatic_background_points_are_in_the_shared_start_and_the_rigel_run(r
 
     ds = sfm_dataset(rng, n=60, size=16, n_train=3, n_test=1)
     assert sfm_view_coverage(ds.train, ds.points) < 0.5  # the object only: a partial SfM
-    cfg = TrainConfig(iterations=2, eval_every=0, sh_degree=0, auto_background_points=25)
+    cfg = TrainConfig(iterations=2, eval_every=0, sh_degree=0, auto_background_points=25,
+                      auto_default_min_views=1)  # (3 views stand for a large partial-SfM capture)
     dev = torch.device("cpu")
     base = real.initial_model(ds, cfg, dev)
     assert base.num_gaussians == 60 + 25

@@ -16,7 +16,8 @@ import torch
 from rigel_core.model import PARAM_NAMES
 from rigel_core.reference.project import quat_to_rotmat
 from rigel_core.train import TrainConfig, Trainer
-from rigel_core.train.config import resolve_strategy
+from rigel_core.train.config import TRANSPARENT_BACKGROUND, Capture, auto_mcmc_budget, resolve_init_points, \
+    resolve_strategy
 from rigel_core.train.mcmc import MCMCReport, add_gaussians, position_noise, regularizer, relocate_dead, \
     sample_indices, split_mass, trim_to_cap
 from rigel_core.train.optim import make_optimizer, per_gaussian_tensors
@@ -398,14 +399,74 @@ def test_auto_is_mcmc_with_the_budget_on_an_sfm_capture(cap, budget, n_start, wa
 
 
 @pytest.mark.parametrize("explicit", ["default", "mcmc"])
-def test_auto_is_default_without_sfm_points_and_an_explicit_strategy_stays(explicit):
+def test_auto_without_sfm_points_follows_the_images_and_an_explicit_strategy_stays(explicit):
+    # an object on a transparent background (a synthetic render): 3DGS's densification, the cap as it was
     cfg = TrainConfig(max_gaussians=123)
-    assert "default" in resolve_strategy(cfg, has_sfm_points=False)
+    obj = Capture(n_views=100, pixels=100 * 800 * 800, transparent=TRANSPARENT_BACKGROUND)
+    assert "transparent background" in resolve_strategy(cfg, has_sfm_points=False, capture=obj)
     assert (cfg.strategy, cfg.max_gaussians) == ("default", 123)
+    # a photo capture (no alpha, or alpha almost everywhere opaque): the MCMC budget from its pixels
+    for transparent in (0.0, TRANSPARENT_BACKGROUND * 0.99):
+        cfg = TrainConfig()
+        photo = Capture(n_views=44, pixels=44 * 1080 * 1920, transparent=transparent)
+        note = resolve_strategy(cfg, has_sfm_points=False, capture=photo)
+        assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", 1_000_000) and "no SfM points" in note
+    # not measured: a photo capture with the fixed budget
+    cfg = TrainConfig(max_gaussians=None, auto_mcmc_budget=777)
+    assert "mcmc" in resolve_strategy(cfg, has_sfm_points=False) and cfg.max_gaussians == 777
     for sfm in (False, True):
         cfg = TrainConfig(strategy=explicit, max_gaussians=321, auto_mcmc_budget=5)
         assert resolve_strategy(cfg, has_sfm_points=sfm) is None
         assert (cfg.strategy, cfg.max_gaussians) == (explicit, 321)
+
+
+@pytest.mark.parametrize("pixels, want", [(17 * 504 * 378, 17 * 504 * 378 // 32), (44 * 1080 * 1920, 1_000_000),
+                                          (20 * 48 * 48, 10_000), (0, 10_000)])
+def test_the_automatic_budget_and_initial_count_follow_the_pixels(pixels, want):
+    cap = Capture(n_views=20, pixels=pixels)
+    cfg = TrainConfig()
+    assert auto_mcmc_budget(cfg, cap) == want
+    assert auto_mcmc_budget(TrainConfig(auto_mcmc_budget=5000), cap) == min(5000, want)
+    assert auto_mcmc_budget(cfg, None) == cfg.auto_mcmc_budget
+    assert cfg.init_points == "auto"
+    resolve_init_points(cfg, cap)
+    assert cfg.init_points == min(100_000, want // 2)
+    cfg.validate()
+    resolve_init_points(cfg, Capture(n_views=1, pixels=10 ** 12))  # an integer stays
+    assert cfg.init_points == min(100_000, want // 2)
+    # the strategy's budget is the same number, and its note says where it came from
+    cfg = TrainConfig()
+    note = resolve_strategy(cfg, has_sfm_points=True, capture=cap)
+    assert cfg.max_gaussians == want and f"{want:,}" in note and f"{pixels:,} training pixels" in note
+
+
+@pytest.mark.parametrize("n_views, want", [(99, "mcmc"), (100, "default"), (255, "default")])
+def test_a_partial_sfm_keeps_3dgs_densification_only_with_many_views(n_views, want):
+    cfg = TrainConfig()
+    cap = Capture(n_views=n_views, pixels=n_views * 800 * 533)
+    note = resolve_strategy(cfg, has_sfm_points=True, auto_background=True, coverage=0.28, capture=cap)
+    assert cfg.strategy == want and f"{n_views} training views" in note and "28%" in note
+    assert cfg.max_gaussians == (3_000_000 if want == "default" else min(1_000_000, n_views * 800 * 533 // 32))
+    # without background points (a covering SfM) the view count does not matter: MCMC
+    cfg = TrainConfig()
+    resolve_strategy(cfg, has_sfm_points=True, auto_background=False, capture=cap)
+    assert cfg.strategy == "mcmc"
+
+
+def test_trainer_picks_mcmc_for_a_photo_capture_without_sfm_points(rng):
+    """The same views without alpha (photos): no SfM points → the MCMC budget from their pixels, and a random start
+    of half that budget; with alpha leaving the background transparent → 3DGS's densification, as before."""
+    ds = make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=1)
+    assert all(f.alpha is not None for f in ds.train)
+    photo = dataclasses.replace(ds, train=[dataclasses.replace(f, alpha=None) for f in ds.train])
+    tr = Trainer(photo, small_config(init_points="auto", max_gaussians=None), device="cpu")
+    budget = 10_000  # 3 views of 16x16 pixels: the floor
+    assert tr.capture == Capture(n_views=3, pixels=3 * 16 * 16, transparent=0.0)
+    assert (tr.config.strategy, tr.config.max_gaussians, tr.config.init_points) == ("mcmc", budget, budget // 2)
+    assert tr.model.num_gaussians == budget // 2 and "no SfM points" in tr.strategy_note
+    obj = Trainer(ds, small_config(init_points="auto", max_gaussians=None), device="cpu")
+    assert obj.capture.object_on_background and obj.config.strategy == "default"
+    assert obj.config.init_points == budget // 2 and obj.config.max_gaussians is None
 
 
 def test_trainer_resolves_auto_from_its_dataset_on_a_copy(rng):

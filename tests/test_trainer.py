@@ -1015,7 +1015,10 @@ def _partial_sfm_dataset(rng, covered=False):
 
 
 def _auto_config(**kw):
-    return small_config(**{"init_background_points": "auto", "auto_background_points": 40, **kw})
+    """"auto" background points (40) and strategy; a partial SfM of a few views keeps 3DGS's densification here
+    (``auto_default_min_views`` 1: the tiny test captures stand for bonsai's 255 views)."""
+    return small_config(**{"init_background_points": "auto", "auto_background_points": 40,
+                           "auto_default_min_views": 1, **kw})
 
 
 def test_auto_background_on_a_partial_sfm_adds_points_and_picks_3dgs_densification(rng):
@@ -1046,6 +1049,10 @@ def test_auto_background_on_a_partial_sfm_adds_points_and_picks_3dgs_densificati
     # same, and says nothing about an initialisation it did not make
     again = Trainer(ds, cfg, model=tr.model, device="cpu")
     assert again.config == tr.config and again.init_note is None and again.strategy_note == tr.strategy_note
+    # with fewer training views than auto_default_min_views: the same points, under the MCMC budget
+    few = Trainer(ds, _auto_config(auto_default_min_views=len(ds.train) + 1), device="cpu")
+    assert (few.config.init_background_points, few.config.strategy) == (40, "mcmc")
+    assert torch.equal(few.model.means3D, explicit.model.means3D) and f"{len(ds.train)} training views" in few.strategy_note
     # an explicit strategy is never overridden: the points are added, the MCMC budget stays
     mc = Trainer(ds, _auto_config(strategy="mcmc", max_gaussians=500), device="cpu")
     assert (mc.config.init_background_points, mc.config.strategy, mc.config.max_gaussians) == (40, "mcmc", 500)

@@ -24,7 +24,7 @@ from ..render_modes import RENDER_MODES
 MAX_ITERATION = 100_000_000
 
 __all__ = ["TrainConfig", "STRATEGIES", "DENSIFY_GRADS", "SPARSE_SFM_COVERAGE", "AUTO_COARSE_TO_FINE",
-           "resolve_strategy", "resolve_init_background", "resolve_coarse_to_fine", "resolve_densify_grad",
+           "Capture", "auto_mcmc_budget", "resolve_init_points", "resolve_strategy", "resolve_init_background", "resolve_coarse_to_fine", "resolve_densify_grad",
            "coarse_to_fine_span", "training_downscale"]
 
 #: TrainConfig.strategy's values: "auto" is resolved to one of the other two when a Trainer is made
@@ -42,6 +42,49 @@ MAX_BACKGROUND_POINTS = 10_000_000
 #: the factor ``coarse_to_fine = "auto"`` becomes on a dataset without SfM points (random initialisation); 1 (off)
 #: on one with SfM points. The measurements: the ``coarse_to_fine`` field's comment
 AUTO_COARSE_TO_FINE = 4
+#: a capture without SfM points whose training images leave at least this fraction of their pixels transparent
+#: (alpha < 0.5) is an object on a known background — a synthetic render such as NeRF-synthetic's lego — where random
+#: points in the cameras' box and 3DGS's densification fit (lego 30k 36.0 dB; the MCMC budget 0.6 dB behind). Any other
+#: capture without SfM points (a photo capture: fox, bonsai or fern with their points removed) trains under the MCMC
+#: budget: fox 31.0 against 22.0 dB, bonsai~nosfm 27.3 against 17.2 dB, fox~halfviews 27.8 against 18.9 dB at 7k
+#: (H100, 2026-12-06, docs/BENCHMARKS.md "One default for every capture")
+TRANSPARENT_BACKGROUND = 0.05
+#: the automatic MCMC budget: one Gaussian per this many training pixels (all training views' pixels together), at
+#: least AUTO_BUDGET_MIN, at most ``TrainConfig.auto_mcmc_budget``. Measured (H100, 2026-12-06, runs sharing the GPU):
+#: fern (17 views of 504×378, 3.2 M pixels) at 1M / 300k / 100k Gaussians: 27.50 / 27.28 / 27.17 dB at 7k but 26.29 /
+#: 27.28 / **27.69** dB at 30k — a budget too large for its pixels overfits a small capture; fox (44 views of
+#: 1080×1920, 91 M pixels) 250k / 500k / 1M: 30.66 / 31.03 / 31.03 dB at 7k
+AUTO_BUDGET_PIXELS_PER_GAUSSIAN = 32
+AUTO_BUDGET_MIN = 10_000
+#: the random initialisation of ``init_points = "auto"``: half the automatic budget, at most 100k (3DGS's count) — a
+#: small capture no longer starts from 100k points (48×48 views: 5 s a CPU step)
+AUTO_INIT_MAX = 100_000
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What the "auto" rules read of a dataset's training views (``rigel_core.train.trainer.capture_facts``):
+    ``n_views`` (int), ``pixels`` (int: the training views' pixels together, at the resolution trained) and
+    ``transparent`` (float in [0, 1]: the mean fraction of a training image's pixels whose alpha is < 0.5; 0 for
+    images without alpha)."""
+
+    n_views: int
+    pixels: int
+    transparent: float = 0.0
+
+    @property
+    def object_on_background(self) -> bool:
+        """Images of an object on a transparent background (:data:`TRANSPARENT_BACKGROUND`)."""
+        return self.transparent >= TRANSPARENT_BACKGROUND
+
+
+def auto_mcmc_budget(cfg: "TrainConfig", capture: Capture | None) -> int:
+    """The MCMC budget "auto" gives a capture: one Gaussian per :data:`AUTO_BUDGET_PIXELS_PER_GAUSSIAN` training
+    pixels, in [:data:`AUTO_BUDGET_MIN`, ``cfg.auto_mcmc_budget``]; ``cfg.auto_mcmc_budget`` when ``capture`` is
+    None (not measured)."""
+    if capture is None:
+        return int(cfg.auto_mcmc_budget)
+    return int(min(cfg.auto_mcmc_budget, max(AUTO_BUDGET_MIN, capture.pixels // AUTO_BUDGET_PIXELS_PER_GAUSSIAN)))
 
 
 @dataclass
@@ -169,7 +212,10 @@ class TrainConfig:
     eval_every: int = 1000  # held-out PSNR/SSIM every this many iterations (0 = never inside step())
 
     # ---- initialisation (fixed at construction) ------------------------------------------------------------
-    init_points: int = 100_000  # random points when the dataset has no SfM points (Blender layout)
+    #: random points when the dataset has no SfM points; "auto" (the default): half the automatic MCMC budget, at most
+    #: 100k (AUTO_INIT_MAX: 3DGS's count) — lego, fox: 100k; fern's 17 views without points: 50k; twenty 48×48 views:
+    #: 5000 (:func:`resolve_init_points`). The resolved config holds the integer
+    init_points: int | str = "auto"
     init_opacity: float = 0.1
     #: initial scale rule: False = mean distance to the 3 nearest neighbours (the 3DGS paper's wording); True =
     #: root of the mean *squared* distance, d² clamped ≥ 1e-7 (what the 3DGS code's ``distCUDA2`` and gsplat
@@ -221,6 +267,11 @@ class TrainConfig:
     #: the Gaussian budget "auto" gives MCMC on an SfM capture (``max_gaussians`` becomes the smaller of the two;
     #: ``--max-gaussians N`` sets both)
     auto_mcmc_budget: int = 1_000_000
+    #: a partial SfM (``init_background_points`` "auto" added background points) keeps 3DGS's densification under
+    #: ``strategy = "auto"`` only with at least this many training views: bonsai (255 views) 28.5 dB against 26.8
+    #: under MCMC; with 32 of its views (bonsai~fewviews) MCMC wins, 24.64 against 23.54 dB (H100, 2026-12-06), as on
+    #: a held-back 23-view capture (19.00 against 18.74 / 18.27 dB)
+    auto_default_min_views: int = 100
     mcmc_min_opacity: float = 0.005  # dead (relocated) when opacity ≤ this; also the floor of a copy's opacity
     mcmc_growth: float = 0.05  # Gaussians added per relocation step, as a fraction of N (until the cap)
     mcmc_max_copies: int = 51  # n of the mass-splitting formulas clamped to this (the paper's code: 51)
@@ -261,7 +312,7 @@ class TrainConfig:
             v, t = getattr(self, f.name), str(f.type).replace(" ", "")
             base, optional = t.split("|")[0], t.endswith("|None")
             where = f"TrainConfig.{f.name}"
-            if f.name in ("init_background_points", "coarse_to_fine"):  # an int, or "auto"
+            if f.name in ("init_background_points", "coarse_to_fine", "init_points"):  # an int, or "auto"
                 if isinstance(v, float) and math.isfinite(v) and v.is_integer():
                     v = int(v)
                     setattr(self, f.name, v)
@@ -269,7 +320,8 @@ class TrainConfig:
                     v = "auto"
                     setattr(self, f.name, v)
                 if v != "auto" and (not isinstance(v, int) or isinstance(v, bool)):
-                    what = "an int ≥ 0" if f.name == "init_background_points" else "a power of two in 1..64"
+                    what = {"init_background_points": "an int ≥ 0", "init_points": "an int ≥ 1"}.get(
+                        f.name, "a power of two in 1..64")
                     raise ValueError(f"{where} must be {what} or 'auto', got {v!r}"[:200])
                 continue
             if v is None:
@@ -329,7 +381,7 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.lambda_dssim must be in [0, 1], got {self.lambda_dssim}")
         if self.max_gaussians is not None and self.max_gaussians < 1:
             raise ValueError(f"TrainConfig.max_gaussians must be ≥ 1 or None, got {self.max_gaussians}")
-        if self.init_points < 1:
+        if self.init_points != "auto" and self.init_points < 1:
             raise ValueError(f"TrainConfig.init_points must be ≥ 1, got {self.init_points}")
         if self.init_background_points != "auto" and not 0 <= self.init_background_points <= MAX_BACKGROUND_POINTS:
             raise ValueError(f"TrainConfig.init_background_points must be in [0, {MAX_BACKGROUND_POINTS:,}] or "
@@ -359,6 +411,8 @@ class TrainConfig:
         if self.strategy not in STRATEGIES:
             raise ValueError(f"TrainConfig.strategy must be one of {', '.join(map(repr, STRATEGIES))}, got "
                              f"{self.strategy!r}")
+        if self.auto_default_min_views < 0:
+            raise ValueError(f"TrainConfig.auto_default_min_views must be ≥ 0, got {self.auto_default_min_views}")
         if self.auto_mcmc_budget < 1:
             raise ValueError(f"TrainConfig.auto_mcmc_budget must be ≥ 1, got {self.auto_mcmc_budget}")
         if self.strategy == "mcmc" and self.max_gaussians is None:
@@ -413,37 +467,58 @@ def resolve_init_background(cfg: TrainConfig, coverage: float | None, has_sfm_po
 
 
 def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *, auto_background: bool = False,
-                     coverage: float | None = None) -> str | None:
-    """Turn ``cfg.strategy == "auto"`` into the strategy it stands for, in place:
+                     coverage: float | None = None, capture: Capture | None = None) -> str | None:
+    """Turn ``cfg.strategy == "auto"`` into the strategy it stands for, in place — one rule for every kind of capture,
+    from what the data is, never its name (the measurements: the constants above, docs/TRAINING.md):
 
-    - "default" (3DGS's clone / split / prune) when the dataset has SfM points and ``auto_background`` is True
-      (``init_background_points`` was "auto" and added points: :func:`resolve_init_background`) — measured on
-      bonsai with 20000 background points: 27.66 dB at 7k against 26.76 dB under MCMC 1M (the
-      ``init_background_points`` field's comment);
-    - "mcmc" when the dataset has SfM points otherwise (a real capture), with
-      ``max_gaussians = min(max_gaussians, max(auto_mcmc_budget, n_start))`` (None counts as no cap; ``n_start``:
-      the Gaussians of a model the run starts from, which the budget then never cuts);
-    - else "default".
+    - "default" (3DGS's clone / split / prune) for a capture without SfM points whose images are an object on a
+      transparent background (``capture.object_on_background``: a synthetic render such as lego);
+    - "default" for a partial SfM (``auto_background`` True: ``init_background_points`` was "auto" and added points,
+      :func:`resolve_init_background`) with at least ``cfg.auto_default_min_views`` training views (bonsai);
+    - else "mcmc" (3DGS-MCMC's relocation: SfM points or not, few views or many) with
+      ``max_gaussians = min(max_gaussians, max(auto_mcmc_budget(cfg, capture), n_start))`` (None counts as no cap;
+      ``n_start``: the Gaussians of a model the run starts from, which the budget then never cuts).
 
-    ``coverage`` (``sfm_view_coverage``, or None) only goes into the note. Returns a one-line note of the choice
-    for the log, or None when ``cfg.strategy`` was already explicit (nothing changed). The choice is the measured
-    one (the ``strategy`` field's comment); a resumed run keeps the strategy its checkpoint recorded."""
+    ``capture`` None (not measured) counts as a photo capture with many views and the fixed ``auto_mcmc_budget``.
+    ``coverage`` (``sfm_view_coverage``, or None) only goes into the note. Returns a one-line note of the choice and
+    why for the log, or None when ``cfg.strategy`` was already explicit (nothing changed). A resumed run keeps the
+    strategy its checkpoint recorded."""
     if cfg.strategy != "auto":
         return None
-    cover = f"; SfM points reach {coverage:.0%} of the median view" if coverage is not None else ""
-    if has_sfm_points and auto_background:
+    cover = f", SfM points reaching {coverage:.0%} of the median view" if coverage is not None else ""
+    views = f"{capture.n_views} training views" if capture is not None else "the training views"
+    if not has_sfm_points and capture is not None and capture.object_on_background:
         cfg.strategy = "default"
-        return (f"strategy auto: default (3DGS's clone / split / prune{cover}, so background points were added: "
-                "bonsai 27.7 dB at 7k against 26.8 under the MCMC budget); --strategy mcmc --max-gaussians N for "
-                "the budget, --init-background 0 for no background points and the MCMC budget")
+        return (f"strategy auto: default (3DGS's clone / split / prune: no SfM points and images of an object on a "
+                f"transparent background, {capture.transparent:.0%} of their pixels: random points in the cameras' "
+                "box fit it; lego 36.0 dB at 30k); --strategy mcmc --max-gaussians N for the MCMC budget")
+    few = capture is not None and capture.n_views < cfg.auto_default_min_views
+    if has_sfm_points and auto_background and not few:
+        cfg.strategy = "default"
+        return (f"strategy auto: default (3DGS's clone / split / prune{cover}, so background points were added, and "
+                f"{views} (≥ {cfg.auto_default_min_views}): bonsai 28.5 dB at 7k against 26.8 under the MCMC budget); "
+                "--strategy mcmc --max-gaussians N for the budget, --init-background 0 for no background points and the "
+                "MCMC budget")
+    cap, budget = cfg.max_gaussians, max(auto_mcmc_budget(cfg, capture), int(n_start))
+    cfg.max_gaussians = budget if cap is None else min(cap, budget)
+    cfg.strategy = "mcmc"
     if has_sfm_points:
-        cap, budget = cfg.max_gaussians, max(cfg.auto_mcmc_budget, int(n_start))
-        cfg.max_gaussians = budget if cap is None else min(cap, budget)
-        cfg.strategy = "mcmc"
-        return (f"strategy auto: mcmc (SfM points{cover}), a budget of {cfg.max_gaussians:,} Gaussians "
-                f"(--strategy default for 3DGS's densification)")
-    cfg.strategy = "default"
-    return "strategy auto: default (no SfM points: 3DGS's clone / split / prune)"
+        why = f"SfM points{cover}" + (f", {views} (< {cfg.auto_default_min_views})" if auto_background else "")
+    else:
+        why = (f"no SfM points, a photo capture: random points start it"
+               + (f", {cfg.init_points:,} of them" if isinstance(cfg.init_points, int) else ""))
+    per = (f": one per {AUTO_BUDGET_PIXELS_PER_GAUSSIAN} of the {capture.pixels:,} training pixels, "
+           f"{AUTO_BUDGET_MIN:,} to {cfg.auto_mcmc_budget:,}" if capture is not None else "")
+    return (f"strategy auto: mcmc ({why}), a budget of {cfg.max_gaussians:,} Gaussians{per} (--max-gaussians N sets "
+            "it; --strategy default for 3DGS's densification)")
+
+
+def resolve_init_points(cfg: TrainConfig, capture: Capture | None) -> None:
+    """Turn ``cfg.init_points == "auto"`` into a count, in place: half of :func:`auto_mcmc_budget`, at most
+    :data:`AUTO_INIT_MAX` (100k; the same whether the strategy is MCMC or 3DGS's: lego keeps its 100k) and at least
+    1. Read only when the dataset has no SfM points."""
+    if cfg.init_points == "auto":
+        cfg.init_points = int(max(1, min(AUTO_INIT_MAX, auto_mcmc_budget(cfg, capture) // 2)))
 
 
 def resolve_coarse_to_fine(cfg: TrainConfig, has_sfm_points: bool) -> str | None:

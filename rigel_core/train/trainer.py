@@ -46,8 +46,8 @@ from ..data.frames import common_size_frames, downscale_frame, frame_mask
 from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
-from .config import SPARSE_SFM_COVERAGE, TrainConfig, coarse_to_fine_span, resolve_coarse_to_fine, \
-    resolve_densify_grad, resolve_init_background, resolve_strategy, training_downscale  # noqa: F401
+from .config import SPARSE_SFM_COVERAGE, Capture, TrainConfig, coarse_to_fine_span, resolve_coarse_to_fine, \
+    resolve_densify_grad, resolve_init_background, resolve_init_points, resolve_strategy, training_downscale  # noqa: F401
 from .densify import DensifyReport, DensifyStats, densify_and_prune, densify_grad, means2D_grad, \
     prepare_means2D_grad, reset_opacity
 from .exposure import Exposure, exposure_lr, left_right_metrics
@@ -276,6 +276,18 @@ def background_init_points(frames, points, n: int, center, extent: float, *, rad
     return out_p.float(), out_c
 
 
+def capture_facts(frames, max_frames: int = 64) -> Capture:
+    """What the "auto" rules read of the training ``frames`` (:class:`~.config.Capture`): their count, their pixels
+    together (each camera's width × height) and the mean fraction of an image's pixels whose alpha is < 0.5 (over at
+    most ``max_frames`` frames, evenly spaced; a frame without alpha counts 0)."""
+    frames = list(frames)
+    pixels = sum(int(f.camera.width) * int(f.camera.height) for f in frames)
+    sample = frames if len(frames) <= max_frames else \
+        [frames[i] for i in np.linspace(0, len(frames) - 1, max_frames).round().astype(int)]
+    fr = [float((f.alpha < 0.5).float().mean()) if getattr(f, "alpha", None) is not None else 0.0 for f in sample]
+    return Capture(n_views=len(frames), pixels=pixels, transparent=float(np.mean(fr)) if fr else 0.0)
+
+
 def sfm_view_coverage(frames, points, cells: int = 8, max_frames: int = 64, max_points: int = 100_000) -> float:
     """How much of the training views the SfM points reach: for each frame, the fraction of a ``cells`` × ``cells``
     grid over its image (cells of W/cells × H/cells px) that holds at least one SfM point projected in front of the
@@ -474,9 +486,12 @@ class Trainer:
         pts = getattr(self.dataset, "points", None)
         has_sfm = pts is not None and len(pts) > 0
         auto_bg = cfg.init_background_points == "auto"
-        if auto_bg or "auto" in (cfg.strategy, cfg.coarse_to_fine, cfg.densify_grad) \
+        if auto_bg or "auto" in (cfg.strategy, cfg.coarse_to_fine, cfg.densify_grad, cfg.init_points) \
                 or (not has_sfm and cfg.init_background_points != 0):
             cfg = dataclasses.replace(cfg)
+        #: what the "auto" rules read of the training views (:func:`capture_facts`: views, pixels, transparency)
+        self.capture = capture_facts(self.train_frames)
+        resolve_init_points(cfg, self.capture)
         #: ``sfm_view_coverage`` of the training views (median fraction of 8x8 cells the SfM points reach), or None
         #: when not measured (no SfM points, or an explicit count that needs no note)
         self.sfm_coverage: float | None = None
@@ -493,7 +508,7 @@ class Trainer:
         #: what ``strategy = "auto"`` became and why (one line for the log), None when it was explicit
         self.strategy_note = resolve_strategy(cfg, has_sfm, model.num_gaussians if model is not None else 0,
                                               auto_background=auto_bg and cfg.init_background_points > 0,
-                                              coverage=self.sfm_coverage)
+                                              coverage=self.sfm_coverage, capture=self.capture)
         #: what ``coarse_to_fine = "auto"`` became and why (one line for the log), None when it was explicit
         self.coarse_note = resolve_coarse_to_fine(cfg, has_sfm)
         #: what ``densify_grad = "auto"`` became and why (one line for the log), None when it was explicit or
