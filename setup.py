@@ -84,7 +84,8 @@ setup(
     description="3D Gaussian Splatting renderer, trainer and viewer with from-scratch CUDA kernels",
     # rigel_core.assets holds data only (the bundled scene): listed so setuptools ships it as a package
     packages=find_packages(include=["rigel_core", "rigel_core.*", "viewer", "viewer.*"]) + ["rigel_core.assets"],
-    package_data={"viewer": ["../shaders/*.spv"], "rigel_core": ["assets/*"]},
+    # viewer.gpu reads its shaders at run time (the SPIR-V and shaderio.h's constants): shipped inside the package
+    package_data={"viewer.gpu": ["shaders/*"], "rigel_core": ["assets/*"]},
     include_package_data=True,
     python_requires=">=3.10",
     install_requires=["torch", "numpy", "plyfile", "tqdm", "pillow", "imageio", "scipy", "safetensors"],
