@@ -305,10 +305,14 @@ def test_installed_wheel_loads_distorted_captures(installed, shared_data):
     """The installed package alone loads ../shared/data/real/beer (COLMAP, SIMPLE_RADIAL) and real/fox
     (transforms.json with k1..p2: no pycolmap needed), undistorting them with OpenCV."""
     beer, fox = shared_data / "real" / "beer", shared_data / "real" / "fox"
-    names = [str(fox)] + [str(beer)]   # fox first: it must not need pycolmap
+    names = [str(p) for p in (fox, beer) if p.is_dir()]   # fox first: it must load without importing pycolmap
+    if not names:
+        pytest.skip(f"neither {beer} nor {fox} is present")
     r = _run([str(installed["py"]), "-c", CHILD_LOAD, *names], env=_clean_env(), cwd=installed["tmp"])
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["rigel_core"].startswith(str(installed["purelib"])), out
     assert out["shaders"].startswith(str(installed["purelib"])), out
-    assert out[str(fox)][:3] == [2, True, False], out
-    assert out[str(beer)][:2] == [2, True], out
+    if fox.is_dir():
+        assert out[str(fox)] == [2, True, False], out
+    if beer.is_dir():
+        assert out[str(beer)][:2] == [2, True], out
