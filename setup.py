@@ -1,8 +1,10 @@
 """rigel: build ``rigel_core._C`` (the CUDA kernels) when PyTorch has CUDA and nvcc exists; otherwise install
 the pure-Python package (the PyTorch reference backend serves).
 
-Install with ``pip install --no-build-isolation -e .`` so that the build sees the installed torch
-(an isolated build has no torch, and would silently skip the kernels — ../shared/docs/PLATFORM.md).
+The kernels compile against the torch that the build imports, so on a CUDA machine install torch first and then
+``pip install --no-build-isolation '.[viewer,colmap]'`` (README "Install with pip"): a plain ``pip install .``
+builds in an isolated environment that has no torch, and rigel is then installed without its kernels (said
+loudly below; CUDA renders then fail naming the fix, rigel_core/_ext.py).
 Environment: ``RIGEL_NO_CUDA=1`` forces a pure-Python install. ``TORCH_CUDA_ARCH_LIST`` picks the GPU
 architectures the kernels are compiled for; unset, scripts/cuda_arch.py chooses (README "Install").
 """
@@ -14,6 +16,48 @@ import sys
 from setuptools import find_packages, setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+# The one dependency list (scripts/install.sh installs through it: pip install -e '.[all]'). OpenCV is a core
+# dependency: any capture with lens distortion needs it (COLMAP or transforms.json), and zstandard reads SPZ v4.
+INSTALL_REQUIRES = ["torch>=2.1", "numpy", "plyfile", "tqdm", "pillow", "imageio", "scipy", "safetensors", "zstandard",
+                    "opencv-python-headless"]
+EXTRAS_REQUIRE = {
+    "colmap": ["pycolmap"],                        # COLMAP models: rigel-train --data, rigel-import-colmap
+    "viewer": ["vulkan", "glfw", "imgui-bundle"],  # plus the system's Vulkan driver (README "Install")
+    "video": ["imageio-ffmpeg"],                   # MP4 camera-path videos (GIF without it)
+    "test": ["pytest", "pyflakes"],
+}
+EXTRAS_REQUIRE["all"] = sorted({req for reqs in EXTRAS_REQUIRE.values() for req in reqs})
+
+
+def _nvcc():
+    """The nvcc this machine has (CUDA_HOME's, PATH's or /usr/local/cuda's), or None."""
+    for cand in (os.path.join(os.environ.get("CUDA_HOME", "/nonexistent"), "bin", "nvcc"), shutil.which("nvcc"),
+                 "/usr/local/cuda/bin/nvcc"):
+        if cand and os.path.exists(cand):
+            return cand
+    return None
+
+
+SKIPPED_KERNELS = """this machine has nvcc ({nvcc}), but torch is not importable in this build: pip builds in an
+isolated environment without your torch unless told otherwise. rigel is being installed WITHOUT its CUDA kernels,
+and CUDA renders will fail. To build them: install torch, then
+    pip install --no-build-isolation '.[viewer,colmap]'
+(RIGEL_NO_CUDA=1 installs without the kernels and without this message; README "Install with pip".)"""
+
+
+def _loud(lines):
+    """Print a framed warning on stderr, and on the terminal too when pip captures stderr (pip shows a build's
+    output only with -v or on failure; /dev/tty reaches the user all the same). pip runs setup.py once per build
+    hook (requirements, metadata, wheel): the terminal gets the warning from the step that builds the wheel only."""
+    text = "\n".join(["", "rigel: " + "*" * 100] + [f"rigel: {line}" for line in lines] + ["rigel: " + "*" * 100, ""])
+    print(text, file=sys.stderr)
+    if not sys.stderr.isatty() and {"bdist_wheel", "editable_wheel", "build_ext", "install"} & set(sys.argv):
+        try:
+            with open("/dev/tty", "w") as tty:
+                tty.write(text + "\n")
+        except OSError:  # no controlling terminal (CI): the build log has it
+            pass
 
 
 def _cuda_arch_policy():
@@ -36,8 +80,12 @@ def cuda_extension():
     try:
         import torch
     except ImportError:
-        print("rigel: torch is not importable in the build environment (use --no-build-isolation); "
-              "installing without CUDA kernels", file=sys.stderr)
+        nvcc = _nvcc()
+        if nvcc is None:
+            print("rigel: torch is not importable in the build environment and there is no nvcc; "
+                  "installing without CUDA kernels", file=sys.stderr)
+        else:
+            _loud(SKIPPED_KERNELS.format(nvcc=nvcc).splitlines())
         return [], {}
     if torch.version.cuda is None:
         print("rigel: this PyTorch has no CUDA; installing without CUDA kernels", file=sys.stderr)
@@ -82,17 +130,15 @@ setup(
     name="rigel",
     version="0.1.0",
     description="3D Gaussian Splatting renderer, trainer and viewer with from-scratch CUDA kernels",
-    # rigel_core.assets holds data only (the bundled scene): listed so setuptools ships it as a package
-    packages=find_packages(include=["rigel_core", "rigel_core.*", "viewer", "viewer.*"]) + ["rigel_core.assets"],
-    package_data={"viewer": ["../shaders/*.spv"], "rigel_core": ["assets/*"]},
+    # rigel_core.assets and viewer.gpu.shaders hold data only (the bundled scene; the GLSL, shaderio.h and SPIR-V
+    # that viewer.gpu.shaderio reads at run time): listed so setuptools ships them as packages
+    packages=find_packages(include=["rigel_core", "rigel_core.*", "viewer", "viewer.*"])
+    + ["rigel_core.assets", "viewer.gpu.shaders"],
+    package_data={"rigel_core": ["assets/*"], "viewer.gpu.shaders": ["*"]},
     include_package_data=True,
     python_requires=">=3.10",
-    install_requires=["torch", "numpy", "plyfile", "tqdm", "pillow", "imageio", "scipy", "safetensors"],
-    extras_require={
-        "colmap": ["pycolmap"],
-        "viewer": ["vulkan", "glfw", "imgui-bundle", "pyglm"],
-        "test": ["pytest"],
-    },
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS_REQUIRE,
     entry_points={"console_scripts": [
         "rigel-render=rigel_core.cli.render:main",
         "rigel-train=rigel_core.cli.train:main",

@@ -1,7 +1,7 @@
 """Loading of the compiled CUDA extension ``rigel_core._C``.
 
 Never falls back silently: when PyTorch sees a GPU but the extension is missing, the first CUDA render
-raises with the reason (../shared/docs/PLATFORM.md: an isolated ``pip install`` builds no kernels).
+raises with the reason (an isolated ``pip install`` has no torch and builds no kernels: README "Install with pip").
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ def get():
     """The extension module; raises RuntimeError saying how to build it when it is missing."""
     if _C is None:
         raise RuntimeError(
-            "rigel_core._C (the CUDA kernels) is not built, so CUDA tensors cannot be rendered. Reinstall with "
-            "`CUDA_HOME=/usr/local/cuda pip install --no-build-isolation -e .` on a machine with nvcc and a CUDA "
-            f"build of PyTorch, or move the tensors to the CPU to use the reference backend. (import error: {_error})")
+            "rigel_core._C (the CUDA kernels) is not built, so CUDA tensors cannot be rendered. Reinstall rigel with "
+            "`pip install --no-build-isolation` (a plain `pip install` builds without torch, so without the kernels: "
+            "README \"Install with pip\") on a machine with nvcc and a CUDA build of PyTorch, or move the tensors to "
+            f"the CPU to use the reference backend. (import error: {_error})")
     return _C

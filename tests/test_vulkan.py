@@ -2,9 +2,9 @@
 
 Runs on any Vulkan device (CI: Mesa's lavapipe on the CPU; windowed tests under Xvfb, started here when DISPLAY
 is unset). The validation layer is on whenever it is installed, and every test fails if it reports an error.
-The passes are checked against their definitions (shaders/shaderio.h, viewer/gpu/colormap.py) written out here with
-numpy: 8-bit UNORM conversion is round(clamp(x, 0, 1) · 255) (Vulkan spec "Conversion from Floating-Point to
-Normalized Fixed-Point": round to nearest), exact for every pixel.
+The passes are checked against their definitions (viewer/gpu/shaders/shaderio.h, viewer/gpu/colormap.py) written
+out here with numpy: 8-bit UNORM conversion is round(clamp(x, 0, 1) · 255) (Vulkan spec "Conversion from
+Floating-Point to Normalized Fixed-Point": round to nearest), exact for every pixel.
 """
 import os
 import shutil
@@ -179,7 +179,7 @@ def test_committed_spirv_equals_glslc_output():
 
     for name in shaderio.SHADERS:
         assert shaderio.compile_glsl(name) == shaderio.spirv(name), \
-            f"shaders/{name}.spv is stale: run `python -m viewer.gpu.shaderio`"
+            f"viewer/gpu/shaders/{name}.spv is stale: run `python -m viewer.gpu.shaderio`"
 
 
 def test_shader_header_constants_and_push_block():

@@ -33,6 +33,7 @@ import math
 import time
 from pathlib import Path
 
+from rigel_core.deps import require
 from rigel_core.run_dir import unused_path
 
 from . import jobs as _jobs
@@ -146,6 +147,7 @@ class Viewer:
             raise
 
     def _setup(self, offscreen, size, title, debug, slots, frames_in_flight, ini_path):
+        require("imgui_bundle", package="imgui-bundle", extra="viewer", purpose="the viewer")
         from imgui_bundle import imgui, implot
 
         from .gpu.frame_ring import FrameRing
@@ -596,11 +598,13 @@ class Viewer:
             if self.ctx is not None:
                 self.wait_rendered()
                 self.ctx.close()
-            from imgui_bundle import imgui, implot
+            if self._implot_ctx is not None:   # imgui_bundle imported only when it made a context: a missing
+                from imgui_bundle import implot  # package stays the error that _setup raised
 
-            if self._implot_ctx is not None:
                 implot.destroy_context(self._implot_ctx)
             if self._imgui_ctx is not None:
+                from imgui_bundle import imgui
+
                 ini = imgui.get_io().get_ini_filename()
                 if ini:
                     imgui.save_ini_settings_to_disk(ini)

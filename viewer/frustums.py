@@ -7,8 +7,8 @@ back-projected through ``K`` (pixel corners (0, 0), (W, 0), (W, H), (0, H); a co
 top edge (−y in OpenCV axes) that tells up from down. The segments are clipped against the viewing camera's
 near plane, projected with its pinhole model into the rendered frame's pixels, then mapped to the target the
 present pass fills (the frame fitted into the content rectangle keeping its aspect and centred, the rule of
-shaders/present_modes.comp). The viewer draws them as 2D lines on ImGui's background draw list, so they show in
-a window and in ``--offscreen`` frames alike, without another render of the scene.
+viewer/gpu/shaders/present_modes.comp). The viewer draws them as 2D lines on ImGui's background draw list, so they
+show in a window and in ``--offscreen`` frames alike, without another render of the scene.
 
 Picking: a click selects the camera whose projected frustum centre (the mean of its five pyramid vertices) is
 nearest the click, within ``radius`` pixels. Pure numpy, no window: tested in tests/test_viewer_studio.py.
@@ -84,7 +84,7 @@ def project_segments(segments: np.ndarray, view, near: float = 1e-3):
 
 def frame_to_target(px, frame_size, panel):
     """Map frame pixel coordinates (..., 2) of a ``frame_size`` = (w, h) frame to target pixels of the panel
-    ``(x, y, w, h)`` it is shown in (fitted keeping its aspect, centred: shaders/present_modes.comp)."""
+    ``(x, y, w, h)`` it is shown in (fitted keeping its aspect, centred: viewer/gpu/shaders/present_modes.comp)."""
     fw, fh = (float(v) for v in frame_size)
     x0, y0, pw, ph = (float(v) for v in panel)
     s = min(pw / fw, ph / fh)

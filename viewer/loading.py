@@ -114,8 +114,9 @@ def scene_preview(viewer, path, up: str | None = None) -> np.ndarray | None:
 def preview_size(viewer) -> tuple[int, int]:
     """(width, height) of the loading frame's image: the area the present fills (:meth:`Viewer.content_rect`)
     scaled down to about :data:`PREVIEW_PIXELS`, the first width from there whose image the present pass stretches
-    over the whole area (it fits an image keeping its aspect and rounds the shown size, shaders/present_modes.comp:
-    a rounded height off by a pixel would leave a one-pixel bar); the area's own size at the latest."""
+    over the whole area (it fits an image keeping its aspect and rounds the shown size,
+    viewer/gpu/shaders/present_modes.comp: a rounded height off by a pixel would leave a one-pixel bar); the area's
+    own size at the latest."""
     fw, fh = viewer.content_rect()[2:]
     w0 = max(1, round(fw * min(1.0, math.sqrt(PREVIEW_PIXELS / (fw * fh)))))
     for w in range(min(w0, fw), fw + 1):

@@ -294,7 +294,7 @@ def draw_section(imgui, editor: PathEditor, jobs: dict, requests: list):
 def screen_points(cam, points, frame_size, content, fb_scale=(1.0, 1.0)):
     """Where world ``points`` (M, 3) appear on screen: the pinhole projection by ``cam`` (a Camera of the frame's
     size) mapped as the present pass maps the frame into the content area (scaled to fit, keeping its aspect,
-    centred: shaders/present_modes.comp), in ImGui display coordinates (target pixels / ``fb_scale``).
+    centred: viewer/gpu/shaders/present_modes.comp), in ImGui display coordinates (target pixels / ``fb_scale``).
     Returns (M, 2) float64 and (M,) bool, True where the point is in front of the camera."""
     import numpy as np
 

@@ -30,7 +30,8 @@ class Window:
         try:
             import glfw
         except ImportError as e:
-            raise DisplayUnavailable(f"the Python package `glfw` is missing ({e}): `pip install glfw`") from None
+            raise DisplayUnavailable(f"the Python package `glfw` is missing ({e}): `pip install glfw` "
+                                     "(rigel's 'viewer' extra)") from None
         if not glfw.init():
             raise DisplayUnavailable("GLFW could not initialise the display "
                                      f"({os.environ.get('DISPLAY') or os.environ.get('WAYLAND_DISPLAY')}): "

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..camera import Camera, check_camera_position
+from ..deps import require
 from .colmap_check import check_colmap_model
 from .frames import Dataset, DatasetError, FrameSpec, assemble_dataset, cap_frames, split_every, \
     with_unique_names
@@ -47,12 +48,8 @@ def find_sparse_dir(root: Path) -> Path:
 
 
 def _import_pycolmap():
-    try:
-        import pycolmap
-    except ImportError as e:
-        raise ImportError("reading COLMAP datasets needs pycolmap: pip install pycolmap "
-                          "(or pip install 'rigel[colmap]')") from e
-    return pycolmap
+    """pycolmap; MissingPackage (an ImportError) saying what to install when it is missing."""
+    return require("pycolmap", package="pycolmap", extra="colmap", purpose="reading a COLMAP model")
 
 
 def _cam_from_world(image) -> np.ndarray:
@@ -96,8 +93,7 @@ def _colmap_distortion(model_name: str, params, width: int, height: int) -> Dist
             p["fx"] = p["fy"] = p["f"]
         lens = fisheye_lens if model_name.endswith("FISHEYE") else opencv_lens
         return lens(p, p["fx"], p["fy"], p["cx"], p["cy"], width, height)
-    import pycolmap
-
+    pycolmap = _import_pycolmap()
     cam = pycolmap.Camera.create_from_model_name(1, model_name, 1.0, int(width), int(height))
     if len(cam.params) != len(params):
         raise ValueError(f"camera model {model_name} takes {len(cam.params)} parameters, got {len(params)}")

@@ -64,7 +64,8 @@ def load_dataset(path, *, white_bg: bool = False, downscale: float = 1, test_eve
         come from the training cameras.
     Raises:
         DatasetError (a ValueError) naming the file: unknown layout, malformed file, no usable frame.
-        ImportError for COLMAP data when pycolmap is not installed.
+        MissingPackage (an ImportError) saying what to install: COLMAP data without pycolmap, a capture with lens
+        distortion without OpenCV.
     """
     if downscale <= 0:
         raise ValueError(f"downscale must be positive, got {downscale}")

@@ -35,6 +35,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..deps import require
+
 __all__ = ["opencv_distort", "fisheye_distort", "pinhole_pixel_grid", "opencv_source_coords", "remap_bilinear",
            "undistort_opencv", "OPENCV_KEYS", "FISHEYE_KEYS", "Distortion", "opencv_lens", "fisheye_lens",
            "fold_radius", "undistort_map", "remap", "mask_all", "remap_mask"]
@@ -194,9 +196,10 @@ def remap(img: np.ndarray, map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarr
     ``cv2.remap`` with INTER_LINEAR and a replicated border (only reached by invalid pixels); pixels where
     ``valid`` is False are set to 0. Measured against scipy's ``map_coordinates`` (order 1) on a 1080×1920
     float32 image: equal to 6e-8, 6.5× faster (0.07 s vs 0.45 s for three channels).
-    Returns (H, W[, C]) float32.
+    Returns (H, W[, C]) float32. Raises MissingPackage (an ImportError) when OpenCV is not installed.
     """
-    import cv2
+    cv2 = require("cv2", package="opencv-python-headless",
+                  purpose="undistorting the images of a capture with lens distortion")
 
     src = np.ascontiguousarray(img, dtype=np.float32)
     chans = src.shape[-1] if src.ndim == 3 else 1

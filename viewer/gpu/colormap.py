@@ -3,7 +3,7 @@
 A 256-entry lookup table, piecewise linear between a few anchor colours (dark violet for 0 → red → orange →
 pale yellow at the maximum; dark at 0 so empty sky stays dark and heavy overdraw glows), quantised to 8 bits so
 that an 8-bit UNORM target shows exactly the table's value. A pixel with ``n`` entries walked shows entry
-``(min(max(n, 0), m) * 255) // m`` where ``m = max(overdraw_max, 1)`` (shaders/shaderio.h).
+``(min(max(n, 0), m) * 255) // m`` where ``m = max(overdraw_max, 1)`` (viewer/gpu/shaders/shaderio.h).
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The present pass: a compute pass that shows a frame-ring slot in one render mode in the target image.
 
-Modes (shaders/shaderio.h): image; accumulated alpha ``1 − final_T`` (grey); overdraw, the colormap of
+Modes (viewer/gpu/shaders/shaderio.h): image; accumulated alpha ``1 − final_T`` (grey); overdraw, the colormap of
 :mod:`viewer.gpu.colormap` over ``n_contrib`` scaled by ``overdraw_max``, with a scale bar at the right edge;
-side-by-side (image | alpha | overdraw in three panels). The compute shader (shaders/present_modes.comp, one
+side-by-side (image | alpha | overdraw in three panels). The compute shader (viewer/gpu/shaders/present_modes.comp, one
 invocation per target pixel) reads the slot's storage buffers directly and writes 8-bit pixels into the frame's
 output buffer; a buffer → image copy fills the target, which the ImGui render pass then loads and draws on.
 One descriptor set per slot, rewritten only when the ring is rebuilt (its ``generation`` changes); one output
@@ -122,7 +122,7 @@ def scale_bar_rect(panel_w: int, panel_h: int):
 
 def panel_rects(mode: int, content: tuple):
     """[(mode, x, y, w, h)] of the panels a mode draws in the content area ``content`` = (x, y, w, h)
-    (side-by-side: three in a row), in target pixels — the split of shaders/present_modes.comp."""
+    (side-by-side: three in a row), in target pixels — the split of viewer/gpu/shaders/present_modes.comp."""
     cx, cy, cw, ch = content
     if mode != C.MODE_SIDE_BY_SIDE:
         return [(mode, cx, cy, cw, ch)]

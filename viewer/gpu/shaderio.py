@@ -1,14 +1,15 @@
-"""Host side of ``shaders/shaderio.h`` (the header shared with the shaders) and the committed SPIR-V.
+"""Host side of ``viewer/gpu/shaders/shaderio.h`` (the header shared with the shaders) and the committed SPIR-V.
 
 The integer ``#define`` lines of the header are the constants the host needs (render modes, flags, colormap
 size, scale-bar geometry, bindings); :data:`C` holds them, read from the same file the shaders include, so the
 two sides cannot drift. SPIR-V is committed next to its GLSL as ``<name>.spv``
 (``present_modes.comp`` → ``present_modes.comp.spv``) and built with :data:`GLSLC_ARGS`;
-``python -m viewer.gpu.shaderio`` rebuilds it and tests/test_vulkan.py checks that it is up to date.
+``python -m viewer.gpu.shaderio`` rebuilds it and tests/test_vulkan.py checks that it is up to date. The folder
+:data:`SHADER_DIR` lives inside this package, so a wheel ships it as package data (setup.py) and an installed
+viewer reads the same files as a source checkout.
 """
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import struct
@@ -19,19 +20,8 @@ from types import SimpleNamespace
 
 __all__ = ["SHADER_DIR", "C", "SHADERS", "GLSLC_ARGS", "spirv", "compile_glsl", "present_params"]
 
-def _shader_dir() -> Path:
-    """``RIGEL_SHADER_DIR``, else the repository's ``shaders/`` (source checkout / editable install), else
-    ``viewer/shaders`` (a wheel that packs them inside the package)."""
-    if os.environ.get("RIGEL_SHADER_DIR"):
-        return Path(os.environ["RIGEL_SHADER_DIR"])
-    here = Path(__file__).resolve().parent
-    for cand in (here.parents[1] / "shaders", here.parent / "shaders"):
-        if (cand / "shaderio.h").is_file():
-            return cand
-    return here.parents[1] / "shaders"
-
-
-SHADER_DIR = _shader_dir()
+#: The GLSL sources, the shared header and the committed SPIR-V (package data of ``viewer.gpu``).
+SHADER_DIR = Path(__file__).resolve().parent / "shaders"
 #: GLSL sources that are compiled to SPIR-V (shaderio.h is included, not compiled).
 SHADERS = ("present_modes.comp", "imgui_ui.vert", "imgui_ui.frag")
 #: glslc flags used for the committed SPIR-V (Vulkan 1.2 target, optimised, no debug info).
@@ -44,12 +34,12 @@ def _read_header(path: Path = SHADER_DIR / "shaderio.h") -> SimpleNamespace:
     try:
         text = path.read_text()
     except OSError as e:
-        raise FileNotFoundError(f"{path}: the shared shader header is missing ({e}); set RIGEL_SHADER_DIR to the "
-                                "repository's shaders/ folder") from None
+        raise FileNotFoundError(f"{path}: the shared shader header is missing ({e}); this rigel install lacks its "
+                                "package data: reinstall it") from None
     return SimpleNamespace(**{k: int(v) for k, v in _DEFINE.findall(text)})
 
 
-#: Constants of shaders/shaderio.h (``C.MODE_OVERDRAW``, ``C.COLORMAP_SIZE``, …).
+#: Constants of shaderio.h (``C.MODE_OVERDRAW``, ``C.COLORMAP_SIZE``, …).
 C = _read_header()
 
 MODE_NAMES = {"image": C.MODE_IMAGE, "alpha": C.MODE_ALPHA, "overdraw": C.MODE_OVERDRAW,
@@ -82,7 +72,7 @@ def spirv(name: str) -> bytes:
 
 
 def compile_glsl(name: str, out: Path | None = None) -> bytes:
-    """Compile ``shaders/<name>`` with glslc and :data:`GLSLC_ARGS`; return the SPIR-V (and write it to ``out``).
+    """Compile ``SHADER_DIR/<name>`` with glslc and :data:`GLSLC_ARGS`; return the SPIR-V (and write it to ``out``).
 
     Raises FileNotFoundError when glslc is missing, RuntimeError with glslc's message when compilation fails.
     """
@@ -97,7 +87,7 @@ def compile_glsl(name: str, out: Path | None = None) -> bytes:
         r = subprocess.run([glslc, *GLSLC_ARGS, name, "-o", str(dst)], cwd=SHADER_DIR, capture_output=True,
                            text=True)
         if r.returncode != 0:
-            raise RuntimeError(f"glslc failed on shaders/{name}:\n{r.stderr}")
+            raise RuntimeError(f"glslc failed on {SHADER_DIR / name}:\n{r.stderr}")
         data = dst.read_bytes()
     if out is not None:
         Path(out).write_bytes(data)
@@ -108,7 +98,7 @@ def main(argv=None) -> int:
     """Rebuild every committed .spv from its GLSL."""
     for name in SHADERS:
         compile_glsl(name, SHADER_DIR / f"{name}.spv")
-        print(f"shaders/{name}.spv")
+        print(SHADER_DIR / f"{name}.spv")
     return 0
 
 

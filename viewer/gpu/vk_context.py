@@ -47,7 +47,7 @@ def load_vulkan():
         import vulkan  # noqa: F401  (dlopens libvulkan.so.1 at import)
     except ImportError as e:
         raise VulkanUnavailable(f"the Python package `vulkan` is not installed ({e}): `pip install vulkan` "
-                                "(or `pip install -e .[viewer]`)") from None
+                                "(rigel's 'viewer' extra)") from None
     except OSError as e:
         raise VulkanUnavailable(f"the Vulkan loader libvulkan.so.1 is missing ({e}): `apt-get install libvulkan1 "
                                 "mesa-vulkan-drivers`") from None
