@@ -78,26 +78,22 @@ def capacity_for(seen, n_now: int) -> int:
 
 
 def graph_step_unsupported(trainer) -> str | None:
-    """Why ``trainer``'s configuration cannot use the graph step (a short reason), or None when it can."""
+    """Why ``trainer``'s configuration cannot use the graph step (a short reason), or None when it can: it needs
+    CUDA, the config's ``cuda_graph``, no per-image exposure (its learning rate and image index would be baked into
+    the graph), and what any runner needs (:func:`plain_unsupported`)."""
     cfg = trainer.config
     if not getattr(cfg, "cuda_graph", True):
         return "TrainConfig.cuda_graph is off"
     if trainer.device.type != "cuda":
         return "not a CUDA device"
-    if trainer.comm is not None:
-        return "data-parallel training"
-    if int(cfg.batch_size) != 1:
-        return "batch_size > 1"
     if cfg.exposure:
         return "per-image exposure"
-    if cfg.random_background:
-        return "random background"
-    return None
+    return plain_unsupported(trainer)
 
 
 def plain_unsupported(trainer) -> str | None:
     """Why ``trainer``'s configuration cannot use a plain (uncaptured) runner (:class:`GraphStep` with ``capture``
-    False), or None: the runner takes one view of one process on the dataset background."""
+    False), or None: a runner takes one view of one process on the dataset background."""
     cfg = trainer.config
     if trainer.comm is not None:
         return "data-parallel training"
