@@ -72,9 +72,9 @@ import threading
 import time
 from pathlib import Path
 
-from ..train.run import RunHooks, TrainingRun
 from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord, choose_run_dir,
                        log_to_file, new_metrics, open_run_log, out_problem, read_metrics)
+from ..train.run import RunHooks, TrainingRun
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
     kept_settings, load_training_data, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
     remembered_warnings, resume_config, resumed_data_problem, whole_number_arg
