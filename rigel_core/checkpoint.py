@@ -78,8 +78,7 @@ def save_checkpoint(trainer, path) -> None:
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
                 tensors[f"adam.{g['name']}.{key}"] = value.reshape(value.shape)
-    for key, value in trainer.stats.state_tensors().items():
-        tensors[f"stats.{key}"] = value
+    tensors.update(trainer.strategy.state_tensors(trainer))  # the densification accumulators (train/strategy.py)
     tensors["rng.cpu"] = trainer.generator.get_state()
     tensors["views.stack"] = torch.tensor(trainer._view_stack, dtype=torch.int64)
     if getattr(trainer, "exposure", None) is not None:
@@ -414,8 +413,7 @@ def load_trainer(path, dataset, *, device=None, config=None, trainer_cls):
                 state[key[len(prefix):]] = value.to(p.device if on_param else "cpu")
         if state:
             opt.state[p] = state
-    trainer.stats.load_state_tensors({k: tensors[f"stats.{k}"].to(trainer.device)
-                                      for k in ("grad_accum", "denom", "max_radii")})
+    trainer.strategy.load_state_tensors(trainer, tensors)
     from .train.exposure import Exposure
 
     try:

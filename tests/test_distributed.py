@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from rigel_core.train import TrainConfig, Trainer
+from rigel_core.train.step import view_forward_backward
 from rigel_core.train.distributed import Comm, RanksDiverged, batch_scaling, checksum_tensors, free_port, \
     replicated_tensors
 
@@ -138,7 +139,7 @@ def test_batch_of_views_is_the_mean_gradient(rng):
     a, b = ref._next_view(), ref._next_view()
     grads = []
     for idx in (a, b):
-        v = ref._view_forward_backward(idx, None, 1)
+        view_forward_backward(ref, ref._step_view(idx), ref._step_context(1))
         grads.append({g["name"]: g["params"][0].grad.clone() for g in ref.optimizer.param_groups
                       if g["params"][0].grad is not None})
         ref.optimizer.zero_grad(set_to_none=True)

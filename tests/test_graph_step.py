@@ -16,6 +16,7 @@ import torch
 
 from rigel_core.train import TrainConfig, Trainer
 from rigel_core.train import graph_step as graph_step_module
+from rigel_core.train import step as step_module
 from rigel_core.train.graph_step import capacity_for, graph_step_unsupported
 from test_trainer import make_dataset, small_config
 
@@ -58,6 +59,77 @@ def test_cpu_training_never_makes_a_graph_step(rng):
     for _ in range(3):
         t.step()
     assert t.graph_step is None and t.iteration == 3
+
+
+# ---- the runner's body against the eager step (any machine) ---------------------------------------------------
+def _plain_runner_and_eager(rng, steps, **kw):
+    """Two trainers of one fresh dataset and seed: one eager, one whose steps (after the first) go through a plain
+    graph runner — the captured path's body called on its fixed buffers instead of replayed."""
+    ds = make_dataset(rng, n_gauss=80, size=32, n_train=6, n_test=2)
+    cfg = dict(iterations=steps, seed=int(torch.randint(0, 2 ** 31, (1,), generator=rng)), **kw)
+    te = Trainer(ds, small_config(**cfg), device="cpu")
+    tg = Trainer(ds, small_config(**cfg), device="cpu")
+    tg.graph_step = graph_step_module.GraphStep(tg, capture=False)
+    return te, [te.step() for _ in range(steps)], tg, [tg.step() for _ in range(steps)]
+
+
+@pytest.mark.parametrize("strategy", [
+    # 3DGS's densification: statistics in the body, clone / split / prune and opacity resets between calls, one of
+    # them held over an evaluated iteration (eval_every) and run at the next step
+    dict(densify_from=20, densify_interval=20, densify_until=150, opacity_reset_interval=60, eval_every=50),
+    # the MCMC budget: regularisers and position noise in the body (its seed drawn before the call), relocation and
+    # growth taken by the eager step, one of them held over an evaluated iteration
+    dict(strategy="mcmc", max_gaussians=260, densify_from=10, densify_interval=25, densify_until=160,
+         mcmc_growth=0.3, eval_every=50),
+], ids=["default", "mcmc"])
+def test_the_runner_body_called_plainly_equals_the_eager_step_bit_for_bit(rng, strategy):
+    """The captured path's body (step.train_step on the runner's static camera, image copies and host schedule
+    between calls) and the eager step agree bit for bit over 200 CPU steps, per-image exposure on. (The CPU's
+    float32 is deterministic, so equality is exact in the trainer's own dtype; the graph runner on the GPU differs
+    only by its float32 device learning rates, tests below.)"""
+    te, re_, tg, rg = _plain_runner_and_eager(rng, 200, exposure=True, **strategy)
+    gs = tg.graph_step
+    assert gs.disabled is None and gs.replays >= 190 and gs.captures >= 2, gs.stats()  # the runner took the steps
+    assert [r.densify.iteration for r in rg if r.densify] == [r.densify.iteration for r in re_ if r.densify]
+    held = [r for r in rg if r.densify and r.densify.iteration == r.iteration - 1]  # run at the step after its own
+    assert len([r for r in rg if r.densify]) >= 5 and held
+    if "strategy" not in strategy:
+        assert any(r.opacity_reset for r in rg)
+    else:
+        assert any(r.densify.n_relocated for r in rg if r.densify)
+    for a, b in zip(re_, rg):
+        assert (a.iteration, a.view, a.num_gaussians) == (b.iteration, b.view, b.num_gaussians)
+        assert torch.equal(a.values, b.values), a.iteration
+    for ge, gg in zip(te.optimizer.param_groups, tg.optimizer.param_groups):
+        assert torch.equal(ge["params"][0], gg["params"][0]), ge["name"]
+        for k, v in te.optimizer.state[ge["params"][0]].items():
+            assert torch.equal(v, tg.optimizer.state[gg["params"][0]][k]), (ge["name"], k)
+    assert torch.equal(te.exposure.affine, tg.exposure.affine)
+    assert not torch.equal(te.exposure.affine[:, :, :3], torch.eye(3).expand(6, 3, 3))  # exposure was learnt
+    for k, v in te.stats.state_tensors().items():
+        assert torch.equal(v, tg.stats.state_tensors()[k]), k
+    assert torch.equal(te.generator.get_state(), tg.generator.get_state())
+
+
+def test_a_host_only_setting_keeps_the_graphs_and_a_captured_one_does_not(rng):
+    """The graph signature holds only the config fields the body reads (step.STEP_FIELDS and the strategy's): a
+    densification threshold or interval changed while training (the viewer's sliders) keeps every graph; the loss
+    weight drops them (GraphStep.recaptures, in its stats)."""
+    ds = make_dataset(rng, n_gauss=60, size=16, n_train=3, n_test=1)
+    t = Trainer(ds, small_config(iterations=40, densify_until=0), device="cpu")
+    t.graph_step = gs = graph_step_module.GraphStep(t, capture=False)
+    for _ in range(4):
+        t.step()
+    captures = gs.captures
+    assert captures >= 1 and gs.stats()["recaptures"] == 0
+    for field, value in (("grad_threshold", 5e-4), ("densify_interval", 7), ("opacity_reset_interval", 999),
+                         ("max_gaussians", 5000), ("prune_opacity", 0.01)):
+        setattr(t.config, field, value)
+        t.step()
+    assert gs.captures == captures and gs.stats()["recaptures"] == 0
+    t.config.lambda_dssim = 0.3  # read inside the step: the graphs are made again
+    t.step()
+    assert gs.captures == captures + 1 and gs.stats()["recaptures"] == 1
 
 
 # ---- fixed-capacity binning (GPU) ----------------------------------------------------------------------------
@@ -308,14 +380,14 @@ def test_a_dropped_run_collected_during_a_capture_does_not_break_it(rng, monkeyp
     assert old.graph_step.graphs
     gone = weakref.ref(old.graph_step)
     del old
-    real_render, collections = graph_step_module.render, []
+    real_render, collections = step_module.render, []
 
     def render_with_a_collection(*a, **k):
         if torch.cuda.is_current_stream_capturing() and gc.isenabled():  # what an automatic collection does
             collections.append(gc.collect())
         return real_render(*a, **k)
 
-    monkeypatch.setattr(graph_step_module, "render", render_with_a_collection)
+    monkeypatch.setattr(step_module, "render", render_with_a_collection)
     t = Trainer(ds, small_config(iterations=10, densify_until=0), device="cuda")
     for _ in range(4):
         t.step()
@@ -334,10 +406,14 @@ def test_a_failed_capture_falls_back_to_the_eager_step(rng, monkeypatch):
     t = Trainer(ds, small_config(iterations=10, densify_until=0), device="cuda")
     t.step()
 
-    def broken(*a, **k):
-        raise RuntimeError("not capturable here")
+    real_render = step_module.render
 
-    monkeypatch.setattr(graph_step_module, "render", broken)
+    def broken(*a, **k):  # the step body's render, failing only while captured (the eager step renders as usual)
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("not capturable here")
+        return real_render(*a, **k)
+
+    monkeypatch.setattr(step_module, "render", broken)
     before = _params(t)
     with pytest.warns(UserWarning, match="CUDA graph capture failed.*not capturable here"):
         res = t.step()

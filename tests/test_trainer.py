@@ -297,7 +297,7 @@ def test_random_background_recomposites_the_target(rng, monkeypatch):
     truth = random_scene(rng, 40)
     truth.sh_rest.zero_()  # colours in [0, 1]: renders need no clamping, so the target is exact
     ds = make_dataset(rng, size=32, n_train=4, n_test=0, scene=truth)
-    import rigel_core.train.trainer as trainer_mod
+    import rigel_core.train.step as step_mod  # the step body's render
 
     seen = []
 
@@ -305,7 +305,7 @@ def test_random_background_recomposites_the_target(rng, monkeypatch):
         seen.append(background)
         return render(model, camera, background=background, **kw)
 
-    monkeypatch.setattr(trainer_mod, "render", spy)
+    monkeypatch.setattr(step_mod, "render", spy)
     tr = Trainer(ds, small_config(random_background=True), model=truth, device="cpu")
     for k in ("position_lr_init", "position_lr_final", "scaling_lr", "rotation_lr", "opacity_lr", "feature_lr"):
         setattr(tr.config, k, 0.0)  # the model stays the ground truth

@@ -724,6 +724,44 @@ def test_scripted_session_on_a_real_ply(display, shared_data, tmp_path, one_thre
 
 
 @needs_vulkan
+def test_an_interrupted_offscreen_session_reports_one_count(rng, tmp_path, one_thread):
+    """Ctrl-C during offscreen training (issue 40): the summary's counts and its error line come from the stopped
+    session, not from the UI's state of a window before (it said 'trained 50 iterations' and 'interrupted at
+    iteration 40'); on a resumed run it tells this session's iterations from the run's (it counted both runs)."""
+    from viewer.app import Viewer
+    from viewer.offscreen import run_offscreen_training
+
+    trainer = tiny_trainer(rng, iterations=100_000)
+    before = 7
+    for _ in range(before):  # a run that had trained before this session (as after --resume)
+        trainer.step()
+    slot = ModelSlot()
+    session = TrainingSession(trainer, slot, tmp_path / "run", running=False, eval_at_start=False,
+                              progress_every=50).start()
+    while slot.latest() is None:
+        time.sleep(0.01)
+    v = Viewer(slot, offscreen=True, size=(160, 120), device="cpu", training=session)
+    try:
+        def ctrl_c_after_a_few_steps():
+            while trainer.iteration < before + 12:
+                time.sleep(0.005)
+            v.interrupted = True
+
+        timer = threading.Thread(target=ctrl_c_after_a_few_steps)
+        timer.start()
+        s = run_offscreen_training(v, 2, tmp_path / "out", max_fps=200.0)
+        timer.join()
+    finally:
+        v.close()
+    assert not session.alive
+    done = trainer.iteration
+    assert s["error"] == f"interrupted (Ctrl-C) at iteration {done} of 100000; the run was saved"
+    assert s["iterations"] == done and s.get("session_iterations") == done - before > 0, s
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["iterations_done"] == done
+
+
+@needs_vulkan
 def test_training_window_presents_at_most_once_per_display_refresh(display, rng, tmp_path, one_thread,  # noqa: F811
                                                                     monkeypatch):
     """While training, with vsync off, the loop presents at most once per refresh of the display (here said to

@@ -424,7 +424,10 @@ def _main(argv=None) -> int:
                 with sigint_flag(viewer):
                     summary = run_offscreen_training(viewer, n, args.out, max_fps=args.fps)
                 interrupted = viewer.interrupted
-                print(f"rigel-viewer: trained {summary['iterations']} iterations on {summary['training_device']}, "
+                resumed = summary["session_iterations"] != summary["iterations"]
+                print(f"rigel-viewer: trained {summary['session_iterations']} iterations"
+                      + (f" (to iteration {summary['iterations']})" if resumed else "")
+                      + f" on {summary['training_device']}, "
                       f"held-out PSNR {_db(summary['psnr_initial'])} -> {_db(summary['psnr'])} dB, "
                       f"{summary['frames']} frames "
                       f"({summary['frame_ring']}) in {summary['seconds']} s -> {args.out}")

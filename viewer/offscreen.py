@@ -213,7 +213,8 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     error of training view 0).
     The loop presents at most ``max_fps`` frames per second (it sleeps otherwise, leaving the cores to the
     trainer); a paused session is resumed as the loop starts. Returns the summary (also in ``summary.json``):
-    frames, presents, fps (presents per second achieved over the loop), ``max_fps``, iterations, held-out PSNR (first
+    frames, presents, fps (presents per second achieved over the loop), ``max_fps``, ``iterations`` (the run's iteration
+    when the session stopped) and ``session_iterations`` (this session's: fewer on a resumed run), held-out PSNR (first
     and last evaluation), train-view PSNR (mean of the first and of the last window of ≤ 10 iterations),
     Gaussians, the run folder and the files written there; ``renders``, ``ui_builds``, ``repeats`` and ``held`` over
     the loop (the live refresh cap, :mod:`viewer.app`: a repeat presents the last frame and panels again, a held
@@ -237,6 +238,7 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     counts0 = (viewer.stats.renders, viewer.stats.ui_builds, viewer.stats.repeats, viewer.stats.held)
     session.send(M.Resume())   # a session started paused (rigel-viewer --offscreen) trains from here on
     error = None
+    interrupted = False
     k = 0
     while True:
         t0 = time.perf_counter()
@@ -255,7 +257,7 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
         if done and k >= frames:
             break
         if getattr(viewer, "interrupted", False):
-            error = f"interrupted (Ctrl-C) at iteration {state.iteration} of {goal}; the run was saved"
+            interrupted = True   # said once the session has stopped: at the iteration it stopped at
             break
         if timeout_s is not None and time.perf_counter() - t_start > timeout_s:
             error = f"timed out after {timeout_s} s at iteration {state.iteration} of {goal}"
@@ -271,6 +273,12 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
         error = f"training failed: {state.error}"
     session.stop(save=True)
     viewer.drain_events()
+    # the counts of the stopped session, from its run loop (rigel_core/train/run.py): this session's iterations and
+    # the run's iteration (the UI's state may lag a window behind, and a resumed run started past 0)
+    iteration = trainer.iteration
+    steps = session.run.steps if session.run is not None else 0
+    if interrupted:
+        error = f"interrupted (Ctrl-C) at iteration {iteration} of {goal}; the run was saved"
     # the final model, then training view 0 with its per-pixel error in the PSNR window
     viewer.take_model()
     common = _common(viewer)   # before the last views re-render in single modes (another frame size)
@@ -297,13 +305,13 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
         # the live refresh cap (viewer/app.py): full frames (renders, panel builds) vs presents of the last frame
         "refresh_hz": viewer.settings.refresh_hz, "renders": renders, "ui_builds": ui_builds, "repeats": repeats,
         "held": held,
-        "iterations": state.iteration, "iterations_goal": goal, "status": state.status,
+        "iterations": iteration, "session_iterations": steps, "iterations_goal": goal, "status": state.status,
         "psnr": state.last_eval_psnr if state.eval_psnr else None,
         "psnr_initial": state.eval_psnr[0] if state.eval_psnr else None,
         "eval": [{"iteration": i, "psnr": p, "ssim": s} for i, p, s in zip(state.eval_iters, state.eval_psnr,
                                                                           state.eval_ssim)],
         "train_psnr_first10": first, "train_psnr_last10": final,
-        "ms_per_iter": round(1e3 * state.elapsed_s / max(state.iteration - start_it, 1), 3),
+        "ms_per_iter": round(1e3 * state.elapsed_s / max(steps, 1), 3),
         "training_device": state.device, "run_dir": state.run_dir, "saved": list(state.saved),
         "strategy": trainer.config.strategy, "max_gaussians": trainer.config.max_gaussians,
         "densify_grad": trainer.config.densify_grad,

@@ -11,16 +11,14 @@ frames. The copy is taken under ``trainer.lock`` (held by the trainer only while
 CUDA a CUDA event recorded after the copy travels with it (``info["_ready_event"]``) so the UI's render
 stream waits for the copy on the GPU, not on the host.
 
-The run folder gets what ``rigel-train`` writes (:class:`rigel_core.run_dir.RunRecord`): ``log.txt`` (a line per
-densification, evaluation, skipped step and save), ``metrics.json`` (the loss curve per window of
-``progress_every`` steps, the evaluations, the densifications; written at each evaluation and save), the checkpoint
-and ``model.ply``. ``metrics.json``'s ``timings`` are rigel-train's: ``train_s`` (the steps' own seconds, evaluations
-excluded) and ``loop_s`` (the wall-clock seconds of the training loop while it runs: from the start of a step to
-the end of the last step that follows it without a pause, snapshots, loss-curve reads and commands included,
-evaluations and saves excluded), summed over the run's sessions; ``ms_per_iter`` is ``train_s`` per iteration. A
-step's loss and PSNR stay on the device until a window is full (one read per window, never a
-host sync per step); the UI gets one :class:`~viewer.messages.TrainingProgress` per window, and at a pause or
-the end.
+The run loop's bookkeeping is rigel-train's own (:class:`rigel_core.train.run.TrainingRun`, the one run loop):
+the run folder gets what ``rigel-train`` writes (:class:`rigel_core.run_dir.RunRecord`): ``log.txt`` (a line per
+densification, opacity reset, evaluation, skipped step and save), ``metrics.json`` (the loss curve per window of
+``progress_every`` steps, the evaluations, the densifications; written at each evaluation and save; its ``timings``
+as rigel-train's, summed over the run's sessions), the checkpoint and ``model.ply``. A step's loss and PSNR stay on
+the device until a window is full (one read per window, never a host sync per step); the UI gets one
+:class:`~viewer.messages.TrainingProgress` per window, and at a pause or the end. This module adds what is the
+viewer's: the commands, pausing, the snapshots and the events (:class:`_ViewerHooks`).
 
 Failures are never lost: an exception in the thread is logged (with its traceback) to the ``rigel.viewer``
 logger and emitted as :class:`~viewer.messages.TrainingFailed`; the checkpoint and the PLY are then written
@@ -38,6 +36,7 @@ import traceback
 from pathlib import Path
 
 from rigel_core.run_dir import CHECKPOINT_NAME, PLY_NAME, RunRecord
+from rigel_core.train.run import RunHooks, TrainingRun
 
 from . import messages as M
 from .model_slot import ModelSlot
@@ -89,19 +88,11 @@ class TrainingSession:
         self._running = bool(running)
         self._steps_left = 0
         self._finished = trainer.iteration >= trainer.config.iterations
-        self._dirty = False           # the model changed since the last save
-        self._elapsed = 0.0
         self._last_publish = 0.0
         self.progress_every = max(int(progress_every), 1)
         self.data = data
         self.record: RunRecord | None = None   # opened on the thread (the run folder is written from there only)
-        self._window: list = []
-        self._train_s = 0.0
-        self._loop_s = 0.0            # wall-clock seconds of the training loop (module docstring)
-        self._loop_mark = None        # the end of the previous step while stepping without a pause, else None
-        self._aside_s = 0.0           # evaluation and save seconds inside the current step (not loop time)
-        self._timings_before: dict = {}   # a resumed run's timings (earlier sessions)
-        self._steps = 0               # steps of this session
+        self.run: TrainingRun | None = None    # the run loop's bookkeeping, made with the record
         self._thread = threading.Thread(target=self._run, name="rigel-training", daemon=True)
 
     # ---- the UI side ----------------------------------------------------------------------------------------
@@ -156,39 +147,24 @@ class TrainingSession:
     def save(self, what: str = "both", reason: str = "request") -> tuple:
         """Write the checkpoint and/or PLY now, then ``metrics.json`` (called on the training thread). Returns the
         paths written."""
-        tr = self.trainer
-        paths = tuple(str(p.resolve()) for p in self._record().save(tr, reason, what))
-        self._write_metrics()
-        if what == "both":
-            self._dirty = False
-        self._emit(M.Saved(tr.iteration, paths, reason))
-        return paths
+        return tuple(str(p.resolve()) for p in self._loop().save(reason, what))
 
-    def _record(self) -> RunRecord:
-        if self.record is None:
+    def _loop(self) -> TrainingRun:
+        """The run loop's bookkeeping (and the run folder's record), made at first use on the thread."""
+        if self.run is None:
             self.record = RunRecord.open(self.run_dir, self.trainer, data=self.data, name=f"rigel.viewer.run.{id(self)}")
-            self._timings_before = dict(self.record.metrics.get("timings") or {})
-        return self.record
+            self.run = TrainingRun(self.trainer, self.record, window=self.progress_every, hooks=_ViewerHooks(self))
+        return self.run
 
-    def _write_metrics(self) -> None:
-        """``metrics.json`` now; ``timings`` as rigel-train writes them (summed over the run's sessions, ms per
-        iteration over all its iterations)."""
-        before = self._timings_before
-        train_s = float(before.get("train_s", 0.0)) + self._train_s
-        loop_s = float(before.get("loop_s", 0.0)) + self._loop_s
-        self._record().write(self.trainer, timings={**before, "train_s": train_s, "loop_s": loop_s,
-                                                    "ms_per_iter": 1e3 * train_s / max(1, self.trainer.iteration)})
+    @property
+    def _dirty(self) -> bool:
+        """The model changed since the last save of both files."""
+        return self.run is not None and self.run.dirty
 
     def _flush_progress(self) -> None:
         """Read the window's step values (one device read for the window) into a TrainingProgress and a
         loss-curve point."""
-        if not self._window:
-            return
-        window, self._window = self._window, []
-        entry = self._record().steps(window)
-        r = window[-1]
-        self._emit(M.TrainingProgress(r.iteration, entry["loss"], entry["psnr"], r.num_gaussians, self._elapsed,
-                                      entry["ms_per_iter"], r.view, any(w.skipped for w in window)))
+        self._loop().flush()
 
     def _apply(self, cmd: M.Command):
         """Apply one command; returns the Stop command when the thread must end."""
@@ -247,7 +223,7 @@ class TrainingSession:
             self._emit(M.CommandRejected("SetAppearance", f"unknown appearance {kind!r} (sh or mlp)"))
             return
         rmse = float(tr.set_appearance(kind))
-        self._dirty = True
+        self._loop().dirty = True
         self._publish()
         self._emit(M.AppearanceChanged(tr.iteration, kind, rmse))
 
@@ -268,27 +244,8 @@ class TrainingSession:
 
     def _step(self) -> None:
         tr = self.trainer
-        t0 = time.perf_counter()
-        start = self._loop_mark if self._loop_mark is not None else t0
-        self._aside_s = 0.0
-        r = tr.step()
-        self._train_s += r.seconds - (r.eval.seconds if r.eval else 0.0)
-        self._aside_s += r.eval.seconds if r.eval else 0.0
-        self._elapsed += r.seconds
-        self._dirty = True
-        self._steps += 1
-        self._window.append(r)        # its values stay on the device until the window is read
-        changed = False
-        if r.densify is not None:
-            d = r.densify
-            self._record().densified(d)
-            self._emit(M.Densified(d.iteration, d.n_clone, d.n_split, d.n_prune, d.n_after,
-                                   getattr(d, "n_relocated", None), getattr(d, "n_added", 0)))
-            changed = True
-        if len(self._window) >= self.progress_every:
-            self._flush_progress()
-        if r.eval is not None:
-            self._evaluated(r.eval)
+        r = self._loop().step()   # the window, the densification and evaluation events: _ViewerHooks
+        changed = r.densify is not None
         paused = False
         if self._steps_left > 0:
             self._steps_left -= 1
@@ -304,24 +261,13 @@ class TrainingSession:
                 self._publish()   # periodic copies only when the viewer will take one (ModelSlot.request)
             if paused:            # after the publish: whoever sees the pause finds the paused model in the slot
                 self._emit(M.TrainingPaused(tr.iteration))
-        end = time.perf_counter()
-        self._loop_s += end - start - self._aside_s
-        self._loop_mark = None if self._finished else end
-
-    def _evaluated(self, e) -> None:
-        self._flush_progress()
-        t0 = time.perf_counter()
-        self._record().evaluated(e)
-        self._write_metrics()
-        self._emit(M.EvalFinished(e.iteration, e.psnr, e.ssim, e.num_gaussians, e.n_views))
-        self._aside_s += time.perf_counter() - t0
 
     def _evaluate_at_start(self) -> None:
         """The held-out PSNR where this session starts: evaluated at iteration 0; a resumed run's own evaluation at
         its iteration (``metrics.json``) when it has one (a finished session evaluated there), else evaluated now."""
         tr = self.trainer
         if tr.iteration > 0:
-            evals = self._record().metrics.get("eval") or []
+            evals = self._loop().record.metrics.get("eval") or []
             last = evals[-1] if evals else None
             if isinstance(last, dict) and last.get("iteration") == tr.iteration:
                 self._emit(M.EvalFinished(tr.iteration, float(last["psnr"]), float(last["ssim"]),
@@ -330,30 +276,21 @@ class TrainingSession:
                 return
         e = tr.evaluate()
         if e is not None:
-            self._evaluated(e)
+            self._loop().evaluated(e)
 
     def _finish(self) -> None:
         tr = self.trainer
         self._finished = True
         self._running, self._steps_left = False, 0
-        self._flush_progress()            # the last read of the step values: the device's work is done
-        t0, aside = time.perf_counter(), self._aside_s
-        last = tr.eval_history[-1] if tr.eval_history else None
-        if last is None or last.iteration != tr.iteration:
-            e = tr.evaluate()
-            if e is not None:
-                self._evaluated(e)
-                last = e
+        last = self._loop().finish("finished")   # the last window, the final evaluation, the save
         self._publish()
-        self.save("both", "finished")
-        self._aside_s = aside + time.perf_counter() - t0   # the final evaluation and save are not loop time
         self._emit(M.TrainingFinished(tr.iteration, last.psnr if last is not None else math.nan))
 
     def _run(self) -> None:
         tr = self.trainer
         stop = None
         try:
-            rec = self._record()
+            rec = self._loop().record
             rec.log_warnings(echo=True)  # a warning while training also goes to the run's log.txt (as rigel-train)
             rec.log.info(f"{'resumed at iteration ' + str(tr.iteration) if tr.iteration else 'start'}: "
                          f"{tr.model.num_gaussians} Gaussians, device {tr.device}, {tr.config.iterations} iterations "
@@ -377,7 +314,7 @@ class TrainingSession:
                 if self._should_step():
                     self._step()
                 else:                       # paused: the loop time stops until the next step
-                    self._loop_mark = None
+                    self._loop().pause()
             self._flush_progress()
             if stop.save and self._dirty:
                 self.save("both", "stopped")
@@ -386,10 +323,8 @@ class TrainingSession:
             log.error("training failed at iteration %d:\n%s", tr.iteration, tb)
             self._emit(M.TrainingFailed(tr.iteration, f"{type(e).__name__}: {e}", tb))
             try:
-                tr.optimizer.zero_grad(set_to_none=True)
-                if tr.is_consistent():
+                if self._loop().save_if_consistent("failed"):
                     self._publish()
-                    self.save("both", "failed")
                 else:
                     log.error("training state inconsistent after the failure: checkpoint not written")
             except BaseException as e2:  # noqa: BLE001
@@ -406,10 +341,38 @@ class TrainingSession:
                     if isinstance(cmd, M.Stop):
                         stop = cmd
         finally:
-            if self.record is not None:
+            if self.run is not None:
                 try:
-                    self._write_metrics()
+                    self.run.write_metrics()
                 except OSError as e:
                     log.error("metrics.json not written: %s", e)
                 self.record.close()
             self._emit(M.TrainingStopped(tr.iteration))
+
+
+class _ViewerHooks(RunHooks):
+    """The viewer's part of the run loop (:class:`rigel_core.train.run.TrainingRun`): its events."""
+
+    def __init__(self, session: TrainingSession):
+        self.session = session
+        self.elapsed = 0.0  # the steps' seconds of this session (TrainingProgress.elapsed_s)
+
+    def window(self, entry: dict, results: list) -> None:
+        self.elapsed += sum(r.seconds for r in results)
+        r = results[-1]
+        self.session._emit(M.TrainingProgress(r.iteration, entry["loss"], entry["psnr"], r.num_gaussians,
+                                              self.elapsed, entry["ms_per_iter"], r.view,
+                                              any(w.skipped for w in results)))
+
+    def densified(self, d) -> None:
+        self.session._emit(M.Densified(d.iteration, d.n_clone, d.n_split, d.n_prune, d.n_after,
+                                       getattr(d, "n_relocated", None), getattr(d, "n_added", 0)))
+
+    def evaluating(self, ev) -> None:
+        self.session._flush_progress()   # the window before it first: the plot's points stay in order
+
+    def evaluated(self, e) -> None:
+        self.session._emit(M.EvalFinished(e.iteration, e.psnr, e.ssim, e.num_gaussians, e.n_views))
+
+    def saved(self, paths: tuple, reason: str) -> None:
+        self.session._emit(M.Saved(self.session.trainer.iteration, tuple(str(p.resolve()) for p in paths), reason))

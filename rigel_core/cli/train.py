@@ -74,6 +74,7 @@ from pathlib import Path
 
 from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord, choose_run_dir,
                        log_to_file, new_metrics, open_run_log, out_problem, read_metrics)
+from ..train.run import RunHooks, TrainingRun
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
     kept_settings, load_training_data, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
     remembered_warnings, resume_config, resumed_data_problem, whole_number_arg
@@ -398,107 +399,73 @@ def _main(args, lock: RunLock, comm=None) -> int:
     total_before = float(timings.get("total_s", 0.0))  # earlier sessions of a resumed run
     timings["load_s"] = t_loaded - t_start
     timings["init_s"] = t_init - t_loaded
-    train_s = float(timings.get("train_s", 0.0))
-    eval_s = float(timings.get("eval_s", 0.0))
-    loop_before = loop_s = float(timings.get("loop_s", 0.0))
-    window = []
-
-    def save_all(reason: str, collective: bool = True) -> None:
-        if comm is not None and collective:  # every rank: the global running maximum of the screen radii
-            comm.sync_stats(trainer.stats)
-        if is_main:
-            record.save(trainer, reason)
-
-    def write_metrics() -> None:
-        if not is_main:
-            return
-        if comm is not None:
-            metrics["distributed"].update(allreduce_calls=comm.reduce_calls)
-        timings.update(train_s=train_s, loop_s=loop_s, eval_s=eval_s,
-                       total_s=total_before + time.perf_counter() - t_start,
-                       ms_per_iter=1e3 * train_s / max(1, trainer.iteration))
-        if device == "cuda":
-            metrics["peak_gpu_memory_bytes"] = int(torch.cuda.max_memory_allocated())
-        record.write(trainer)
-
-    def on_eval(ev) -> None:
-        nonlocal eval_s
-        eval_s += ev.seconds
-        record.evaluated(ev)
-        out_dir = run_dir / "renders" / f"it{ev.iteration:06d}"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for f in trainer.test_frames[:max(0, args.n_renders)]:
-            _save_png(out_dir / f"{f.name}_pred.png", trainer.render_frame(f))
-            _save_png(out_dir / f"{f.name}_gt.png", f.image, getattr(f, "mask", None))
-        write_metrics()
+    run = TrainingRun(trainer, record, window=args.log_every, checkpoint_every=args.checkpoint_every,
+                      hooks=_ConsoleHooks(run_dir, trainer, progress, args.n_renders, comm, device, t_start,
+                                          total_before), comm=comm)
 
     def interrupted_status() -> int:  # 130 after Ctrl-C, 128 + the signal's number after SIGTERM / SIGHUP
         return EXIT_INTERRUPTED if stop_signal[0] == signal.SIGINT else 128 + int(stop_signal[0])
 
     status = 0
-    t_loop, aside = time.perf_counter(), 0.0   # loop_s: the loop's wall time less evaluations and periodic saves
     try:
         while trainer.iteration < cfg.iterations:
             if stop.is_set() and comm is None:
                 raise KeyboardInterrupt
-            r = trainer.step()
+            run.step()
             if comm is not None and comm.stop_all:  # some rank was asked to stop: all stop after this step
                 raise KeyboardInterrupt
-            train_s += r.seconds - (r.eval.seconds if r.eval else 0.0)
-            window.append(r)
-            if r.densify:
-                record.densified(r.densify)
-            if r.opacity_reset:
-                log.info(f"[{r.opacity_reset_iteration or r.iteration}] opacity reset")
-            if len(window) >= args.log_every or trainer.iteration == cfg.iterations:
-                # the step values are read here, once per window (reading them waits for the device)
-                entry = record.steps(window)
-                progress.update(len(window), f"loss {entry['loss']:.4f} psnr {entry['psnr']:.2f} "
-                                             f"N {r.num_gaussians}")
-                window = []
-            if r.eval:
-                t_aside = time.perf_counter()
-                on_eval(r.eval)
-                aside += r.eval.seconds + time.perf_counter() - t_aside
-            if args.checkpoint_every and trainer.iteration % args.checkpoint_every == 0 \
-                    and trainer.iteration < cfg.iterations:
-                t_aside = time.perf_counter()
-                save_all("periodic")
-                write_metrics()
-                aside += time.perf_counter() - t_aside
-            loop_s = loop_before + time.perf_counter() - t_loop - aside
-        progress.update(len(window))
         if stop.is_set() and comm is None:  # asked during the last step: saved as interrupted, no final evaluation
             raise KeyboardInterrupt
-        if is_main and (not trainer.eval_history or trainer.eval_history[-1].iteration != trainer.iteration):
-            ev = trainer.evaluate()
-            if ev is not None:
-                on_eval(ev)
-        save_all("done")
-        final = trainer.eval_history[-1] if trainer.eval_history else None
+        final = run.finish("done")
         log.info(f"final: {trainer.iteration} iterations, {trainer.model.num_gaussians} Gaussians"
                  + (f", test psnr {final.psnr:.2f} ssim {final.ssim:.4f}" if final else "")
-                 + f", {train_s:.1f} s training, {trainer.nan_skips} skipped steps")
+                 + f", {run.total_train_s:.1f} s training, {trainer.nan_skips} skipped steps")
         if stop.is_set():  # asked during the final evaluation: it finished and everything is saved, but the exit
             # status still says the run was interrupted (a script waiting on it must not read success)
             status = interrupted_status()
     except KeyboardInterrupt:
         status = interrupted_status()
-        trainer.optimizer.zero_grad(set_to_none=True)
-        if trainer.is_consistent():
-            # a second Ctrl-C aborts mid-step: the ranks may not be at the same point, so no collective then
-            save_all("interrupted", collective=comm is not None and comm.stop_all)
-        else:
+        # a second Ctrl-C aborts mid-step: the ranks may not be at the same point, so no collective then
+        if not run.save_if_consistent("interrupted", collective=comm is not None and comm.stop_all):
             log.info(f"[{trainer.iteration}] interrupted mid-update: state inconsistent, checkpoint not written")
     finally:
         for s, h in old_handlers.items():
             signal.signal(s, h)
-        write_metrics()
+        run.write_metrics()
         progress.close()
         if is_main:
             record.close()
     return status
 
+
+class _ConsoleHooks(RunHooks):
+    """rigel-train's part of the run loop (rigel_core/train/run.py): the progress bar, the held-out renders at each
+    evaluation, the distributed and memory fields of metrics.json."""
+
+    def __init__(self, run_dir: Path, trainer, progress: "_Progress", n_renders: int, comm, device: str,
+                 t_start: float, total_before: float):
+        self.run_dir, self.trainer, self.progress, self.n_renders = run_dir, trainer, progress, n_renders
+        self.comm, self.device, self.t_start, self.total_before = comm, device, t_start, total_before
+
+    def window(self, entry: dict, results: list) -> None:
+        self.progress.update(len(results), f"loss {entry['loss']:.4f} psnr {entry['psnr']:.2f} "
+                                           f"N {results[-1].num_gaussians}")
+
+    def evaluating(self, ev) -> None:
+        out_dir = self.run_dir / "renders" / f"it{ev.iteration:06d}"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for f in self.trainer.test_frames[:max(0, self.n_renders)]:
+            _save_png(out_dir / f"{f.name}_pred.png", self.trainer.render_frame(f))
+            _save_png(out_dir / f"{f.name}_gt.png", f.image, getattr(f, "mask", None))
+
+    def metrics(self, metrics: dict) -> None:
+        import torch
+
+        if self.comm is not None:
+            metrics["distributed"].update(allreduce_calls=self.comm.reduce_calls)
+        metrics["timings"]["total_s"] = self.total_before + time.perf_counter() - self.t_start
+        if self.device == "cuda":
+            metrics["peak_gpu_memory_bytes"] = int(torch.cuda.max_memory_allocated())
 
 if __name__ == "__main__":
     sys.exit(main())

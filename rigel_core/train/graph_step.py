@@ -1,6 +1,10 @@
-"""The training step as a replayed CUDA graph (issue 14): the same code as :meth:`Trainer.step`'s eager path,
-captured once and replayed, so that a step costs the host a handful of launches instead of ~90 Python/autograd
-hops.
+"""The training step as a replayed CUDA graph (issue 14): the same code as :meth:`Trainer.step`'s eager path —
+:func:`.step.train_step`, the one step body — captured once with fixed buffers and replayed, so that a step costs the
+host a handful of launches instead of ~90 Python/autograd hops. This module knows no strategy: what the strategy
+does around a replay (its noise seed, the iterations it leaves to the eager step, the config fields its device work
+reads) it asks the trainer's :class:`~.strategy.Strategy`. A plain runner (``GraphStep(trainer, capture=False)``)
+calls the body on the same buffers instead of capturing it: the CPU tests compare that with the eager step bit for
+bit.
 
 What is captured, for one training view (``batch_size`` 1, one process, no per-image exposure or random
 background): render (activations, colours, projection, binning, rasterization), loss, backward, the NaN guard,
@@ -26,7 +30,9 @@ become much larger than needed (pruning) is captured again (the sort pays for th
 
 Graphs are kept per (image size, mask or not, SH degree, statistics on or off) — the trainer gives every view a
 mask when some have one (``Trainer._uniform_masks``); any change of the parameters'
-storage, the optimizer state, the statistics or the training configuration discards them all. A capture that
+storage, the optimizer state, the statistics or of a configuration field the body reads (:func:`.step.graph_config`:
+the loss, the statistic, the strategy's own fields — not the host-only densification thresholds or schedule)
+discards them all (:attr:`GraphStep.recaptures` counts those times). A capture that
 fails (e.g. an unsupported operation) turns the graph path off for the run with one warning; the eager path is
 the fallback and the reference (tests/test_graph_step.py compares the two on the GPU).
 """
@@ -41,11 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cuda_backend import FixedBinningCapacity
-from ..render import render
-from .densify import densify_grad, means2D_grad, prepare_means2D_grad
-from .mcmc import add_position_noise, noise_generator, seed_noise
-from .mcmc import regularizer as mcmc_regularizer
+from .step import StepView, graph_config, train_step
 
 __all__ = ["GraphStep", "graph_step_unsupported"]
 
@@ -76,18 +78,27 @@ def capacity_for(seen, n_now: int) -> int:
 
 
 def graph_step_unsupported(trainer) -> str | None:
-    """Why ``trainer``'s configuration cannot use the graph step (a short reason), or None when it can."""
+    """Why ``trainer``'s configuration cannot use the graph step (a short reason), or None when it can: it needs
+    CUDA, the config's ``cuda_graph``, no per-image exposure (its learning rate and image index would be baked into
+    the graph), and what any runner needs (:func:`plain_unsupported`)."""
     cfg = trainer.config
     if not getattr(cfg, "cuda_graph", True):
         return "TrainConfig.cuda_graph is off"
     if trainer.device.type != "cuda":
         return "not a CUDA device"
+    if cfg.exposure:
+        return "per-image exposure"
+    return plain_unsupported(trainer)
+
+
+def plain_unsupported(trainer) -> str | None:
+    """Why ``trainer``'s configuration cannot use a plain (uncaptured) runner (:class:`GraphStep` with ``capture``
+    False), or None: a runner takes one view of one process on the dataset background."""
+    cfg = trainer.config
     if trainer.comm is not None:
         return "data-parallel training"
     if int(cfg.batch_size) != 1:
         return "batch_size > 1"
-    if cfg.exposure:
-        return "per-image exposure"
     if cfg.random_background:
         return "random background"
     return None
@@ -116,21 +127,23 @@ class _StaticCamera:
 
 @dataclass
 class _Captured:
-    graph: torch.cuda.CUDAGraph
-    camera: _StaticCamera
-    gt: torch.Tensor
-    mask: torch.Tensor | None
-    total: torch.Tensor  # (1,) int64: entries the replayed frame needed
-    values: torch.Tensor  # (6,) float64: StepResult.values
-    capacity: int
+    graph: torch.cuda.CUDAGraph | None  # None for a plain runner (the body is called instead)
+    view: StepView  # the fixed buffers: static camera, image and mask copies
+    total: torch.Tensor | None  # (1,) int64: entries the replayed frame needed (None: plain runner)
+    values: torch.Tensor | None  # (6,) float64: StepResult.values (None: plain runner)
+    capacity: int | None
+    call: object = None  # plain runner: the body on these buffers, (iteration, view index) -> (values, context)
 
 
 class GraphStep:
     """Captures and replays :class:`~rigel_core.train.Trainer`'s step for one view (module docstring). Made by the
     trainer; :meth:`step` is called from ``Trainer.step`` with the host-side decisions already taken."""
 
-    def __init__(self, trainer):
+    def __init__(self, trainer, *, capture: bool = True):
         self.trainer = trainer
+        #: False: a plain runner — the same body on the same fixed buffers, called instead of captured and replayed
+        #: (no CUDA needed: the CPU tests compare it with the eager step bit for bit); no fixed binning capacity then
+        self.capture = bool(capture)
         self.graphs: dict = {}
         self.captures = 0  # graphs captured so far
         self.capture_s = 0.0  # host seconds spent in those captures (warm-up and instantiation included)
@@ -139,18 +152,26 @@ class GraphStep:
         self.wait_s = 0.0  # host seconds blocked on replays in flight (check_pending): a loop's wall time minus
         # this is the host's own work (bench/train_step.py's "graph loop host")
         self.disabled: str | None = None  # why the graph path was turned off for the run
+        self.recaptures = 0  # times a changed signature (storage, optimizer state, captured config fields) dropped
+        # the graphs: a host-only setting (a densification threshold) changes none of it
         self._signature = None
         self._lr: dict[str, torch.Tensor] = {}  # device learning rates the captured Adam reads, by group name
         self._lr_host: dict[str, float] = {}
         self._recent: dict[tuple, deque] = {}  # (W, H) -> recent (entries, N)
         self._pending: deque = deque()  # (event, pinned total, capacity, view index, (W, H), N)
-        self._pinned = [torch.zeros(1, dtype=torch.int64).pin_memory() for _ in range(IN_FLIGHT + 2)]
-        self._events = [torch.cuda.Event() for _ in self._pinned]  # one per pinned slot, recorded again
         self._slot = 0
         self._cam_table: torch.Tensor | None = None
         self._steps = 0
         self._pool = None  # memory pool of the live graphs (see _drop)
-        self._stream = torch.cuda.Stream(device=trainer.device)
+        if self.capture:
+            self._pinned = [torch.zeros(1, dtype=torch.int64).pin_memory() for _ in range(IN_FLIGHT + 2)]
+            self._events = [torch.cuda.Event() for _ in self._pinned]  # one per pinned slot, recorded again
+            self._stream = torch.cuda.Stream(device=trainer.device)
+
+    def unsupported(self) -> str | None:
+        """Why the trainer's configuration cannot use this runner now, or None (:func:`graph_step_unsupported`;
+        for a plain runner :func:`plain_unsupported`)."""
+        return graph_step_unsupported(self.trainer) if self.capture else plain_unsupported(self.trainer)
 
     # ---- bookkeeping ------------------------------------------------------------------------------------
     def _current_signature(self):
@@ -168,7 +189,9 @@ class GraphStep:
                  t.background.data_ptr()]
         f3d = getattr(t.model, "filter_3D", None)
         ptrs.append(f3d.data_ptr() if isinstance(f3d, torch.Tensor) else None)
-        return tuple(ptrs), dict(vars(t.config)), getattr(t.model, "render_mode", "default")
+        # the config: only the fields the captured body reads (step.graph_config): a slider of a host-only field
+        # (a densification threshold) keeps every graph
+        return tuple(ptrs), graph_config(t.config, t.strategy), getattr(t.model, "render_mode", "default")
 
     def _camera_table(self) -> torch.Tensor:
         """(V, 28) float32 on the device: every training view's viewmat | K | campos, converted as the eager
@@ -198,11 +221,13 @@ class GraphStep:
                 self._drop(key)
 
     def stats(self) -> dict:
-        """``{"captures", "capture_s", "replays", "overflows", "wait_s", "disabled"}`` of the run so far (for
-        metrics.json and bench/real.py: how much of a run the graphs served, what re-capturing cost the host, and how
-        long the host waited for the device — most of the loop's time when the GPU is the bound)."""
+        """``{"captures", "capture_s", "replays", "overflows", "wait_s", "recaptures", "disabled"}`` of the run so far
+        (for metrics.json and bench/real.py: how much of a run the graphs served, what re-capturing cost the host, how
+        long the host waited for the device — most of the loop's time when the GPU is the bound — and how often a
+        changed signature dropped every graph)."""
         return {"captures": self.captures, "capture_s": self.capture_s, "replays": self.replays,
-                "overflows": self.overflows, "wait_s": self.wait_s, "disabled": self.disabled}
+                "overflows": self.overflows, "wait_s": self.wait_s, "recaptures": self.recaptures,
+                "disabled": self.disabled}
 
     def record_entries(self, size: tuple, entries: int) -> None:
         """Note a frame of image size ``size`` (W, H) that needed ``entries`` binning entries (e.g. from an eager
@@ -257,21 +282,26 @@ class GraphStep:
     # ---- capture ----------------------------------------------------------------------------------------
     def _capture(self, key, idx: int) -> _Captured:
         t = self.trainer
-        cfg, model, opt = t.config, t.model, t.optimizer
+        opt = t.optimizer
         width, height, has_mask, _, stats_on = key
         dev = t.device
-        size = (width, height)
-        capacity = self._capacity(size)
         cam = _StaticCamera(self._camera_table()[idx].clone(), width, height)
-        gt = t._train_images[idx].clone()
         mask = t._train_masks[idx].clone() if has_mask else None
+        view = StepView(cam, t._train_images[idx].clone(), mask, t.background, idx)
+        if not self.capture:  # the body on these buffers, called at every step
+            def call(it: int, index: int):
+                view.index = index  # its exposure correction (the buffers hold its image)
+                ctx = t._step_context(it, host_work=False)
+                return train_step(t, [view], ctx).values, ctx
+            self.captures += 1
+            return _Captured(None, view, None, None, None, call)
+        capacity = self._capacity((width, height))
+        strategy = t.strategy
         saved = [(g, g["lr"], g.get("capturable", False)) for g in opt.param_groups]
         opt.zero_grad(set_to_none=True)
         graph = torch.cuda.CUDAGraph()
-        mcmc = cfg.strategy == "mcmc"
-        eta_gen = noise_generator(dev) if mcmc else None
-        if eta_gen is not None:  # its seed and offset are read at each replay (set by step() before it)
-            graph.register_generator_state(eta_gen)
+        for gen in strategy.graph_generators(dev):  # their seed and offset are read at each replay
+            graph.register_generator_state(gen)
         side = self._stream
         side.wait_stream(torch.cuda.current_stream(dev))
         gc_was_on = gc.isenabled()
@@ -293,34 +323,9 @@ class GraphStep:
                 gc.disable()
                 graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
                 try:
-                    with FixedBinningCapacity(capacity) as fixed:
-                        out = render(model, cam, background=t.background)
-                        prepare_means2D_grad(out)
-                        loss, l1, s, m_t = t.loss_terms(out.image, gt, mask)
-                        if mcmc:  # the MCMC budget's opacity and scale regularisers, as the eager step
-                            loss = loss + mcmc_regularizer(model, cfg)
-                        loss.backward()
-                    g2d = means2D_grad(out)
-                    total = fixed.totals[0]
-                    finite = t._all_finite(loss, g2d)
-                    ok = finite & (total[0] <= capacity)
-                    inc = None
-                    if stats_on:
-                        vis = cfg.densify_visibility
-                        g_stat = densify_grad(out, cfg)
-                        inc = t.stats.increment(g_stat, out.radii, width, height, visibility=vis,
-                                                means2D=out.means2D if vis == "opacity" else None,
-                                                opacities=model.opacities if vis == "opacity" else None)
-                    t._nan_skips += (~finite).double()
-                    opt.found_inf = (~ok).float()
-                    opt.step()
-                    if inc is not None:
-                        t.stats.add(inc[0], inc[1], inc[2], valid=ok)
-                    if mcmc:  # the Langevin position noise after the update (mcmc.py), zero when skipped
-                        add_position_noise(model, self._lr["means3D"], cfg, eta_gen, ok)
-                    with torch.no_grad():
-                        values = torch.cat([torch.stack([loss.detach(), l1.detach(), s.detach(), m_t]).double(),
-                                            (~ok).double().reshape(1), t._nan_skips.reshape(1)])
+                    ctx = t._step_context(t.iteration + 1, host_work=False, lr_means=self._lr["means3D"])
+                    ctx.stats_on = bool(stats_on)
+                    outcome = train_step(t, [view], ctx, capacity=capacity)
                 finally:
                     graph.capture_end()
         finally:
@@ -332,32 +337,38 @@ class GraphStep:
             opt.zero_grad(set_to_none=True)  # the graph owns its gradient buffers; eager steps start from None
         torch.cuda.current_stream(dev).wait_stream(side)
         self.captures += 1
-        return _Captured(graph, cam, gt, mask, total, values, capacity)
+        return _Captured(graph, view, outcome.total, outcome.values, capacity)
 
     # ---- one step ---------------------------------------------------------------------------------------
-    def step(self, idx: int, stats_on: bool):
-        """Replay the step for training view ``idx`` (capturing first if needed): returns the (6,) float64
-        ``values`` of the StepResult, or None when the graph path is off (the caller then runs the eager step)."""
+    def step(self, idx: int, it: int):
+        """Replay the step of iteration ``it`` for training view ``idx`` (capturing first if needed; a plain runner
+        calls the body on its buffers): returns ``(values, context)`` — the (6,) float64 ``values`` of the
+        StepResult and the :class:`~.step.StepContext` the strategy's host schedule reads —, or None when the graph
+        path is off (the caller then runs the eager step)."""
         if self.disabled:
             return None
         t = self.trainer
         frame = t.train_frames[idx]
         width, height = frame.camera.width, frame.camera.height
         mask = t._train_masks[idx]
+        stats_on = t.strategy.collects_stats(t.config, it)
         key = (width, height, mask is not None, t.model.active_sh_degree, bool(stats_on))
         sig = self._current_signature()
         if sig != self._signature:
+            if self.graphs:
+                self.recaptures += 1
             self._drop()
             self._signature = sig
-        self._learning_rates()
+        if self.capture:
+            self._learning_rates()
         cap = self.graphs.get(key)
         self._steps += 1
-        if cap is not None and self._steps % REFIT_EVERY == 0:  # counts fell (pruning, other views): re-size
+        if self.capture and cap is not None and self._steps % REFIT_EVERY == 0:  # counts fell (pruning): re-size
             want = self._capacity((width, height))
             if want is not None and cap.capacity > REFIT_SLACK * want:
                 self._drop(key)
                 cap = None
-        if cap is None and self._capacity((width, height)) is None:
+        if self.capture and cap is None and self._capacity((width, height)) is None:
             return None  # no entry count known for this size (a resumed run, a new size): one eager step first
         if cap is None:
             t0 = time.perf_counter()
@@ -372,14 +383,18 @@ class GraphStep:
             self.capture_s += time.perf_counter() - t0
             self.graphs[key] = cap
             self._signature = self._current_signature()
-        cap.camera.packed.copy_(self._camera_table()[idx])
-        cap.gt.copy_(t._train_images[idx])
-        if cap.mask is not None:
-            cap.mask.copy_(mask)
-        if t.config.strategy == "mcmc":  # this step's noise seed, drawn where the eager step draws it
-            seed_noise(t.device, t.generator)
-        cap.graph.replay()
+        view = cap.view
+        view.camera.packed.copy_(self._camera_table()[idx])
+        view.gt.copy_(t._train_images[idx])
+        if view.mask is not None:
+            view.mask.copy_(mask)
+        t.strategy.before_replay(t)  # e.g. this step's noise seed, drawn where the eager step draws it
         self.replays += 1
+        if not self.capture:
+            values, ctx = cap.call(it, idx)
+            t._zero_grad()
+            return values, ctx
+        cap.graph.replay()
         values = cap.values.clone()
         pinned, event = self._pinned[self._slot], self._events[self._slot]
         self._slot = (self._slot + 1) % len(self._pinned)
@@ -389,4 +404,4 @@ class GraphStep:
         event.record()
         self._pending.append((event, pinned, cap.capacity, idx, (width, height), t.model.num_gaussians))
         t._redo_views += self.check_pending(keep=IN_FLIGHT)
-        return values
+        return values, t._step_context(it, host_work=False, lr_means=self._lr["means3D"])

@@ -72,7 +72,7 @@ from .optim import append_rows, per_gaussian_tensors, select_rows
 
 __all__ = ["MCMCReport", "split_mass", "sample_indices", "relocate_dead", "add_gaussians", "trim_to_cap",
            "position_noise", "add_position_noise", "noise_generator", "seed_noise", "scheduled", "regularizer",
-           "mcmc_step", "mcmc_relocate_and_grow"]
+           "mcmc_step", "mcmc_budget", "mcmc_relocate_and_grow"]
 
 #: largest float32 opacity below 1 the relocation hands out (logit ≈ 15.9)
 _MAX_OPACITY = 1.0 - torch.finfo(torch.float32).eps
@@ -345,6 +345,19 @@ def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_mean
     were relocated, added or removed at a scheduled step (or removed by the cap at any step), else None.
     ``defer``: the trainer holds this iteration's relocation, growth and noise (``Trainer._holds``) and runs them,
     in this order, at its next step (:func:`mcmc_relocate_and_grow`, :func:`position_noise`); only the cap acts."""
+    report = mcmc_budget(model, optimizer, stats, cfg, iteration, generator, defer=defer)
+    if not defer:
+        position_noise(model, lr_means, cfg, generator, ok)
+    return report
+
+
+@torch.no_grad()
+def mcmc_budget(model, optimizer, stats, cfg: TrainConfig, iteration: int, generator: torch.Generator | None, *,
+                defer: bool = False) -> MCMCReport | None:
+    """The host part of :func:`mcmc_step` (everything but the position noise), in its order: cut the model to
+    ``max_gaussians`` when above it, then at a scheduled iteration (unless ``defer``) :func:`mcmc_relocate_and_grow`;
+    ``stats`` resized to the new count. Returns the :class:`MCMCReport` (None when nothing moved or was removed).
+    The eager training step runs it between the Adam step and the noise (``strategy.MCMCStrategy``)."""
     n_before = model.num_gaussians
     removed = trim_to_cap(model, optimizer, cfg.max_gaussians, generator)
     report = None
@@ -354,6 +367,4 @@ def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_mean
         report = MCMCReport(iteration, n_before, 0, 0, removed, model.num_gaussians, True, 0, 0)
     if len(stats) != model.num_gaussians:
         stats.reset(model.num_gaussians)
-    if not defer:
-        position_noise(model, lr_means, cfg, generator, ok)
     return report

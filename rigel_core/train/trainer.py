@@ -23,6 +23,12 @@ With ``strategy = "mcmc"`` (:mod:`.mcmc`) step 4's densification, pruning and op
 3DGS-MCMC budget (relocation of dead Gaussians, growth to ``max_gaussians``, position noise after every step) and
 the loss gains its opacity and scale regularisers.
 
+Where the code is: steps 2–4's device work (render → loss → backward → guard → Adam → the strategy's device work)
+is :func:`.step.train_step`, the one step body, which this class calls and the CUDA-graph runner
+(:mod:`.graph_step`) captures; what a strategy changes is its object in :mod:`.strategy`; this class keeps the
+run's state and the host side (schedule, views, learning rates, evaluation). The run loop around it (logging,
+checkpoints, signals) is :mod:`.run`.
+
 Iterations are counted from 1 (``trainer.iteration`` is the number of completed steps), so every schedule test
 reads as in the reference code. The config is read at every step: a viewer may edit it while training runs.
 
@@ -48,16 +54,15 @@ from ..model import GaussianModel
 from ..render import render
 from .config import SPARSE_SFM_COVERAGE, Capture, TrainConfig, coarse_to_fine_span, resolve_coarse_to_fine, \
     resolve_densify_grad, resolve_init_background, resolve_init_points, resolve_strategy, training_downscale  # noqa: F401
-from .densify import DensifyReport, DensifyStats, densify_and_prune, densify_grad, means2D_grad, \
-    prepare_means2D_grad, reset_opacity
+from .densify import DensifyReport, DensifyStats
 from .exposure import Exposure, exposure_lr, left_right_metrics
 from .losses import loss_terms, mse, psnr_from_mse, ssim
 from .distributed import batch_scaling
 from .graph_step import GraphStep, graph_step_unsupported
-from .mcmc import mcmc_relocate_and_grow, mcmc_step, position_noise, regularizer as mcmc_regularizer, \
-    scheduled as mcmc_scheduled
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
+from .step import StepContext, StepView, train_step
+from .strategy import Strategy, strategy_for
 from .records import EvalResult  # its own module: rigel_core.checkpoint reads it without the trainer
 
 __all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "background_init_points",
@@ -655,37 +660,46 @@ class Trainer:
             picked.append((idx, bg))
         return picked[rank * batch:(rank + 1) * batch]
 
-    def _view_forward_backward(self, idx: int, bg_host, it: int) -> dict:
-        """Render training view ``idx``, its loss, backward (gradients accumulate into ``.grad``); returns the
-        view's record (frame, render output, loss terms, means2D gradient, prediction, target, mask)."""
-        cfg, model = self.config, self.model
-        frame, gt, mask = self.train_frames[idx], self._train_images[idx], self._train_masks[idx]
+    def _step_view(self, idx: int, bg_host=None) -> StepView:
+        """Training view ``idx`` as the step body takes it (:class:`.step.StepView`); with ``bg_host`` (a random
+        background colour, (3,) CPU) its target re-composited onto that colour."""
+        frame, gt = self.train_frames[idx], self._train_images[idx]
         bg = self.background
         if bg_host is not None:
             bg = host_to_device(bg_host, self.device)
             a = frame.alpha.to(self.device, torch.float32)[..., None]
             gt = gt + (1.0 - a) * (bg - self.background)  # re-composite onto the random colour
-        out = render(model, frame.camera, background=bg)
-        prepare_means2D_grad(out)
-        pred = self._apply_exposure(out.image, idx, it)  # out.image itself when config.exposure is off
-        loss, l1, s, m_t = self.loss_terms(pred, gt, mask)
-        if cfg.strategy == "mcmc":  # the MCMC budget's opacity and scale regularisers (mcmc.py)
-            loss = loss + mcmc_regularizer(model, cfg)
+        return StepView(frame.camera, gt, self._train_masks[idx], bg, idx)
 
-        g2d = g_stat = None
-        if loss.requires_grad:
-            loss.backward()
-            g2d = means2D_grad(out)
-            g_stat = densify_grad(out, cfg)  # what the densification statistic averages
-        return {"frame": frame, "out": out, "loss": loss, "l1": l1, "ssim": s, "mse": m_t, "g2d": g2d,
-                "g_stat": g_stat, "pred": pred, "gt": gt, "mask": mask}
+    def _step_context(self, it: int, *, host_work: bool = True, lr_means=None) -> StepContext:
+        """The :class:`.step.StepContext` of iteration ``it`` under the current config: its strategy, the position
+        learning rate the optimizer holds (``lr_means``: the graph runner's device scalar instead), whether the
+        statistics are gathered; ``host_work`` False for the graph runner (the noise generator is then seeded before
+        the replay, not inside the step)."""
+        strategy = self.strategy
+        if lr_means is None:
+            lr_means = optimizer_group(self.optimizer, "means3D")["lr"]
+        return StepContext(it, strategy, lr_means, strategy.collects_stats(self.config, it), host_work,
+                           lambda: strategy.noise(self, seed=host_work))
+
+    @property
+    def strategy(self) -> Strategy:
+        """The :class:`.strategy.Strategy` of ``config.strategy`` (read at every step, as the rest of the config)."""
+        return strategy_for(self.config.strategy)
+
+    def _zero_grad(self) -> None:
+        """Drop every gradient (the step body's callers do, after it)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.exposure is not None:
+            self.exposure.zero_grad()
 
     def step(self) -> StepResult:
         """Run one training iteration (module docstring) and return its :class:`StepResult`.
 
         ``config.batch_size`` views per process (:mod:`.distributed`: with ``self.comm`` set, every rank renders
         its part of the global batch and one all-reduce averages the gradients); the StepResult's loss terms
-        are the means over this process's views."""
+        are the means over this process's views. The step's device work is :func:`.step.train_step`, here called
+        directly, from the graph runner (:mod:`.graph_step`) replayed."""
         t0 = time.perf_counter()
         cfg, model, comm = self.config, self.model, self.comm
         held = None  # (iteration, report, reset) of the schedule an earlier iteration held back, run now
@@ -693,7 +707,6 @@ class Trainer:
             held = self._run_deferred_schedule()
         it = self.iteration + 1
         world, rank = (comm.world_size, comm.rank) if comm is not None else (1, 0)
-        batch = int(cfg.batch_size)
         lr_factor, betas = self._batch_scaling()
         lrs = group_lrs(cfg, it, self.extent)
         set_learning_rates(self.optimizer, {k: v * lr_factor for k, v in lrs.items()} if lr_factor != 1.0 else lrs,
@@ -704,87 +717,45 @@ class Trainer:
         self.coarse_floor = min(self.coarse_floor, training_downscale(cfg, it))
         self._use_downscale(self.coarse_floor)
 
-        if it > 1 and graph_step_unsupported(self) is None:  # step 1 is eager: it makes the optimizer state
+        if it > 1 and self._graph_runner_usable():  # step 1 is eager: it makes the optimizer state
             res = self._graph_step(it, lrs, t0)
             if res is not None:
                 return self._with_held(res, held)
-        views = [self._view_forward_backward(idx, bg, it) for idx, bg in self._batch_views(batch, world, rank)]
+        views = [self._step_view(idx, bg) for idx, bg in self._batch_views(int(cfg.batch_size), world, rank)]
+        ctx = self._step_context(it)
+        result: list = []
+
+        def schedule(ok):  # under the lock, after the strategy's device work
+            result.extend(ctx.strategy.host_schedule(self, ctx, ok))
+            if result[0] is not None or it % FILTER_3D_INTERVAL == 0:
+                self._update_filter_3d()
+
+        outcome = train_step(self, views, ctx, lock=self.lock, after_update=schedule)
+        report, reset = result
         if self.graph_step is None and graph_step_unsupported(self) is None:
             self.graph_step = GraphStep(self)
         if self.graph_step is not None:  # sizes the graph's binning capacity for this image size
-            for v in views:
-                self.graph_step.record_entries((v["frame"].camera.width, v["frame"].camera.height),
-                                               v["out"].n_entries)
-        first = views[0]
-        loss = first["loss"] if len(views) == 1 else torch.stack([v["loss"].detach() for v in views]).sum()
-        g2ds = [v["g2d"] for v in views if v["g2d"] is not None]
-        ok = self._all_finite(loss, g2ds[0] if len(g2ds) == 1 else (torch.cat(g2ds) if g2ds else None))
-        vis = cfg.densify_visibility
-        inc = None
-        if cfg.strategy != "mcmc" and it < cfg.densify_until:  # this process's densification increments
-            for v in views:
-                out = v["out"]
-                g, d, r = self.stats.increment(v["g_stat"], out.radii, v["frame"].camera.width,
-                                               v["frame"].camera.height, visibility=vis,
-                                               means2D=out.means2D if vis == "opacity" else None,
-                                               opacities=model.opacities if vis == "opacity" else None)
-                if inc is None:
-                    inc = [g, d, r]
-                else:  # a view without a 2D gradient (None) adds nothing to the gradient sum
-                    inc = [g if inc[0] is None else inc[0] if g is None else inc[0] + g, inc[1] + d,
-                           torch.maximum(inc[2], r)]
-        if comm is not None:  # one flattened all-reduce: gradients (→ global-batch mean), statistics, flags
-            gi = None if inc is None else (inc[0] if inc[0] is not None else torch.zeros_like(inc[1]))
-            ok, gi, di = comm.reduce_step(self, ok, gi, None if inc is None else inc[1], batch * world)
-            if inc is not None:
-                inc = [gi, di, inc[2]]
-        elif batch > 1:  # the gradients of the views were summed by the backward passes: their mean
-            grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
-            if self.exposure is not None:
-                grads += self.exposure.grads()
-            torch._foreach_mul_(grads, 1.0 / batch)
-        report, reset = None, False
-        self._nan_skips += (~ok).double()
-        with self.lock:
-            # fused Adam skips the whole update on the device when found_inf is set (the GradScaler protocol)
-            self.optimizer.found_inf = (~ok).float()
-            self.optimizer.step()
-            if self.exposure is not None and cfg.exposure:
-                self.exposure.step(self.optimizer.found_inf)
-            if cfg.strategy == "mcmc":  # relocation / growth to the budget, position noise (mcmc.py)
-                # a held iteration (_holds), when scheduled, defers its relocation and growth and (to keep their
-                # order with the noise draws of the steps after) its position noise: deferred_schedule
-                defer = self._holds(it) and mcmc_scheduled(cfg, it)
-                report = mcmc_step(model, self.optimizer, self.stats, cfg, it, lrs["means3D"] * lr_factor,
-                                   self.generator, ok, defer=defer)
-                self.last_densify = report or self.last_densify
-                if defer:
-                    self._hold(it, cfg, ok)
-            elif it < cfg.densify_until:
-                self.stats.add(inc[0], inc[1], inc[2], valid=ok)
-                report, reset = self._densify_schedule(it)
-            if report is not None or it % FILTER_3D_INTERVAL == 0:
-                self._update_filter_3d()
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.exposure is not None:
-            self.exposure.zero_grad()
+            for v in outcome.views:
+                cam = v["view"].camera
+                self.graph_step.record_entries((cam.width, cam.height), v["out"].n_entries)
+        self._zero_grad()
         self.iteration = it
-
-        with torch.no_grad():
-            terms = []
-            for v in views:
-                terms.append(torch.stack([v["loss"].detach(), v["l1"].detach(), v["ssim"].detach(),
-                                          v["mse"]]).double())
-            values = terms[0] if len(terms) == 1 else torch.stack(terms).mean(0)
-            values = torch.cat([values, (~ok).double().reshape(1), self._nan_skips.reshape(1)])
-        res = StepResult(it, model.num_gaussians, first["frame"].name, model.active_sh_degree, lrs["means3D"] * lr_factor,
-                         0.0, report, reset, values=values)
+        res = StepResult(it, model.num_gaussians, self.train_frames[views[0].index].name, model.active_sh_degree,
+                         lrs["means3D"] * lr_factor, 0.0, report, reset, values=outcome.values)
         if self._evaluates(it) and (comm is None or comm.is_main):
             res.eval = self.evaluate()
         if comm is not None:
             comm.maybe_check(self)
         res.seconds = time.perf_counter() - t0
         return self._with_held(res, held)
+
+    def _graph_runner_usable(self) -> bool:
+        """Can this step go to the graph runner? A capturing one (made by the trainer on CUDA) when
+        :func:`~.graph_step.graph_step_unsupported` has nothing against the config; a plain one (set by a test) when
+        :meth:`~.graph_step.GraphStep.unsupported` has not."""
+        if self.graph_step is not None and not self.graph_step.capture:
+            return self.graph_step.unsupported() is None
+        return graph_step_unsupported(self) is None
 
     def _holds(self, it: int) -> bool:
         """Does iteration ``it`` hold back its scheduled densification / reset / relocation (until the next step,
@@ -863,35 +834,6 @@ class Trainer:
         if self.config.render_mode == "mip":  # the 3D filter follows the training cameras' sampling rate
             self._update_filter_3d()
 
-    def _densify_schedule(self, it: int, *, deferred: bool = False, cfg: TrainConfig | None = None) -> tuple:
-        """The default strategy's host-side schedule after iteration ``it``'s update (before ``densify_until``):
-        densify and prune every ``densify_interval`` after ``densify_from``, opacity reset every
-        ``opacity_reset_interval`` (and at ``densify_from`` for white-background data). Returns (report, reset).
-        An iteration that holds (:meth:`_holds`) does neither but records itself in :attr:`deferred_schedule`
-        (``deferred=True`` then runs it at the next step, for the last iteration when the run is extended): no later
-        step would train the new rows or bring the reset opacities back, so the saved and evaluated model would carry
-        untrained clones and splits, or every opacity at ``opacity_reset_value`` (a ``--iters 3000`` run ended fully
-        transparent). 3DGS saves and evaluates before its densification of the same iteration. ``cfg``: the
-        config to decide and act under (default: the trainer's)."""
-        cfg = self.config if cfg is None else cfg
-        model, report, reset = self.model, None, False
-        densify_now = it > cfg.densify_from and it % cfg.densify_interval == 0
-        reset_now = it % cfg.opacity_reset_interval == 0 or (self.white_bg and it == cfg.densify_from)
-        if not (densify_now or reset_now):
-            return report, reset
-        if self._holds(it) and not deferred:
-            self._hold(it, cfg)
-            return report, reset
-        if densify_now:
-            if self.comm is not None:
-                self.comm.sync_stats(self.stats)
-            report = densify_and_prune(model, self.optimizer, self.stats, cfg, self.extent, it, self.generator)
-            self.last_densify = report
-        if reset_now:
-            reset_opacity(model, self.optimizer, cfg.opacity_reset_value)
-            reset = True
-        return report, reset
-
     def _batch_scaling(self) -> tuple:
         """(learning-rate factor, Adam betas) for this run's global batch (``batch_size`` × processes;
         :func:`~.distributed.batch_scaling`)."""
@@ -907,44 +849,29 @@ class Trainer:
         # as held, but ``iterations`` is the run's: an extended run equals one planned that long
         cfg = dataclasses.replace(held, iterations=self.config.iterations)
         self.deferred_schedule, self._deferred_config = None, None
-        reset = False
         with self.lock:
-            if cfg.strategy == "mcmc":
-                report = mcmc_relocate_and_grow(self.model, self.optimizer, self.stats, cfg, it, self.generator)
-                self.last_densify = report or self.last_densify
-                # that iteration's noise, at its learning rate under the extended schedule (what a run planned this
-                # long used); after --resume the skip flag is not kept: the step is taken as applied
-                position_noise(self.model, group_lrs(cfg, it, self.extent)["means3D"] * self._batch_scaling()[0], cfg,
-                               self.generator, self._deferred_ok)
-                self._deferred_ok = None
-            else:
-                report, reset = self._densify_schedule(it, deferred=True, cfg=cfg)
+            report, reset = strategy_for(cfg.strategy).run_held(self, it, cfg)
             if report is not None:
                 self._update_filter_3d()
         return it, report, reset
 
     def _graph_step(self, it: int, lrs: dict, t0: float) -> StepResult | None:
         """Iteration ``it`` as a replay of the captured step (:mod:`.graph_step`), with the same host-side
-        schedule as the eager path; None when the graph path is off (the caller runs the eager step)."""
-        cfg, model = self.config, self.model
+        schedule as the eager path; None when the graph path is off or the strategy needs the eager step for this
+        iteration (the caller runs the eager step)."""
+        model = self.model
         if self.graph_step is None:
             self.graph_step = GraphStep(self)
-        if self.graph_step.disabled:
+        if self.graph_step.disabled or self.strategy.needs_eager(self, it):
             return None
-        mcmc = cfg.strategy == "mcmc"
-        if mcmc and (mcmc_scheduled(cfg, it) or (cfg.max_gaussians is not None
-                                                 and model.num_gaussians > cfg.max_gaussians)):
-            return None  # relocation / growth / the cap's trim: host work, done by the eager step
         idx = self._next_view()
-        stats_on = not mcmc and it < cfg.densify_until
-        report, reset = None, False
         with self.lock:
-            values = self.graph_step.step(idx, stats_on)
-            if values is None:
+            replayed = self.graph_step.step(idx, it)
+            if replayed is None:
                 self._redo_views.insert(0, idx)  # the eager step takes this view
                 return None
-            if stats_on:
-                report, reset = self._densify_schedule(it)
+            values, ctx = replayed
+            report, reset = ctx.strategy.host_schedule(self, ctx, None)
             if report is not None or it % FILTER_3D_INTERVAL == 0:
                 self._update_filter_3d()
         self.iteration = it
