@@ -52,7 +52,7 @@ TRANSPARENT_BACKGROUND = 0.05
 #: the automatic MCMC budget: one Gaussian per this many training pixels (all training views' pixels together), at
 #: least AUTO_BUDGET_MIN, at most ``TrainConfig.auto_mcmc_budget``. Measured (H100, 2026-12-06, runs sharing the GPU):
 #: fern (17 views of 504×378, 3.2 M pixels) at 1M / 300k / 100k Gaussians: 27.50 / 27.28 / 27.17 dB at 7k but 26.29 /
-#: 27.28 / **27.69** dB at 30k — a budget too large for its pixels overfits a small capture; fox (44 views of
+#: 27.28 / **27.69** dB at 30k — a budget too large for its pixels overfits a small capture; fox (43 views of
 #: 1080×1920, 91 M pixels) 250k / 500k / 1M: 30.66 / 31.03 / 31.03 dB at 7k
 AUTO_BUDGET_PIXELS_PER_GAUSSIAN = 32
 AUTO_BUDGET_MIN = 10_000
