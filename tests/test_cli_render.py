@@ -64,11 +64,12 @@ def test_render_default_scene(tmp_path, scene, capsys):
     assert np.abs(img - ref).max() <= 0.5 / 255 + 1e-6
     assert ref.max() > 0.3  # something is in view
 
-    # the rendered PNGs are never replaced without --force: one line, before anything is rendered
+    # the rendered PNGs are never replaced without --force: one line, before anything is rendered, exit 2 (a
+    # refusal, as rigel-convert's and rigel-import-colmap's; it was 1)
     before = (out / "orbit_001.png").read_bytes()
     capsys.readouterr()
     assert main(["default", "--cameras", str(cams), "--out", str(out), "--background", "255,255,255",
-                 "--device", "cpu"]) == 1
+                 "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "orbit_000.png exists (and 2 more)" in err and "--force" in err
     assert (out / "orbit_001.png").read_bytes() == before

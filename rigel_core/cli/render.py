@@ -18,7 +18,7 @@ depth) of each view as ``DIR/<frame name>.depth.png`` (16-bit greyscale, 0 = no 
 [near, far]; the scale is in the PNG's text chunks, see :mod:`rigel_core.depth_image`) and
 ``DIR/<frame name>.depth.npy`` (float32 (H, W), world units, 0 = no depth). [near, far] is ``--depth-range`` when
 given (depths outside are clipped), else each view's own min and max depth. Existing files of those names (the
-PNGs, and with ``--depth`` the depth files) are never replaced (exit 1 before anything is rendered) unless
+PNGs, and with ``--depth`` the depth files) are never replaced (exit 2 before anything is rendered, as rigel-convert and rigel-import-colmap) unless
 ``--force``.
 Image sizes (from the cameras file or ``--width/--height``) are capped at
 :data:`rigel_core.limits.MAX_IMAGE_SIDE` pixels per side and :data:`~rigel_core.limits.MAX_IMAGE_PIXELS` in all;
@@ -28,7 +28,7 @@ Image sizes (from the cameras file or ``--width/--height``) are capped at
 With ``--path`` (a camera path: rigel's JSON or nerfstudio's ``camera_path.json``, see
 :mod:`rigel_core.camera_path`) the path is rendered to one video instead (:mod:`rigel_core.render_video`: MP4
 through imageio-ffmpeg, else GIF; written atomically; an existing file is kept unless ``--force``).
-Exit status 0 on success, 2 for bad arguments or input files (1 for a refused overwrite, 130 after Ctrl-C).
+Exit status 0 on success, 2 for bad arguments, input files or a refused overwrite, 130 after Ctrl-C.
 (Without ``--path``: 1 when a valid scene or image is too large for the machine's memory, one line.)
 """
 from __future__ import annotations
@@ -280,7 +280,7 @@ def _main(argv=None) -> int:
             more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
             print(f"rigel-render: error: {existing[0]} exists{more} (use --force to replace the rendered files)",
                   file=sys.stderr)
-            return 1
+            return 2
     bg = torch.tensor(args.background, dtype=model.dtype, device=model.device)
     for cam, name in zip(tqdm(cams, desc=f"rendering {len(cams)} views", unit="view"), names):
         try:
