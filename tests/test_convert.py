@@ -246,6 +246,21 @@ def test_import_colmap_dst_that_is_a_file_is_one_line(tmp_path, capsys, kind):
     assert afile.read_text() == "not a folder"
 
 
+def test_import_colmap_src_missing_or_a_file_says_so(tmp_path, capsys):
+    """SRC that does not exist: "no such directory" (was "no COLMAP model (sparse/0/…)", as if the folder were
+    there but empty); SRC a file: "not a directory"; a folder without a model still names what was looked for.
+    One line naming SRC, exit 2, nothing written."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    (tmp_path / "empty").mkdir()
+    for src, says in ((tmp_path / "nothere", "no such directory"), (afile, "not a directory"),
+                      (tmp_path / "empty", "no COLMAP model")):
+        assert import_main([str(src), str(tmp_path / "dst")]) == 2, src
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{src}: {says}" in err, err
+        assert not (tmp_path / "dst").exists()
+
+
 def test_images_dir_and_no_points(tmp_path, scene, rng):
     g = np_rng(rng)
     src = tmp_path / "src"

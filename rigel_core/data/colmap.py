@@ -38,7 +38,13 @@ PINHOLE_MODELS = ("PINHOLE", "SIMPLE_PINHOLE")
 
 
 def find_sparse_dir(root: Path) -> Path:
-    """``root/sparse/0`` or ``root/sparse`` (whichever holds ``cameras.bin`` or ``cameras.txt``)."""
+    """``root/sparse/0`` or ``root/sparse`` (whichever holds ``cameras.bin`` or ``cameras.txt``). DatasetError
+    naming ``root`` otherwise: missing ("no such directory"), a file, or a folder without a model."""
+    root = Path(root)
+    if not root.exists():
+        raise DatasetError(f"{root}: no such directory")
+    if not root.is_dir():
+        raise DatasetError(f"{root}: not a directory (a COLMAP dataset is a folder holding sparse/0 or sparse)")
     for sub in ("sparse/0", "sparse"):
         d = Path(root) / sub
         if any((d / f"cameras.{ext}").is_file() for ext in ("bin", "txt")):
