@@ -832,6 +832,41 @@ def test_cli_ctrl_c_while_loading_is_one_line(blender_dataset, tmp_path, monkeyp
     assert err.strip() == "rigel-train: interrupted" and not run.exists()
 
 
+def test_cli_threads_sets_the_trainers_cpu_threads_with_the_viewers_bound(blender_dataset, tmp_path, monkeypatch,
+                                                                          capsys):
+    """``rigel-train --threads N`` (it had none: two CPU runs at once, each with a thread per core, slowed each other
+    20-30x) trains with N PyTorch threads; outside [1, 4 x the CPUs] (rigel-viewer's bound, one rule) it is one
+    line naming the flag, exit 2, nothing written."""
+    import rigel_core.cli.train as train_cli
+    from rigel_core.cli.common import max_threads
+    from rigel_core.train import Trainer
+
+    seen = []
+    real_step = Trainer.step
+
+    def step(self, *a, **k):
+        seen.append(torch.get_num_threads())
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    before = torch.get_num_threads()
+    want = 1 if before != 1 else 2
+    run = tmp_path / "run"
+    common = ["--data", str(blender_dataset), "--device", "cpu", "--quiet", "--init-points", "100", "--iters", "3"]
+    try:
+        assert train_cli.main(common + ["--out", str(run), "--threads", str(want)]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [want] * 3
+    capsys.readouterr()
+    for bad in ("0", "-2", str(max_threads() + 1)):
+        out = tmp_path / f"bad{bad}"
+        assert train_cli.main(common + ["--out", str(out), "--threads", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--threads must be in [1, {max_threads()}]" in err and bad in err, err
+        assert not out.exists()
+
+
 # ---- background points for a partial SfM (init_background_points) -------------------------------------------------
 def test_background_init_points_lie_behind_the_sfm_points_between_the_two_spheres(rng):
     from rigel_core.train import background_init_points

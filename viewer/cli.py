@@ -53,7 +53,7 @@ import sys
 import time
 from pathlib import Path
 
-from rigel_core.cli.common import add_training_args, path_arg
+from rigel_core.cli.common import add_threads_arg, add_training_args, path_arg, set_threads, threads_problem
 from rigel_core.run_dir import LOG_NAME, out_problem
 
 from .camera_control import UP_AXES
@@ -71,12 +71,6 @@ MAX_SIZE = 16384
 MIN_SLOTS, MAX_SLOTS = 2, 16
 #: --fps: presents per second of the offscreen training loop (below 1 a run of N frames would wait minutes a frame)
 FPS_RANGE = (1.0, 1000.0)
-
-
-def max_threads() -> int:
-    """The most ``--threads`` accepted: 4 × ``os.cpu_count()`` (more only oversubscribes; far more crashes
-    ``torch.set_num_threads``)."""
-    return 4 * (os.cpu_count() or 1)
 
 
 def config_dir() -> Path:
@@ -135,8 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cameras", type=Path, default=None,
                     help="dataset folder or transforms .json whose training cameras are drawn in the scene (click "
                          "one to snap to it; [ ] cycle); images downscaled by --downscale")
-    ap.add_argument("--threads", type=int, default=None, help="PyTorch CPU threads, at most 4 x the CPUs (default: "
-                                                              "PyTorch's choice; 1 is often fastest on a busy machine)")
+    add_threads_arg(ap)   # rigel-train's flag, with its bound
     t = ap.add_argument_group("live training (--data; the flags of rigel-train)")
     add_training_args(t, data_required=False, skip=("--white-bg",))
     t.add_argument("--paused", action="store_true", help="open with the training paused (press start)")
@@ -254,14 +247,6 @@ def _start_training(args, settings: ViewSettings, locks: list):
     return run_dir, session, frames, device
 
 
-def _set_threads(threads: int | None) -> None:
-    """``--threads``: PyTorch's CPU threads (imports torch; after the loading frame where there is one)."""
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
-
-
 def _input_error():
     """``rigel_core.io.errors.InputError``, imported when an exception is matched against it: the ``rigel_core.io``
     package imports torch, which the loading frame comes before."""
@@ -306,9 +291,7 @@ def _flag_problem(args) -> str | None:
         return f"--refresh-hz must be in [0, {REFRESH_HZ_MAX:g}] (the Training panel's slider), got {args.refresh_hz}"
     if args.frames is not None and args.frames < 1:
         return f"--frames must be >= 1, got {args.frames}"
-    if args.threads is not None and not 1 <= args.threads <= max_threads():
-        return f"--threads must be in [1, {max_threads()}] (4 x the {os.cpu_count() or 1} CPUs), got {args.threads}"
-    return None
+    return threads_problem(args.threads)
 
 
 def main(argv=None) -> int:
@@ -360,7 +343,7 @@ def _main(argv=None) -> int:
 
         early = early_device(args.device)
     if early is None:
-        _set_threads(args.threads)
+        set_threads(args.threads)   # imports torch: after the loading frame, if any
     settings = ViewSettings(mode=dict(MODE_LABELS)[args.mode], render_scale=args.render_scale,
                             white_background=args.white_bg, vsync=not args.no_vsync, up=args.up or "+z",
                             show_panels=not args.no_panels)
@@ -388,7 +371,7 @@ def _main(argv=None) -> int:
                 viewer = Viewer(ModelSlot(), size=args.size, device=early, debug=args.debug, settings=settings,
                                 scene_name=shown, slots=args.slots, ini_path=config_dir() / "imgui.ini")
                 present_loading(viewer, shown, scene_preview(viewer, shown, args.up))
-                _set_threads(args.threads)
+                set_threads(args.threads)   # imports torch: after the loading frame, if any
             if args.scene:
                 model, name = load_scene_file(args.scene), str(args.scene)
                 settings.up = args.up or default_up(args.scene, model)

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -18,8 +19,9 @@ from pathlib import Path
 from ..render_modes import RENDER_MODES
 from ..run_dir import CHECKPOINT_NAME
 
-__all__ = ["add_training_args", "config_overrides", "resume_config", "changed_settings_line", "build_trainer", "new_config", "load_training_data",
-           "device_problem"]
+__all__ = ["add_training_args", "config_overrides", "resume_config", "changed_settings_line", "build_trainer",
+           "new_config", "load_training_data", "device_problem", "add_threads_arg", "max_threads", "threads_problem",
+           "set_threads"]
 
 
 def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
@@ -74,6 +76,35 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
         help="held-out evaluation interval (0 = only at the end)")
     add("--seed", type=int, default=None, help="random seed")
     add("--resume", action="store_true", help=f"continue from RUN/{CHECKPOINT_NAME}")
+
+
+def max_threads() -> int:
+    """The most ``--threads`` accepted: 4 × ``os.cpu_count()`` (more only oversubscribes; far more crashes
+    ``torch.set_num_threads``)."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def add_threads_arg(p) -> None:
+    """``--threads N`` (PyTorch's CPU threads) on parser ``p``: rigel-train's and rigel-viewer's, one flag, one
+    bound (:func:`threads_problem`)."""
+    p.add_argument("--threads", type=int, default=None,
+                   help="PyTorch CPU threads, at most 4 x the CPUs (default: PyTorch's choice, one per core; 1 is "
+                        "often fastest on a busy machine, and two CPU runs at once each need a share of the cores)")
+
+
+def threads_problem(threads: int | None) -> str | None:
+    """Why ``--threads`` cannot be used (one line naming the flag and its bounds), or None (also when not given)."""
+    if threads is not None and not 1 <= threads <= max_threads():
+        return f"--threads must be in [1, {max_threads()}] (4 x the {os.cpu_count() or 1} CPUs), got {threads}"
+    return None
+
+
+def set_threads(threads: int | None) -> None:
+    """``--threads``: ``torch.set_num_threads`` (imports torch), nothing when not given."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def downscale_arg(text: str) -> float:
