@@ -199,8 +199,8 @@ def _start_training(args, settings: ViewSettings, locks: list):
     try:
         overrides = config_overrides(args)
         changes: list = []
-        resume_cfg = (resume_config(ckpt, overrides, changes, kept_settings(args)) if args.resume and ckpt.is_file()
-                      else None)
+        resume_cfg = (resume_config(ckpt, overrides, changes, kept_settings(args), args=args)
+                      if args.resume and ckpt.is_file() else None)
     except (CheckpointError, ValueError) as e:
         raise _Refused(str(e)) from None
     problem = None if resume_cfg is not None else new_run_problem(overrides, args)  # before the dataset loads
@@ -216,8 +216,13 @@ def _start_training(args, settings: ViewSettings, locks: list):
     problem = resumed_data_problem(run_dir, ds, args.data) if resume_cfg is not None else None
     if problem:
         raise _Refused(f"--resume: {run_dir} {problem}")
-    with remembered_warnings(early, prefix="warning: "):
-        trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
+    try:   # a configuration the trainer refuses: one line, status 2, as rigel-train (it was status 1)
+        with remembered_warnings(early, prefix="warning: "):
+            trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
+    except (ValueError, TypeError) as e:   # TypeError: a --set value of the wrong type
+        if isinstance(e, TypeError) and not args.set_fields:
+            raise
+        raise _Refused(str(e)) from None
     try:  # the folder is checked again under the lock: a rigel-train may have finished a run here meanwhile
         if lock.claim(resume=args.resume) is None:
             raise _Refused(RunLock(run_dir).busy_message("rigel process"))

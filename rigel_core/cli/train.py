@@ -285,7 +285,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
         from ..checkpoint import CheckpointError
 
         try:
-            resume_cfg = resume_config(ckpt, overrides, changes, kept_settings(args))
+            resume_cfg = resume_config(ckpt, overrides, changes, kept_settings(args), args=args)
         except (CheckpointError, ValueError) as e:
             print(f"rigel-train: {e}", file=sys.stderr)
             return 2
