@@ -871,6 +871,7 @@ def test_offscreen_ctrl_c_stops_at_once_even_with_frames_to_catch_up(procedural_
     assert not s["ok"] and "interrupted" in s["error"]
     assert s["frames"] <= n_at_signal + 1          # at most the frame being written when the signal came
     assert len(list(out.glob("frame_*.png"))) == s["frames"]
+    assert not (out / ".lock").exists()            # the run's lock went with it
     assert load_scene(out / CHECKPOINT_NAME).num_gaussians > 0
     assert load_scene(out / PLY_NAME).num_gaussians > 0
 

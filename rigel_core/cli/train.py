@@ -62,8 +62,9 @@ state. ``--resume`` works with another N (the checkpoint holds global state).
 
 Before training starts nothing is written into ``RUN``: ``--out`` is checked for writability before the dataset
 loads, a ``--resume`` checkpoint is validated completely (:func:`rigel_core.checkpoint.validate_checkpoint`),
-and only then is ``RUN`` created, locked (``RUN/.lock``, ``fcntl.flock``, held until exit) and cleared of the
-temporary files of interrupted atomic writes (:func:`rigel_core.atomic.remove_stale_temp_files`, logged).
+and only then is ``RUN`` created, locked (``RUN/.lock``, ``fcntl.flock``, held until exit, then removed) and
+cleared of the temporary files of interrupted atomic writes (:func:`rigel_core.atomic.remove_stale_temp_files`,
+logged).
 """
 from __future__ import annotations
 
