@@ -184,7 +184,8 @@ def run_offscreen(viewer, frames: int, out_dir, *, orbit_degrees: float = 360.0)
     viewer.build_ui()   # ImGui sizes auto-resizing panels from one frame's contents: frame 0 is then complete
     t_start = time.perf_counter()
     for i in range(frames):
-        viewer.camera.set_yaw(yaw0 + i * step)
+        if i:   # frame 0 is the opening view as it is (a training view of --view N stays exact: no re-posing)
+            viewer.camera.set_yaw(yaw0 + i * step)
         t0 = time.perf_counter()
         path = out / FRAME_NAME.format(i)
         _capture(viewer, path)
