@@ -56,7 +56,9 @@ MAX_PLY_HEADER_BYTES = 1 << 20
 """Longest PLY header read (1 MiB; 3DGS headers are ~1–2 KB): a file without ``end_header`` within it is corrupt."""
 
 MAX_SPZ_EXTENSION_BYTES = 1 << 20
-"""Most bytes of extension records accepted in a gzip SPZ (v2/v3: their size is only known by inflating)."""
+"""Most bytes of extension records, or of trailing data, accepted after a v2/v3 SPZ's splats (their size is only
+known by inflating): a gzip stream that inflates past the splats and this is refused, naming the limit, and is not
+inflated further (a 16-byte header for one splat before 300 MB of zeros loaded as one invisible splat)."""
 
 MAX_DATASET_FRAMES = 100_000
 """Most frames (images) one transforms file or COLMAP model may list."""

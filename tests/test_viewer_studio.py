@@ -326,6 +326,30 @@ def test_scene_opener_loads_in_the_background_and_reports_errors(tmp_path):
     assert slow.wait(10) is not None
 
 
+def test_scene_opener_names_the_limit_an_spz_bomb_hits(tmp_path):
+    """The viewer's open path (File → open, a dropped file) shows a gzip SPZ that inflates far past its splats
+    (one point, then 300 MB of zeros) as one red line naming the file and the limit it hit, and opens nothing
+    (it opened one invisible splat: "the camera sees no Gaussian"); the line is whole behind a long path (the
+    panel cut it at 120 characters)."""
+    import struct
+    import zlib
+
+    from rigel_core.limits import MAX_SPZ_EXTENSION_BYTES
+
+    deep = tmp_path / ("a_rather_long_folder_name_" * 4) / "captures"
+    deep.mkdir(parents=True)
+    path = deep / "bomb.spz"
+    z = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    parts = [z.compress(struct.pack("<IIIBBBB", 0x5053474E, 2, 1, 0, 12, 0, 0) + bytes(19))]
+    parts += [z.compress(bytes(1 << 20)) for _ in range(300)]
+    path.write_bytes(b"".join(parts) + z.flush())
+    op = SceneOpener()
+    assert op.start(path) and op.wait(60) is None
+    limit = 16 + 19 + MAX_SPZ_EXTENSION_BYTES
+    assert op.error.startswith(f"{path}: the gzip stream inflates past {limit:,} bytes") and "\n" not in op.error
+    assert op.error.endswith("a decompression bomb or a corrupt header") and "MAX_SPZ_EXTENSION_BYTES" in op.error
+
+
 def test_one_line():
     assert one_line("a\nb") == "a"
     assert one_line("x" * 200, 20) == "x" * 17 + "..."
