@@ -36,6 +36,7 @@ import os
 import torch
 
 from .atomic import atomic_path
+from .io.errors import InputError
 from .config import APPEARANCE_MAX_HIDDEN, APPEARANCE_MAX_LATENT
 from .reference.project import RENDER_MODES
 from .model import PARAM_NAMES, GaussianModel, num_sh_bases
@@ -52,8 +53,10 @@ ADAM_KEYS = ("exp_avg", "exp_avg_sq", "step")
 STATS_KEYS = ("grad_accum", "denom", "max_radii")
 
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read; the message names the file and the problem."""
+class CheckpointError(InputError):
+    """A checkpoint that cannot be read; the message names the file and the problem. An
+    :class:`~rigel_core.io.errors.InputError` (a ValueError), as a damaged scene file: the CLIs print it as one line
+    and exit with status 2, rigel-viewer opening a checkpoint as a scene too (it exited 1)."""
 
 
 def _atomic_save(tensors: dict, meta: dict, path) -> None:
@@ -124,6 +127,9 @@ def read_checkpoint(path, device="cpu") -> tuple[dict, dict]:
         meta = json.loads(raw)
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path}: corrupt rigel metadata ({e})") from e
+    if not isinstance(meta, dict):   # every field below is read from an object (a list gave a traceback)
+        kind = {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(meta), "null")
+        raise CheckpointError(f"{path}: rigel metadata is a JSON {kind}, expected an object")
     if meta.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {meta.get('format')!r}, expected {CHECKPOINT_FORMAT}")
     missing = [n for n in PARAM_NAMES if f"model.{n}" not in tensors]

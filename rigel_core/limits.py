@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = ["MAX_IMAGE_SIDE", "MAX_IMAGE_PIXELS", "MAX_CAMERA_SIDE", "MAX_SCENE_SPLATS", "MAX_SPZ_POINTS",
            "MAX_DATASET_FRAMES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_PATH_LENGTH", "MAX_NAME_BYTES",
            "MAX_COLMAP_CAMERAS", "MAX_PLY_HEADER_BYTES", "MAX_SPZ_EXTENSION_BYTES", "MAX_CAMERA_COORD",
-           "check_image_size"]
+           "MAX_FIELD_OF_VIEW_DEG", "MIN_PIXEL_ANGLE", "check_image_size", "focal_length_problem"]
 
 MAX_IMAGE_SIDE = 16384
 """Largest image width or height (pixels) accepted from a dataset image, a transforms file's ``w``/``h`` or
@@ -31,6 +31,19 @@ Beyond it float32, in which the kernels and the trainer work, keeps fewer than o
 and the squares in the scene extent overflow: a pose of 1e30 trained to 3.8 dB and wrote a model of infinities.
 Georeferenced captures (UTM northings ~5e6 m) stay below it."""
 
+MAX_FIELD_OF_VIEW_DEG = 170.0
+"""Widest field of view, 2·atan(side / 2f) along the width (fx) or the height (fy), of a camera a dataset may declare
+(no override). A pinhole image spreads its pixels as tan θ: at 170° the border pixel sees 1/131 of the centre
+pixel's angle and the rest of the image crowds into the last degrees, so no pinhole image is that wide (a fisheye is
+undistorted to a narrower pinhole by its lens model); a focal length of a small fraction of the image (1e-30 px
+gave 180°) is a corrupt number, and trained a blur with exit 0."""
+
+MIN_PIXEL_ANGLE = 1e-6
+"""Smallest angle one pixel may span at the image centre, 1/f radians (f the focal length in pixels), of a camera a
+dataset may declare (no override): f ≤ 1e6 px, a 0.06° field of view over 1000 px, 6000 mm on a full-frame 6000-px
+sensor. The renderer's float32 camera-space coordinates resolve directions to ~1e-7 rad (2⁻²³), so a finer pixel
+cannot be placed: a ``camera_angle_x`` of a few micro-radians trained garbage with exit 0."""
+
 MAX_SCENE_SPLATS = 50_000_000
 """Largest number of splats a scene file (PLY, compressed PLY) may declare (a 12 GB INRIA PLY at SH degree 3);
 beyond it the header is taken as corrupt. Declared counts are also checked against the file size."""
@@ -43,7 +56,9 @@ MAX_PLY_HEADER_BYTES = 1 << 20
 """Longest PLY header read (1 MiB; 3DGS headers are ~1–2 KB): a file without ``end_header`` within it is corrupt."""
 
 MAX_SPZ_EXTENSION_BYTES = 1 << 20
-"""Most bytes of extension records accepted in a gzip SPZ (v2/v3: their size is only known by inflating)."""
+"""Most bytes of extension records, or of trailing data, accepted after a v2/v3 SPZ's splats (their size is only
+known by inflating): a gzip stream that inflates past the splats and this is refused, naming the limit, and is not
+inflated further (a 16-byte header for one splat before 300 MB of zeros loaded as one invisible splat)."""
 
 MAX_DATASET_FRAMES = 100_000
 """Most frames (images) one transforms file or COLMAP model may list."""
@@ -84,3 +99,19 @@ def check_image_size(width: int, height: int, *, max_side: int = MAX_IMAGE_SIDE,
 
 def _n(v: int) -> str:
     return str(v) if abs(v) < 10**12 else f"{float(v):.3g}"
+
+
+def focal_length_problem(focal: float, size: int) -> str | None:
+    """None when a focal length of ``focal`` pixels (finite, > 0) over ``size`` pixels (the image width for fx, the
+    height for fy) is a camera rigel can use, else the problem as a phrase for an error message: a field of view
+    over :data:`MAX_FIELD_OF_VIEW_DEG`, or a pixel under :data:`MIN_PIXEL_ANGLE` radians."""
+    import math
+
+    fov = math.degrees(2.0 * math.atan(size / (2.0 * focal)))
+    what = f"a field of view of {fov:.4g}° over {size} px (focal length {focal:.4g} px)"
+    if fov > MAX_FIELD_OF_VIEW_DEG:
+        return f"{what}: wider than {MAX_FIELD_OF_VIEW_DEG:g}°, more than a pinhole image holds (docs/RELIABILITY.md)"
+    if 1.0 / focal < MIN_PIXEL_ANGLE:
+        return (f"{what}: each pixel spans {1.0 / focal:.3g} rad, under {MIN_PIXEL_ANGLE:g} rad, finer than the "
+                "renderer's float32 resolves directions (docs/RELIABILITY.md)")
+    return None

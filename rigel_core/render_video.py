@@ -142,8 +142,8 @@ def render_path_video(model, path, out, *, width: int | None = None, height: int
 
 def cli_path_video(ap, args, load_scene) -> int:
     """``rigel-render SCENE --path PATH --video OUT`` (called by :mod:`rigel_core.cli.render` with its parser,
-    parsed arguments and scene loader). Returns the exit status: 0 written, 1 refused overwrite, 2 bad
-    arguments or input, 130 interrupted (no file left)."""
+    parsed arguments and scene loader). Returns the exit status: 0 written, 2 bad arguments or input
+    or a refused overwrite, 130 interrupted (no file left)."""
     import sys
 
     from . import cuda_available
@@ -168,7 +168,7 @@ def cli_path_video(ap, args, load_scene) -> int:
     dest = video_path(args.video)
     if dest.exists() and not args.force:
         print(f"rigel-render: error: {dest} exists (use --force to replace it)", file=sys.stderr)
-        return 1
+        return 2
     device = args.device or ("cuda" if cuda_available() else "cpu")
     try:
         try:
@@ -194,7 +194,7 @@ def cli_path_video(ap, args, load_scene) -> int:
         return 130
     except FileExistsError as e:
         print(f"rigel-render: error: {e}", file=sys.stderr)
-        return 1
+        return 2
     n = args.frames or path.num_frames()
     print(f"rendered {n} frames of {args.scene} along {args.path} to {written}")
     return 0

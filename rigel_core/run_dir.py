@@ -7,7 +7,8 @@ A run folder (``--out`` of ``rigel-train``; the viewer's ``--data`` run) holds:
 - :data:`METRICS_NAME` (``metrics.json``: configuration, loss curve, evaluations, densification, timings; strict
   JSON, non-finite numbers as ``null``, written atomically by :func:`write_json_atomic`);
 - :data:`LOG_NAME` (``log.txt``: one line per event, appended; :func:`open_run_log`);
-- :data:`LOCK_NAME` (``.lock``: an ``fcntl.flock`` held by the one process using the folder, :class:`RunLock`).
+- :data:`LOCK_NAME` (``.lock``: an ``fcntl.flock`` held by the one process using the folder, :class:`RunLock`;
+  removed when that process ends, so a finished run holds none).
 
 Rules (README "Runs are never lost"): a folder that holds a run (:func:`holds_run`) is refused without
 ``--resume`` (:class:`RunFolderTaken`), or, when the folder was not named by the user, a fresh one is picked
@@ -74,12 +75,20 @@ def out_problem(path: Path, flag: str = "--out") -> str | None:
 
 class RunLock:
     """An exclusive ``fcntl.flock`` on ``RUN/.lock`` held until :meth:`release` (or process exit): two processes
-    (``rigel-train``, ``rigel-viewer --data``) on one run folder never interleave. The file is left in place
-    (removing it would let a third process lock a new inode while a second still holds the old one)."""
+    (``rigel-train``, ``rigel-viewer --data``) on one run folder never interleave.
+
+    A process that claimed the folder (:meth:`acquire`, :meth:`claim`) removes the file when it releases it, so that
+    a finished (or interrupted) run leaves no ``.lock`` behind; only while it still holds the lock, and only the file
+    it locked. Removing it is safe because taking the lock checks, once the flock is held, that the path still names
+    the file locked (same device and inode): a process that opened the file before its holder removed it, and got
+    the flock after, finds the path gone (or another file) and takes the lock anew, instead of holding a removed
+    file while a third process locks the new one. A ``.lock`` left by a killed process (kill -9) holds no flock: the
+    next run takes it and removes it at its end."""
 
     def __init__(self, run_dir: Path):
         self.path = Path(run_dir) / LOCK_NAME
         self.fd = None
+        self.claimed = False   # acquire() ran: this process writes the run, and removes the file on release
 
     def try_existing(self) -> bool:
         """Lock the lock file if it exists already (writes nothing); False when another process holds it."""
@@ -89,15 +98,21 @@ class RunLock:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError:
             return True  # vanished or unreadable: acquire() decides
-        return self._lock(fd)
+        return self._lock(fd) is not False   # None (removed meanwhile by its holder): not busy
 
     def acquire(self) -> bool:
         """Create (if needed) and lock the file; False when another process holds it."""
-        if self.fd is not None:
-            return True
-        return self._lock(os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644))
+        while self.fd is None:
+            got = self._lock(os.open(self.path, os.O_RDONLY | os.O_CREAT, 0o644))
+            if got is False:
+                return False
+            # None: the file was removed (its holder finished) between open and flock: open the new one
+        self.claimed = True
+        return True
 
-    def _lock(self, fd) -> bool:
+    def _lock(self, fd) -> bool | None:
+        """Take the flock of ``fd`` (closed otherwise): True when held on the file the path names, False when
+        another process holds it, None when the path no longer names that file (its holder removed it)."""
         import fcntl
 
         try:
@@ -105,13 +120,32 @@ class RunLock:
         except OSError:
             os.close(fd)
             return False
+        if not self._names(fd):
+            os.close(fd)
+            return None
         self.fd = fd
         return True
 
+    def _names(self, fd) -> bool:
+        """The path still names the file open as ``fd`` (same device and inode)."""
+        try:
+            st, mine = os.stat(self.path), os.fstat(fd)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
     def release(self) -> None:
+        """Give the lock up; a process that claimed the folder first removes the file (while it still holds it,
+        and only when the path still names the file it locked)."""
         if self.fd is not None:
+            if self.claimed and self._names(self.fd):
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass   # a folder made read-only meanwhile: the file stays, its flock goes below
             os.close(self.fd)  # closing the descriptor releases the flock
             self.fd = None
+        self.claimed = False
 
     def claim(self, *, resume: bool) -> list | None:
         """Start writing the run: create the folder, take the lock, check the folder again under it (another

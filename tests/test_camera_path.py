@@ -342,9 +342,9 @@ def test_cli_writes_mp4(tmp_path, tiny_scene):
         assert np.abs(f.astype(np.float64) - r).mean() < 12
     assert np.abs(frames[0].astype(np.float64) - ref[2]).mean() > np.abs(frames[0].astype(np.float64)
                                                                           - ref[0]).mean()
-    # never overwritten without --force; with it, replaced (here by 6 frames)
+    # never overwritten without --force (a refusal: exit 2); with it, replaced (here by 6 frames)
     before = out.read_bytes()
-    assert main(argv) == 1 and out.read_bytes() == before
+    assert main(argv) == 2 and out.read_bytes() == before
     assert main(argv + ["--frames", "6", "--force"]) == 0 and len(_read_frames(out)) == 6
     assert sorted(p.name for p in out.parent.iterdir()) == ["out.mp4"]   # no temporary file left
 

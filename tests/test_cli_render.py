@@ -64,11 +64,12 @@ def test_render_default_scene(tmp_path, scene, capsys):
     assert np.abs(img - ref).max() <= 0.5 / 255 + 1e-6
     assert ref.max() > 0.3  # something is in view
 
-    # the rendered PNGs are never replaced without --force: one line, before anything is rendered
+    # the rendered PNGs are never replaced without --force: one line, before anything is rendered, exit 2 (a
+    # refusal, as rigel-convert's and rigel-import-colmap's; it was 1)
     before = (out / "orbit_001.png").read_bytes()
     capsys.readouterr()
     assert main(["default", "--cameras", str(cams), "--out", str(out), "--background", "255,255,255",
-                 "--device", "cpu"]) == 1
+                 "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "orbit_000.png exists (and 2 more)" in err and "--force" in err
     assert (out / "orbit_001.png").read_bytes() == before
@@ -167,9 +168,9 @@ def test_render_image_size_caps(tmp_path, capsys):
     base = Camera.look_at([0, -6, 0], [0, 0, 0], width=8, height=8, fov_x_deg=50)
     c2w = (np.linalg.inv(base.viewmat) @ np.diag([1.0, -1, -1, 1])).tolist()
 
-    def cams(w, h):
+    def cams(w, h, fl=10.0):   # a focal length of about the image's size: a field of view rigel accepts
         p = tmp_path / f"t_{len(list(tmp_path.glob('t_*')))}.json"
-        p.write_text(json.dumps({"w": w, "h": h, "fl_x": 10.0, "frames": [{"file_path": "v", "transform_matrix": c2w}]}))
+        p.write_text(json.dumps({"w": w, "h": h, "fl_x": fl, "frames": [{"file_path": "v", "transform_matrix": c2w}]}))
         return str(p)
 
     out = str(tmp_path / "o")
@@ -180,7 +181,7 @@ def test_render_image_size_caps(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and p in err and "frame 0" in err and frag in err, err
     # the override raises the cap per side (and to its square in all)
-    p = cams(17000, 1)
+    p = cams(17000, 1, fl=17000.0)
     assert main([str(scene), "--cameras", p, "--out", out, "--device", "cpu", "--max-image-size", "17000"]) == 0
     assert read_png(tmp_path / "o" / "v.png").shape == (1, 17000, 3)
     # --width/--height are capped too: an argparse error, status 2
@@ -190,7 +191,7 @@ def test_render_image_size_caps(tmp_path, capsys):
             main([str(scene), "--cameras", cams(8, 8), "--out", out, "--device", "cpu", *extra])
         assert e.value.code == 2
     # the aspect-kept size from --width alone is checked as well
-    assert main([str(scene), "--cameras", cams(8, 16000), "--out", out, "--device", "cpu", "--width", "16",
+    assert main([str(scene), "--cameras", cams(8, 16000, fl=16000.0), "--out", out, "--device", "cpu", "--width", "16",
                  "--max-image-size", "16000"]) == 2
     assert "exceeds" in capsys.readouterr().err
 

@@ -246,6 +246,53 @@ def test_import_colmap_dst_that_is_a_file_is_one_line(tmp_path, capsys, kind):
     assert afile.read_text() == "not a folder"
 
 
+def test_import_colmap_src_missing_or_a_file_says_so(tmp_path, capsys):
+    """SRC that does not exist: "no such directory" (was "no COLMAP model (sparse/0/…)", as if the folder were
+    there but empty); SRC a file: "not a directory"; a folder without a model still names what was looked for.
+    One line naming SRC, exit 2, nothing written."""
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    (tmp_path / "empty").mkdir()
+    for src, says in ((tmp_path / "nothere", "no such directory"), (afile, "not a directory"),
+                      (tmp_path / "empty", "no COLMAP model")):
+        assert import_main([str(src), str(tmp_path / "dst")]) == 2, src
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{src}: {says}" in err, err
+        assert not (tmp_path / "dst").exists()
+
+
+def test_render_cameras_of_a_colmap_folder(tmp_path, scene, rng, capsys):
+    """``rigel-render SCENE --cameras COLMAP_DIR`` (was refused: "no transforms_train.json") renders the views
+    rigel-train's loader makes of the folder: with --split, the same names and (undistorted pinhole) cameras of
+    each split, images missing from images/ dropped before the split as the loader does; without, every
+    registered image, the missing ones included."""
+    from rigel_core.cli.render import main as render_main
+    from rigel_core.io import save_ply
+
+    g = np_rng(rng)
+    src = tmp_path / "src"
+    save = tmp_path / "scene.ply"
+    save_ply(scene, save)
+    make_colmap(src, scene, g, ["PINHOLE", "OPENCV", "SIMPLE_RADIAL"], n_images=11, missing={"img_03.png"})
+    with pytest.warns(UserWarning, match="1 of 11"):
+        ds = load_dataset(src)   # rigel-train's view of the folder (every 8th held out)
+    for split, frames in (("train", ds.train), ("test", ds.test)):
+        out = tmp_path / split
+        assert render_main([str(save), "--cameras", str(src), "--split", split, "--out", str(out),
+                            "--device", "cpu"]) == 0
+        err = capsys.readouterr().err   # the loader's warning, one line (Python shows a repeated warning once)
+        assert split == "test" or ("warning:" in err and "1 of 11 frames have no image file" in err), err
+        assert sorted(p.stem for p in out.iterdir()) == sorted(f.name for f in frames)
+        for f in frames:
+            with torch.no_grad():
+                ref = render(scene, f.camera).image.clamp(0, 1).double().numpy()
+            png = np.asarray(Image.open(out / f"{f.name}.png"), dtype=np.float64) / 255.0
+            assert np.abs(png - ref).max() <= 0.5 / 255 + 1e-6, f.name
+    out = tmp_path / "all"
+    assert render_main([str(save), "--cameras", str(src), "--out", str(out), "--device", "cpu"]) == 0
+    assert sorted(p.stem for p in out.iterdir()) == [f"img_{i:02d}" for i in range(11)]
+
+
 def test_images_dir_and_no_points(tmp_path, scene, rng):
     g = np_rng(rng)
     src = tmp_path / "src"

@@ -558,6 +558,11 @@ def test_colmap_truncated_or_huge_counts_refused(tmp_path, rng, kind):
     ("SIMPLE_PINHOLE", [0.0, 8.0, 6.0], "focal length f = 0.0"),
     ("PINHOLE", [20.0, 20.0, float("inf"), 6.0], "principal point cx = inf"),
     ("OPENCV", [20.0, 20.0, 8.0, 6.0, float("nan"), 0, 0, 0], "params[4] = nan"),
+    # absurd intrinsics (limits.focal_length_problem): a field of view over 170°, a pixel under 1e-6 rad
+    ("PINHOLE", [1e-30, 20.0, 8.0, 6.0], "focal length fx: a field of view of 180° over 16 px"),
+    ("PINHOLE", [20.0, 0.5, 8.0, 6.0], "focal length fy: a field of view of 170.5° over 12 px"),
+    ("SIMPLE_RADIAL", [3e8, 8.0, 6.0, 0.0], "focal length f: a field of view of"),
+    ("PINHOLE", [20.0, 1.1e6, 8.0, 6.0], "each pixel spans 9.09e-07 rad, under 1e-06 rad"),
 ])
 def test_colmap_camera_numbers_refused(tmp_path, rng, model, params, frag):
     """Before: NaN/Inf/zero intrinsics loaded and rendered black (exit 0)."""
@@ -587,6 +592,14 @@ def _ngp(tmp_path, top: dict, frame: dict | None = None):
     ({"fl_x": -5, "w": 8, "h": 8}, None, "'fl_x' (focal length) must be > 0"),
     ({"fl_x": 5, "fl_y": 0, "w": 8, "h": 8}, None, "'fl_y' (focal length) must be > 0"),
     ({"fl_x": "5", "w": 8, "h": 8}, None, "'fl_x' must be a number, got str"),
+    # absurd intrinsics (limits.focal_length_problem): a field of view over 170°, a pixel under 1e-6 rad; the
+    # field named is the one the file gave (both loaded, with exit 0, and trained garbage)
+    ({"fl_x": 1e-30, "w": 800, "h": 600}, None, "'fl_x': a field of view of 180° over 800 px (focal length 1e-30 px)"),
+    ({"camera_angle_x": 3e-6, "w": 800, "h": 600}, None, "'camera_angle_x': a field of view of 0.0001719° over 800 px"),
+    ({"camera_angle_x": 3.1, "w": 800, "h": 600}, None, "'camera_angle_x': a field of view of 177.6°"),
+    ({"fl_x": 500, "fl_y": 3e8, "w": 800, "h": 600}, None, "'fl_y': a field of view of"),
+    ({"fl_x": 500, "camera_angle_y": 1e-7, "w": 800, "h": 600}, None, "'camera_angle_y': a field of view of"),
+    ({"camera_angle_x": 1e-7, "w": 800, "h": 600}, None, "each pixel spans 1.25e-10 rad, under 1e-06 rad"),
     ({"fl_x": 5, "w": 8.5, "h": 8}, None, "'w' must be a whole number"),
     ({"fl_x": 5, "w": 0, "h": 8}, None, "not positive"),
     ({"fl_x": 5, "w": -8, "h": 8}, None, "not positive"),

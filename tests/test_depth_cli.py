@@ -68,7 +68,7 @@ def test_render_depth_cli(tmp_path, scene, capsys):
     before = (out / "orbit_000.depth.npy").read_bytes()
     capsys.readouterr()
     assert main(["default", "--cameras", str(cams), "--out", str(out), "--device", "cpu", "--depth", "median",
-                 "--depth-range", "1,20"]) == 1
+                 "--depth-range", "1,20"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "orbit_000.png exists (and 5 more)" in err and "--force" in err
     assert (out / "orbit_000.depth.npy").read_bytes() == before

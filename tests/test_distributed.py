@@ -251,8 +251,8 @@ def test_cli_gpus_2_on_cpu_then_resume_with_one_process(blender, tmp_path):
     assert metrics["distributed"]["allreduce_calls"] == 8 and metrics["iterations_done"] == 8
     assert metrics["config"]["coarse_to_fine"] == 4
     assert "2 process(es) x 1 view(s) = 2 views per step (gloo)" in (run / "log.txt").read_text()
-    assert sorted(p.name for p in run.iterdir()) == [".lock", "checkpoint.safetensors", "log.txt", "metrics.json",
-                                                      "model.ply", "renders"]  # rank 0 alone wrote
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoint.safetensors", "log.txt", "metrics.json",
+                                                      "model.ply", "renders"]  # rank 0 alone wrote (no .lock left)
 
     # resume with N = 1 and --batch-size 2 (the same global batch) == a one-process --batch-size 2 run from start
     assert main(common + ["--out", str(run), "--resume", "--iters", "12", "--batch-size", "2"]) == 0

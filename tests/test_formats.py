@@ -9,8 +9,11 @@ import gzip
 import math
 import struct
 import sys
+import time
 import types
 import warnings
+import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -455,6 +458,57 @@ def test_spz_malformed(tmp_path, rng, case, fragment):
     with pytest.raises(SpzFormatError) as e:
         load_scene(path)
     assert_error(e, path, fragment)
+
+
+def _gzip_zeros_after(head: bytes, n_zeros: int) -> bytes:
+    """gzip of ``head`` then ``n_zeros`` zero bytes, compressed in 1 MiB pieces (300 MB of zeros is ~300 KB here,
+    never held whole)."""
+    z = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    parts, piece = [z.compress(head)], bytes(1 << 20)
+    for lo in range(0, n_zeros, len(piece)):
+        parts.append(z.compress(piece[: min(len(piece), n_zeros - lo)]))
+    return b"".join(parts) + z.flush()
+
+
+@pytest.mark.parametrize("container,has_ext", [("gzip", False), ("gzip", True), ("plain", False)])
+def test_spz_data_beyond_its_splats_is_bounded(tmp_path, rng, container, has_ext):
+    """The held-back hostile corpus: a gzip SPZ whose header declares a few points, followed by 300 MB of zeros,
+    loaded as those points (a warning, "1 or more unexpected bytes") and opened in the viewer as "the camera sees no
+    Gaussian". More than MAX_SPZ_EXTENSION_BYTES (1 MiB) after the splats, extension records or trailing data, is
+    now refused naming the file and the limit, the stream inflated no further than it (fast); up to it, a warning
+    with the exact count."""
+    from rigel_core.limits import MAX_SPZ_EXTENSION_BYTES
+
+    n = int(torch.randint(1, 50, (1,), generator=rng))
+    streams, truth = make_spz_payload(rng, n, 3, 1)
+    head = struct.pack("<IIIBBBB", 0x5053474E, 3, n, 1, 12, 0x2 if has_ext else 0, 0)
+    payload = b"".join(streams)
+    limit = 16 + len(payload) + MAX_SPZ_EXTENSION_BYTES
+
+    def spz(extra: int) -> Path:
+        path = tmp_path / f"x{extra}.spz"
+        if has_ext:   # extension records come before the splats
+            data = head + bytes(extra) + payload
+            path.write_bytes(gzip.compress(data) if container == "gzip" else data)
+        elif container == "gzip":
+            path.write_bytes(_gzip_zeros_after(head + payload, extra))
+        else:
+            path.write_bytes(head + payload + bytes(extra))
+        return path
+
+    big = 300_000_000 if container == "gzip" and not has_ext else MAX_SPZ_EXTENSION_BYTES + 1 + 4096
+    path = spz(big)
+    t0 = time.perf_counter()
+    with pytest.raises(SpzFormatError) as e:
+        load_spz(path)
+    assert time.perf_counter() - t0 < 2.0   # 300 MB were not inflated
+    what = "the gzip stream inflates past" if container == "gzip" else "the file holds more than"
+    assert_error(e, path, f"{what} {limit:,} bytes", "MAX_SPZ_EXTENSION_BYTES")
+    path = spz(MAX_SPZ_EXTENSION_BYTES)   # at the limit: loads, with one warning giving the count
+    with pytest.warns(SceneWarning, match=f"{MAX_SPZ_EXTENSION_BYTES} " if not has_ext else
+                      f"extension records \\({MAX_SPZ_EXTENSION_BYTES} bytes\\)"):
+        m = load_spz(path, dtype=torch.float64)
+    check_spz_model(m, truth, 3, 1)
 
 
 def test_real_spz_biker(shared_data):

@@ -586,3 +586,47 @@ def test_cli_viewer_hostile_scene(tmp_path):
     path.write_bytes(head + random.Random(SEED).randbytes(2_500_000))
     proc = run_cli("viewer", path, "--offscreen", "--out", tmp_path / "o", "--frames", "1")
     _assert_one_line_error(proc, path)
+
+
+def test_cli_held_back_hostile_corpus(tmp_path):
+    """Issue 40's held-back corpus, through the real commands: a checkpoint whose metadata is a JSON list (a
+    traceback), a camera of focal length 1e-30 px or a camera_angle_x of 3 micro-radians (accepted: garbage trained
+    with exit 0), a gzip SPZ of one point before 300 MB of zeros (the viewer: "the camera sees no Gaussian"). Each is
+    one line naming the file and the problem, exit 2."""
+    from safetensors.torch import save_file
+
+    ck = tmp_path / "list.safetensors"
+    n = 4
+    save_file({"model.means3D": torch.zeros(n, 3), "model.log_scales": torch.zeros(n, 3),
+               "model.quats": torch.zeros(n, 4), "model.opacity_logits": torch.zeros(n),
+               "model.sh_dc": torch.zeros(n, 1, 3), "model.sh_rest": torch.zeros(n, 0, 3)}, str(ck),
+              metadata={"rigel": "[1, 2, 3]"})
+    _assert_one_line_error(run_cli("viewer", ck, "--offscreen", "--out", tmp_path / "o1", "--frames", "1"), ck)
+
+    for key, value, says in (("fl_x", 1e-30, "a field of view of 180°"),
+                             ("camera_angle_x", 3e-6, "each pixel spans")):
+        root = tmp_path / key
+        for j in range(2):
+            _png(root / "img" / f"f{j}.png", 8, 6, j)
+        meta = {key: value, "w": 8, "h": 6, "frames": [{"file_path": f"img/f{j}.png", "transform_matrix":
+                                                        _c2w(random.Random(j))} for j in range(2)]}
+        (root / "transforms.json").write_text(json.dumps(meta))
+        proc = run_cli("rigel_core.cli.train", "--data", root, "--out", tmp_path / f"run_{key}", "--iters", "1",
+                       "--device", "cpu", "--test-every", "0")
+        _assert_one_line_error(proc, root / "transforms.json")
+        assert f"'{key}': " in proc.stderr and says in proc.stderr, proc.stderr
+        assert not (tmp_path / f"run_{key}").exists()
+
+    spz = tmp_path / "bomb.spz"
+    z = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    parts = [z.compress(struct.pack("<IIIBBBB", 0x5053474E, 2, 1, 0, 12, 0, 0) + bytes(19))]
+    parts += [z.compress(bytes(1 << 20)) for _ in range(300)]
+    spz.write_bytes(b"".join(parts) + z.flush())
+    ok_cams = tmp_path / "ok.json"
+    ok_cams.write_text(json.dumps({"w": 8, "h": 8, "fl_x": 5.0,
+                                   "frames": [{"file_path": "v", "transform_matrix": np.eye(4).tolist()}]}))
+    for proc in (run_cli("viewer", spz, "--offscreen", "--out", tmp_path / "o2", "--frames", "1"),
+                 run_cli("rigel_core.cli.render", spz, "--cameras", ok_cams, "--out", tmp_path / "o3",
+                         "--device", "cpu")):
+        _assert_one_line_error(proc, spz)
+        assert "inflates past" in proc.stderr and "MAX_SPZ_EXTENSION_BYTES" in proc.stderr, proc.stderr

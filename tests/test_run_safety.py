@@ -64,6 +64,92 @@ def test_a_locked_run_folder_is_refused(tmp_path, capsys, cli):
     assert sorted(p.name for p in run.iterdir()) == [".lock"]
 
 
+@pytest.mark.parametrize("how", ["rigel-train", "rigel-train, Ctrl-C", "rigel-viewer --data"])
+def test_a_run_leaves_no_lock_file(tmp_path, capsys, monkeypatch, how):
+    """The run's process removes RUN/.lock when it ends, finished or stopped by Ctrl-C (a 0-byte .lock stayed in
+    every run folder); the run itself is whole and resumes."""
+    import signal
+
+    from rigel_core.cli.train import main as train_main
+    from rigel_core.data import make_dataset
+    from rigel_core.train import Trainer
+
+    data = tmp_path / "data"
+    make_dataset(data, 50, 8, 8, n_train=3, n_test=1, device="cpu", progress=False)
+    run = tmp_path / "run"
+    common = ["--data", str(data), "--out", str(run), "--device", "cpu", "--init-points", "20", "--threads", "1"]
+    if how == "rigel-viewer --data":
+        from viewer.cli import main
+
+        assert main(common + ["--iters", "2", "--offscreen", "--frames", "1"]) == 0
+    else:
+        if how.endswith("Ctrl-C"):
+            real_step = Trainer.step
+
+            def step(self):
+                if self.iteration == 1:
+                    os.kill(os.getpid(), signal.SIGINT)   # arrives during this step, which then completes
+                return real_step(self)
+
+            monkeypatch.setattr(Trainer, "step", step)
+        status = train_main(common + ["--iters", "4", "--quiet", "--eval-every", "0"])
+        assert status == (130 if how.endswith("Ctrl-C") else 0)
+    assert (run / "checkpoint.safetensors").is_file() and not (run / ".lock").exists()
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert train_main(common + ["--iters", "5", "--quiet", "--resume", "--eval-every", "0"]) == 0
+    assert not (run / ".lock").exists()
+
+
+def test_removing_the_lock_file_never_lets_two_processes_hold_it(tmp_path, monkeypatch):
+    """RunLock's removal is safe: the file goes only while its holder still holds it, and only when the path still
+    names the file it locked; a process that opened the file just before its holder removed it, and got the flock
+    just after, takes the lock on the new file (else it would hold a removed file while a third process locks the
+    new one). Each RunLock opens its own file description: for flock, another process."""
+    from rigel_core.run_dir import LOCK_NAME, RunLock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    path = run / LOCK_NAME
+    a = RunLock(run)
+    assert a.acquire() and path.is_file()
+    assert not RunLock(run).acquire() and not RunLock(run).try_existing()   # held: refused
+    b = RunLock(run)
+    real_open = os.open
+
+    def open_then_a_finishes(*args, **kw):   # B has opened A's file; A ends (removes it) before B's flock
+        fd = real_open(*args, **kw)
+        if a.fd is not None:
+            a.release()
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_a_finishes)
+    assert b.acquire()
+    monkeypatch.undo()
+    assert a.fd is None and os.fstat(b.fd).st_ino == os.stat(path).st_ino   # B holds the file the path names
+    assert not RunLock(run).acquire() and not RunLock(run).try_existing()   # so a third process is refused
+    # the file replaced under its holder (removed by hand, then another process made and locked a new one): the
+    # first holder's release leaves the new one alone
+    path.unlink()
+    c = RunLock(run)
+    assert c.acquire()
+    b.release()
+    assert path.is_file() and not RunLock(run).acquire()
+    c.release()
+    assert not path.exists()
+    # a process that only looked (refused before it claimed the folder) leaves a stale lock file as it found it;
+    # the next run that claims the folder removes it at its end
+    path.touch()
+    d = RunLock(run)
+    assert d.try_existing()
+    d.release()
+    assert path.is_file()
+    e = RunLock(run)
+    assert e.try_existing() and e.acquire()
+    e.release()
+    assert not path.exists()
+
+
 # ---- a folder holding a run's model.ply but no checkpoint -------------------------------------------------------
 @pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer"])
 @pytest.mark.parametrize("resume", [False, True], ids=["new", "resume"])

@@ -832,6 +832,97 @@ def test_cli_ctrl_c_while_loading_is_one_line(blender_dataset, tmp_path, monkeyp
     assert err.strip() == "rigel-train: interrupted" and not run.exists()
 
 
+def test_cli_threads_sets_the_trainers_cpu_threads_with_the_viewers_bound(blender_dataset, tmp_path, monkeypatch,
+                                                                          capsys):
+    """``rigel-train --threads N`` (it had none: two CPU runs at once, each with a thread per core, slowed each other
+    20-30x) trains with N PyTorch threads; outside [1, 4 x the CPUs] (rigel-viewer's bound, one rule) it is one
+    line naming the flag, exit 2, nothing written."""
+    import rigel_core.cli.train as train_cli
+    from rigel_core.cli.common import max_threads
+    from rigel_core.train import Trainer
+
+    seen = []
+    real_step = Trainer.step
+
+    def step(self, *a, **k):
+        seen.append(torch.get_num_threads())
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    before = torch.get_num_threads()
+    want = 1 if before != 1 else 2
+    run = tmp_path / "run"
+    common = ["--data", str(blender_dataset), "--device", "cpu", "--quiet", "--init-points", "100", "--iters", "3"]
+    try:
+        assert train_cli.main(common + ["--out", str(run), "--threads", str(want)]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [want] * 3
+    capsys.readouterr()
+    for bad in ("0", "-2", str(max_threads() + 1)):
+        out = tmp_path / f"bad{bad}"
+        assert train_cli.main(common + ["--out", str(out), "--threads", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--threads must be in [1, {max_threads()}]" in err and bad in err, err
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--iters", "-5"], "--iters must be > 0, got -5"),
+    (["--max-gaussians", "0"], "--max-gaussians must be ≥ 1, got 0"),
+    (["--sh-degree", "7"], "--sh-degree must be in 0..3, got 7"),
+    (["--batch-size", "0"], "--batch-size must be in 1..4096, got 0"),
+    (["--init-points", "0"], "--init-points must be ≥ 1, got 0"),
+    (["--position-lr-max-steps", "0"], "--position-lr-max-steps must be ≥ 1, got 0"),
+    (["--seed", str(2**70)], f"--seed must be in -2^63..2^64-1, got {2**70}"),
+    (["--set", "iterations=-5"], "--set iterations must be > 0, got -5"),
+    (["--iters", "9", "--set", "iterations=-5"], "--set iterations must be > 0, got -5"),   # --set wins
+    (["--set", "densify_interval=0"], "--set densify_interval must be > 0, got 0"),
+    # refused by the Trainer itself (build_trainer), after the configuration was checked
+    (["--set", "densify_grad=absgrad"], "--set densify_grad='absgrad' needs the CUDA kernels"),
+])
+@pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer"])
+def test_cli_refusals_name_the_flag_not_the_config_field(blender_dataset, tmp_path, capsys, cli, flags, says):
+    """A refused training value is named as the user gave it: ``--iters -5`` says "--iters must be > 0", not
+    "TrainConfig.iterations must be > 0" (an internal name); one line, exit 2, nothing written; by rigel-train and
+    rigel-viewer --data (before the viewer opens)."""
+    if cli == "rigel-train":
+        from rigel_core.cli.train import main
+    else:
+        from viewer.cli import main
+    out = tmp_path / "run"
+    argv = ["--data", str(blender_dataset), "--out", str(out), "--device", "cpu"] + flags
+    assert main(argv + (["--quiet"] if cli == "rigel-train" else ["--offscreen"])) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "TrainConfig" not in err, err
+    assert not out.exists()
+
+
+def test_cli_resume_refusals_name_the_flag(blender_dataset, tmp_path, capsys):
+    """The same on --resume (the checkpoint's configuration with the command line's overrides): the flag is named,
+    and a field the command line did not set keeps its TrainConfig name."""
+    from rigel_core.cli.common import FLAG_FIELDS, flag_words
+    from rigel_core.cli.train import build_parser, main
+    from rigel_core.train import TrainConfig
+    from viewer.cli import main as viewer_main
+
+    run = tmp_path / "run"
+    common = ["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--init-points", "100"]
+    assert main(common + ["--iters", "2", "--quiet"]) == 0
+    capsys.readouterr()
+    for m in (main, viewer_main):
+        assert m(common + ["--resume", "--max-gaussians", "0"] + (["--quiet"] if m is main else ["--offscreen"])) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--max-gaussians must be ≥ 1, got 0" in err and "TrainConfig" not in err, err
+    # the table is not stale: each field is TrainConfig's, each flag rigel-train's, and a flag left out keeps the
+    # field's own name
+    fields = set(TrainConfig.__dataclass_fields__)
+    parser_flags = {o for a in build_parser()._actions for o in a.option_strings}
+    assert set(FLAG_FIELDS) <= fields and set(FLAG_FIELDS.values()) <= parser_flags
+    args = build_parser().parse_args(["--data", "d", "--out", "o"])
+    assert flag_words("TrainConfig.iterations must be > 0, got 0", args) == "TrainConfig.iterations must be > 0, got 0"
+
+
 # ---- background points for a partial SfM (init_background_points) -------------------------------------------------
 def test_background_init_points_lie_behind_the_sfm_points_between_the_two_spheres(rng):
     from rigel_core.train import background_init_points

@@ -412,7 +412,8 @@ def test_flag_bounds_accept_their_ends(tmp_path):
     """The ends of each range pass the flag check (the refusals above are of values just outside)."""
     import os
 
-    from viewer.cli import _flag_problem, build_parser, max_threads
+    from rigel_core.cli.common import max_threads
+    from viewer.cli import _flag_problem, build_parser
 
     assert max_threads() == 4 * (os.cpu_count() or 1)
     for flags in (["--size", "16384x16384"], ["--size", "1x1"], ["--threads", str(max_threads())], ["--threads", "1"],

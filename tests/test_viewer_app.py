@@ -872,6 +872,51 @@ def test_ctrl_c_or_sigterm_saves_the_run(display, procedural_64, tmp_path, sig, 
     assert (tmp_path / "config" / "rigel" / "imgui.ini").is_file()             # the panels' places are kept
 
 
+@needs_vulkan
+def test_offscreen_ctrl_c_stops_at_once_even_with_frames_to_catch_up(procedural_64, tmp_path):
+    """Offscreen training with a frame at every iteration (the training runs ahead of the frames, so the loop is
+    always catching up): a real SIGINT stops it within 2 s, exit 130, the run saved and summary.json written. Before,
+    the catch-up loop never looked at the interrupt: it went on training and writing frames for minutes."""
+    from rigel_core.io import load_scene
+
+    out = tmp_path / "out"
+    env = _env()
+    env.pop("DISPLAY", None)
+    proc = subprocess.Popen(_viewer_cmd("--data", procedural_64, "--offscreen", "--iters", 100000, "--frames", 100000,
+                                        "--init-points", 300, "--out", out, "--size", "160x100", "--device", "cpu",
+                                        "--threads", 1),
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 120 and proc.poll() is None and not (out / "frame_0002.png").is_file():
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read()
+        proc.send_signal(signal.SIGINT)
+        t_sig = time.perf_counter()
+        n_at_signal = len(list(out.glob("frame_*.png")))
+        while not (out / "summary.json").is_file() and time.perf_counter() - t_sig < 30:   # the run's end
+            time.sleep(0.01)
+        took = time.perf_counter() - t_sig
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 30 s after Ctrl-C, {len(list(out.glob('frame_*.png')))} frames written")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    # stopped, saved and summarised within 2 s (the process then exits: interpreter and Vulkan teardown)
+    assert took < 2.0, f"{took:.2f} s from Ctrl-C to summary.json"
+    s = json.loads((out / "summary.json").read_text())
+    assert not s["ok"] and "interrupted" in s["error"]
+    assert s["frames"] <= n_at_signal + 1          # at most the frame being written when the signal came
+    assert len(list(out.glob("frame_*.png"))) == s["frames"]
+    assert not (out / ".lock").exists()            # the run's lock went with it
+    assert load_scene(out / CHECKPOINT_NAME).num_gaussians > 0
+    assert load_scene(out / PLY_NAME).num_gaussians > 0
+
+
 # ---- GPU -----------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @needs_ui

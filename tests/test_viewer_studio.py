@@ -326,6 +326,30 @@ def test_scene_opener_loads_in_the_background_and_reports_errors(tmp_path):
     assert slow.wait(10) is not None
 
 
+def test_scene_opener_names_the_limit_an_spz_bomb_hits(tmp_path):
+    """The viewer's open path (File → open, a dropped file) shows a gzip SPZ that inflates far past its splats
+    (one point, then 300 MB of zeros) as one red line naming the file and the limit it hit, and opens nothing
+    (it opened one invisible splat: "the camera sees no Gaussian"); the line is whole behind a long path (the
+    panel cut it at 120 characters)."""
+    import struct
+    import zlib
+
+    from rigel_core.limits import MAX_SPZ_EXTENSION_BYTES
+
+    deep = tmp_path / ("a_rather_long_folder_name_" * 4) / "captures"
+    deep.mkdir(parents=True)
+    path = deep / "bomb.spz"
+    z = zlib.compressobj(6, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    parts = [z.compress(struct.pack("<IIIBBBB", 0x5053474E, 2, 1, 0, 12, 0, 0) + bytes(19))]
+    parts += [z.compress(bytes(1 << 20)) for _ in range(300)]
+    path.write_bytes(b"".join(parts) + z.flush())
+    op = SceneOpener()
+    assert op.start(path) and op.wait(60) is None
+    limit = 16 + 19 + MAX_SPZ_EXTENSION_BYTES
+    assert op.error.startswith(f"{path}: the gzip stream inflates past {limit:,} bytes") and "\n" not in op.error
+    assert op.error.endswith("a decompression bomb or a corrupt header") and "MAX_SPZ_EXTENSION_BYTES" in op.error
+
+
 def test_one_line():
     assert one_line("a\nb") == "a"
     assert one_line("x" * 200, 20) == "x" * 17 + "..."
@@ -516,6 +540,52 @@ def test_viewer_progressive_starts_small_and_refines_to_full(one_thread):
         v.studio.set_progressive(False)
         v.step()
         assert v.stats.frame_size[0] * v.stats.frame_size[1] <= 320 * 240 * 1.05   # the CPU's automatic scale
+
+
+@needs_viewer
+def test_cli_view_opens_at_a_training_view(tmp_path, capsys, one_thread):
+    """``rigel-viewer SCENE --cameras DATA --view N`` opens at training view N (numbered from 1, as the Camera
+    section shows): the offscreen image is that camera's render of the scene (its own ground truth: make_dataset
+    rendered it), on the object's pixels, and no other view's; before there was no way to open at a training view,
+    and a forward-facing capture opened as a speck. N outside the views, or without cameras, is one line, exit 2,
+    nothing written (with --data: before the run folder is made)."""
+    from PIL import Image
+
+    from rigel_core import render
+    from rigel_core.data import load_dataset, make_dataset
+    from rigel_core.io import load_scene
+    from viewer.cli import main
+
+    data = tmp_path / "data"
+    make_dataset(data, 400, 64, 48, n_train=5, n_test=1, seed=int(np.random.default_rng().integers(1000)),
+                 progress=False, device="cpu")
+    frames, scene = load_dataset(data).train, load_scene(data / "scene.ply")
+    n = int(np.random.default_rng().integers(1, len(frames) + 1))
+    out = tmp_path / "o"
+    assert main([str(data / "scene.ply"), "--cameras", str(data), "--view", str(n), "--offscreen", "--frames", "1",
+                 "--out", str(out), "--size", "64x48", "--render-scale", "1", "--device", "cpu"]) == 0, \
+        capsys.readouterr().err
+    img = np.asarray(Image.open(out / "image.png"), dtype=np.float64)[..., :3] / 255.0
+    agree = []
+    for f in frames:
+        with torch.no_grad():
+            r = render(scene, f.camera)
+        obj = (1.0 - r.final_T).numpy() > 0.5                   # the object's pixels (frustums may cross some)
+        close = np.abs(img - r.image.clamp(0, 1).double().numpy()).max(-1) <= 2.5 / 255
+        agree.append(float(close[obj].mean()))
+    assert agree[n - 1] > 0.6 and max(a for i, a in enumerate(agree) if i != n - 1) < 0.2, (n, agree)
+    capsys.readouterr()
+    for argv, says in (([str(data / "scene.ply"), "--cameras", str(data), "--view", "6"],
+                        f"--view 6: --cameras {data} has 5 training views (--view 1 to 5)"),
+                       (["--data", str(data), "--view", "6", "--iters", "5"],
+                        f"--view 6: --data {data} has 5 training views (--view 1 to 5)"),
+                       ([str(data / "scene.ply"), "--cameras", str(data), "--view", "0"], "--view must be ≥ 1"),
+                       ([str(data / "scene.ply"), "--view", "1"], "--view N opens at a training view: it needs")):
+        bad = tmp_path / "bad"
+        assert main(argv + ["--offscreen", "--out", str(bad), "--device", "cpu"]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err, err
+        assert not bad.exists()
 
 
 @needs_viewer

@@ -1,8 +1,8 @@
 """``rigel-viewer``: look at a Gaussian scene or watch one train, in a window or offscreen.
 
-    rigel-viewer [SCENE] [--cameras DATASET] [--offscreen --frames N --out DIR] [--size 1280x720] [--mode image|alpha|overdraw|
-                 side-by-side|depth] [--device auto|cpu|cuda] [--render-scale S] [--up +z] [--white-bg] [--no-vsync]
-                 [--debug]
+    rigel-viewer [SCENE] [--cameras DATASET [--view N]] [--offscreen --frames N --out DIR] [--size 1280x720]
+                 [--mode image|alpha|overdraw|side-by-side|depth] [--device auto|cpu|cuda] [--render-scale S]
+                 [--up +z] [--white-bg] [--no-vsync] [--debug]
     rigel-viewer --data DIR [--appearance sh|mlp] [--iters N] [--white-bg] [--downscale F] [--max-gaussians N]
                  [--eval-every N] [--device …] [--out RUN] [--paused] [--resume] [--offscreen --frames N --fps F]
                  [--refresh-hz HZ]
@@ -20,8 +20,11 @@ saved scenes, screenshots and videos go to the run folder (or ``--out``) and tak
 exists. The training flags are ``rigel-train``'s (:func:`rigel_core.cli.common.add_training_args`).
 
 ``--cameras DATASET`` draws a dataset's training cameras as frustums in the view of a SCENE (click one to snap
-to it); progressive rendering, opening files (drop / File → open) and editing live in the Studio window
-(:mod:`viewer.studio`).
+to it); ``--view N`` opens at training view N of ``--cameras`` (or of ``--data``) — its pose and intrinsics, numbered
+from 1 as the Camera section shows them ("train view N/M") — rather than at the framing of the whole capture, where
+a forward-facing capture is a speck; an N beyond the views is refused (one line, status 2) before anything opens
+or is written; with ``--offscreen`` the first frame is that view. Progressive rendering, opening files (drop /
+File → open) and editing live in the Studio window (:mod:`viewer.studio`).
 
 ``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
 ``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`); an ``--out``
@@ -53,7 +56,7 @@ import sys
 import time
 from pathlib import Path
 
-from rigel_core.cli.common import add_training_args, path_arg
+from rigel_core.cli.common import add_threads_arg, add_training_args, path_arg, set_threads, threads_problem
 from rigel_core.run_dir import LOG_NAME, out_problem
 
 from .camera_control import UP_AXES
@@ -71,12 +74,6 @@ MAX_SIZE = 16384
 MIN_SLOTS, MAX_SLOTS = 2, 16
 #: --fps: presents per second of the offscreen training loop (below 1 a run of N frames would wait minutes a frame)
 FPS_RANGE = (1.0, 1000.0)
-
-
-def max_threads() -> int:
-    """The most ``--threads`` accepted: 4 × ``os.cpu_count()`` (more only oversubscribes; far more crashes
-    ``torch.set_num_threads``)."""
-    return 4 * (os.cpu_count() or 1)
 
 
 def config_dir() -> Path:
@@ -135,8 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cameras", type=Path, default=None,
                     help="dataset folder or transforms .json whose training cameras are drawn in the scene (click "
                          "one to snap to it; [ ] cycle); images downscaled by --downscale")
-    ap.add_argument("--threads", type=int, default=None, help="PyTorch CPU threads, at most 4 x the CPUs (default: "
-                                                              "PyTorch's choice; 1 is often fastest on a busy machine)")
+    ap.add_argument("--view", type=int, default=None, metavar="N",
+                    help="open at training view N of --cameras (or of --data): its exact pose and intrinsics; 1 to "
+                         "the number of views, numbered as the Camera section shows them ('train view N/M')")
+    add_threads_arg(ap)   # rigel-train's flag, with its bound
     t = ap.add_argument_group("live training (--data; the flags of rigel-train)")
     add_training_args(t, data_required=False, skip=("--white-bg",))
     t.add_argument("--paused", action="store_true", help="open with the training paused (press start)")
@@ -206,8 +205,8 @@ def _start_training(args, settings: ViewSettings, locks: list):
     try:
         overrides = config_overrides(args)
         changes: list = []
-        resume_cfg = (resume_config(ckpt, overrides, changes, kept_settings(args)) if args.resume and ckpt.is_file()
-                      else None)
+        resume_cfg = (resume_config(ckpt, overrides, changes, kept_settings(args), args=args)
+                      if args.resume and ckpt.is_file() else None)
     except (CheckpointError, ValueError) as e:
         raise _Refused(str(e)) from None
     problem = None if resume_cfg is not None else new_run_problem(overrides, args)  # before the dataset loads
@@ -223,8 +222,16 @@ def _start_training(args, settings: ViewSettings, locks: list):
     problem = resumed_data_problem(run_dir, ds, args.data) if resume_cfg is not None else None
     if problem:
         raise _Refused(f"--resume: {run_dir} {problem}")
-    with remembered_warnings(early, prefix="warning: "):
-        trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
+    problem = _view_problem(args.view, len(ds.train), f"--data {args.data}")
+    if problem:   # before the run folder is claimed: nothing written
+        raise _Refused(problem)
+    try:   # a configuration the trainer refuses: one line, status 2, as rigel-train (it was status 1)
+        with remembered_warnings(early, prefix="warning: "):
+            trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
+    except (ValueError, TypeError) as e:   # TypeError: a --set value of the wrong type
+        if isinstance(e, TypeError) and not args.set_fields:
+            raise
+        raise _Refused(str(e)) from None
     try:  # the folder is checked again under the lock: a rigel-train may have finished a run here meanwhile
         if lock.claim(resume=args.resume) is None:
             raise _Refused(RunLock(run_dir).busy_message("rigel process"))
@@ -254,12 +261,11 @@ def _start_training(args, settings: ViewSettings, locks: list):
     return run_dir, session, frames, device
 
 
-def _set_threads(threads: int | None) -> None:
-    """``--threads``: PyTorch's CPU threads (imports torch; after the loading frame where there is one)."""
-    if threads is not None:
-        import torch
-
-        torch.set_num_threads(threads)
+def _view_problem(view: int | None, n: int, what: str) -> str | None:
+    """Why ``--view`` cannot open at one of the ``n`` training views of ``what`` (one line), or None."""
+    if view is not None and view > n:
+        return f"--view {view}: {what} has {n} training view{'s' if n != 1 else ''} (--view 1 to {n})"
+    return None
 
 
 def _input_error():
@@ -290,6 +296,11 @@ def _flag_problem(args) -> str | None:
         return "--cameras is for viewing a SCENE; with --data the dataset's cameras are shown"
     if args.data is not None and args.scene:
         return "give either a SCENE to view or --data DIR to train, not both"
+    if args.view is not None and args.cameras is None and args.data is None:
+        return "--view N opens at a training view: it needs --cameras DATASET (or --data DIR)"
+    if args.view is not None and args.view < 1:
+        return f"--view must be ≥ 1 (training views are numbered from 1, as the Camera section shows), got " \
+               f"{args.view}"
     if args.data is None and args.out is not None:   # frames, screenshots, videos
         problem = out_problem(args.out)
         if problem:
@@ -306,9 +317,7 @@ def _flag_problem(args) -> str | None:
         return f"--refresh-hz must be in [0, {REFRESH_HZ_MAX:g}] (the Training panel's slider), got {args.refresh_hz}"
     if args.frames is not None and args.frames < 1:
         return f"--frames must be >= 1, got {args.frames}"
-    if args.threads is not None and not 1 <= args.threads <= max_threads():
-        return f"--threads must be in [1, {max_threads()}] (4 x the {os.cpu_count() or 1} CPUs), got {args.threads}"
-    return None
+    return threads_problem(args.threads)
 
 
 def main(argv=None) -> int:
@@ -360,7 +369,7 @@ def _main(argv=None) -> int:
 
         early = early_device(args.device)
     if early is None:
-        _set_threads(args.threads)
+        set_threads(args.threads)   # imports torch: after the loading frame, if any
     settings = ViewSettings(mode=dict(MODE_LABELS)[args.mode], render_scale=args.render_scale,
                             white_background=args.white_bg, vsync=not args.no_vsync, up=args.up or "+z",
                             show_panels=not args.no_panels)
@@ -388,7 +397,7 @@ def _main(argv=None) -> int:
                 viewer = Viewer(ModelSlot(), size=args.size, device=early, debug=args.debug, settings=settings,
                                 scene_name=shown, slots=args.slots, ini_path=config_dir() / "imgui.ini")
                 present_loading(viewer, shown, scene_preview(viewer, shown, args.up))
-                _set_threads(args.threads)
+                set_threads(args.threads)   # imports torch: after the loading frame, if any
             if args.scene:
                 model, name = load_scene_file(args.scene), str(args.scene)
                 settings.up = args.up or default_up(args.scene, model)
@@ -402,11 +411,16 @@ def _main(argv=None) -> int:
                     from rigel_core.data import load_dataset
 
                     frames = list(load_dataset(args.cameras, downscale=args.downscale).train)
+                    problem = _view_problem(args.view, len(frames), f"--cameras {args.cameras}")
+                    if problem:
+                        raise _Refused(problem)
                 viewer = Viewer(ModelSlot(model), offscreen=args.offscreen, size=args.size, device=args.device,
                                 debug=args.debug, settings=settings, scene_name=name, slots=args.slots,
                                 frames=frames, ini_path=None if args.offscreen else config_dir() / "imgui.ini")
             if args.out is not None:
                 viewer.screenshot_dir = args.out
+        if args.view is not None:   # the opening view: training view N (--cameras or --data), exactly
+            viewer.snap_to_camera(args.view - 1)
         status = 0
         if args.path is not None:   # the Camera path section (viewer/path_panel.py)
             from .path_panel import open_path, run_offscreen_path

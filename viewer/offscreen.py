@@ -184,7 +184,8 @@ def run_offscreen(viewer, frames: int, out_dir, *, orbit_degrees: float = 360.0)
     viewer.build_ui()   # ImGui sizes auto-resizing panels from one frame's contents: frame 0 is then complete
     t_start = time.perf_counter()
     for i in range(frames):
-        viewer.camera.set_yaw(yaw0 + i * step)
+        if i:   # frame 0 is the opening view as it is (a training view of --view N stays exact: no re-posing)
+            viewer.camera.set_yaw(yaw0 + i * step)
         t0 = time.perf_counter()
         path = out / FRAME_NAME.format(i)
         _capture(viewer, path)
@@ -219,7 +220,8 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     Gaussians, the run folder and the files written there; ``renders``, ``ui_builds``, ``repeats`` and ``held`` over
     the loop (the live refresh cap, :mod:`viewer.app`: a repeat presents the last frame and panels again, a held
     frame was already the one presented and submits nothing), ``loop_fps`` (frames of the loop per second, held ones
-    included). ``ok`` is false when the training failed or ``timeout_s`` passed.
+    included). ``ok`` is false when the training failed, ``timeout_s`` passed or a Ctrl-C / SIGTERM came (checked
+    before every frame: the loop ends at once, the run saved).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -240,12 +242,23 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
     error = None
     interrupted = False
     k = 0
+
+    def stopped() -> str | None:
+        """Why the loop must end now (Ctrl-C / SIGTERM, the timeout), or None: asked before every frame, the
+        catch-up frames included (a training ahead of its marks kept the loop capturing, and training, after a
+        Ctrl-C)."""
+        if getattr(viewer, "interrupted", False):
+            return f"interrupted (Ctrl-C) at iteration {state.iteration} of {goal}; the run was saved"
+        if timeout_s is not None and time.perf_counter() - t_start > timeout_s:
+            return f"timed out after {timeout_s} s at iteration {state.iteration} of {goal}"
+        return None
+
     while True:
         t0 = time.perf_counter()
         viewer.step()
         done = state.status in ("finished", "failed", "stopped")
         # the last frame waits for the end (status, final evaluation in the panels), not only its iteration
-        while k < frames and (done or (k < frames - 1 and state.iteration >= marks[k])):
+        while k < frames and (done or (k < frames - 1 and state.iteration >= marks[k])) and stopped() is None:
             viewer.camera.set_yaw(yaw0 + math.radians(orbit_degrees) * (k + 1) / frames)
             path = out / FRAME_NAME.format(first + k)
             _capture(viewer, path)
@@ -256,11 +269,9 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
             k += 1
         if done and k >= frames:
             break
-        if getattr(viewer, "interrupted", False):
-            interrupted = True   # said once the session has stopped: at the iteration it stopped at
-            break
-        if timeout_s is not None and time.perf_counter() - t_start > timeout_s:
-            error = f"timed out after {timeout_s} s at iteration {state.iteration} of {goal}"
+        error = stopped()
+        if error is not None:
+            interrupted = getattr(viewer, "interrupted", False)  # said once the session has stopped: its iteration
             break
         rest = 1.0 / max_fps - (time.perf_counter() - t0)
         if rest > 0:

@@ -14,6 +14,9 @@ import time
 __all__ = ["SceneOpener", "Opened", "draw_open_section", "one_line"]
 
 SPINNER = "|/-\\"
+#: the longest error line shown (characters; the panel wraps it): a loader's message names the file, then the
+#: problem and any limit it hit, which a cut at 120 lost behind a long path
+ERROR_LIMIT = 400
 
 
 def one_line(text: str, limit: int = 120) -> str:
@@ -82,8 +85,8 @@ class SceneOpener:
             return None
         self._job = None
         self.loading_path = None
-        if job.error:
-            self.error = one_line(job.error.split(": ", 1)[1] if ": " in job.error else job.error)
+        if job.error:   # the loader's whole line (it names the file, the problem and any limit hit; wrapped)
+            self.error = one_line(job.error.split(": ", 1)[1] if ": " in job.error else job.error, ERROR_LIMIT)
             return None
         return job.result
 

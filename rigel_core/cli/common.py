@@ -11,6 +11,8 @@ import argparse
 import contextlib
 import json
 import math
+import os
+import re
 import sys
 import warnings
 from pathlib import Path
@@ -18,8 +20,45 @@ from pathlib import Path
 from ..render_modes import RENDER_MODES
 from ..run_dir import CHECKPOINT_NAME
 
-__all__ = ["add_training_args", "config_overrides", "resume_config", "changed_settings_line", "build_trainer", "new_config", "load_training_data",
-           "device_problem"]
+__all__ = ["add_training_args", "config_overrides", "resume_config", "changed_settings_line", "build_trainer",
+           "new_config", "load_training_data", "device_problem", "add_threads_arg", "max_threads", "threads_problem",
+           "set_threads", "FLAG_FIELDS", "flag_words"]
+
+#: the TrainConfig fields a flag of :func:`add_training_args` sets, and the flag (its argparse ``dest``: the name
+#: without the dashes, ``-`` as ``_``): :func:`config_overrides` reads them, and :func:`flag_words` names a refused
+#: value by the flag the user gave ("--iters must be > 0", not "TrainConfig.iterations must be > 0")
+FLAG_FIELDS = {"iterations": "--iters", "max_gaussians": "--max-gaussians", "eval_every": "--eval-every",
+               "seed": "--seed", "init_points": "--init-points", "exposure": "--exposure",
+               "init_background_points": "--init-background", "position_lr_max_steps": "--position-lr-max-steps",
+               "render_mode": "--render-mode", "strategy": "--strategy", "batch_size": "--batch-size"}
+#: the same for the settings a new run takes from flags and a resumed run keeps (:func:`new_config`,
+#: :func:`kept_settings`)
+KEPT_FLAGS = {"sh_degree": "--sh-degree", "appearance": "--appearance"}
+
+
+def _dest(flag: str) -> str:
+    """argparse's attribute name of ``flag`` ("--max-gaussians" → "max_gaussians")."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def flag_words(message: str, args) -> str:
+    """``message`` (a refusal of :class:`~rigel_core.train.TrainConfig`, which names its fields as
+    ``TrainConfig.<field>``) with each field that the command line ``args`` set named as the user set it: by its
+    flag (``--iters must be > 0, got -5``) or as ``--set <field>``. Fields the command line did not set keep their
+    ``TrainConfig.`` name (a resumed checkpoint's value, a default)."""
+    set_fields = {item.partition("=")[0].strip() for item in getattr(args, "set_fields", None) or ()}
+    flags = {**FLAG_FIELDS, **KEPT_FLAGS}
+
+    def named(m):
+        field, rest = m.group(1), m.group(2) or ""
+        if field in set_fields:   # --set wins over the flags (config_overrides)
+            return f"--set {field}{rest}"
+        flag = flags.get(field)
+        if flag is not None and getattr(args, _dest(flag), None) is not None:
+            return flag + rest.replace(" or None", "")   # a flag's None is its absence: not a value to give
+        return m.group(0)
+
+    return re.sub(r"TrainConfig\.(\w+)( must be [^,]*)?", named, message)
 
 
 def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
@@ -74,6 +113,35 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
         help="held-out evaluation interval (0 = only at the end)")
     add("--seed", type=int, default=None, help="random seed")
     add("--resume", action="store_true", help=f"continue from RUN/{CHECKPOINT_NAME}")
+
+
+def max_threads() -> int:
+    """The most ``--threads`` accepted: 4 × ``os.cpu_count()`` (more only oversubscribes; far more crashes
+    ``torch.set_num_threads``)."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def add_threads_arg(p) -> None:
+    """``--threads N`` (PyTorch's CPU threads) on parser ``p``: rigel-train's and rigel-viewer's, one flag, one
+    bound (:func:`threads_problem`)."""
+    p.add_argument("--threads", type=int, default=None,
+                   help="PyTorch CPU threads, at most 4 x the CPUs (default: PyTorch's choice, one per core; 1 is "
+                        "often fastest on a busy machine, and two CPU runs at once each need a share of the cores)")
+
+
+def threads_problem(threads: int | None) -> str | None:
+    """Why ``--threads`` cannot be used (one line naming the flag and its bounds), or None (also when not given)."""
+    if threads is not None and not 1 <= threads <= max_threads():
+        return f"--threads must be in [1, {max_threads()}] (4 x the {os.cpu_count() or 1} CPUs), got {threads}"
+    return None
+
+
+def set_threads(threads: int | None) -> None:
+    """``--threads``: ``torch.set_num_threads`` (imports torch), nothing when not given."""
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def downscale_arg(text: str) -> float:
@@ -197,13 +265,7 @@ def _parse_set_fields(items: list[str]) -> dict:
 def config_overrides(args: argparse.Namespace) -> dict:
     """The TrainConfig fields the command line sets (absent flags leave the default, or a resumed run's value);
     ``--set`` wins. Raises ValueError for a bad ``--set``."""
-    out = {k: v for k, v in {"iterations": args.iters, "max_gaussians": args.max_gaussians,
-                             "eval_every": args.eval_every, "seed": args.seed,
-                             "init_points": args.init_points, "exposure": args.exposure,
-                             "init_background_points": args.init_background,
-                             "position_lr_max_steps": args.position_lr_max_steps,
-                             "render_mode": args.render_mode, "strategy": args.strategy,
-                             "batch_size": args.batch_size}.items() if v is not None}
+    out = {field: v for field, flag in FLAG_FIELDS.items() if (v := getattr(args, _dest(flag))) is not None}
     out.update(_parse_set_fields(args.set_fields))
     # --max-gaussians N (or --set max_gaussians=N) is also the budget when "auto" picks MCMC (an SfM capture)
     if out.get("max_gaussians") is not None and out.get("strategy", "auto") == "auto" \
@@ -224,7 +286,7 @@ def new_run_problem(overrides: dict, args=None) -> str | None:
         try:
             new_config(args, overrides)
         except (ValueError, TypeError) as e:
-            return str(e)
+            return flag_words(str(e), args)
     return None
 
 
@@ -242,13 +304,14 @@ def kept_settings(args: argparse.Namespace) -> dict:
     return {"sh_degree": args.sh_degree, "appearance": args.appearance}
 
 
-def resume_config(ckpt: Path, overrides: dict, changes: list | None = None, kept: dict | None = None):
+def resume_config(ckpt: Path, overrides: dict, changes: list | None = None, kept: dict | None = None, args=None):
     """The TrainConfig of the checkpoint ``ckpt`` with ``overrides``, validated completely before anything loads.
     Raises CheckpointError (naming the file and field) or ValueError (the overrides make it invalid, or ask for
     fewer iterations than the checkpoint has done). ``changes``, when given, receives one ``"key saved -> new"``
     string per setting the overrides change (the command line prints them, so that no saved setting is replaced
     silently). ``kept`` (:func:`kept_settings`): settings the model's layout fixes; one given and unlike the
-    checkpoint's raises ValueError (it was ignored without a word)."""
+    checkpoint's raises ValueError (it was ignored without a word). ``args``, when given: the command line that
+    made ``overrides``, whose flags the refusal of an invalid value names (:func:`flag_words`)."""
     from ..checkpoint import read_checkpoint, validate_checkpoint
     from ..train import TrainConfig
 
@@ -269,7 +332,8 @@ def resume_config(ckpt: Path, overrides: dict, changes: list | None = None, kept
     try:
         cfg.validate()
     except ValueError as e:
-        raise ValueError(f"{ckpt}: config with the command line's overrides: {e}") from None
+        raise ValueError(f"{ckpt}: config with the command line's overrides: "
+                         f"{e if args is None else flag_words(str(e), args)}") from None
     done = int(meta["iteration"])
     if cfg.iterations < done:  # its next save would be a checkpoint every later --resume refuses
         raise ValueError(f"{ckpt}: --iters {cfg.iterations} is below the run's iteration {done}; give --iters "
@@ -328,13 +392,20 @@ def build_trainer(args: argparse.Namespace, dataset, device: str, *, resume_cfg=
                   overrides: dict | None = None):
     """The Trainer: resumed from ``ckpt`` with ``resume_cfg`` (:func:`resume_config`) when given, else new with
     ``--sh-degree``, ``--appearance`` and the overrides (:func:`config_overrides`). Raises ValueError / TypeError
-    (a ``--set`` value of the wrong type) for a configuration the trainer refuses."""
+    (a ``--set`` value of the wrong type) for a configuration the trainer refuses, naming the flags the command
+    line gave (:func:`flag_words`)."""
     from ..train import Trainer
 
-    if resume_cfg is not None:
-        return Trainer.from_checkpoint(ckpt, dataset, device=device, config=resume_cfg)
-    overrides = config_overrides(args) if overrides is None else overrides
-    return Trainer(dataset, new_config(args, overrides), device=device)
+    try:
+        if resume_cfg is not None:
+            return Trainer.from_checkpoint(ckpt, dataset, device=device, config=resume_cfg)
+        overrides = config_overrides(args) if overrides is None else overrides
+        return Trainer(dataset, new_config(args, overrides), device=device)
+    except (ValueError, TypeError) as e:
+        worded = flag_words(str(e), args)
+        if type(e) not in (ValueError, TypeError) or worded == str(e):   # a DatasetError, …: as it was
+            raise
+        raise type(e)(worded) from None
 
 
 def new_config(args, overrides: dict):

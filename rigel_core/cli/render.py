@@ -1,4 +1,5 @@
-"""``rigel-render``: render a scene from every camera of a Blender or instant-ngp transforms file to PNGs.
+"""``rigel-render``: render a scene from every camera of a Blender or instant-ngp transforms file, or a COLMAP
+dataset, to PNGs.
 
     rigel-render SCENE --cameras TRANSFORMS_JSON [--split train|test] --out DIR
                  [--width W --height H] [--background R,G,B] [--device cpu|cuda] [--max-image-size N]
@@ -7,19 +8,23 @@
 
 SCENE is any file :func:`rigel_core.io.load_scene` reads (graphdeco PLY, compressed PLY, SPZ), or ``default``
 for the bundled procedural scene. ``--cameras`` is a transforms ``.json`` file or a dataset directory
-(Blender: ``transforms_<split>.json``; else ``transforms.json``). The images it names need not exist: the
+(Blender: ``transforms_<split>.json``; else ``transforms.json``; else a COLMAP model, ``sparse/0`` or ``sparse``,
+as rigel-train and the viewer read it). The images it names need not exist: the
 size comes from the file's ``w``/``h``, else from an image that does exist, else from ``--width/--height``.
+A COLMAP dataset gives the pinhole cameras rigel-train trains on (its lens distortion is removed from the images
+at load, so that the views rendered here match the undistorted photos), named as rigel-train names them, at the
+size its model declares.
 ``--width``/``--height`` otherwise rescale the intrinsics to a new size (one of them alone keeps the aspect
-ratio). ``--split`` with a single instant-ngp file renders that split of the every-8th hold-out used by
-:func:`rigel_core.data.load_dataset`. Output: ``DIR/<frame name>.png`` (8-bit RGB, composited onto the
-background; ``--alpha`` writes RGBA with alpha = 1 − final_T instead).
+ratio). ``--split`` with a single instant-ngp file or a COLMAP dataset renders that split of the every-8th
+hold-out used by :func:`rigel_core.data.load_dataset`. Output: ``DIR/<frame name>.png`` (8-bit RGB, composited
+onto the background; ``--alpha`` writes RGBA with alpha = 1 − final_T instead).
 ``--depth`` also writes, from the same rasterization pass, the expected depth (``--depth median``: the median
 depth) of each view as ``DIR/<frame name>.depth.png`` (16-bit greyscale, 0 = no depth, else scaled linearly to
 [near, far]; the scale is in the PNG's text chunks, see :mod:`rigel_core.depth_image`) and
 ``DIR/<frame name>.depth.npy`` (float32 (H, W), world units, 0 = no depth). [near, far] is ``--depth-range`` when
 given (depths outside are clipped), else each view's own min and max depth. Existing files of those names (the
-PNGs, and with ``--depth`` the depth files) are never replaced (exit 1 before anything is rendered) unless
-``--force``.
+PNGs, and with ``--depth`` the depth files) are never replaced (exit 2 before anything is rendered, as
+rigel-convert and rigel-import-colmap) unless ``--force``.
 Image sizes (from the cameras file or ``--width/--height``) are capped at
 :data:`rigel_core.limits.MAX_IMAGE_SIDE` pixels per side and :data:`~rigel_core.limits.MAX_IMAGE_PIXELS` in all;
 ``--max-image-size N`` raises the caps to N per side and N² in all (up to
@@ -28,7 +33,7 @@ Image sizes (from the cameras file or ``--width/--height``) are capped at
 With ``--path`` (a camera path: rigel's JSON or nerfstudio's ``camera_path.json``, see
 :mod:`rigel_core.camera_path`) the path is rendered to one video instead (:mod:`rigel_core.render_video`: MP4
 through imageio-ffmpeg, else GIF; written atomically; an existing file is kept unless ``--force``).
-Exit status 0 on success, 2 for bad arguments or input files (1 for a refused overwrite, 130 after Ctrl-C).
+Exit status 0 on success, 2 for bad arguments, input files or a refused overwrite, 130 after Ctrl-C.
 (Without ``--path``: 1 when a valid scene or image is too large for the machine's memory, one line.)
 """
 from __future__ import annotations
@@ -66,6 +71,7 @@ def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | Non
     Raises rigel_core.data.DatasetError naming the file when it cannot be used (including a size above
     ``max_image_size`` per side or its square in all).
     """
+    from ..data.dataset import detect_format
     from ..data.frames import DatasetError, held_out_split, with_unique_names
     from ..data.transforms import read_transforms, warn_missing
 
@@ -77,6 +83,8 @@ def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | Non
             p = cand
         elif (p / "transforms.json").is_file():
             p, held_out = p / "transforms.json", split is not None
+        elif detect_format(p)[0] == "colmap":   # raises naming what it looked for when nothing is there
+            return _colmap_cameras(p, split, max_image_size)
         else:
             raise DatasetError(f"{p}: no transforms_{split or 'train'}.json or transforms.json in this directory")
     elif p.name == "transforms.json" or not p.name.startswith("transforms_"):
@@ -98,6 +106,36 @@ def resolve_cameras(cameras: str, split: str | None, size: tuple[int, int] | Non
     else:
         specs = with_unique_names(specs)   # the names rigel-train's loader gives the same frames
     return [s.camera for s in specs], [s.name for s in specs], p   # distinct: with_unique_names
+
+
+def _colmap_cameras(root: Path, split: str | None, max_image_size: int):
+    """:func:`resolve_cameras` of a COLMAP dataset folder: the undistorted pinhole cameras rigel-train's loader
+    trains on (:func:`rigel_core.data.colmap.read_colmap_frames`; undistortion keeps the intrinsics), named as it
+    names them, at the size the model declares. ``split``: the every-8th hold-out of the images found in
+    ``images/`` (rigel-train's default ``--test-every``), as the loader splits them; without images, of all the
+    registered ones; None: every registered image."""
+    from ..data.colmap import read_colmap_frames
+    from ..data.frames import DatasetError, split_every, with_unique_names
+    from ..data.transforms import warn_missing
+
+    sparse, _, specs, missing, total = read_colmap_frames(root, require_images=False)
+    if split is not None:
+        imaged = [s for s in specs if s.image_path is not None]
+        if imaged:   # the loader drops the images it cannot find before it splits (the same views held out)
+            warn_missing(root / "images", missing, total)
+            specs = imaged
+    if not specs:
+        raise DatasetError(f"{sparse}: no registered image")
+    specs = with_unique_names(specs)
+    if split is not None:
+        train, test = split_every(specs, 8)
+        specs = train if split == "train" else test
+    for s in specs:
+        problem = check_image_size(s.camera.width, s.camera.height, max_side=max_image_size,
+                                   max_pixels=max_image_size * max_image_size)
+        if problem:
+            raise DatasetError(sparse, f"image {s.name}: {problem} (--max-image-size raises it)")
+    return [s.camera for s in specs], [s.name for s in specs], sparse
 
 
 def _resized(cam, width: int | None, height: int | None, cap: int, cam_file, name: str):
@@ -182,9 +220,11 @@ def _main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="rigel-render", description=__doc__.split("\n\n")[0])
     ap.add_argument("scene",
                     help="scene file (.ply, .compressed.ply, .spz, .splat) or 'default' for the bundled scene")
-    ap.add_argument("--cameras", type=path_arg, help="transforms .json file (Blender or instant-ngp) or directory")
+    ap.add_argument("--cameras", type=path_arg, help="transforms .json file (Blender or instant-ngp) or dataset "
+                                                     "directory (Blender, instant-ngp or COLMAP)")
     ap.add_argument("--split", choices=("train", "test"), default=None,
-                    help="Blender: which transforms_<split>.json of a directory; instant-ngp: every-8th hold-out")
+                    help="Blender: which transforms_<split>.json of a directory; instant-ngp, COLMAP: every-8th "
+                         "hold-out")
     ap.add_argument("--out", type=path_arg, help="output directory for <frame>.png")
     ap.add_argument("--width", type=int, default=None, help="image width (default: from the cameras file)")
     ap.add_argument("--height", type=int, default=None, help="image height (default: from the cameras file)")
@@ -280,7 +320,7 @@ def _main(argv=None) -> int:
             more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
             print(f"rigel-render: error: {existing[0]} exists{more} (use --force to replace the rendered files)",
                   file=sys.stderr)
-            return 1
+            return 2
     bg = torch.tensor(args.background, dtype=model.dtype, device=model.device)
     for cam, name in zip(tqdm(cams, desc=f"rendering {len(cams)} views", unit="view"), names):
         try:

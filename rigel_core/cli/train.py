@@ -6,6 +6,7 @@
                 [--init-points N] [--sh-degree D] [--test-every N] [--checkpoint-every N] [--n-renders K]
                 [--exposure] [--init-background N|auto] [--position-lr-max-steps N] [--render-mode default|mip]
                 [--strategy default|mcmc] [--set FIELD=VALUE ...] [--batch-size B] [--gpus N] [--dist-check-every K]
+                [--threads N]
 
 ``DIR`` is any dataset :func:`rigel_core.data.load_dataset` reads (Blender ``transforms_{train,test}.json``,
 instant-ngp, COLMAP). Writes into ``RUN``:
@@ -49,6 +50,9 @@ still ends at SIGTERM, the launcher's way to stop a stuck rank). Exit
 status 0 on success, 2 for bad arguments, an unreadable dataset, a damaged checkpoint, an ``--out`` that cannot be
 written or one another ``rigel-train`` is using.
 
+``--threads N`` sets PyTorch's CPU threads (1 to 4 × the CPUs, as ``rigel-viewer --threads``; default one per core):
+two CPU runs at once, each with a thread per core, slow each other many times over.
+
 Batches and several processes (docs/TRAINING.md, "Batches and multi-GPU training"; :mod:`rigel_core.train.distributed`):
 ``--batch-size B`` renders B views per step and process (``TrainConfig.batch_size``); ``--gpus N`` runs N processes
 of this host (one GPU each, NCCL; with ``--device cpu`` N CPU processes over gloo), and the same runs under
@@ -58,8 +62,9 @@ state. ``--resume`` works with another N (the checkpoint holds global state).
 
 Before training starts nothing is written into ``RUN``: ``--out`` is checked for writability before the dataset
 loads, a ``--resume`` checkpoint is validated completely (:func:`rigel_core.checkpoint.validate_checkpoint`),
-and only then is ``RUN`` created, locked (``RUN/.lock``, ``fcntl.flock``, held until exit) and cleared of the
-temporary files of interrupted atomic writes (:func:`rigel_core.atomic.remove_stale_temp_files`, logged).
+and only then is ``RUN`` created, locked (``RUN/.lock``, ``fcntl.flock``, held until exit, then removed) and
+cleared of the temporary files of interrupted atomic writes (:func:`rigel_core.atomic.remove_stale_temp_files`,
+logged).
 """
 from __future__ import annotations
 
@@ -78,6 +83,7 @@ from ..train.run import RunHooks, TrainingRun
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
     kept_settings, load_training_data, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
     remembered_warnings, resume_config, resumed_data_problem, whole_number_arg
+from .common import add_threads_arg, set_threads, threads_problem
 
 __all__ = ["main", "build_parser"]
 
@@ -95,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="held-out views saved as PNG at each evaluation")
     p.add_argument("--device", choices=["cuda", "cpu"], default=None, help="default: cuda when usable")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_threads_arg(p)   # rigel-viewer's flag, with its bound
     # data-parallel training (rigel_core/train/distributed.py; issue 16)
     p.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="train on N GPUs of this host, one process each (NCCL); with --device cpu, N CPU processes "
@@ -165,6 +172,11 @@ def _run(argv: list) -> int:
     from ..train.distributed import RankLost, RanksDiverged, env_world_size
 
     world = env_world_size()
+    problem = threads_problem(args.threads)
+    if problem:
+        print(f"rigel-train: {problem}", file=sys.stderr)
+        return 2
+    set_threads(args.threads)
     if args.gpus is not None and args.gpus < 1:
         print(f"rigel-train: --gpus must be ≥ 1, got {args.gpus}", file=sys.stderr)
         return 2
@@ -275,7 +287,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
         from ..checkpoint import CheckpointError
 
         try:
-            resume_cfg = resume_config(ckpt, overrides, changes, kept_settings(args))
+            resume_cfg = resume_config(ckpt, overrides, changes, kept_settings(args), args=args)
         except (CheckpointError, ValueError) as e:
             print(f"rigel-train: {e}", file=sys.stderr)
             return 2

@@ -33,13 +33,19 @@ from .images import find_mask
 from .transforms import frame_name, unusable_points, warn_missing, warn_unmasked
 from .undistort import Distortion, fisheye_lens, opencv_lens
 
-__all__ = ["load_colmap", "find_sparse_dir"]
+__all__ = ["load_colmap", "read_colmap_frames", "find_sparse_dir"]
 
 PINHOLE_MODELS = ("PINHOLE", "SIMPLE_PINHOLE")
 
 
 def find_sparse_dir(root: Path) -> Path:
-    """``root/sparse/0`` or ``root/sparse`` (whichever holds ``cameras.bin`` or ``cameras.txt``)."""
+    """``root/sparse/0`` or ``root/sparse`` (whichever holds ``cameras.bin`` or ``cameras.txt``). DatasetError
+    naming ``root`` otherwise: missing ("no such directory"), a file, or a folder without a model."""
+    root = Path(root)
+    if not root.exists():
+        raise DatasetError(f"{root}: no such directory")
+    if not root.is_dir():
+        raise DatasetError(f"{root}: not a directory (a COLMAP dataset is a folder holding sparse/0 or sparse)")
     for sub in ("sparse/0", "sparse"):
         d = Path(root) / sub
         if any((d / f"cameras.{ext}").is_file() for ext in ("bin", "txt")):
@@ -113,16 +119,25 @@ def _colmap_distortion(model_name: str, params, width: int, height: int) -> Dist
                       int(height), profile)
 
 
-def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None, test_every=8,
-                alpha_as_mask=False) -> Dataset:
-    """A COLMAP dataset directory (``images/`` + ``sparse/0``); see the module docstring.
+def read_colmap_frames(root, *, require_images: bool = True):
+    """The registered images of the COLMAP dataset ``root`` as frame specs, sorted by image name, before any image
+    is read (``load_colmap`` and ``rigel-render --cameras``).
 
-    Images sorted by name; every ``test_every``-th (indices 0, N, 2N, …) is held out (3DGS llffhold).
-    Raises DatasetError naming the path for an unreadable model or no usable image; ImportError without pycolmap.
+    Args:
+        root: the dataset directory (``sparse/0`` or ``sparse``, images in ``root/images``).
+        require_images: skip the images whose file is not in ``root/images`` (listed in ``missing``); with False
+            they are kept with ``image_path=None`` (their camera alone).
+    Returns:
+        (sparse, rec, specs, missing, total): the model folder, the pycolmap Reconstruction, the
+        :class:`FrameSpec` list (pinhole camera of the declared size, lens, mask file), the names of the images not
+        found, and how many images are registered.
+    Raises:
+        DatasetError naming the path (no such folder, no or an unreadable model, a camera it refuses);
+        ImportError without pycolmap.
     """
-    pycolmap = _import_pycolmap()
     root = Path(root)
     sparse = find_sparse_dir(root)
+    pycolmap = _import_pycolmap()
     check_colmap_model(sparse)  # counts, sizes, camera models and numbers, before pycolmap trusts them
     try:
         rec = pycolmap.Reconstruction(str(sparse))
@@ -138,7 +153,9 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
         path = images_dir / image.name
         if not path.is_file():
             missing.append(image.name)
-            continue
+            if require_images:
+                continue
+            path = None
         cam = rec.cameras[image.camera_id]
         model = cam.model_name
         try:
@@ -150,8 +167,21 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
         except ValueError as e:
             raise DatasetError(f"{sparse}: image {image.name} (camera {image.camera_id}, {model}): {e}") from e
         specs.append(FrameSpec(pin, path, pin.name, dist, mask_path=find_mask(masks_dir, image.name)))
+    return sparse, rec, specs, missing, total
+
+
+def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None, test_every=8,
+                alpha_as_mask=False) -> Dataset:
+    """A COLMAP dataset directory (``images/`` + ``sparse/0``); see the module docstring.
+
+    Images sorted by name; every ``test_every``-th (indices 0, N, 2N, …) is held out (3DGS llffhold).
+    Raises DatasetError naming the path for an unreadable model or no usable image; ImportError without pycolmap.
+    """
+    root = Path(root)
+    sparse, rec, specs, missing, total = read_colmap_frames(root)
+    images_dir = root / "images"
     warn_missing(images_dir, missing, total)
-    warn_unmasked(masks_dir, specs)
+    warn_unmasked(root / "masks", specs)
     if not specs:
         raise DatasetError(f"{sparse}: none of its {total} registered images was found in {images_dir}")
     points = colors = None

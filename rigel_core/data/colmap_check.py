@@ -31,7 +31,7 @@ import struct
 from pathlib import Path
 
 from ..limits import (MAX_COLMAP_CAMERAS, MAX_DATASET_FRAMES, MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, MAX_PATH_LENGTH,
-                      check_image_size)
+                      check_image_size, focal_length_problem)
 from .frames import DatasetError
 
 __all__ = ["check_colmap_model", "COLMAP_MODELS", "SUPPORTED_MODELS", "model_files"]
@@ -118,6 +118,10 @@ def _check_camera_numbers(path, where: str, model: str, width: int, height: int,
     for i, label in zip(focal, labels):
         if not (math.isfinite(params[i]) and params[i] > 0):
             raise DatasetError(path, f"{where} ({model}): focal length {label} = {params[i]} must be finite and > 0")
+    for i, label, side in ((focal[0], labels[0], width), (focal[-1], labels[-1], height)):   # one f: both axes
+        problem = focal_length_problem(params[i], side)
+        if problem:
+            raise DatasetError(path, f"{where} ({model}): focal length {label}: {problem}")
     for i, label in enumerate(("cx", "cy")):
         if not math.isfinite(params[centre[i]]):
             raise DatasetError(path, f"{where} ({model}): principal point {label} = {params[centre[i]]} "

@@ -147,8 +147,8 @@ def colmap_to_transforms(src, dst, *, images: str = "reference", images_dir: str
     out_json = dst / "transforms.json"
     if out_json.exists() and not force:
         raise FileExistsError(f"{out_json}: already exists (use --force to replace it)")
+    sparse = find_sparse_dir(src)   # a missing SRC is said as such, pycolmap installed or not
     pycolmap = _import_pycolmap()
-    sparse = find_sparse_dir(src)
     check_colmap_model(sparse)  # the loader's pre-check: counts, sizes and camera models before pycolmap reads them
     try:
         rec = pycolmap.Reconstruction(str(sparse))

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..camera import Camera, check_fov
 from ..limits import (MAX_DATASET_FRAMES, MAX_IMAGE_SIDE, MAX_JSON_BYTES, MAX_JSON_DEPTH, MAX_NAME_BYTES,
-                      MAX_PATH_LENGTH, check_image_size)
+                      MAX_PATH_LENGTH, check_image_size, focal_length_problem)
 from .frames import DatasetError, FrameSpec
 from .images import IMAGE_EXTENSIONS, find_mask, image_size, names_folder, resolve_image_path
 from .undistort import FISHEYE_KEYS, OPENCV_KEYS, fisheye_lens, opencv_lens
@@ -286,10 +286,12 @@ def _frame_spec(meta: dict, frame: dict, img: Path | None, name: str, size, max_
         if "fl_x" in d or "camera_angle_x" in d:
             fx = _finite(d, "fl_x") if "fl_x" in d else 0.5 * w / math.tan(0.5 * check_fov("camera_angle_x",
                                                                                             number(d, "camera_angle_x")))
+            key_x = key_y = "fl_x" if "fl_x" in d else "camera_angle_x"   # the field a refusal names
             if "fl_y" in d:
-                fy = _finite(d, "fl_y")
+                fy, key_y = _finite(d, "fl_y"), "fl_y"
             elif "camera_angle_y" in d:
                 fy = 0.5 * h / math.tan(0.5 * check_fov("camera_angle_y", number(d, "camera_angle_y")))
+                key_y = "camera_angle_y"
             break
     if fx is None:
         raise ValueError("no focal length: needs 'fl_x' or 'camera_angle_x'")
@@ -297,6 +299,10 @@ def _frame_spec(meta: dict, frame: dict, img: Path | None, name: str, size, max_
     for key, v in (("fl_x", fx), ("fl_y", fy)):
         if not v > 0:
             raise ValueError(f"'{key}' (focal length) must be > 0, got {v}")
+    for key, v, side in ((key_x, fx, w), (key_y, fy, h)):   # absurd intrinsics (docs/RELIABILITY.md)
+        problem = focal_length_problem(v, side)
+        if problem:
+            raise ValueError(f"'{key}': {problem}")
     cx = w / 2.0 if _level(frame, meta, "cx") is None else _finite(_level(frame, meta, "cx"), "cx")
     cy = h / 2.0 if _level(frame, meta, "cy") is None else _finite(_level(frame, meta, "cy"), "cy")
     c2w = _matrix(frame["transform_matrix"])

@@ -39,7 +39,9 @@ released) is rejected. Every size is checked against the file before anything is
 the header's point count must fit the compressed data (deflate expands at most ~1032×, and v4 declares every
 stream's sizes) and :data:`~rigel_core.limits.MAX_SPZ_POINTS`. A gzip stream is inflated twice in bounded chunks
 (``zlib.decompressobj`` with ``max_length``, :data:`INFLATE_CHUNK`): first keeping nothing, to check it holds
-exactly the bytes the header implies, then decoding attribute by attribute, :data:`DECODE_CHUNK` points at a
+exactly the bytes the header implies (and at most :data:`~rigel_core.limits.MAX_SPZ_EXTENSION_BYTES` more, of
+extension records or trailing data: a stream that inflates past that is refused, naming the limit, and is inflated
+no further), then decoding attribute by attribute, :data:`DECODE_CHUNK` points at a
 time, straight into the output arrays — so memory is the model itself plus bounded chunks, whatever the header
 claims (docs/RELIABILITY.md).
 """
@@ -247,21 +249,28 @@ def _read_legacy(path, raw: bytes):
         raise SpzFormatError(path, f"header claims {n} points ({total} bytes), more than {len(raw)} bytes of gzip "
                                    f"data can hold: corrupt header")
     has_ext = bool(flags & _FLAG_EXTENSIONS)
-    # Extension records (flag 0x2) precede the attributes; their total size is whatever is left over.
-    slack = MAX_SPZ_EXTENSION_BYTES if has_ext else 0
+    # Extension records (flag 0x2) precede the attributes; their total size is whatever is left over. With them or
+    # without (bytes after the splats), at most MAX_SPZ_EXTENSION_BYTES beyond the attributes are accepted: the
+    # stream is inflated no further, and one that goes on is refused naming that limit (a small header before
+    # 300 MB of zeros loaded as one invisible splat, "the camera sees no Gaussian" in the viewer).
+    slack = MAX_SPZ_EXTENSION_BYTES
     held = src.count(payload + slack + 1)  # pass 1: one byte past the most that is accepted
     if held < payload:
         raise SpzFormatError(path, f"the data holds {held} bytes after the header; {n} points need {payload}: "
                                    f"truncated file")
     extra = held - payload
+    if extra > slack:
+        limit = _LEGACY_HEADER.size + payload + slack
+        what = "the gzip stream inflates past" if gz else "the file holds more than"
+        raise SpzFormatError(path, f"{what} {limit:,} bytes, the limit for its header's {n:,} point"
+                                   f"{'' if n == 1 else 's'} and {slack >> 20} MiB of "
+                                   f"{'extension records' if has_ext else 'trailing data'} (MAX_SPZ_EXTENSION_BYTES): "
+                                   "a decompression bomb or a corrupt header")
     if has_ext:
-        if extra > slack:
-            raise SpzFormatError(path, "more than 1 MiB of extension records: corrupt file")
         if extra:
             warnings.warn(f"{path}: SPZ extension records ({extra} bytes) are ignored", SceneWarning, stacklevel=3)
     elif extra:
-        more = "or more " if gz else ""  # a gzip stream is only inflated one byte past the expected size
-        warnings.warn(f"{path}: {extra} {more}unexpected bytes after the splat data are ignored", SceneWarning,
+        warnings.warn(f"{path}: {extra} unexpected bytes after the splat data are ignored", SceneWarning,
                       stacklevel=3)
     src = _Source(path, raw, gz)  # pass 2
     src.read(_LEGACY_HEADER.size + (extra if has_ext else 0), "header")
