@@ -575,6 +575,41 @@ def test_random_init_points_are_seen_by_the_cameras(rng):
     assert (box >= torch.tensor([1, 2, 3])).all() and (box <= torch.tensor([1.5, 2.5, 3.5])).all()
 
 
+def test_random_init_points_along_rays_reach_a_scene_in_front_of_forward_facing_cameras(rng):
+    """A forward-facing rig (cameras on a small grid, all looking down +z): the box of their centres holds nothing
+    they look at. "rays" draws along the cameras' pixels, log-uniform in 0.2..50 extents, keeps what most cameras see:
+    every point is in front of them, inside their images, and most lie well beyond the box."""
+    from rigel_core import Camera
+
+    cams = [Camera.look_at(eye=(x, y, 0.0), target=(x, y, 10.0), up=(0, -1, 0), width=40, height=30, fov_x_deg=60)
+            for x in (-0.5, 0.0, 0.5) for y in (-0.3, 0.3)]
+    center, extent = np.zeros(3), 0.66
+    pts = random_init_points(cams, 3000, center, extent, min_visible=0.5, generator=rng, mode="rays")
+    assert pts.shape == (3000, 3) and pts.dtype == torch.float32 and torch.isfinite(pts).all()
+    p = pts.double().numpy()
+    seen = np.zeros(len(p))
+    for c in cams:
+        z = (p @ c.R.T + c.t)[:, 2]
+        uv = c.project(p)
+        seen += (z > 0) & (uv[:, 0] >= 0) & (uv[:, 0] < 40) & (uv[:, 1] >= 0) & (uv[:, 1] < 30)
+    assert (seen >= 3).all()
+    depth = p[:, 2]
+    assert depth.min() >= 0.2 * extent * 0.99 and depth.max() <= 50 * extent * 1.01
+    assert np.median(depth) > 3 * extent  # the box (|z| <= extent) would hold none of these
+    box = random_init_points(cams, 3000, center, extent, min_visible=0.5, generator=rng)
+    assert np.abs(box.numpy()).max() <= extent + 1e-6
+    # the same generator state draws the same points (the run's RNG stream stays reproducible)
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert torch.equal(random_init_points(cams, 100, center, extent, generator=g1, mode="rays"),
+                       random_init_points(cams, 100, center, extent, generator=g2, mode="rays"))
+    with pytest.raises(ValueError, match="mode"):
+        random_init_points(cams, 10, center, extent, mode="sphere")
+    with pytest.raises(ValueError, match="ray_depths"):
+        random_init_points(cams, 10, center, extent, mode="rays", ray_depths=(2.0, 1.0))
+    with pytest.raises(ValueError, match="init_mode"):
+        small_config(init_mode="sphere").validate()
+
+
 # ---- checkpoints ------------------------------------------------------------------------------------------------
 def test_checkpoint_resume_gives_the_same_next_steps(rng, tmp_path):
     ds = make_dataset(rng, n_gauss=60, size=32, n_train=5, n_test=2)

@@ -226,6 +226,11 @@ class TrainConfig:
     #: optional explicit init box (xmin, ymin, zmin, xmax, ymax, zmax); None = centre ± extent, then
     #: the visibility filter
     init_box: tuple | None = None
+    #: where random points are drawn (:func:`~rigel_core.train.trainer.random_init_points`): "box" (the default:
+    #: uniform in ``init_box`` / the camera centres' box) or "rays" (along random training pixels' rays, log-uniform
+    #: between 0.2 and 50 scene extents; for a forward-facing capture without SfM points, whose scene lies far in
+    #: front of its cameras' box). Both keep the points at least ``init_min_visible`` of the cameras see
+    init_mode: str = "box"
     #: extra "background" points added to the SfM points (trainer.background_init_points): drawn along
     #: rays of random training pixels, *behind* the SfM points that camera sees (beyond the 95th percentile of
     #: their depths) and outside the camera sphere (radius = scene extent), up to a sphere of
@@ -434,6 +439,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.batch_size must be in 1..4096, got {self.batch_size}")
         if self.batch_lr_scaling not in ("sqrt", "none"):
             raise ValueError(f"TrainConfig.batch_lr_scaling must be 'sqrt' or 'none', got {self.batch_lr_scaling!r}")
+        if self.init_mode not in ("box", "rays"):
+            raise ValueError(f"TrainConfig.init_mode must be 'box' or 'rays', got {self.init_mode!r}")
         if self.init_box is not None and len(self.init_box) != 6:
             raise ValueError(f"TrainConfig.init_box must have 6 numbers, got {self.init_box!r}")
 

@@ -137,7 +137,7 @@ def _train_cameras_sample(cameras: list[Camera], k: int) -> list[Camera]:
 @torch.no_grad()
 def random_init_points(cameras: list[Camera], n: int, center, extent: float, *, min_visible: float = 0.5,
                        box=None, generator: torch.Generator | None = None, max_cameras: int = 64,
-                       device=None) -> torch.Tensor:
+                       device=None, mode: str = "box", ray_depths: tuple[float, float] = (0.2, 50.0)) -> torch.Tensor:
     """(n, 3) float32 CPU tensor of random points for a dataset without SfM points (Blender layout).
 
     3DGS draws 100k points uniformly in a fixed cube (±1.3) that happens to fit the NeRF-synthetic objects.
@@ -147,7 +147,17 @@ def random_init_points(cameras: list[Camera], n: int, center, extent: float, *, 
     the cameras look at, whatever the scene's scale. When fewer than ``n`` points pass after a bounded number
     of draws, the rest are plain box samples. The draws come from ``generator`` (CPU) whatever ``device``;
     the visibility test runs on ``device`` (default CPU) — the training GPU makes it a matter of milliseconds.
+
+    ``mode="rays"`` draws the candidates along the rays of random pixels of the (sampled) training cameras instead, at
+    depths log-uniform in ``ray_depths`` × ``extent`` (0.2 to 50 extents), with the same visibility test: the region the
+    cameras look at also where it lies far outside the box of their centres — a forward-facing capture, whose scene is
+    several box radii in front of the cameras (fern: 3–12). ``box`` is then not read (the rest, when too few pass:
+    unfiltered ray samples). ValueError for another ``mode`` or depths not 0 < near < far.
     """
+    if mode not in ("box", "rays"):
+        raise ValueError(f"random_init_points: mode must be 'box' or 'rays', got {mode!r}")
+    if not 0 < ray_depths[0] < ray_depths[1]:
+        raise ValueError(f"random_init_points: ray_depths must be 0 < near < far, got {ray_depths}")
     dev = torch.device(device) if device is not None else torch.device("cpu")
     if box is None:
         c = np.asarray(center, dtype=np.float64).reshape(3)
@@ -161,12 +171,26 @@ def random_init_points(cameras: list[Camera], n: int, center, extent: float, *, 
         vms = torch.tensor(np.stack([c.viewmat for c in cams]), dtype=torch.float32, device=dev)  # (C,4,4)
         intr = torch.tensor([[c.fx, c.fy, c.cx, c.cy, c.width, c.height] for c in cams], dtype=torch.float32,
                             device=dev)  # (C,6)
+    def draw(k: int) -> torch.Tensor:
+        if mode == "box" or not cams:
+            return lo_t + span * torch.rand(k, 3, generator=generator)
+        which = torch.randint(0, len(cams), (k,), generator=generator)
+        uv = torch.rand(k, 2, generator=generator)
+        log_near, log_far = math.log(ray_depths[0] * extent), math.log(ray_depths[1] * extent)
+        z = torch.exp(log_near + (log_far - log_near) * torch.rand(k, generator=generator))
+        ic = intr.cpu()[which]  # (k, 6): fx fy cx cy w h
+        x = (uv[:, 0] * ic[:, 4] - ic[:, 2]) / ic[:, 0] * z
+        y = (uv[:, 1] * ic[:, 5] - ic[:, 3]) / ic[:, 1] * z
+        vm = vms.cpu()[which]  # world = R^T (p_cam − t)
+        pc = torch.stack([x, y, z], -1) - vm[:, :3, 3]
+        return torch.einsum("kji,kj->ki", vm[:, :3, :3], pc)
+
     kept, total = [], 0
     for _ in range(64):
         if total >= n or not cams:
             break
         batch = int(min(max(8 * (n - total), 65536), 2_000_000))
-        p = lo_t + span * torch.rand(batch, 3, generator=generator)
+        p = draw(batch)
         count = torch.zeros(batch, dtype=torch.int32, device=dev)
         pd = p.to(dev)
         for i in range(len(cams)):
@@ -182,7 +206,7 @@ def random_init_points(cameras: list[Camera], n: int, center, extent: float, *, 
         total += p.shape[0]
     pts = torch.cat(kept) if kept else torch.empty(0, 3)
     if pts.shape[0] < n:
-        pts = torch.cat([pts, lo_t + span * torch.rand(n - pts.shape[0], 3, generator=generator)])
+        pts = torch.cat([pts, draw(n - pts.shape[0])])
     return pts[:n].contiguous()
 
 
@@ -554,7 +578,8 @@ class Trainer:
         else:
             pts = random_init_points([f.camera for f in self.train_frames], cfg.init_points,
                                      self.dataset.scene_center, self.extent, min_visible=cfg.init_min_visible,
-                                     box=cfg.init_box, generator=self.generator, device=self.device)
+                                     box=cfg.init_box, generator=self.generator, device=self.device,
+                                     mode=cfg.init_mode)
             cols = None
         scale = knn_rms_distance(pts) if cfg.init_scale_rms else None  # None: from_points' mean distance
         return GaussianModel.from_points(pts, cols, sh_degree=cfg.sh_degree, scale=scale, opacity=cfg.init_opacity)
