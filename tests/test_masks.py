@@ -159,7 +159,7 @@ def test_trainer_step_and_evaluate_ignore_masked_pixels(rng):
         img = gt.clone()
         img[~mask] = poison
         ds = Dataset([Frame(cam, img, None, "v", mask)], [Frame(cam, img, None, "t", mask)], np.zeros(3), 3.0)
-        tr = Trainer(ds, TrainConfig(sh_degree=1, densify_from=1000, seed=1), device="cpu",
+        tr = Trainer(ds, TrainConfig(sh_degree=1, densify_from=1000, seed=1, strategy="default"), device="cpu",
                      model=GaussianModel(**{k: v.detach().clone() for k, v in model.parameters().items()}))
         r = tr.step()
         ev = tr.evaluate()

@@ -69,6 +69,7 @@ def tiny_trainer(rng, iterations=30, **cfg):
     from rigel_core.train import TrainConfig, Trainer
 
     ds = tiny_dataset(rng)
+    cfg = {"strategy": "default", **cfg}  # 3DGS's densification and its sliders ("auto": MCMC on these photos)
     config = TrainConfig(iterations=iterations, init_points=200, sh_degree=1, eval_every=10,
                          densify_from=5, densify_interval=5, densify_until=20, **cfg)
     return Trainer(ds, config, device="cpu")
