@@ -114,7 +114,7 @@ def _colmap_distortion(model_name: str, params, width: int, height: int) -> Dist
 
 
 def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None, test_every=8,
-                alpha_as_mask=False) -> Dataset:
+                alpha_as_mask=False, stream=False, cache_mb=None) -> Dataset:
     """A COLMAP dataset directory (``images/`` + ``sparse/0``); see the module docstring.
 
     Images sorted by name; every ``test_every``-th (indices 0, N, 2N, …) is held out (3DGS llffhold).
@@ -165,4 +165,5 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
                                        f"range)")
     train, test = split_every(with_unique_names(specs), test_every)
     return assemble_dataset(cap_frames(train, max_frames), cap_frames(test, max_frames), root, "colmap", white_bg,
-                            downscale, device, points, colors, alpha_as_mask=alpha_as_mask)
+                            downscale, device, points, colors, alpha_as_mask=alpha_as_mask, stream=stream,
+                            cache_mb=cache_mb)
