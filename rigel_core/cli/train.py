@@ -76,7 +76,7 @@ from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, R
                        log_to_file, new_metrics, open_run_log, out_problem, read_metrics)
 from ..train.run import RunHooks, TrainingRun
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
-    kept_settings, load_training_data, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
+    kept_settings, load_training_data, new_config, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
     remembered_warnings, resume_config, resumed_data_problem, whole_number_arg
 
 __all__ = ["main", "build_parser"]
@@ -299,9 +299,26 @@ def _main(args, lock: RunLock, comm=None) -> int:
             print(f"rigel-train: --resume: {run_dir} {problem}", file=sys.stderr)
             return 2
     metrics = None
+    streamed = not args.preload_frames
+
+    def memory_refusal(cfg, n_gaussians=None) -> str | None:  # what cannot fit the GPU, before training (memory.py)
+        from ..train.memory import memory_problem, training_memory
+
+        need = training_memory(ds.train, ds.test, cfg, streamed=streamed, n_gaussians=n_gaussians)
+        return memory_problem(need, device, streamed=streamed)
+
     try:
+        # preloaded images go to the GPU as the trainer is made: their part is checked before
+        problem = None if streamed else memory_refusal(resume_cfg or new_config(args, overrides), 0)
+        if problem:
+            print(f"rigel-train: {problem}", file=sys.stderr)
+            return 2
         with remembered_warnings(early, prefix="warning: "):
             trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
+        problem = memory_refusal(trainer.config)  # the resolved budget ("auto"), the views as trained
+        if problem:
+            print(f"rigel-train: {problem}", file=sys.stderr)
+            return 2
         if resume_cfg is not None and metrics_path.is_file():
             metrics = read_metrics(metrics_path)   # a damaged metrics.json starts afresh (the checkpoint holds the state)
             if metrics is None:
@@ -423,6 +440,14 @@ def _main(args, lock: RunLock, comm=None) -> int:
         if stop.is_set():  # asked during the final evaluation: it finished and everything is saved, but the exit
             # status still says the run was interrupted (a script waiting on it must not read success)
             status = interrupted_status()
+    except DatasetError as e:  # a streamed image that cannot be read when its turn came: one line, the run saved
+        status = 2
+        saved = run.save_if_consistent("failed", collective=False)
+        line = (f"{e} (at iteration {trainer.iteration}: "
+                + ("the run is saved; replace the file, then --resume)" if saved else "the run was not saved)"))
+        if is_main:
+            log_to_file(log, [line])
+        print(f"rigel-train: {line}", file=sys.stderr)
     except KeyboardInterrupt:
         status = interrupted_status()
         # a second Ctrl-C aborts mid-step: the ranks may not be at the same point, so no collective then

@@ -50,7 +50,10 @@ DEFAULT_AHEAD = 4
 
 
 def _nbytes(value) -> int:
-    """Bytes of the tensors / arrays in ``value`` (a tensor, an array, None, or a tuple of them)."""
+    """Bytes of the tensors / arrays in ``value`` (a tensor, an array, a :class:`~.frames.Frame`, None, or a tuple
+    of them)."""
+    if isinstance(value, Frame):
+        return _nbytes((value.image, value.alpha, value.mask))
     if isinstance(value, tuple):
         return sum(_nbytes(v) for v in value)
     if isinstance(value, torch.Tensor):
@@ -316,6 +319,7 @@ class ViewStream:
         self._host: OrderedDict = OrderedDict()   # view -> Future of (image, mask) host tensors (pinned on CUDA)
         self._dev: OrderedDict = OrderedDict()    # view -> (image, mask, event or None) on the device
         self._full: dict = {}
+        self._want: list[int] = []  # the views the next steps train (prefetch)
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.peak_device_frames = 0
         self.loads = 0
@@ -352,7 +356,7 @@ class ViewStream:
     def prefetch(self, upcoming: list[int]) -> None:
         """The views the next steps train, in order: their loads start (the first ``ahead``), and those whose host
         load finished are copied to the device on the copy stream."""
-        want = list(dict.fromkeys(upcoming))[: self.ahead]
+        want = self._want = list(dict.fromkeys(upcoming))[: self.ahead]
         for i in want:
             self._submit(i)
         for i in want:
@@ -365,7 +369,7 @@ class ViewStream:
 
     def _to_device(self, i: int) -> None:
         """Copy view ``i``'s host load to the device (asynchronously on CUDA), keeping at most ``ahead + 1`` views
-        there (the oldest other than ``i`` dropped first)."""
+        there: the least recently used one that is not coming next is dropped first."""
         image, mask = self._host.pop(i).result()   # a load's error (DatasetError naming the file) surfaces here
         event = None
         if self._copy_stream is not None:
@@ -380,8 +384,8 @@ class ViewStream:
         self.loads += 1
         self._dev[i] = (image, mask, event)
         while len(self._dev) > self.ahead + 1:
-            oldest = next(k for k in self._dev if k != i)
-            del self._dev[oldest]
+            keep = set(self._want) | {i}
+            del self._dev[next((k for k in self._dev if k not in keep), next(k for k in self._dev if k != i))]
         self.peak_device_frames = max(self.peak_device_frames, len(self._dev))
 
     def view(self, i: int) -> tuple:
