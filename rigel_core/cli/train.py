@@ -429,6 +429,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
             if stop.is_set() and comm is None:
                 raise KeyboardInterrupt
             run.step()
+            if run.steps == 1:  # this session's time to its first step, from the dataset load's start
+                timings["first_step_s"] = time.perf_counter() - t_start
             if comm is not None and comm.stop_all:  # some rank was asked to stop: all stop after this step
                 raise KeyboardInterrupt
         if stop.is_set() and comm is None:  # asked during the last step: saved as interrupted, no final evaluation
@@ -491,6 +493,9 @@ class _ConsoleHooks(RunHooks):
         metrics["timings"]["total_s"] = self.total_before + time.perf_counter() - self.t_start
         if self.device == "cuda":
             metrics["peak_gpu_memory_bytes"] = int(torch.cuda.max_memory_allocated())
+        from ..data.stream import stream_stats
+
+        metrics["frames"] = stream_stats(self.trainer)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -41,7 +41,7 @@ from .frames import DatasetError, Frame, FramePipeline, FrameSpec, LoadNotes, _d
 from .images import image_header, image_size, other_aspect
 
 __all__ = ["FrameCache", "FrameSource", "StreamedFrame", "ViewStream", "DEFAULT_CACHE_MB", "DEFAULT_AHEAD",
-           "stream_frames"]
+           "stream_frames", "stream_stats"]
 
 #: default size of a streamed dataset's host cache of loaded frames, MiB (``--frame-cache-mb``)
 DEFAULT_CACHE_MB = 512
@@ -441,3 +441,18 @@ class _Column:
 
     def prefetch(self, upcoming: list[int]) -> None:
         self.stream.prefetch(upcoming)
+
+
+def stream_stats(trainer) -> dict:
+    """``metrics.json``'s ``frames``: ``{"streamed": False}`` for preloaded training views, else the full-resolution
+    views' stream (``peak_device_frames``, ``loads``, ``frame_bytes``: one view's image and mask) and the host cache
+    (``cache_mb``, ``cache_peak_bytes``, ``cache_hits``, ``cache_misses``)."""
+    column = trainer._full_views[1]
+    stream = getattr(column, "stream", None)
+    if not isinstance(stream, ViewStream):
+        return {"streamed": False}
+    cache = stream.frames[0].source.cache
+    cam = stream.frames[0].camera
+    return {"streamed": True, "peak_device_frames": stream.peak_device_frames, "loads": stream.loads,
+            "frame_bytes": cam.width * cam.height * 13, "cache_mb": cache.max_bytes / 2 ** 20,
+            "cache_peak_bytes": cache.peak_bytes, "cache_hits": cache.hits, "cache_misses": cache.misses}
