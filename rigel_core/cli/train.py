@@ -6,6 +6,7 @@
                 [--init-points N] [--sh-degree D] [--test-every N] [--checkpoint-every N] [--n-renders K]
                 [--exposure] [--init-background N|auto] [--position-lr-max-steps N] [--render-mode default|mip]
                 [--strategy default|mcmc] [--set FIELD=VALUE ...] [--batch-size B] [--gpus N] [--dist-check-every K]
+                [--frame-cache-mb MB] [--preload-frames]
 
 ``DIR`` is any dataset :func:`rigel_core.data.load_dataset` reads (Blender ``transforms_{train,test}.json``,
 instant-ngp, COLMAP). Writes into ``RUN``:
@@ -55,6 +56,12 @@ of this host (one GPU each, NCCL; with ``--device cpu`` N CPU processes over glo
 ``torchrun --nproc-per-node N -m rigel_core.cli.train ...``. Every rank trains its part of each global batch of N·B
 views; rank 0 alone writes ``RUN``; ``--dist-check-every K`` checks every K steps that the ranks hold bit-identical
 state. ``--resume`` works with another N (the checkpoint holds global state).
+
+Images are streamed (:mod:`rigel_core.data.stream`): read from disk as they are trained into a host cache of
+``--frame-cache-mb`` MiB (default 512), a few views ahead on the device; ``--preload-frames`` decodes them all onto
+the device first. An image that turns out unreadable mid-run stops the run with one line naming it, after the
+checkpoint is saved (exit status 2). A run whose Gaussian budget or images cannot fit the GPU is refused before
+training, in one line (:mod:`rigel_core.train.memory`, exit status 2).
 
 Before training starts nothing is written into ``RUN``: ``--out`` is checked for writability before the dataset
 loads, a ``--resume`` checkpoint is validated completely (:func:`rigel_core.checkpoint.validate_checkpoint`),
