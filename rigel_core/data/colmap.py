@@ -26,9 +26,9 @@ import numpy as np
 
 from ..camera import Camera, check_camera_position
 from ..deps import require
+from .assemble import assemble_dataset
 from .colmap_check import check_colmap_model
-from .frames import Dataset, DatasetError, FrameSpec, assemble_dataset, cap_frames, split_every, \
-    with_unique_names
+from .frames import Dataset, DatasetError, FrameSpec, cap_frames, split_every, with_unique_names
 from .images import find_mask
 from .transforms import frame_name, unusable_points, warn_missing, warn_unmasked
 from .undistort import Distortion, fisheye_lens, opencv_lens

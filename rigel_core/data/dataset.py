@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .frames import Dataset, DatasetError, assemble_dataset, cap_frames, held_out_split, \
-    with_unique_names
+from .assemble import assemble_dataset
+from .frames import Dataset, DatasetError, cap_frames, held_out_split, with_unique_names
 from .transforms import read_ply_points, read_transforms, warn_missing, warn_unmasked
 
 __all__ = ["load_dataset", "detect_format", "load_blender", "load_ngp", "FORMATS"]

@@ -19,7 +19,7 @@ from .images import composite, other_aspect, read_image, read_mask, resize_area
 from .undistort import Distortion, mask_all, remap, remap_mask, undistort_map
 
 __all__ = ["Frame", "Dataset", "DatasetError", "FrameSpec", "Distortion", "load_frames", "camera_extent",
-           "split_every", "cap_frames", "assemble_dataset", "downscale_frame", "pad_frame", "frame_mask",
+           "split_every", "cap_frames", "downscale_frame", "pad_frame", "frame_mask",
            "common_size_frames"]
 
 
@@ -527,21 +527,3 @@ def split_every(items: list, test_every: int) -> tuple[list, list]:
 def cap_frames(specs: list, max_frames: int | None) -> list:
     """The first ``max_frames`` frame specs (all of them for None): ``load_dataset(max_frames=…)``."""
     return specs if max_frames is None else specs[: max(0, int(max_frames))]
-
-
-def assemble_dataset(train: list[FrameSpec], test: list[FrameSpec], source: Path, fmt: str, white_bg, downscale,
-                     device, points=None, point_colors=None, alpha_as_mask=False, stream=False,
-                     cache_mb=None) -> Dataset:
-    """The :class:`Dataset` of two lists of frame specs: images loaded (:func:`load_frames`) — or, with ``stream``,
-    their headers only (:func:`.stream.stream_frames`, a host cache of ``cache_mb`` MiB) —, the scene centre and
-    extent from the training cameras (the test ones when there are none); what every format's loader ends with."""
-    kw = dict(white_bg=white_bg, downscale=downscale, source=source, alpha_as_mask=alpha_as_mask)
-    if stream:
-        from .stream import DEFAULT_CACHE_MB, stream_frames
-
-        frames = stream_frames(train + test, cache_mb=DEFAULT_CACHE_MB if cache_mb is None else cache_mb, **kw)
-    else:
-        frames = load_frames(train + test, device=device, **kw)   # one call: its warnings count the dataset once
-    train_frames, test_frames = frames[:len(train)], frames[len(train):]
-    center, extent = camera_extent([f.camera for f in (train_frames or test_frames)])
-    return Dataset(train_frames, test_frames, center, extent, points, point_colors, white_bg, fmt, str(source))
