@@ -82,6 +82,12 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--downscale", type=downscale_arg, default=1, help="divide image sizes by this (a finite number ≥ 1)")
     add("--test-every", type=test_every_arg, default=8,
         help="hold out every Nth view of instant-ngp / COLMAP data (0: none)")
+    # streamed frames (issue 37; rigel_core/data/stream.py)
+    add("--frame-cache-mb", type=whole_number_arg("keep no decoded frame"), default=None, metavar="MB",
+        help="host memory for decoded images (MiB, default 512): images are read from disk when trained, a few "
+             "ahead, never all at once")
+    add("--preload-frames", action="store_true",
+        help="decode every image onto the training device before the first step instead of streaming them")
     add("--max-gaussians", type=int, default=None,
         help="hard cap on the Gaussian count; the budget of the mcmc strategy")
     add("--init-points", type=int, default=None, help="random initial points without SfM points")
@@ -381,11 +387,13 @@ def resumed_data_problem(run_dir: Path, ds, data) -> str | None:
 
 
 def load_training_data(args: argparse.Namespace):
-    """The dataset ``--data`` names, read with the dataset flags (``rigel_core.data.load_dataset``)."""
+    """The dataset ``--data`` names, read with the dataset flags (``rigel_core.data.load_dataset``): streamed
+    (``--frame-cache-mb``) unless ``--preload-frames``."""
     from ..data import load_dataset
 
     return load_dataset(args.data, white_bg=args.white_bg, downscale=args.downscale, test_every=args.test_every,
-                        alpha_as_mask=args.alpha_as_mask)
+                        alpha_as_mask=args.alpha_as_mask, stream=not getattr(args, "preload_frames", False),
+                        cache_mb=getattr(args, "frame_cache_mb", None))
 
 
 def build_trainer(args: argparse.Namespace, dataset, device: str, *, resume_cfg=None, ckpt: Path | None = None,

@@ -6,7 +6,7 @@
                 [--init-points N] [--sh-degree D] [--test-every N] [--checkpoint-every N] [--n-renders K]
                 [--exposure] [--init-background N|auto] [--position-lr-max-steps N] [--render-mode default|mip]
                 [--strategy default|mcmc] [--set FIELD=VALUE ...] [--batch-size B] [--gpus N] [--dist-check-every K]
-                [--threads N]
+                [--threads N] [--frame-cache-mb MB] [--preload-frames]
 
 ``DIR`` is any dataset :func:`rigel_core.data.load_dataset` reads (Blender ``transforms_{train,test}.json``,
 instant-ngp, COLMAP). Writes into ``RUN``:
@@ -60,6 +60,12 @@ of this host (one GPU each, NCCL; with ``--device cpu`` N CPU processes over glo
 views; rank 0 alone writes ``RUN``; ``--dist-check-every K`` checks every K steps that the ranks hold bit-identical
 state. ``--resume`` works with another N (the checkpoint holds global state).
 
+Images are streamed (:mod:`rigel_core.data.stream`): read from disk as they are trained into a host cache of
+``--frame-cache-mb`` MiB (default 512), a few views ahead on the device; ``--preload-frames`` decodes them all onto
+the device first. An image that turns out unreadable mid-run stops the run with one line naming it, after the
+checkpoint is saved (exit status 2). A run whose Gaussian budget or images cannot fit the GPU is refused before
+training, in one line (:mod:`rigel_core.train.memory`, exit status 2).
+
 Before training starts nothing is written into ``RUN``: ``--out`` is checked for writability before the dataset
 loads, a ``--resume`` checkpoint is validated completely (:func:`rigel_core.checkpoint.validate_checkpoint`),
 and only then is ``RUN`` created, locked (``RUN/.lock``, ``fcntl.flock``, held until exit, then removed) and
@@ -81,7 +87,7 @@ from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, R
                        log_to_file, new_metrics, open_run_log, out_problem, read_metrics)
 from ..train.run import RunHooks, TrainingRun
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
-    kept_settings, load_training_data, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
+    kept_settings, load_training_data, new_config, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
     remembered_warnings, resume_config, resumed_data_problem, whole_number_arg
 from .common import add_threads_arg, set_threads, threads_problem
 
@@ -311,9 +317,26 @@ def _main(args, lock: RunLock, comm=None) -> int:
             print(f"rigel-train: --resume: {run_dir} {problem}", file=sys.stderr)
             return 2
     metrics = None
+    streamed = not args.preload_frames
+
+    def memory_refusal(cfg, n_gaussians=None) -> str | None:  # what cannot fit the GPU, before training (memory.py)
+        from ..train.memory import memory_problem, training_memory
+
+        need = training_memory(ds.train, ds.test, cfg, streamed=streamed, n_gaussians=n_gaussians)
+        return memory_problem(need, device, streamed=streamed)
+
     try:
+        # preloaded images go to the GPU as the trainer is made: their part is checked before
+        problem = None if streamed else memory_refusal(resume_cfg or new_config(args, overrides), 0)
+        if problem:
+            print(f"rigel-train: {problem}", file=sys.stderr)
+            return 2
         with remembered_warnings(early, prefix="warning: "):
             trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
+        problem = memory_refusal(trainer.config)  # the resolved budget ("auto"), the views as trained
+        if problem:
+            print(f"rigel-train: {problem}", file=sys.stderr)
+            return 2
         if resume_cfg is not None and metrics_path.is_file():
             metrics = read_metrics(metrics_path)   # a damaged metrics.json starts afresh (the checkpoint holds the state)
             if metrics is None:
@@ -424,6 +447,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
             if stop.is_set() and comm is None:
                 raise KeyboardInterrupt
             run.step()
+            if run.steps == 1:  # this session's time to its first step, from the dataset load's start
+                timings["first_step_s"] = time.perf_counter() - t_start
             if comm is not None and comm.stop_all:  # some rank was asked to stop: all stop after this step
                 raise KeyboardInterrupt
         if stop.is_set() and comm is None:  # asked during the last step: saved as interrupted, no final evaluation
@@ -435,6 +460,14 @@ def _main(args, lock: RunLock, comm=None) -> int:
         if stop.is_set():  # asked during the final evaluation: it finished and everything is saved, but the exit
             # status still says the run was interrupted (a script waiting on it must not read success)
             status = interrupted_status()
+    except DatasetError as e:  # a streamed image that cannot be read when its turn came: one line, the run saved
+        status = 2
+        saved = run.save_if_consistent("failed", collective=False)
+        line = (f"{e} (at iteration {trainer.iteration}: "
+                + ("the run is saved; replace the file, then --resume)" if saved else "the run was not saved)"))
+        if is_main:
+            log_to_file(log, [line])
+        print(f"rigel-train: {line}", file=sys.stderr)
     except KeyboardInterrupt:
         status = interrupted_status()
         # a second Ctrl-C aborts mid-step: the ranks may not be at the same point, so no collective then
@@ -478,6 +511,9 @@ class _ConsoleHooks(RunHooks):
         metrics["timings"]["total_s"] = self.total_before + time.perf_counter() - self.t_start
         if self.device == "cuda":
             metrics["peak_gpu_memory_bytes"] = int(torch.cuda.max_memory_allocated())
+        from ..data.stream import stream_stats
+
+        metrics["frames"] = stream_stats(self.trainer)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -26,9 +26,9 @@ import numpy as np
 
 from ..camera import Camera, check_camera_position
 from ..deps import require
+from .assemble import assemble_dataset
 from .colmap_check import check_colmap_model
-from .frames import Dataset, DatasetError, FrameSpec, assemble_dataset, cap_frames, split_every, \
-    with_unique_names
+from .frames import Dataset, DatasetError, FrameSpec, cap_frames, split_every, with_unique_names
 from .images import find_mask
 from .transforms import frame_name, unusable_points, warn_missing, warn_unmasked
 from .undistort import Distortion, fisheye_lens, opencv_lens
@@ -171,7 +171,7 @@ def read_colmap_frames(root, *, require_images: bool = True):
 
 
 def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None, test_every=8,
-                alpha_as_mask=False) -> Dataset:
+                alpha_as_mask=False, stream=False, cache_mb=None) -> Dataset:
     """A COLMAP dataset directory (``images/`` + ``sparse/0``); see the module docstring.
 
     Images sorted by name; every ``test_every``-th (indices 0, N, 2N, …) is held out (3DGS llffhold).
@@ -195,4 +195,5 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
                                        f"range)")
     train, test = split_every(with_unique_names(specs), test_every)
     return assemble_dataset(cap_frames(train, max_frames), cap_frames(test, max_frames), root, "colmap", white_bg,
-                            downscale, device, points, colors, alpha_as_mask=alpha_as_mask)
+                            downscale, device, points, colors, alpha_as_mask=alpha_as_mask, stream=stream,
+                            cache_mb=cache_mb)

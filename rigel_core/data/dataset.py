@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .frames import Dataset, DatasetError, assemble_dataset, cap_frames, held_out_split, \
-    with_unique_names
+from .assemble import assemble_dataset
+from .frames import Dataset, DatasetError, cap_frames, held_out_split, with_unique_names
 from .transforms import read_ply_points, read_transforms, warn_missing, warn_unmasked
 
 __all__ = ["load_dataset", "detect_format", "load_blender", "load_ngp", "FORMATS"]
@@ -42,8 +42,8 @@ def detect_format(path) -> tuple[str, Path]:
 
 def load_dataset(path, *, white_bg: bool = False, downscale: float = 1, test_every: int = 8,
                  device="cpu", max_frames: int | None = None, format: str | None = None,
-                 alpha_as_mask: bool = False) -> Dataset:
-    """Load a dataset eagerly (all images decoded into tensors on ``device``).
+                 alpha_as_mask: bool = False, stream: bool = False, cache_mb: float | None = None) -> Dataset:
+    """Load a dataset: eagerly (all images decoded into tensors on ``device``), or streamed (``stream``).
 
     Args:
         path: dataset directory (or a transforms ``.json`` file); the format is detected by
@@ -57,6 +57,10 @@ def load_dataset(path, *, white_bg: bool = False, downscale: float = 1, test_eve
         max_frames: load at most this many frames per split (the first ones), e.g. for tests.
         alpha_as_mask: use each image's alpha channel as a mask (alpha 0 = ignored pixel) instead of compositing
             it onto the background (see :func:`~rigel_core.data.frames.load_frames`).
+        stream: read only the image headers now; each frame's pixels are loaded when read, into a host cache of
+            ``cache_mb`` MiB (default :data:`~rigel_core.data.stream.DEFAULT_CACHE_MB`), bit for bit the values of
+            the eager load, as host tensors whatever ``device`` (:mod:`rigel_core.data.stream`). What
+            ``rigel-train`` does.
     Returns:
         :class:`~rigel_core.data.frames.Dataset`. Cameras are ideal pinholes: lens distortion is removed from the
         images at load (once); pixels left without a source, and pixels that a ``masks/`` folder (instant-ngp,
@@ -78,7 +82,7 @@ def load_dataset(path, *, white_bg: bool = False, downscale: float = 1, test_eve
         if format == "ngp" and root.is_dir():
             root = root / "transforms.json"
     kw = dict(white_bg=white_bg, downscale=downscale, device=device, max_frames=max_frames,
-              alpha_as_mask=alpha_as_mask)
+              alpha_as_mask=alpha_as_mask, stream=stream, cache_mb=cache_mb)
     if format == "blender":
         return load_blender(root, **kw)
     if format == "ngp":
@@ -88,7 +92,8 @@ def load_dataset(path, *, white_bg: bool = False, downscale: float = 1, test_eve
     return load_colmap(root, test_every=test_every, **kw)
 
 
-def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None, alpha_as_mask=False) -> Dataset:
+def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None, alpha_as_mask=False,
+                 stream=False, cache_mb=None) -> Dataset:
     """A Blender / NeRF-synthetic directory: ``transforms_train.json`` (required), ``transforms_test.json``
     (optional: without it there are no held-out views, as a deliberate choice, silently; ``transforms_val.json`` is
     ignored). Frames whose image is missing are skipped with one warning per file; a training file with no usable
@@ -111,11 +116,11 @@ def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=
         splits[split] = cap_frames(specs, max_frames)
     warn_unmasked(root / "masks", splits["train"] + splits["test"])
     return assemble_dataset(splits["train"], splits["test"], root, "blender", white_bg, downscale, device,
-                            alpha_as_mask=alpha_as_mask)
+                            alpha_as_mask=alpha_as_mask, stream=stream, cache_mb=cache_mb)
 
 
 def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames=None, test_every=8,
-             alpha_as_mask=False) -> Dataset:
+             alpha_as_mask=False, stream=False, cache_mb=None) -> Dataset:
     """An instant-ngp (or nerfstudio) ``transforms.json``: one file, every ``test_every``-th frame (sorted by
     image name) held out; nerfstudio's ``ply_file_path`` gives ``points``/``point_colors``. See
     :mod:`rigel_core.data.transforms` for the keys read and ignored."""
@@ -128,4 +133,5 @@ def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames
     warn_unmasked(json_path.parent / "masks", specs)
     train, test = held_out_split(specs, test_every)
     return assemble_dataset(cap_frames(train, max_frames), cap_frames(test, max_frames), json_path, "ngp", white_bg,
-                            downscale, device, points, colors, alpha_as_mask=alpha_as_mask)
+                            downscale, device, points, colors, alpha_as_mask=alpha_as_mask, stream=stream,
+                            cache_mb=cache_mb)

@@ -4,6 +4,7 @@ downscale (image and mask) → torch.
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,7 @@ from .images import composite, other_aspect, read_image, read_mask, resize_area
 from .undistort import Distortion, mask_all, remap, remap_mask, undistort_map
 
 __all__ = ["Frame", "Dataset", "DatasetError", "FrameSpec", "Distortion", "load_frames", "camera_extent",
-           "split_every", "cap_frames", "assemble_dataset", "downscale_frame", "pad_frame", "frame_mask",
+           "split_every", "cap_frames", "downscale_frame", "pad_frame", "frame_mask",
            "common_size_frames"]
 
 
@@ -155,78 +156,158 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
     stored, not composited, and ``Frame.alpha`` is None). ``--downscale``: :func:`downscale_frame`'s rule, applied
     last (after undistortion), to the arrays before they become tensors.
 
+    The one frame's work is :class:`FramePipeline`'s, which the streamed frames (:mod:`.stream`) run too.
+
     Raises DatasetError naming the image (or mask) when it cannot be decoded, or the image is of another aspect
     ratio than its camera.
     """
-    frames, maps, resized, no_alpha, tiny = [], {}, 0, 0, None
-    first_resized, masks_stretched, first_mask = "", 0, ""
+    pipe = FramePipeline(white_bg=white_bg, downscale=downscale, alpha_as_mask=alpha_as_mask)
+    notes = LoadNotes()
+    frames = []
     for spec in specs:
+        rgba = pipe.decode(spec)
+        cam = pipe.camera(spec, (rgba.shape[1], rgba.shape[0]), notes)
+        cam, rgb, alpha, mask = pipe.process(spec, cam, rgba, notes)
+        frames.append(Frame(cam, torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)).to(device),
+                            None if alpha is None else torch.from_numpy(np.ascontiguousarray(alpha)).to(device),
+                            spec.name,
+                            None if mask is None else torch.from_numpy(np.ascontiguousarray(mask)).to(device)))
+        notes.no_alpha += alpha_as_mask and rgba.shape[-1] != 4
+    notes.warn(source, len(specs), downscale)
+    return frames
+
+
+@dataclass
+class LoadNotes:
+    """What :func:`load_frames` (and a streamed dataset's probe) warns about once for the whole dataset."""
+
+    resized: int = 0
+    first_resized: str = ""
+    masks_stretched: int = 0
+    first_mask: str = ""
+    no_alpha: int = 0
+    tiny: tuple | None = None
+
+    def warn(self, source, n: int, downscale: float) -> None:
+        """The warnings of a loaded (or probed) dataset of ``n`` frames from ``source``."""
+        if self.no_alpha:
+            warnings.warn(f"{source}: alpha as mask asked, but {self.no_alpha} of {n} image(s) have no alpha "
+                          "channel: every pixel of those counts", stacklevel=4)
+        if self.masks_stretched:
+            warnings.warn(f"{source}: {self.masks_stretched} mask(s) have another aspect ratio than their image "
+                          f"(first: {self.first_mask}): stretched to fit (check that they belong to those images)",
+                          stacklevel=4)
+        if self.resized:
+            warnings.warn(f"{source}: {self.resized} image(s) differ in size from their camera's declared size "
+                          f"(first: {self.first_resized}); intrinsics were rescaled to the image size", stacklevel=4)
+        if self.tiny is not None:
+            (w0, h0), (w1, h1) = self.tiny
+            warnings.warn(f"{source}: --downscale {downscale:g} makes the images {w1}x{h1} px (from {w0}x{h0}): "
+                          f"below {TINY_IMAGE_PX} px on a side, too small to train or judge a scene", stacklevel=4)
+
+
+class FramePipeline:
+    """One frame's load step (decode → composite alpha or take it as a mask → the user's mask → undistort →
+    downscale), written once for :func:`load_frames` and the streamed frames (:mod:`.stream`), so that both give
+    the same float32 values. Holds the undistortion maps, made once per camera model and image size (thread-safe:
+    a streaming loader's workers share them)."""
+
+    def __init__(self, *, white_bg: bool, downscale: float, alpha_as_mask: bool = False):
+        self.white_bg, self.downscale, self.alpha_as_mask = bool(white_bg), float(downscale), bool(alpha_as_mask)
+        self._maps: dict = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def decode(spec: FrameSpec) -> np.ndarray:
+        """The image of ``spec`` as (H, W, 3|4) float32 (:func:`~.images.read_image`); DatasetError naming it."""
         try:
-            rgba = read_image(spec.image_path)
+            return read_image(spec.image_path)
         except ValueError as e:
             raise DatasetError(str(e)) from e
+
+    @staticmethod
+    def camera(spec: FrameSpec, size: tuple[int, int], notes: LoadNotes | None = None) -> Camera:
+        """``spec.camera`` at the image's ``size`` (width, height): rescaled (counted in ``notes``) when the image is
+        a scaled copy; DatasetError for an image of another aspect ratio."""
         cam = spec.camera
-        h, w = rgba.shape[:2]
+        w, h = size
         if (w, h) != (cam.width, cam.height):
             if other_aspect((w, h), (cam.width, cam.height)):  # rescaled intrinsics would stretch it: a wrong image
                 raise DatasetError(f"{spec.image_path}: the image is {w}x{h}, its camera {cam.width}x{cam.height}: "
                                    "another aspect ratio (a rotated or foreign image?); give the camera this "
                                    "image's size or the image its camera's")
-            if not resized:
-                first_resized = f"{spec.image_path} is {w}x{h}, its camera {cam.width}x{cam.height}"
+            if notes is not None:
+                if not notes.resized:
+                    notes.first_resized = f"{spec.image_path} is {w}x{h}, its camera {cam.width}x{cam.height}"
+                notes.resized += 1
             cam = cam.with_size(w, h)
-            resized += 1
-        keep = None  # (h, w) bool in the photo's pixels
-        if spec.mask_path is not None:
-            stretched_mask = []  # a mask of another aspect ratio: one warning for all of them (below)
-            try:
-                keep = read_mask(spec.mask_path, (w, h), on_other_aspect=stretched_mask.append)
-            except ValueError as e:
-                raise DatasetError(str(e)) from e
-            if stretched_mask:
-                first_mask = first_mask or stretched_mask[0]
-                masks_stretched += 1
-        no_alpha += alpha_as_mask and rgba.shape[-1] != 4
-        if alpha_as_mask and rgba.shape[-1] == 4:
+        return cam
+
+    def output_camera(self, spec: FrameSpec, cam: Camera, notes: LoadNotes | None = None) -> Camera:
+        """The frame's camera after ``--downscale`` (``cam``: at the image's size); counts a tiny result."""
+        if self.downscale == 1:
+            return cam
+        out = cam.scaled(1.0 / self.downscale)
+        if notes is not None and min(out.width, out.height) < TINY_IMAGE_PX and min(cam.width, cam.height) >= PHOTO_PX \
+                and notes.tiny is None:
+            notes.tiny = ((cam.width, cam.height), (out.width, out.height))
+        return out
+
+    def user_mask(self, spec: FrameSpec, size: tuple[int, int], notes: LoadNotes | None = None):
+        """(H, W) bool of the user's mask file at the photo's ``size``, or None without one; DatasetError naming it."""
+        if spec.mask_path is None:
+            return None
+        stretched = []  # a mask of another aspect ratio: one warning for all of them (LoadNotes)
+        try:
+            keep = read_mask(spec.mask_path, size, on_other_aspect=stretched.append)
+        except ValueError as e:
+            raise DatasetError(str(e)) from e
+        if stretched and notes is not None:
+            notes.first_mask = notes.first_mask or stretched[0]
+            notes.masks_stretched += 1
+        return keep
+
+    def maps(self, spec: FrameSpec, cam: Camera):
+        """(map_x, map_y, valid) of ``spec``'s lens at the image size of ``cam`` (made once per camera model)."""
+        w, h = cam.width, cam.height
+        key = (spec.distortion.key, w, h, cam.fx, cam.fy, cam.cx, cam.cy)
+        with self._lock:
+            if key not in self._maps:
+                self._maps[key] = undistort_map(w, h, cam.fx, cam.fy, cam.cx, cam.cy, spec.distortion, (w, h))
+            return self._maps[key]
+
+    def process(self, spec: FrameSpec, cam: Camera, rgba: np.ndarray, notes: LoadNotes | None = None) -> tuple:
+        """(camera, rgb, alpha, mask) of one decoded frame (``cam``: its camera at the image's size): numpy arrays,
+        rgb (H, W, 3) float32, alpha (H, W) float32 or None, mask (H, W) bool or None (every pixel counts)."""
+        w, h = cam.width, cam.height
+        keep = self.user_mask(spec, (w, h), notes)  # (h, w) bool in the photo's pixels
+        if self.alpha_as_mask and rgba.shape[-1] == 4:
             rgb, alpha = np.ascontiguousarray(rgba[..., :3]), None
             keep = rgba[..., 3] > 0 if keep is None else keep & (rgba[..., 3] > 0)
         else:
-            rgb, alpha = composite(rgba, white_bg)
+            rgb, alpha = composite(rgba, self.white_bg)
         mask = mask_all(keep)
         if spec.distortion is not None:
-            key = (spec.distortion.key, w, h, cam.fx, cam.fy, cam.cx, cam.cy)
-            if key not in maps:
-                maps[key] = undistort_map(w, h, cam.fx, cam.fy, cam.cx, cam.cy, spec.distortion, (w, h))
-            mx, my, valid = maps[key]
+            mx, my, valid = self.maps(spec, cam)
             rgb = remap(rgb, mx, my, valid)
             alpha = None if alpha is None else remap(alpha, mx, my, valid)
-            if mask is not None:
-                mask = mask_all(remap_mask(mask, mx, my, valid))
-            else:
-                mask = mask_all(valid)
-        if downscale != 1:
-            before = (cam.width, cam.height)
-            cam, rgb, alpha, mask = _downscale_arrays(cam, rgb, alpha, mask, downscale)
-            if min(cam.width, cam.height) < TINY_IMAGE_PX and min(before) >= PHOTO_PX and tiny is None:
-                tiny = (before, (cam.width, cam.height))
-        frames.append(Frame(cam, torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)).to(device),
-                            None if alpha is None else torch.from_numpy(np.ascontiguousarray(alpha)).to(device),
-                            spec.name,
-                            None if mask is None else torch.from_numpy(np.ascontiguousarray(mask)).to(device)))
-    if no_alpha:
-        warnings.warn(f"{source}: alpha as mask asked, but {no_alpha} of {len(specs)} image(s) have no alpha "
-                      "channel: every pixel of those counts", stacklevel=3)
-    if masks_stretched:
-        warnings.warn(f"{source}: {masks_stretched} mask(s) have another aspect ratio than their image (first: "
-                      f"{first_mask}): stretched to fit (check that they belong to those images)", stacklevel=3)
-    if resized:
-        warnings.warn(f"{source}: {resized} image(s) differ in size from their camera's declared size (first: "
-                      f"{first_resized}); intrinsics were rescaled to the image size", stacklevel=3)
-    if tiny is not None:
-        (w0, h0), (w1, h1) = tiny
-        warnings.warn(f"{source}: --downscale {downscale:g} makes the images {w1}x{h1} px (from {w0}x{h0}): "
-                      f"below {TINY_IMAGE_PX} px on a side, too small to train or judge a scene", stacklevel=3)
-    return frames
+            mask = mask_all(remap_mask(mask, mx, my, valid)) if mask is not None else mask_all(valid)
+        out = self.output_camera(spec, cam, notes)
+        if out is not cam:
+            _, rgb, alpha, mask = _downscale_arrays(cam, rgb, alpha, mask, self.downscale)
+        return out, rgb, alpha, mask
+
+    def mask_only(self, spec: FrameSpec, cam: Camera) -> np.ndarray | None:
+        """The mask :meth:`process` gives for ``spec`` (``cam`` at the image's size) without decoding the image —
+        the user's mask file and the lens alone; not for ``alpha_as_mask`` (the alpha is in the image)."""
+        if self.alpha_as_mask:
+            raise ValueError("FramePipeline.mask_only: with alpha_as_mask the mask needs the image")
+        mask = mask_all(self.user_mask(spec, (cam.width, cam.height)))
+        if spec.distortion is not None:
+            mx, my, valid = self.maps(spec, cam)
+            mask = mask_all(remap_mask(mask, mx, my, valid)) if mask is not None else mask_all(valid)
+        out = self.output_camera(spec, cam)
+        return mask if out is cam else _downscale_mask(mask, out)
 
 
 def frame_mask(frame) -> torch.Tensor | None:
@@ -248,9 +329,15 @@ def _downscale_arrays(camera: Camera, rgb: np.ndarray, alpha: np.ndarray | None,
     cam = camera.scaled(1.0 / factor)
     rgb = resize_area(rgb, cam.width, cam.height)
     alpha = None if alpha is None else resize_area(alpha, cam.width, cam.height)
-    if mask is not None:  # valid ⇔ the box-filtered *ignored* mask is exactly 0
-        mask = mask_all(resize_area((~mask).astype(np.float32), cam.width, cam.height) == 0.0)
-    return cam, rgb, alpha, mask
+    return cam, rgb, alpha, _downscale_mask(mask, cam)
+
+
+def _downscale_mask(mask: np.ndarray | None, cam: Camera) -> np.ndarray | None:
+    """A (H, W) bool mask at ``cam``'s (smaller) size: a pixel is valid only when the box-filtered *ignored* mask is
+    exactly 0 there (:func:`_downscale_arrays`' rule); None when every pixel is valid (or ``mask`` is None)."""
+    if mask is None:
+        return None
+    return mask_all(resize_area((~mask).astype(np.float32), cam.width, cam.height) == 0.0)
 
 
 def downscale_frame(frame: Frame, factor: float, device=None) -> Frame:
@@ -270,12 +357,15 @@ def downscale_frame(frame: Frame, factor: float, device=None) -> Frame:
         factor: > 0; 1 returns ``frame`` itself.
         device: where the new tensors go (default: the device of ``frame.image``).
 
-    Returns a new :class:`Frame` (same name): image float32, alpha float32 or None, mask bool or None.
+    Returns a new :class:`Frame` (same name): image float32, alpha float32 or None, mask bool or None; for a
+    :class:`~.stream.StreamedFrame`, a streamed frame that computes exactly that when read (``device`` unused).
     """
     if not factor > 0:
         raise ValueError(f"downscale_frame: factor must be > 0, got {factor!r}")
     if factor == 1:
         return frame
+    if hasattr(frame, "derive"):  # a streamed frame (.stream): streamed too, computed from its pixels when read
+        return frame.derive(("downscale", factor))
     device = frame.image.device if device is None else torch.device(device)
 
     def host(x: torch.Tensor) -> np.ndarray:
@@ -305,6 +395,8 @@ def pad_frame(frame: Frame, width: int, height: int) -> Frame:
         raise ValueError(f"pad_frame: {width}x{height} is smaller than frame {frame.name!r} ({w}x{h})")
     if (width, height) == (w, h):
         return frame
+    if hasattr(frame, "derive"):  # a streamed frame (.stream): streamed too, padded when read
+        return frame.derive(("pad", int(width), int(height)))
     img = frame.image
     image = img.new_zeros((height, width, img.shape[-1]))
     image[:h, :w] = img
@@ -435,14 +527,3 @@ def split_every(items: list, test_every: int) -> tuple[list, list]:
 def cap_frames(specs: list, max_frames: int | None) -> list:
     """The first ``max_frames`` frame specs (all of them for None): ``load_dataset(max_frames=…)``."""
     return specs if max_frames is None else specs[: max(0, int(max_frames))]
-
-
-def assemble_dataset(train: list[FrameSpec], test: list[FrameSpec], source: Path, fmt: str, white_bg, downscale,
-                     device, points=None, point_colors=None, alpha_as_mask=False) -> Dataset:
-    """The :class:`Dataset` of two lists of frame specs: images loaded (:func:`load_frames`), the scene centre and
-    extent from the training cameras (the test ones when there are none); what every format's loader ends with."""
-    kw = dict(white_bg=white_bg, downscale=downscale, device=device, source=source, alpha_as_mask=alpha_as_mask)
-    frames = load_frames(train + test, **kw)   # one call: its warnings count the whole dataset once
-    train_frames, test_frames = frames[:len(train)], frames[len(train):]
-    center, extent = camera_extent([f.camera for f in (train_frames or test_frames)])
-    return Dataset(train_frames, test_frames, center, extent, points, point_colors, white_bg, fmt, str(source))

@@ -16,7 +16,7 @@ import numpy as np
 from ..limits import MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, check_image_size
 
 __all__ = ["IMAGE_EXTENSIONS", "names_folder", "resolve_image_path", "read_image", "read_mask", "find_mask",
-           "image_size", "composite", "resize_area", "write_png", "write_render_rgba"]
+           "image_size", "image_header", "composite", "resize_area", "write_png", "write_render_rgba"]
 
 #: Extensions tried, in order, when a dataset names an image without one (NeRF-synthetic ``./train/r_0``).
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".PNG", ".JPG", ".JPEG", ".WEBP")
@@ -80,6 +80,20 @@ def image_size(path: Path, *, max_side: int = MAX_IMAGE_SIDE, max_pixels: int = 
         return im.size
 
 
+def image_header(path: Path) -> tuple[tuple[int, int], bool]:
+    """((width, height), has alpha) of an image file from its header only: whether :func:`read_image` will give
+    4 channels (the same rule, :func:`_has_alpha`). ValueError naming the file as :func:`image_size`."""
+    with _open_checked(path, MAX_IMAGE_SIDE, MAX_IMAGE_PIXELS) as im:
+        return im.size, _has_alpha(im)
+
+
+def _has_alpha(im) -> bool:
+    """Does :func:`read_image` give an alpha channel for this opened (or header-read) Pillow image?"""
+    if im.mode.startswith("I") or im.mode == "F":
+        return False
+    return im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (im.mode == "P" and "transparency" in im.info)
+
+
 def read_image(path: Path, *, max_side: int = MAX_IMAGE_SIDE, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
     """Decode an image file to (H, W, 3) or (H, W, 4) float32 in [0, 1] (straight, not premultiplied, alpha).
 
@@ -99,8 +113,7 @@ def read_image(path: Path, *, max_side: int = MAX_IMAGE_SIDE, max_pixels: int = 
                 return np.repeat(a[..., None], 3, axis=-1)
             if mode == "F":
                 return np.repeat(np.asarray(im, dtype=np.float32)[..., None], 3, axis=-1)
-            has_alpha = mode in ("RGBA", "LA", "PA", "RGBa", "La") or (mode == "P" and "transparency" in im.info)
-            im = im.convert("RGBA" if has_alpha else "RGB")
+            im = im.convert("RGBA" if _has_alpha(im) else "RGB")
             return np.asarray(im, dtype=np.float32) / 255.0
     except (*_DECODE_ERRORS, Image.DecompressionBombError) as e:
         raise ValueError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None

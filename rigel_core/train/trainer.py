@@ -49,6 +49,7 @@ import torch
 
 from ..camera import Camera, host_to_device
 from ..data.frames import common_size_frames, downscale_frame, frame_mask
+from ..data.stream import StreamedFrame, ViewStream
 from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
@@ -393,7 +394,7 @@ class Trainer:
             raise ValueError("Trainer: the dataset has no training frames")
         for f in self.train_frames + self.test_frames:
             h, w = f.camera.height, f.camera.width
-            if tuple(f.image.shape) != (h, w, 3):
+            if not isinstance(f, StreamedFrame) and tuple(f.image.shape) != (h, w, 3):  # (streamed: by construction)
                 raise ValueError(f"Trainer: frame {f.name!r} image has shape {tuple(f.image.shape)}, "
                                  f"its camera expects ({h}, {w}, 3)")
         self.config = cfg = self._resolve_auto(cfg, model)
@@ -428,10 +429,10 @@ class Trainer:
         # (common_size_frames; self.train_frames becomes this list once the initial model is made from the loaded
         # frames, whose pixels the background initialisation samples)
         views = common_size_frames(self.train_frames)
-        self._train_images = [f.image.to(self.device, torch.float32) for f in views]
-        #: per training frame: its mask as a bool tensor on the device, or None (every pixel counts; all None or
-        #: none: :meth:`_uniform_masks`)
-        self._train_masks = self._uniform_masks(views, [self._device_mask(f) for f in views])
+        #: per training frame: its image (H, W, 3) float32 and its mask as a bool tensor on the device, or None
+        #: (every pixel counts; all None or none: :meth:`_uniform_masks`) — lists, or for streamed frames the
+        #: columns of a :class:`~rigel_core.data.stream.ViewStream` that loads them ahead (:meth:`_view_pixels`)
+        self._train_images, self._train_masks = self._view_pixels(views)
         #: the full-resolution training views (frames, images, masks): kept for the whole run (the coarse-to-fine
         #: levels are made from them, and the final phase trains on them)
         self._full_views = (views, self._train_images, self._train_masks)
@@ -587,10 +588,39 @@ class Trainer:
     # ---- one iteration --------------------------------------------------------------------------------
     def _next_view(self) -> int:
         if self._redo_views:
-            return self._redo_views.pop(0)
-        if not self._view_stack:
-            self._view_stack = torch.randperm(len(self.train_frames), generator=self.generator).tolist()
-        return self._view_stack.pop()
+            idx = self._redo_views.pop(0)
+        else:
+            if not self._view_stack:
+                self._view_stack = torch.randperm(len(self.train_frames), generator=self.generator).tolist()
+            idx = self._view_stack.pop()
+        prefetch = getattr(self._train_images, "prefetch", None)
+        if prefetch is not None:  # streamed views: load the next ones of this epoch ahead (no random draw)
+            prefetch([idx] + self._redo_views + self._view_stack[::-1])
+        return idx
+
+    def _view_pixels(self, frames) -> tuple:
+        """``(images, masks)`` of training views ``frames``: lists of device tensors (image float32, mask bool or
+        None: :meth:`_device_mask`, :meth:`_uniform_masks`) — or, for streamed frames, the ``images`` / ``masks``
+        columns of a :class:`~rigel_core.data.stream.ViewStream` giving the same tensors, loaded ahead of their step,
+        a few at a time on the device (the masks' presence read on the host first, one frame at a time)."""
+        if frames and all(isinstance(f, StreamedFrame) for f in frames):
+            masked = []
+            for f in frames:
+                m = frame_mask(f)
+                if m is not None and tuple(m.shape) != (f.camera.height, f.camera.width):
+                    self._device_mask(f)  # raises its error
+                masked.append(m is not None and not bool(m.all()))
+            stream = ViewStream(frames, self.device, masked, any(masked) and not all(masked))
+            return stream.images, stream.masks
+        images = [f.image.to(self.device, torch.float32) for f in frames]
+        return images, self._uniform_masks(frames, [self._device_mask(f) for f in frames])
+
+    def _release_views(self) -> None:
+        """Drop the device copies of the current coarse level's streamed views (the full-resolution ones are kept
+        as their own stream's few)."""
+        column = self._train_images
+        if isinstance(getattr(column, "stream", None), ViewStream) and column is not self._full_views[1]:
+            column.stream.close()
 
     def _device_mask(self, frame) -> torch.Tensor | None:
         """``frame.mask`` as a bool tensor on the training device, or None when absent (or all valid)."""
@@ -827,28 +857,31 @@ class Trainer:
         factor = self._coarse_used.get(asked, asked)  # a factor a mask made smaller (below) stays smaller
         if factor == self.train_downscale:  # every step but a phase's first
             return
-        full_frames, full_masks = self._full_views[0], self._full_views[2]
+        full_frames = self._full_views[0]
         factor = fitting_factor(factor, full_frames)  # tiny images: a smaller factor
         if factor == self.train_downscale:
             return
         # release the current coarse level first (no reference to it is kept anywhere else: the graph step copies
         # the view it replays into its own buffers), so that two coarse levels never coexist
+        self._release_views()
         self.train_frames, self._train_images, self._train_masks = self._full_views
         self.train_downscale = 1
         while factor != 1:
             frames = [downscale_frame(f, factor, device=self.device) for f in full_frames]
-            masks = [self._device_mask(f) for f in frames]
+
+            def blind(f) -> bool:  # a mask that keeps no pixel (streamed frames: read on the host, one at a time)
+                m = self._device_mask(f) if not isinstance(f, StreamedFrame) else frame_mask(f)
+                return m is not None and not bool(m.any())
             # the strict mask rule can leave a view with valid pixels no valid coarse pixel (a mask whose ignored
             # pixels reach every factor x factor block): that view would train on nothing, so a smaller factor
-            lost = [f.name for f, m, fm in zip(frames, masks, full_masks)
-                    if m is not None and not bool(m.any()) and (fm is None or bool(fm.any()))]
+            lost = [f.name for f, ff in zip(frames, full_frames) if blind(f) and not blind(ff)]
             if not lost:
                 self.train_frames = frames
-                self._train_images = [f.image for f in frames]  # float32 on the device (downscale_frame)
-                self._train_masks = self._uniform_masks(frames, masks)
+                # float32 on the device (downscale_frame), or streamed
+                self._train_images, self._train_masks = self._view_pixels(frames)
                 self.train_downscale = factor
                 break
-            del frames, masks
+            del frames
             warnings.warn(f"coarse-to-fine: at 1/{factor} resolution {len(lost)} training view(s) would keep no "
                           f"valid pixel of their mask ({', '.join(lost[:3])}{' …' if len(lost) > 3 else ''}): "
                           f"1/{factor // 2} instead", stacklevel=3)

@@ -1,0 +1,26 @@
+"""``assemble_dataset``: what every format's loader ends with — the frames loaded (:func:`.frames.load_frames`) or
+streamed (:func:`.stream.stream_frames`), the scene centre and extent."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .frames import Dataset, FrameSpec, camera_extent, load_frames
+from .stream import DEFAULT_CACHE_MB, stream_frames
+
+__all__ = ["assemble_dataset"]
+
+
+def assemble_dataset(train: list[FrameSpec], test: list[FrameSpec], source: Path, fmt: str, white_bg, downscale,
+                     device, points=None, point_colors=None, alpha_as_mask=False, stream=False,
+                     cache_mb=None) -> Dataset:
+    """The :class:`Dataset` of two lists of frame specs: images loaded (:func:`load_frames`) — or, with ``stream``,
+    their headers only (:func:`.stream.stream_frames`, a host cache of ``cache_mb`` MiB) —, the scene centre and
+    extent from the training cameras (the test ones when there are none); what every format's loader ends with."""
+    kw = dict(white_bg=white_bg, downscale=downscale, source=source, alpha_as_mask=alpha_as_mask)
+    if stream:
+        frames = stream_frames(train + test, cache_mb=DEFAULT_CACHE_MB if cache_mb is None else cache_mb, **kw)
+    else:
+        frames = load_frames(train + test, device=device, **kw)   # one call: its warnings count the dataset once
+    train_frames, test_frames = frames[:len(train)], frames[len(train):]
+    center, extent = camera_extent([f.camera for f in (train_frames or test_frames)])
+    return Dataset(train_frames, test_frames, center, extent, points, point_colors, white_bg, fmt, str(source))

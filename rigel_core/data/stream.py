@@ -1,0 +1,458 @@
+"""Streamed frames: a capture's images read when they are used, never all held at once (issue 37).
+
+``load_dataset(..., stream=True)`` (what ``rigel-train`` does by default) reads only the image *headers* at load
+(sizes, alpha: the cameras, the aspect checks and the load warnings of :func:`~.frames.load_frames`) and returns
+:class:`StreamedFrame` s: ``frame.image`` / ``.alpha`` / ``.mask`` run the very load step of the preloaded path
+(:class:`~.frames.FramePipeline`: decode → composite or alpha mask → the user's mask → undistort → downscale) when
+first read, so the values are bit for bit those of ``stream=False``. The results are kept in one
+:class:`FrameCache` per dataset, bounded in bytes (least recently used out first), so host memory stays bounded by
+the cache's size whatever the capture's. The undistortion maps are made once per camera model (the pipeline's), and a
+mask that comes from the lens alone (no mask file, no alpha mask) is made once per camera model too.
+
+:class:`StreamedFrame` s give host (CPU) tensors, whatever ``device`` the dataset was loaded for. Derived frames —
+:func:`~.frames.downscale_frame` (coarse-to-fine) and :func:`~.frames.pad_frame` (views of slightly different sizes
+brought to one) — of a streamed frame are streamed frames too: their camera is known at once and their pixels are
+computed from the source frame's when read (the same functions as on a loaded frame).
+
+The trainer reads training views through a :class:`ViewStream`: a pool of threads runs the load step of the views
+the next steps will train (the trainer's view order, known for the rest of the epoch, no random draw of its own)
+into pinned memory, and copies them to the GPU on a stream of their own; the device holds the current view and the
+next few (:attr:`ViewStream.peak_device_frames` counts them), never the capture. Threads rather than worker
+processes: Pillow's decoders, OpenCV's remap and numpy release the GIL, and the frames need no trip through shared
+memory.
+
+A file that cannot be decoded when its turn comes raises :class:`~rigel_core.io.errors.DatasetError` naming it
+(``rigel-train`` says it in one line and saves the run).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..camera import Camera
+from .frames import DatasetError, Frame, FramePipeline, FrameSpec, LoadNotes, _downscale_mask, frame_mask
+from .images import image_header, image_size, other_aspect
+
+__all__ = ["FrameCache", "FrameSource", "StreamedFrame", "ViewStream", "DEFAULT_CACHE_MB", "DEFAULT_AHEAD",
+           "stream_frames", "stream_stats"]
+
+#: default size of a streamed dataset's host cache of loaded frames, MiB (``--frame-cache-mb``)
+DEFAULT_CACHE_MB = 512
+#: training views a :class:`ViewStream` loads ahead of the step that trains them
+DEFAULT_AHEAD = 4
+
+
+def _nbytes(value) -> int:
+    """Bytes of the tensors / arrays in ``value`` (a tensor, an array, a :class:`~.frames.Frame`, None, or a tuple
+    of them)."""
+    if isinstance(value, Frame):
+        return _nbytes((value.image, value.alpha, value.mask))
+    if isinstance(value, tuple):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    return 0
+
+
+class FrameCache:
+    """A thread-safe least-recently-used cache of loaded frames bounded in bytes (``max_bytes``; an entry larger than
+    the whole cache is returned but not kept). ``hits`` / ``misses`` / ``peak_bytes`` for the benchmarks."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = int(max_bytes)
+        self._items: OrderedDict = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.peak_bytes = 0
+
+    @property
+    def bytes(self) -> int:
+        """Bytes held now."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key, make):
+        """The value of ``key``, made by ``make()`` (outside the lock: two threads may make the same entry once each)
+        when absent, and kept while it fits."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return self._items[key][0]
+            self.misses += 1
+        value = make()
+        size = _nbytes(value)
+        with self._lock:
+            if key not in self._items and size <= self.max_bytes:
+                self._items[key] = (value, size)
+                self._bytes += size
+                while self._bytes > self.max_bytes:
+                    _, (_, s) = self._items.popitem(last=False)
+                    self._bytes -= s
+                self.peak_bytes = max(self.peak_bytes, self._bytes)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+
+class FrameSource:
+    """The frames of one streamed dataset: their specs, cameras (probed from the image headers), the shared
+    :class:`~.frames.FramePipeline` and :class:`FrameCache`.
+
+    Args:
+        specs: the frames (train then test).
+        white_bg, downscale, alpha_as_mask: as :func:`~.frames.load_frames`.
+        source: the dataset path (for the warnings).
+        cache_mb: the cache's size in MiB.
+
+    Raises DatasetError naming the file for an unreadable image header (or mask header) or an image of another aspect
+    ratio than its camera — at load, as the preloaded path does; a file whose pixels turn out corrupt is met when
+    read.
+    """
+
+    def __init__(self, specs: list[FrameSpec], *, white_bg: bool, downscale: float, source,
+                 alpha_as_mask: bool = False, cache_mb: float = DEFAULT_CACHE_MB):
+        self.specs = list(specs)
+        self.pipeline = FramePipeline(white_bg=white_bg, downscale=downscale, alpha_as_mask=alpha_as_mask)
+        self.cache = FrameCache(int(cache_mb * 2 ** 20))
+        self.source = source
+        notes = LoadNotes()
+        self.image_cameras: list[Camera] = []  # at the image's size, before --downscale
+        self.cameras: list[Camera] = []
+        for spec in self.specs:
+            try:
+                size, has_alpha = image_header(spec.image_path)
+            except ValueError as e:
+                raise DatasetError(str(e)) from e
+            cam = self.pipeline.camera(spec, size, notes)
+            notes.no_alpha += alpha_as_mask and not has_alpha
+            if spec.mask_path is not None:
+                self._probe_mask(spec, size, notes)
+            self.image_cameras.append(cam)
+            self.cameras.append(self.pipeline.output_camera(spec, cam, notes))
+        notes.warn(source, len(self.specs), downscale)
+
+    @staticmethod
+    def _probe_mask(spec: FrameSpec, size: tuple, notes: LoadNotes) -> None:
+        """The header of ``spec``'s mask file: DatasetError when unreadable, the stretched-mask note as
+        :func:`~.images.read_mask` gives it."""
+        try:
+            mw, mh = image_size(spec.mask_path)
+        except ValueError as e:
+            raise DatasetError(str(e).replace("image header", "mask header").replace("read image", "read mask")) \
+                from e
+        if (mw, mh) != tuple(size) and other_aspect((mw, mh), size):
+            notes.first_mask = notes.first_mask or f"{spec.mask_path}: the mask is {mw}x{mh} for a {size[0]}x{size[1]} image"
+            notes.masks_stretched += 1
+
+    def frames(self) -> list["StreamedFrame"]:
+        """One :class:`StreamedFrame` per spec."""
+        return [StreamedFrame(self, i, self.cameras[i], spec.name) for i, spec in enumerate(self.specs)]
+
+    def load(self, index: int) -> Frame:
+        """Frame ``index`` loaded: a :class:`~.frames.Frame` of host tensors (cached)."""
+        def make():
+            spec = self.specs[index]
+            rgba = self.pipeline.decode(spec)
+            if (rgba.shape[1], rgba.shape[0]) != (self.image_cameras[index].width, self.image_cameras[index].height):
+                raise DatasetError(f"{spec.image_path}: the image is {rgba.shape[1]}x{rgba.shape[0]}, its header said "
+                                   f"{self.image_cameras[index].width}x{self.image_cameras[index].height}: the file "
+                                   "changed while training?")
+            cam, rgb, alpha, mask = self.pipeline.process(spec, self.image_cameras[index], rgba)
+            return Frame(cam, torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)),
+                         None if alpha is None else torch.from_numpy(np.ascontiguousarray(alpha)), spec.name,
+                         None if mask is None else torch.from_numpy(np.ascontiguousarray(mask)))
+        return self.cache.get(("frame", index), make)
+
+    def base_mask(self, index: int) -> torch.Tensor | None:
+        """Frame ``index``'s mask (host bool tensor or None) without decoding its image where the mask does not
+        depend on it (no ``alpha_as_mask``): from the mask file and the lens; a lens-only mask is made once per
+        camera model."""
+        spec, pipe = self.specs[index], self.pipeline
+        if pipe.alpha_as_mask:
+            return self.load(index).mask
+        if spec.mask_path is None and spec.distortion is None:
+            return None
+        cam = self.image_cameras[index]
+        key = ("lens", spec.distortion.key, cam.width, cam.height, cam.fx, cam.fy, cam.cx, cam.cy) \
+            if spec.mask_path is None else ("mask", index)
+
+        def make():
+            m = pipe.mask_only(spec, cam)
+            return None if m is None else torch.from_numpy(np.ascontiguousarray(m))
+        return self.cache.get(key, make)
+
+
+class StreamedFrame:
+    """A :class:`~.frames.Frame` whose pixels are loaded when read (module docstring). ``camera`` and ``name`` at
+    once; ``image`` (H, W, 3) float32, ``alpha`` (H, W) float32 or None and ``mask`` (H, W) bool or None are host
+    tensors, loaded through the source's bounded cache (``mask`` without decoding the image where it can).
+    ``ops``: the derivations from the source frame, applied in order: ``("pad", width, height)`` or
+    ``("downscale", factor)``. Read-only (the cache shares the tensors)."""
+
+    __slots__ = ("source", "index", "camera", "name", "ops")
+
+    def __init__(self, source: FrameSource, index: int, camera: Camera, name: str, ops: tuple = ()):
+        self.source, self.index, self.camera, self.name, self.ops = source, index, camera, name, tuple(ops)
+
+    def __repr__(self) -> str:
+        return f"StreamedFrame({self.name!r}, {self.camera.width}x{self.camera.height}, ops={self.ops})"
+
+    @property
+    def image_shape(self) -> tuple:
+        """(H, W, 3) without loading anything."""
+        return (self.camera.height, self.camera.width, 3)
+
+    def load(self) -> Frame:
+        """This frame as a loaded :class:`~.frames.Frame` of host tensors (cached)."""
+        if not self.ops:
+            return self.source.load(self.index)
+        return self.source.cache.get(("frame", self.index, self.ops), lambda: _apply(self.parent().load(),
+                                                                                       self.ops[-1]))
+
+    def parent(self) -> "StreamedFrame":
+        """The frame this one derives from (itself when it derives from none)."""
+        if not self.ops:
+            return self
+        cam = self.source.cameras[self.index]
+        for op in self.ops[:-1]:
+            cam = _op_camera(cam, op)
+        return StreamedFrame(self.source, self.index, cam, self.name, self.ops[:-1])
+
+    def derive(self, op: tuple) -> "StreamedFrame":
+        """This frame with ``op`` applied (module docstring), its camera known at once."""
+        return StreamedFrame(self.source, self.index, _op_camera(self.camera, op), self.name, self.ops + (op,))
+
+    @property
+    def image(self) -> torch.Tensor:
+        return self.load().image
+
+    @property
+    def alpha(self) -> torch.Tensor | None:
+        return self.load().alpha
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        if not self.ops:
+            return self.source.base_mask(self.index)
+        return self.source.cache.get(("mask", self.index, self.ops),
+                                     lambda: _apply_mask(self.parent(), self.ops[-1], self.camera))
+
+
+def _op_camera(cam: Camera, op: tuple) -> Camera:
+    """The camera after one derivation (:meth:`StreamedFrame.derive`): :func:`~.frames.pad_frame`'s and
+    :func:`~.frames.downscale_frame`'s."""
+    if op[0] == "pad":
+        return replace(cam, width=int(op[1]), height=int(op[2]))
+    return cam.scaled(1.0 / op[1])
+
+
+def _apply(frame: Frame, op: tuple) -> Frame:
+    """``op`` on a loaded frame: the functions the preloaded path runs."""
+    from .frames import downscale_frame, pad_frame
+
+    return pad_frame(frame, op[1], op[2]) if op[0] == "pad" else downscale_frame(frame, op[1])
+
+
+def _apply_mask(parent: StreamedFrame, op: tuple, camera: Camera) -> torch.Tensor | None:
+    """The mask of ``parent`` with ``op`` applied, computed from the parent's mask alone (what :func:`_apply` gives
+    as the mask)."""
+    m = frame_mask(parent)
+    if op[0] == "pad":
+        w, h = parent.camera.width, parent.camera.height
+        out = torch.zeros((int(op[2]), int(op[1])), dtype=torch.bool)
+        out[:h, :w] = True if m is None else m
+        return out
+    if m is None:
+        return None
+    down = _downscale_mask(m.numpy(), camera)
+    return None if down is None else torch.from_numpy(np.ascontiguousarray(down))
+
+
+def stream_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, source: Path,
+                  alpha_as_mask: bool = False, cache_mb: float = DEFAULT_CACHE_MB) -> list[StreamedFrame]:
+    """:func:`~.frames.load_frames`' counterpart that loads nothing: :class:`StreamedFrame` s over one
+    :class:`FrameSource` (its header probe and warnings)."""
+    return FrameSource(specs, white_bg=white_bg, downscale=downscale, source=source, alpha_as_mask=alpha_as_mask,
+                       cache_mb=cache_mb).frames()
+
+
+class ViewStream:
+    """The training views' pixels on the training device, loaded ahead of their step (module docstring).
+
+    Args:
+        frames: the training views (:class:`StreamedFrame` s, or any frames: then loaded on the calling thread).
+        device: the training device.
+        masked: per view, whether it trains with a mask (the trainer's rule: a mask with a pixel that does not
+            count); ``uniform``: views without one get an all-True mask (one per image size) — the trainer's
+            ``_uniform_masks``.
+        ahead: views loaded ahead; ``workers``: loading threads (default min(4, CPUs)).
+
+    ``images[i]`` / ``masks[i]`` (what the trainer's ``_train_images`` / ``_train_masks`` were as lists): view
+    ``i``'s (H, W, 3) float32 image and (H, W) bool mask (or None) on the device. :meth:`prefetch` names the views
+    the next steps train. :attr:`peak_device_frames`: the most views held on the device at once.
+    """
+
+    def __init__(self, frames: list, device, masked: list[bool], uniform: bool, *, ahead: int = DEFAULT_AHEAD,
+                 workers: int | None = None):
+        self.frames = list(frames)
+        self.device = torch.device(device)
+        self.masked = list(masked)
+        self.uniform = bool(uniform)
+        self.ahead = max(0, int(ahead))
+        self._workers = workers or min(4, os.cpu_count() or 1)
+        self._pool: ThreadPoolExecutor | None = None
+        self._host: OrderedDict = OrderedDict()   # view -> Future of (image, mask) host tensors (pinned on CUDA)
+        self._dev: OrderedDict = OrderedDict()    # view -> (image, mask, event or None) on the device
+        self._full: dict = {}
+        self._want: list[int] = []  # the views the next steps train (prefetch)
+        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.peak_device_frames = 0
+        self.loads = 0
+        self.images = _Column(self, 0)
+        self.masks = _Column(self, 1)
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    @property
+    def device_frames(self) -> int:
+        """Views held on the device now."""
+        return len(self._dev)
+
+    def _load_host(self, i: int) -> tuple:
+        """View ``i``'s (image, mask) host tensors as the trainer trains them (pinned for an asynchronous copy)."""
+        f = self.frames[i]
+        frame = f.load() if isinstance(f, StreamedFrame) else f
+        image = frame.image.to("cpu", torch.float32)
+        m = frame_mask(frame)
+        mask = None if m is None or not self.masked[i] else m.cpu()
+        if self._copy_stream is not None:
+            image = image.pin_memory()
+            mask = None if mask is None else mask.pin_memory()
+        return image, mask
+
+    def _submit(self, i: int) -> None:
+        if i in self._host or i in self._dev:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="rigel-frames")
+        self._host[i] = self._pool.submit(self._load_host, i)
+
+    def prefetch(self, upcoming: list[int]) -> None:
+        """The views the next steps train, in order: their loads start (the first ``ahead``), and those whose host
+        load finished are copied to the device on the copy stream."""
+        want = self._want = list(dict.fromkeys(upcoming))[: self.ahead]
+        for i in want:
+            self._submit(i)
+        for i in want:
+            fut = self._host.get(i)
+            if fut is not None and fut.done() and fut.exception() is None:
+                self._to_device(i)
+        # loads of views no longer coming (a new permutation) are dropped when done
+        for i in [k for k in self._host if k not in want and self._host[k].done()]:
+            del self._host[i]
+
+    def _to_device(self, i: int) -> None:
+        """Copy view ``i``'s host load to the device (asynchronously on CUDA), keeping at most ``ahead + 1`` views
+        there: the least recently used one that is not coming next is dropped first."""
+        image, mask = self._host.pop(i).result()   # a load's error (DatasetError naming the file) surfaces here
+        event = None
+        if self._copy_stream is not None:
+            with torch.cuda.stream(self._copy_stream):
+                image = image.to(self.device, non_blocking=True)
+                mask = None if mask is None else mask.to(self.device, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self._copy_stream)
+        else:
+            image = image.to(self.device)
+            mask = None if mask is None else mask.to(self.device)
+        self.loads += 1
+        self._dev[i] = (image, mask, event)
+        while len(self._dev) > self.ahead + 1:
+            keep = set(self._want) | {i}
+            del self._dev[next((k for k in self._dev if k not in keep), next(k for k in self._dev if k != i))]
+        self.peak_device_frames = max(self.peak_device_frames, len(self._dev))
+
+    def view(self, i: int) -> tuple:
+        """View ``i``'s (image, mask) on the device, ready for the current stream (loaded now when it was not
+        ahead). Raises DatasetError naming a file that cannot be decoded."""
+        if i not in self._dev:
+            self._submit(i)
+            self._to_device(i)
+        self._dev.move_to_end(i)
+        image, mask, event = self._dev[i]
+        if event is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            image.record_stream(current)   # the allocator must not hand this memory out while the step reads it
+            if mask is not None:
+                mask.record_stream(current)
+            self._dev[i] = (image, mask, None)
+        if mask is None and self.uniform and not self.masked[i]:
+            size = tuple(image.shape[:2])
+            if size not in self._full:
+                self._full[size] = torch.ones(size, dtype=torch.bool, device=self.device)
+            mask = self._full[size]
+        return image, mask
+
+    def release(self) -> None:
+        """Drop every view held on the device and every pending load (the trainer moved to other views)."""
+        self._dev.clear()
+        for fut in self._host.values():
+            fut.cancel()
+        self._host.clear()
+
+    def close(self) -> None:
+        """:meth:`release` and stop the loading threads."""
+        self.release()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+class _Column:
+    """``stream.images`` / ``stream.masks``: indexable like the trainer's lists of device tensors."""
+
+    def __init__(self, stream: ViewStream, which: int):
+        self.stream, self.which = stream, which
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def __getitem__(self, i: int):
+        if self.which == 1 and not self.stream.masked[i] and not self.stream.uniform:
+            return None  # no mask: known without loading anything
+        return self.stream.view(i)[self.which]
+
+    def prefetch(self, upcoming: list[int]) -> None:
+        self.stream.prefetch(upcoming)
+
+
+def stream_stats(trainer) -> dict:
+    """``metrics.json``'s ``frames``: ``{"streamed": False}`` for preloaded training views, else the full-resolution
+    views' stream (``peak_device_frames``, ``loads``, ``frame_bytes``: one view's image and mask) and the host cache
+    (``cache_mb``, ``cache_peak_bytes``, ``cache_hits``, ``cache_misses``)."""
+    column = trainer._full_views[1]
+    stream = getattr(column, "stream", None)
+    if not isinstance(stream, ViewStream):
+        return {"streamed": False}
+    cache = stream.frames[0].source.cache
+    cam = stream.frames[0].camera
+    return {"streamed": True, "peak_device_frames": stream.peak_device_frames, "loads": stream.loads,
+            "frame_bytes": cam.width * cam.height * 13, "cache_mb": cache.max_bytes / 2 ** 20,
+            "cache_peak_bytes": cache.peak_bytes, "cache_hits": cache.hits, "cache_misses": cache.misses}

@@ -1,0 +1,225 @@
+"""Streamed frames (rigel_core/data/stream.py, issue 37): the same pixels and batches as the preloaded dataset, O(1)
+views on the device, a bounded host cache, a corrupt image met mid-run said in one line with the run saved, and the
+up-front refusal of a run that cannot fit the GPU (rigel_core/train/memory.py)."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from rigel_core.data import load_dataset
+from rigel_core.data.frames import downscale_frame, pad_frame
+from rigel_core.data.stream import DEFAULT_AHEAD, FrameCache, StreamedFrame
+from rigel_core.train import TrainConfig, Trainer
+from test_coarse_to_fine import assert_same_frame, write_ngp
+from test_trainer import blender_dataset  # noqa: F401  (a fixture)
+
+
+def load_both(path, **kw):
+    """(preloaded, streamed) datasets of ``path``, the load warnings silenced (each path has its own test)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_dataset(path, test_every=3, **kw), load_dataset(path, test_every=3, stream=True, **kw)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(alpha_as_mask=True), dict(downscale=1.5, white_bg=True)])
+def test_streamed_frames_are_the_preloaded_ones_bit_for_bit(tmp_path, rng, kw):
+    """A capture with a lens, mask files for some frames and alpha: every frame, and its downscaled and padded
+    derivations (coarse-to-fine, common sizes), equal to the preloaded one's — camera, image, alpha, mask."""
+    write_ngp(tmp_path, rng, 45, 35, 6)
+    pre, st = load_both(tmp_path, **kw)
+    assert len(st.train) == len(pre.train) == 4 and len(st.test) == len(pre.test) == 2
+    assert all(isinstance(f, StreamedFrame) for f in st.train + st.test)
+    assert st.train[0].source.cache.misses == 0  # nothing decoded at load: the headers only
+    for fs, fp in zip(st.train + st.test, pre.train + pre.test, strict=True):
+        assert_same_frame(fs, fp)
+        for factor in (2, 3):
+            assert_same_frame(downscale_frame(fs, factor), downscale_frame(fp, factor))
+        w, h = fp.camera.width + 3, fp.camera.height + 1
+        assert_same_frame(pad_frame(fs, w, h), pad_frame(fp, w, h))
+        assert_same_frame(downscale_frame(pad_frame(fs, w, h), 2), downscale_frame(pad_frame(fp, w, h), 2))
+    # the masks without decoding an image (no alpha mask): from the mask files and the lens alone
+    if not kw.get("alpha_as_mask"):
+        _, fresh = load_both(tmp_path, **kw)
+        masks = [f.mask for f in fresh.train]
+        assert all(m is not None for m in masks)
+        assert not any(k[0] == "frame" for k in fresh.train[0].source.cache._items)
+
+
+def trained(ds, cfg, steps):
+    """A CPU Trainer of ``ds`` after ``steps`` steps, and the (view, target, mask) of every view it trained."""
+    t = Trainer(ds, cfg, device="cpu")
+    seen = []
+    step_view = t._step_view
+
+    def record(idx, bg=None):
+        v = step_view(idx, bg)
+        seen.append((idx, v.gt.clone(), None if v.mask is None else v.mask.clone()))
+        return v
+    t._step_view = record
+    for _ in range(steps):
+        t.step()
+    return t, seen
+
+
+@pytest.mark.parametrize("alpha_as_mask", [False, True])
+def test_streamed_and_preloaded_training_see_the_same_batches_and_end_equal(tmp_path, rng, alpha_as_mask):
+    """Coarse-to-fine (a level, then full resolution), random backgrounds, masks and a lens: the same view order,
+    targets and masks at every step, and bit-identical Gaussians and evaluation afterwards."""
+    write_ngp(tmp_path, rng, 45, 35, 6)
+    pre, st = load_both(tmp_path, alpha_as_mask=alpha_as_mask)
+    cfg = dict(iterations=16, init_points=120, coarse_to_fine=2, random_background=True, eval_every=8,
+               seed=int(torch.randint(0, 1000, (1,), generator=rng)), sh_degree=1, strategy="default")
+    a, seen_a = trained(pre, TrainConfig(**cfg), 16)
+    b, seen_b = trained(st, TrainConfig(**cfg), 16)
+    assert len(seen_a) == len(seen_b) == 16
+    assert {tuple(g.shape[:2]) for _, g, _ in seen_a} == {(18, 22), (35, 45)}  # both resolutions were trained
+    for (i, ga, ma), (j, gb, mb) in zip(seen_a, seen_b):
+        assert i == j and torch.equal(ga, gb)
+        assert (ma is None) == (mb is None) and (ma is None or torch.equal(ma, mb))
+    for k, v in a.model.parameters().items():
+        assert torch.equal(v, b.model.parameters()[k]), k
+    assert [e.psnr for e in a.eval_history] == [e.psnr for e in b.eval_history]
+
+
+def test_a_dataset_of_n_views_holds_o1_frames_on_the_device(tmp_path, rng):
+    """However many training views, the trainer's device holds the current view and the few loaded ahead (counted
+    by the stream), never a list of every image; each epoch loads each view once, but for those still held when the
+    next epoch's order is drawn."""
+    write_ngp(tmp_path, rng, 20, 16, 40)
+    _, st = load_both(tmp_path)
+    n = len(st.train)
+    assert n > 5 * (DEFAULT_AHEAD + 1)
+    t = Trainer(st, TrainConfig(iterations=3 * n, init_points=80, sh_degree=0, eval_every=0, coarse_to_fine=1),
+                device="cpu")
+    stream = t._train_images.stream
+    assert not isinstance(t._train_images, list) and stream.device_frames == 0  # nothing loaded at start
+    for _ in range(3 * n):
+        t.step()
+        assert stream.device_frames <= DEFAULT_AHEAD + 1
+    assert stream.peak_device_frames == DEFAULT_AHEAD + 1
+    assert 3 * n - 2 * (DEFAULT_AHEAD + 1) <= stream.loads <= 3 * n + 3 * DEFAULT_AHEAD
+
+
+def test_the_host_cache_stays_within_its_bytes():
+    cache = FrameCache(1000)
+    for i in range(10):
+        assert cache.get(i, lambda: torch.zeros(100, dtype=torch.float32)).numel() == 100  # 400 bytes each
+        assert cache.bytes <= 1000
+    assert len(cache) == 2 and cache.peak_bytes == 800 and cache.misses == 10
+    cache.get(9, lambda: pytest.fail("made again"))  # the most recent one is kept
+    big = cache.get("big", lambda: torch.zeros(1000))  # larger than the whole cache: given, not kept
+    assert big.numel() == 1000 and "big" not in cache._items and cache.hits == 1
+    # loaded frames count their image, alpha and mask
+    from rigel_core.camera import Camera
+    from rigel_core.data.frames import Frame
+
+    cam = Camera.look_at((3, 0, 1), (0, 0, 0), width=10, height=5)
+    frame = Frame(cam, torch.zeros(5, 10, 3), torch.zeros(5, 10), "f", torch.ones(5, 10, dtype=torch.bool))
+    frames = FrameCache(4 * 150 + 4 * 50 + 50)
+    frames.get("a", lambda: frame)
+    assert frames.bytes == 850
+    frames.get("b", lambda: frame)
+    assert frames.bytes == 850 and len(frames) == 1
+
+
+def test_a_corrupt_image_met_mid_run_is_one_line_and_the_run_is_saved(tmp_path, rng, capsys, monkeypatch):
+    """With no host cache (--frame-cache-mb 0) every step decodes its view: a training image truncated after step 4
+    stops the run when its turn comes, in one line naming the file, with the checkpoint saved (exit status 2);
+    --resume after the file is restored goes on."""
+    from rigel_core.cli.train import main
+    from rigel_core.train.run import TrainingRun
+
+    data = tmp_path / "data"
+    write_ngp(data, rng, 20, 16, 30)  # more views than the device holds ahead: each is read again every epoch
+    victim = data / "images" / "f1.png"
+    good = victim.read_bytes()
+    step = TrainingRun.step
+
+    def breaking_step(self):
+        if self.trainer.iteration == 4:
+            victim.write_bytes(good[: len(good) // 2])   # the header stays readable, the pixels do not
+        return step(self)
+    monkeypatch.setattr(TrainingRun, "step", breaking_step)
+    run = tmp_path / "run"
+    common = ["--data", str(data), "--out", str(run), "--device", "cpu", "--quiet", "--init-points", "80",
+              "--sh-degree", "0", "--frame-cache-mb", "0", "--eval-every", "0"]
+    assert main(common + ["--iters", "60"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()  # the run's log lines, then the one that stopped it
+    said = [line for line in err if str(victim) in line]
+    assert said == [err[-1]] and err[-1].startswith("rigel-train: ") and "cannot read image" in err[-1], err
+    assert "the run is saved" in err[-1] and "Traceback" not in "".join(err)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert (run / "checkpoint.safetensors").is_file() and 4 <= metrics["iterations_done"] < 60
+    assert str(victim) in (run / "log.txt").read_text()
+    monkeypatch.setattr(TrainingRun, "step", step)
+    victim.write_bytes(good)
+    assert main(common + ["--iters", "60", "--resume"]) == 0
+
+
+def test_preload_frames_trains_as_before(blender_dataset, tmp_path):  # noqa: F811
+    """--preload-frames and the streamed default: the same model, bit for bit."""
+    from rigel_core.cli.train import main
+    from rigel_core.io.ply import load_ply
+
+    common = ["--data", str(blender_dataset), "--device", "cpu", "--quiet", "--init-points", "80", "--sh-degree", "0",
+              "--iters", "12", "--eval-every", "0", "--seed", "5"]
+    assert main(common + ["--out", str(tmp_path / "a")]) == 0
+    assert main(common + ["--out", str(tmp_path / "b"), "--preload-frames"]) == 0
+    a, b = load_ply(tmp_path / "a" / "model.ply"), load_ply(tmp_path / "b" / "model.ply")
+    assert torch.equal(a.means3D, b.means3D) and torch.equal(a.sh_coeffs, b.sh_coeffs)
+
+
+# ---- item 4: what cannot fit is refused before training ---------------------------------------------------------
+def test_bytes_per_gaussian_floor_counts_parameters_gradients_moments_and_statistics():
+    from rigel_core.train.memory import bytes_per_gaussian_floor
+
+    # 3 + 3 + 4 + 1 + 48 floats, four copies each, 3 floats of statistics
+    assert bytes_per_gaussian_floor(3) == 4 * (4 * 59 + 3) == 956
+    assert bytes_per_gaussian_floor(0) == 4 * (4 * 14 + 3)
+    assert bytes_per_gaussian_floor(3, "mlp", 8) == 4 * (4 * 19 + 3)
+
+
+@pytest.mark.parametrize("preload", [False, True])
+def test_rigel_train_refuses_a_budget_or_capture_that_cannot_fit_in_one_line(blender_dataset, tmp_path,  # noqa: F811
+                                                                             capsys, monkeypatch, preload):
+    """The device's memory replaced by a small number (the check is skipped on a CPU device): a budget of 10M
+    Gaussians is refused before anything is written, one line with what it needs against what the device has;
+    preloaded images beyond it too; a budget that fits trains."""
+    from rigel_core.cli.train import main
+    from rigel_core.train import memory
+
+    have = {"bytes": 2_000_000_000}
+    monkeypatch.setattr(memory, "device_memory", lambda device: have["bytes"])
+    run = tmp_path / "run"
+    common = ["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet", "--init-points", "80",
+              "--sh-degree", "0", "--iters", "2"] + (["--preload-frames"] if preload else [])
+    assert main(common + ["--max-gaussians", "100000000", "--strategy", "default"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs at least" in err[0] and "2.0 GB available" in err[0] and "100,000,000" in err[0]
+    assert "--max-gaussians" in err[0] and not run.exists()
+    if preload:  # the images alone (32x32 views: a few KB) against an almost full GPU
+        have["bytes"] = 10_000
+        assert main(common) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "images" in err[0] and "0 Gaussians" in err[0] and not run.exists()
+        have["bytes"] = 2_000_000_000
+    assert main(common + ["--max-gaussians", "1000000"]) == 0
+
+
+def test_training_memory_of_streamed_views_does_not_grow_with_their_number():
+    from types import SimpleNamespace
+
+    from rigel_core.camera import Camera
+    from rigel_core.train.memory import training_memory
+
+    cam = Camera.look_at((3, 0, 1), (0, 0, 0), width=1920, height=1080)
+    views = lambda n: [SimpleNamespace(camera=cam)] * n
+    cfg = TrainConfig(max_gaussians=1000)
+    few, many = (training_memory(views(n), views(1), cfg, streamed=True)["images"] for n in (10, 2000))
+    assert few == many < 200e6
+    pre = training_memory(views(2000), views(1), TrainConfig(coarse_to_fine=1), streamed=False)["images"]
+    assert pre == 2000 * 1920 * 1080 * 13
