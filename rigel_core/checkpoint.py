@@ -12,6 +12,7 @@ Layout of the file (safetensors: a JSON header + raw little-endian tensors):
 | ``rng.cpu`` | the trainer's ``torch.Generator`` state (uint8) |
 | ``views.stack`` | the training views left in the current epoch's permutation (int64) |
 | ``exposure.affine``, ``exposure.adam.<key>`` | only when the run has learnt per-image exposure (:mod:`rigel_core.train.exposure`): the (N_train, 3, 4) corrections ``[A_i \| b_i]`` and their Adam state. A checkpoint without them (older, or exposure never on) loads with fresh identity corrections |
+| ``appearance_grid.grid``, ``appearance_grid.adam.<key>`` | only with the bilateral-grid appearance (:mod:`rigel_core.train.bilagrid`): the (N_train, 12, L, S, S) grids and their Adam state |
 | ``pose.delta``, ``pose.adam.<key>`` | only when the run has learnt pose corrections (:mod:`rigel_core.train.pose`): the (N_train, 6) rotation (radians) and translation (scene extents) of each training camera and their Adam state; without them a run starts from the given poses |
 
 The header's ``__metadata__`` holds one string entry ``"rigel"``: a JSON object with ``format`` (= 1),
@@ -63,9 +64,10 @@ class CheckpointError(InputError):
 def _corrections() -> tuple:
     """The per-training-image correction classes a checkpoint may hold (:mod:`rigel_core.train.per_image`)."""
     from .train.exposure import Exposure
+    from .train.bilagrid import BilateralGrid
     from .train.pose import PoseCorrection
 
-    return (Exposure, PoseCorrection)
+    return (Exposure, PoseCorrection, BilateralGrid)
 
 
 def _atomic_save(tensors: dict, meta: dict, path) -> None:
@@ -409,7 +411,7 @@ def load_trainer(path, dataset, *, device=None, config=None, trainer_cls):
     """A ``trainer_cls`` (:class:`~rigel_core.train.Trainer`, which passes itself: ``Trainer.from_checkpoint`` is
     the public entry, and this module never imports the trainer that saves through it) on ``dataset`` restored
     from a checkpoint: model, Adam moments and step counts, densification statistics, RNG state, the epoch's
-    remaining views, counters, and the per-image exposure and pose corrections when the checkpoint has them
+    remaining views, counters, and the per-image exposure, pose and bilateral-grid corrections when the checkpoint has them
     (CheckpointError when their count is not the dataset's number of training images).
     ``config`` replaces the saved configuration when given."""
     tensors, meta = read_checkpoint(path, "cpu")

@@ -25,7 +25,7 @@ class PerImageParam:
 
     prefix: str = ""
     key: str = "param"
-    item_shape: tuple = ()
+    item_shape: tuple = ()  # one image's row; -1: any size (the checkpoint reads it from the tensor)
     #: the TrainConfig switch under which the trainer steps it, and the Trainer attribute that holds it
     config_field: str = ""
     trainer_attr: str = ""
@@ -71,10 +71,11 @@ class PerImageParam:
         return out
 
     @classmethod
-    def for_trainer(cls, trainer, n: int | None = None) -> "PerImageParam":
-        """A fresh correction of ``n`` images (default: the trainer's training views) on ``trainer``'s device, with
-        what else the subclass reads of it (the scene extent, the config)."""
-        return cls(len(trainer.train_frames) if n is None else n, trainer.device)
+    def for_trainer(cls, trainer, like: torch.Tensor | None = None) -> "PerImageParam":
+        """A fresh correction of the trainer's training views on its device, with what else the subclass reads of it
+        (the scene extent, the config); shaped as ``like`` (a stored ``param``: its row count, and its item shape
+        where the class allows several) when given."""
+        return cls(len(trainer.train_frames) if like is None else like.shape[0], trainer.device)
 
     @classmethod
     def from_state_tensors(cls, tensors: dict, trainer):
@@ -85,10 +86,10 @@ class PerImageParam:
         a = tensors.get(name)
         if a is None:
             return None
-        if a.dim() != 1 + len(cls.item_shape) or tuple(a.shape[1:]) != tuple(cls.item_shape):
-            want = ", ".join(["N"] + [str(d) for d in cls.item_shape])
+        if a.dim() != 1 + len(cls.item_shape) or any(w not in (-1, d) for w, d in zip(cls.item_shape, a.shape[1:])):
+            want = ", ".join(["N"] + [str(d) if d >= 0 else "any" for d in cls.item_shape])
             raise ValueError(f"{name} has shape {tuple(a.shape)}, expected ({want})")
-        out = cls.for_trainer(trainer, a.shape[0])
+        out = cls.for_trainer(trainer, a)
         with torch.no_grad():
             out.param.copy_(a.to(out.param.device, torch.float32))
         state = {}

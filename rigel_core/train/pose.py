@@ -126,8 +126,8 @@ class PoseCorrection(PerImageParam):
         self.extent = float(extent)
 
     @classmethod
-    def for_trainer(cls, trainer, n: int | None = None) -> "PoseCorrection":
-        return cls(len(trainer.train_frames) if n is None else n, trainer.device, trainer.extent,
+    def for_trainer(cls, trainer, like: torch.Tensor | None = None) -> "PoseCorrection":
+        return cls(len(trainer.train_frames) if like is None else like.shape[0], trainer.device, trainer.extent,
                    trainer.config.pose_opt_reg)
 
     @property
@@ -176,7 +176,7 @@ def pose_errors(cameras: list, references: list) -> dict:
 def fit_pose(model, camera, gt: torch.Tensor, *, steps: int, lr: float, extent: float = 1.0, mask=None,
              background=None, loss_fn=None) -> tuple[Camera, float]:
     """Fit ``camera``'s pose to the image ``gt`` (H, W, 3) with ``model`` frozen: ``steps`` Adam steps of a
-    correction as :class:`PoseCorrection`'s (learning rate ``lr``, translation in ``extent`` units) on
+    correction as :class:`PoseCorrection`'s (constant learning rate ``lr``, translation in ``extent`` units) on
     ``loss_fn(pred, gt, mask)`` (default: L1 over the valid pixels). Returns (the refined Camera, the loss of the
     last step, before its update; nan for 0 steps). The model's ``.grad`` are left untouched (the gradient is taken
     with respect to the pose alone)."""

@@ -95,7 +95,8 @@ class StepOutcome:
 
 def view_forward_backward(trainer, view: StepView, ctx: StepContext) -> dict:
     """Render ``view`` (through its pose correction when ``config.pose_opt`` is on), its loss (through the exposure
-    correction when ``config.exposure`` is on, plus the strategy's loss term), backward (gradients accumulate into
+    correction when ``config.exposure`` is on and the bilateral grid when ``config.appearance_grid`` is, plus the
+    strategy's loss term and the grids' TV term), backward (gradients accumulate into
     ``.grad``); returns the view's record (render output, loss terms, means2D gradient, the densification statistic's
     gradient)."""
     cfg = trainer.config
@@ -103,10 +104,11 @@ def view_forward_backward(trainer, view: StepView, ctx: StepContext) -> dict:
     out = render(trainer.model, camera, background=view.background)
     prepare_means2D_grad(out)
     pred = trainer._apply_exposure(out.image, view.index, ctx.iteration)  # out.image when exposure is off
+    pred, tv = trainer._apply_grid(pred, view.index, ctx.iteration)  # (pred, None) when appearance_grid is off
     loss, l1, s, m_t = trainer.loss_terms(pred, view.gt, view.mask)
-    extra = ctx.strategy.loss_term(trainer.model, cfg)
-    if extra is not None:
-        loss = loss + extra
+    for extra in (ctx.strategy.loss_term(trainer.model, cfg), tv):
+        if extra is not None:
+            loss = loss + extra
     g2d = g_stat = None
     if loss.requires_grad:
         loss.backward()

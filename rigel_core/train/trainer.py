@@ -57,6 +57,7 @@ from .config import SPARSE_SFM_COVERAGE, Capture, TrainConfig, coarse_to_fine_sp
 from .densify import DensifyReport, DensifyStats
 from .exposure import Exposure, exposure_lr, left_right_metrics, log_linear_lr
 from .pose import PoseCorrection, fit_pose, pose_errors
+from .bilagrid import BilateralGrid, grid_lr
 from .losses import loss_terms, mse, psnr_from_mse, ssim
 from .distributed import batch_scaling
 from .graph_step import GraphStep, graph_step_unsupported
@@ -472,6 +473,9 @@ class Trainer:
         self.exposure: Exposure | None = Exposure.for_trainer(self) if cfg.exposure else None
         #: per-training-camera pose corrections (:mod:`.pose`), made when ``config.pose_opt`` is first on
         self.pose: PoseCorrection | None = PoseCorrection.for_trainer(self) if cfg.pose_opt else None
+        #: per-training-image bilateral grids (:mod:`.bilagrid`), made when ``config.appearance_grid`` is first on
+        self.appearance_grid: BilateralGrid | None = \
+            BilateralGrid.for_trainer(self) if cfg.appearance_grid else None
         self.stats = DensifyStats(model.num_gaussians, self.device)
         self.iteration = 0
         self._nan_skips = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -678,7 +682,20 @@ class Trainer:
     def corrections(self) -> list:
         """The per-training-image corrections this run has (:class:`.per_image.PerImageParam`: exposure, poses), in
         the order their Adam steps."""
-        return [c for c in (self.exposure, self.pose) if c is not None]
+        return [c for c in (self.exposure, self.pose, self.appearance_grid) if c is not None]
+
+    def _apply_grid(self, image: torch.Tensor, idx: int, it: int):
+        """``(image, None)`` when ``config.appearance_grid`` is off; else the render ``image`` of training view ``idx``
+        through its bilateral grid and the grids' total-variation term (:mod:`.bilagrid`; the grids are made at the
+        first such step, and their lr set for ``it``)."""
+        cfg = self.config
+        if not cfg.appearance_grid:
+            return image, None
+        if self.appearance_grid is None:
+            self.appearance_grid = BilateralGrid.for_trainer(self)
+        self.appearance_grid.set_lr(grid_lr(cfg, it))
+        tv = self.appearance_grid.tv() * cfg.appearance_grid_tv if cfg.appearance_grid_tv > 0 else None
+        return self.appearance_grid.apply(image, idx), tv
 
     def _step_camera(self, camera, idx: int, it: int):
         """The camera training view ``idx`` renders from at iteration ``it``: through its learnt pose correction
@@ -977,6 +994,7 @@ class Trainer:
             return None
         t0 = time.perf_counter()
         pose_fit = self.config.pose_opt or self.config.eval_pose_opt
+        exposure_protocol = self.config.exposure or self.config.eval_exposure or self.config.appearance_grid
         per_view = []
         for f in frames:
             pred = self.render_frame(f)
@@ -985,7 +1003,7 @@ class Trainer:
             m = float(mse(pred, gt, mask))
             per_view.append({"name": f.name, "psnr": psnr_from_mse(m), "ssim": float(ssim(pred, gt, mask=mask)),
                              "masked_pixels": 0 if mask is None else int((~mask).sum())})
-            if self.config.exposure or self.config.eval_exposure:  # fit left half, score right half (exposure.py)
+            if exposure_protocol:  # fit left half, score right half (exposure.py)
                 ex = left_right_metrics(pred, gt, mask)
                 per_view[-1].update(psnr_exposure=ex["psnr"], ssim_exposure=ex["ssim"],
                                     exposure_fit={"A": ex["A"], "b": ex["b"]})
@@ -994,7 +1012,7 @@ class Trainer:
         res = EvalResult(self.iteration, float(np.mean([v["psnr"] for v in per_view])),
                          float(np.mean([v["ssim"] for v in per_view])), self.model.num_gaussians, len(frames),
                          time.perf_counter() - t0, per_view, sum(v["masked_pixels"] for v in per_view))
-        if self.config.exposure or self.config.eval_exposure:
+        if exposure_protocol:
             res.psnr_exposure = float(np.mean([v["psnr_exposure"] for v in per_view]))
             res.ssim_exposure = float(np.mean([v["ssim_exposure"] for v in per_view]))
         if pose_fit:
