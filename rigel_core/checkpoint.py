@@ -315,6 +315,8 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
         val = _check_tensor(path, tensors, name, (-1, *cls.item_shape), (torch.float32,), finite=True)
         if val.shape[0] < 1:
             _fail(path, name, f"no corrections (shape {tuple(val.shape)})")
+        if cls.shape_problem(tuple(val.shape)) is not None:
+            _fail(path, name, cls.shape_problem(tuple(val.shape)))
         present = [k for k in ADAM_KEYS if f"{pre}adam.{k}" in tensors]
         if present or it > 0 and getattr(cfg, cls.config_field):
             for k in ("exp_avg", "exp_avg_sq"):

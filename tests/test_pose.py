@@ -455,3 +455,37 @@ def test_exact_perturbed_poses_are_recovered(rng):
     assert frac(raw1, "mean_rotation_deg") > 0.4 and frac(al1, "mean_rotation_deg") > 0.4
     assert frac(al1, "mean_translation") > 0.2
     assert psnr1 > psnr0 + 1.0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_damaged_correction_tensors_are_one_checkpoint_error(rng, tmp_path):
+    """A pose or grid tensor of the wrong shape, a non-finite one, or corrections for another training set: one
+    CheckpointError naming the file and the tensor, before anything is built."""
+    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+    from rigel_core.checkpoint import CheckpointError
+    from test_trainer import make_dataset, small_config
+
+    ds = make_dataset(rng, n_gauss=30, size=24, n_train=4, n_test=0)
+    tr = Trainer(ds, small_config(init_points=40, pose_opt=True, appearance_grid=True, appearance_grid_size=3,
+                                  appearance_grid_bins=2), device="cpu")
+    tr.step()
+    path = tmp_path / "c.safetensors"
+    tr.save_checkpoint(path)
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()
+    tensors = load_file(path)
+    assert tensors["pose.delta"].shape == (4, 6) and tensors["appearance_grid.grid"].shape == (4, 12, 2, 3, 3)
+    for key, bad, words in (("pose.delta", torch.zeros(4, 5), "pose.delta"),
+                            ("pose.delta", torch.full((4, 6), float("nan")), "pose.delta"),
+                            ("appearance_grid.grid", torch.zeros(4, 12, 2, 3), "appearance_grid.grid"),
+                            ("appearance_grid.grid", torch.zeros(4, 12, 2, 3, 4), "appearance_grid.grid"),
+                            ("pose.adam.exp_avg", torch.zeros(3, 6), "pose.adam.exp_avg")):
+        broken = dict(tensors, **{key: bad})
+        p = tmp_path / "bad.safetensors"
+        save_file(broken, str(p), metadata=meta)
+        with pytest.raises(CheckpointError, match=f"bad.safetensors.*{words}"):
+            Trainer.from_checkpoint(p, ds, device="cpu")
+    other = make_dataset(rng, n_gauss=10, size=24, n_train=3, n_test=0)
+    with pytest.raises(CheckpointError, match="3 training"):
+        Trainer.from_checkpoint(path, other, device="cpu")

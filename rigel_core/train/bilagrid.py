@@ -89,9 +89,16 @@ class BilateralGrid(PerImageParam):
         cfg = trainer.config
         if like is None:
             return cls(len(trainer.train_frames), trainer.device, cfg.appearance_grid_bins, cfg.appearance_grid_size)
-        if like.dim() != 5 or like.shape[3] != like.shape[4]:
-            raise ValueError(f"appearance_grid.grid has shape {tuple(like.shape)}, expected (N, 12, L, S, S)")
+        problem = cls.shape_problem(tuple(like.shape))
+        if problem is not None:
+            raise ValueError(f"appearance_grid.grid: {problem}")
         return cls(like.shape[0], trainer.device, like.shape[2], like.shape[3])
+
+    @classmethod
+    def shape_problem(cls, shape: tuple) -> str | None:
+        if len(shape) != 5 or shape[3] != shape[4] or min(shape[2:]) < 2:
+            return f"shape {tuple(shape)}, expected (N, 12, L, S, S) with L, S ≥ 2"
+        return None
 
     @property
     def grid(self) -> torch.Tensor:

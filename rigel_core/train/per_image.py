@@ -71,6 +71,11 @@ class PerImageParam:
         return out
 
     @classmethod
+    def shape_problem(cls, shape: tuple) -> str | None:
+        """Why a stored ``param`` of ``shape`` cannot be this class's (beyond ``item_shape``), or None."""
+        return None
+
+    @classmethod
     def for_trainer(cls, trainer, like: torch.Tensor | None = None) -> "PerImageParam":
         """A fresh correction of the trainer's training views on its device, with what else the subclass reads of it
         (the scene extent, the config); shaped as ``like`` (a stored ``param``: its row count, and its item shape
