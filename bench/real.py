@@ -486,7 +486,13 @@ def run_rigel(ds, base: GaussianModel, cfg: TrainConfig, checkpoints, time_limit
 
     def trainer_eval():  # rigel's own evaluation (masks as the trainer applies them), recorded as a cross-check
         ev = trainer.evaluate(record=False)
-        return {} if ev is None else {"psnr_trainer": ev.psnr, "ssim_trainer": ev.ssim}
+        if ev is None:
+            return {}
+        # with --rigel-config exposure / appearance_grid / pose_opt (or eval_exposure / eval_pose_opt): the
+        # exposure protocol's and the pose-fitted protocol's means too (docs/TRAINING.md)
+        extra = {f"{k}_trainer": getattr(ev, k) for k in ("psnr_exposure", "ssim_exposure", "psnr_pose", "ssim_pose")
+                 if getattr(ev, k, None) is not None}
+        return {"psnr_trainer": ev.psnr, "ssim_trainer": ev.ssim, **extra}
 
     res = train_and_evaluate(label, lambda it: trainer.step(), trainer.render_frame,
                              lambda: trainer.model.num_gaussians, ds.test, checkpoints, time_limit, device,

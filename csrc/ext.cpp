@@ -58,8 +58,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("project_gaussians_backward", &rigel::project_gaussians_backward, py::arg("means3D"), py::arg("quats"),
           py::arg("scales"), py::arg("viewmat"), py::arg("K"), py::arg("width"), py::arg("height"), py::arg("radii"),
           py::arg("v_means2D"), py::arg("v_conics"), py::arg("v_depths"), py::arg("v_compensations") = py::none(),
+          py::arg("v_viewmat_parts") = py::none(),
           "[1] backward -> (v_means3D (N,3), v_quats (N,4), v_scales (N,3)); zero for culled Gaussians; "
-          "v_compensations (N,) or None: when given, the mip mode's backward");
+          "v_compensations (N,) or None: when given, the mip mode's backward; v_viewmat_parts (N,3,4) or None: "
+          "when given, written with each Gaussian's share [v_R | v_t] of the view-matrix gradient (sum them)");
     m.def("sh_colors_backward", &rigel::sh_colors_backward, py::arg("degree"), py::arg("sh_coeffs"),
           py::arg("means3D"), py::arg("campos"), py::arg("v_colors"),
           "[0] backward -> (v_sh_coeffs (N,K,3), v_means3D (N,3))");

@@ -22,12 +22,13 @@ void launch_project_fwd(const at::Tensor& means3D, const at::Tensor& quats, cons
 
 // project_bwd.cu. Inputs as the forward plus radii [N]; v_means2D [N,2], v_conics [N,3], v_depths [N]
 // -> v_means3D [N,3], v_quats [N,4], v_scales [N,3] (zero for culled Gaussians); v_compensations [N] or nullptr:
-// when given, the mip mode's backward (through its filter and the compensation).
+// when given, the mip mode's backward (through its filter and the compensation); v_viewmat_parts [N,3,4] or nullptr:
+// when given, each Gaussian's share [v_R | v_t] of the view-matrix gradient (zero for culled ones).
 void launch_project_bwd(const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales,
                         const at::Tensor& viewmat, const at::Tensor& K, int width, int height,
                         const at::Tensor& radii, const at::Tensor& v_means2D, const at::Tensor& v_conics,
                         const at::Tensor& v_depths, at::Tensor& v_means3D, at::Tensor& v_quats, at::Tensor& v_scales,
-                        const at::Tensor* v_compensations);
+                        const at::Tensor* v_compensations, const at::Tensor* v_viewmat_parts);
 
 // sh_fwd.cu. sh_coeffs [N,K,3], means3D [N,3], campos [3] -> colors [N,3].
 void launch_sh_fwd(int degree, const at::Tensor& sh_coeffs, const at::Tensor& means3D, const at::Tensor& campos,

@@ -359,7 +359,8 @@ void rasterize_tiles(const at::Tensor& means2D, const at::Tensor& conics, const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> project_gaussians_backward(
     const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales, const at::Tensor& viewmat,
     const at::Tensor& K, int64_t width, int64_t height, const at::Tensor& radii, const at::Tensor& v_means2D,
-    const at::Tensor& v_conics, const at::Tensor& v_depths, const c10::optional<at::Tensor>& v_compensations) {
+    const at::Tensor& v_conics, const at::Tensor& v_depths, const c10::optional<at::Tensor>& v_compensations,
+    const c10::optional<at::Tensor>& v_viewmat_parts) {
     const char* op = "project_gaussians_backward";
     const auto [dev, n] = check_projection_inputs(op, means3D, quats, scales, nullptr, viewmat, K, width, height);
     check(op, "radii", radii, at::kInt, dev, {n}, "(N,)");
@@ -367,12 +368,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> project_gaussians_backward(
     check(op, "v_conics", v_conics, at::kFloat, dev, {n, 3}, "(N, 3)");
     check(op, "v_depths", v_depths, at::kFloat, dev, {n}, "(N,)");
     if (v_compensations.has_value()) check(op, "v_compensations", *v_compensations, at::kFloat, dev, {n}, "(N,)");
+    if (v_viewmat_parts.has_value())
+        check(op, "v_viewmat_parts", *v_viewmat_parts, at::kFloat, dev, {n, 3, 4}, "(N, 3, 4)");
     const c10::cuda::CUDAGuard guard(dev);
     at::Tensor v_means3D = at::empty({n, 3}, means3D.options()), v_quats = at::empty({n, 4}, means3D.options());
     at::Tensor v_scales = at::empty({n, 3}, means3D.options());
     launch_project_bwd(means3D, quats, scales, viewmat, K, static_cast<int>(width), static_cast<int>(height), radii,
                        v_means2D, v_conics, v_depths, v_means3D, v_quats, v_scales,
-                       v_compensations.has_value() ? &*v_compensations : nullptr);
+                       v_compensations.has_value() ? &*v_compensations : nullptr,
+                       v_viewmat_parts.has_value() ? &*v_viewmat_parts : nullptr);
     return {v_means3D, v_quats, v_scales};
 }
 

@@ -22,12 +22,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> project_gaussians(
     const c10::optional<at::Tensor>& compensations = c10::nullopt);
 
 // [1] backward -> (v_means3D [N,3], v_quats [N,4], v_scales [N,3]); v_compensations [N] (optional): when given,
-// the mip mode's backward.
+// the mip mode's backward; v_viewmat_parts [N,3,4] (optional, written in place): each Gaussian's share of the
+// view-matrix gradient [v_R | v_t].
 std::tuple<at::Tensor, at::Tensor, at::Tensor> project_gaussians_backward(
     const at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& scales, const at::Tensor& viewmat,
     const at::Tensor& K, int64_t width, int64_t height, const at::Tensor& radii, const at::Tensor& v_means2D,
     const at::Tensor& v_conics, const at::Tensor& v_depths,
-    const c10::optional<at::Tensor>& v_compensations = c10::nullopt);
+    const c10::optional<at::Tensor>& v_compensations = c10::nullopt,
+    const c10::optional<at::Tensor>& v_viewmat_parts = c10::nullopt);
 
 // [0] -> colors [N,3]
 at::Tensor sh_colors(int64_t degree, const at::Tensor& sh_coeffs, const at::Tensor& means3D, const at::Tensor& campos);

@@ -4,6 +4,9 @@
 // (a, b, c) = J Sc J^T + filt I; conic = (c, -b, a) / (ac - b^2); in the mip mode (filt = MIP_FILTER_2D) also
 // comp = sqrt(det0 / det), det0 = (a - filt)(c - filt) - b^2 (project_common.cuh, mip_compensation).
 // Culled Gaussians (radius 0) get zero gradients, as the reference's zeroed outputs give.
+// Optionally (v_viewmat_parts != nullptr: a pose being optimised) each Gaussian's share of the view-matrix gradient,
+// [v_R | v_t] (3x4): p = R m + t gives v_R += v_p m^T, v_t += v_p; Sc = R Sigma R^T gives v_R += 2 v_Sc R Sigma =
+// 2 v_Sc Sc R (v_Sc symmetric); the caller sums the rows (docs/PIPELINE.md "Pose gradients").
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 
@@ -28,7 +31,8 @@ __global__ void __launch_bounds__(kBlock1D) project_bwd_kernel(
     float* __restrict__ v_means3D,        // [N, 3] out
     float* __restrict__ v_quats,          // [N, 4] out
     float* __restrict__ v_scales,         // [N, 3] out
-    const float* __restrict__ v_compensations)  // [N] or nullptr: the mip mode
+    const float* __restrict__ v_compensations,  // [N] or nullptr: the mip mode
+    float* __restrict__ v_viewmat_parts)        // [N, 3, 4] out, or nullptr: no view-matrix gradient
 {
     const bool mip = v_compensations != nullptr;
     const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -37,6 +41,8 @@ __global__ void __launch_bounds__(kBlock1D) project_bwd_kernel(
         for (int i = 0; i < 3; ++i) v_means3D[3 * g + i] = 0.f;
         for (int i = 0; i < 4; ++i) v_quats[4 * g + i] = 0.f;
         for (int i = 0; i < 3; ++i) v_scales[3 * g + i] = 0.f;
+        if (v_viewmat_parts != nullptr)
+            for (int i = 0; i < 12; ++i) v_viewmat_parts[12 * g + i] = 0.f;
         return;
     }
     const CameraD cam = load_camera(viewmat, K, width, height);
@@ -121,6 +127,19 @@ __global__ void __launch_bounds__(kBlock1D) project_bwd_kernel(
 #pragma unroll
     for (int i = 0; i < 3; ++i)
         v_means3D[3 * g + i] = static_cast<float>(cam.R[0][i] * vx + cam.R[1][i] * vy + cam.R[2][i] * vz);
+    if (v_viewmat_parts != nullptr) {  // [v_R | v_t] = [v_p m^T + 2 v_Sc Sc R | v_p]
+        const double vp[3] = {vx, vy, vz};
+        double ScR[3][3], W[3][3];
+        matmul3(Sc, cam.R, ScR);
+        matmul3(vSc, ScR, W);
+        float* out = v_viewmat_parts + 12 * g;
+#pragma unroll
+        for (int i = 0; i < 3; ++i) {
+#pragma unroll
+            for (int j = 0; j < 3; ++j) out[4 * i + j] = static_cast<float>(vp[i] * m[j] + 2.0 * W[i][j]);
+            out[4 * i + 3] = static_cast<float>(vp[i]);
+        }
+    }
 
     // ---- Sc = R Sigma R^T  ->  v_Sigma = R^T v_Sc R ----
     double tmp[3][3], vSigma[3][3];
@@ -174,14 +193,15 @@ void launch_project_bwd(const at::Tensor& means3D, const at::Tensor& quats, cons
                         const at::Tensor& viewmat, const at::Tensor& K, int width, int height,
                         const at::Tensor& radii, const at::Tensor& v_means2D, const at::Tensor& v_conics,
                         const at::Tensor& v_depths, at::Tensor& v_means3D, at::Tensor& v_quats, at::Tensor& v_scales,
-                        const at::Tensor* v_compensations) {
+                        const at::Tensor* v_compensations, const at::Tensor* v_viewmat_parts) {
     const int64_t n = means3D.size(0);
     if (n == 0) return;
     project_bwd_kernel<<<num_blocks(n, kBlock1D), kBlock1D, 0, at::cuda::getCurrentCUDAStream()>>>(
         n, means3D.data_ptr<float>(), quats.data_ptr<float>(), scales.data_ptr<float>(), viewmat.data_ptr<float>(),
         K.data_ptr<float>(), width, height, radii.data_ptr<int32_t>(), v_means2D.data_ptr<float>(),
         v_conics.data_ptr<float>(), v_depths.data_ptr<float>(), v_means3D.data_ptr<float>(), v_quats.data_ptr<float>(),
-        v_scales.data_ptr<float>(), v_compensations != nullptr ? v_compensations->data_ptr<float>() : nullptr);
+        v_scales.data_ptr<float>(), v_compensations != nullptr ? v_compensations->data_ptr<float>() : nullptr,
+        v_viewmat_parts != nullptr ? v_viewmat_parts->data_ptr<float>() : nullptr);
     RIGEL_CHECK_LAUNCH("project_bwd_kernel");
 }
 

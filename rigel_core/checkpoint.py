@@ -12,6 +12,8 @@ Layout of the file (safetensors: a JSON header + raw little-endian tensors):
 | ``rng.cpu`` | the trainer's ``torch.Generator`` state (uint8) |
 | ``views.stack`` | the training views left in the current epoch's permutation (int64) |
 | ``exposure.affine``, ``exposure.adam.<key>`` | only when the run has learnt per-image exposure (:mod:`rigel_core.train.exposure`): the (N_train, 3, 4) corrections ``[A_i \| b_i]`` and their Adam state. A checkpoint without them (older, or exposure never on) loads with fresh identity corrections |
+| ``appearance_grid.grid``, ``appearance_grid.adam.<key>`` | only with the bilateral-grid appearance (:mod:`rigel_core.train.bilagrid`): the (N_train, 12, L, S, S) grids and their Adam state |
+| ``pose.delta``, ``pose.adam.<key>`` | only when the run has learnt pose corrections (:mod:`rigel_core.train.pose`): the (N_train, 6) rotation (radians) and translation (scene extents) of each training camera and their Adam state; without them a run starts from the given poses |
 
 The header's ``__metadata__`` holds one string entry ``"rigel"``: a JSON object with ``format`` (= 1),
 ``iteration``, ``nan_skips``, ``active_sh_degree``, ``extent``, ``config`` (:class:`~rigel_core.train.TrainConfig`
@@ -59,6 +61,15 @@ class CheckpointError(InputError):
     and exit with status 2, rigel-viewer opening a checkpoint as a scene too (it exited 1)."""
 
 
+def _corrections() -> tuple:
+    """The per-training-image correction classes a checkpoint may hold (:mod:`rigel_core.train.per_image`)."""
+    from .train.exposure import Exposure
+    from .train.bilagrid import BilateralGrid
+    from .train.pose import PoseCorrection
+
+    return (Exposure, PoseCorrection, BilateralGrid)
+
+
 def _atomic_save(tensors: dict, meta: dict, path) -> None:
     from safetensors.torch import save_file
 
@@ -84,8 +95,8 @@ def save_checkpoint(trainer, path) -> None:
     tensors.update(trainer.strategy.state_tensors(trainer))  # the densification accumulators (train/strategy.py)
     tensors["rng.cpu"] = trainer.generator.get_state()
     tensors["views.stack"] = torch.tensor(trainer._view_stack, dtype=torch.int64)
-    if getattr(trainer, "exposure", None) is not None:
-        tensors.update(trainer.exposure.state_tensors("exposure."))
+    for c in getattr(trainer, "corrections", ()):  # per-image exposure, poses (train/per_image.py)
+        tensors.update(c.state_tensors())
     meta = {
         "format": CHECKPOINT_FORMAT,
         "iteration": trainer.iteration,
@@ -297,20 +308,25 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
     _check_tensor(path, tensors, "views.stack", (-1,), (torch.int64,))
     validate_view_stack(path, tensors, n_train_views)
     known |= {f"stats.{k}" for k in STATS_KEYS} | {"rng.cpu", "views.stack"}
-    if "exposure.affine" in tensors:  # per-image exposure (train/exposure.py); count checked against the dataset
-        aff = _check_tensor(path, tensors, "exposure.affine", (-1, 3, 4), (torch.float32,), finite=True)
-        if aff.shape[0] < 1:
-            _fail(path, "exposure.affine", "no corrections (shape (0, 3, 4))")
-        present = [k for k in ADAM_KEYS if f"exposure.adam.{k}" in tensors]
-        if present or it > 0 and cfg.exposure:
+    for cls in _corrections():  # per-image exposure, poses (train/per_image.py); counts checked against the dataset
+        name, pre = cls.prefix + cls.key, cls.prefix
+        if name not in tensors:
+            continue
+        val = _check_tensor(path, tensors, name, (-1, *cls.item_shape), (torch.float32,), finite=True)
+        if val.shape[0] < 1:
+            _fail(path, name, f"no corrections (shape {tuple(val.shape)})")
+        if cls.shape_problem(tuple(val.shape)) is not None:
+            _fail(path, name, cls.shape_problem(tuple(val.shape)))
+        present = [k for k in ADAM_KEYS if f"{pre}adam.{k}" in tensors]
+        if present or it > 0 and getattr(cfg, cls.config_field):
             for k in ("exp_avg", "exp_avg_sq"):
-                _check_tensor(path, tensors, f"exposure.adam.{k}", tuple(aff.shape), (torch.float32,), finite=True,
+                _check_tensor(path, tensors, f"{pre}adam.{k}", tuple(val.shape), (torch.float32,), finite=True,
                               nonneg=k == "exp_avg_sq")
-            step = _check_tensor(path, tensors, "exposure.adam.step", (), floats + (torch.int64,), finite=True)
+            step = _check_tensor(path, tensors, f"{pre}adam.step", (), floats + (torch.int64,), finite=True)
             sv = float(step)
             if not (sv == int(sv) and 0 <= sv <= it):
-                _fail(path, "exposure.adam.step", f"{sv} is not an integer in [0, {it}]")
-        known |= {"exposure.affine"} | {f"exposure.adam.{k}" for k in ADAM_KEYS}
+                _fail(path, f"{pre}adam.step", f"{sv} is not an integer in [0, {it}]")
+        known |= {name} | {f"{pre}adam.{k}" for k in ADAM_KEYS}
     stray = sorted(set(tensors) - known)
     if stray:
         _fail(path, stray[0], "unknown tensor (not written by rigel-train)")
@@ -397,7 +413,7 @@ def load_trainer(path, dataset, *, device=None, config=None, trainer_cls):
     """A ``trainer_cls`` (:class:`~rigel_core.train.Trainer`, which passes itself: ``Trainer.from_checkpoint`` is
     the public entry, and this module never imports the trainer that saves through it) on ``dataset`` restored
     from a checkpoint: model, Adam moments and step counts, densification statistics, RNG state, the epoch's
-    remaining views, counters, and the per-image exposure corrections when the checkpoint has them
+    remaining views, counters, and the per-image exposure, pose and bilateral-grid corrections when the checkpoint has them
     (CheckpointError when their count is not the dataset's number of training images).
     ``config`` replaces the saved configuration when given."""
     tensors, meta = read_checkpoint(path, "cpu")
@@ -420,17 +436,16 @@ def load_trainer(path, dataset, *, device=None, config=None, trainer_cls):
         if state:
             opt.state[p] = state
     trainer.strategy.load_state_tensors(trainer, tensors)
-    from .train.exposure import Exposure
-
-    try:
-        exposure = Exposure.from_state_tensors(tensors, "exposure.", device=trainer.device)
-    except ValueError as e:
-        raise CheckpointError(f"{path}: bad exposure tensors ({e})") from e
-    if exposure is not None:
-        if len(exposure) != len(trainer.train_frames):
-            raise CheckpointError(f"{path}: exposure corrections for {len(exposure)} training images, the dataset "
-                                  f"has {len(trainer.train_frames)}")
-        trainer.exposure = exposure
+    for cls in _corrections():
+        try:
+            corr = cls.from_state_tensors(tensors, trainer)
+        except ValueError as e:
+            raise CheckpointError(f"{path}: bad {cls.prefix[:-1]} tensors ({e})") from e
+        if corr is not None:
+            if len(corr) != len(trainer.train_frames):
+                raise CheckpointError(f"{path}: {cls.prefix[:-1]} corrections for {len(corr)} training images, the "
+                                      f"dataset has {len(trainer.train_frames)}")
+            setattr(trainer, cls.trainer_attr, corr)
     trainer.generator.set_state(tensors["rng.cpu"])
     trainer._view_stack = tensors["views.stack"].tolist()
     trainer.iteration = int(meta["iteration"])

@@ -82,10 +82,16 @@ class _ProjectGaussians(torch.autograd.Function):
         def grad(v, *shape):  # None when that output was not used
             return torch.zeros(n, *shape, dtype=means3D.dtype, device=means3D.device) if v is None else v.contiguous()
 
+        # a pose being optimised (train/pose.py): each Gaussian's share [v_R | v_t] of the view-matrix gradient
+        parts = torch.empty(n, 3, 4, dtype=means3D.dtype, device=means3D.device) if ctx.needs_input_grad[4] else None
         v_means3D, v_quats, v_scales = _ext.get().project_gaussians_backward(
             means3D, quats, scales, viewmat, K, ctx.size[0], ctx.size[1], radii, grad(v_means2D, 2),
-            grad(v_conics, 3), grad(v_depths), grad(v_compensations) if ctx.mip else None)
-        return v_means3D, v_quats, v_scales, None, None, None, None, None, None, None, None, None
+            grad(v_conics, 3), grad(v_depths), grad(v_compensations) if ctx.mip else None, parts)
+        v_viewmat = None
+        if parts is not None:  # summed in float64 (millions of terms); the last row of viewmat is not read
+            v_viewmat = torch.cat([parts.sum(0, dtype=torch.float64).to(means3D.dtype),
+                                   torch.zeros(1, 4, dtype=means3D.dtype, device=means3D.device)])
+        return v_means3D, v_quats, v_scales, None, v_viewmat, None, None, None, None, None, None, None
 
 
 class _RasterizeTiles(torch.autograd.Function):
@@ -178,6 +184,13 @@ class _RasterizeTilesDepth(torch.autograd.Function):
         return v_means2D, v_conics, v_colors, v_opacities, v_depths, v_background, None, None, None, None, None
 
 
+def _campos_grad(ctx, index: int, v_means3D: torch.Tensor):
+    """The SH colours depend on the camera centre only through ``dir = normalize(mean − campos)``, so its gradient is
+    minus the sum of the means' (whose SH gradient is that same direction term): (3,), or None when ``campos``
+    (argument ``index``) needs none (a pose being optimised needs it: train/pose.py)."""
+    return -v_means3D.sum(0, dtype=torch.float64).to(v_means3D.dtype) if ctx.needs_input_grad[index] else None
+
+
 class _ShColors(torch.autograd.Function):
     @staticmethod
     def forward(ctx, degree, sh_coeffs, means3D, campos):
@@ -191,7 +204,7 @@ class _ShColors(torch.autograd.Function):
         sh_coeffs, means3D, campos = ctx.saved_tensors
         v_sh_coeffs, v_means3D = _ext.get().sh_colors_backward(ctx.degree, sh_coeffs, means3D, campos,
                                                                v_colors.contiguous())
-        return None, v_sh_coeffs, v_means3D, None
+        return None, v_sh_coeffs, v_means3D, _campos_grad(ctx, 3, v_means3D)
 
 
 class _ShColorsSplit(torch.autograd.Function):
@@ -210,13 +223,14 @@ class _ShColorsSplit(torch.autograd.Function):
         sh_dc, sh_rest, means3D, campos = ctx.saved_tensors
         v_sh_dc, v_sh_rest, v_means3D = _ext.get().sh_colors_split_backward(ctx.degree, sh_dc, sh_rest, means3D,
                                                                             campos, v_colors.contiguous())
-        return None, v_sh_dc, v_sh_rest, v_means3D, None
+        return None, v_sh_dc, v_sh_rest, v_means3D, _campos_grad(ctx, 4, v_means3D)
 
 
 def project_gaussians_cuda(means3D, quats, scales, opacities, viewmat, K, width: int, height: int,
                            near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE, colors=None,
                            render_mode: str = "default"):
-    """[1] Projection on the GPU, differentiable w.r.t. means3D, quats and scales.
+    """[1] Projection on the GPU, differentiable w.r.t. means3D, quats, scales and viewmat (the last only computed
+    when it requires grad: a pose being optimised, docs/PIPELINE.md "Pose gradients").
 
     Shapes as :func:`rigel_core.reference.project_gaussians`; returns (means2D (N,2), conics (N,3), depths (N,),
     radii (N,) int32), culled Gaussians with radius 0 and zeros. ``colors`` (N,C) or None is only checked for

@@ -28,7 +28,7 @@ from pathlib import Path
 from .atomic import atomic_path
 from .strict_json import finite_or_none  # noqa: F401  (re-exported: the run files' strict JSON)
 
-__all__ = ["CHECKPOINT_NAME", "PLY_NAME", "METRICS_NAME", "LOG_NAME", "LOCK_NAME", "EXPOSURE_NAME", "RUN_FILES",
+__all__ = ["CHECKPOINT_NAME", "PLY_NAME", "METRICS_NAME", "LOG_NAME", "LOCK_NAME", "EXPOSURE_NAME", "POSES_NAME", "RUN_FILES",
            "ATOMIC_NAMES", "RunFolderTaken", "RunBusy", "RunLock", "out_problem", "holds_run", "fresh_run_dir",
            "choose_run_dir", "unused_path", "finite_or_none", "write_json_atomic", "open_run_log", "new_metrics",
            "read_metrics", "train_entry", "RunRecord", "close_run_log"]
@@ -39,10 +39,12 @@ METRICS_NAME = "metrics.json"
 LOG_NAME = "log.txt"
 LOCK_NAME = ".lock"
 EXPOSURE_NAME = "exposure.json"
+#: the refined training poses of a run with pose refinement (nerfstudio layout: train/pose.py transforms_json)
+POSES_NAME = "transforms.json"
 #: files whose presence means a folder holds a run (of rigel-train or of the viewer; viewer.log: older viewers)
 RUN_FILES = (CHECKPOINT_NAME, PLY_NAME, METRICS_NAME, LOG_NAME, "viewer.log")
 #: the files of a run written through rigel_core.atomic (their stale temporaries are removed at start)
-ATOMIC_NAMES = (CHECKPOINT_NAME, PLY_NAME, METRICS_NAME, EXPOSURE_NAME)
+ATOMIC_NAMES = (CHECKPOINT_NAME, PLY_NAME, METRICS_NAME, EXPOSURE_NAME, POSES_NAME)
 
 
 class RunFolderTaken(ValueError):
@@ -406,12 +408,14 @@ class RunRecord:
         self.log.info(f"[{ev.iteration}] test psnr {ev.psnr:.2f}  ssim {ev.ssim:.4f}  gaussians {ev.num_gaussians}  "
                       f"({ev.n_views} views, {ev.seconds:.1f} s)"
                       + (f"; exposure protocol (right halves) psnr {ev.psnr_exposure:.2f} ssim "
-                         f"{ev.ssim_exposure:.4f}" if getattr(ev, "psnr_exposure", None) is not None else ""))
+                         f"{ev.ssim_exposure:.4f}" if getattr(ev, "psnr_exposure", None) is not None else "")
+                      + (f"; fitted poses psnr {ev.psnr_pose:.2f} ssim {ev.ssim_pose:.4f}"
+                         if getattr(ev, "psnr_pose", None) is not None else ""))
 
     def save(self, trainer, reason: str, what: str = "both") -> tuple:
         """Write :data:`CHECKPOINT_NAME` and/or :data:`PLY_NAME` (``what``: "both", "checkpoint", "ply"; an MLP
         appearance baked into SH of ``config.sh_degree``, its RMSE logged and kept as ``ply_bake_rmse``) and,
-        with a learnt exposure, :data:`EXPOSURE_NAME`; one log line. Returns the paths written."""
+        with a learnt exposure, :data:`EXPOSURE_NAME`, with learnt poses, :data:`POSES_NAME`; one log line. Returns the paths written."""
         import time
 
         t0 = time.perf_counter()
@@ -432,6 +436,8 @@ class RunRecord:
         if what == "both" and trainer.exposure is not None:
             names = [f.name for f in trainer.train_frames]
             write_json_atomic(self.run_dir / EXPOSURE_NAME, trainer.exposure.to_dict(names))
+        if what == "both" and getattr(trainer, "pose", None) is not None:
+            write_json_atomic(self.run_dir / POSES_NAME, trainer.refined_poses_json())
         self.log.info(f"[{trainer.iteration}] {reason}: {' and '.join(p.name for p in paths)} written "
                       f"({trainer.model.num_gaussians} Gaussians, {time.perf_counter() - t0:.1f} s)")
         return tuple(paths)

@@ -30,7 +30,8 @@ __all__ = ["add_training_args", "config_overrides", "resume_config", "changed_se
 FLAG_FIELDS = {"iterations": "--iters", "max_gaussians": "--max-gaussians", "eval_every": "--eval-every",
                "seed": "--seed", "init_points": "--init-points", "exposure": "--exposure",
                "init_background_points": "--init-background", "position_lr_max_steps": "--position-lr-max-steps",
-               "render_mode": "--render-mode", "strategy": "--strategy", "batch_size": "--batch-size"}
+               "render_mode": "--render-mode", "strategy": "--strategy", "batch_size": "--batch-size",
+               "pose_opt": "--pose-opt", "appearance_grid": "--appearance-grid"}
 #: the same for the settings a new run takes from flags and a resumed run keeps (:func:`new_config`,
 #: :func:`kept_settings`)
 KEPT_FLAGS = {"sh_degree": "--sh-degree", "appearance": "--appearance"}
@@ -94,6 +95,12 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--exposure", action="store_true", default=None,
         help="learn a per-training-image affine colour correction (held-out views are also scored by "
              "fitting it on the left half and scoring the right half)")
+    add("--pose-opt", action="store_true", default=None,
+        help="refine each training camera's pose with the scene (refined poses in RUN/transforms.json; held-out "
+             "views are also scored after fitting their pose with the scene frozen)")
+    add("--appearance-grid", action="store_true", default=None,
+        help="learn a per-training-image bilateral grid of colour transforms (vignetting, tone curves; held-out "
+             "views are also scored by the exposure protocol)")
     add("--init-background", type=background_count, default=None, metavar="N|auto",
         help="add N background points behind the SfM points along training rays; auto (the default): 20000 "
              "when the SfM points reach under half of the median training view (and --strategy auto then "

@@ -4,7 +4,7 @@
                 [--downscale N]
                 [--max-gaussians N] [--eval-every N] [--resume] [--device cuda|cpu] [--seed S]
                 [--init-points N] [--sh-degree D] [--test-every N] [--checkpoint-every N] [--n-renders K]
-                [--exposure] [--init-background N|auto] [--position-lr-max-steps N] [--render-mode default|mip]
+                [--exposure] [--pose-opt] [--appearance-grid] [--init-background N|auto] [--position-lr-max-steps N] [--render-mode default|mip]
                 [--strategy default|mcmc] [--set FIELD=VALUE ...] [--batch-size B] [--gpus N] [--dist-check-every K]
                 [--threads N] [--frame-cache-mb MB] [--preload-frames]
 
@@ -28,11 +28,17 @@ instant-ngp, COLMAP). Writes into ``RUN``:
   ``masked_pixels`` (total) and per-view ``masked_pixels``;
 - with ``--exposure``: ``exposure.json``, the learnt colour correction ``A``, ``b`` of every training image
   (written with the checkpoint), and each evaluation's ``psnr_exposure`` / ``ssim_exposure`` in ``metrics.json``
-  (also without ``--exposure`` under ``--set eval_exposure=true``, to compare runs on equal terms).
+  (also without ``--exposure`` under ``--set eval_exposure=true``, to compare runs on equal terms);
+- with ``--pose-opt``: ``transforms.json`` (nerfstudio layout, OpenGL camera-to-world), the refined pose of every
+  training image beside its given one (``original_transform_matrix``), written with the checkpoint, and each
+  evaluation's ``psnr_pose`` / ``ssim_pose`` (held-out poses fitted with the scene frozen; also without
+  ``--pose-opt`` under ``--set eval_pose_opt=true``).
 
 Options for real captures (docs/TRAINING.md, "Real captures"): ``--exposure`` learns a per-training-image affine
 colour correction (``TrainConfig.exposure``; held-out views are then also scored by fitting the correction on
-the left half of each image and scoring the right half); ``--init-background N`` adds N background points behind
+the left half of each image and scoring the right half); ``--appearance-grid`` learns a per-training-image
+bilateral grid of colour transforms instead or as well (``TrainConfig.appearance_grid``; scored the same way);
+``--pose-opt`` refines the training cameras' poses (``TrainConfig.pose_opt``); ``--init-background N`` adds N background points behind
 the SfM points along training rays (``TrainConfig.init_background_points``; for captures whose SfM covers only
 the object; the default ``auto`` adds 20000 when the SfM points reach under half of the median training view,
 and ``--strategy auto`` then trains with 3DGS's densification; ``0`` turns them off);

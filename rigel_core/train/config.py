@@ -208,6 +208,32 @@ class TrainConfig:
     #: is off, so that an exposure-off run can be compared with an exposure-on one on equal terms
     eval_exposure: bool = False
 
+    # ---- pose refinement (pose.py) and the bilateral-grid appearance (bilagrid.py): issue 38 ----------------------
+    #: learn a rigid correction of each training camera (a rotation, radians, and a translation, scene extents, in the
+    #: camera frame; zero at the start) with the scene. Off by default until measured (docs/TRAINING.md)
+    pose_opt: bool = False
+    #: its own Adam: lr log-linear from ``pose_opt_lr`` to ``pose_opt_lr_final`` over ``iterations``
+    pose_opt_lr: float = 1e-4
+    pose_opt_lr_final: float = 1e-6
+    #: Adam's weight decay on the corrections (an L2 pull towards the given poses; 0 = none)
+    pose_opt_reg: float = 0.0
+    #: the corrections start learning at this iteration (the scene's first blur gives poor pose gradients)
+    pose_opt_from: int = 0
+    #: also score held-out views after fitting each one's pose with the scene frozen (``eval_pose_steps`` Adam steps
+    #: at ``eval_pose_lr``), the pose-free NeRF protocol; on by itself with ``pose_opt``
+    eval_pose_opt: bool = False
+    eval_pose_steps: int = 100
+    eval_pose_lr: float = 1e-3
+
+    #: learn a bilateral grid of affine colour transforms per training image (bilagrid.py: sliced by pixel position
+    #: and the render's luminance; held-out views scored by the exposure protocol). Off by default until measured
+    appearance_grid: bool = False
+    appearance_grid_bins: int = 8  # luminance bins L (≥ 2; read when the grids are made)
+    appearance_grid_size: int = 16  # cells along the image's x and y, S (≥ 2; read when the grids are made)
+    #: its own Adam: lr with a 1000-iteration warm-up from 1 % and a decay to 1 % at ``iterations`` (gsplat's)
+    appearance_grid_lr: float = 2e-3
+    appearance_grid_tv: float = 10.0  # weight of the grids' total-variation term (gsplat's)
+
     # ---- evaluation ---------------------------------------------------------------------------------------
     eval_every: int = 1000  # held-out PSNR/SSIM every this many iterations (0 = never inside step())
 
@@ -411,6 +437,16 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.exposure_lr_*: init, final and delay_steps must be ≥ 0 and delay_mult in "
                              f"[0, 1], got {self.exposure_lr_init}, {self.exposure_lr_final}, "
                              f"{self.exposure_lr_delay_steps}, {self.exposure_lr_delay_mult}")
+        if not (self.pose_opt_lr >= 0 and self.pose_opt_lr_final >= 0 and self.pose_opt_reg >= 0
+                and self.pose_opt_from >= 0 and self.eval_pose_steps >= 0 and self.eval_pose_lr >= 0):
+            raise ValueError(f"TrainConfig.pose_opt_*, eval_pose_steps, eval_pose_lr must be ≥ 0, got "
+                             f"{self.pose_opt_lr}, {self.pose_opt_lr_final}, {self.pose_opt_reg}, {self.pose_opt_from}, "
+                             f"{self.eval_pose_steps}, {self.eval_pose_lr}")
+        if not (self.appearance_grid_bins >= 2 and self.appearance_grid_size >= 2 and self.appearance_grid_lr >= 0
+                and self.appearance_grid_tv >= 0):
+            raise ValueError(f"TrainConfig.appearance_grid_bins and _size must be ≥ 2, _lr and _tv ≥ 0, got "
+                             f"{self.appearance_grid_bins}, {self.appearance_grid_size}, {self.appearance_grid_lr}, "
+                             f"{self.appearance_grid_tv}")
         if self.render_mode not in RENDER_MODES:
             raise ValueError(f"TrainConfig.render_mode must be 'default' or 'mip', got {self.render_mode!r}")
         if self.strategy not in STRATEGIES:

@@ -163,7 +163,7 @@ def init_from_env(device: str) -> "Comm":
 # ---- checksums ------------------------------------------------------------------------------------------------
 def replicated_tensors(trainer) -> dict:
     """The state every rank must hold identically, by name: each optimiser group's parameter and its Adam moments
-    (``<name>``, ``<name>.exp_avg``, ``<name>.exp_avg_sq``), and the exposure corrections when present."""
+    (``<name>``, ``<name>.exp_avg``, ``<name>.exp_avg_sq``), and the per-image corrections when present."""
     out = {}
     opt = trainer.optimizer
     for g in opt.param_groups:
@@ -173,9 +173,8 @@ def replicated_tensors(trainer) -> dict:
             v = opt.state.get(p, {}).get(k)
             if isinstance(v, torch.Tensor):
                 out[f"{g['name']}.{k}"] = v
-    ex = getattr(trainer, "exposure", None)
-    if ex is not None:
-        out["exposure.affine"] = ex.affine.detach()
+    for c in getattr(trainer, "corrections", ()):  # per-image exposure, pose corrections (train/per_image.py)
+        out[c.prefix + c.key] = c.param.detach()
     out["rng.cpu"] = trainer.generator.get_state()  # the lockstep of view order, backgrounds, split offsets
     out["views.stack"] = torch.tensor(trainer._view_stack, dtype=torch.int64)
     return out
@@ -276,9 +275,7 @@ class Comm:
             torch.cuda.synchronize()  # time the all-reduce alone, not the backward still running before it
         t0 = time.perf_counter()
         params = [g["params"][0] for g in trainer.optimizer.param_groups]
-        ex = getattr(trainer, "exposure", None)
-        if ex is not None:
-            params.append(ex.affine)
+        params += [c.param for c in getattr(trainer, "corrections", ())]
         n = trainer.model.num_gaussians
         sizes = [p.numel() for p in params]
         n_stats = 2 * n if grad_inc is not None else 0

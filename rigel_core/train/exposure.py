@@ -33,8 +33,17 @@ import math
 import torch
 
 from .losses import psnr_from_mse, ssim
+from .per_image import PerImageParam
 
-__all__ = ["Exposure", "exposure_lr", "apply_affine", "fit_affine", "left_right_metrics"]
+__all__ = ["Exposure", "exposure_lr", "log_linear_lr", "apply_affine", "fit_affine", "left_right_metrics"]
+
+
+def log_linear_lr(lr0: float, lr1: float, iteration: int, iterations: int) -> float:
+    """``lr0`` at iteration 0 to ``lr1`` at ``iterations``, log-linear (linear when either is 0), constant after."""
+    t = min(max(iteration / max(iterations, 1), 0.0), 1.0)
+    if lr0 <= 0 or lr1 <= 0:
+        return lr0 * (1 - t) + lr1 * t
+    return math.exp(math.log(lr0) * (1 - t) + math.log(lr1) * t)
 
 
 def exposure_lr(cfg, iteration: int) -> float:
@@ -42,12 +51,7 @@ def exposure_lr(cfg, iteration: int) -> float:
     ``cfg.exposure_lr_final`` over ``cfg.iterations``, times the delay factor
     ``m + (1 − m)·sin(π/2 · clip(iteration / d, 0, 1))`` (``d = exposure_lr_delay_steps``,
     ``m = exposure_lr_delay_mult``; 1 when ``d`` is 0) — 3DGS's ``get_expon_lr_func``."""
-    t = min(max(iteration / max(cfg.iterations, 1), 0.0), 1.0)
-    lr0, lr1 = cfg.exposure_lr_init, cfg.exposure_lr_final
-    if lr0 <= 0 or lr1 <= 0:
-        lr = lr0 * (1 - t) + lr1 * t
-    else:
-        lr = math.exp(math.log(lr0) * (1 - t) + math.log(lr1) * t)
+    lr = log_linear_lr(cfg.exposure_lr_init, cfg.exposure_lr_final, iteration, cfg.iterations)
     d = cfg.exposure_lr_delay_steps
     if d and d > 0:
         m = cfg.exposure_lr_delay_mult
@@ -110,52 +114,34 @@ def left_right_metrics(pred: torch.Tensor, gt: torch.Tensor, mask: torch.Tensor 
             "b": b.cpu().tolist()}
 
 
-class Exposure:
-    """The learnt corrections of ``n`` training images and their optimiser.
+class Exposure(PerImageParam):
+    """The learnt corrections of ``n`` training images and their optimiser (:class:`.per_image.PerImageParam`).
 
     Attributes:
-        affine: (n, 3, 4) float32 leaf tensor requiring grad; row ``i`` is ``[A_i | b_i]``, initially
-            ``[I | 0]``.
+        affine: (n, 3, 4) float32 leaf tensor requiring grad (the base's ``param``); row ``i`` is ``[A_i | b_i]``,
+            initially ``[I | 0]``.
         optimizer: fused Adam over ``affine`` alone (betas 0.9, 0.999, eps 1e-8 as 3DGS's exposure optimizer;
-            learning rate set each step by :meth:`set_lr`). Its ``found_inf`` protocol lets the trainer's NaN
-            guard skip the update on the device, as for the Gaussians.
+            learning rate set each step by :meth:`set_lr`).
+    Checkpoint tensors: ``exposure.affine``, ``exposure.adam.<key>``.
     """
 
-    def __init__(self, n: int, device=None):
-        if n < 1:
-            raise ValueError(f"Exposure: need at least one training image, got {n}")
-        a = torch.zeros(n, 3, 4, dtype=torch.float32, device=device)
-        a[:, :, :3] = torch.eye(3, dtype=torch.float32, device=device)
-        self.affine = a.requires_grad_(True)
-        self.optimizer = torch.optim.Adam([self.affine], lr=0.0, eps=1e-8, fused=True)
+    prefix, key, item_shape = "exposure.", "affine", (3, 4)
+    trainer_attr = "exposure"
+    config_field = "exposure"
 
-    def __len__(self) -> int:
-        return self.affine.shape[0]
+    def __init__(self, n: int, device=None):
+        a = torch.zeros(max(int(n), 0), 3, 4, dtype=torch.float32, device=device)
+        a[:, :, :3] = torch.eye(3, dtype=torch.float32, device=device)
+        super().__init__(a)
+
+    @property
+    def affine(self) -> torch.Tensor:
+        return self.param
 
     def apply(self, image: torch.Tensor, i: int) -> torch.Tensor:
         """(H, W, 3) ``A_i · image + b_i`` (differentiable in the image and in ``affine``)."""
         row = self.affine[i]
         return apply_affine(image, row[:, :3], row[:, 3])
-
-    def set_lr(self, lr: float) -> None:
-        for g in self.optimizer.param_groups:
-            g["lr"] = float(lr)
-
-    def grads(self) -> list:
-        """The gradient tensors to include in the trainer's finiteness check (empty when none)."""
-        return [] if self.affine.grad is None else [self.affine.grad]
-
-    def step(self, found_inf: torch.Tensor | None = None) -> None:
-        """One Adam step; when ``found_inf`` (a 0-d float tensor) is non-zero the update is skipped on the
-        device (no host sync)."""
-        if self.affine.grad is None:
-            return
-        if found_inf is not None:
-            self.optimizer.found_inf = found_inf.to(self.affine.device, torch.float32)
-        self.optimizer.step()
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
 
     @property
     def A(self) -> torch.Tensor:
@@ -166,36 +152,6 @@ class Exposure:
     def b(self) -> torch.Tensor:
         """(n, 3) detached offsets."""
         return self.affine.detach()[:, :, 3]
-
-    # ---- persistence ----------------------------------------------------------------------------------
-    def state_tensors(self, prefix: str = "exposure.") -> dict:
-        """``{prefix + "affine": (n,3,4), prefix + "adam.<key>": …}`` for a checkpoint."""
-        out = {prefix + "affine": self.affine.detach()}
-        for key, value in self.optimizer.state.get(self.affine, {}).items():
-            if isinstance(value, torch.Tensor):
-                out[f"{prefix}adam.{key}"] = value
-        return out
-
-    @classmethod
-    def from_state_tensors(cls, tensors: dict, prefix: str = "exposure.", device=None) -> "Exposure | None":
-        """The :class:`Exposure` stored under ``prefix`` (None when the tensors hold none). Raises ValueError
-        for a tensor of the wrong shape."""
-        a = tensors.get(prefix + "affine")
-        if a is None:
-            return None
-        if a.dim() != 3 or tuple(a.shape[1:]) != (3, 4):
-            raise ValueError(f"{prefix}affine has shape {tuple(a.shape)}, expected (N, 3, 4)")
-        ex = cls(a.shape[0], device)
-        with torch.no_grad():
-            ex.affine.copy_(a.to(ex.affine.device, torch.float32))
-        state = {}
-        for key, value in tensors.items():
-            if key.startswith(prefix + "adam."):
-                # fused Adam keeps every state tensor, ``step`` included, on the parameter's device
-                state[key[len(prefix + "adam."):]] = value.to(ex.affine.device)
-        if state:
-            ex.optimizer.state[ex.affine] = state
-        return ex
 
     def to_dict(self, names: list[str]) -> dict:
         """JSON-able ``{"model": ..., "images": {name: {"A": 3×3, "b": 3}}}`` for the run directory."""

@@ -79,8 +79,8 @@ def capacity_for(seen, n_now: int) -> int:
 
 def graph_step_unsupported(trainer) -> str | None:
     """Why ``trainer``'s configuration cannot use the graph step (a short reason), or None when it can: it needs
-    CUDA, the config's ``cuda_graph``, no per-image exposure (its learning rate and image index would be baked into
-    the graph), and what any runner needs (:func:`plain_unsupported`)."""
+    CUDA, the config's ``cuda_graph``, no per-image exposure, pose refinement or bilateral grid (their learning rate and
+    image index would be baked into the graph), and what any runner needs (:func:`plain_unsupported`)."""
     cfg = trainer.config
     if not getattr(cfg, "cuda_graph", True):
         return "TrainConfig.cuda_graph is off"
@@ -88,6 +88,10 @@ def graph_step_unsupported(trainer) -> str | None:
         return "not a CUDA device"
     if cfg.exposure:
         return "per-image exposure"
+    if cfg.pose_opt:  # the view's correction would be baked into the graph, as exposure's
+        return "pose refinement"
+    if cfg.appearance_grid:
+        return "bilateral-grid appearance"
     return plain_unsupported(trainer)
 
 

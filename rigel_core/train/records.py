@@ -26,6 +26,10 @@ class EvalResult:
     #: (:func:`.exposure.left_right_metrics`; per view under "psnr_exposure", "ssim_exposure", "exposure_fit")
     psnr_exposure: float | None = None
     ssim_exposure: float | None = None
+    #: with ``TrainConfig.pose_opt`` or ``eval_pose_opt``: the means of the pose-fitted protocol (each held-out view's
+    #: pose fitted with the scene frozen, :func:`.pose.fit_pose`; per view under "psnr_pose", "ssim_pose", "pose_fit")
+    psnr_pose: float | None = None
+    ssim_pose: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -94,17 +94,21 @@ class StepOutcome:
 
 
 def view_forward_backward(trainer, view: StepView, ctx: StepContext) -> dict:
-    """Render ``view``, its loss (through the exposure correction when ``config.exposure`` is on, plus the strategy's
-    loss term), backward (gradients accumulate into ``.grad``); returns the view's record (render output, loss terms,
-    means2D gradient, the densification statistic's gradient)."""
+    """Render ``view`` (through its pose correction when ``config.pose_opt`` is on), its loss (through the exposure
+    correction when ``config.exposure`` is on and the bilateral grid when ``config.appearance_grid`` is, plus the
+    strategy's loss term and the grids' TV term), backward (gradients accumulate into
+    ``.grad``); returns the view's record (render output, loss terms, means2D gradient, the densification statistic's
+    gradient)."""
     cfg = trainer.config
-    out = render(trainer.model, view.camera, background=view.background)
+    camera = trainer._step_camera(view.camera, view.index, ctx.iteration)  # view.camera when pose_opt is off
+    out = render(trainer.model, camera, background=view.background)
     prepare_means2D_grad(out)
     pred = trainer._apply_exposure(out.image, view.index, ctx.iteration)  # out.image when exposure is off
+    pred, tv = trainer._apply_grid(pred, view.index, ctx.iteration)  # (pred, None) when appearance_grid is off
     loss, l1, s, m_t = trainer.loss_terms(pred, view.gt, view.mask)
-    extra = ctx.strategy.loss_term(trainer.model, cfg)
-    if extra is not None:
-        loss = loss + extra
+    for extra in (ctx.strategy.loss_term(trainer.model, cfg), tv):
+        if extra is not None:
+            loss = loss + extra
     g2d = g_stat = None
     if loss.requires_grad:
         loss.backward()
@@ -157,8 +161,8 @@ def train_step(trainer, views: list[StepView], ctx: StepContext, *, capacity: in
             inc = [gi, di, inc[2]]
     elif batch > 1:  # the gradients of the views were summed by the backward passes: their mean
         grads = [p.grad for g in t.optimizer.param_groups for p in g["params"] if p.grad is not None]
-        if t.exposure is not None:
-            grads += t.exposure.grads()
+        for c in t.corrections:
+            grads += c.grads()
         torch._foreach_mul_(grads, 1.0 / batch)
     ok = finite if total is None else finite & (total[0] <= capacity)
     t._nan_skips += (~finite).double()
@@ -166,8 +170,9 @@ def train_step(trainer, views: list[StepView], ctx: StepContext, *, capacity: in
         # fused Adam skips the whole update on the device when found_inf is set (the GradScaler protocol)
         t.optimizer.found_inf = (~ok).float()
         t.optimizer.step()
-        if t.exposure is not None and cfg.exposure:
-            t.exposure.step(t.optimizer.found_inf)
+        for c in t.corrections:  # those whose config switch is on (the viewer may turn one off mid-run)
+            if getattr(cfg, c.config_field):
+                c.step(t.optimizer.found_inf)
         ctx.strategy.after_update(t, ctx, ok, inc)
         if after_update is not None:
             after_update(ok)

@@ -56,7 +56,9 @@ from ..render import render
 from .config import SPARSE_SFM_COVERAGE, Capture, TrainConfig, coarse_to_fine_span, resolve_coarse_to_fine, \
     resolve_densify_grad, resolve_init_background, resolve_init_points, resolve_strategy, training_downscale  # noqa: F401
 from .densify import DensifyReport, DensifyStats
-from .exposure import Exposure, exposure_lr, left_right_metrics
+from .exposure import Exposure, exposure_lr, left_right_metrics, log_linear_lr
+from .pose import PoseCorrection, fit_pose, pose_errors
+from .bilagrid import BilateralGrid, grid_lr
 from .losses import loss_terms, mse, psnr_from_mse, ssim
 from .distributed import batch_scaling
 from .graph_step import GraphStep, graph_step_unsupported
@@ -469,7 +471,12 @@ class Trainer:
         self._update_filter_3d()  # anti-aliased mode (rigel_core/mip.py): the 3D filter of the training cameras
         self.optimizer = make_optimizer(model, cfg, self.extent, appearance_groups(model, cfg))
         #: per-training-image colour corrections (:mod:`.exposure`), made when ``config.exposure`` is first on
-        self.exposure: Exposure | None = Exposure(len(self.train_frames), self.device) if cfg.exposure else None
+        self.exposure: Exposure | None = Exposure.for_trainer(self) if cfg.exposure else None
+        #: per-training-camera pose corrections (:mod:`.pose`), made when ``config.pose_opt`` is first on
+        self.pose: PoseCorrection | None = PoseCorrection.for_trainer(self) if cfg.pose_opt else None
+        #: per-training-image bilateral grids (:mod:`.bilagrid`), made when ``config.appearance_grid`` is first on
+        self.appearance_grid: BilateralGrid | None = \
+            BilateralGrid.for_trainer(self) if cfg.appearance_grid else None
         self.stats = DensifyStats(model.num_gaussians, self.device)
         self.iteration = 0
         self._nan_skips = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -673,8 +680,8 @@ class Trainer:
         grads = [p.grad for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         if g2d is not None:
             grads.append(g2d)
-        if self.exposure is not None:
-            grads += self.exposure.grads()
+        for c in self.corrections:
+            grads += c.grads()
         total = loss.detach().float().reshape(())
         if grads:
             total = total + torch.stack([n.float() for n in torch._foreach_norm(grads)]).sum()
@@ -697,9 +704,56 @@ class Trainer:
         if not cfg.exposure:
             return image
         if self.exposure is None:
-            self.exposure = Exposure(len(self.train_frames), self.device)
+            self.exposure = Exposure.for_trainer(self)
         self.exposure.set_lr(exposure_lr(cfg, it))
         return self.exposure.apply(image, idx)
+
+    @property
+    def corrections(self) -> list:
+        """The per-training-image corrections this run has (:class:`.per_image.PerImageParam`: exposure, poses), in
+        the order their Adam steps."""
+        return [c for c in (self.exposure, self.pose, self.appearance_grid) if c is not None]
+
+    def _apply_grid(self, image: torch.Tensor, idx: int, it: int):
+        """``(image, None)`` when ``config.appearance_grid`` is off; else the render ``image`` of training view ``idx``
+        through its bilateral grid and the grids' total-variation term (:mod:`.bilagrid`; the grids are made at the
+        first such step, and their lr set for ``it``)."""
+        cfg = self.config
+        if not cfg.appearance_grid:
+            return image, None
+        if self.appearance_grid is None:
+            self.appearance_grid = BilateralGrid.for_trainer(self)
+        self.appearance_grid.set_lr(grid_lr(cfg, it))
+        tv = self.appearance_grid.tv() * cfg.appearance_grid_tv if cfg.appearance_grid_tv > 0 else None
+        return self.appearance_grid.apply(image, idx), tv
+
+    def _step_camera(self, camera, idx: int, it: int):
+        """The camera training view ``idx`` renders from at iteration ``it``: through its learnt pose correction
+        when ``config.pose_opt`` is on from ``pose_opt_from`` (the corrections are made at the first such step, and
+        their lr set for ``it``); ``camera`` itself otherwise."""
+        cfg = self.config
+        if not cfg.pose_opt or it < cfg.pose_opt_from:
+            return camera
+        if self.pose is None:
+            self.pose = PoseCorrection.for_trainer(self)
+        self.pose.set_lr(log_linear_lr(cfg.pose_opt_lr, cfg.pose_opt_lr_final, it, cfg.iterations))
+        for g in self.pose.optimizer.param_groups:  # the viewer may change the regulariser live
+            g["weight_decay"] = float(cfg.pose_opt_reg)
+        return self.pose.camera(camera, idx)
+
+    def refined_cameras(self) -> list:
+        """The training views' cameras as refined by the pose corrections (full resolution; the given cameras when
+        the run has none)."""
+        cams = [f.camera for f in self._full_views[0]]
+        return cams if self.pose is None else self.pose.cameras(cams)
+
+    def refined_poses_json(self) -> dict:
+        """The refined training poses as a nerfstudio ``transforms.json`` (:func:`.pose.transforms_json`), each
+        frame's given pose beside its refined one."""
+        from .pose import transforms_json
+
+        frames = self._full_views[0]
+        return transforms_json(frames, self.refined_cameras(), [f.camera for f in frames])
 
     def _batch_views(self, batch: int, world: int, rank: int) -> list:
         """This process's ``[(view index, background or None), …]`` of the step: the global batch of
@@ -745,8 +799,8 @@ class Trainer:
     def _zero_grad(self) -> None:
         """Drop every gradient (the step body's callers do, after it)."""
         self.optimizer.zero_grad(set_to_none=True)
-        if self.exposure is not None:
-            self.exposure.zero_grad()
+        for c in self.corrections:
+            c.zero_grad()
 
     def step(self) -> StepResult:
         """Run one training iteration (module docstring) and return its :class:`StepResult`.
@@ -972,6 +1026,8 @@ class Trainer:
         if not frames:
             return None
         t0 = time.perf_counter()
+        pose_fit = self.config.pose_opt or self.config.eval_pose_opt
+        exposure_protocol = self.config.exposure or self.config.eval_exposure or self.config.appearance_grid
         per_view = []
         for f in frames:
             pred = self.render_frame(f)
@@ -980,19 +1036,36 @@ class Trainer:
             m = float(mse(pred, gt, mask))
             per_view.append({"name": f.name, "psnr": psnr_from_mse(m), "ssim": float(ssim(pred, gt, mask=mask)),
                              "masked_pixels": 0 if mask is None else int((~mask).sum())})
-            if self.config.exposure or self.config.eval_exposure:  # fit left half, score right half (exposure.py)
+            if exposure_protocol:  # fit left half, score right half (exposure.py)
                 ex = left_right_metrics(pred, gt, mask)
                 per_view[-1].update(psnr_exposure=ex["psnr"], ssim_exposure=ex["ssim"],
                                     exposure_fit={"A": ex["A"], "b": ex["b"]})
+            if pose_fit:  # the pose-free protocol: the view's pose fitted with the scene frozen (pose.py)
+                per_view[-1].update(self._pose_fit_metrics(f, gt, mask))
         res = EvalResult(self.iteration, float(np.mean([v["psnr"] for v in per_view])),
                          float(np.mean([v["ssim"] for v in per_view])), self.model.num_gaussians, len(frames),
                          time.perf_counter() - t0, per_view, sum(v["masked_pixels"] for v in per_view))
-        if self.config.exposure or self.config.eval_exposure:
+        if exposure_protocol:
             res.psnr_exposure = float(np.mean([v["psnr_exposure"] for v in per_view]))
             res.ssim_exposure = float(np.mean([v["ssim_exposure"] for v in per_view]))
+        if pose_fit:
+            res.psnr_pose = float(np.mean([v["psnr_pose"] for v in per_view]))
+            res.ssim_pose = float(np.mean([v["ssim_pose"] for v in per_view]))
         if record:
             self.eval_history.append(res)
         return res
+
+    def _pose_fit_metrics(self, frame, gt: torch.Tensor, mask) -> dict:
+        """The pose-free protocol's metrics of held-out ``frame``: its pose fitted to ``gt`` with the scene frozen
+        (:func:`.pose.fit_pose`: ``eval_pose_steps`` Adam steps at ``eval_pose_lr``, L1), then PSNR / SSIM of the
+        render from the fitted pose; also the fitted pose's distance from the given one (``pose_fit``)."""
+        cfg = self.config
+        cam, _ = fit_pose(self.model, frame.camera, gt, steps=cfg.eval_pose_steps, lr=cfg.eval_pose_lr,
+                          extent=self.extent, mask=mask, background=self.background)
+        pred = render(self.model, cam, background=self.background).image.clamp(0.0, 1.0)
+        err = pose_errors([cam], [frame.camera])
+        return {"psnr_pose": psnr_from_mse(float(mse(pred, gt, mask))), "ssim_pose": float(ssim(pred, gt, mask=mask)),
+                "pose_fit": {"rotation_deg": err["rotation_deg"][0], "translation": err["translation"][0]}}
 
     def set_appearance(self, kind: str) -> float:
         """Switch the colour model while training: ``"mlp"`` distils the current SH colours into a new MLP

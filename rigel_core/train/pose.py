@@ -1,0 +1,217 @@
+"""Pose refinement: a rigid correction of each training camera, learnt with the scene (``TrainConfig.pose_opt``).
+
+A capture's poses (COLMAP's, a phone's AR tracking) are off by a fraction of a pixel to a few pixels; a radiance field
+trained on them blurs what the views disagree on. With ``pose_opt`` on, training image ``i`` is rendered from
+
+    viewmat_i' = [[E_i R_i, E_i t_i + τ_i], [0, 0, 0, 1]],     E_i = exp([ω_i]×)
+
+— the given world-to-camera ``[R_i | t_i]`` followed by a small rotation ``ω_i`` (axis-angle, radians) and a
+translation ``τ_i = extent · δ_i`` (world units; ``extent`` the scene extent, so the learning rate is in fractions of
+the scene) both in the camera frame, i.e. a camera-side correction as gsplat's ``pose_opt`` (which right-multiplies
+the camera-to-world matrix: the same thing). ``(ω_i, δ_i)`` start at zero and are learnt by their own Adam from the
+render's gradient with respect to the view matrix: the CPU reference differentiates through it by autograd, the CUDA
+projection backward returns it (docs/PIPELINE.md "Pose gradients"); the SH colours' view direction depends on the
+camera centre, whose gradient both backends give too.
+
+Held-out views keep their given poses. The evaluation can also score them after fitting each one's pose with the
+scene frozen (:func:`fit_pose`, ``TrainConfig.eval_pose_opt``): the protocol of pose-free NeRF papers, beside the
+plain one (docs/TRAINING.md "Pose refinement").
+
+A global rigid motion of every camera and the scene together changes no render: nothing pins it but the zero start
+and the held-out views' fixed poses; the optimiser drifts little from it in practice (reported by the exact test,
+tests/test_pose.py).
+
+Tensors: ``delta`` (n, 6) float32, row ``i`` = ``(ω_i, δ_i)``; view matrices (4, 4) row-major world-to-camera
+(OpenCV axes), as :class:`~rigel_core.camera.Camera`'s.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..camera import Camera
+from .per_image import PerImageParam
+
+__all__ = ["PoseCorrection", "PosedCamera", "so3_exp", "corrected_viewmat", "pose_errors", "fit_pose",
+           "transforms_json"]
+
+#: below this θ² (rad²) :func:`so3_exp` uses the Taylor series of its coefficients
+_SMALL_ANGLE_SQ = 1e-6
+
+
+def _skew(w: torch.Tensor) -> torch.Tensor:
+    """(…, 3) → (…, 3, 3) cross-product matrices ``[w]×``."""
+    z = torch.zeros_like(w[..., 0])
+    x, y, v = w.unbind(-1)
+    return torch.stack([z, -v, y, v, z, -x, -y, x, z], -1).reshape(*w.shape[:-1], 3, 3)
+
+
+def so3_exp(w: torch.Tensor) -> torch.Tensor:
+    """Rotation matrices ``exp([w]×)`` (…, 3, 3) of axis-angle vectors ``w`` (…, 3) (radians), by Rodrigues'
+    formula ``I + A·[w]× + B·[w]×²`` with ``A = sin θ / θ``, ``B = 2 sin²(θ/2) / θ²`` — their Taylor series below
+    θ² = 1e-6, so the value and its gradient are exact and finite at 0 (where training starts). Any dtype, no host
+    synchronisation."""
+    t2 = (w * w).sum(-1, keepdim=True)[..., None]  # (…, 1, 1)
+    small = t2 < _SMALL_ANGLE_SQ
+    t2s = torch.where(small, torch.ones_like(t2), t2)
+    th = torch.sqrt(t2s)
+    a = torch.where(small, 1.0 - t2 / 6.0 + t2 * t2 / 120.0, torch.sin(th) / th)
+    b = torch.where(small, 0.5 - t2 / 24.0 + t2 * t2 / 720.0, 2.0 * torch.sin(0.5 * th) ** 2 / t2s)
+    k = _skew(w)
+    eye = torch.eye(3, dtype=w.dtype, device=w.device).expand_as(k)
+    return eye + a * k + b * (k @ k)
+
+
+def corrected_viewmat(viewmat: torch.Tensor, delta: torch.Tensor, extent: float = 1.0) -> torch.Tensor:
+    """(4, 4) ``[[E R, E t + extent·δ], [0, 1]]`` of a world-to-camera ``viewmat`` (4, 4) and a correction
+    ``delta`` (6,) = ``(ω, δ)`` (module docstring), in ``delta``'s dtype; differentiable in both."""
+    viewmat = viewmat.to(delta.dtype)
+    e = so3_exp(delta[:3])
+    rot = e @ viewmat[:3, :3]
+    trans = e @ viewmat[:3, 3] + extent * delta[3:]
+    top = torch.cat([rot, trans[:, None]], 1)
+    return torch.cat([top, viewmat[3:]], 0)
+
+
+class PosedCamera:
+    """A :class:`~rigel_core.camera.Camera` seen through a pose correction: the same intrinsics and size, the view
+    matrix ``viewmat`` (a (4, 4) tensor, possibly requiring grad) and the camera centre ``−Rᵀ t`` derived from it, so
+    :func:`rigel_core.render` differentiates the render with respect to both. Other attributes are the camera's."""
+
+    def __init__(self, camera, viewmat: torch.Tensor):
+        self.camera = camera
+        self.viewmat_t = viewmat
+
+    def __getattr__(self, name):  # width, height, fx … name, K_tensor
+        return getattr(self.camera, name)
+
+    def viewmat_tensor(self, device=None, dtype=torch.float32) -> torch.Tensor:
+        return self.viewmat_t.to(device=device, dtype=dtype)
+
+    def campos_tensor(self, device=None, dtype=torch.float32) -> torch.Tensor:
+        vm = self.viewmat_t.to(device=device, dtype=dtype)
+        return -(vm[:3, :3].transpose(0, 1) @ vm[:3, 3])
+
+    def to_camera(self) -> Camera:
+        """A plain :class:`~rigel_core.camera.Camera` with the corrected pose (float64, re-orthonormalised)."""
+        return _with_viewmat(self.camera, self.viewmat_t.detach().double().cpu().numpy())
+
+
+def _with_viewmat(camera, vm: np.ndarray) -> Camera:
+    """``camera`` (a Camera) with the view matrix ``vm``, its rotation projected onto SO(3) (float32 rounding)."""
+    u, _, vt = np.linalg.svd(vm[:3, :3])
+    vm = vm.copy()
+    vm[:3, :3] = u @ vt
+    vm[3] = (0.0, 0.0, 0.0, 1.0)
+    return Camera(camera.width, camera.height, camera.fx, camera.fy, camera.cx, camera.cy, vm, camera.name)
+
+
+class PoseCorrection(PerImageParam):
+    """The pose corrections of ``n`` training images (:class:`.per_image.PerImageParam`): ``delta`` (n, 6) float32,
+    zeros at the start; ``extent`` scales the translation part (module docstring). ``weight_decay`` is Adam's L2
+    regulariser pulling the corrections to zero (``TrainConfig.pose_opt_reg``). Checkpoint tensors:
+    ``pose.delta``, ``pose.adam.<key>``."""
+
+    prefix, key, item_shape = "pose.", "delta", (6,)
+    trainer_attr = "pose"
+    config_field = "pose_opt"
+
+    def __init__(self, n: int, device=None, extent: float = 1.0, weight_decay: float = 0.0):
+        super().__init__(torch.zeros(max(int(n), 0), 6, dtype=torch.float32, device=device),
+                         weight_decay=weight_decay)
+        if not (math.isfinite(extent) and extent > 0):
+            raise ValueError(f"PoseCorrection: extent must be finite and > 0, got {extent}")
+        self.extent = float(extent)
+
+    @classmethod
+    def for_trainer(cls, trainer, like: torch.Tensor | None = None) -> "PoseCorrection":
+        return cls(len(trainer.train_frames) if like is None else like.shape[0], trainer.device, trainer.extent,
+                   trainer.config.pose_opt_reg)
+
+    @property
+    def delta(self) -> torch.Tensor:
+        return self.param
+
+    def viewmat(self, camera, i: int) -> torch.Tensor:
+        """(4, 4) float32 corrected view matrix of training image ``i`` seen by ``camera`` (differentiable in
+        ``delta``)."""
+        base = camera.viewmat_tensor(self.param.device, torch.float32)
+        return corrected_viewmat(base, self.param[i], self.extent)
+
+    def camera(self, camera, i: int) -> PosedCamera:
+        """``camera`` of training image ``i`` through its correction (for :func:`rigel_core.render`)."""
+        return PosedCamera(camera, self.viewmat(camera, i))
+
+    @torch.no_grad()
+    def cameras(self, cameras: list) -> list[Camera]:
+        """The refined :class:`~rigel_core.camera.Camera` of each of ``cameras`` (one per row; computed in float64
+        from the float64 given poses)."""
+        if len(cameras) != len(self):
+            raise ValueError(f"PoseCorrection.cameras: {len(cameras)} cameras for {len(self)} corrections")
+        d = self.param.detach().double().cpu()
+        out = []
+        for i, cam in enumerate(cameras):
+            vm = corrected_viewmat(torch.as_tensor(np.asarray(cam.viewmat, dtype=np.float64)), d[i], self.extent)
+            out.append(_with_viewmat(cam, vm.numpy()))
+        return out
+
+
+def pose_errors(cameras: list, references: list) -> dict:
+    """Per-camera rotation error (degrees: the angle of ``R_ref Rᵀ``) and camera-centre distance (world units) of
+    ``cameras`` against ``references`` (two equal lists of Cameras); returns ``{"rotation_deg": [...],
+    "translation": [...], "mean_rotation_deg": …, "mean_translation": …}``."""
+    if len(cameras) != len(references):
+        raise ValueError(f"pose_errors: {len(cameras)} cameras, {len(references)} references")
+    rot, tr = [], []
+    for c, r in zip(cameras, references):
+        m = r.R @ c.R.T
+        rot.append(math.degrees(math.acos(min(1.0, max(-1.0, (np.trace(m) - 1.0) / 2.0)))))
+        tr.append(float(np.linalg.norm(c.campos - r.campos)))
+    return {"rotation_deg": rot, "translation": tr, "mean_rotation_deg": float(np.mean(rot)) if rot else 0.0,
+            "mean_translation": float(np.mean(tr)) if tr else 0.0}
+
+
+def fit_pose(model, camera, gt: torch.Tensor, *, steps: int, lr: float, extent: float = 1.0, mask=None,
+             background=None, loss_fn=None) -> tuple[Camera, float]:
+    """Fit ``camera``'s pose to the image ``gt`` (H, W, 3) with ``model`` frozen: ``steps`` Adam steps of a
+    correction as :class:`PoseCorrection`'s (constant learning rate ``lr``, translation in ``extent`` units) on
+    ``loss_fn(pred, gt, mask)`` (default: L1 over the valid pixels). Returns (the refined Camera, the loss of the
+    last step, before its update; nan for 0 steps). The model's ``.grad`` are left untouched (the gradient is taken
+    with respect to the pose alone)."""
+    from ..render import render
+    from .losses import l1_loss
+
+    loss_fn = loss_fn if loss_fn is not None else l1_loss
+    corr = PoseCorrection(1, gt.device, extent)
+    corr.set_lr(lr)
+    loss = math.nan
+    with torch.enable_grad():
+        for _ in range(int(steps)):
+            out = render(model, corr.camera(camera, 0), background=background)
+            value = loss_fn(out.image, gt, mask)
+            (corr.param.grad,) = torch.autograd.grad(value, [corr.param])
+            corr.step()
+            loss = float(value.detach())
+    return corr.cameras([camera])[0], loss
+
+
+def transforms_json(frames: list, cameras: list, originals: list | None = None) -> dict:
+    """A nerfstudio ``transforms.json`` (per frame: ``file_path``, OpenGL camera-to-world ``transform_matrix``,
+    ``fl_x fl_y cx cy w h``) of ``cameras`` (one per frame of ``frames``, whose ``name``, the image file's stem, becomes
+    ``file_path``); with ``originals`` also each frame's given pose as
+    ``original_transform_matrix`` (an extra key other readers ignore)."""
+    def gl(cam) -> list:
+        c2w = np.linalg.inv(cam.viewmat)
+        c2w[:3, 1:3] *= -1.0  # OpenCV → OpenGL camera axes (Camera.from_c2w_opengl's inverse)
+        return c2w.tolist()
+
+    out = []
+    for k, (f, cam) in enumerate(zip(frames, cameras)):
+        entry = {"file_path": f.name, "transform_matrix": gl(cam),
+                 "fl_x": cam.fx, "fl_y": cam.fy, "cx": cam.cx, "cy": cam.cy, "w": cam.width, "h": cam.height}
+        if originals is not None:
+            entry["original_transform_matrix"] = gl(originals[k])
+        out.append(entry)
+    return {"camera_model": "OPENCV", "frames": out}
