@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from . import config
+from ._ext import use_kernels
 from .model import GaussianModel, num_sh_bases, rgb_to_sh
 
 __all__ = ["MAX_LATENT_DIM", "MAX_HIDDEN_DIM", "MLPAppearance", "mlp_colors", "reference_forward",
@@ -153,7 +154,7 @@ def mlp_colors(latents, means3D, campos, W1, b1, W2, b2) -> torch.Tensor:
 
     Args: latents (N,L) with 1 ≤ L ≤ 32; means3D (N,3) world units; campos (3,) camera centre;
     W1 (H,L+3) with 1 ≤ H ≤ 64 (columns: latent, then direction x, y, z); b1 (H,); W2 (3,H); b2 (3,).
-    One device and one floating dtype. Dispatch by device, as :func:`rigel_core.render.rasterize_gaussians`:
+    One device and one floating dtype. Dispatch by device (:func:`rigel_core._ext.use_kernels`, as every op):
     CUDA → the fused kernel (:func:`rigel_core.cuda_backend.mlp_colors_cuda`, float32 only), CPU →
     :func:`reference_forward` (float32 or float64, differentiated by autograd).
     Raises: TypeError / ValueError naming the argument for a wrong type, shape, size limit, device or dtype
@@ -161,7 +162,7 @@ def mlp_colors(latents, means3D, campos, W1, b1, W2, b2) -> torch.Tensor:
     extension is not built.
     """
     _check_args(latents, means3D, campos, W1, b1, W2, b2)
-    if latents.device.type == "cuda":
+    if use_kernels(latents):
         from .cuda_backend import mlp_colors_cuda
 
         return mlp_colors_cuda(latents, means3D, campos, W1, b1, W2, b2)

@@ -1,13 +1,15 @@
 """``render`` and ``rasterize_gaussians``: one API, two backends.
 
 CUDA tensors go to the kernels of ``rigel_core._C`` (through the autograd Functions of
-``rigel_core.cuda_backend``); CPU tensors go to :mod:`rigel_core.reference`. Same guards, same outputs.
+``rigel_core.cuda_backend``); CPU tensors go to :mod:`rigel_core.reference` (the one rule:
+:func:`rigel_core._ext.use_kernels`). Same guards, same outputs.
 """
 from __future__ import annotations
 
 import torch
 
 from . import config
+from ._ext import use_kernels
 from .camera import Camera
 from .render_output import RenderOutput  # defined apart so that cuda_backend needs no import of render
 
@@ -70,7 +72,7 @@ def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, w
             background = host_to_device(background, dev, dtype).reshape(-1)
         if background.shape[0] != colors.shape[1]:
             raise ValueError(f"background: expected {colors.shape[1]} channels, got {background.shape[0]}")
-    if dev.type == "cuda":
+    if use_kernels(means3D):
         from .cuda_backend import rasterize_gaussians_cuda
 
         return rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat.to(dev), K.to(dev),
@@ -104,7 +106,7 @@ def compute_colors(model, camera: Camera, sh_degree: int | None = None) -> torch
         return model.appearance(model, campos)
     degree = model.active_sh_degree if sh_degree is None else sh_degree
     degree = min(degree, model.sh_degree)
-    if model.device.type == "cuda":
+    if use_kernels(model.means3D):
         from .cuda_backend import sh_colors_cuda, sh_colors_split_cuda
 
         sh_dc, sh_rest = getattr(model, "sh_dc", None), getattr(model, "sh_rest", None)
