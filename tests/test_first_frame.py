@@ -89,7 +89,9 @@ def test_modules_before_the_first_present_import_no_torch():
             "import viewer.cli, viewer.app, viewer.loading, viewer.offscreen, viewer.gpu.frame_ring, "
             "viewer.gpu.presenter, viewer.gpu.targets\n"
             "import rigel_core.cli.common, rigel_core.camera_path, rigel_core.run_dir, rigel_core.train.config, "
-            "rigel_core.train.strategy_table, viewer.messages, viewer.panels.training\n"
+            "rigel_core.train.strategy_table, viewer.messages, viewer.panels.training, rigel_core.io.ply\n"
+            "import rigel_core.io as rio\n"
+            "assert rio.read_ply_header and rio.SceneWarning and rio.PlyFormatError   # its torch-free names\n"
             "viewer.cli.build_parser().parse_args([])\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
     out = _python(code)
