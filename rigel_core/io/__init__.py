@@ -15,6 +15,8 @@ world axes as in the INRIA PLY / COLMAP (SPZ's RUB axes are converted on load).
 """
 from __future__ import annotations
 
+from .._lazy import lazy_names
+
 __all__ = ["load_scene", "load_ply", "load_compressed_ply", "load_spz", "save_ply", "PlyFormatError",
            "SpzFormatError", "SceneFormatError", "SceneWarning", "CHECKPOINT_SUFFIXES", "load_splat", "save_scene",
            "ExportError"]
@@ -27,16 +29,4 @@ _LAZY = {"load_scene": "load", "CHECKPOINT_SUFFIXES": "load", "load_ply": "ply",
          "load_spz": "spz", "load_splat": "splat", "save_scene": "export", "ExportError": "export",
          "PlyFormatError": "errors", "SpzFormatError": "errors", "SceneFormatError": "errors"}
 
-
-def __getattr__(name):
-    import importlib
-
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

@@ -10,6 +10,8 @@ The names below are imported on first use (PEP 562, as in :mod:`rigel_core`), so
 (``config``, ``strategy_table``) loads without ``import torch``: the viewer's messages read the strategy table
 before its first frame.
 """
+from .._lazy import lazy_names
+
 __all__ = ["TrainConfig", "Trainer", "StepResult", "EvalResult", "DensifyReport", "DensifyStats", "Exposure",
            "random_init_points", "background_init_points", "sfm_view_coverage"]
 
@@ -17,16 +19,4 @@ _LAZY = {"TrainConfig": "config", "DensifyReport": "densify", "DensifyStats": "d
          **{n: "trainer" for n in ("Trainer", "StepResult", "EvalResult", "random_init_points",
                                    "background_init_points", "sfm_view_coverage")}}
 
-
-def __getattr__(name):
-    import importlib
-
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
