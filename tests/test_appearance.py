@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import rigel_core as rc
-from rigel_core.appearance import (MLPAppearance, bake_to_sh, fibonacci_sphere, mlp_colors, reference_backward,
+from rigel_core.renderer.appearance import (MLPAppearance, bake_to_sh, fibonacci_sphere, mlp_colors, reference_backward,
                                    reference_forward, to_mlp, to_sh)
 from rigel_core.reference import eval_sh, sh_basis
 
@@ -157,7 +157,7 @@ def test_extension_checks_arguments_without_gpu():
 def test_cuda_float64_is_refused_not_cast(rng, monkeypatch):
     """Dispatch is by device, as for rendering: CUDA tensors go to the kernel, which takes float32 only (TypeError
     before anything runs, so this needs no GPU: the tensors only claim to be on CUDA)."""
-    from rigel_core import cuda_backend
+    from rigel_core.renderer import cuda_backend
 
     pretend_kernels_built(monkeypatch)
 

@@ -62,7 +62,7 @@ def test_one_dispatch_rule_by_device(monkeypatch):
                 _ext.use_kernels(cuda)
         else:
             assert _ext.use_kernels(cuda) is True
-    for rel in ("render.py", "appearance.py", "train/losses.py", "train/optim.py", "train/mcmc.py"):
+    for rel in ("renderer/api.py", "renderer/appearance.py", "train/losses.py", "train/optim.py", "train/mcmc.py"):
         text = (ROOT / "rigel_core" / rel).read_text()
         assert "use_kernels(" in text, rel
         for idiom in (".is_cuda", 'type == "cuda"', "hasattr(_ext", "hasattr(C,", "_ext.available()"):

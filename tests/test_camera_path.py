@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rigel_core import Camera
-from rigel_core.camera import quat_to_rotmat_np
+from rigel_core.renderer.camera import quat_to_rotmat_np
 from rigel_core.camera_path import (CameraPath, CameraPathError, Keyframe, load_path, rotmat_to_quat, save_nerfstudio,
                                     save_path, slerp)
 
@@ -365,13 +365,13 @@ def test_gif_fallback_without_ffmpeg(tmp_path, tiny_scene, monkeypatch):
 
 
 def test_interrupt_and_cancel_leave_no_file(tmp_path, tiny_scene, monkeypatch):
-    import sys
+    import importlib
 
     from rigel_core.cli.render import main
     from rigel_core.io import load_scene
     from rigel_core.render_video import VideoCancelled, render_path_video
 
-    rrender = sys.modules["rigel_core.render"]          # the module (rigel_core.render is also the function)
+    rrender = importlib.import_module("rigel_core.renderer.api")   # the module of the function rigel_core.render
     pj, path = _path_file(tmp_path, frames=4)
     real, calls = rrender.render, []
 

@@ -126,9 +126,9 @@ def test_errors():
             f(a.numpy(), a)
 
 
-# ---- fused CUDA SSIM (csrc/ssim.cu, rigel_core.cuda_backend.ssim_map_cuda) ----------------------------------------
+# ---- fused CUDA SSIM (csrc/ssim.cu, rigel_core.renderer.cuda_backend.ssim_map_cuda) ---------------------------------
 from helpers import CudaLooking, pretend_kernels_built  # noqa: E402
-from rigel_core import cuda_backend  # noqa: E402
+from rigel_core.renderer import cuda_backend  # noqa: E402
 from rigel_core.train.losses import SSIM_SIGMA, SSIM_WINDOW, ssim_map_reference  # noqa: E402
 
 FUSED_SHAPES = [(1, 1), (5, 7), (16, 16), (37, 53), (64, 48), (401, 399)]

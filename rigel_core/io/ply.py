@@ -495,14 +495,14 @@ def save_ply(model: GaussianModel, path) -> None:
     pre-activation. float64 models are rounded to float32. The file is written to a temporary file in the
     destination directory and moved into place with ``os.replace`` (readers never see a partial file).
     The header says ``comment SplatRenderMode: mip|default`` (``model.render_mode``); a mip model's 3D smoothing
-    filter is baked into its scales and opacities first (:func:`rigel_core.mip.bake_3d_filter`, exact), so a
+    filter is baked into its scales and opacities first (:func:`rigel_core.renderer.mip.bake_3d_filter`, exact), so a
     viewer that applies only the 2D filter of a ``mip`` file renders it as rigel does.
 
     Raises: OSError when the directory is not writable.
     """
     from plyfile import PlyData, PlyElement
 
-    from ..mip import bake_3d_filter
+    from ..renderer.mip import bake_3d_filter
 
     path = os.fspath(path)
     mode = getattr(model, "render_mode", "default")

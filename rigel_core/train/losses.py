@@ -21,8 +21,8 @@ image border sees the zero padding.) ``mask=None`` runs the unmasked code unchan
 
 :func:`ssim_map` (hence :func:`ssim`, :func:`dssim`) dispatches by device, as ``rigel_core.render`` does: CUDA images
 with the default window and padding run the fused kernels of ``csrc/ssim.cu``
-(:func:`rigel_core.cuda_backend.ssim_map_cuda`: same contract, float32, gradient to ``pred`` only; its docstring
-derives the gradient); everything else runs :func:`ssim_map_reference`, the kernels' PyTorch twin.
+(:func:`rigel_core.renderer.cuda_backend.ssim_map_cuda`: same contract, float32, gradient to ``pred`` only; its
+docstring derives the gradient); everything else runs :func:`ssim_map_reference`, the kernels' PyTorch twin.
 """
 from __future__ import annotations
 
@@ -136,15 +136,15 @@ def ssim_map(pred: torch.Tensor, target: torch.Tensor, *, window_size: int = SSI
 
     ``H' = H`` for ``padding="same"`` (zero padding), ``H − window_size + 1`` for ``"valid"``.
     Dispatch: non-empty CUDA images with the default window and padding, whose ``target`` needs no gradient, go
-    to the fused kernels (:func:`rigel_core.cuda_backend.ssim_map_cuda`, float32 only; the map is then a permuted
-    view of a channels-last (B, H, W, C) tensor); all other arguments to :func:`ssim_map_reference`.
+    to the fused kernels (:func:`rigel_core.renderer.cuda_backend.ssim_map_cuda`, float32 only; the map is then a
+    permuted view of a channels-last (B, H, W, C) tensor); all other arguments to :func:`ssim_map_reference`.
     Raises ValueError for mismatched shapes, an unknown padding or an image smaller than the window ("valid");
     TypeError for CUDA images that are not float32 (the kernels'); RuntimeError for CUDA images when the
     kernels are not built.
     """
     if (isinstance(pred, torch.Tensor) and use_kernels(pred) and pred.numel() > 0 and not target.requires_grad
             and (window_size, sigma, padding) == (SSIM_WINDOW, SSIM_SIGMA, "same")):
-        from ..cuda_backend import ssim_map_cuda
+        from ..renderer.cuda_backend import ssim_map_cuda
 
         _check_pair(pred, target)
         m = ssim_map_cuda(pred, target)
@@ -208,13 +208,13 @@ def loss_terms(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | No
     ``lambda_dssim``, and the MSE of the same pixels (detached: a metric). ``mask`` as :func:`l1_loss`.
 
     Non-empty CUDA images whose ``target`` needs no gradient take the fused kernels
-    (:func:`rigel_core.cuda_backend.photometric_sums_cuda`: two launches, float64 sums; float32 only, TypeError for
-    another dtype, as every kernel: :func:`rigel_core._ext.use_kernels`); everything else the functions of this
+    (:func:`rigel_core.renderer.cuda_backend.photometric_sums_cuda`: two launches, float64 sums; float32 only,
+    TypeError for another dtype, as every kernel: :func:`rigel_core._ext.use_kernels`); everything else the functions of this
     module. Both give the same values and gradients (tests/test_losses.py). ``fp32``: the fused
     kernels' float32 form (``TrainConfig.loss_float32``; no effect off CUDA)."""
     _check_pair(pred, target)
     if use_kernels(pred) and pred.numel() > 0 and not target.requires_grad:
-        from ..cuda_backend import photometric_sums_cuda
+        from ..renderer.cuda_backend import photometric_sums_cuda
 
         m = None
         if mask is not None:

@@ -76,7 +76,7 @@ def group_lrs(cfg: TrainConfig, iteration: int, extent: float) -> dict:
 
 def appearance_groups(model, cfg: TrainConfig) -> list:
     """``extra_groups`` for :func:`make_optimizer` covering ``model.appearance`` (an
-    ``rigel_core.appearance.MLPAppearance``): its latents per Gaussian (so densification clones, splits and
+    ``rigel_core.renderer.appearance.MLPAppearance``): its latents per Gaussian (so densification clones, splits and
     prunes them with the Gaussians), its weights shared. Empty when the model has no appearance module."""
     app = getattr(model, "appearance", None)
     if app is None:
