@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import rigel_core as rc  # noqa: E402
-from rigel_core import cuda_backend  # noqa: E402
+from rigel_core.renderer import cuda_backend  # noqa: E402
 from rigel_core.reference import tile_rects  # noqa: E402
 
 RESOLUTIONS = {"720p": (1280, 720), "1080p": (1920, 1080), "4k": (3840, 2160)}

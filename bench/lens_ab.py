@@ -34,7 +34,7 @@ from rigel_core.data import load_dataset  # noqa: E402
 from rigel_core.data.frames import with_unique_names  # noqa: E402
 from rigel_core.data.transforms import read_transforms  # noqa: E402
 from rigel_core.data.undistort import FISHEYE_KEYS, OPENCV_KEYS, remap, undistort_map  # noqa: E402
-from rigel_core.render import render  # noqa: E402
+from rigel_core.renderer import render  # noqa: E402
 from rigel_core.train.losses import psnr_from_mse  # noqa: E402
 from rigel_core.train.trainer import Trainer  # noqa: E402
 

@@ -1,4 +1,4 @@
-// Fused appearance MLP, forward and backward: one thread per Gaussian (rigel_core/appearance.py is the twin).
+// Fused appearance MLP, forward and backward: one thread per Gaussian (rigel_core/renderer/appearance.py is the twin).
 //
 //   d = normalize(mean - campos)   x = [latent (L), d (3)]   h = relu(W1 x + b1)   rgb = sigmoid(W2 h + b2)
 //

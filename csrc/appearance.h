@@ -1,6 +1,7 @@
 // Fused appearance MLP (issue 5): per-Gaussian latent (+) unit view direction -> ReLU layer -> sigmoid RGB.
 // Kernels and launchers: appearance.cu. Argument checks: ops.cpp (mlp_colors); binding: ext.cpp; autograd
-// Function: rigel_core/cuda_backend.py. PyTorch twin (and the model's documentation): rigel_core/appearance.py.
+// Function: rigel_core/renderer/cuda_backend.py. PyTorch twin (and the model's documentation):
+// rigel_core/renderer/appearance.py.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -21,7 +21,7 @@
 #define RIGEL_MIP_FILTER_2D 0.1
 // MIP_FILTER_3D: the 3D smoothing filter's variance in units of the squared world-space sample spacing: each
 // Gaussian gets Sigma + MIP_FILTER_3D * (depth / focal)^2 I, at the highest sampling rate focal / depth over the
-// training cameras that see it (Mip-Splatting eq. 7-8, s = 0.2). Applied in Python (rigel_core/mip.py) only.
+// training cameras that see it (Mip-Splatting eq. 7-8, s = 0.2). Applied in Python (rigel_core/renderer/mip.py) only.
 #define RIGEL_MIP_FILTER_3D 0.2
 // Screen radius in standard deviations of the major axis; the rasterizer also cuts at this distance.
 #define RIGEL_RADIUS_SIGMA 3.0

@@ -1,7 +1,7 @@
 // The one Python binding of rigel_core._C. Each function is the CUDA twin of a PyTorch reference function
 // (rigel_core.reference for the render stages, named in ops.h for the others); its host checks are in ops.cpp and its
-// autograd Function in rigel_core/cuda_backend.py. Docstrings give shapes (float32 unless said), all tensors on one
-// CUDA device.
+// autograd Function in rigel_core/renderer/cuda_backend.py. Docstrings give shapes (float32 unless said), all
+// tensors on one CUDA device.
 #include <torch/extension.h>
 
 #include "config.h"
@@ -41,7 +41,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("max_entries") = RIGEL_MAX_ENTRIES,
           "[2] -> (keys (E,) int64 sorted, gaussian_ids (E,) int32, tile_ranges (n_tiles,2) int32, "
           "tiles_touched (N,) int32, E); when E > max_entries nothing of size E is allocated and keys, "
-          "gaussian_ids, tile_ranges come back empty (rigel_core.cuda_backend.bin_gaussians_cuda raises)");
+          "gaussian_ids, tile_ranges come back empty (rigel_core.renderer.cuda_backend.bin_gaussians_cuda raises)");
     m.def("bin_gaussians_fixed", &rigel::bin_gaussians_fixed, py::arg("means2D"), py::arg("conics"),
           py::arg("opacities"), py::arg("depths"), py::arg("radii"), py::arg("width"), py::arg("height"),
           py::arg("capacity"),
@@ -84,7 +84,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("b1"), py::arg("W2"), py::arg("b2"),
           "appearance: latents (N,L), means3D (N,3), campos (3,), W1 (H,L+3), b1 (H,), W2 (3,H), b2 (3,) -> colors "
           "(N,3) = sigmoid(W2 relu(W1 [latent, dir] + b1) + b2); NaN for a non-finite latent or mean "
-          "(rigel_core/appearance.py)");
+          "(rigel_core/renderer/appearance.py)");
     m.def("mlp_colors_backward", &rigel::mlp_colors_backward, py::arg("latents"), py::arg("means3D"),
           py::arg("campos"), py::arg("W1"), py::arg("b1"), py::arg("W2"), py::arg("b2"), py::arg("colors"),
           py::arg("v_colors"), py::arg("need_means"),

@@ -87,12 +87,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
 // Appearance -> colors [N,3] = sigmoid(W2 relu(W1 [latents, normalize(means3D - campos)] + b1) + b2).
 // latents [N,L] (1 <= L <= RIGEL_APPEARANCE_MAX_LATENT), means3D [N,3], campos [3], W1 [H,L+3]
-// (1 <= H <= RIGEL_APPEARANCE_MAX_HIDDEN), b1 [H], W2 [3,H], b2 [3]. Twin: rigel_core.appearance.reference_forward.
+// (1 <= H <= RIGEL_APPEARANCE_MAX_HIDDEN), b1 [H], W2 [3,H], b2 [3]. Twin:
+// rigel_core.renderer.appearance.reference_forward.
 at::Tensor mlp_colors(const at::Tensor& latents, const at::Tensor& means3D, const at::Tensor& campos,
                       const at::Tensor& W1, const at::Tensor& b1, const at::Tensor& W2, const at::Tensor& b2);
 
 // Appearance backward -> (v_latents [N,L], v_means3D [N,3] (undefined when !need_means), v_W1, v_b1, v_W2, v_b2).
-// colors [N,3] is the forward's output. Twin: rigel_core.appearance.reference_backward.
+// colors [N,3] is the forward's output. Twin: rigel_core.renderer.appearance.reference_backward.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> mlp_colors_backward(
     const at::Tensor& latents, const at::Tensor& means3D, const at::Tensor& campos, const at::Tensor& W1,
     const at::Tensor& b1, const at::Tensor& W2, const at::Tensor& b2, const at::Tensor& colors,

@@ -284,14 +284,8 @@ __global__ void __launch_bounds__(kTilePixels, 4) rasterize_bwd_kernel(
         if (k < batch_end) {
             const int32_t id = gaussian_ids[k];
             s_id[tid] = id;
-            const float2 xy = make_float2(means2D[2 * id + 0], means2D[2 * id + 1]);
-            const float4 co =
-                make_float4(conics[3 * id + 0], 2.f * conics[3 * id + 1], conics[3 * id + 2], opacities[id]);
-            s_xy[tid] = xy;
-            s_conic_opacity[tid] = co;
-            s_boxes[tid] = static_cast<uint8_t>(box_mask(xy.x, xy.y, co.x, co.y, co.z, co.w, tile_x0, tile_y0));
-            s_rgb[tid] = make_float3(colors[3 * id + 0], colors[3 * id + 1], colors[3 * id + 2]);
-            if constexpr (kDepth) s_z[tid] = depths[id];
+            stage_entry<kDepth>(tid, id, tile_x0, tile_y0, means2D, conics, colors, opacities, depths, s_xy,
+                                s_conic_opacity, s_rgb, s_z, s_boxes);
         }
         __syncthreads();
         int n_slots = 0;  // rows of the chunk filled (warp-uniform)

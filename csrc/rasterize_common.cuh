@@ -1,5 +1,6 @@
-// Per-fragment maths shared by rasterize_fwd.cu, rasterize_bwd.cu and binning.cu (docs/PIPELINE.md [2], [3]),
-// written once so that forward, backward and the binning footprint cannot drift apart.
+// Per-fragment maths shared by rasterize_fwd.cu, rasterize_bwd.cu and binning.cu (docs/PIPELINE.md [2], [3]), and
+// the raster kernels' tile staging, written once so that forward, backward and the binning footprint cannot drift
+// apart.
 #pragma once
 
 #include "common.cuh"
@@ -90,6 +91,27 @@ __device__ __forceinline__ uint32_t box_mask(float u, float v, float A, float B2
     for (int by = 0; by < kBoxRows; ++by)
         if (rows >> by & 1u) mask |= cols << (kBoxCols * by);
     return mask;
+}
+
+// ---- tile staging (rasterize_fwd.cu, rasterize_bwd.cu) ----
+// A raster block stages its tile's sorted entries in shared memory kTilePixels at a time, one entry per thread:
+// thread `slot` writes Gaussian `id`'s means2D (s_xy), conic as (A, 2B, C) with its opacity (s_conic_opacity),
+// colour (s_rgb), camera-space depth (s_z, kDepth only) and the warp boxes its footprint can reach (s_boxes,
+// box_mask). The forward pass walks the batch front to back, the backward pass back to front; both read the same
+// staged values, so they cannot disagree on what an entry is.
+template <bool kDepth>
+__device__ __forceinline__ void stage_entry(
+    int slot, int32_t id, int tile_x0, int tile_y0,
+    const float* __restrict__ means2D, const float* __restrict__ conics, const float* __restrict__ colors,
+    const float* __restrict__ opacities, const float* __restrict__ depths,
+    float2* s_xy, float4* s_conic_opacity, float3* s_rgb, float* s_z, uint8_t* s_boxes) {
+    const float2 xy = make_float2(means2D[2 * id + 0], means2D[2 * id + 1]);
+    const float4 co = make_float4(conics[3 * id + 0], 2.f * conics[3 * id + 1], conics[3 * id + 2], opacities[id]);
+    s_xy[slot] = xy;
+    s_conic_opacity[slot] = co;
+    s_boxes[slot] = static_cast<uint8_t>(box_mask(xy.x, xy.y, co.x, co.y, co.z, co.w, tile_x0, tile_y0));
+    s_rgb[slot] = make_float3(colors[3 * id + 0], colors[3 * id + 1], colors[3 * id + 2]);
+    if constexpr (kDepth) s_z[slot] = depths[id];
 }
 
 }  // namespace rigel

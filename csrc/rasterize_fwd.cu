@@ -1,7 +1,7 @@
 // [3] Tile rasterization, forward (docs/PIPELINE.md [3]): one 16x16 block per tile, one thread per pixel,
 // front-to-back alpha compositing C = sum_i c_i alpha_i prod_{j<i} (1 - alpha_j) (Kerbl et al. 2023, eq. 3).
 // The block stages its tile's entries in shared memory, kTilePixels at a time (one load per thread), with the
-// warp boxes each entry can reach (rasterize_common.cuh box_mask); each warp takes a batch 32 entries at a time,
+// warp boxes each entry can reach (rasterize_common.cuh stage_entry, box_mask; the backward pass stages alike); each warp takes a batch 32 entries at a time,
 // one ballot of its box bits, and visits the set ones only (all of them in a plain loop when all are set). A warp
 // leaves the batch once all its pixels are done (__all_sync), the block as soon as every pixel of the tile is done
 // (__syncthreads_count vote).
@@ -63,17 +63,9 @@ __global__ void __launch_bounds__(kTilePixels, 6) rasterize_fwd_kernel(
         // Everyone votes (and the barrier protects the previous batch); all done -> the block leaves.
         if (__syncthreads_count(done) == kTilePixels) break;
         const int k = base + tid;
-        if (k < end) {
-            const int32_t id = gaussian_ids[k];
-            const float2 xy = make_float2(means2D[2 * id + 0], means2D[2 * id + 1]);
-            const float4 co =
-                make_float4(conics[3 * id + 0], 2.f * conics[3 * id + 1], conics[3 * id + 2], opacities[id]);
-            s_xy[tid] = xy;
-            s_conic_opacity[tid] = co;
-            s_boxes[tid] = static_cast<uint8_t>(box_mask(xy.x, xy.y, co.x, co.y, co.z, co.w, tile_x0, tile_y0));
-            s_rgb[tid] = make_float3(colors[3 * id + 0], colors[3 * id + 1], colors[3 * id + 2]);
-            if constexpr (kDepth) s_z[tid] = depths[id];
-        }
+        if (k < end)
+            stage_entry<kDepth>(tid, gaussian_ids[k], tile_x0, tile_y0, means2D, conics, colors, opacities, depths,
+                                s_xy, s_conic_opacity, s_rgb, s_z, s_boxes);
         __syncthreads();
         const int batch = min(kTilePixels, end - base);
         // Blend staged entry j into this pixel (the walk of PIPELINE [3]); sets done at T_MIN.

@@ -1,7 +1,7 @@
 // Fused SSIM loss (forward + backward) of the trainer: the CUDA twin of rigel_core/train/losses.py ssim_map_reference with
 // its defaults (11x11 Gaussian window, sigma 1.5, zero "same" padding, C1 = 0.01^2, C2 = 0.03^2). Kernels and
 // launchers: ssim.cu. Argument checks: ops.cpp (ssim_map); binding: ext.cpp; autograd Function:
-// rigel_core/cuda_backend.py; dispatch: rigel_core/train/losses.py.
+// rigel_core/renderer/cuda_backend.py; dispatch: rigel_core/train/losses.py.
 //
 // Layout: images are channels-last, (B, H, W, C) contiguous float32 (an (H, W, C) image is B = 1), the layout
 // rigel_core.render returns; every channel of every image is filtered on its own. Arithmetic is float64 inside the

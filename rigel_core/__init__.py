@@ -1,12 +1,22 @@
 """rigel_core — 3D Gaussian Splatting: cameras, the Gaussian model, rendering (CUDA kernels or the PyTorch
 reference), scene and dataset I/O, and training.
 
+Layout: ``renderer/`` the render stack (camera, the render API, the CUDA backend, render modes, mip filter, MLP
+appearance), ``reference/`` its PyTorch twin (the CPU backend), ``model.py`` the Gaussians, ``io/`` scene files,
+``data/`` datasets, ``train/`` training, ``cli/`` the commands; beside them the run services (``run_dir``,
+``checkpoint``, ``atomic``, ``limits``, ``strict_json``, ``deps``, ``render_video``, ``camera_path``, ``edit``,
+``depth_image``) and ``config.py`` (the constants of ``csrc/config.h``). The render stack's old module paths
+(``rigel_core.camera``, ``rigel_core.render``, ``rigel_core.cuda_backend``, ``rigel_core.mip``,
+``rigel_core.render_modes``, ``rigel_core.render_output``, ``rigel_core.appearance``) still import the same module
+objects from ``renderer/`` (:data:`_MOVED`).
+
 Conventions: ../docs/PIPELINE.md and DESIGN §3 (row-major world-to-camera, OpenCV camera axes, pixels).
 """
 import sys as _sys
 import types as _types
 
 from . import config
+from ._lazy import MovedModules as _MovedModules
 
 __version__ = "0.1.0"
 __all__ = ["config", "Camera", "GaussianModel", "RenderOutput", "rasterize_gaussians", "render", "compute_colors",
@@ -17,8 +27,17 @@ __all__ = ["config", "Camera", "GaussianModel", "RenderOutput", "rasterize_gauss
 # viewer presents its first frame before torch is imported (issue 18, tests/test_first_frame.py). A submodule is
 # imported on first use of its name as well (``import rigel_core; rigel_core.camera``), as the eager imports of the
 # names above once made it.
-_LAZY = {"Camera": "camera", "GaussianModel": "model", "RenderOutput": "render", "compute_colors": "render",
-         "rasterize_gaussians": "render", "render": "render"}
+_LAZY = {"Camera": "renderer.camera", "GaussianModel": "model", "RenderOutput": "renderer.output",
+         "compute_colors": "renderer.api", "rasterize_gaussians": "renderer.api", "render": "renderer.api"}
+
+
+#: the render stack's modules that moved into renderer/ (issue 36): old name → new one, still importable by the old
+#: name (rigel_core._lazy.MovedModules: the same module object, no file)
+_MOVED = {"render": "renderer.api", "camera": "renderer.camera", "cuda_backend": "renderer.cuda_backend",
+          "mip": "renderer.mip", "render_modes": "renderer.modes", "render_output": "renderer.output",
+          "appearance": "renderer.appearance"}
+# first: an editable install's finder of another checkout would find the old files there
+_sys.meta_path.insert(0, _MovedModules(__name__, _MOVED))
 
 
 def __getattr__(name):
@@ -36,11 +55,12 @@ def __getattr__(name):
 
 
 def __dir__():
-    """The public names (the lazy ones too: :data:`__all__`) and the public submodules, imported or not, with the
-    module's dunder attributes; private names (``_ext``, ``_LAZY``) are left out."""
+    """The public names (the lazy ones too: :data:`__all__`) and the public submodules (the moved ones by their old
+    names too), imported or not, with the module's dunder attributes; private names (``_ext``, ``_LAZY``) are left
+    out."""
     import pkgutil
 
-    names = set(_LAZY) | {m.name for m in pkgutil.iter_modules(__path__)} | set(globals())
+    names = set(_LAZY) | set(_MOVED) | {m.name for m in pkgutil.iter_modules(__path__)} | set(globals())
     return sorted(n for n in names if not n.startswith("_") or n.startswith("__"))
 
 

@@ -1,4 +1,4 @@
-"""Loading of the compiled CUDA extension ``rigel_core._C``.
+"""Loading of the compiled CUDA extension ``rigel_core._C``, and the one rule that picks it or the reference.
 
 Never falls back silently: when PyTorch sees a GPU but the extension is missing, the first CUDA render
 raises with the reason (an isolated ``pip install`` has no torch and builds no kernels: README "Install with pip").
@@ -19,6 +19,21 @@ except Exception as e:  # ImportError, or an undefined symbol from a mismatched 
 def available() -> bool:
     """True when the compiled CUDA kernels are importable."""
     return _C is not None
+
+
+def use_kernels(tensor) -> bool:
+    """The CUDA-or-CPU dispatch rule of every op that has a CUDA kernel and a PyTorch twin (render, SH colours,
+    MLP colours, SSIM, the photometric loss, Adam, the MCMC position noise), by the device of ``tensor`` (the op's
+    first tensor argument): True on a CUDA device — the op runs the compiled kernels, and what they do not take (a
+    float64 tensor, ...) raises TypeError or, where the op documents it, takes the PyTorch form on that device;
+    False on any other device — the PyTorch reference (:mod:`rigel_core.reference` and the ops' twins).
+
+    Raises: RuntimeError (:func:`get`'s, how to build them) for a CUDA tensor when the kernels are not built: never
+    a silent fallback to the reference."""
+    if tensor.device.type != "cuda":
+        return False
+    get()
+    return True
 
 
 def get():

@@ -54,7 +54,7 @@ import numpy as np
 from .atomic import atomic_path
 
 if TYPE_CHECKING:
-    from .camera import Camera
+    from .renderer.camera import Camera
 
 __all__ = ["Keyframe", "CameraPath", "CameraPathError", "FORMAT", "FORMAT_VERSION", "rotmat_to_quat", "slerp",
            "load_path", "save_path", "save_nerfstudio", "path_from_dict", "path_to_dict", "render_size"]
@@ -91,7 +91,7 @@ def rotmat_to_quat(R) -> np.ndarray:
 
     Shepperd's method (J. Guidance & Control 1978): the largest of 4w², 4x², 4y², 4z² (from the trace and the
     diagonal) is taken as the pivot so that the division is well conditioned. Inverse of
-    :func:`rigel_core.camera.quat_to_rotmat_np`.
+    :func:`rigel_core.renderer.camera.quat_to_rotmat_np`.
     """
     R = np.asarray(R, dtype=np.float64)
     tr = R[0, 0] + R[1, 1] + R[2, 2]
@@ -188,8 +188,9 @@ class Keyframe:
 
 
 def _camera(position, q, fov_y_deg, width, height, name="") -> Camera:
-    from .camera import Camera, quat_to_rotmat_np   # here: rigel_core.camera imports torch (the viewer's
-                                                    # first frame comes before that; tests/test_first_frame.py)
+    # here: rigel_core.renderer.camera imports torch (the viewer's first frame comes before that;
+    # tests/test_first_frame.py)
+    from .renderer.camera import Camera, quat_to_rotmat_np
     R = quat_to_rotmat_np(q)
     vm = np.eye(4)
     vm[:3, :3] = R.T
@@ -619,7 +620,7 @@ def save_nerfstudio(path: CameraPath, out, *, width: int | None = None, height: 
     """Write the path's rendered samples as nerfstudio's ``camera_path.json`` (``camera_to_world`` row-major in
     OpenGL axes, vertical ``fov`` in degrees, ``aspect``; ``keyframes`` empty: the samples are the path), at
     :func:`render_size`."""
-    from .camera import quat_to_rotmat_np
+    from .renderer.camera import quat_to_rotmat_np
 
     w, h = render_size(width, height, path.width, path.height)
     pos, quat, fov, _ = path.sample()

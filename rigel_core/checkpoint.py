@@ -5,8 +5,8 @@ Layout of the file (safetensors: a JSON header + raw little-endian tensors):
 | tensor | content |
 |---|---|
 | ``model.<name>`` | the six Gaussian parameters (``means3D``, ``log_scales``, ``quats``, ``opacity_logits``, ``sh_dc``, ``sh_rest``), pre-activation |
-| ``model.appearance.<name>`` | MLP appearance only: ``latents`` (N,L), ``W1``, ``b1``, ``W2``, ``b2`` (:class:`~rigel_core.appearance.MLPAppearance`) |
-| ``model.filter_3D`` | anti-aliased (mip) mode only: the 3D smoothing filter's variances (N,) (:mod:`rigel_core.mip`); the metadata's ``render_mode`` says the mode |
+| ``model.appearance.<name>`` | MLP appearance only: ``latents`` (N,L), ``W1``, ``b1``, ``W2``, ``b2`` (:class:`~rigel_core.renderer.appearance.MLPAppearance`) |
+| ``model.filter_3D`` | anti-aliased (mip) mode only: the 3D smoothing filter's variances (N,) (:mod:`rigel_core.renderer.mip`); the metadata's ``render_mode`` says the mode |
 | ``adam.<name>.<key>`` | the optimizer state of that parameter's group (``exp_avg``, ``exp_avg_sq``, ``step``) |
 | ``stats.<key>`` | the densification accumulators (``grad_accum``, ``denom``, ``max_radii``) |
 | ``rng.cpu`` | the trainer's ``torch.Generator`` state (uint8) |
@@ -85,7 +85,7 @@ def save_checkpoint(trainer, path) -> None:
     tensors = {f"model.{n}": getattr(model, n) for n in PARAM_NAMES}
     if getattr(model, "appearance", None) is not None:
         tensors.update(model.appearance.state_tensors("model.appearance."))
-    if getattr(model, "filter_3D", None) is not None:  # anti-aliased mode's 3D filter (rigel_core/mip.py)
+    if getattr(model, "filter_3D", None) is not None:  # anti-aliased mode's 3D filter (rigel_core/renderer/mip.py)
         tensors["model.filter_3D"] = model.filter_3D
     for g in opt.param_groups:
         state = opt.state.get(g["params"][0], {})
@@ -204,7 +204,7 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
 
     Raises: CheckpointError "<file>: <field>: <problem>".
     """
-    from .appearance import WEIGHT_NAMES
+    from .renderer.appearance import WEIGHT_NAMES
 
     path = os.fspath(path)
     floats = (torch.float32, torch.float64)
@@ -382,7 +382,7 @@ def _config_of(path, meta: dict, key: str = "config"):
 
 def _model_from_tensors(path, tensors: dict) -> GaussianModel:
     """The GaussianModel of a checkpoint's tensors, with its MLP appearance when it has one."""
-    from .appearance import MLPAppearance
+    from .renderer.appearance import MLPAppearance
 
     model = GaussianModel(*(tensors[f"model.{n}"] for n in PARAM_NAMES))
     try:

@@ -434,7 +434,7 @@ def save_model(model, path) -> str:
 
     path = os.fspath(path)
     if getattr(model, "appearance", None) is not None:
-        from rigel_core.appearance import to_sh
+        from rigel_core.renderer.appearance import to_sh
 
         model, _ = to_sh(model, 3)
     model = model.to("cpu")

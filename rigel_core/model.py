@@ -75,8 +75,8 @@ class GaussianModel:
         self.active_sh_degree = self.sh_degree if active_sh_degree is None else int(active_sh_degree)
         #: optional appearance module (e.g. the fused MLP); None means spherical harmonics.
         self.appearance = None
-        # anti-aliased mode (issue 17, rigel_core/mip.py): how ``render`` draws this model by default ("default" or
-        # "mip", read from / written to the PLY header), and the 3D smoothing filter's per-Gaussian variances (N,)
+        # anti-aliased mode (issue 17, rigel_core/renderer/mip.py): how ``render`` draws this model by default
+        # ("default" or "mip", read from / written to the PLY header), and the 3D smoothing filter's per-Gaussian variances (N,)
         # (world units², not trained; None = no 3D filter, e.g. a loaded PLY whose filter is baked in)
         self.render_mode = "default"
         self.filter_3D: torch.Tensor | None = None

@@ -71,7 +71,7 @@ def render_path_video(model, path, out, *, width: int | None = None, height: int
     import torch
     from tqdm import tqdm
 
-    from .render import render
+    from .renderer.api import render
 
     if isinstance(path, (list, tuple)):
         cams = list(path)

@@ -214,3 +214,25 @@ def stop_rule_ties(n_contrib32, final_T32, n_contrib64, final_T64):
     two_clamped = (1.0 - config.ALPHA_MAX) ** 2
     return ((final_T32.detach().cpu() == one_clamped) & (n_contrib32.cpu() < n_contrib64.cpu())
             & (final_T64.detach().cpu().double() <= two_clamped * (1 + 1e-9)))
+
+
+class CudaLooking(torch.Tensor):
+    """A CPU tensor that claims to be on CUDA (``is_cuda``, ``device``): the CUDA-or-CPU dispatch
+    (:func:`rigel_core._ext.use_kernels`) tested without a GPU; ``t.as_subclass(CudaLooking)``."""
+
+    is_cuda = True
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+def pretend_kernels_built(monkeypatch):
+    """Make :func:`rigel_core._ext.use_kernels` find kernels on a machine without them (a stand-in module: a test
+    that reaches a real kernel call fails)."""
+    from types import SimpleNamespace
+
+    from rigel_core import _ext
+
+    if not _ext.available():
+        monkeypatch.setattr(_ext, "_C", SimpleNamespace())

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import rigel_core as rc
-from rigel_core.appearance import (MLPAppearance, bake_to_sh, fibonacci_sphere, mlp_colors, reference_backward,
+from rigel_core.renderer.appearance import (MLPAppearance, bake_to_sh, fibonacci_sphere, mlp_colors, reference_backward,
                                    reference_forward, to_mlp, to_sh)
 from rigel_core.reference import eval_sh, sh_basis
 
-from helpers import random_camera
+from helpers import CudaLooking, pretend_kernels_built, random_camera
 
 
 # ---- an independent float64 MLP (plain matmuls, weights split by input block) -------------------------------
@@ -154,10 +154,12 @@ def test_extension_checks_arguments_without_gpu():
         _ext._C.mlp_colors_backward(*args, torch.zeros(n, 3), torch.zeros(n, 3), True)
 
 
-def test_cuda_float64_is_refused_not_cast(rng):
+def test_cuda_float64_is_refused_not_cast(rng, monkeypatch):
     """Dispatch is by device, as for rendering: CUDA tensors go to the kernel, which takes float32 only (TypeError
     before anything runs, so this needs no GPU: the tensors only claim to be on CUDA)."""
-    from rigel_core import cuda_backend
+    from rigel_core.renderer import cuda_backend
+
+    pretend_kernels_built(monkeypatch)
 
     inputs = random_inputs(rng, 5, 4, 6)
     calls = []
@@ -166,13 +168,6 @@ def test_cuda_float64_is_refused_not_cast(rng):
     def spy(*a):
         calls.append(a[0].shape)
         return real(*a)
-
-    class CudaLooking(torch.Tensor):
-        is_cuda = True
-
-        @property
-        def device(self):
-            return torch.device("cuda", 0)
 
     cuda_backend.mlp_colors_cuda = spy
     try:

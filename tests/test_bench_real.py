@@ -24,7 +24,7 @@ from bench import real  # noqa: E402
 from rigel_core import Camera, GaussianModel, render  # noqa: E402
 from rigel_core.data import Dataset, Frame  # noqa: E402
 from rigel_core.reference import sh_colors  # noqa: E402
-from rigel_core.render import rasterize_gaussians  # noqa: E402
+from rigel_core.renderer import rasterize_gaussians  # noqa: E402
 from rigel_core.train import TrainConfig  # noqa: E402
 from rigel_core.train.losses import ssim  # noqa: E402
 

@@ -45,6 +45,30 @@ def test_cuda_tensors_without_kernels_fail_loudly(monkeypatch):
         _ext.get()
 
 
+def test_one_dispatch_rule_by_device(monkeypatch):
+    """``_ext.use_kernels`` decides for every op: a CUDA tensor takes the kernels (RuntimeError when they are not
+    built), any other device the reference, built or not; and the ops decide through it, not by an idiom of their
+    own (a device or dtype test of their own, or ``hasattr`` on the extension)."""
+    from types import SimpleNamespace
+
+    from rigel_core import _ext
+
+    cuda = SimpleNamespace(device=torch.device("cuda", 0))   # stands for a CUDA tensor on a machine without one
+    for built in (None, SimpleNamespace()):
+        monkeypatch.setattr(_ext, "_C", built)
+        assert _ext.use_kernels(torch.zeros(2)) is False and _ext.use_kernels(torch.zeros(2, device="meta")) is False
+        if built is None:
+            with pytest.raises(RuntimeError, match="not built"):
+                _ext.use_kernels(cuda)
+        else:
+            assert _ext.use_kernels(cuda) is True
+    for rel in ("renderer/api.py", "renderer/appearance.py", "train/losses.py", "train/optim.py", "train/mcmc.py"):
+        text = (ROOT / "rigel_core" / rel).read_text()
+        assert "use_kernels(" in text, rel
+        for idiom in (".is_cuda", 'type == "cuda"', "hasattr(_ext", "hasattr(C,", "_ext.available()"):
+            assert idiom not in text, f"{rel}: {idiom}"
+
+
 # ---- what the build compiles for, and what it installs ------------------------------------------------------------
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """Camera paths (rigel_core/camera_path.py), their videos (rigel_core/render_video.py, ``rigel-render --path``) and
-the viewer's camera-path panel state (viewer/path_panel.py, no window)."""
+the viewer's camera-path panel state (viewer/panels/camera_path.py, no window)."""
 import json
 import math
 import os
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rigel_core import Camera
-from rigel_core.camera import quat_to_rotmat_np
+from rigel_core.renderer.camera import quat_to_rotmat_np
 from rigel_core.camera_path import (CameraPath, CameraPathError, Keyframe, load_path, rotmat_to_quat, save_nerfstudio,
                                     save_path, slerp)
 
@@ -365,13 +365,13 @@ def test_gif_fallback_without_ffmpeg(tmp_path, tiny_scene, monkeypatch):
 
 
 def test_interrupt_and_cancel_leave_no_file(tmp_path, tiny_scene, monkeypatch):
-    import sys
+    import importlib
 
     from rigel_core.cli.render import main
     from rigel_core.io import load_scene
     from rigel_core.render_video import VideoCancelled, render_path_video
 
-    rrender = sys.modules["rigel_core.render"]          # the module (rigel_core.render is also the function)
+    rrender = importlib.import_module("rigel_core.renderer.api")   # the module of the function rigel_core.render
     pj, path = _path_file(tmp_path, frames=4)
     real, calls = rrender.render, []
 
@@ -421,13 +421,13 @@ def test_cli_path_errors(tmp_path, tiny_scene, capsys):
         main([str(tiny_scene), "--out", str(tmp_path)])      # neither --cameras nor --path
 
 
-# ---- the viewer's panel state (viewer/path_panel.py, no window) ------------------------------------------------------
+# ---- the viewer's panel state (viewer/panels/camera_path.py, no window) ------------------------------------------------------
 def _kf(x):
     return Keyframe([x, 0.0, 0.0], [1, 0, 0, 0], 40.0)
 
 
 def test_editor_add_replace_delete_reorder_clear():
-    from viewer.path_panel import PathEditor
+    from viewer.panels.camera_path import PathEditor
 
     e = PathEditor()
     for x in (1, 2, 3):
@@ -461,7 +461,7 @@ def test_editor_add_replace_delete_reorder_clear():
 
 
 def test_editor_preview_clock_and_frames():
-    from viewer.path_panel import PathEditor
+    from viewer.panels.camera_path import PathEditor
 
     e = PathEditor()
     for x in (0, 1, 2):
@@ -490,7 +490,7 @@ def test_editor_preview_clock_and_frames():
 
 
 def test_editor_save_and_load(tmp_path):
-    from viewer.path_panel import PathEditor
+    from viewer.panels.camera_path import PathEditor
 
     e = PathEditor()
     e.file = str(tmp_path / "p.json")
@@ -611,7 +611,7 @@ def test_viewer_offscreen_path_frames(tmp_path, capsys):
 
 
 def test_markers_land_where_the_present_pass_puts_the_frame(g):
-    from viewer.path_panel import screen_points
+    from viewer.panels.camera_path import screen_points
 
     eye = g.normal(size=3) * 5
     target = g.normal(size=3) * 0.5

@@ -208,7 +208,7 @@ def test_render_out_of_memory_is_one_line(tmp_path, capsys, monkeypatch):
     RuntimeError traceback; now one line and status 1. Other RuntimeErrors still propagate."""
     import importlib
 
-    render_mod = importlib.import_module("rigel_core.render")  # the module (the package exports the function)
+    render_mod = importlib.import_module("rigel_core.renderer.api")  # the module of the function rigel_core.render
     cams = tmp_path / "t.json"
     orbit_transforms((0, 0, 0), 5.0, 1, 8, 8, 50.0, out=cams)
 

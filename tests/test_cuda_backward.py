@@ -24,7 +24,8 @@ import pytest
 import torch
 
 import rigel_core as rc
-from rigel_core import _ext, config, cuda_backend
+from rigel_core import _ext, config
+from rigel_core.renderer import cuda_backend
 from rigel_core.reference import expected_depth, project_gaussians, rasterize_tiles, sh_colors
 
 from helpers import cam_tensors, every_tile_lists, random_camera, random_gaussians, splats_2d, stop_rule_ties

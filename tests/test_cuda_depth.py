@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import rigel_core as rc
-from rigel_core import _ext, config, cuda_backend
+from rigel_core import _ext, config
+from rigel_core.renderer import cuda_backend
 from rigel_core.reference import expected_depth, project_gaussians, rasterize_tiles, render_reference, sh_colors
 
 from helpers import cam_tensors, real_scene_pair, stop_rule_ties

@@ -23,7 +23,8 @@ import pytest
 import torch
 
 import rigel_core as rc
-from rigel_core import _ext, config, cuda_backend
+from rigel_core import _ext, config
+from rigel_core.renderer import cuda_backend
 from rigel_core.reference import (bin_gaussians, project_gaussians, rasterize_tiles, render_reference, sh_colors,
                                   tile_rects)
 

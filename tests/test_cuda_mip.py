@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import rigel_core as rc
-from rigel_core import _ext, config, cuda_backend
+from rigel_core import _ext, config
+from rigel_core.renderer import cuda_backend
 from rigel_core.reference import project_gaussians, render_reference, sh_colors
 
 from helpers import cam_tensors, random_camera, random_gaussians, real_scene_pair

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import rigel_core as rc
-from rigel_core.appearance import MLPAppearance
+from rigel_core.renderer.appearance import MLPAppearance
 from rigel_core.model import GaussianModel
 
 from helpers import random_camera
@@ -186,7 +186,7 @@ def test_cuda_poisoned_rows_get_zero_gradients(rng, field):
 @pytest.mark.gpu
 @pytest.mark.parametrize("degree", [0, 3])
 def test_cuda_sh_colors_mark_poisoned_rows(rng, degree):
-    from rigel_core.cuda_backend import sh_colors_cuda
+    from rigel_core.renderer.cuda_backend import sh_colors_cuda
     from rigel_core.reference import sh_colors
 
     model, _, cam, rows = _gpu_case(rng, "sh_rest", float("inf"), degree=3)
@@ -201,7 +201,7 @@ def test_cuda_sh_colors_mark_poisoned_rows(rng, degree):
 def test_cuda_mlp_kernel_marks_poisoned_rows(rng):
     """The fused appearance kernel against the reference on rows with non-finite latents or means: NaN colour
     rows in both, equal elsewhere; backward: zero rows, finite weight gradients equal to the reference's."""
-    from rigel_core.appearance import mlp_colors
+    from rigel_core.renderer.appearance import mlp_colors
 
     gen = rng
     n, L, H = 3000, 8, 32

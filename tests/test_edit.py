@@ -326,7 +326,7 @@ def test_footprint_selection_differs_from_centres_where_it_should():
 def test_footprint_is_where_the_renderer_draws():
     """Every pixel the reference renderer covers (alpha > 0) of a random splat lies in its footprint, and none
     of the pixels it leaves empty does (pixel centres at +0.5; a thin band at the boundary is left out)."""
-    from rigel_core.render import render
+    from rigel_core.renderer import render
 
     rng = np.random.default_rng()
     cam = Camera(64, 48, 60.0, 60.0, 32.0, 24.0, np.eye(4))

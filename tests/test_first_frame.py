@@ -88,7 +88,10 @@ def test_modules_before_the_first_present_import_no_torch():
     code = ("import sys\n"
             "import viewer.cli, viewer.app, viewer.loading, viewer.offscreen, viewer.gpu.frame_ring, "
             "viewer.gpu.presenter, viewer.gpu.targets\n"
-            "import rigel_core.cli.common, rigel_core.camera_path, rigel_core.run_dir\n"
+            "import rigel_core.cli.common, rigel_core.camera_path, rigel_core.run_dir, rigel_core.train.config, "
+            "rigel_core.train.strategy_table, viewer.messages, viewer.panels.training, rigel_core.io.ply\n"
+            "import rigel_core.io as rio\n"
+            "assert rio.read_ply_header and rio.SceneWarning and rio.PlyFormatError   # its torch-free names\n"
             "viewer.cli.build_parser().parse_args([])\n"
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
     out = _python(code)
@@ -119,7 +122,8 @@ def test_rigel_core_submodules_are_attributes_after_import_rigel_core():
     ``rigel_core.render`` stays the function; ``dir(rigel_core)`` lists the public names and submodules (without
     importing torch) and not the private ones; an unknown name is still an AttributeError."""
     pkg = ROOT / "rigel_core"
-    subs = sorted({p.stem for p in pkg.glob("*.py")} | {p.parent.name for p in pkg.glob("*/__init__.py")})
+    subs = sorted({p.stem for p in pkg.glob("*.py")} | {p.parent.name for p in pkg.glob("*/__init__.py")}
+                  | {"render", "camera", "cuda_backend", "mip", "render_modes", "render_output", "appearance"})  # moved
     subs = [m for m in subs if not m.startswith("_")]
     assert {"camera", "model", "io", "render", "run_dir"} <= set(subs)
     np.random.default_rng().shuffle(subs)
@@ -134,7 +138,7 @@ def test_rigel_core_submodules_are_attributes_after_import_rigel_core():
             "    got = getattr(rigel_core, name)\n"
             "    if name == 'render':\n"
             "        assert callable(got) and not isinstance(got, types.ModuleType), got\n"
-            "        assert sys.modules['rigel_core.render'].render is got\n"
+            "        assert sys.modules['rigel_core.renderer.api'].render is got\n"
             "    else:\n"
             "        assert got is sys.modules[f'rigel_core.{name}'], (name, got)\n"
             "assert not hasattr(rigel_core, 'no_such_submodule')\n"
@@ -146,6 +150,30 @@ def test_rigel_core_submodules_are_attributes_after_import_rigel_core():
 
     assert set(subs) | set(rigel_core.__all__) | {"__version__"} <= listed
     assert not {n for n in listed if n.startswith("_") and not n.startswith("__")}, listed
+
+
+def test_the_render_stacks_old_paths_are_its_modules():
+    """The render stack moved into rigel_core/renderer/ (issue 36); every old module path imports the very same module
+    object (so a patch through either name is seen by both; no file left at the old path), and the public names are
+    its objects."""
+    import importlib
+
+    import rigel_core
+
+    moved = {"render": "api", "camera": "camera", "cuda_backend": "cuda_backend", "mip": "mip", "render_modes": "modes",
+             "render_output": "output", "appearance": "appearance"}
+    assert {p.stem for p in (ROOT / "rigel_core" / "renderer").glob("*.py")} == set(moved.values()) | {"__init__"}
+    for old, new in moved.items():
+        module = importlib.import_module(f"rigel_core.renderer.{new}")
+        assert importlib.import_module(f"rigel_core.{old}") is module and module.__name__ == f"rigel_core.renderer.{new}"
+        assert module.__spec__.name == module.__name__ and not (ROOT / "rigel_core" / f"{old}.py").exists()
+        assert getattr(rigel_core, old) is (module.render if old == "render" else module)
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("rigel_core.no_such_module")
+    from rigel_core.renderer import api, camera, output
+
+    assert rigel_core.render is api.render and rigel_core.Camera is camera.Camera
+    assert rigel_core.RenderOutput is output.RenderOutput and rigel_core.renderer.render is api.render
 
 
 def test_orbit_rotation_is_the_cameras():

@@ -376,7 +376,7 @@ def test_fuzz_nonfinite_rows_never_black(rng):
     equals the render without those rows, in particular never black (or NaN) where the finite rows cover the
     image."""
     import rigel_core as rc
-    from rigel_core.appearance import MLPAppearance
+    from rigel_core.renderer.appearance import MLPAppearance
     from rigel_core.model import GaussianModel
 
     from helpers import random_camera

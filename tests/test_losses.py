@@ -126,9 +126,10 @@ def test_errors():
             f(a.numpy(), a)
 
 
-# ---- fused CUDA SSIM (csrc/ssim.cu, rigel_core.cuda_backend.ssim_map_cuda) ----------------------------------------
-from rigel_core import cuda_backend  # noqa: E402
-from rigel_core.train.losses import ssim_map_reference  # noqa: E402
+# ---- fused CUDA SSIM (csrc/ssim.cu, rigel_core.renderer.cuda_backend.ssim_map_cuda) ---------------------------------
+from helpers import CudaLooking, pretend_kernels_built  # noqa: E402
+from rigel_core.renderer import cuda_backend  # noqa: E402
+from rigel_core.train.losses import SSIM_SIGMA, SSIM_WINDOW, ssim_map_reference  # noqa: E402
 
 FUSED_SHAPES = [(1, 1), (5, 7), (16, 16), (37, 53), (64, 48), (401, 399)]
 
@@ -164,19 +165,23 @@ def test_fused_glue_layout_cpu(rng, monkeypatch, batch):
         calls.append(p.shape)
         return kernel_out
 
-    class CudaLooking(torch.Tensor):
-        is_cuda = True
-
+    pretend_kernels_built(monkeypatch)
     monkeypatch.setattr(cuda_backend, "ssim_map_cuda", fake_fused)
     got = ssim_map(x.as_subclass(CudaLooking), y.as_subclass(CudaLooking))
     assert calls == [x.shape]
     assert got.shape == want.shape
     torch.testing.assert_close(got.as_subclass(torch.Tensor), want, rtol=0, atol=0)
-    # not the kernels' window, or a target that needs a gradient: the reference even for "CUDA" images
+    # not the kernels' window, or a target that needs a gradient: the reference even for "CUDA" images (a
+    # stand-in here: the real one would allocate on the device the images claim)
+    import rigel_core.train.losses as losses_module
+
+    refs = []
+    monkeypatch.setattr(losses_module, "ssim_map_reference", lambda p, t, **kw: refs.append(kw))
     ssim_map(x.as_subclass(CudaLooking), y.as_subclass(CudaLooking), window_size=7)
     ssim_map(x.as_subclass(CudaLooking), y.as_subclass(CudaLooking), sigma=2.0)
     ssim_map(x.as_subclass(CudaLooking), y.clone().requires_grad_(True).as_subclass(CudaLooking))
-    assert len(calls) == 1
+    assert len(calls) == 1 and [r["window_size"] for r in refs] == [7, SSIM_WINDOW, SSIM_WINDOW]
+    assert [r["sigma"] for r in refs] == [SSIM_SIGMA, 2.0, SSIM_SIGMA]
 
 
 def _fused_called(monkeypatch):

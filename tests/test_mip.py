@@ -1,4 +1,5 @@
-"""Anti-aliased ("mip") render mode on the CPU (issue 17; rigel_core/mip.py, docs/PIPELINE.md "Anti-aliased mode").
+"""Anti-aliased ("mip") render mode on the CPU (issue 17; rigel_core/renderer/mip.py, docs/PIPELINE.md
+"Anti-aliased mode").
 
 The reference's mip projection (2D Mip filter + opacity compensation) and the 3D smoothing filter are checked in
 float64 against formulas written independently here (matrix determinants and inverses of the full covariance,
@@ -16,7 +17,7 @@ import torch
 from rigel_core import Camera, config, rasterize_gaussians, render
 from rigel_core.io import load_ply, save_ply
 from rigel_core.io.ply import SceneWarning, read_ply_header
-from rigel_core.mip import apply_3d_filter, bake_3d_filter, compute_filter_3d
+from rigel_core.renderer.mip import apply_3d_filter, bake_3d_filter, compute_filter_3d
 from rigel_core.model import GaussianModel
 from rigel_core.reference import project_gaussians
 from helpers import cam_tensors, random_camera, random_gaussians
@@ -252,7 +253,7 @@ def test_render_uses_the_models_mode(rng):
     assert torch.equal(own.image, explicit.image)
     d = render(model, cam, render_mode="default")  # no 2D filter and no 3D filter: the raw Gaussians
     vm, K = cam_tensors(cam)
-    from rigel_core.render import compute_colors
+    from rigel_core.renderer import compute_colors
 
     ref = rasterize_gaussians(model.means3D, model.quats, model.scales, model.opacities,
                               compute_colors(model, cam), vm, K, cam.width, cam.height)

@@ -95,6 +95,32 @@ def test_round_trip_exact(tmp_path, rng, degree):
             assert np.array_equal(v[f"f_rest_{c * k1 + j}"], model.sh_rest[:, j, c].numpy())
 
 
+def test_numpy_reader_is_load_plys_and_the_package_names_resolve(tmp_path, rng):
+    """read_ply_arrays (torch-free: the viewer's loading preview) gives load_ply's parameters in numpy, float32 or
+    float64; every name rigel_core.io exports (imported on first use) is its submodule's object."""
+    import rigel_core.io as rio
+    from rigel_core.io.ply import read_ply_arrays
+
+    model = random_model(rng, int(torch.randint(1, 200, (1,), generator=rng)), int(torch.randint(0, 4, (1,),
+                                                                                                   generator=rng)))
+    path = tmp_path / "m.ply"
+    save_ply(model, path)
+    for np_dtype, dtype in ((np.float32, torch.float32), (np.float64, torch.float64)):
+        arrays = read_ply_arrays(path, np_dtype)
+        assert arrays.pop("render_mode") == "default"
+        back = load_ply(path, dtype=dtype)
+        assert list(arrays) == list(back.parameters())
+        for name, a in arrays.items():
+            assert a.dtype == np_dtype and np.array_equal(a, getattr(back, name).numpy()), name
+    import importlib
+
+    for name in rio.__all__:
+        module = importlib.import_module(f"rigel_core.io.{rio._LAZY[name]}")
+        assert getattr(rio, name) is getattr(module, name), name
+    with pytest.raises(AttributeError):
+        rio.no_such_name
+
+
 def test_round_trip_float64_and_device_dtype(tmp_path, rng):
     model = random_model(rng, 50, 2, dtype=torch.float64)
     path = tmp_path / "m.ply"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rigel_core import Camera, compute_colors, render
-from rigel_core.camera import quat_to_rotmat_np
+from rigel_core.renderer.camera import quat_to_rotmat_np
 from rigel_core.data import default_scene_path, load_dataset, make_scene
 from rigel_core.data import procedural as P
 from rigel_core.model import sh_to_rgb

@@ -396,6 +396,22 @@ def test_the_panel_offers_the_threshold_of_the_statistic_the_run_reads():
     assert set(M.DENSIFY_FIELDS) == set(DENSIFY_SLIDERS)   # a slider for every field the panel may be offered
 
 
+def test_the_strategy_objects_and_the_viewer_read_one_table():
+    """Each strategy object's live fields and title are its entry of the torch-free table the viewer reads (one
+    entry per strategy, none left over); an unknown strategy is an error, not the default's sliders."""
+    from rigel_core.train import strategy as S
+    from rigel_core.train.strategy_table import LIVE, live_for
+
+    assert set(S._STRATEGIES) == set(LIVE)
+    for name, s in S._STRATEGIES.items():
+        assert s.live is LIVE[name] is live_for(name) and s.live.title
+        for grad in ("grad", "absgrad"):
+            assert M.densify_fields(name, grad) == s.live.fields(grad)
+    assert len({s.live.title for s in S._STRATEGIES.values()}) == len(LIVE)
+    with pytest.raises(ValueError, match="no training strategy 'auto'"):
+        M.densify_fields("auto")
+
+
 def test_a_failure_in_the_thread_is_shown_logged_and_saved(rng, tmp_path, caplog, one_thread):
     from rigel_core.checkpoint import read_checkpoint
 

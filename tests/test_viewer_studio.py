@@ -15,7 +15,7 @@ import torch
 from rigel_core import Camera
 from viewer.frustums import (EDGES, box_segments, frame_to_target, frustum_depth, frustum_points, frustum_segments,
                              pick_camera, project_segments, sphere_segments, target_to_frame)
-from viewer.open_panel import SceneOpener, one_line
+from viewer.panels.open import SceneOpener, one_line
 from viewer.progressive import Progressive
 
 

@@ -476,7 +476,7 @@ class Viewer:
         """ImGui frame for the current state (its requests queued); returns its draw data."""
         from imgui_bundle import imgui
 
-        from . import path_panel
+        from .panels import camera_path
 
         t0 = time.perf_counter()
         io = imgui.get_io()
@@ -502,7 +502,7 @@ class Viewer:
                                      error_view=self.error_view, jobs=self.jobs, n_cameras=len(self.frames),
                                      camera_index=self.camera_index, appearance=self.appearance)
             self.requests += self.studio.draw(imgui)
-            path_panel.draw_markers(imgui, self, scale)   # the camera path over the view (viewer/path_panel.py)
+            camera_path.draw_markers(imgui, self, scale)   # the camera path over the view (viewer/panels/camera_path.py)
         finally:
             self.settings.show_panels = show
         imgui.render()

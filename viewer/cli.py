@@ -39,7 +39,7 @@ repeat the last frame, or hold it — nothing submitted — when it is already t
 that the frame loop leaves the Python interpreter and the GPU to the trainer (``summary.json``: ``fps`` presents
 per second, ``loop_fps`` frames per second, held ones included).
 ``--path FILE`` opens a camera path in the Camera path section; with ``--offscreen`` it writes the path's frames
-instead, ``path_XXXX.png`` (see :mod:`viewer.path_panel`).
+instead, ``path_XXXX.png`` (see :mod:`viewer.panels.camera_path`).
 Exit status: 0 on success, 1 when something failed, 2 for an input rigel cannot use (a bad scene, dataset or
 ``--cameras`` file, a flag value it refuses such as ``--fps 0``: one line naming it, as ``rigel-train``) or when
 Vulkan or a display is unavailable (the message says what to install), 130 after Ctrl-C, 143 after SIGTERM (the
@@ -422,8 +422,8 @@ def _main(argv=None) -> int:
         if args.view is not None:   # the opening view: training view N (--cameras or --data), exactly
             viewer.snap_to_camera(args.view - 1)
         status = 0
-        if args.path is not None:   # the Camera path section (viewer/path_panel.py)
-            from .path_panel import open_path, run_offscreen_path
+        if args.path is not None:   # the Camera path section (viewer/panels/camera_path.py)
+            from .panels.camera_path import open_path, run_offscreen_path
 
             open_path(viewer, args.path)
         if args.offscreen:

@@ -77,7 +77,7 @@ def start_save_ply(v, path=None, fmt=None) -> Job:
 
 def start_appearance_switch(v, kind: str) -> Job | None:
     """Viewing a scene (no training): convert the shown model's colours to ``kind`` ("sh" or "mlp") with
-    ``rigel_core.appearance`` (``to_mlp`` distils the SH colours, :func:`~rigel_core.io.export.bake_for_export`
+    ``rigel_core.renderer.appearance`` (``to_mlp`` distils the SH colours, :func:`~rigel_core.io.export.bake_for_export`
     bakes the MLP) in the background; the result is published into the model slot when done. A training session
     switches itself (``SetAppearance`` is sent to it)."""
     if v.training is not None:
@@ -89,7 +89,7 @@ def start_appearance_switch(v, kind: str) -> Job | None:
     model, slot = v.model, v.slot_source
 
     def convert(job):
-        from rigel_core import appearance as A
+        from rigel_core.renderer import appearance as A
         from rigel_core.io.export import bake_for_export
 
         if kind == "mlp":

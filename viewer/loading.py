@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import math
-import os
 import time
 from pathlib import Path
 
@@ -53,22 +52,22 @@ def bundled_scene_path() -> Path:
 
 
 def _read_points(path):
-    """(means (N, 3), colours (N, 3) in [0, 1], opacities (N,)) float64 of an INRIA PLY (``x y z f_dc_* opacity``),
-    or None for any other file (compressed PLY, SPZ, a checkpoint, an unreadable file: the loader reports those)."""
-    from plyfile import PlyData
+    """(means (N, 3), colours (N, 3) in [0, 1], opacities (N,)) float64 of an INRIA PLY, read by the one PLY reader
+    (:func:`rigel_core.io.ply.read_ply_arrays`, torch-free), or None for any other file (compressed PLY, SPZ, a
+    checkpoint, an unreadable or malformed file: the loader reports those)."""
+    import warnings
+
+    from rigel_core.config import SH_C0
+    from rigel_core.io.ply import read_ply_arrays
 
     try:
-        ply = PlyData.read(os.fspath(path))
-        v = ply["vertex"]
-        names = {p.name for p in v.properties}
-        if not {"x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2"} <= names or "chunk" in ply:
-            return None
-        xyz = np.stack([np.asarray(v[k], np.float64) for k in "xyz"], -1)
-        dc = np.stack([np.asarray(v[f"f_dc_{i}"], np.float64) for i in range(3)], -1)
-        op = np.asarray(v["opacity"], np.float64) if "opacity" in names else np.zeros(len(xyz))
+        with warnings.catch_warnings():   # NaN values, no splats: the real load warns about them once
+            warnings.simplefilter("ignore")
+            arrays = read_ply_arrays(path, np.float64)
     except Exception:   # noqa: BLE001  (a preview only: the real load reports the problem in one line)
         return None
-    rgb = np.clip(0.5 + 0.28209479177387814 * dc, 0.0, 1.0)          # SH band 0 (config.SH_C0)
+    xyz, dc, op = arrays["means3D"], arrays["sh_dc"][:, 0], arrays["opacity_logits"]
+    rgb = np.clip(0.5 + SH_C0 * dc, 0.0, 1.0)                          # SH band 0
     alpha = 1.0 / (1.0 + np.exp(-np.clip(op, -30.0, 30.0)))           # the stored logit
     ok = np.isfinite(xyz).all(-1) & np.isfinite(rgb).all(-1)
     return xyz[ok], rgb[ok], alpha[ok]

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# the TrainConfig fields that SetDensifyParams may change, and those a strategy reads (the Training panel's sliders):
+# the strategies' own table (rigel_core/train/strategy_table.py), which imports no torch
+from rigel_core.train.strategy_table import DENSIFY_FIELDS, live_fields as densify_fields
+
 __all__ = [
     # commands
     "Command", "Pause", "Resume", "Step", "SetDensifyParams", "SetAppearance", "Save", "Stop",
@@ -16,23 +20,8 @@ __all__ = [
     "Event", "TrainingStarted", "TrainingProgress", "EvalFinished", "Densified", "TrainingPaused",
     "TrainingResumed", "DensifyParamsChanged", "AppearanceChanged", "Saved", "CommandRejected",
     "TrainingFinished", "TrainingFailed", "TrainingStopped",
-    "DENSIFY_FIELDS", "MCMC_UNUSED_FIELDS", "densify_fields",
+    "DENSIFY_FIELDS", "densify_fields",
 ]
-
-#: TrainConfig fields that :class:`SetDensifyParams` may change (the densification panel's sliders).
-DENSIFY_FIELDS = ("grad_threshold", "absgrad_threshold", "densify_interval", "densify_from", "densify_until",
-                  "opacity_reset_interval", "prune_opacity", "max_gaussians")
-#: the fields of :data:`DENSIFY_FIELDS` the MCMC budget (``strategy = "mcmc"``, rigel_core/train/mcmc.py) never
-#: reads: it has no gradient threshold, opacity reset or pruning, so its panel has no slider for them
-MCMC_UNUSED_FIELDS = ("grad_threshold", "absgrad_threshold", "opacity_reset_interval", "prune_opacity")
-
-
-def densify_fields(strategy: str, densify_grad: str = "grad") -> tuple:
-    """The fields of :data:`DENSIFY_FIELDS` that the (resolved) densification ``strategy`` reads; of the two
-    thresholds, the one of the (resolved) statistic ``densify_grad`` ("grad" or "absgrad")."""
-    unused = MCMC_UNUSED_FIELDS if strategy == "mcmc" else \
-        ("grad_threshold",) if densify_grad == "absgrad" else ("absgrad_threshold",)
-    return tuple(f for f in DENSIFY_FIELDS if f not in unused)
 
 
 # ---- commands (UI → training thread) ------------------------------------------------------------------------

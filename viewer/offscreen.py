@@ -30,11 +30,11 @@ from .gpu.shaderio import C
 __all__ = ["run_offscreen", "run_offscreen_training", "OUTPUT_PATTERNS", "earlier_output", "next_frame_index",
            "FRAME_NAME", "PATH_FRAME_NAME", "LAST_VIEWS", "TRAINING_VIEW_NAME", "SUMMARY_NAME"]
 
-# The names an offscreen run writes into ``--out``; the writers below (and viewer.path_panel) take them from here,
+# The names an offscreen run writes into ``--out``; the writers below (and viewer.panels.camera_path) take them from here,
 # and :data:`OUTPUT_PATTERNS` is made of them, so that the refusal of an earlier run's folder covers every one.
 #: the frames of :func:`run_offscreen` / :func:`run_offscreen_training` (``str.format`` with the frame index)
 FRAME_NAME = "frame_{:04d}.png"
-#: the camera path's frames (:func:`viewer.path_panel.run_offscreen_path`)
+#: the camera path's frames (:func:`viewer.panels.camera_path.run_offscreen_path`)
 PATH_FRAME_NAME = "path_{:04d}.png"
 #: the last views of both runs: (file stem, render mode), written as ``<stem>.png`` (:func:`_last_views`)
 LAST_VIEWS = (("image", C.MODE_IMAGE), ("alpha", C.MODE_ALPHA), ("overdraw", C.MODE_OVERDRAW))

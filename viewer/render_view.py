@@ -17,8 +17,8 @@ def render_view(v, fw: int, fh: int) -> None:
     on the viewer's stream), timing the appearance and rasterization stages into ``v.stats``."""
     import torch
 
-    from rigel_core.mip import effective_scales_opacities
-    from rigel_core.render import compute_colors, rasterize_gaussians
+    from rigel_core.renderer.mip import effective_scales_opacities
+    from rigel_core.renderer import compute_colors, rasterize_gaussians
 
     from .ui import MODE_DEPTH
 

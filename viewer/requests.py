@@ -1,6 +1,6 @@
 """What the panels and the keyboard ask the viewer to do: one small class per request, one handler per class.
 
-The panels (:mod:`viewer.ui`) and the input (:mod:`viewer.glfw_input`) only read state and return requests;
+The panels (:mod:`viewer.ui`, :mod:`viewer.panels`) and the input (:mod:`viewer.glfw_input`) only read state and return requests;
 :meth:`viewer.app.Viewer.frame` applies them at one point of the frame through :data:`HANDLERS` (STYLE 10).
 A new button is one request class here and one ``@handles`` function. The Studio's and the camera path's own
 text requests (``"open:…"``, ``"edit:…"``, ``"path:…"``) pass through as :class:`Studio` / :class:`CameraPath`;
@@ -104,7 +104,7 @@ class Studio(Request):
 
 @dataclass(frozen=True)
 class CameraPath(Request):
-    text: str                      # a viewer/path_panel.py request ("path:add", "path:play", …)
+    text: str                      # a viewer/panels/camera_path.py request ("path:add", "path:play", …)
 
 
 @dataclass(frozen=True)
@@ -239,7 +239,7 @@ def _studio(v, r: Studio):
 
 @handles(CameraPath)
 def _camera_path(v, r: CameraPath):
-    from .path_panel import apply_request
+    from .panels.camera_path import apply_request
 
     apply_request(v, r.text)
 

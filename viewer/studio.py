@@ -5,9 +5,9 @@
   (:meth:`Studio.record_render`);
 * training cameras as frustums (:mod:`viewer.frustums`), drawn on ImGui's background draw list with the shown
   frame's camera; a click snaps the view to the camera under it;
-* opening scene files (:mod:`viewer.open_panel`): drag-and-drop (``open:PATH`` from :mod:`viewer.glfw_input`)
+* opening scene files (:mod:`viewer.panels.open`): drag-and-drop (``open:PATH`` from :mod:`viewer.glfw_input`)
   and the File section; the loaded scene replaces the shown one and the view re-frames to it;
-* editing (:mod:`viewer.edit_panel` over :mod:`rigel_core.edit`): the selection tints the colours of the one
+* editing (:mod:`viewer.panels.edit` over :mod:`rigel_core.edit`): the selection tints the colours of the one
   render (:meth:`Studio.tint`); the crop box / sphere, the selection rectangle and the brush are drawn as lines.
 
 All of it is shown in the **Studio** window (top right, collapsed until clicked — a click anywhere on its title bar
@@ -24,10 +24,10 @@ import time
 
 import numpy as np
 
-from .edit_panel import Editor, draw_edit_section
 from .frustums import (box_segments, frame_to_target, frustum_depth, frustum_segments, pick_camera,
                        project_segments, sphere_segments, target_to_frame)
-from .open_panel import SceneOpener, draw_open_section
+from .panels.edit import Editor, draw_edit_section
+from .panels.open import SceneOpener, draw_open_section
 from .progressive import Progressive
 
 __all__ = ["Studio"]

@@ -91,10 +91,10 @@ EXPORT_SH_DEGREE = 3
 
 def bake_for_export(model: GaussianModel, degree: int | None = None):
     """``(model, rmse)``: the model to write to a file. Other tools cannot run an MLP appearance, so it is baked
-    into SH of ``degree`` (default :data:`EXPORT_SH_DEGREE`) first (:func:`rigel_core.appearance.to_sh`:
+    into SH of ``degree`` (default :data:`EXPORT_SH_DEGREE`) first (:func:`rigel_core.renderer.appearance.to_sh`:
     per-Gaussian least squares over 128 view directions; ``rmse`` in colour units); an SH model is returned as
     it is with rmse 0.0. The one place of the rule "bake the MLP, then save" (rigel-train, the viewer)."""
-    from ..appearance import to_sh
+    from ..renderer.appearance import to_sh
 
     baked, rmse = to_sh(model, EXPORT_SH_DEGREE if degree is None else int(degree))
     # the render mode and a mip model's 3D filter travel with it (save_ply bakes the filter and writes the mode)

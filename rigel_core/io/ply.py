@@ -47,17 +47,19 @@ import os
 import re
 import warnings
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
-from ..model import GaussianModel, num_sh_bases
 from ..limits import MAX_PLY_HEADER_BYTES, MAX_SCENE_SPLATS
 from .errors import PlyFormatError
 from ..atomic import atomic_path
 
-__all__ = ["load_ply", "save_ply", "read_ply_header", "render_mode_of", "RENDER_MODE_COMMENT", "PlyHeader",
-           "PlyElementInfo", "PlyPropertyInfo", "PlyFormatError", "SceneWarning", "ply_property_names",
+if TYPE_CHECKING:   # the module imports no torch at load: the viewer's loading preview reads PLYs before it
+    from ..model import GaussianModel
+
+__all__ = ["load_ply", "read_ply_arrays", "save_ply", "read_ply_header", "render_mode_of", "RENDER_MODE_COMMENT",
+           "PlyHeader", "PlyElementInfo", "PlyPropertyInfo", "PlyFormatError", "SceneWarning", "ply_property_names",
            "MAX_HEADER_BYTES"]
 
 #: A PLY header longer than this is treated as corrupt (rigel_core.limits.MAX_PLY_HEADER_BYTES).
@@ -72,7 +74,14 @@ _PLY_TYPES = {
 }
 _FORMATS = ("ascii", "binary_little_endian", "binary_big_endian")
 _F_REST = re.compile(r"^f_rest_(\d+)$")
-_VALID_REST_COUNTS = {3 * (num_sh_bases(d) - 1): d for d in range(4)}  # {0: 0, 9: 1, 24: 2, 45: 3}
+
+
+def _sh_bases(degree: int) -> int:
+    """SH coefficients per channel of ``degree`` (:func:`rigel_core.model.num_sh_bases`, which imports torch)."""
+    return (degree + 1) ** 2
+
+
+_VALID_REST_COUNTS = {3 * (_sh_bases(d) - 1): d for d in range(4)}  # {0: 0, 9: 1, 24: 2, 45: 3}
 _COMPRESSED_MARKERS = ("packed_position", "packed_rotation", "packed_scale", "packed_color")
 
 
@@ -250,7 +259,7 @@ def read_ply_header(path, *, error_cls=PlyFormatError) -> PlyHeader:
 
 def ply_property_names(sh_degree: int) -> list[str]:
     """The vertex property names :func:`save_ply` writes, in order, for SH ``sh_degree``."""
-    n_rest = 3 * (num_sh_bases(sh_degree) - 1)
+    n_rest = 3 * (_sh_bases(sh_degree) - 1)
     return (["x", "y", "z", "nx", "ny", "nz", "f_dc_0", "f_dc_1", "f_dc_2"]
             + [f"f_rest_{i}" for i in range(n_rest)]
             + ["opacity", "scale_0", "scale_1", "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"])
@@ -360,13 +369,13 @@ def _columns(data, names, np_dtype) -> np.ndarray:
     return out
 
 
-def load_ply(path, device=None, dtype=torch.float32) -> GaussianModel:
+def load_ply(path, device=None, dtype=None) -> GaussianModel:
     """Load an INRIA / graphdeco 3DGS PLY (see the module docstring for the layout and the policy).
 
     Args:
         path: file path.
         device: torch device of the returned tensors (default CPU).
-        dtype: floating dtype of the returned tensors (float32 or float64).
+        dtype: floating dtype of the returned tensors (float32, the default, or float64).
     Returns: :class:`GaussianModel` with N Gaussians, ``sh_degree`` inferred from the ``f_rest_*`` count.
     Raises:
         PlyFormatError: malformed, truncated or non-splat file (message: ``"<path>: <problem>"``).
@@ -374,6 +383,24 @@ def load_ply(path, device=None, dtype=torch.float32) -> GaussianModel:
     Warns:
         SceneWarning: NaN/Inf parameters (counted), or zero vertices.
     """
+    import torch
+
+    from ..model import GaussianModel
+
+    dtype = torch.float32 if dtype is None else dtype
+    arrays = read_ply_arrays(path, np.float64 if dtype == torch.float64 else np.float32)
+    mode = arrays.pop("render_mode")
+    model = GaussianModel(*(torch.from_numpy(a).to(device=device, dtype=dtype) for a in arrays.values()))
+    model.render_mode = mode
+    return model
+
+
+def read_ply_arrays(path, np_dtype=np.float32) -> dict:
+    """The parameters of an INRIA / graphdeco 3DGS PLY as numpy arrays of ``np_dtype``, without PyTorch (the
+    reader of :func:`load_ply`; the viewer's loading preview reads it before ``import torch``): ``means3D``
+    (N, 3), ``log_scales`` (N, 3), ``quats`` (N, 4) wxyz, ``opacity_logits`` (N,), ``sh_dc`` (N, 1, 3),
+    ``sh_rest`` (N, K−1, 3), all pre-activation, in :class:`~rigel_core.model.GaussianModel`'s argument order, and
+    ``render_mode`` ("default" or "mip"). Raises and warns as :func:`load_ply`."""
     path = os.fspath(path)
     header = read_ply_header(path)
     vertex, rest = check_gaussian_vertex(path, header)
@@ -383,7 +410,6 @@ def load_ply(path, device=None, dtype=torch.float32) -> GaussianModel:
     n = int(data.shape[0])
     if n != vertex.count:
         raise PlyFormatError(path, f"read {n} vertices, the header declares {vertex.count}")
-    np_dtype = np.float64 if dtype == torch.float64 else np.float32
     k1 = n_rest // 3
 
     means = _columns(data, ["x", "y", "z"], np_dtype)
@@ -396,13 +422,11 @@ def load_ply(path, device=None, dtype=torch.float32) -> GaussianModel:
     del data, elements
 
     arrays = (means, log_scales, quats, opacity, sh_dc, np.ascontiguousarray(sh_rest))
-    _warn_nonfinite(path, arrays, n)
+    _warn_nonfinite(path, arrays, n, stacklevel=4)
     if n == 0:
-        warnings.warn(f"{path}: the PLY has 0 vertices; returning an empty model", SceneWarning, stacklevel=2)
-    tensors = [torch.from_numpy(a).to(device=device, dtype=dtype) for a in arrays]
-    model = GaussianModel(*tensors)
-    model.render_mode = render_mode_of(path, header.comments)
-    return model
+        warnings.warn(f"{path}: the PLY has 0 vertices; returning an empty model", SceneWarning, stacklevel=3)
+    names = ("means3D", "log_scales", "quats", "opacity_logits", "sh_dc", "sh_rest")
+    return {**dict(zip(names, arrays)), "render_mode": render_mode_of(path, header.comments, stacklevel=4)}
 
 
 #: the header comment that says how a splat file is to be rendered (Brush, splat-transform and gsplat's
@@ -410,7 +434,7 @@ def load_ply(path, device=None, dtype=torch.float32) -> GaussianModel:
 RENDER_MODE_COMMENT = "SplatRenderMode:"
 
 
-def render_mode_of(path, comments) -> str:
+def render_mode_of(path, comments, stacklevel: int = 3) -> str:
     """The render mode a PLY header's comments declare: "mip" or "default" (also when no comment says it); an
     unknown value is a :class:`SceneWarning` naming the file and the value, and reads as "default"."""
     for c in comments:
@@ -419,12 +443,12 @@ def render_mode_of(path, comments) -> str:
             if value in ("mip", "default"):
                 return value
             warnings.warn(f"{path}: unknown '{RENDER_MODE_COMMENT} {value}' in the PLY header; rendering it in the "
-                          "default mode", SceneWarning, stacklevel=3)
+                          "default mode", SceneWarning, stacklevel=stacklevel)
             return "default"
     return "default"
 
 
-def _warn_nonfinite(path, arrays, n: int) -> None:
+def _warn_nonfinite(path, arrays, n: int, stacklevel: int = 3) -> None:
     """Warn (SceneWarning) with the number of Gaussians that have any NaN/Inf parameter."""
     if n == 0:
         return
@@ -434,7 +458,7 @@ def _warn_nonfinite(path, arrays, n: int) -> None:
     nb = int(bad.sum())
     if nb:
         warnings.warn(f"{path}: {nb} of {n} Gaussians have NaN or Inf parameters; they are loaded as they are "
-                      f"(the renderer culls them)", SceneWarning, stacklevel=3)
+                      f"(the renderer culls them)", SceneWarning, stacklevel=stacklevel)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -442,9 +466,11 @@ def _warn_nonfinite(path, arrays, n: int) -> None:
 # ---------------------------------------------------------------------------------------------------------
 def model_to_ply_array(model: GaussianModel) -> np.ndarray:
     """(N,) structured float32 array in the reference trainer's vertex layout (normals zero)."""
+    import torch
+
     n = model.num_gaussians
     deg = model.sh_degree
-    k1 = num_sh_bases(deg) - 1
+    k1 = _sh_bases(deg) - 1
     names = ply_property_names(deg)
     cols = [
         model.means3D.detach().reshape(n, 3),
@@ -469,14 +495,14 @@ def save_ply(model: GaussianModel, path) -> None:
     pre-activation. float64 models are rounded to float32. The file is written to a temporary file in the
     destination directory and moved into place with ``os.replace`` (readers never see a partial file).
     The header says ``comment SplatRenderMode: mip|default`` (``model.render_mode``); a mip model's 3D smoothing
-    filter is baked into its scales and opacities first (:func:`rigel_core.mip.bake_3d_filter`, exact), so a
+    filter is baked into its scales and opacities first (:func:`rigel_core.renderer.mip.bake_3d_filter`, exact), so a
     viewer that applies only the 2D filter of a ``mip`` file renders it as rigel does.
 
     Raises: OSError when the directory is not writable.
     """
     from plyfile import PlyData, PlyElement
 
-    from ..mip import bake_3d_filter
+    from ..renderer.mip import bake_3d_filter
 
     path = os.fspath(path)
     mode = getattr(model, "render_mode", "default")

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from .. import config
-from ..render_modes import RENDER_MODES
+from ..renderer.modes import RENDER_MODES
 
 __all__ = ["Projection", "project_gaussians", "quat_to_rotmat", "tile_rects", "RENDER_MODES", "check_render_mode"]
 

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 from ..config import APPEARANCE_MAX_HIDDEN, APPEARANCE_MAX_LATENT
-from ..render_modes import RENDER_MODES
+from ..renderer.modes import RENDER_MODES
 
 #: the largest iteration count a run (or a checkpoint) may declare; rigel_core.checkpoint uses the same bound
 MAX_ITERATION = 100_000_000
@@ -143,7 +143,7 @@ class TrainConfig:
     # ---- appearance -------------------------------------------------------------------------------------
     sh_degree: int = 3  # maximum SH degree (fixed at construction)
     sh_degree_interval: int = 1000  # active degree = min(sh_degree, iteration // sh_degree_interval)
-    #: "sh", or "mlp": a per-Gaussian latent decoded by a shared MLP (rigel_core.appearance; the model is
+    #: "sh", or "mlp": a per-Gaussian latent decoded by a shared MLP (rigel_core.renderer.appearance; the model is
     #: distilled from the initial SH colours). Read at construction; ``Trainer.set_appearance`` switches later.
     appearance: str = "sh"
     mlp_latent_dim: int = 8  # L, 1..32
@@ -276,7 +276,7 @@ class TrainConfig:
     #: the measured bonsai setting above)
     auto_background_points: int = 20_000
 
-    # ---- anti-aliased render mode (issue 17; rigel_core/mip.py, docs/PIPELINE.md "Anti-aliased mode") ---------
+    # ---- anti-aliased render mode (issue 17; rigel_core/renderer/mip.py, docs/PIPELINE.md "Anti-aliased mode") ---
     #: "default" (the 0.3 px² dilation of 3DGS) or "mip" (Mip-Splatting: 3D smoothing filter from the training
     #: cameras' sampling rates + 2D Mip filter with opacity compensation); applied at construction and re-read
     #: whenever the trainer recomputes the 3D filter (every 100 iterations); written to the PLY header

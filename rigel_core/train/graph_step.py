@@ -19,7 +19,7 @@ eager step) and evaluation — every one of them replaces tensors, after which t
 dropped then (:meth:`GraphStep.views_changed`).
 
 **No device→host read in the step.** The eager binning reads the frame's entry count back to size its buffers;
-the captured one bins into a fixed capacity (:class:`rigel_core.cuda_backend.FixedBinningCapacity`) and leaves
+the captured one bins into a fixed capacity (:class:`rigel_core.renderer.cuda_backend.FixedBinningCapacity`) and leaves
 the count on the device. A frame that needs more entries than the capacity is incomplete: the graph then skips
 the whole update on the device (the fused Adam's ``found_inf``, as the NaN guard does; no statistics are added),
 the host learns of it a few steps later (``IN_FLIGHT``) from a pinned copy of the count, captures again with a

@@ -21,8 +21,8 @@ image border sees the zero padding.) ``mask=None`` runs the unmasked code unchan
 
 :func:`ssim_map` (hence :func:`ssim`, :func:`dssim`) dispatches by device, as ``rigel_core.render`` does: CUDA images
 with the default window and padding run the fused kernels of ``csrc/ssim.cu``
-(:func:`rigel_core.cuda_backend.ssim_map_cuda`: same contract, float32, gradient to ``pred`` only; its docstring
-derives the gradient); everything else runs :func:`ssim_map_reference`, the kernels' PyTorch twin.
+(:func:`rigel_core.renderer.cuda_backend.ssim_map_cuda`: same contract, float32, gradient to ``pred`` only; its
+docstring derives the gradient); everything else runs :func:`ssim_map_reference`, the kernels' PyTorch twin.
 """
 from __future__ import annotations
 
@@ -30,6 +30,8 @@ import math
 
 import torch
 import torch.nn.functional as F
+
+from .._ext import use_kernels
 
 __all__ = ["loss_terms", "l1_loss", "mse", "psnr", "apply_mask", "psnr_from_mse", "gaussian_window_1d", "ssim_map",
            "ssim_map_reference", "ssim", "dssim", "SSIM_C1", "SSIM_C2", "SSIM_WINDOW", "SSIM_SIGMA"]
@@ -134,15 +136,15 @@ def ssim_map(pred: torch.Tensor, target: torch.Tensor, *, window_size: int = SSI
 
     ``H' = H`` for ``padding="same"`` (zero padding), ``H − window_size + 1`` for ``"valid"``.
     Dispatch: non-empty CUDA images with the default window and padding, whose ``target`` needs no gradient, go
-    to the fused kernels (:func:`rigel_core.cuda_backend.ssim_map_cuda`, float32 only; the map is then a permuted
-    view of a channels-last (B, H, W, C) tensor); all other arguments to :func:`ssim_map_reference`.
+    to the fused kernels (:func:`rigel_core.renderer.cuda_backend.ssim_map_cuda`, float32 only; the map is then a
+    permuted view of a channels-last (B, H, W, C) tensor); all other arguments to :func:`ssim_map_reference`.
     Raises ValueError for mismatched shapes, an unknown padding or an image smaller than the window ("valid");
     TypeError for CUDA images that are not float32 (the kernels'); RuntimeError for CUDA images when the
     kernels are not built.
     """
-    if (isinstance(pred, torch.Tensor) and pred.is_cuda and pred.numel() > 0 and not target.requires_grad
+    if (isinstance(pred, torch.Tensor) and use_kernels(pred) and pred.numel() > 0 and not target.requires_grad
             and (window_size, sigma, padding) == (SSIM_WINDOW, SSIM_SIGMA, "same")):
-        from ..cuda_backend import ssim_map_cuda
+        from ..renderer.cuda_backend import ssim_map_cuda
 
         _check_pair(pred, target)
         m = ssim_map_cuda(pred, target)
@@ -205,13 +207,14 @@ def loss_terms(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | No
     """The trainer's loss ``(loss, l1, ssim, mse)`` (0-d tensors): loss = (1 − λ)·L1 + λ·(1 − SSIM), λ =
     ``lambda_dssim``, and the MSE of the same pixels (detached: a metric). ``mask`` as :func:`l1_loss`.
 
-    CUDA float32 images whose ``target`` needs no gradient take the fused kernels
-    (:func:`rigel_core.cuda_backend.photometric_sums_cuda`: two launches, float64 sums); everything else the
-    functions of this module. Both give the same values and gradients (tests/test_losses.py). ``fp32``: the fused
+    Non-empty CUDA images whose ``target`` needs no gradient take the fused kernels
+    (:func:`rigel_core.renderer.cuda_backend.photometric_sums_cuda`: two launches, float64 sums; float32 only,
+    TypeError for another dtype, as every kernel: :func:`rigel_core._ext.use_kernels`); everything else the functions of this
+    module. Both give the same values and gradients (tests/test_losses.py). ``fp32``: the fused
     kernels' float32 form (``TrainConfig.loss_float32``; no effect off CUDA)."""
     _check_pair(pred, target)
-    if pred.is_cuda and pred.dtype == torch.float32 and pred.numel() > 0 and not target.requires_grad:
-        from ..cuda_backend import photometric_sums_cuda
+    if use_kernels(pred) and pred.numel() > 0 and not target.requires_grad:
+        from ..renderer.cuda_backend import photometric_sums_cuda
 
         m = None
         if mask is not None:

@@ -267,8 +267,9 @@ def mcmc_relocate_and_grow(model, optimizer, stats, cfg: TrainConfig, iteration:
 def _noise_kernel(model, lr_means, cfg: TrainConfig | None = None, ok: torch.Tensor | None = None):
     """``rigel_core._C.mcmc_position_noise`` when it applies (float32 contiguous CUDA parameters; a finite float or
     a one-element float32 device ``lr_means``; finite noise settings in ``cfg``; ``ok`` None or a one-element bool
-    on the same device), else None: the PyTorch form, which also takes what the kernel's checks refuse."""
-    if not model.means3D.is_cuda or not _ext.available() or not hasattr(_ext.get(), "mcmc_position_noise"):
+    on the same device), else None: the PyTorch form, which also takes what the kernel's checks refuse. CUDA
+    parameters without built kernels raise RuntimeError (:func:`rigel_core._ext.use_kernels`)."""
+    if not _ext.use_kernels(model.means3D):
         return None
     dev = model.means3D.device
     params = (model.means3D, model.quats, model.log_scales, model.opacity_logits)

@@ -76,7 +76,7 @@ def group_lrs(cfg: TrainConfig, iteration: int, extent: float) -> dict:
 
 def appearance_groups(model, cfg: TrainConfig) -> list:
     """``extra_groups`` for :func:`make_optimizer` covering ``model.appearance`` (an
-    ``rigel_core.appearance.MLPAppearance``): its latents per Gaussian (so densification clones, splits and
+    ``rigel_core.renderer.appearance.MLPAppearance``): its latents per Gaussian (so densification clones, splits and
     prunes them with the Gaussians), its weights shared. Empty when the model has no appearance module."""
     app = getattr(model, "appearance", None)
     if app is None:
@@ -88,9 +88,9 @@ def appearance_groups(model, cfg: TrainConfig) -> list:
 
 class Adam(torch.optim.Adam):
     """PyTorch's Adam (same arguments, state and ``state_dict``), whose :meth:`step` runs every group in one CUDA
-    launch (``rigel_core._C.adam_step``, csrc/adam.cu) when the kernels are built and every parameter with a
-    gradient is a float32 CUDA tensor; anything else (CPU, float64, amsgrad, weight decay, maximize, a closure,
-    a grad scaler) goes to ``torch.optim.Adam.step`` unchanged.
+    launch (``rigel_core._C.adam_step``, csrc/adam.cu) when every parameter with a gradient is a float32 CUDA
+    tensor (the kernels then must be built: :func:`rigel_core._ext.use_kernels`); anything else (CPU, float64,
+    amsgrad, weight decay, maximize, a closure, a grad scaler) goes to ``torch.optim.Adam.step`` unchanged.
 
     The update is Adam's (Kingma & Ba 2015, Algorithm 1), with eps outside the bias-corrected root as in PyTorch:
     per group, the step count ``t`` after this step, ``m ← β₁m + (1−β₁)g``, ``v ← β₂v + (1−β₂)g²``,
@@ -109,15 +109,12 @@ class Adam(torch.optim.Adam):
         """The (group, params with a gradient) pairs for the one-launch path, or None when it does not apply."""
         if getattr(self, "grad_scale", None) is not None:
             return None
-        C = _ext.get() if _ext.available() else None
-        if C is None or not hasattr(C, "adam_step"):
-            return None
         out, dev = [], None
         for g in self.param_groups:
             if g.get("amsgrad") or g.get("weight_decay", 0) != 0 or g.get("maximize") or g.get("differentiable"):
                 return None
             for p in g["params"]:
-                if p.dtype != torch.float32 or not p.is_cuda or (dev is not None and p.device != dev) \
+                if not _ext.use_kernels(p) or p.dtype != torch.float32 or (dev is not None and p.device != dev) \
                         or not p.is_contiguous():
                     return None
                 dev = p.device

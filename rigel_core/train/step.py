@@ -27,8 +27,8 @@ from typing import Any, Callable
 
 import torch
 
-from ..cuda_backend import FixedBinningCapacity
-from ..render import render
+from ..renderer.cuda_backend import FixedBinningCapacity
+from ..renderer.api import render
 from .densify import densify_grad, means2D_grad, prepare_means2D_grad
 
 __all__ = ["StepView", "StepContext", "StepOutcome", "train_step", "view_forward_backward", "STEP_FIELDS",
@@ -48,8 +48,8 @@ def graph_config(cfg, strategy) -> dict:
 
 @dataclass
 class StepView:
-    """One training view of a step: ``camera`` (a :class:`~rigel_core.camera.Camera`, or the graph runner's static
-    camera), ``gt`` (H, W, 3) float32 target, ``mask`` (H, W) bool or None, ``background`` (3,) on the device,
+    """One training view of a step: ``camera`` (a :class:`~rigel_core.renderer.camera.Camera`, or the graph runner's
+    static camera), ``gt`` (H, W, 3) float32 target, ``mask`` (H, W) bool or None, ``background`` (3,) on the device,
     ``index`` (the training view's index: its exposure correction)."""
 
     camera: Any

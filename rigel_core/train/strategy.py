@@ -26,6 +26,7 @@ from .densify import DensifyReport, densify_and_prune, reset_opacity
 from .mcmc import add_position_noise, mcmc_budget, mcmc_relocate_and_grow, noise_generator, position_noise, \
     regularizer, scheduled, seed_noise
 from .optim import group_lrs
+from .strategy_table import LIVE, Live
 
 __all__ = ["Strategy", "DefaultStrategy", "MCMCStrategy", "strategy_for"]
 
@@ -33,6 +34,9 @@ class Strategy:
     """The interface (module docstring); the base class is a strategy that adds nothing."""
 
     name = ""
+    #: what the strategy lets the viewer change while it runs, and the title over it (:mod:`.strategy_table`,
+    #: which the viewer reads without torch)
+    live: Live = Live("")
     #: TrainConfig fields the strategy's device work reads (the captured graphs are made again when one changes)
     graph_fields: tuple = ()
 
@@ -98,6 +102,7 @@ class DefaultStrategy(Strategy):
     ``opacity_reset_interval`` (and at ``densify_from`` for white-background data)."""
 
     name = "default"
+    live = LIVE["default"]
 
     def collects_stats(self, cfg, iteration: int) -> bool:
         return iteration < cfg.densify_until
@@ -153,6 +158,7 @@ class MCMCStrategy(Strategy):
     to the cap (host work: those iterations take the eager step)."""
 
     name = "mcmc"
+    live = LIVE["mcmc"]
     graph_fields = ("mcmc_opacity_reg", "mcmc_scale_reg", "mcmc_noise_lr", "mcmc_noise_k", "mcmc_noise_t")
 
     def loss_term(self, model, cfg) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """The Training window: start / pause / step, the live densification sliders, the appearance switch, saving."""
 from __future__ import annotations
 
+from rigel_core.train.strategy_table import live_for
+
 from .. import messages as M
 from .widgets import PANEL_WIDTH, fmt, window
 
@@ -87,8 +89,7 @@ def training_window(imgui, training, display, requests, settings=None):
         if imgui.is_item_hovered():
             imgui.set_tooltip("re-render the training model and rebuild these panels at most this often while the "
                               "camera is still (0: every frame); fewer leaves more of Python to the trainer")
-    header = "MCMC budget (live)" if t.strategy == "mcmc" else "Densification (live)"
-    if imgui.collapsing_header(f"{header}###densification", imgui.TreeNodeFlags_.default_open):
+    if imgui.collapsing_header(f"{live_for(t.strategy).title}###densification", imgui.TreeNodeFlags_.default_open):
         densify_sliders(imgui, t, requests)
     if imgui.collapsing_header("Appearance", imgui.TreeNodeFlags_.default_open):
         for kind, label in (("sh", "spherical harmonics"), ("mlp", "MLP")):

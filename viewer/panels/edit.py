@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .open_panel import one_line
+from .open import one_line
 
 __all__ = ["Editor", "draw_edit_section"]
 
@@ -132,7 +132,7 @@ class Editor:
         file exists). Returns the Job, or None with :attr:`error` set when nothing was edited."""
         from rigel_core.edit import save_model
 
-        from .ui_state import Job
+        from ..ui_state import Job
 
         if self.stack is None:
             self.error = "save: nothing edited yet"

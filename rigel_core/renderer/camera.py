@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from .limits import MAX_CAMERA_COORD, MAX_CAMERA_SIDE
+from ..limits import MAX_CAMERA_COORD, MAX_CAMERA_SIDE
 
 __all__ = ["Camera", "host_to_device", "quat_to_rotmat_np", "ROTATION_TOL", "check_fov", "check_camera_position"]
 

@@ -55,7 +55,7 @@ class SceneOpener:
     def start(self, path) -> bool:
         """Begin loading ``path`` (str or Path; surrounding whitespace and quotes are dropped, ``~`` expanded);
         False (and :attr:`error` set) when a load is already running or the path is empty."""
-        from .ui_state import Job
+        from ..ui_state import Job
 
         p = os.path.expanduser(str(path).strip().strip("'\""))
         if not p:
@@ -106,7 +106,7 @@ class SceneOpener:
 
 
 def _load(path):
-    from .scene import default_up, load_scene_file
+    from ..scene import default_up, load_scene_file
 
     model = load_scene_file(path)
     return model, default_up(path, model)

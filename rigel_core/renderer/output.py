@@ -1,6 +1,6 @@
-"""The result type of every render, in a module of its own: :mod:`rigel_core.render` dispatches to
-:mod:`rigel_core.cuda_backend`, and both build a :class:`RenderOutput` (re-exported by ``rigel_core.render`` and
-``rigel_core``), so neither has to import the other for it."""
+"""The result type of every render, in a module of its own: :func:`rigel_core.render` dispatches to
+:mod:`rigel_core.renderer.cuda_backend`, and both build a :class:`RenderOutput` (re-exported by
+``rigel_core.render`` and ``rigel_core``), so neither has to import the other for it."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -10,7 +10,7 @@ Stages (docs/PIPELINE.md) and their Functions:
 * ``_ShColors``           [0] SH coefficients, means3D → colours (``csrc/sh_*.cu``)
 * ``_ShColorsSplit``      [0] the same from the model's two SH tensors sh_dc, sh_rest, never concatenated
 * ``_MLPColors``          [0'] appearance latents, MLP, means3D → colours (``csrc/appearance.cu``;
-  :mod:`rigel_core.appearance`)
+  :mod:`rigel_core.renderer.appearance`)
 * ``_SSIMMap``            the trainer's SSIM loss map (``csrc/ssim.cu``; :mod:`rigel_core.train.losses`)
 * ``_PhotometricSums``    the trainer's whole loss in one pass: masked sums of |x − y|, SSIM, (x − y)², count
   (the same kernels' fused form; :func:`rigel_core.train.losses.loss_terms`)
@@ -32,8 +32,8 @@ import weakref
 
 import torch
 
-from . import _ext, config
-from .render_output import RenderOutput
+from .. import _ext, config
+from .output import RenderOutput
 
 __all__ = ["FixedBinningCapacity", "rasterize_gaussians_cuda", "sh_colors_cuda", "sh_colors_split_cuda",
            "project_gaussians_cuda", "bin_gaussians_cuda",
@@ -237,7 +237,7 @@ def project_gaussians_cuda(means3D, quats, scales, opacities, viewmat, K, width:
     finiteness: a Gaussian with any non-finite parameter is culled (docs/PIPELINE.md "Non-finite parameters").
     ``render_mode="mip"`` (Mip-Splatting's 2D filter) appends compensations (N,), differentiable, 0 when culled.
     """
-    from .reference.project import check_render_mode
+    from ..reference.project import check_render_mode
 
     mip = check_render_mode(render_mode) == "mip"
     dev = means3D.device
@@ -330,7 +330,7 @@ def rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat,
                              far_plane: float = config.FAR_PLANE, out=None,
                              render_mode: str = "default", depth: bool = False) -> RenderOutput:
     """Render activated Gaussians with the CUDA kernels (project → bin → rasterize); see
-    :func:`rigel_core.render.rasterize_gaussians` for the arguments.
+    :func:`rigel_core.renderer.api.rasterize_gaussians` for the arguments.
 
     float32 CUDA tensors only (TypeError otherwise). One device→host synchronisation per call (the entry count).
     ``out`` = (image (H,W,3) float32, final_T (H,W) float32, n_contrib (H,W) int32) contiguous CUDA tensors are
@@ -393,7 +393,7 @@ def sh_colors_split_cuda(degree: int, sh_dc, sh_rest, means3D, campos) -> torch.
 
 # ---- fused appearance MLP and SSIM loss: the same template (ops.cpp checks, one Function per stage) ----------
 class _MLPColors(torch.autograd.Function):
-    """Appearance colours (csrc/appearance.cu); twin: :func:`rigel_core.appearance.reference_forward` /
+    """Appearance colours (csrc/appearance.cu); twin: :func:`rigel_core.renderer.appearance.reference_forward` /
     ``reference_backward``."""
 
     @staticmethod
@@ -414,8 +414,8 @@ class _MLPColors(torch.autograd.Function):
 
 def mlp_colors_cuda(latents, means3D, campos, W1, b1, W2, b2) -> torch.Tensor:
     """Appearance colours (N,3) on the GPU, differentiable w.r.t. every input (``campos`` gets
-    ``−Σ_g ∂L/∂mean_g``). Shapes and the model: :func:`rigel_core.appearance.mlp_colors`; float32 tensors on one
-    CUDA device (TypeError otherwise, as every kernel here)."""
+    ``−Σ_g ∂L/∂mean_g``). Shapes and the model: :func:`rigel_core.renderer.appearance.mlp_colors`; float32 tensors
+    on one CUDA device (TypeError otherwise, as every kernel here)."""
     dev = latents.device
     args = [_f32(n, t, dev) for n, t in (("latents", latents), ("means3D", means3D), ("campos", campos),
                                          ("W1", W1), ("b1", b1), ("W2", W2), ("b2", b2))]

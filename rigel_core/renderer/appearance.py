@@ -10,9 +10,9 @@ from a camera at ``campos`` is
 
 so colours lie in (0, 1). The stage replaces SH evaluation and nothing else: the rasterizer is shared.
 
-**Two backends, one function** (the template of every kernel, ``rigel_core.cuda_backend``). :func:`mlp_colors`
+**Two backends, one function** (the template of every kernel, ``rigel_core.renderer.cuda_backend``). :func:`mlp_colors`
 sends CUDA tensors (float32) to the fused kernel of ``csrc/appearance.cu`` through the autograd Function of
-``rigel_core.cuda_backend`` (one thread per Gaussian, weights staged in shared memory; the backward recomputes
+``rigel_core.renderer.cuda_backend`` (one thread per Gaussian, weights staged in shared memory; the backward recomputes
 the hidden layer and reduces the weight gradients warp → shared memory → one global atomic per weight per
 block), and CPU tensors (float32 or float64) to the PyTorch reference :func:`reference_forward`, differentiated
 by autograd. :func:`reference_forward` / :func:`reference_backward` are the kernels' twins, checked against an
@@ -35,8 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
-from . import config
-from .model import GaussianModel, num_sh_bases, rgb_to_sh
+from .. import config
+from .._ext import use_kernels
+from ..model import GaussianModel, num_sh_bases, rgb_to_sh
 
 __all__ = ["MAX_LATENT_DIM", "MAX_HIDDEN_DIM", "MLPAppearance", "mlp_colors", "reference_forward",
            "reference_backward", "view_directions", "fibonacci_sphere", "bake_to_sh", "to_sh", "to_mlp",
@@ -153,15 +154,15 @@ def mlp_colors(latents, means3D, campos, W1, b1, W2, b2) -> torch.Tensor:
 
     Args: latents (N,L) with 1 ≤ L ≤ 32; means3D (N,3) world units; campos (3,) camera centre;
     W1 (H,L+3) with 1 ≤ H ≤ 64 (columns: latent, then direction x, y, z); b1 (H,); W2 (3,H); b2 (3,).
-    One device and one floating dtype. Dispatch by device, as :func:`rigel_core.render.rasterize_gaussians`:
-    CUDA → the fused kernel (:func:`rigel_core.cuda_backend.mlp_colors_cuda`, float32 only), CPU →
+    One device and one floating dtype. Dispatch by device (:func:`rigel_core._ext.use_kernels`, as every op):
+    CUDA → the fused kernel (:func:`rigel_core.renderer.cuda_backend.mlp_colors_cuda`, float32 only), CPU →
     :func:`reference_forward` (float32 or float64, differentiated by autograd).
     Raises: TypeError / ValueError naming the argument for a wrong type, shape, size limit, device or dtype
     mix (TypeError for CUDA tensors that are not float32); RuntimeError when CUDA tensors are given and the
     extension is not built.
     """
     _check_args(latents, means3D, campos, W1, b1, W2, b2)
-    if latents.device.type == "cuda":
+    if use_kernels(latents):
         from .cuda_backend import mlp_colors_cuda
 
         return mlp_colors_cuda(latents, means3D, campos, W1, b1, W2, b2)
@@ -172,7 +173,7 @@ def mlp_colors(latents, means3D, campos, W1, b1, W2, b2) -> torch.Tensor:
 class MLPAppearance:
     """Per-Gaussian latents and a shared two-layer MLP; plugs into ``GaussianModel.appearance``.
 
-    ``rigel_core.render.compute_colors`` calls ``model.appearance(model, campos)``, which returns
+    ``rigel_core.renderer.api.compute_colors`` calls ``model.appearance(model, campos)``, which returns
     :func:`mlp_colors` of this module's tensors at ``model.means3D``.
 
     Attributes:
@@ -303,7 +304,7 @@ def _probe(model, direction: torch.Tensor):
 
 def _sh_colors_at(model, degree: int, direction: torch.Tensor) -> torch.Tensor:
     """(N,3) rendered SH colours of ``model`` along ``direction`` (clamped at 0, as rendering does)."""
-    from .reference.sh import sh_basis
+    from ..reference.sh import sh_basis
 
     d = direction.to(model.dtype).to(model.device).reshape(1, 3)
     basis = sh_basis(degree, d)[0]  # (K,)
@@ -335,7 +336,7 @@ def bake_to_sh(model, degree: int = 3, *, n_dirs: int = 128) -> tuple[GaussianMo
         raise ValueError("bake_to_sh: the model has no appearance module to bake (it already uses SH)")
     if not 0 <= degree <= 3:
         raise ValueError(f"bake_to_sh: SH degree must be in 0..3, got {degree}")
-    from .reference.sh import sh_basis
+    from ..reference.sh import sh_basis
 
     K = num_sh_bases(degree)
     if n_dirs < K:
@@ -473,7 +474,7 @@ def to_mlp(model, latent_dim: int = 8, hidden_dim: int = 32, *, steps: int = 200
         params = [t.requires_grad_(True) for t in app.parameters().values()]
         opt = torch.optim.Adam(params, lr=lr)
         coeffs = model.sh_coeffs.detach()
-        from .reference.sh import sh_basis
+        from ..reference.sh import sh_basis
 
         for _ in range(int(steps)):
             rows = torch.randint(0, n, (min(batch, n),), generator=gen).to(dev)

@@ -5,7 +5,7 @@ Three parts, so that the logic is tested without a window:
 * :class:`PathEditor` — the state (a :class:`~rigel_core.camera_path.CameraPath`, the selected keyframe, the
   file field, the preview clock) and its edits: add, replace, delete, move up / down, clear, save, load, and the
   cameras of the video (cached until the path or the size changes). No ImGui, no Vulkan.
-* :func:`draw_section` — the ImGui widgets (called from :func:`viewer.ui.draw_ui`); it edits the editor's
+* :func:`draw_section` — the ImGui widgets (called from :func:`viewer.panels.main.main_window`); it edits the editor's
   settings in place and returns requests ``"path:<action>"`` for the app.
 * :func:`apply_request` — what the app does with such a request (called from ``Viewer._apply_requests``): it
   reads the current view for a keyframe, moves the view for the preview (``OrbitCamera.snap_to`` with the
@@ -314,7 +314,7 @@ def screen_points(cam, points, frame_size, content, fb_scale=(1.0, 1.0)):
 def draw_markers(imgui, viewer, fb_scale=(1.0, 1.0)):
     """The path (its frames' positions, a polyline) and its keyframes (numbered dots, the selected one larger)
     over the view, on ImGui's background draw list (under the panels). Only in the single-image modes."""
-    from .gpu.shaderio import C
+    from ..gpu.shaderio import C
 
     editor: PathEditor = viewer.settings.camera_path
     if not (editor.show_markers and editor.path.keyframes and viewer.settings.show_panels) \
@@ -397,7 +397,7 @@ def start_path_video(viewer, path=None):
     is already being rendered; None for fewer than two keyframes)."""
     from rigel_core.render_video import VideoCancelled, render_path_video, video_path
 
-    from .ui_state import Job
+    from ..ui_state import Job
 
     editor: PathEditor = viewer.settings.camera_path
     job = viewer.jobs.get("video")
@@ -456,7 +456,7 @@ def run_offscreen_path(viewer, out_dir, frames: int | None = None) -> dict:
     summary (also ``DIR/summary.json``; ``ok`` false with an ``error`` for a path without keyframes)."""
     from rigel_core.run_dir import write_json_atomic
 
-    from .offscreen import PATH_FRAME_NAME, SUMMARY_NAME, _capture
+    from ..offscreen import PATH_FRAME_NAME, SUMMARY_NAME, _capture
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

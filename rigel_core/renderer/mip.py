@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from . import config
+from .. import config
 
 __all__ = ["FILTER_3D_INTERVAL", "apply_3d_filter", "compute_filter_3d", "bake_3d_filter", "effective_scales_opacities"]
 
@@ -45,7 +45,7 @@ def apply_3d_filter(scales: torch.Tensor, opacities: torch.Tensor, filter_3D: to
     """
     if tuple(filter_3D.shape) != (scales.shape[0],):
         raise ValueError(f"filter_3D: expected shape ({scales.shape[0]},), got {tuple(filter_3D.shape)} "
-                         "(recompute it after the Gaussians change: rigel_core.mip.compute_filter_3d)")
+                         "(recompute it after the Gaussians change: rigel_core.renderer.mip.compute_filter_3d)")
     f = filter_3D.to(scales.dtype)[:, None]
     s2 = scales * scales
     filtered = torch.sqrt(s2 + f)
@@ -72,7 +72,8 @@ def compute_filter_3d(means3D: torch.Tensor, cameras, *, near_plane: float = con
     them. A Gaussian no camera sees gets the smallest ν_max of the seen ones (the largest filter, as
     Mip-Splatting); non-finite means, and every mean when none is seen, get 0 (no filter).
 
-    Args: means3D (N,3) world units (any device, float); cameras: iterable of :class:`rigel_core.camera.Camera`.
+    Args: means3D (N,3) world units (any device, float); cameras: iterable of
+    :class:`rigel_core.renderer.camera.Camera`.
     Returns: (N,) variances in world units², on means3D's device and dtype.
     """
     m = means3D.detach()

@@ -1,15 +1,17 @@
 """``render`` and ``rasterize_gaussians``: one API, two backends.
 
 CUDA tensors go to the kernels of ``rigel_core._C`` (through the autograd Functions of
-``rigel_core.cuda_backend``); CPU tensors go to :mod:`rigel_core.reference`. Same guards, same outputs.
+``rigel_core.renderer.cuda_backend``); CPU tensors go to :mod:`rigel_core.reference` (the one rule:
+:func:`rigel_core._ext.use_kernels`). Same guards, same outputs.
 """
 from __future__ import annotations
 
 import torch
 
-from . import config
+from .. import config
+from .._ext import use_kernels
 from .camera import Camera
-from .render_output import RenderOutput  # defined apart so that cuda_backend needs no import of render
+from .output import RenderOutput  # defined apart so that cuda_backend needs no import of render
 
 __all__ = ["RenderOutput", "rasterize_gaussians", "render", "compute_colors"]
 
@@ -48,7 +50,7 @@ def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, w
              (the viewer passes views of its frame buffers); they are also the returned tensors.
         render_mode: "default" (LOWPASS dilation) or "mip" (the anti-aliased mode's 2D Mip filter with opacity
              compensation, Mip-Splatting eq. 9; docs/PIPELINE.md "Anti-aliased mode"). The 3D smoothing filter is
-             the caller's (``render`` applies the model's; :func:`rigel_core.mip.apply_3d_filter`).
+             the caller's (``render`` applies the model's; :func:`rigel_core.renderer.mip.apply_3d_filter`).
         depth: also return ``depth`` (expected) and ``depth_median`` (H,W), computed in the same rasterization
              pass as the colour (the colour outputs are unchanged).
     Returns: :class:`RenderOutput`.
@@ -56,7 +58,7 @@ def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, w
         the image needs more than ``config.MAX_ENTRIES`` duplicated entries, or CUDA tensors are given and the kernels are not built.
     """
     _check_inputs(means3D, quats, scales, opacities, colors, viewmat, K, width, height)
-    from .reference.project import check_render_mode
+    from ..reference.project import check_render_mode
 
     check_render_mode(render_mode)
     width, height = int(width), int(height)
@@ -70,13 +72,13 @@ def rasterize_gaussians(means3D, quats, scales, opacities, colors, viewmat, K, w
             background = host_to_device(background, dev, dtype).reshape(-1)
         if background.shape[0] != colors.shape[1]:
             raise ValueError(f"background: expected {colors.shape[1]} channels, got {background.shape[0]}")
-    if dev.type == "cuda":
+    if use_kernels(means3D):
         from .cuda_backend import rasterize_gaussians_cuda
 
         return rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat.to(dev), K.to(dev),
                                         width, height, background=background, near_plane=near_plane,
                                         far_plane=far_plane, out=out, render_mode=render_mode, depth=depth)
-    from .reference import expected_depth, render_reference
+    from ..reference import expected_depth, render_reference
 
     proj, binning, raster = render_reference(means3D, quats, scales, opacities, colors, viewmat.to(dev), K.to(dev),
                                              width, height, background, near_plane, far_plane, render_mode,
@@ -104,14 +106,14 @@ def compute_colors(model, camera: Camera, sh_degree: int | None = None) -> torch
         return model.appearance(model, campos)
     degree = model.active_sh_degree if sh_degree is None else sh_degree
     degree = min(degree, model.sh_degree)
-    if model.device.type == "cuda":
+    if use_kernels(model.means3D):
         from .cuda_backend import sh_colors_cuda, sh_colors_split_cuda
 
         sh_dc, sh_rest = getattr(model, "sh_dc", None), getattr(model, "sh_rest", None)
         if sh_dc is not None and sh_rest is not None:  # the parameters themselves: no torch.cat per call
             return sh_colors_split_cuda(degree, sh_dc, sh_rest, model.means3D, campos)
         return sh_colors_cuda(degree, model.sh_coeffs, model.means3D, campos)
-    from .reference import sh_colors
+    from ..reference import sh_colors
 
     return sh_colors(degree, model.sh_coeffs, model.means3D, campos)
 
@@ -119,10 +121,10 @@ def compute_colors(model, camera: Camera, sh_degree: int | None = None) -> torch
 def render(model, camera: Camera, *, background=None, sh_degree: int | None = None,
            near_plane: float = config.NEAR_PLANE, far_plane: float = config.FAR_PLANE, out=None,
            render_mode: str | None = None, depth: bool = False) -> RenderOutput:
-    """Render a :class:`~rigel_core.model.GaussianModel` from a :class:`~rigel_core.camera.Camera`.
+    """Render a :class:`~rigel_core.model.GaussianModel` from a :class:`~rigel_core.renderer.camera.Camera`.
 
     Activations (exp scales, sigmoid opacities, quaternion normalisation, and in the mip mode the 3D smoothing
-    filter of ``model.filter_3D``, :mod:`rigel_core.mip`) and the appearance stage run here, so gradients reach
+    filter of ``model.filter_3D``, :mod:`rigel_core.renderer.mip`) and the appearance stage run here, so gradients reach
     the model's pre-activation parameters. ``render_mode`` None: the model's own (``model.render_mode``, read
     from the PLY header). See :func:`rasterize_gaussians`.
     """
