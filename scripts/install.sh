@@ -37,6 +37,8 @@ else
   if [ -z "${RIGEL_NO_CUDA:-}" ] && python -c "import sys, torch; sys.exit(torch.version.cuda is None)" &&
      { command -v nvcc >/dev/null || [ -x "${CUDA_HOME:-/nonexistent}/bin/nvcc" ]; }; then
     echo "rigel: compiling the CUDA kernels (several minutes; MAX_JOBS=$MAX_JOBS)…"
+  elif [ -n "${RIGEL_NO_CUDA:-}" ]; then
+    echo "rigel: RIGEL_NO_CUDA is set: installing without the CUDA kernels (the CPU reference renders)"
   fi
   # not -q: pip reports each dependency and, while the kernels compile, that the build is still running
   python -m pip install --no-build-isolation -e ".[all]"

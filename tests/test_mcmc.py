@@ -453,6 +453,17 @@ def test_a_partial_sfm_keeps_3dgs_densification_only_with_many_views(n_views, wa
     assert cfg.strategy == "mcmc"
 
 
+def test_the_automatic_budget_never_trims_the_sfm_start(rng):
+    """A budget below the SfM points' count (a tiny capture: fern at --downscale 16 got 10,000 for its 10,091 points
+    and trimmed 91 at the first step) is raised to the count; the note names the start once."""
+    ds = _with_sfm_points(make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=1), rng, m=50)
+    tr = Trainer(ds, small_config(auto_mcmc_budget=30, init_background_points=0), device="cpu")
+    assert (tr.config.strategy, tr.config.max_gaussians, tr.model.num_gaussians) == ("mcmc", 50, 50)
+    assert "SfM points: 50 start it" in tr.strategy_note and tr.strategy_note.count("SfM points") == 1
+    r = tr.step()
+    assert r.num_gaussians == 50 and tr.is_consistent()
+
+
 def test_trainer_picks_mcmc_for_a_photo_capture_without_sfm_points(rng):
     """The same views without alpha (photos): no SfM points → the MCMC budget from their pixels, and a random start
     of half that budget; with alpha leaving the background transparent → 3DGS's densification, as before."""

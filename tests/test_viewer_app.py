@@ -1098,3 +1098,30 @@ def test_viewer_warnings_are_one_line(tmp_path):
     warn = [ln for ln in r.stderr.splitlines() if "warning" in ln.lower()]
     assert warn and all(ln.startswith("rigel-viewer: warning: ") for ln in warn), r.stderr
     assert "return load_ply" not in r.stderr and ".py:" not in r.stderr
+
+
+def test_ctrl_c_while_the_training_starts_stops_its_thread(tmp_path, monkeypatch, capsys, one_thread):
+    """Ctrl-C while ``rigel-viewer --data`` waits for the training thread's first snapshot (its initial evaluation,
+    seconds on the CPU): the session is stopped (and saved) before the interrupt leaves ``_start_training`` — the
+    caller does not hold it yet, and the interpreter used to exit with the thread inside torch ("terminate called
+    without an active exception", SIGABRT). Exit status 130, one line."""
+    from rigel_core.data import make_dataset
+    from viewer import cli, training
+
+    data = tmp_path / "data"
+    make_dataset(data, 200, 24, 24, n_train=3, n_test=1, seed=1, progress=False, device="cpu")
+    stops = []
+    monkeypatch.setattr(training.TrainingSession, "start", lambda self: self)   # no snapshot ever comes ...
+    monkeypatch.setattr(training.TrainingSession, "alive", property(lambda self: True))  # ... while it "runs"
+    monkeypatch.setattr(training.TrainingSession, "stop", lambda self, **kw: stops.append(kw.get("save", True)))
+
+    def ctrl_c(_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.time, "sleep", ctrl_c)
+    rc = cli.main(["--data", str(data), "--iters", "5", "--device", "cpu", "--offscreen", "--frames", "1",
+                   "--out", str(tmp_path / "run")])
+    monkeypatch.undo()
+    assert rc == 130 and stops == [True]
+    err = capsys.readouterr().err
+    assert err.strip().endswith("rigel-viewer: interrupted"), err

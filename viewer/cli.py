@@ -253,8 +253,12 @@ def _start_training(args, settings: ViewSettings, locks: list):
     log.info("training %s: %d train / %d test views, %d iterations, run folder %s", args.data,
              len(ds.train), len(ds.test), trainer.config.iterations, run_dir)
     session.start()
-    while session.slot.latest() is None and session.alive:   # the first snapshot (after the initial evaluation)
-        time.sleep(0.01)
+    try:
+        while session.slot.latest() is None and session.alive:   # the first snapshot (after the initial evaluation)
+            time.sleep(0.01)
+    except KeyboardInterrupt:   # Ctrl-C before the caller holds the session: stop its thread here (it was left
+        session.stop(save=True)  # inside torch while the interpreter exited: "terminate called", SIGABRT)
+        raise
     if session.slot.latest() is None:
         failed = [e for e in session.drain_events() if type(e).__name__ == "TrainingFailed"]
         raise RuntimeError(failed[0].message if failed else "the training thread ended before starting")
@@ -436,17 +440,22 @@ def _main(argv=None) -> int:
                 return 0 if summary["ok"] else 1
             if session is not None:
                 with sigint_flag(viewer):
-                    summary = run_offscreen_training(viewer, n, args.out, max_fps=args.fps)
+                    summary = run_offscreen_training(viewer, n, args.out, max_fps=args.fps,
+                                                     orbit_degrees=0.0 if args.view is not None else 90.0)
                 interrupted = viewer.interrupted
                 resumed = summary["session_iterations"] != summary["iterations"]
+                last = (summary.get("eval") or [{}])[-1].get("iteration")
+                stale = (f" (last evaluated at iteration {last})"   # a Ctrl-C between evaluations: not the end's
+                         if last is not None and last != summary["iterations"] else "")
                 print(f"rigel-viewer: trained {summary['session_iterations']} iterations"
                       + (f" (to iteration {summary['iterations']})" if resumed else "")
                       + f" on {summary['training_device']}, "
-                      f"held-out PSNR {_db(summary['psnr_initial'])} -> {_db(summary['psnr'])} dB, "
+                      f"held-out PSNR {_db(summary['psnr_initial'])} -> {_db(summary['psnr'])} dB{stale}, "
                       f"{summary['frames']} frames "
                       f"({summary['frame_ring']}) in {summary['seconds']} s -> {args.out}")
             else:
-                summary = run_offscreen(viewer, n, args.out)
+                # --view N: every frame at training view N (the orbit would leave it after the first)
+                summary = run_offscreen(viewer, n, args.out, orbit_degrees=0.0 if args.view is not None else 360.0)
                 print(f"rigel-viewer: {summary['frames']} frames of {summary['scene']} ({summary['gaussians']:,} "
                       f"Gaussians, {viewer.render_device}, {viewer.ctx.device_name}) in {summary['seconds']} s "
                       f"-> {args.out}")

@@ -184,8 +184,8 @@ def run_offscreen(viewer, frames: int, out_dir, *, orbit_degrees: float = 360.0)
     viewer.build_ui()   # ImGui sizes auto-resizing panels from one frame's contents: frame 0 is then complete
     t_start = time.perf_counter()
     for i in range(frames):
-        if i:   # frame 0 is the opening view as it is (a training view of --view N stays exact: no re-posing)
-            viewer.camera.set_yaw(yaw0 + i * step)
+        if i and step:   # frame 0 is the opening view as it is (a training view of --view N stays exact: no
+            viewer.camera.set_yaw(yaw0 + i * step)   # re-posing; with no orbit, every frame stays so)
         t0 = time.perf_counter()
         path = out / FRAME_NAME.format(i)
         _capture(viewer, path)
@@ -259,7 +259,8 @@ def run_offscreen_training(viewer, frames: int, out_dir, *, max_fps: float = 30.
         done = state.status in ("finished", "failed", "stopped")
         # the last frame waits for the end (status, final evaluation in the panels), not only its iteration
         while k < frames and (done or (k < frames - 1 and state.iteration >= marks[k])) and stopped() is None:
-            viewer.camera.set_yaw(yaw0 + math.radians(orbit_degrees) * (k + 1) / frames)
+            if orbit_degrees:   # (none: the opening view stays exact, e.g. --view N)
+                viewer.camera.set_yaw(yaw0 + math.radians(orbit_degrees) * (k + 1) / frames)
             path = out / FRAME_NAME.format(first + k)
             _capture(viewer, path)
             files.append(path.name)

@@ -520,7 +520,8 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
       :func:`resolve_init_background`) with at least ``cfg.auto_default_min_views`` training views (bonsai);
     - else "mcmc" (3DGS-MCMC's relocation: SfM points or not, few views or many) with
       ``max_gaussians = min(max_gaussians, max(auto_mcmc_budget(cfg, capture), n_start))`` (None counts as no cap;
-      ``n_start``: the Gaussians of a model the run starts from, which the budget then never cuts).
+      ``n_start``: the Gaussians the run starts from — a given model's, or the SfM points (and background points)
+      of the initial model — which the budget then never cuts).
 
     ``capture`` None (not measured) counts as a photo capture with many views and the fixed ``auto_mcmc_budget``.
     ``coverage`` (``sfm_view_coverage``, or None) only goes into the note. Returns a one-line note of the choice and
@@ -546,7 +547,9 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
     cfg.max_gaussians = budget if cap is None else min(cap, budget)
     cfg.strategy = "mcmc"
     if has_sfm_points:
-        why = f"SfM points{cover}" + (f", {views} (< {cfg.auto_default_min_views})" if auto_background else "")
+        start = f": {int(n_start):,} start it" if n_start else ""
+        why = (f"SfM points{start}{cover.replace(', SfM points reaching', ', reaching')}"
+               + (f", {views} (< {cfg.auto_default_min_views})" if auto_background else ""))
     else:
         why = (f"no SfM points, a photo capture: random points start it"
                + (f", {cfg.init_points:,} of them" if isinstance(cfg.init_points, int) else ""))

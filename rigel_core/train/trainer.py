@@ -543,7 +543,11 @@ class Trainer:
         #: used), or None
         self.init_note: str | None = note if model is None else None
         #: what ``strategy = "auto"`` became and why (one line for the log), None when it was explicit
-        self.strategy_note = resolve_strategy(cfg, has_sfm, model.num_gaussians if model is not None else 0,
+        # the Gaussians the run starts from, which the budget never cuts: a given model's, else the SfM points and the
+        # background points the initial model adds (a tiny capture's budget of 10,000 trimmed fern's 10,091 points)
+        n_start = model.num_gaussians if model is not None else \
+            (len(pts) + int(cfg.init_background_points) if has_sfm else 0)
+        self.strategy_note = resolve_strategy(cfg, has_sfm, n_start,
                                               auto_background=auto_bg and cfg.init_background_points > 0,
                                               coverage=self.sfm_coverage, capture=self.capture)
         #: what ``coarse_to_fine = "auto"`` became and why (one line for the log), None when it was explicit
