@@ -40,8 +40,9 @@ def _nvcc():
 
 
 SKIPPED_KERNELS = """this machine has nvcc ({nvcc}), but torch is not importable in this build: pip builds in an
-isolated environment without your torch unless told otherwise. rigel is being installed WITHOUT its CUDA kernels,
-and CUDA renders will fail. To build them: install torch, then
+isolated environment without your torch unless told otherwise. rigel is being installed WITHOUT its CUDA kernels:
+fine with a CPU build of PyTorch (the reference renders on the CPU), but on a GPU rendering CUDA tensors will fail.
+To build them: install a CUDA build of torch, then
     pip install --no-build-isolation '.[viewer,colmap]'
 (RIGEL_NO_CUDA=1 installs without the kernels and without this message; README "Install with pip".)"""
 

@@ -449,3 +449,20 @@ def test_unused_path_reserves_the_name(tmp_path):
     assert unused_path(p) == p and not p.exists()
     assert unused_path(p, reserve=True) == p and p.is_file()             # taken at once: a second writer …
     assert unused_path(p, reserve=True) == tmp_path / "model_2.compressed.ply"   # … gets the next name
+
+
+@pytest.mark.parametrize("module, argv", [("rigel_core.cli.train", ["--data", "d", "--out", "o", "--downscale", "0"]),
+                                          ("rigel_core.cli.render", ["--no-such-flag"]),
+                                          ("rigel_core.cli.convert", []),
+                                          ("rigel_core.cli.import_colmap", ["only-one"]),
+                                          ("viewer.cli", ["--size", "abc"])])
+def test_a_bad_flag_is_one_line(module, argv):
+    """argparse's own refusals (a bad value, a missing argument, an unknown flag) are one line and status 2, as every
+    other refusal of the commands (they printed the whole usage block first)."""
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, timeout=120,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and ": error: " in lines[0] and "--help" in lines[0], r.stderr

@@ -56,7 +56,7 @@ import sys
 import time
 from pathlib import Path
 
-from rigel_core.cli.common import add_threads_arg, add_training_args, path_arg, set_threads, threads_problem
+from rigel_core.cli.common import Parser, add_threads_arg, add_training_args, path_arg, set_threads, threads_problem
 from rigel_core.run_dir import LOG_NAME, out_problem
 
 from .camera_control import UP_AXES
@@ -94,7 +94,7 @@ def _parse_size(s: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rigel-viewer", description="View or train a 3D Gaussian Splatting scene "
+    ap = Parser(prog="rigel-viewer", description="View or train a 3D Gaussian Splatting scene "
                                                                   "(Vulkan).")
     ap.add_argument("scene", nargs="?", help="scene file (.ply, compressed .ply, .spz, .splat, checkpoint); default: "
                                              "the bundled scene")

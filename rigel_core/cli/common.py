@@ -157,6 +157,14 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+class Parser(argparse.ArgumentParser):
+    """The commands' argument parser: a bad flag or value is one line, ``PROG: error: …``, exit status 2, as every
+    other refusal of theirs (argparse's default prints its whole usage block first)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
 def downscale_arg(text: str) -> float:
     """``--downscale``: a finite number ≥ 1 (NaN was "cannot convert float NaN to integer" without the flag's name;
     inf trained on 1x1 images)."""

@@ -13,10 +13,11 @@ Exit status 0 on success, 2 for bad arguments or input (one line on stderr), 1 w
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import warnings
+
+from .common import Parser
 
 __all__ = ["main", "convert", "ConvertError"]
 
@@ -99,7 +100,7 @@ def convert(src, dst, *, sh_degree=None, force=False, spz_version=3, out=print, 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="rigel-convert", description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="rigel-convert", description=__doc__.split("\n\n")[0])
     ap.add_argument("input", metavar="IN", help="scene: .ply, .compressed.ply, .spz, .splat or a rigel checkpoint")
     ap.add_argument("output", metavar="OUT", help="output file: .ply, .compressed.ply, .spz or .splat")
     ap.add_argument("--sh-degree", type=int, default=None, choices=(0, 1, 2, 3),

@@ -18,13 +18,13 @@ import sys
 import warnings
 from pathlib import Path
 
-from .common import path_arg
+from .common import Parser, path_arg
 
 __all__ = ["main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rigel-import-colmap",
+    p = Parser(prog="rigel-import-colmap",
                                 description="Convert a COLMAP dataset to a nerfstudio transforms.json "
                                             "with the SfM points in sparse_pc.ply.")
     p.add_argument("src", metavar="SRC", type=path_arg,

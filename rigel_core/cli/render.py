@@ -44,7 +44,7 @@ import sys
 from pathlib import Path
 
 from ..limits import MAX_CAMERA_SIDE, MAX_IMAGE_SIDE, check_image_size
-from .common import device_problem, path_arg
+from .common import Parser, device_problem, path_arg
 
 __all__ = ["main", "parse_background", "resolve_cameras"]
 
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
 
 
 def _main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="rigel-render", description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="rigel-render", description=__doc__.split("\n\n")[0])
     ap.add_argument("scene",
                     help="scene file (.ply, .compressed.ply, .spz, .splat) or 'default' for the bundled scene")
     ap.add_argument("--cameras", type=path_arg, help="transforms .json file (Blender or instant-ngp) or dataset "
@@ -285,7 +285,6 @@ def _main(argv=None) -> int:
     from tqdm import tqdm
 
     from .. import cuda_available
-    from ..data.frames import DatasetError
     from ..data.images import write_png, write_render_rgba
     from ..render import render
 

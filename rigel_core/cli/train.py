@@ -95,7 +95,7 @@ from ..train.run import RunHooks, TrainingRun
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
     kept_settings, load_training_data, new_config, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
     remembered_warnings, resume_config, resumed_data_problem, whole_number_arg
-from .common import add_threads_arg, set_threads, threads_problem
+from .common import Parser, add_threads_arg, set_threads, threads_problem
 
 __all__ = ["main", "build_parser"]
 
@@ -103,7 +103,7 @@ EXIT_INTERRUPTED = 130
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="rigel-train", description="Train a 3D Gaussian Splatting model.")
+    p = Parser(prog="rigel-train", description="Train a 3D Gaussian Splatting model.")
     p.add_argument("--out", required=True, type=path_arg, help="run directory (created)")
     add_training_args(p)   # --data, the dataset and TrainConfig flags, --resume (shared with rigel-viewer --data)
     p.add_argument("--checkpoint-every", type=whole_number_arg("only at the end"), default=5000,
