@@ -190,6 +190,14 @@ def undistort_map(width: int, height: int, fx: float, fy: float, cx: float, cy: 
     return map_x, map_y, valid
 
 
+def require_opencv():
+    """The ``cv2`` module; MissingPackage (an ImportError naming ``opencv-python-headless``) without it. Asked by
+    :func:`remap` and, for a capture with a lens, when the dataset is assembled: a streamed dataset decodes its
+    images later, and the refusal must come before a run starts (tests/test_packaging.py)."""
+    return require("cv2", package="opencv-python-headless",
+                   purpose="undistorting the images of a capture with lens distortion")
+
+
 def remap(img: np.ndarray, map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarray | None = None) -> np.ndarray:
     """Sample ``img`` (H_in, W_in[, C]) float32 bilinearly at the OpenCV-convention positions of the maps.
 
@@ -198,8 +206,7 @@ def remap(img: np.ndarray, map_x: np.ndarray, map_y: np.ndarray, valid: np.ndarr
     float32 image: equal to 6e-8, 6.5× faster (0.07 s vs 0.45 s for three channels).
     Returns (H, W[, C]) float32. Raises MissingPackage (an ImportError) when OpenCV is not installed.
     """
-    cv2 = require("cv2", package="opencv-python-headless",
-                  purpose="undistorting the images of a capture with lens distortion")
+    cv2 = require_opencv()
 
     src = np.ascontiguousarray(img, dtype=np.float32)
     chans = src.shape[-1] if src.ndim == 3 else 1
