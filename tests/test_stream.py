@@ -47,6 +47,10 @@ def test_streamed_frames_are_the_preloaded_ones_bit_for_bit(tmp_path, rng, kw):
         masks = [f.mask for f in fresh.train]
         assert all(m is not None for m in masks)
         assert not any(k[0] == "frame" for k in fresh.train[0].source.cache._items)
+    else:   # alpha taken as a mask: no frame has an alpha, known from the headers (the "auto" rules read every one)
+        _, fresh = load_both(tmp_path, **kw)
+        assert [f.alpha for f in fresh.train] == [None] * len(fresh.train)
+        assert fresh.train[0].source.cache.misses == 0
 
 
 def trained(ds, cfg, steps):

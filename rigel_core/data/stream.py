@@ -133,6 +133,9 @@ class FrameSource:
         notes = LoadNotes()
         self.image_cameras: list[Camera] = []  # at the image's size, before --downscale
         self.cameras: list[Camera] = []
+        #: per frame: whether its loaded Frame has an alpha (the header has one and it is not taken as a mask) —
+        #: read without decoding (the "auto" rules ask every frame for its alpha: a JPEG capture decoded 64 images)
+        self.has_alpha: list[bool] = []
         for spec in self.specs:
             try:
                 size, has_alpha = image_header(spec.image_path)
@@ -140,6 +143,7 @@ class FrameSource:
                 raise DatasetError(str(e)) from e
             cam = self.pipeline.camera(spec, size, notes)
             notes.no_alpha += alpha_as_mask and not has_alpha
+            self.has_alpha.append(bool(has_alpha) and not alpha_as_mask)
             if spec.mask_path is not None:
                 self._probe_mask(spec, size, notes)
             self.image_cameras.append(cam)
@@ -243,6 +247,8 @@ class StreamedFrame:
 
     @property
     def alpha(self) -> torch.Tensor | None:
+        if not self.source.has_alpha[self.index]:   # known from the header: nothing to decode
+            return None
         return self.load().alpha
 
     @property
