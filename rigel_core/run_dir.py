@@ -356,6 +356,7 @@ class RunRecord:
         self.log = log
         self.metrics = metrics
         self._warning_hook = None  # (installed hook, the one it replaced) while :meth:`log_warnings` is on
+        self._nan_skips: int | None = None  # the NaN guard's count at the last step logged (None: none yet)
 
     def log_warnings(self, *, echo: bool) -> None:
         """From now until :meth:`close`: every Python warning (coarse-to-fine's smaller factor, a failed CUDA-graph
@@ -386,9 +387,15 @@ class RunRecord:
 
     def steps(self, window: list) -> dict:
         """Log the skipped steps of ``window`` and append its loss-curve point (:func:`train_entry`)."""
+        if window and self._nan_skips is None:  # the first window (a resumed run's count starts above 0)
+            self._nan_skips = window[0].nan_skips - int(window[0].skipped)
         for w in window:
-            if w.skipped:
+            if w.skipped and w.nan_skips > self._nan_skips:
                 self.log.info(f"[{w.iteration}] non-finite loss or gradient: update skipped ({w.nan_skips} so far)")
+            elif w.skipped:  # finite, but the view's tile entries outgrew the captured graph's binning capacity
+                self.log.info(f"[{w.iteration}] the view outgrew the CUDA graph's tile capacity: its update was "
+                              "skipped and it is trained again with a larger one")
+            self._nan_skips = max(self._nan_skips, w.nan_skips)
         entry = train_entry(window)
         self.metrics["train"].append(entry)
         return entry

@@ -372,10 +372,10 @@ def test_bench_real_passes_the_factor_through():
 FLIP = np.diag([1.0, -1.0, -1.0, 1.0])
 
 
-def write_ngp(path, rng, w, h, n):
+def write_ngp(path, rng, w, h, n, lens=True):
     """An instant-ngp dataset of ``n`` random RGBA images (``w`` × ``h``, some alpha exactly 0), a pincushion lens
-    (k1 > 0: pixels near the corners have no source after undistortion) and a masks/ file (random pixels
-    ignored) for every other frame. Returns the names of the frames with a mask file."""
+    (k1 > 0: pixels near the corners have no source after undistortion; none without ``lens``) and a masks/ file
+    (random pixels ignored) for every other frame. Returns the names of the frames with a mask file."""
     g = np.random.default_rng(int(torch.randint(0, 2 ** 31 - 1, (1,), generator=rng)))
     path.joinpath("images").mkdir(parents=True)
     path.joinpath("masks").mkdir()
@@ -391,7 +391,7 @@ def write_ngp(path, rng, w, h, n):
             masked.append(f"f{i}")
         c2w = np.linalg.inv(cam.viewmat) @ FLIP  # OpenCV world-to-camera → the file's OpenGL camera-to-world
         frames.append({"file_path": f"images/f{i}.png", "transform_matrix": c2w.tolist()})
-    meta = {"fl_x": 0.9 * w, "w": w, "h": h, "k1": 0.15, "frames": frames}
+    meta = {"fl_x": 0.9 * w, "w": w, "h": h, "frames": frames, **({"k1": 0.15} if lens else {})}
     path.joinpath("transforms.json").write_text(json.dumps(meta))
     return masked
 

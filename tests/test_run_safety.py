@@ -466,3 +466,35 @@ def test_a_bad_flag_is_one_line(module, argv):
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and ": error: " in lines[0] and "--help" in lines[0], r.stderr
+
+
+def test_the_log_tells_a_non_finite_step_from_a_graph_capacity_overflow(tmp_path):
+    """A skipped step is "non-finite" only when the NaN guard's count grew; a finite step skipped because its view
+    outgrew the CUDA graph's binning capacity (redone with a larger one) is said as that — also on a resumed run
+    whose count starts above 0."""
+    import logging
+
+    from rigel_core.run_dir import RunRecord
+
+    lines = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+    log = logging.getLogger(f"test.skips.{id(lines)}")
+    log.propagate, log.handlers[:] = False, [Keep()]
+    log.setLevel(logging.INFO)
+    rec = RunRecord(tmp_path, log, {"train": []})
+
+    def step(it, skipped, count):
+        return SimpleNamespace(iteration=it, skipped=skipped, nan_skips=count, loss=0.1, psnr=20.0,
+                               num_gaussians=5, seconds=0.01, eval=None)
+    rec.steps([step(10, False, 3), step(11, True, 3), step(12, True, 4), step(13, False, 4)])
+    rec.steps([step(14, True, 4), step(15, True, 5)])
+    assert [line.split("]")[0] for line in lines] == ["[11", "[12", "[14", "[15"]
+    assert "tile capacity" in lines[0] and "non-finite" in lines[1] and "(4 so far)" in lines[1]
+    assert "tile capacity" in lines[2] and "non-finite" in lines[3]
+    first = RunRecord(tmp_path, log, {"train": []})  # the first step seen is skipped: the count says which
+    lines.clear()
+    first.steps([step(1, True, 7)])
+    assert "non-finite" in lines[0]

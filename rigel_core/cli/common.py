@@ -85,8 +85,9 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
         help="hold out every Nth view of instant-ngp / COLMAP data (0: none)")
     # streamed frames (issue 37; rigel_core/data/stream.py)
     add("--frame-cache-mb", type=whole_number_arg("keep no decoded frame"), default=None, metavar="MB",
-        help="host memory for decoded images (MiB, default 512): images are read from disk when trained, a few "
-             "ahead, never all at once")
+        help="host memory for decoded images (MiB; default: the whole capture when it takes at most a quarter "
+             "of the available memory, else 512): images are read from disk when trained, a few ahead, never all "
+             "at once on the GPU")
     add("--preload-frames", action="store_true",
         help="decode every image onto the training device before the first step instead of streaming them")
     add("--max-gaussians", type=int, default=None,

@@ -401,6 +401,10 @@ def _main(args, lock: RunLock, comm=None) -> int:
              + (f", {metrics['dataset']['masked_views']['train']} train views with masked pixels "
                 f"({metrics['dataset']['masked_pixels']['train']} pixels ignored)"
                 if metrics['dataset']['masked_views']['train'] else ""))
+    from ..data.stream import cache_note
+
+    if (note := cache_note(ds.train + ds.test)) is not None:
+        log.info(note)
     if stale:
         log.info(f"removed {len(stale)} stale temporary file(s) of interrupted writes: "
                  + ", ".join(p.name for p in stale))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .frames import Dataset, FrameSpec, camera_extent, load_frames
-from .stream import DEFAULT_CACHE_MB, stream_frames
+from .stream import stream_frames
 from .undistort import require_opencv
 
 __all__ = ["assemble_dataset"]
@@ -15,13 +15,13 @@ def assemble_dataset(train: list[FrameSpec], test: list[FrameSpec], source: Path
                      device, points=None, point_colors=None, alpha_as_mask=False, stream=False,
                      cache_mb=None) -> Dataset:
     """The :class:`Dataset` of two lists of frame specs: images loaded (:func:`load_frames`) — or, with ``stream``,
-    their headers only (:func:`.stream.stream_frames`, a host cache of ``cache_mb`` MiB) —, the scene centre and
+    their headers only (:func:`.stream.stream_frames`, a host cache of ``cache_mb`` MiB, None: its automatic size) —, the scene centre and
     extent from the training cameras (the test ones when there are none); what every format's loader ends with."""
     kw = dict(white_bg=white_bg, downscale=downscale, source=source, alpha_as_mask=alpha_as_mask)
     if any(spec.distortion is not None for spec in train + test):
         require_opencv()   # now, not at the first streamed image: a missing OpenCV is refused before a run starts
     if stream:
-        frames = stream_frames(train + test, cache_mb=DEFAULT_CACHE_MB if cache_mb is None else cache_mb, **kw)
+        frames = stream_frames(train + test, cache_mb=cache_mb, **kw)
     else:
         frames = load_frames(train + test, device=device, **kw)   # one call: its warnings count the dataset once
     train_frames, test_frames = frames[:len(train)], frames[len(train):]

@@ -218,10 +218,11 @@ class FramePipeline:
         self._lock = threading.Lock()
 
     @staticmethod
-    def decode(spec: FrameSpec) -> np.ndarray:
-        """The image of ``spec`` as (H, W, 3|4) float32 (:func:`~.images.read_image`); DatasetError naming it."""
+    def decode(spec: FrameSpec, raw8: bool = False) -> np.ndarray:
+        """The image of ``spec`` as (H, W, 3|4) float32 (:func:`~.images.read_image`; with ``raw8`` an 8-bit file's
+        uint8 codes); DatasetError naming it."""
         try:
-            return read_image(spec.image_path)
+            return read_image(spec.image_path, raw8=raw8)
         except ValueError as e:
             raise DatasetError(str(e)) from e
 

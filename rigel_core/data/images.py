@@ -15,7 +15,7 @@ import numpy as np
 
 from ..limits import MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, check_image_size
 
-__all__ = ["IMAGE_EXTENSIONS", "names_folder", "resolve_image_path", "read_image", "read_mask", "find_mask",
+__all__ = ["IMAGE_EXTENSIONS", "names_folder", "resolve_image_path", "read_image", "UNIT8", "read_mask", "find_mask",
            "image_size", "image_header", "composite", "resize_area", "write_png", "write_render_rgba"]
 
 #: Extensions tried, in order, when a dataset names an image without one (NeRF-synthetic ``./train/r_0``).
@@ -94,11 +94,15 @@ def _has_alpha(im) -> bool:
     return im.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (im.mode == "P" and "transparency" in im.info)
 
 
-def read_image(path: Path, *, max_side: int = MAX_IMAGE_SIDE, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+def read_image(path: Path, *, max_side: int = MAX_IMAGE_SIDE, max_pixels: int = MAX_IMAGE_PIXELS,
+               raw8: bool = False) -> np.ndarray:
     """Decode an image file to (H, W, 3) or (H, W, 4) float32 in [0, 1] (straight, not premultiplied, alpha).
 
     8-bit and 16-bit greyscale, greyscale+alpha, palette (with transparency), RGB and RGBA files are accepted
     (Pillow). The size the header declares is checked against ``max_side``/``max_pixels`` before decoding.
+    With ``raw8`` an 8-bit file is returned as its (H, W, 3|4) uint8 codes instead — the float32 result is
+    exactly ``UNIT8[codes]`` (:data:`UNIT8`: code / 255 in float32) — and a 16-bit or float file as float32 as
+    without it (the caller tells them apart by dtype): a quarter of the bytes, for caches (data/stream.py).
     Raises ValueError naming the file when it is too large or cannot be decoded.
     """
     from PIL import Image
@@ -114,9 +118,17 @@ def read_image(path: Path, *, max_side: int = MAX_IMAGE_SIDE, max_pixels: int = 
             if mode == "F":
                 return np.repeat(np.asarray(im, dtype=np.float32)[..., None], 3, axis=-1)
             im = im.convert("RGBA" if _has_alpha(im) else "RGB")
+            if raw8:
+                return np.array(im, dtype=np.uint8)   # a writable copy (torch.from_numpy shares it)
             return np.asarray(im, dtype=np.float32) / 255.0
     except (*_DECODE_ERRORS, Image.DecompressionBombError) as e:
         raise ValueError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
+
+
+#: float32 value of each 8-bit code, code / 255 — the very values :func:`read_image` gives (one division per
+#: element in float32 either way), as a lookup table: ``UNIT8[codes]`` turns :func:`read_image`'s ``raw8`` codes into
+#: its float result bit for bit, on any device
+UNIT8 = np.arange(256, dtype=np.float32) / 255.0
 
 
 def other_aspect(size: tuple[int, int], declared: tuple[int, int]) -> bool:

@@ -6,7 +6,13 @@
 (:class:`~.frames.FramePipeline`: decode → composite or alpha mask → the user's mask → undistort → downscale) when
 first read, so the values are bit for bit those of ``stream=False``. The results are kept in one
 :class:`FrameCache` per dataset, bounded in bytes (least recently used out first), so host memory stays bounded by
-the cache's size whatever the capture's. The undistortion maps are made once per camera model (the pipeline's), and a
+the cache's size whatever the capture's. A frame whose load step is decode → composite alone (no lens, no
+``--downscale``, no alpha taken as a mask: synthetic renders, most photo captures) is cached as its 8-bit codes —
+a quarter of the float32 bytes — and finished (codes → float32 through :data:`~.images.UNIT8`, alpha composite) where
+it is used: on the GPU for a training view (a quarter of the bytes over PCIe, no float work on the host). Those are
+the same float32 operations as the preloaded path's, so the values stay bit for bit the same. The cache's default
+size fits every frame of the capture when that takes at most a quarter of the host's available memory
+(:func:`auto_cache_bytes`), else :data:`DEFAULT_CACHE_MB`. The undistortion maps are made once per camera model (the pipeline's), and a
 mask that comes from the lens alone (no mask file, no alpha mask) is made once per camera model too.
 
 :class:`StreamedFrame` s give host (CPU) tensors, whatever ``device`` the dataset was loaded for. Derived frames —
@@ -38,13 +44,17 @@ import torch
 
 from ..camera import Camera
 from .frames import DatasetError, Frame, FramePipeline, FrameSpec, LoadNotes, _downscale_mask, frame_mask
-from .images import image_header, image_size, other_aspect
+from .images import UNIT8, image_header, image_size, other_aspect
 
 __all__ = ["FrameCache", "FrameSource", "StreamedFrame", "ViewStream", "DEFAULT_CACHE_MB", "DEFAULT_AHEAD",
+           "auto_cache_bytes", "cache_note", "finish_codes",
            "stream_frames", "stream_stats"]
 
-#: default size of a streamed dataset's host cache of loaded frames, MiB (``--frame-cache-mb``)
+#: the smallest default size of a streamed dataset's host cache of loaded frames, MiB (``--frame-cache-mb``;
+#: :func:`auto_cache_bytes` gives more to a capture that fits a quarter of the host's available memory)
 DEFAULT_CACHE_MB = 512
+#: the share of the host's available memory the default cache may take to hold a whole capture
+AUTO_CACHE_SHARE = 0.25
 #: training views a :class:`ViewStream` loads ahead of the step that trains them
 DEFAULT_AHEAD = 4
 
@@ -61,6 +71,56 @@ def _nbytes(value) -> int:
     if isinstance(value, np.ndarray):
         return int(value.nbytes)
     return 0
+
+
+def available_host_bytes() -> int | None:
+    """The host memory available to new allocations (Linux ``MemAvailable``; else free pages), or None where
+    neither can be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def auto_cache_bytes(capture_bytes: int, available: int | None = None) -> int:
+    """The default cache size for a capture whose frames take ``capture_bytes`` when all cached: all of them (so
+    that each is decoded once) when that is at most :data:`AUTO_CACHE_SHARE` of the host's ``available`` memory
+    (default: :func:`available_host_bytes`), else :data:`DEFAULT_CACHE_MB`. Never less than DEFAULT_CACHE_MB."""
+    floor = DEFAULT_CACHE_MB * 2 ** 20
+    available = available_host_bytes() if available is None else available
+    if available is not None and capture_bytes <= AUTO_CACHE_SHARE * available:
+        return max(floor, int(capture_bytes))
+    return floor
+
+
+def finish_codes(codes: torch.Tensor, white_bg: bool, table: torch.Tensor | None = None) -> tuple:
+    """``(rgb, alpha)`` of a decoded image's codes: (H, W, 3) float32 and (H, W) float32 or None — the float32 values
+    :func:`~.images.read_image` then :func:`~.images.composite` give, bit for bit, on ``codes``' device.
+
+    ``codes``: (H, W, 3|4) uint8 (``read_image(..., raw8=True)``), or float32 for a 16-bit / float file (used as
+    is). ``table``: :data:`~.images.UNIT8` on ``codes``' device (made when None). The composite is the same float32
+    operations in the same order (``rgb · a``, then ``+ (1 − a)`` on white), each correctly rounded on the CPU and
+    the GPU alike."""
+    if codes.dtype == torch.uint8:
+        if table is None:
+            table = torch.from_numpy(UNIT8).to(codes.device)
+        values = table.index_select(0, codes.reshape(-1).to(torch.int32)).reshape(codes.shape)
+    else:
+        values = codes
+    if values.shape[-1] == 3:
+        return values, None
+    rgb, a = values[..., :3], values[..., 3]
+    out = rgb * a[..., None]
+    if white_bg:
+        out = out + (1.0 - a[..., None])
+    return out, a.contiguous()
 
 
 class FrameCache:
@@ -117,7 +177,8 @@ class FrameSource:
         specs: the frames (train then test).
         white_bg, downscale, alpha_as_mask: as :func:`~.frames.load_frames`.
         source: the dataset path (for the warnings).
-        cache_mb: the cache's size in MiB.
+        cache_mb: the cache's size in MiB; None: :func:`auto_cache_bytes` of what every frame takes cached (8-bit
+            codes where :meth:`compact`, float32 otherwise).
 
     Raises DatasetError naming the file for an unreadable image header (or mask header) or an image of another aspect
     ratio than its camera — at load, as the preloaded path does; a file whose pixels turn out corrupt is met when
@@ -125,10 +186,9 @@ class FrameSource:
     """
 
     def __init__(self, specs: list[FrameSpec], *, white_bg: bool, downscale: float, source,
-                 alpha_as_mask: bool = False, cache_mb: float = DEFAULT_CACHE_MB):
+                 alpha_as_mask: bool = False, cache_mb: float | None = None):
         self.specs = list(specs)
         self.pipeline = FramePipeline(white_bg=white_bg, downscale=downscale, alpha_as_mask=alpha_as_mask)
-        self.cache = FrameCache(int(cache_mb * 2 ** 20))
         self.source = source
         notes = LoadNotes()
         self.image_cameras: list[Camera] = []  # at the image's size, before --downscale
@@ -149,6 +209,49 @@ class FrameSource:
             self.image_cameras.append(cam)
             self.cameras.append(self.pipeline.output_camera(spec, cam, notes))
         notes.warn(source, len(self.specs), downscale)
+        #: the capture's bytes when every frame is cached (:meth:`frame_bytes`)
+        self.capture_bytes = sum(self.frame_bytes(i) for i in range(len(self.specs)))
+        self.cache = FrameCache(auto_cache_bytes(self.capture_bytes) if cache_mb is None else int(cache_mb * 2 ** 20))
+        self._tables: dict = {}
+
+    def compact(self, index: int) -> bool:
+        """Whether frame ``index``'s load step is decode → composite alone (no lens, no ``--downscale``, no alpha
+        taken as a mask): it is then cached as its 8-bit codes and finished where it is used (:func:`finish_codes`)."""
+        return (self.specs[index].distortion is None and self.pipeline.downscale == 1
+                and not self.pipeline.alpha_as_mask)
+
+    def frame_bytes(self, index: int) -> int:
+        """Host bytes frame ``index`` takes in the cache: its codes (:meth:`compact`) or its float32 image, alpha and
+        mask (a lens or a mask file gives one)."""
+        cam, spec = self.cameras[index], self.specs[index]
+        channels = 4 if self.has_alpha[index] else 3
+        if self.compact(index):
+            return cam.width * cam.height * channels + (0 if spec.mask_path is None else cam.width * cam.height)
+        masked = spec.distortion is not None or spec.mask_path is not None or self.pipeline.alpha_as_mask
+        return cam.width * cam.height * (4 * channels + (1 if masked else 0))
+
+    def codes(self, index: int) -> torch.Tensor:
+        """Frame ``index``'s decoded image as a host tensor (cached): (H, W, 3|4) uint8 codes, or float32 for a
+        16-bit / float file (:func:`~.images.read_image` ``raw8``). Only for :meth:`compact` frames."""
+        def make():
+            spec = self.specs[index]
+            raw = self.pipeline.decode(spec, raw8=True)
+            self._check_size(index, raw)
+            return torch.from_numpy(np.ascontiguousarray(raw))
+        return self.cache.get(("codes", index), make)
+
+    def table(self, device) -> torch.Tensor:
+        """:data:`~.images.UNIT8` on ``device`` (one per device)."""
+        device = torch.device(device)
+        if device not in self._tables:
+            self._tables[device] = torch.from_numpy(UNIT8).to(device)
+        return self._tables[device]
+
+    def _check_size(self, index: int, rgba: np.ndarray) -> None:
+        spec, cam = self.specs[index], self.image_cameras[index]
+        if (rgba.shape[1], rgba.shape[0]) != (cam.width, cam.height):
+            raise DatasetError(f"{spec.image_path}: the image is {rgba.shape[1]}x{rgba.shape[0]}, its header said "
+                               f"{cam.width}x{cam.height}: the file changed while training?")
 
     @staticmethod
     def _probe_mask(spec: FrameSpec, size: tuple, notes: LoadNotes) -> None:
@@ -168,14 +271,16 @@ class FrameSource:
         return [StreamedFrame(self, i, self.cameras[i], spec.name) for i, spec in enumerate(self.specs)]
 
     def load(self, index: int) -> Frame:
-        """Frame ``index`` loaded: a :class:`~.frames.Frame` of host tensors (cached)."""
+        """Frame ``index`` loaded: a :class:`~.frames.Frame` of host tensors (cached; a :meth:`compact` frame as its
+        codes, finished at each call)."""
+        if self.compact(index):
+            rgb, alpha = finish_codes(self.codes(index), self.pipeline.white_bg, self.table("cpu"))
+            return Frame(self.cameras[index], rgb, alpha, self.specs[index].name, self.base_mask(index))
+
         def make():
             spec = self.specs[index]
             rgba = self.pipeline.decode(spec)
-            if (rgba.shape[1], rgba.shape[0]) != (self.image_cameras[index].width, self.image_cameras[index].height):
-                raise DatasetError(f"{spec.image_path}: the image is {rgba.shape[1]}x{rgba.shape[0]}, its header said "
-                                   f"{self.image_cameras[index].width}x{self.image_cameras[index].height}: the file "
-                                   "changed while training?")
+            self._check_size(index, rgba)
             cam, rgb, alpha, mask = self.pipeline.process(spec, self.image_cameras[index], rgba)
             return Frame(cam, torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)),
                          None if alpha is None else torch.from_numpy(np.ascontiguousarray(alpha)), spec.name,
@@ -290,7 +395,7 @@ def _apply_mask(parent: StreamedFrame, op: tuple, camera: Camera) -> torch.Tenso
 
 
 def stream_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, source: Path,
-                  alpha_as_mask: bool = False, cache_mb: float = DEFAULT_CACHE_MB) -> list[StreamedFrame]:
+                  alpha_as_mask: bool = False, cache_mb: float | None = None) -> list[StreamedFrame]:
     """:func:`~.frames.load_frames`' counterpart that loads nothing: :class:`StreamedFrame` s over one
     :class:`FrameSource` (its header probe and warnings)."""
     return FrameSource(specs, white_bg=white_bg, downscale=downscale, source=source, alpha_as_mask=alpha_as_mask,
@@ -341,16 +446,23 @@ class ViewStream:
         return len(self._dev)
 
     def _load_host(self, i: int) -> tuple:
-        """View ``i``'s (image, mask) host tensors as the trainer trains them (pinned for an asynchronous copy)."""
+        """View ``i``'s (image, mask, codes) host tensors as the trainer trains them (pinned for an asynchronous
+        copy): a :meth:`FrameSource.compact` view on CUDA as its codes (image None: finished on the device), any
+        other as its float32 image (codes None)."""
         f = self.frames[i]
+        pin = self._copy_stream is not None
+        if pin and isinstance(f, StreamedFrame) and not f.ops and f.source.compact(f.index):
+            m = frame_mask(f)
+            mask = None if m is None or not self.masked[i] else m.pin_memory()
+            return None, mask, f.source.codes(f.index).pin_memory()
         frame = f.load() if isinstance(f, StreamedFrame) else f
         image = frame.image.to("cpu", torch.float32)
         m = frame_mask(frame)
         mask = None if m is None or not self.masked[i] else m.cpu()
-        if self._copy_stream is not None:
+        if pin:
             image = image.pin_memory()
             mask = None if mask is None else mask.pin_memory()
-        return image, mask
+        return image, mask, None
 
     def _submit(self, i: int) -> None:
         if i in self._host or i in self._dev:
@@ -376,11 +488,16 @@ class ViewStream:
     def _to_device(self, i: int) -> None:
         """Copy view ``i``'s host load to the device (asynchronously on CUDA), keeping at most ``ahead + 1`` views
         there: the least recently used one that is not coming next is dropped first."""
-        image, mask = self._host.pop(i).result()   # a load's error (DatasetError naming the file) surfaces here
+        image, mask, codes = self._host.pop(i).result()   # a load's error (DatasetError naming the file) surfaces here
         event = None
         if self._copy_stream is not None:
             with torch.cuda.stream(self._copy_stream):
-                image = image.to(self.device, non_blocking=True)
+                if codes is not None:   # finished here, on the copy stream: the preloaded path's values
+                    f = self.frames[i]
+                    image, _ = finish_codes(codes.to(self.device, non_blocking=True), f.source.pipeline.white_bg,
+                                            f.source.table(self.device))
+                else:
+                    image = image.to(self.device, non_blocking=True)
                 mask = None if mask is None else mask.to(self.device, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self._copy_stream)
@@ -447,6 +564,18 @@ class _Column:
 
     def prefetch(self, upcoming: list[int]) -> None:
         self.stream.prefetch(upcoming)
+
+
+def cache_note(frames) -> str | None:
+    """One line for the run's log on how a streamed dataset's ``frames`` are held (None for preloaded frames)."""
+    source = next((f.source for f in frames if isinstance(f, StreamedFrame)), None)
+    if source is None:
+        return None
+    cap, need = source.cache.max_bytes / 2 ** 20, source.capture_bytes / 2 ** 20
+    if need <= cap:
+        return f"frames streamed: a host cache of {cap:,.0f} MiB holds all {len(source.specs)} (each decoded once)"
+    return (f"frames streamed: a host cache of {cap:,.0f} MiB for the {need:,.0f} MiB they take: each epoch decodes "
+            "them again (--frame-cache-mb MB holds more)")
 
 
 def stream_stats(trainer) -> dict:
