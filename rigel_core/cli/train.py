@@ -67,7 +67,8 @@ views; rank 0 alone writes ``RUN``; ``--dist-check-every K`` checks every K step
 state. ``--resume`` works with another N (the checkpoint holds global state).
 
 Images are streamed (:mod:`rigel_core.data.stream`): read from disk as they are trained into a host cache of
-``--frame-cache-mb`` MiB (default 512), a few views ahead on the device; ``--preload-frames`` decodes them all onto
+``--frame-cache-mb`` MiB (default: the whole capture when it takes at most a quarter of the available memory,
+else 512), a few views ahead on the device; ``--preload-frames`` decodes them all onto
 the device first. An image that turns out unreadable mid-run stops the run with one line naming it, after the
 checkpoint is saved (exit status 2). A run whose Gaussian budget or images cannot fit the GPU is refused before
 training, in one line (:mod:`rigel_core.train.memory`, exit status 2).
