@@ -356,7 +356,8 @@ def _config_of(path, meta: dict, key: str = "config"):
     on a partial SfM would also switch an "auto" strategy), and one without ``coarse_to_fine`` trained at full
     resolution: it stays 1 (not "auto", which on a dataset without SfM points would restart coarse), and one
     without ``densify_grad`` densified with 3DGS's statistic: it stays "grad" (not "auto", which on a real capture
-    would switch the statistic and its threshold mid-run); one with "absgrad" but no ``absgrad_threshold`` compared
+    would switch the statistic and its threshold mid-run), and one without ``init_mode`` drew its random points in the
+    cameras' box: it stays "box"; one with "absgrad" but no ``absgrad_threshold`` compared
     it with ``grad_threshold`` (before the field existed): that value becomes its ``absgrad_threshold``. rigel saves
     resolved configs: integers and "grad" / "absgrad" there, kept."""
     d = meta.get(key)
@@ -370,6 +371,8 @@ def _config_of(path, meta: dict, key: str = "config"):
         d = {**d, "coarse_to_fine": 1}
     if "densify_grad" not in d:
         d = {**d, "densify_grad": "grad"}
+    if "init_mode" not in d:
+        d = {**d, "init_mode": "box"}
     if d.get("densify_grad") == "absgrad" and "absgrad_threshold" not in d and "grad_threshold" in d:
         d = {**d, "absgrad_threshold": d["grad_threshold"]}   # then "absgrad" compared with grad_threshold
     try:

@@ -470,14 +470,19 @@ def test_trainer_picks_mcmc_for_a_photo_capture_without_sfm_points(rng):
     ds = make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=1)
     assert all(f.alpha is not None for f in ds.train)
     photo = dataclasses.replace(ds, train=[dataclasses.replace(f, alpha=None) for f in ds.train])
-    tr = Trainer(photo, small_config(init_points="auto", max_gaussians=None), device="cpu")
+    tr = Trainer(photo, small_config(init_points="auto", max_gaussians=None, init_mode="auto"), device="cpu")
     budget = 10_000  # 3 views of 16x16 pixels: the floor
     assert tr.capture == Capture(n_views=3, pixels=3 * 16 * 16, transparent=0.0)
     assert (tr.config.strategy, tr.config.max_gaussians, tr.config.init_points) == ("mcmc", budget, budget // 2)
     assert tr.model.num_gaussians == budget // 2 and "no SfM points" in tr.strategy_note
-    obj = Trainer(ds, small_config(init_points="auto", max_gaussians=None), device="cpu")
+    obj = Trainer(ds, small_config(init_points="auto", max_gaussians=None, init_mode="auto"), device="cpu")
     assert obj.capture.object_on_background and obj.config.strategy == "default"
     assert obj.config.init_points == budget // 2 and obj.config.max_gaussians is None
+    # where the random points are drawn: along the pixels' rays for the photos, in the cameras' box for the object
+    assert tr.config.init_mode == "rays" and "along the training pixels' rays" in tr.strategy_note
+    assert obj.config.init_mode == "box"
+    assert Trainer(photo, small_config(init_points=40, init_mode="box"), device="cpu").config.init_mode == "box"
+    assert Trainer(ds, small_config(init_points=40, init_mode="rays"), device="cpu").config.init_mode == "rays"
 
 
 def test_trainer_resolves_auto_from_its_dataset_on_a_copy(rng):

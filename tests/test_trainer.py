@@ -67,10 +67,11 @@ def small_config(**kw):
     # init_background_points explicit (no "auto": its 20000 points would swamp these models); the tests of "auto"
     # ask for it. coarse_to_fine explicit too (1: these tests are about full-resolution training; "auto" would
     # train these datasets without SfM points coarse first): tests/test_coarse_to_fine.py asks for it; densify_grad
-    # explicit too ("grad", what "auto" becomes on the CPU: a config without "auto" is used as given)
+    # explicit too ("grad", what "auto" becomes on the CPU: a config without "auto" is used as given), and init_mode
+    # ("box": where these tests' random points have always been drawn; "auto" draws a photo capture's along rays)
     base = dict(iterations=300, init_points=200, densify_from=50, densify_interval=50, densify_until=250,
                 eval_every=0, sh_degree=1, sh_degree_interval=100, seed=0, init_background_points=0,
-                coarse_to_fine=1, densify_grad="grad")
+                coarse_to_fine=1, densify_grad="grad", init_mode="box")
     base.update(kw)
     return TrainConfig(**base)
 
@@ -1242,9 +1243,11 @@ def test_the_resolved_config_never_holds_auto_and_an_old_checkpoint_resumes_unch
     # a checkpoint from before the field existed started without background points: 0, not "auto"
     _, meta = read_checkpoint(path)
     del meta["config"]["init_background_points"], meta["config"]["auto_background_points"]
+    del meta["config"]["init_mode"]   # before it existed, random points were drawn in the cameras' box
     save_file(load_file(path), path, metadata={"rigel": json.dumps(meta)})
     resumed = Trainer.from_checkpoint(path, ds, device="cpu")
     assert (resumed.config.init_background_points, resumed.config.strategy) == (0, "mcmc")
+    assert resumed.config.init_mode == "box"
 
 
 @pytest.mark.parametrize("bad", ["x", -1, True, None, 1.5, [3], 10_000_001, 1e30])
