@@ -650,10 +650,16 @@ def profile(args) -> int:
                 reason = _log_reason(log)
                 notes.append(f"{size}: ncu exit {rc_}{' (stopped at the budget)' if stopped else ''}, {len(got)} "
                              f"launches; log: {reason}")
-                if got or stopped or metrics == MINIMAL_METRICS or "metric" not in reason.lower():
+                if got or stopped:
                     break
-                metrics = MINIMAL_METRICS  # an ncu without one of the metrics: again, and the later sizes, with less
-                notes.append(f"{size} and later: only {', '.join(metrics)} asked")
+                if metrics != MINIMAL_METRICS and "metric" in reason.lower():
+                    metrics = MINIMAL_METRICS  # an ncu without one of the metrics: again, the later sizes too
+                    notes.append(f"{size} and later: only {', '.join(metrics)} asked")
+                elif args.kernels == "rigel" and rc_ == 0:
+                    args.kernels = "all"  # the kernel-name filter kept nothing: every launch, this size and later
+                    notes.append(f"{size} and later: every launch profiled (the kernel-name filter kept none)")
+                else:
+                    break
     except KeyboardInterrupt:
         notes.append(f"interrupted during {done[-1] if done else 'the start'}: its results and the later sizes' "
                      "are missing or partial")

@@ -248,7 +248,8 @@ def test_no_ncu_is_one_line_and_status_2(monkeypatch, capsys):
 
 
 # the stand-in ncu: prints its version, or the CSV prepared for the size it is asked to profile and writes the
-# driver's plan (3M sleeps past the budget; 160k refuses a metric of the full set, as an older ncu would)
+# driver's plan (3M sleeps past the budget; 160k refuses a metric of the full set, as an older ncu would; 10M's
+# kernel-name filter keeps nothing)
 FAKE_NCU = """\
 import shutil, sys, time
 argv = sys.argv[1:]
@@ -258,6 +259,9 @@ if argv == ["--version"]:
 size = argv[argv.index("--sizes") + 1]
 if size == "3M":
     time.sleep(60)
+if size == "10M" and "--kernel-name" in argv:
+    print("==WARNING== No kernels were profiled.", file=sys.stderr)
+    sys.exit(0)
 if size == "160k" and "lts__" in argv[argv.index("--metrics") + 1]:
     print("==ERROR== Failed to find metric lts__throughput.avg.pct_of_peak_sustained_elapsed", file=sys.stderr)
     sys.exit(1)
@@ -292,7 +296,7 @@ def fake_ncu(tmp_path, monkeypatch):
     fake = tmp_path / "ncu"
     fake.write_text(f"#!{sys.executable}\n" + FAKE_NCU)
     fake.chmod(0o755)
-    for size in ("160k", "300k", "1M", "3M"):
+    for size in ("160k", "300k", "1M", "3M", "10M"):
         text, plan = fake_run(size, ["800x800", "1920x1080"])
         Path(f"{fake}.{size}.csv").write_text(text)
         Path(f"{fake}.{size}.json").write_text(json.dumps(plan))
@@ -424,3 +428,13 @@ def test_driver_without_nvtx_keeps_the_markers(cpu_driver, tmp_path, monkeypatch
     assert roofline.drive(args, device="cpu") == 0
     assert cpu_driver == ["start", "marker", "stop"]
     assert json.loads((tmp_path / "plan.json").read_text())["tags"] == ["roofline.tiny.48x32.forward"]
+
+
+def test_a_filter_that_keeps_nothing_is_dropped(fake_ncu, tmp_path):
+    out = tmp_path / "out"
+    assert roofline.main(["--ncu", "--ncu-path", str(fake_ncu), "--out", str(out), "--sizes", "10M", "--res", "800",
+                          "--budget", "60"]) == 0
+    md = (out / "roofline.md").read_text()
+    assert "- 10M: ncu exit 0, 0 launches; log: ==WARNING== No kernels were profiled." in md
+    assert "- 10M and later: every launch profiled (the kernel-name filter kept none)" in md
+    assert "| 10M | 1,000 | 800x800 | forward |" in md and "every launch; PyTorch's are summed" in md
