@@ -54,6 +54,11 @@
 #   profile:DATA[:WARM[:TIMEOUT]]  bench/profile_trainer.py: Trainer.step() on DATA (as for train:) after WARM
 #                             (default 2000) steps, graph and eager: ms and host ms per step, torch.profiler's
 #                             top ops; $PROFILE_ARGS is passed on (e.g. "--modes graph --set grad_threshold=1.5e-4")
+#   roofline[:SIZES[:TIMEOUT]]  bench/roofline.py --ncu (issue 39.3): Nsight Compute (ncu --clock-control none) on one
+#                             marked render forward, backward and Trainer step per size (SIZES with "." for ",", default
+#                             300k.1M.3M) at 800x800 and 1920x1080; the script's budget is TIMEOUT (default 180 s) less
+#                             20 s; $ROOFLINE_ARGS is passed on (e.g. "--kernels all --res 1080p"); needs the GPU
+#                             alone; table in logs/roofline_*/roofline.md, one summary line
 # A lane entry "JOB+JOB" runs those jobs at the same time on the lane's GPU (their timings then share it).
 # Per-job time limits: TIMEOUT in the spec, else JOB_TIMEOUT (default 330 s; training gets SIGINT, which saves
 # the run and its last evaluation).
@@ -240,6 +245,11 @@ print({k: s.get(k) for k in ('frame_ring','vulkan_device','iterations','psnr','f
         --iters "${b:-7000}" --out "$vout" ${VTP_ARGS:-} >"$LOGS/$name.log" 2>&1
       local rc=$?
       line="rc=$rc $(cat "$vout/summary.txt" 2>/dev/null || tail -1 "$LOGS/$name.log")" ;;
+    roofline)  # roofline[:SIZES[:TIMEOUT]]
+      local rout=$LOGS/$name sizes=${a:-300k.1M.3M} limit=${b:-180}
+      OUT=$rout timeout -s INT -k 30 "$limit" $PY bench/roofline.py --ncu --sizes "${sizes//./,}" \
+        --budget $(( limit > 40 ? limit - 20 : limit / 2 )) ${ROOFLINE_ARGS:-} >"$LOGS/$name.log" 2>&1
+      line=$(result_line $? "$rout" roofline.md) ;;
     *) line="unknown job" ;;
   esac
   echo "$spec | $(( $(date +%s) - t0 ))s | $line"
@@ -277,7 +287,8 @@ else
 fi
 cat "$LOGS"/lane*.txt >"$OUT/summary.txt"
 for f in forward.md train_step.md ring_overhead.md; do [ -f "$LOGS/$f" ] && cat "$LOGS/$f" >>"$OUT/summary.txt"; done
-for f in "$LOGS"/real_*/real.md "$LOGS"/mip_*/mip.md "$LOGS"/mcmc_*/real.md "$LOGS"/vtp*/viewer_throughput.md; do [ -f "$f" ] && cat "$f" >>"$OUT/summary.txt"; done
+for f in "$LOGS"/real_*/real.md "$LOGS"/mip_*/mip.md "$LOGS"/mcmc_*/real.md "$LOGS"/vtp*/viewer_throughput.md \
+    "$LOGS"/roofline*/roofline.md; do [ -f "$f" ] && cat "$f" >>"$OUT/summary.txt"; done
 tar -czf "$OUT/logs.tgz" -C "$OUT" logs && rm -rf "$OUT/logs"
 echo "== device_all: $ngpu GPU(s), $(( $(date +%s) - t_start ))s =="
 cat "$OUT/summary.txt"

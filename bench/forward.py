@@ -38,7 +38,7 @@ from rigel_core.renderer import cuda_backend  # noqa: E402
 from rigel_core.reference import tile_rects  # noqa: E402
 
 RESOLUTIONS = {"720p": (1280, 720), "1080p": (1920, 1080), "4k": (3840, 2160)}
-PROCEDURAL = {"160k": 160_000, "1M": 1_000_000, "3M": 3_000_000, "10M": 10_000_000, "20M": 20_000_000}
+PROCEDURAL = {"160k": 160_000, "300k": 300_000, "1M": 1_000_000, "3M": 3_000_000, "10M": 10_000_000, "20M": 20_000_000}
 PLYS = {"donut": "donut_mipsplatting_sh0.ply", "fruit": "fruit_drops_minimal_sh3.ply"}
 
 

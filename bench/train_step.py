@@ -77,6 +77,15 @@ def one_view_dataset(camera, image: torch.Tensor, extent: float):
                            point_colors=None, white_bg=False)
 
 
+def shifted_target(base: GaussianModel, camera) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``base``'s render from ``camera`` clamped to [0, 1], that render shifted by 2 % of the image size): the
+    benches' target image (image content, non-zero gradients); both (H, W, 3) float32 on the model's device."""
+    with torch.no_grad():
+        first = rc.render(base, camera).image.clamp(0.0, 1.0)
+        h, w = first.shape[:2]
+        return first, torch.roll(first, shifts=(max(1, h // 50), max(1, w // 50)), dims=(0, 1)).contiguous()
+
+
 class Loop:
     """One optimisation loop: a model copy, its optimiser (the trainer's construction), camera, target, loss."""
 
@@ -207,9 +216,7 @@ def run(args, device=None):
             w, h = RES[res]
             cam = camera(w, h)
             row = dict(scene=scene, n=base.num_gaussians, res=f"{w}x{h}")
-            with torch.no_grad():
-                first = rc.render(base, cam).image.clamp(0.0, 1.0)
-                target = torch.roll(first, shifts=(max(1, h // 50), max(1, w // 50)), dims=(0, 1)).contiguous()
+            first, target = shifted_target(base, cam)
             trainer = Trainer(one_view_dataset(cam, target, extent), cfg, model=clone_model(base), device=dev)
             loss_fn = trainer.compute_loss  # the trainer's loss code, shared by both loops
 
@@ -324,7 +331,8 @@ def markdown(rows, meta: str, iters: int) -> str:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenes", default="160k,1M,donut,fruit",
-                    help="comma-separated: procedural 160k, 1M, 3M; real PLYs donut, fruit (default: %(default)s)")
+                    help="comma-separated: procedural 160k, 300k, 1M, 3M, 10M, 20M; real PLYs donut, fruit (default: "
+                         "%(default)s)")
     ap.add_argument("--res", default="800,1080p", help=f"comma-separated of {', '.join(RES)} (default: %(default)s)")
     ap.add_argument("--iters", type=int, default=50, help="timed iterations per loop (default: %(default)s)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed iterations first (default: %(default)s)")
