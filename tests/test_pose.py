@@ -448,36 +448,82 @@ def _perturbed(cam, gen, rot_deg, shift):
 
 
 def aligned_errors(cams, truth):
-    """pose_errors after the best rigid motion of all ``cams`` together onto ``truth`` (Kabsch on the camera centres,
-    the same motion applied to the orientations): the error left once the gauge (a global motion of cameras and
-    scene, which no render sees) is taken out."""
+    """pose_errors after the best similarity of all ``cams`` together onto ``truth`` (Umeyama's least squares on the
+    camera centres: rotation, translation and scale; the rotation applied to the orientations too): the error left
+    once the gauge — a global motion and scaling of cameras and scene together, which no render sees, so that nothing
+    but the start pins it — is taken out (the Procrustes alignment of the pose-free NeRF papers' pose errors)."""
     a = np.stack([c.campos for c in cams])
     b = np.stack([c.campos for c in truth])
     ca, cb = a.mean(0), b.mean(0)
-    u, _, vt = np.linalg.svd((a - ca).T @ (b - cb))
+    u, sv, vt = np.linalg.svd((a - ca).T @ (b - cb))
     fix = np.diag([1.0, 1.0, np.sign(np.linalg.det(vt.T @ u.T))])
-    rot = vt.T @ fix @ u.T  # b ≈ rot (a − ca) + cb
+    rot = vt.T @ fix @ u.T  # b ≈ scale · rot (a − ca) + cb
+    scale = float((sv * np.diag(fix)).sum() / ((a - ca) ** 2).sum())
     moved = []
     for c in cams:
         vm = np.eye(4)
         vm[:3, :3] = c.R @ rot.T
-        vm[:3, 3] = -vm[:3, :3] @ (rot @ (c.campos - ca) + cb)
+        vm[:3, 3] = -vm[:3, :3] @ (scale * rot @ (c.campos - ca) + cb)
         moved.append(rc.Camera(c.width, c.height, c.fx, c.fy, c.cx, c.cy, vm, c.name))
     return pose_errors(moved, truth)
 
 
+def test_aligned_errors_remove_a_similarity_only(rng):
+    """Cameras moved together by a random similarity have no aligned error; a per-camera error stays (less what the
+    fit absorbs)."""
+    from rigel_core.data.procedural import SCENE_RADIUS
+
+    g = np.random.default_rng(int(torch.randint(0, 2 ** 31, (1,), generator=rng)))
+    truth = _capture_cameras(8, 32, 24, g)
+    rot = so3_exp(torch.randn(3, generator=rng, dtype=torch.float64) * 0.3).numpy()
+    shift, scale = g.normal(size=3), float(g.uniform(0.5, 2.0))
+    moved = []
+    for c in truth:  # world point x -> scale · rot x + shift, the camera with it
+        vm = np.eye(4)
+        vm[:3, :3] = c.R @ rot.T
+        vm[:3, 3] = -vm[:3, :3] @ (scale * rot @ c.campos + shift)
+        moved.append(rc.Camera(c.width, c.height, c.fx, c.fy, c.cx, c.cy, vm, c.name))
+    assert pose_errors(moved, truth)["mean_rotation_deg"] > 1.0
+    err = aligned_errors(moved, truth)
+    assert err["mean_rotation_deg"] < 1e-4 and err["mean_translation"] < 1e-9 * SCENE_RADIUS
+    noisy = [_perturbed(c, rng, 0.5, 0.01 * SCENE_RADIUS) for c in truth]
+    err = aligned_errors(noisy, truth)
+    # the fit minimises the centres' squared distances: never above the raw 1 %, and 8 independent errors keep most
+    assert 0.2 < err["mean_rotation_deg"] < 1.0 and 0.002 * SCENE_RADIUS < err["mean_translation"] <= 0.01 * SCENE_RADIUS
+
+
+def _capture_cameras(n, width, height, gen):
+    """``n`` cameras around the procedural scene as a capture takes them: from above its ground plane (elevation
+    15–50°, one per azimuth sector, distance 2.3 scene radii ± 10 %), looking at its centre."""
+    from rigel_core.data.procedural import SCENE_RADIUS
+
+    cams = []
+    for i in range(n):
+        az = 2 * math.pi * (i + gen.uniform(0.1, 0.9)) / n
+        el = math.radians(gen.uniform(15.0, 50.0))
+        eye = 2.3 * SCENE_RADIUS * gen.uniform(0.9, 1.1) * np.array(
+            [math.cos(el) * math.cos(az), math.cos(el) * math.sin(az), math.sin(el)])
+        cams.append(rc.Camera.look_at(eye, (0.0, 0.0, 0.0), (0.0, 0.0, 1.0), width=width, height=height,
+                                      fov_x_deg=55.0, name=f"r_{i}"))
+    return cams
+
+
 @pytest.mark.usefixtures("one_thread")
 def test_exact_perturbed_poses_are_recovered(rng):
-    """The procedural scene rendered from known cameras; the 8 training poses perturbed by 0.5° and 1 % of the scene
-    radius; trained 300 iterations from the true scene with noisy colours (everything learns: the scene and, with
-    pose_opt, the poses), 64×48 px on the CPU. With pose_opt the poses come closer to the true ones (rotation and
-    camera-centre error, raw and with the gauge taken out) and held-out PSNR (given poses) is better than without.
-    The recovered fractions are printed (docs/TRAINING.md "Pose refinement" quotes them)."""
-    from rigel_core.data.procedural import SCENE_RADIUS, _orbit_cameras, _train_cameras
+    """The procedural scene rendered from 8 known cameras around it (above its ground plane, as a capture), their
+    poses perturbed by 0.5° and 1 % of the scene radius (fresh random axes and directions), then trained 300
+    iterations from the true scene with noisy colours — everything learns: the scene and, with pose_opt, the poses;
+    the scene being at convergence, its means learn at the end of the default schedule's rate (position_lr_init
+    1.6e-5, a tenth of the start's: at the start's rate they move to fit the wrong poses before these are found,
+    and keep the misfit once the rate has decayed). 64×48 px on the CPU. With pose_opt ≥ 80 % of both the rotation
+    and the camera-centre error is recovered once the gauge is taken out (:func:`aligned_errors`), most of it without
+    (≥ 60 %), and held-out PSNR (given poses) is better than without. The fractions are printed (docs/TRAINING.md
+    "Pose refinement" quotes them)."""
+    from rigel_core.data.procedural import SCENE_RADIUS, _orbit_cameras
 
     seed = int(torch.randint(0, 2 ** 31, (1,), generator=rng))
     gt = make_scene(1500, sh_degree=0, seed=seed % 1000)
-    cams = _train_cameras(8, 64, 48, 55.0, 2.3 * SCENE_RADIUS, np.random.default_rng(seed))
+    cams = _capture_cameras(8, 64, 48, np.random.default_rng(seed))
     test = _orbit_cameras(3, 64, 48, 55.0, 2.3 * SCENE_RADIUS)
     with torch.no_grad():
         shot = lambda c: rc.render(gt, c).image.clamp(0, 1)
@@ -493,7 +539,8 @@ def test_exact_perturbed_poses_are_recovered(rng):
             model.sh_dc += 0.2 * torch.randn(model.sh_dc.shape, generator=torch.Generator().manual_seed(seed))
         cfg = TrainConfig(iterations=300, sh_degree=0, densify_from=10 ** 6, densify_until=0, eval_every=0,
                           strategy="default", init_background_points=0, coarse_to_fine=1, densify_grad="grad",
-                          seed=seed, pose_opt=pose, pose_opt_lr=2e-3, pose_opt_lr_final=2e-4, eval_pose_steps=0)
+                          seed=seed, position_lr_init=1.6e-5, pose_opt=pose, pose_opt_lr=2e-3,
+                          pose_opt_lr_final=2e-5, eval_pose_steps=0)
         tr = Trainer(ds, cfg, model=model, device="cpu")
         for _ in range(300):
             tr.step()
@@ -505,8 +552,8 @@ def test_exact_perturbed_poses_are_recovered(rng):
     frac = lambda after, key: 1.0 - after[key] / before[key]
     report = {k: (round(frac(raw1, k), 3), round(frac(al1, k), 3)) for k in ("mean_rotation_deg", "mean_translation")}
     print(f"recovered fraction (raw, gauge removed): {report}; held-out PSNR {psnr0:.2f} -> {psnr1:.2f} dB")
-    assert frac(raw1, "mean_rotation_deg") > 0.4 and frac(al1, "mean_rotation_deg") > 0.4
-    assert frac(al1, "mean_translation") > 0.2
+    for key in ("mean_rotation_deg", "mean_translation"):
+        assert frac(al1, key) >= 0.8 and frac(raw1, key) >= 0.6, report
     assert psnr1 > psnr0 + 1.0
 
 
