@@ -222,13 +222,22 @@ def refined_cameras(cameras: list, delta: torch.Tensor, extent: float, pivot: to
     if not (len(cameras) == delta.shape[0] == pivot.shape[0]):
         raise ValueError(f"refined_cameras: {len(cameras)} cameras for {delta.shape[0]} corrections and "
                          f"{pivot.shape[0]} pivots")
+    if not cameras:
+        return []
     d = delta.detach().double().cpu()
-    pv = pivot.detach().double().cpu()
-    out = []
-    for i, cam in enumerate(cameras):
-        vm = corrected_viewmat(torch.as_tensor(np.asarray(cam.viewmat, dtype=np.float64)), d[i], extent, pv[i])
-        out.append(_with_viewmat(cam, vm.numpy()))
-    return out
+    vm = torch.as_tensor(np.stack([np.asarray(c.viewmat, dtype=np.float64) for c in cameras]))
+    # corrected_viewmat for every camera at once (the viewer recomputes them for each training snapshot)
+    e = so3_exp(d[:, :3])
+    pv = torch.zeros(len(cameras), 3, dtype=torch.float64)
+    pv[:, 2] = pivot.detach().double().cpu()
+    out = vm.clone()
+    out[:, :3, :3] = e @ vm[:, :3, :3]
+    out[:, :3, 3] = (e @ (vm[:, :3, 3] - pv)[..., None])[..., 0] + pv + extent * d[:, 3:]
+    out = out.numpy()
+    u, _, vt = np.linalg.svd(out[:, :3, :3])   # projected onto SO(3) (float32 rounding), as _with_viewmat
+    out[:, :3, :3] = u @ vt
+    out[:, 3] = (0.0, 0.0, 0.0, 1.0)
+    return [Camera(c.width, c.height, c.fx, c.fy, c.cx, c.cy, m, c.name) for c, m in zip(cameras, out)]
 
 
 def pose_errors(cameras: list, references: list) -> dict:
