@@ -13,7 +13,7 @@ Layout of the file (safetensors: a JSON header + raw little-endian tensors):
 | ``views.stack`` | the training views left in the current epoch's permutation (int64) |
 | ``exposure.affine``, ``exposure.adam.<key>`` | only when the run has learnt per-image exposure (:mod:`rigel_core.train.exposure`): the (N_train, 3, 4) corrections ``[A_i \| b_i]`` and their Adam state. A checkpoint without them (older, or exposure never on) loads with fresh identity corrections |
 | ``appearance_grid.grid``, ``appearance_grid.adam.<key>`` | only with the bilateral-grid appearance (:mod:`rigel_core.train.bilagrid`): the (N_train, 12, L, S, S) grids and their Adam state |
-| ``pose.delta``, ``pose.adam.<key>`` | only when the run has learnt pose corrections (:mod:`rigel_core.train.pose`): the (N_train, 6) rotation (radians) and translation (scene extents) of each training camera and their Adam state; without them a run starts from the given poses |
+| ``pose.delta``, ``pose.pivot``, ``pose.adam.<key>`` | only when the run has learnt pose corrections (:mod:`rigel_core.train.pose`): the (N_train, 6) rotation (radians) and translation (scene extents) of each training camera, the (N_train,) depths of the rotations' pivots (world units; absent in older checkpoints: 0, the camera centres) and their Adam state; without them a run starts from the given poses |
 
 The header's ``__metadata__`` holds one string entry ``"rigel"``: a JSON object with ``format`` (= 1),
 ``iteration``, ``nan_skips``, ``active_sh_degree``, ``extent``, ``config`` (:class:`~rigel_core.train.TrainConfig`
@@ -317,6 +317,9 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
             _fail(path, name, f"no corrections (shape {tuple(val.shape)})")
         if cls.shape_problem(tuple(val.shape)) is not None:
             _fail(path, name, cls.shape_problem(tuple(val.shape)))
+        for k in cls.extra_keys:
+            if pre + k in tensors:
+                _check_tensor(path, tensors, pre + k, (val.shape[0],), (torch.float32,), finite=True, nonneg=True)
         present = [k for k in ADAM_KEYS if f"{pre}adam.{k}" in tensors]
         if present or it > 0 and getattr(cfg, cls.config_field):
             for k in ("exp_avg", "exp_avg_sq"):
@@ -326,7 +329,7 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
             sv = float(step)
             if not (sv == int(sv) and 0 <= sv <= it):
                 _fail(path, f"{pre}adam.step", f"{sv} is not an integer in [0, {it}]")
-        known |= {name} | {f"{pre}adam.{k}" for k in ADAM_KEYS}
+        known |= {name} | {f"{pre}adam.{k}" for k in ADAM_KEYS} | {pre + k for k in cls.extra_keys}
     stray = sorted(set(tensors) - known)
     if stray:
         _fail(path, stray[0], "unknown tensor (not written by rigel-train)")

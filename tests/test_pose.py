@@ -16,8 +16,8 @@ import rigel_core as rc
 from rigel_core.data.frames import Dataset, Frame
 from rigel_core.data.procedural import make_scene
 from rigel_core.train import TrainConfig, Trainer
-from rigel_core.train.pose import (PoseCorrection, PosedCamera, corrected_viewmat, fit_pose, pose_errors, so3_exp,
-                                   transforms_json)
+from rigel_core.train.pose import (PoseCorrection, PosedCamera, corrected_viewmat, fit_pose, pivot_depths,
+                                   pose_errors, read_refined_poses, so3_exp, transforms_json)
 
 from helpers import cam_tensors, random_camera, random_gaussians
 
@@ -48,18 +48,47 @@ def test_so3_exp_gradient_finite_and_exact(rng):
 
 
 def test_corrected_viewmat_definition(rng):
-    """viewmat' maps a world point p to exp([ω]×)(R p + t) + extent·δ; zero correction = the given pose."""
+    """viewmat' maps a world point p to exp([ω]×)(x − c) + c + extent·δ, x = R p + t its camera-space point and
+    c = (0, 0, pivot) (the camera centre for pivot 0, a float or a tensor); zero correction = the given pose, with
+    any pivot; the pivot moves the camera centre by (I − E)c."""
     cam = random_camera(rng)
     vm = torch.as_tensor(cam.viewmat)
     assert torch.equal(corrected_viewmat(vm, torch.zeros(6, dtype=torch.float64)), vm)
+    torch.testing.assert_close(corrected_viewmat(vm, torch.zeros(6, dtype=torch.float64), 2.0, 3.7), vm, rtol=0,
+                               atol=1e-15)
     d = torch.randn(6, generator=rng, dtype=torch.float64) * 0.1
     extent = 2.5
-    got = corrected_viewmat(vm, d, extent).numpy()
     p = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=rng))).normal(size=(7, 3))
     e = scipy.linalg.expm(skew_np(d[:3].numpy()))
-    want = (p @ cam.R.T + cam.t) @ e.T + extent * d[3:].numpy()
-    np.testing.assert_allclose(p @ got[:3, :3].T + got[:3, 3], want, atol=1e-12)
-    np.testing.assert_array_equal(got[3], [0, 0, 0, 1])
+    for pivot in (0.0, 4.2, torch.tensor(4.2, dtype=torch.float64)):
+        got = corrected_viewmat(vm, d, extent, pivot).numpy()
+        c = np.array([0.0, 0.0, float(pivot)])
+        want = (p @ cam.R.T + cam.t - c) @ e.T + c + extent * d[3:].numpy()
+        np.testing.assert_allclose(p @ got[:3, :3].T + got[:3, 3], want, atol=1e-12)
+        np.testing.assert_array_equal(got[3], [0, 0, 0, 1])
+
+
+def test_pivot_depths(rng):
+    """Σ(1/z)/Σ(1/z²) over the centres inside the image (in front of the near plane), against a direct numpy sum;
+    points outside the image or behind are left out; the median depth when none is inside, 0 when none is in front;
+    a subsample (max_points) is an even stride."""
+    cam = random_camera(rng, 40, 30, dist=5.0)
+    g = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=rng)))
+    # camera-space points: inside the image at depths 2..9, outside it (beside), behind the camera
+    z_in = g.uniform(2.0, 9.0, 50)
+    uv = g.uniform([1, 1], [39, 29], (50, 2))
+    inside = np.stack([(uv[:, 0] - cam.cx) * z_in / cam.fx, (uv[:, 1] - cam.cy) * z_in / cam.fy, z_in], 1)
+    beside = np.stack([z_in * 3.0, z_in, z_in], 1)          # x/z = 3: far outside the ≤ 70° field of view
+    behind = inside * np.array([1, 1, -1])
+    world = lambda pc: torch.as_tensor((pc - cam.t) @ cam.R)  # X = Rᵀ (x − t)
+    want = (1 / z_in).sum() / (1 / z_in ** 2).sum()
+    got = pivot_depths(world(np.concatenate([inside, beside, behind])), [cam, cam])
+    np.testing.assert_allclose(got, [want, want], rtol=1e-9)
+    assert 2.0 < want < 9.0
+    assert pivot_depths(world(np.concatenate([beside, behind])), [cam])[0] == pytest.approx(np.median(z_in))
+    assert pivot_depths(world(behind), [cam])[0] == 0.0
+    sub = pivot_depths(world(inside).float(), [cam], max_points=10)[0]   # every 5th point, float32 input
+    np.testing.assert_allclose(sub, (1 / z_in[::5]).sum() / (1 / z_in[::5] ** 2).sum(), rtol=1e-6)
 
 
 def test_pose_errors_and_refined_cameras(rng):
@@ -127,6 +156,10 @@ def test_reference_pose_correction_gradcheck_with_sh(rng):
     for d0 in (torch.zeros(6, dtype=torch.float64), torch.randn(6, generator=rng, dtype=torch.float64) * 0.02):
         d = d0.clone().requires_grad_(True)
         torch.autograd.gradcheck(f, (d,), eps=1e-7, atol=1e-5, rtol=1e-4)
+    # about a pivot in the scene (PoseCorrection's): the same render, another path through the parameters
+    d = (torch.randn(6, generator=rng, dtype=torch.float64) * 0.02).requires_grad_(True)
+    torch.autograd.gradcheck(lambda d: (rc.render(model, PosedCamera(cam, corrected_viewmat(vm0, d, 1.7, 2.9)))
+                                        .image * u).sum(), (d,), eps=1e-7, atol=1e-5, rtol=1e-4)
     # the SH path alone carries a camera-centre gradient: colours of a translated camera change
     d = torch.zeros(6, dtype=torch.float64, requires_grad=True)
     cols = rc.compute_colors(model, PosedCamera(cam, corrected_viewmat(vm0, d, 1.0)))
@@ -268,6 +301,9 @@ def test_correction_learns_guards_and_resumes(rng, tmp_path, which):
     tr.save_checkpoint(path)
     res = Trainer.from_checkpoint(path, ds, device="cpu")
     assert torch.equal(getattr(res, which).param.detach(), corr.param.detach())
+    if which == "pose":  # the pivots are the stored ones (the model has moved since they were computed)
+        assert bool((corr.pivot > 0).all()) and torch.equal(res.pose.pivot, corr.pivot)
+        assert not np.allclose(pivot_depths(tr.model.means3D, [f.camera for f in ds.train]), corr.pivot.numpy())
     for _ in range(4):
         a, b = tr.step(), res.step()
         assert a.loss == b.loss
@@ -296,9 +332,10 @@ def test_corrections_start_mid_run_and_stay_out_of_the_graph_step(rng):
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_refined_poses_json_round_trip(rng):
+def test_refined_poses_json_round_trip(rng, tmp_path):
     """transforms.json (nerfstudio, OpenGL camera-to-world) holds each training frame's refined pose, which the
-    loaders' Camera.from_c2w_opengl reads back to the trainer's refined camera, and its given pose beside it."""
+    loaders' Camera.from_c2w_opengl reads back to the trainer's refined camera, and its given pose beside it;
+    read_refined_poses reads it for the dataset's cameras and refuses a file for another dataset or not a run's."""
     from test_trainer import make_dataset, small_config
 
     ds = make_dataset(rng, n_gauss=30, size=24, n_train=4, n_test=0)
@@ -316,6 +353,22 @@ def test_refined_poses_json_round_trip(rng):
         np.testing.assert_allclose(orig.viewmat, frame.camera.viewmat, atol=1e-9)
     err = pose_errors(refined, [f.camera for f in ds.train])
     assert min(err["rotation_deg"]) > 0.01  # the corrections are in it
+    # read back for the dataset's cameras (the viewer's refined frustums): matched by name, a frame it lacks is None
+    path = tmp_path / "transforms.json"
+    path.write_text(json.dumps(dict(doc, frames=doc["frames"][1:])))
+    back = read_refined_poses(path, [f.camera for f in ds.train])
+    assert back[0] is None
+    for got, cam in zip(back[1:], refined[1:]):
+        np.testing.assert_allclose(got.viewmat, cam.viewmat, atol=1e-9)
+    moved = [rc.Camera(c.width, c.height, c.fx, c.fy, c.cx, c.cy, tr.refined_cameras()[0].viewmat, c.name)
+             for c in [ds.train[0].camera]]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=r"transforms\.json: frame .*another dataset"):
+        read_refined_poses(path, moved)
+    for bad in ("{", json.dumps({"frames": [{"file_path": "x"}]}), json.dumps([1])):
+        path.write_text(bad)
+        with pytest.raises(ValueError, match=r"transforms\.json: "):
+            read_refined_poses(path, [f.camera for f in ds.train])
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -398,36 +451,82 @@ def _perturbed(cam, gen, rot_deg, shift):
 
 
 def aligned_errors(cams, truth):
-    """pose_errors after the best rigid motion of all ``cams`` together onto ``truth`` (Kabsch on the camera centres,
-    the same motion applied to the orientations): the error left once the gauge (a global motion of cameras and
-    scene, which no render sees) is taken out."""
+    """pose_errors after the best similarity of all ``cams`` together onto ``truth`` (Umeyama's least squares on the
+    camera centres: rotation, translation and scale; the rotation applied to the orientations too): the error left
+    once the gauge — a global motion and scaling of cameras and scene together, which no render sees, so that nothing
+    but the start pins it — is taken out (the Procrustes alignment of the pose-free NeRF papers' pose errors)."""
     a = np.stack([c.campos for c in cams])
     b = np.stack([c.campos for c in truth])
     ca, cb = a.mean(0), b.mean(0)
-    u, _, vt = np.linalg.svd((a - ca).T @ (b - cb))
+    u, sv, vt = np.linalg.svd((a - ca).T @ (b - cb))
     fix = np.diag([1.0, 1.0, np.sign(np.linalg.det(vt.T @ u.T))])
-    rot = vt.T @ fix @ u.T  # b ≈ rot (a − ca) + cb
+    rot = vt.T @ fix @ u.T  # b ≈ scale · rot (a − ca) + cb
+    scale = float((sv * np.diag(fix)).sum() / ((a - ca) ** 2).sum())
     moved = []
     for c in cams:
         vm = np.eye(4)
         vm[:3, :3] = c.R @ rot.T
-        vm[:3, 3] = -vm[:3, :3] @ (rot @ (c.campos - ca) + cb)
+        vm[:3, 3] = -vm[:3, :3] @ (scale * rot @ (c.campos - ca) + cb)
         moved.append(rc.Camera(c.width, c.height, c.fx, c.fy, c.cx, c.cy, vm, c.name))
     return pose_errors(moved, truth)
 
 
+def test_aligned_errors_remove_a_similarity_only(rng):
+    """Cameras moved together by a random similarity have no aligned error; a per-camera error stays (less what the
+    fit absorbs)."""
+    from rigel_core.data.procedural import SCENE_RADIUS
+
+    g = np.random.default_rng(int(torch.randint(0, 2 ** 31, (1,), generator=rng)))
+    truth = _capture_cameras(8, 32, 24, g)
+    rot = so3_exp(torch.randn(3, generator=rng, dtype=torch.float64) * 0.3).numpy()
+    shift, scale = g.normal(size=3), float(g.uniform(0.5, 2.0))
+    moved = []
+    for c in truth:  # world point x -> scale · rot x + shift, the camera with it
+        vm = np.eye(4)
+        vm[:3, :3] = c.R @ rot.T
+        vm[:3, 3] = -vm[:3, :3] @ (scale * rot @ c.campos + shift)
+        moved.append(rc.Camera(c.width, c.height, c.fx, c.fy, c.cx, c.cy, vm, c.name))
+    assert pose_errors(moved, truth)["mean_rotation_deg"] > 1.0
+    err = aligned_errors(moved, truth)
+    assert err["mean_rotation_deg"] < 1e-4 and err["mean_translation"] < 1e-9 * SCENE_RADIUS
+    noisy = [_perturbed(c, rng, 0.5, 0.01 * SCENE_RADIUS) for c in truth]
+    err = aligned_errors(noisy, truth)
+    # the fit minimises the centres' squared distances: never above the raw 1 %, and 8 independent errors keep most
+    assert 0.2 < err["mean_rotation_deg"] < 1.0 and 0.002 * SCENE_RADIUS < err["mean_translation"] <= 0.01 * SCENE_RADIUS
+
+
+def _capture_cameras(n, width, height, gen):
+    """``n`` cameras around the procedural scene as a capture takes them: from above its ground plane (elevation
+    15–50°, one per azimuth sector, distance 2.3 scene radii ± 10 %), looking at its centre."""
+    from rigel_core.data.procedural import SCENE_RADIUS
+
+    cams = []
+    for i in range(n):
+        az = 2 * math.pi * (i + gen.uniform(0.1, 0.9)) / n
+        el = math.radians(gen.uniform(15.0, 50.0))
+        eye = 2.3 * SCENE_RADIUS * gen.uniform(0.9, 1.1) * np.array(
+            [math.cos(el) * math.cos(az), math.cos(el) * math.sin(az), math.sin(el)])
+        cams.append(rc.Camera.look_at(eye, (0.0, 0.0, 0.0), (0.0, 0.0, 1.0), width=width, height=height,
+                                      fov_x_deg=55.0, name=f"r_{i}"))
+    return cams
+
+
 @pytest.mark.usefixtures("one_thread")
 def test_exact_perturbed_poses_are_recovered(rng):
-    """The procedural scene rendered from known cameras; the 8 training poses perturbed by 0.5° and 1 % of the scene
-    radius; trained 300 iterations from the true scene with noisy colours (everything learns: the scene and, with
-    pose_opt, the poses), 64×48 px on the CPU. With pose_opt the poses come closer to the true ones (rotation and
-    camera-centre error, raw and with the gauge taken out) and held-out PSNR (given poses) is better than without.
-    The recovered fractions are printed (docs/TRAINING.md "Pose refinement" quotes them)."""
-    from rigel_core.data.procedural import SCENE_RADIUS, _orbit_cameras, _train_cameras
+    """The procedural scene rendered from 8 known cameras around it (above its ground plane, as a capture), their
+    poses perturbed by 0.5° and 1 % of the scene radius (fresh random axes and directions), then trained 300
+    iterations from the true scene with noisy colours — everything learns: the scene and, with pose_opt, the poses;
+    the scene being at convergence, its means learn at the end of the default schedule's rate (position_lr_init
+    1.6e-5, a tenth of the start's: at the start's rate they move to fit the wrong poses before these are found,
+    and keep the misfit once the rate has decayed). 64×48 px on the CPU. With pose_opt ≥ 80 % of both the rotation
+    and the camera-centre error is recovered once the gauge is taken out (:func:`aligned_errors`), most of it without
+    (≥ 60 %), and held-out PSNR (given poses) is better than without. The fractions are printed (docs/TRAINING.md
+    "Pose refinement" quotes them)."""
+    from rigel_core.data.procedural import SCENE_RADIUS, _orbit_cameras
 
     seed = int(torch.randint(0, 2 ** 31, (1,), generator=rng))
     gt = make_scene(1500, sh_degree=0, seed=seed % 1000)
-    cams = _train_cameras(8, 64, 48, 55.0, 2.3 * SCENE_RADIUS, np.random.default_rng(seed))
+    cams = _capture_cameras(8, 64, 48, np.random.default_rng(seed))
     test = _orbit_cameras(3, 64, 48, 55.0, 2.3 * SCENE_RADIUS)
     with torch.no_grad():
         shot = lambda c: rc.render(gt, c).image.clamp(0, 1)
@@ -443,7 +542,8 @@ def test_exact_perturbed_poses_are_recovered(rng):
             model.sh_dc += 0.2 * torch.randn(model.sh_dc.shape, generator=torch.Generator().manual_seed(seed))
         cfg = TrainConfig(iterations=300, sh_degree=0, densify_from=10 ** 6, densify_until=0, eval_every=0,
                           strategy="default", init_background_points=0, coarse_to_fine=1, densify_grad="grad",
-                          seed=seed, pose_opt=pose, pose_opt_lr=2e-3, pose_opt_lr_final=2e-4, eval_pose_steps=0)
+                          seed=seed, position_lr_init=1.6e-5, pose_opt=pose, pose_opt_lr=2e-3,
+                          pose_opt_lr_final=2e-5, eval_pose_steps=0)
         tr = Trainer(ds, cfg, model=model, device="cpu")
         for _ in range(300):
             tr.step()
@@ -455,8 +555,8 @@ def test_exact_perturbed_poses_are_recovered(rng):
     frac = lambda after, key: 1.0 - after[key] / before[key]
     report = {k: (round(frac(raw1, k), 3), round(frac(al1, k), 3)) for k in ("mean_rotation_deg", "mean_translation")}
     print(f"recovered fraction (raw, gauge removed): {report}; held-out PSNR {psnr0:.2f} -> {psnr1:.2f} dB")
-    assert frac(raw1, "mean_rotation_deg") > 0.4 and frac(al1, "mean_rotation_deg") > 0.4
-    assert frac(al1, "mean_translation") > 0.2
+    for key in ("mean_rotation_deg", "mean_translation"):
+        assert frac(al1, key) >= 0.8 and frac(raw1, key) >= 0.6, report
     assert psnr1 > psnr0 + 1.0
 
 
@@ -479,8 +579,12 @@ def test_damaged_correction_tensors_are_one_checkpoint_error(rng, tmp_path):
         meta = f.metadata()
     tensors = load_file(path)
     assert tensors["pose.delta"].shape == (4, 6) and tensors["appearance_grid.grid"].shape == (4, 12, 2, 3, 3)
+    assert tensors["pose.pivot"].shape == (4,)
     for key, bad, words in (("pose.delta", torch.zeros(4, 5), "pose.delta"),
                             ("pose.delta", torch.full((4, 6), float("nan")), "pose.delta"),
+                            ("pose.pivot", torch.zeros(3), "pose.pivot"),
+                            ("pose.pivot", torch.full((4,), -1.0), "pose.pivot"),
+                            ("pose.pivot", torch.full((4,), float("inf")), "pose.pivot"),
                             ("appearance_grid.grid", torch.zeros(4, 12, 2, 3), "appearance_grid.grid"),
                             ("appearance_grid.grid", torch.zeros(4, 12, 2, 3, 4), "appearance_grid.grid"),
                             ("pose.adam.exp_avg", torch.zeros(3, 6), "pose.adam.exp_avg")):
@@ -492,3 +596,8 @@ def test_damaged_correction_tensors_are_one_checkpoint_error(rng, tmp_path):
     other = make_dataset(rng, n_gauss=10, size=24, n_train=3, n_test=0)
     with pytest.raises(CheckpointError, match="3 training"):
         Trainer.from_checkpoint(path, other, device="cpu")
+    # a checkpoint written before the pivots existed: its corrections turned about the camera centres (pivot 0)
+    old = tmp_path / "old.safetensors"
+    save_file({k: v for k, v in tensors.items() if k != "pose.pivot"}, str(old), metadata=meta)
+    res = Trainer.from_checkpoint(old, ds, device="cpu")
+    assert torch.equal(res.pose.pivot, torch.zeros(4)) and torch.equal(res.pose.delta, tensors["pose.delta"])

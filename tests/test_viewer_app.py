@@ -242,6 +242,34 @@ def test_training_thread_writes_warnings_and_graph_stats_to_the_run(rng, tmp_pat
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["graph_step"] is None  # CPU: eager
 
 
+def test_training_thread_publishes_the_refined_poses(rng, tmp_path, one_thread):
+    """A run with pose refinement publishes its corrections with each snapshot (``_poses``, kept out of the panel's
+    model info): the refined cameras they give are the trainer's own at that iteration; a run without publishes
+    none."""
+    for pose_opt in (True, False):
+        trainer = tiny_trainer(rng, iterations=30, pose_opt=pose_opt, pose_opt_lr=0.01, pose_opt_lr_final=0.01)
+        slot = ModelSlot()
+        session = TrainingSession(trainer, slot, tmp_path / f"run{pose_opt}", running=False,
+                                  eval_at_start=False).start()
+        try:
+            ev = []
+            wait_for(ev, session, lambda e: isinstance(e, M.TrainingStarted))
+            session.send(M.Step(3))
+            wait_for(ev, session, lambda e: isinstance(e, M.TrainingPaused))
+            snap = slot.latest()
+            assert snap.info["iteration"] == 3
+            if not pose_opt:
+                assert "_poses" not in snap.info
+                continue
+            cams = [f.camera for f in trainer.train_frames]
+            got = snap.info["_poses"].cameras(cams)
+            want = trainer.refined_cameras()
+            np.testing.assert_allclose([c.viewmat for c in got], [c.viewmat for c in want], atol=1e-12)
+            assert max(np.linalg.norm(c.campos - f.campos) for c, f in zip(got, cams)) > 1e-6   # they moved
+        finally:
+            session.stop(save=False, timeout=30)
+
+
 def test_a_pause_is_reported_only_after_the_paused_model_is_published(rng, tmp_path, one_thread, monkeypatch):
     """Whoever sees TrainingPaused finds the paused iteration in the slot, however slow the copy (the copy is
     slowed here so that an event sent before the publish is caught every time, not one CI run in a hundred)."""

@@ -183,6 +183,83 @@ def test_pick_camera_finds_the_frustum_under_the_click():
     assert frustum_depth(cams[:1], 10.0) == pytest.approx(0.5)
 
 
+def _skew(w):
+    return np.array([[0, -w[2], w[1]], [w[2], 0, -w[0]], [-w[1], w[0], 0]])
+
+
+def _pose_snapshot(rng, n, rot=0.05, shift=0.05, ready=None):
+    from viewer.training import PoseSnapshot
+
+    delta = torch.as_tensor(rng.normal(size=(n, 6)) * ([rot] * 3 + [shift] * 3), dtype=torch.float32)
+    pivot = torch.as_tensor(rng.uniform(1.0, 5.0, n), dtype=torch.float32)
+    return PoseSnapshot(delta, pivot, float(rng.uniform(1.0, 3.0)), ready)
+
+
+def test_refined_frustums_follow_the_correction():
+    """A refined camera's frustum (from a training run's pose snapshot) is the given frustum moved by the
+    correction: each of its six points, in the refined camera's frame, sits where the given frustum's point sits in
+    the given camera's frame, with the refined frame built here from the definition (scipy's expm; rotation about the
+    pivot on the optical axis, translation extent·δ); intrinsics and size are the given camera's."""
+    import scipy.linalg
+
+    rng = np.random.default_rng()
+    cams = _ring_cameras(rng, 5)
+    snap = _pose_snapshot(rng, 5)
+    refined = snap.cameras(cams)
+    depth = frustum_depth(cams)
+    for cam, ref, d, pv in zip(cams, refined, snap.delta.double().numpy(), snap.pivot.double().numpy()):
+        e = scipy.linalg.expm(_skew(d[:3]))
+        p = np.array([0.0, 0.0, pv])
+        R2, t2 = e @ cam.R, e @ (cam.t - p) + p + snap.extent * d[3:]
+        local = frustum_points(cam, depth) @ cam.R.T + cam.t          # the given pyramid in its camera's frame
+        np.testing.assert_allclose(frustum_points(ref, depth), (local - t2) @ R2, atol=1e-5)
+        assert (ref.width, ref.height, ref.fx, ref.fy, ref.cx, ref.cy) == \
+            (cam.width, cam.height, cam.fx, cam.fy, cam.cx, cam.cy)
+        assert np.linalg.norm(ref.campos - cam.campos) > 1e-3      # it moved
+    assert snap.cameras(cams[:4]) is None                          # not this run's cameras
+
+
+def test_studio_refined_cameras_live_and_from_a_run():
+    """The Studio's refined cameras: none without a snapshot or a run's poses; a snapshot whose copy is still on its
+    way is not waited for (the previous cameras stay); the segments are the refined frustums at the given ones'
+    depth and a line from each given centre to its refined one, made once per snapshot; a run's poses (a Camera or
+    None per training camera) win over the live ones, and a list for other cameras is ignored."""
+    from types import SimpleNamespace
+
+    from viewer.studio import Studio
+
+    rng = np.random.default_rng()
+    cams = _ring_cameras(rng, 6)
+    frames = [SimpleNamespace(camera=c) for c in cams]
+    v = SimpleNamespace(frames=frames, pose_snapshot=None, _model=None)
+    st = Studio(v, progressive=False)
+    assert st.refined_cameras() is None and st.refined_segments() is None
+    pending = SimpleNamespace(done=False)
+    pending.query = lambda: pending.done
+    v.pose_snapshot = _pose_snapshot(rng, 6, ready=pending)
+    assert st.refined_cameras() is None                           # not ready, nothing earlier
+    pending.done = True
+    first = st.refined_cameras()
+    np.testing.assert_allclose([c.viewmat for c in first], [c.viewmat for c in v.pose_snapshot.cameras(cams)])
+    segs, links = st.refined_segments()
+    assert segs.shape == (6, len(EDGES), 2, 3) and links.shape == (6, 1, 2, 3)
+    np.testing.assert_allclose(segs, frustum_segments(first, frustum_depth(cams)))
+    np.testing.assert_allclose(links[:, 0, 0], [c.campos for c in cams])
+    np.testing.assert_allclose(links[:, 0, 1], [c.campos for c in first])
+    assert st.refined_segments()[0] is segs                       # cached
+    late = SimpleNamespace(query=lambda: False)
+    v.pose_snapshot = _pose_snapshot(rng, 6, ready=late)
+    assert st.refined_cameras() is first                          # the new copy is on its way: the last one stays
+    v.pose_snapshot = _pose_snapshot(rng, 6)
+    assert st.refined_cameras() is not first and st.refined_segments()[0] is not segs
+    st.refined = [first[0], None, first[2], None, None, first[5]]  # a run folder's poses, three frames matched
+    segs, links = st.refined_segments()
+    assert segs.shape[0] == 3
+    np.testing.assert_allclose(links[:, 0, 0], [cams[i].campos for i in (0, 2, 5)])
+    st.refined = first[:5]
+    assert st.refined_cameras() is None and st.refined_segments() is None
+
+
 def test_gizmo_segments():
     rng = np.random.default_rng()
     c, h = rng.normal(size=3), rng.uniform(0.1, 2, 3)
@@ -418,6 +495,38 @@ def test_viewer_draws_frustums_offscreen_and_a_click_snaps(one_thread):
 
 
 @needs_viewer
+def test_viewer_draws_refined_frustums_beside_the_given_ones(one_thread):
+    """With a training run's pose snapshot the refined frustums are drawn in their own colour (magenta) beside the
+    given ones (yellow); the Studio's "refined poses" switch hides them, "training cameras" hides both."""
+    from viewer.app import Viewer
+    from viewer.model_slot import ModelSlot
+    from viewer.ui import ViewSettings
+
+    rng = np.random.default_rng()
+    model = _tiny_model(400, int(rng.integers(1000)))
+    frames = _frames_around(model, rng)
+    with Viewer(ModelSlot(model), offscreen=True, size=(320, 240), device="cpu", frames=frames,
+                settings=ViewSettings(render_scale=0.5)) as v:
+        v.camera.distance *= 3.0
+        v.camera._touch()
+        shot = lambda: v.read_pixels(v.step(capture=True, panels=False)).astype(int)[..., :3]
+        given = shot()
+        v.pose_snapshot = _pose_snapshot(rng, len(frames), rot=0.15, shift=0.1)
+        both = shot()
+        added = np.abs(both - given).sum(-1) > 60
+        assert added.mean() > 0.002                   # the refined frustums' lines
+        r, g, b = both[added].mean(0)
+        assert r > g + 60 and b > g + 60              # magenta
+        v.studio.show_refined = False
+        assert np.array_equal(shot(), given)
+        v.studio.show_refined, v.studio.show_cameras = True, False
+        v.pose_snapshot = None
+        bare = shot()
+        v.pose_snapshot = _pose_snapshot(rng, len(frames), rot=0.15, shift=0.1)
+        assert np.array_equal(shot(), bare)
+
+
+@needs_viewer
 def test_viewer_opens_a_file_and_reframes(tmp_path, one_thread):
     from rigel_core.io import save_ply
     from viewer.app import Viewer
@@ -588,6 +697,51 @@ def test_cli_view_opens_at_a_training_view(tmp_path, capsys, one_thread):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and says in err, err
         assert not bad.exists()
+
+
+@needs_viewer
+def test_cli_shows_a_pose_refining_runs_refined_cameras(tmp_path, capsys, one_thread):
+    """``rigel-viewer RUN/model.ply --cameras DATA`` of a ``--pose-opt`` run finds the run's transforms.json and draws
+    each training camera's refined pose (the file's, with the dataset camera's intrinsics) beside its given one; a
+    transforms.json of another dataset, or not a pose-refining run's, is one line on stderr and no refined cameras;
+    no file: nothing said."""
+    import json
+    import shutil
+
+    from rigel_core.cli.train import main as train
+    from rigel_core.data import load_dataset, make_dataset
+    from rigel_core.train.pose import pose_errors
+    from viewer.cli import _refined_beside, main
+
+    seed = int(np.random.default_rng().integers(1000))
+    data, other, run = tmp_path / "data", tmp_path / "other", tmp_path / "run"
+    for d, s_ in ((data, seed), (other, seed + 1)):
+        make_dataset(d, 300, 48, 36, n_train=4, n_test=1, seed=s_, progress=False, device="cpu")
+    assert train(["--data", str(data), "--out", str(run), "--device", "cpu", "--quiet", "--iters", "3",
+                  "--init-points", "80", "--eval-every", "0", "--n-renders", "0", "--pose-opt",
+                  "--set", "pose_opt_lr=0.02", "--set", "eval_pose_steps=0"]) == 0
+    frames = load_dataset(data).train
+    refined = _refined_beside(run / "model.ply", frames)
+    doc = {f["file_path"]: f for f in json.loads((run / "transforms.json").read_text())["frames"]}
+    for f, r in zip(frames, refined):
+        want = Camera.from_c2w_opengl(doc[f.name]["transform_matrix"], width=f.camera.width,
+                                      height=f.camera.height, fx=f.camera.fx)
+        np.testing.assert_allclose(r.viewmat, want.viewmat, atol=1e-12)
+        assert (r.fx, r.cx, r.width) == (f.camera.fx, f.camera.cx, f.camera.width)
+    assert max(pose_errors(refined, [f.camera for f in frames])["rotation_deg"]) > 1e-3
+    out = tmp_path / "o"
+    assert main([str(run / "model.ply"), "--cameras", str(data), "--offscreen", "--frames", "1", "--out", str(out),
+                 "--size", "96x72", "--device", "cpu"]) == 0
+    assert "refined" not in capsys.readouterr().err
+    assert _refined_beside(run / "model.ply", load_dataset(other).train) is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "transforms.json" in err and "another dataset" in err, err
+    (run / "transforms.json").write_text(json.dumps({"frames": [{"file_path": "r_0", "transform_matrix": []}]}))
+    assert _refined_beside(run / "model.ply", frames) is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not the refined poses" in err, err
+    shutil.copy(run / "model.ply", tmp_path / "alone.ply")
+    assert _refined_beside(tmp_path / "alone.ply", frames) is None and capsys.readouterr().err == ""
 
 
 @needs_viewer

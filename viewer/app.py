@@ -122,6 +122,8 @@ class Viewer:
         self.training = training
         self.train_state = TrainingState() if training is not None else None
         self.frames = list(frames or [])
+        #: the latest snapshot's pose corrections while a run refines its poses (viewer.training.PoseSnapshot)
+        self.pose_snapshot = None
         self.camera_index: int | None = None
         self.jobs: dict = {}
         self.win = self.window = self.ctx = self._stream = None
@@ -245,6 +247,7 @@ class Viewer:
         self._model_version = snap.version
         self.stats.gaussians = model.num_gaussians
         self.stats.model_info = {k: v for k, v in snap.info.items() if not str(k).startswith("_")}
+        self.pose_snapshot = snap.info.get("_poses")   # a training run's pose corrections (viewer/training.py)
         return True
 
     def frame_first_view(self):

@@ -20,7 +20,9 @@ saved scenes, screenshots and videos go to the run folder (or ``--out``) and tak
 exists. The training flags are ``rigel-train``'s (:func:`rigel_core.cli.common.add_training_args`).
 
 ``--cameras DATASET`` draws a dataset's training cameras as frustums in the view of a SCENE (click one to snap
-to it); ``--view N`` opens at training view N of ``--cameras`` (or of ``--data``) — its pose and intrinsics, numbered
+to it), and, when SCENE lies in the run folder of a ``--pose-opt`` run (its ``transforms.json``), each camera's
+refined pose beside its given one (Studio → View → "refined poses"; a live ``--data … --pose-opt`` run shows its
+own); ``--view N`` opens at training view N of ``--cameras`` (or of ``--data``) — its pose and intrinsics, numbered
 from 1 as the Camera section shows them ("train view N/M") — rather than at the framing of the whole capture, where
 a forward-facing capture is a speck; an N beyond the views is refused (one line, status 2) before anything opens
 or is written; with ``--offscreen`` the first frame is that view. Progressive rendering, opening files (drop /
@@ -164,6 +166,28 @@ def _setup_logging(run_dir: Path | None) -> logging.Logger:
 
 class _Refused(Exception):
     """An argument rigel-viewer cannot use: one line, exit status 2."""
+
+
+def _refined_beside(scene, frames):
+    """The refined poses (:func:`rigel_core.train.pose.read_refined_poses`: a Camera or None per frame) of the run
+    whose folder holds ``scene`` — its ``transforms.json``, written by a ``--pose-opt`` run — for ``--cameras``'s
+    ``frames``; None when there is no such file, and, with one line on stderr saying why, when it is not a
+    pose-refining run's, names another dataset or none of these frames."""
+    from rigel_core.run_dir import POSES_NAME
+    from rigel_core.train.pose import read_refined_poses
+
+    path = Path(scene).parent / POSES_NAME
+    if not path.is_file():
+        return None
+    try:
+        refined = read_refined_poses(path, [f.camera for f in frames])
+    except ValueError as e:
+        print(f"rigel-viewer: {e}; the refined cameras are not drawn", file=sys.stderr)
+        return None
+    if not any(r is not None for r in refined):
+        print(f"rigel-viewer: {path}: no frame of --cameras in it; the refined cameras are not drawn", file=sys.stderr)
+        return None
+    return refined
 
 
 def _start_training(args, settings: ViewSettings, locks: list):
@@ -421,6 +445,8 @@ def _main(argv=None) -> int:
                 viewer = Viewer(ModelSlot(model), offscreen=args.offscreen, size=args.size, device=args.device,
                                 debug=args.debug, settings=settings, scene_name=name, slots=args.slots,
                                 frames=frames, ini_path=None if args.offscreen else config_dir() / "imgui.ini")
+                if frames and args.scene:   # a pose-refining run's scene: its refined cameras beside the given ones
+                    viewer.studio.refined = _refined_beside(args.scene, frames)
             if args.out is not None:
                 viewer.screenshot_dir = args.out
         if args.view is not None:   # the opening view: training view N (--cameras or --data), exactly

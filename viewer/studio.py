@@ -4,7 +4,10 @@
   ``Viewer.frame_size`` multiplies into the render scale; ``Viewer._render`` reports each frame's time back
   (:meth:`Studio.record_render`);
 * training cameras as frustums (:mod:`viewer.frustums`), drawn on ImGui's background draw list with the shown
-  frame's camera; a click snaps the view to the camera under it;
+  frame's camera; a click snaps the view to the camera under it. Where poses were refined (``--pose-opt``,
+  :mod:`rigel_core.train.pose`) each training camera's refined frustum is drawn beside its given one, joined to it
+  by a line from centre to centre: live from the training run's latest snapshot (:class:`viewer.training.PoseSnapshot`),
+  or from a run's ``transforms.json`` (:attr:`Studio.refined`, set by ``rigel-viewer RUN/model.ply --cameras DATA``);
 * opening scene files (:mod:`viewer.panels.open`): drag-and-drop (``open:PATH`` from :mod:`viewer.glfw_input`)
   and the File section; the loaded scene replaces the shown one and the view re-frames to it;
 * editing (:mod:`viewer.panels.edit` over :mod:`rigel_core.edit`): the selection tints the colours of the one
@@ -33,6 +36,9 @@ from .progressive import Progressive
 __all__ = ["Studio"]
 
 PICK_RADIUS_PX = 10.0
+#: colours of the training cameras' frustums as given and as refined by pose refinement
+GIVEN_RGB = (1.0, 0.85, 0.2)
+REFINED_RGB = (0.95, 0.25, 0.95)
 
 
 class Studio:
@@ -49,6 +55,12 @@ class Studio:
         self.scale = 1.0
         self.set_progressive(progressive)
         self.show_cameras = True
+        #: refined poses read from a run folder (a Camera or None per training camera), else None: the live training's
+        #: are taken from ``viewer.pose_snapshot``
+        self.refined: list | None = None
+        self.show_refined = True
+        self._refined_cache = (None, None)
+        self._refined_segs = (None, None)
         self.opener = SceneOpener()
         self.editor = Editor()
         self._seg_cache = (None, None)
@@ -201,6 +213,43 @@ class Studio:
             self._seg_cache = (key, frustum_segments(cams, frustum_depth(cams, size)) if cams else None)
         return self._seg_cache[1]
 
+    def refined_cameras(self):
+        """The training cameras' refined poses (a list, a Camera or None per training camera), or None when there
+        are none: :attr:`refined` (a run folder's), else the training run's latest pose snapshot (recomputed when a
+        new one comes; the previous one is kept while a new one's copy is still on its way)."""
+        if self.refined is not None:
+            return self.refined if len(self.refined) == len(self.v.frames) else None
+        snap = self.v.pose_snapshot
+        if snap is None:
+            return None
+        if self._refined_cache[0] is not snap:
+            cams = snap.cameras([f.camera for f in self.v.frames])
+            if cams is None:
+                return self._refined_cache[1]
+            self._refined_cache = (snap, cams)
+        return self._refined_cache[1]
+
+    def refined_segments(self):
+        """((M, E, 2, 3) world segments of the refined frustums, (M, 1, 2, 3) the lines from each given camera
+        centre to its refined one) for the M training cameras that have a refined pose, at the given frustums'
+        depth; None when none has."""
+        refined = self.refined_cameras()
+        if not refined:
+            return None
+        if self._refined_segs[0] is refined:
+            return self._refined_segs[1]
+        frames = self.v.frames
+        pairs = [(f.camera, r) for f, r in zip(frames, refined) if r is not None]
+        if not pairs:
+            self._refined_segs = (refined, None)
+            return None
+        cams = [f.camera for f in frames]
+        size = self.v._model.extent() if self.v._model is not None else None
+        segs = frustum_segments([r for _, r in pairs], frustum_depth(cams, size))
+        links = np.stack([np.stack([c.campos, r.campos]) for c, r in pairs])[:, None]
+        self._refined_segs = (refined, (segs, links))   # holds ``refined``: the identity test stays sound
+        return segs, links
+
     # ---- requests ------------------------------------------------------------------------------------------------
     def handle(self, r) -> bool:
         """Apply a studio request; False when ``r`` is not one."""
@@ -306,10 +355,16 @@ class Studio:
                     sel = v.camera_index if v.camera.snapped is not None else None
                     others = segs if sel is None else np.delete(segs, sel, axis=0)
                     ident = (id(segs), sel)   # segs: the cached frustums of the camera list
-                    self._lines(imgui, dl, others, cam, fsize, panel, fb, col(1.0, 0.85, 0.2, 0.9), key=("o", ident))
+                    self._lines(imgui, dl, others, cam, fsize, panel, fb, col(*GIVEN_RGB, 0.9), key=("o", ident))
                     if sel is not None:
                         self._lines(imgui, dl, segs[sel:sel + 1], cam, fsize, panel, fb, col(0.2, 1.0, 0.4), 2.0,
                                     key=("s", ident))
+                refined = self.refined_segments() if self.show_refined else None
+                if refined is not None:
+                    self._lines(imgui, dl, refined[0], cam, fsize, panel, fb, col(*REFINED_RGB, 0.9),
+                                key=("r", id(refined[0])))
+                    self._lines(imgui, dl, refined[1], cam, fsize, panel, fb, col(*REFINED_RGB, 0.9), 2.0,
+                                key=("l", id(refined[1])))
             ed = self.editor
             if ed.show_gizmo and v.training is None and v.settings.show_panels:
                 segs = box_segments(ed.box_center, ed.box_half) if ed.crop_shape == "box" else \
@@ -381,6 +436,14 @@ class Studio:
                     if self.show_cameras:
                         imgui.same_line()
                         imgui.text_disabled("click one: snap")
+                        refined = self.refined_cameras()
+                        if refined:
+                            n = sum(r is not None for r in refined)
+                            _, self.show_refined = imgui.checkbox(f"refined poses ({n})", self.show_refined)
+                            imgui.same_line()
+                            imgui.text_colored(imgui.ImVec4(*GIVEN_RGB, 1.0), "given")
+                            imgui.same_line()
+                            imgui.text_colored(imgui.ImVec4(*REFINED_RGB, 1.0), "refined")
             draw_edit_section(imgui, self.editor, requests, enabled=v.training is None)
         imgui.end()
         return requests

@@ -41,7 +41,7 @@ from rigel_core.train.run import RunHooks, TrainingRun
 from . import messages as M
 from .model_slot import ModelSlot
 
-__all__ = ["TrainingSession", "CHECKPOINT_NAME", "PLY_NAME", "snapshot_model"]
+__all__ = ["TrainingSession", "CHECKPOINT_NAME", "PLY_NAME", "snapshot_model", "PoseSnapshot", "snapshot_poses"]
 
 log = logging.getLogger("rigel.viewer")
 
@@ -58,6 +58,45 @@ def snapshot_model(trainer):
             event = torch.cuda.Event()
             event.record()
     return model, event
+
+
+class PoseSnapshot:
+    """The trainer's pose corrections (:mod:`rigel_core.train.pose`) at a snapshot, for drawing the refined training
+    cameras beside the given ones: ``delta`` (n, 6) and ``pivot`` (n,) copied to the host without a host sync (on
+    CUDA into pinned memory, ``ready`` the CUDA event recorded after the copy; None on the CPU), ``extent``."""
+
+    def __init__(self, delta, pivot, extent: float, ready=None):
+        self.delta, self.pivot, self.extent, self.ready = delta, pivot, float(extent), ready
+
+    def cameras(self, cameras: list):
+        """The refined Camera of each of ``cameras`` (the training views' given cameras), or None while the copy is
+        still on its way (never waits for it) or when the counts differ."""
+        from rigel_core.train.pose import refined_cameras
+
+        if self.ready is not None and not self.ready.query():
+            return None
+        if len(cameras) != self.delta.shape[0]:
+            return None
+        return refined_cameras(cameras, self.delta, self.extent, self.pivot)
+
+
+def snapshot_poses(trainer) -> PoseSnapshot | None:
+    """A :class:`PoseSnapshot` of ``trainer.pose`` (None when the run refines no poses); called on the training thread
+    between two steps, as :func:`snapshot_model`."""
+    import torch
+
+    pose = trainer.pose
+    if pose is None:
+        return None
+    src = (pose.param.detach(), pose.pivot)
+    if pose.param.device.type != "cuda":
+        return PoseSnapshot(src[0].clone(), src[1].clone(), pose.extent)
+    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in src]
+    for h, t in zip(host, src):
+        h.copy_(t, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return PoseSnapshot(host[0], host[1], pose.extent, ready)
 
 
 class TrainingSession:
@@ -141,6 +180,9 @@ class TrainingSession:
         info.update(extra)
         if event is not None:
             info["_ready_event"] = event
+        poses = snapshot_poses(tr)
+        if poses is not None:   # the refined training cameras (viewer/studio.py draws them)
+            info["_poses"] = poses
         self.slot.publish(model, **info)
         self._last_publish = time.perf_counter()
 

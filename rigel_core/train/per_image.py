@@ -26,6 +26,9 @@ class PerImageParam:
     prefix: str = ""
     key: str = "param"
     item_shape: tuple = ()  # one image's row; -1: any size (the checkpoint reads it from the tensor)
+    #: further per-image tensors it keeps (not learnt): attributes of these names, (n,) float32, finite and ≥ 0, held
+    #: in a checkpoint as ``<prefix><name>``; one a checkpoint lacks is :meth:`legacy_extra`'s
+    extra_keys: tuple = ()
     #: the TrainConfig switch under which the trainer steps it, and the Trainer attribute that holds it
     config_field: str = ""
     trainer_attr: str = ""
@@ -65,10 +68,15 @@ class PerImageParam:
         """``{prefix + key: (n, *item_shape), prefix + "adam.<state>": …}`` for a checkpoint."""
         prefix = self.prefix
         out = {prefix + self.key: self.param.detach()}
+        out.update({prefix + k: getattr(self, k) for k in self.extra_keys})
         for k, value in self.optimizer.state.get(self.param, {}).items():
             if isinstance(value, torch.Tensor):
                 out[f"{prefix}adam.{k}"] = value
         return out
+
+    def legacy_extra(self, name: str) -> torch.Tensor:
+        """The value of extra tensor ``name`` (:attr:`extra_keys`) for a checkpoint written before it existed."""
+        raise NotImplementedError(name)
 
     @classmethod
     def shape_problem(cls, shape: tuple) -> str | None:
@@ -84,8 +92,8 @@ class PerImageParam:
 
     @classmethod
     def from_state_tensors(cls, tensors: dict, trainer):
-        """The correction stored under the class's ``prefix`` (made by :meth:`for_trainer`), or None when the tensors
-        hold none. Raises ValueError for a tensor of the wrong shape."""
+        """The correction stored under the class's ``prefix`` (made by :meth:`for_trainer`, its :attr:`extra_keys`
+        the stored ones), or None when the tensors hold none. Raises ValueError for a tensor of the wrong shape."""
         prefix = cls.prefix
         name = prefix + cls.key
         a = tensors.get(name)
@@ -97,6 +105,11 @@ class PerImageParam:
         out = cls.for_trainer(trainer, a)
         with torch.no_grad():
             out.param.copy_(a.to(out.param.device, torch.float32))
+        for k in cls.extra_keys:
+            v = tensors.get(prefix + k)
+            if v is not None and tuple(v.shape) != (a.shape[0],):
+                raise ValueError(f"{prefix + k} has shape {tuple(v.shape)}, expected ({a.shape[0]},)")
+            setattr(out, k, out.legacy_extra(k) if v is None else v.to(out.param.device, torch.float32))
         state = {}
         for k, value in tensors.items():
             if k.startswith(prefix + "adam."):
