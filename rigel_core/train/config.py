@@ -258,7 +258,8 @@ class TrainConfig:
     #: forward-facing capture). Both keep the points at least ``init_min_visible`` of the cameras see. "auto" (the
     #: default, :func:`resolve_init_mode`): "box" for an object on a transparent background (lego: 36.0 dB at 30k
     #: from the box), "rays" for any other capture without SfM points. Measured (H100, 2026-12-06, 7k, seed 0, runs
-    #: sharing the GPU): fern~nosfm 12.24 dB from the box, **25.70** from the rays; fox 30.72 → 31.19
+    #: sharing the GPU): fern~nosfm 12.24 dB from the box, **25.70** from the rays; fox 30.72 → 31.19; bonsai~nosfm
+    #: 27.25 → 27.41 (runs cut at ~6,700 iterations)
     init_mode: str = "auto"
     #: extra "background" points added to the SfM points (trainer.background_init_points): drawn along
     #: rays of random training pixels, *behind* the SfM points that camera sees (beyond the 95th percentile of
