@@ -86,6 +86,36 @@ def test_frames_without_a_lens_are_cached_as_codes_and_equal_the_preloaded(tmp_p
         f.camera.width * f.camera.height for f in st.train + st.test if f.name == "f3") * 3 * 3
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(white_bg=True), dict(downscale=1.5)])
+def test_transparency_read_from_the_codes_is_the_float_alphas(tmp_path, rng, kw):
+    """``alpha_below`` (what the "auto" rules read of 64 frames) from the cached codes, without making a float
+    frame, equals ``alpha < level`` of the preloaded frame — every code, 127 and 128 about ½ included; frames
+    without alpha give None, a frame with --downscale (not cached as codes) its float alpha; ``capture_facts`` of
+    the streamed and preloaded views agree."""
+    from PIL import Image
+
+    from rigel_core.train.trainer import capture_facts
+
+    write_ngp(tmp_path, rng, 23, 17, 6, lens=False)
+    g = np.random.default_rng(int(torch.randint(0, 2 ** 31 - 1, (1,), generator=rng)))
+    rgba = g.integers(0, 256, (17, 23, 4), dtype=np.uint8)
+    rgba[..., 3].flat[:256] = np.arange(256)  # every alpha code
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "images" / "f2.png")
+    Image.fromarray(g.integers(0, 256, (17, 23, 3), dtype=np.uint8), "RGB").save(tmp_path / "images" / "f1.png")
+    pre, st = load_both(tmp_path, **kw)
+    assert capture_facts(st.train) == capture_facts(pre.train)
+    _, fresh = load_both(tmp_path, **kw)
+    for fs, fp in zip(fresh.train + fresh.test, pre.train + pre.test, strict=True):
+        for level in (0.5, 0.25, float(torch.rand(1, generator=rng))):
+            got = fs.alpha_below(level)
+            if fp.alpha is None:
+                assert got is None and fs.name == "f1"
+            else:
+                assert got.dtype == torch.bool and torch.equal(got, fp.alpha < level), (fs.name, level)
+    compact = "downscale" not in kw
+    assert any(k[0] == "frame" for k in fresh.train[0].source.cache._items) != compact  # no float frame made
+
+
 def test_the_default_cache_holds_a_capture_that_fits_a_quarter_of_the_available_memory():
     floor = DEFAULT_CACHE_MB * 2 ** 20
     assert auto_cache_bytes(3 * floor, available=12 * floor) == 3 * floor
@@ -287,3 +317,4 @@ def test_training_memory_of_streamed_views_does_not_grow_with_their_number():
     assert few == many < 200e6
     pre = training_memory(views(2000), views(1), TrainConfig(coarse_to_fine=1), streamed=False)["images"]
     assert pre == 2000 * 1920 * 1080 * 13
+
