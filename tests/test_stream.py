@@ -4,7 +4,11 @@ up-front refusal of a run that cannot fit the GPU (rigel_core/train/memory.py)."
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,6 +88,36 @@ def test_frames_without_a_lens_are_cached_as_codes_and_equal_the_preloaded(tmp_p
     # the estimate made from the headers counts a byte per channel; the 16-bit f3 is held as float32
     assert held == source.cache.bytes and held == source.capture_bytes + sum(
         f.camera.width * f.camera.height for f in st.train + st.test if f.name == "f3") * 3 * 3
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(white_bg=True), dict(downscale=1.5)])
+def test_transparency_read_from_the_codes_is_the_float_alphas(tmp_path, rng, kw):
+    """``alpha_below`` (what the "auto" rules read of 64 frames) from the cached codes, without making a float
+    frame, equals ``alpha < level`` of the preloaded frame — every code, 127 and 128 about ½ included; frames
+    without alpha give None, a frame with --downscale (not cached as codes) its float alpha; ``capture_facts`` of
+    the streamed and preloaded views agree."""
+    from PIL import Image
+
+    from rigel_core.train.trainer import capture_facts
+
+    write_ngp(tmp_path, rng, 23, 17, 6, lens=False)
+    g = np.random.default_rng(int(torch.randint(0, 2 ** 31 - 1, (1,), generator=rng)))
+    rgba = g.integers(0, 256, (17, 23, 4), dtype=np.uint8)
+    rgba[..., 3].flat[:256] = np.arange(256)  # every alpha code
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "images" / "f2.png")
+    Image.fromarray(g.integers(0, 256, (17, 23, 3), dtype=np.uint8), "RGB").save(tmp_path / "images" / "f1.png")
+    pre, st = load_both(tmp_path, **kw)
+    assert capture_facts(st.train) == capture_facts(pre.train)
+    _, fresh = load_both(tmp_path, **kw)
+    for fs, fp in zip(fresh.train + fresh.test, pre.train + pre.test, strict=True):
+        for level in (0.5, 0.25, float(torch.rand(1, generator=rng))):
+            got = fs.alpha_below(level)
+            if fp.alpha is None:
+                assert got is None and fs.name == "f1"
+            else:
+                assert got.dtype == torch.bool and torch.equal(got, fp.alpha < level), (fs.name, level)
+    compact = "downscale" not in kw
+    assert any(k[0] == "frame" for k in fresh.train[0].source.cache._items) != compact  # no float frame made
 
 
 def test_the_default_cache_holds_a_capture_that_fits_a_quarter_of_the_available_memory():
@@ -288,3 +322,42 @@ def test_training_memory_of_streamed_views_does_not_grow_with_their_number():
     assert few == many < 200e6
     pre = training_memory(views(2000), views(1), TrainConfig(coarse_to_fine=1), streamed=False)["images"]
     assert pre == 2000 * 1920 * 1080 * 13
+
+
+_HEAP_SCRIPT = r"""
+import json, sys, torch
+from rigel_core.cli.common import limit_heap_retention
+fixed = limit_heap_retention() if sys.argv[1] == "on" else None
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) * 1024
+x = torch.ones(4 << 20)   # a 16 MiB block mapped, then freed: glibc's threshold rises to it
+del x
+keep, temps, r0 = [], [], rss()
+for _ in range(40):   # image-sized temporaries, each followed by a small block that stays (a cached frame)
+    temps.append(torch.ones(2 << 20))
+    keep.append(torch.ones(64 << 10))
+del temps   # freed, but between blocks still in use
+print(json.dumps({"fixed": fixed, "grown": rss() - r0, "kept": 40 * (256 << 10)}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator, /proc: Linux")
+def test_limit_heap_retention_gives_freed_temporaries_back():
+    """rigel-train's ``limit_heap_retention`` (glibc's mmap threshold fixed at 4 MiB): 8 MiB temporaries freed
+    between small blocks still in use go back to the OS — without it (the threshold raised by a freed 16 MiB block,
+    as a run's images raise it) the heap keeps them: 346 MB of resident set for the 10 MB in use."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    env.pop("MALLOC_MMAP_THRESHOLD_", None)
+    env.pop("MALLOC_TRIM_THRESHOLD_", None)
+    runs = {}
+    for mode in ("on", "off"):
+        out = subprocess.run([sys.executable, "-c", _HEAP_SCRIPT, mode], cwd=root, env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]
+        runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
+    if not runs["on"]["fixed"]:
+        pytest.skip("not glibc: no mmap threshold to fix")
+    kept = runs["on"]["kept"]
+    assert runs["on"]["grown"] < 2 * kept, runs
+    assert runs["off"]["grown"] > 10 * kept, runs   # the pattern does pile up without it (the test can fail)

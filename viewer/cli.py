@@ -58,7 +58,8 @@ import sys
 import time
 from pathlib import Path
 
-from rigel_core.cli.common import Parser, add_threads_arg, add_training_args, path_arg, set_threads, threads_problem
+from rigel_core.cli.common import (Parser, add_threads_arg, add_training_args, limit_heap_retention, path_arg,
+                                   set_threads, threads_problem)
 from rigel_core.run_dir import LOG_NAME, out_problem
 
 from .camera_control import UP_AXES
@@ -409,6 +410,7 @@ def _main(argv=None) -> int:
     locks: list = []
     try:
         if args.data is not None:
+            limit_heap_retention()
             run_dir, session, frames, device = _start_training(args, settings, locks)
             viewer = Viewer(session.slot, offscreen=args.offscreen, size=args.size, device=device, debug=args.debug,
                             settings=settings, scene_name=str(args.data), slots=args.slots, training=session,

@@ -22,7 +22,7 @@ from ..run_dir import CHECKPOINT_NAME
 
 __all__ = ["add_training_args", "config_overrides", "resume_config", "changed_settings_line", "build_trainer",
            "new_config", "load_training_data", "device_problem", "add_threads_arg", "max_threads", "threads_problem",
-           "set_threads", "FLAG_FIELDS", "flag_words"]
+           "set_threads", "FLAG_FIELDS", "flag_words", "limit_heap_retention", "HEAP_MMAP_THRESHOLD"]
 
 #: the TrainConfig fields a flag of :func:`add_training_args` sets, and the flag (its argparse ``dest``: the name
 #: without the dashes, ``-`` as ``_``): :func:`config_overrides` reads them, and :func:`flag_words` names a refused
@@ -156,6 +156,33 @@ def set_threads(threads: int | None) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+#: host allocations at least this large get a mapping of their own, given back to the OS when freed
+#: (:func:`limit_heap_retention`); above the CPU rasterizer's per-chunk tensors (2 MiB in float32), below an
+#: 800×800 float32 image (7.7 MB)
+HEAP_MMAP_THRESHOLD = 4 << 20
+
+
+def limit_heap_retention(threshold: int = HEAP_MMAP_THRESHOLD) -> bool:
+    """Fix glibc's mmap threshold at ``threshold`` bytes, so that freed image-sized blocks go back to the OS; True
+    when set (Linux with glibc), False and nothing done elsewhere. The training commands call it at start.
+
+    glibc serves an allocation from its heap unless it is above the mmap threshold, and raises that threshold to the
+    size of every mapped block freed (up to 32 MiB): after the first, a run's image-sized temporaries (a frame's
+    float finishing, the SSIM's maps, the renderer's outputs) are served from the heap, where the long-lived blocks
+    allocated between them (cached frames, parameters) keep the freed space from being given back. A 3-step CPU run
+    on 300 views of 800×800 kept 0.3 GB of such space (docs/TRAINING.md, "Streaming frames"). Setting the threshold
+    (``mallopt(M_MMAP_THRESHOLD)``) also stops its raising. No value computed changes."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        if not hasattr(libc, "gnu_get_libc_version"):   # musl, macOS: another allocator, other rules
+            return False
+        return bool(libc.mallopt(-3, int(threshold)))   # M_MMAP_THRESHOLD (malloc.h)
+    except (OSError, AttributeError):
+        return False
 
 
 class Parser(argparse.ArgumentParser):

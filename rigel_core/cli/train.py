@@ -96,7 +96,7 @@ from ..train.run import RunHooks, TrainingRun
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
     kept_settings, load_training_data, new_config, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
     remembered_warnings, resume_config, resumed_data_problem, whole_number_arg
-from .common import Parser, add_threads_arg, set_threads, threads_problem
+from .common import Parser, add_threads_arg, limit_heap_retention, set_threads, threads_problem
 
 __all__ = ["main", "build_parser"]
 
@@ -190,6 +190,7 @@ def _run(argv: list) -> int:
         print(f"rigel-train: {problem}", file=sys.stderr)
         return 2
     set_threads(args.threads)
+    limit_heap_retention()
     if args.gpus is not None and args.gpus < 1:
         print(f"rigel-train: --gpus must be ≥ 1, got {args.gpus}", file=sys.stderr)
         return 2

@@ -356,6 +356,19 @@ class StreamedFrame:
             return None
         return self.load().alpha
 
+    def alpha_below(self, level: float) -> torch.Tensor | None:
+        """(H, W) bool host tensor, ``alpha < level`` (None for a frame without alpha): read from the cached 8-bit
+        codes where the frame is cached as codes — no float image is made (the "auto" rules read 64 frames'
+        transparency) — else from :attr:`alpha`; the same values either way (alpha is ``UNIT8[code]``, increasing
+        in the code)."""
+        if not self.source.has_alpha[self.index]:
+            return None
+        if not self.ops and self.source.compact(self.index):
+            codes = self.source.codes(self.index)
+            if codes.dtype == torch.uint8 and codes.shape[-1] == 4:
+                return codes[..., 3] < int(np.count_nonzero(UNIT8 < level))
+        return self.alpha < level
+
     @property
     def mask(self) -> torch.Tensor | None:
         if not self.ops:

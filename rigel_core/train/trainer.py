@@ -308,6 +308,14 @@ def background_init_points(frames, points, n: int, center, extent: float, *, rad
     return out_p.float(), out_c
 
 
+def _alpha_below_half(frame) -> torch.Tensor | None:
+    """(H, W) bool, ``frame``'s alpha < 0.5, or None without alpha (a streamed frame reads its 8-bit codes)."""
+    if isinstance(frame, StreamedFrame):
+        return frame.alpha_below(0.5)
+    alpha = getattr(frame, "alpha", None)
+    return None if alpha is None else alpha < 0.5
+
+
 def capture_facts(frames, max_frames: int = 64) -> Capture:
     """What the "auto" rules read of the training ``frames`` (:class:`~.config.Capture`): their count, their pixels
     together (each camera's width × height) and the mean fraction of an image's pixels whose alpha is < 0.5 (over at
@@ -316,7 +324,7 @@ def capture_facts(frames, max_frames: int = 64) -> Capture:
     pixels = sum(int(f.camera.width) * int(f.camera.height) for f in frames)
     sample = frames if len(frames) <= max_frames else \
         [frames[i] for i in np.linspace(0, len(frames) - 1, max_frames).round().astype(int)]
-    fr = [float((f.alpha < 0.5).float().mean()) if getattr(f, "alpha", None) is not None else 0.0 for f in sample]
+    fr = [float(b.float().mean()) if (b := _alpha_below_half(f)) is not None else 0.0 for f in sample]
     return Capture(n_views=len(frames), pixels=pixels, transparent=float(np.mean(fr)) if fr else 0.0)
 
 
