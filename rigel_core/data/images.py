@@ -15,7 +15,7 @@ import numpy as np
 
 from ..limits import MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, check_image_size
 
-__all__ = ["IMAGE_EXTENSIONS", "names_folder", "resolve_image_path", "read_image", "UNIT8", "read_mask", "find_mask",
+__all__ = ["IMAGE_EXTENSIONS", "names_folder", "resolve_image_path", "read_image", "UNIT8", "composite_rgb", "read_mask", "find_mask",
            "image_size", "image_header", "composite", "resize_area", "write_png", "write_render_rgba"]
 
 #: Extensions tried, in order, when a dataset names an image without one (NeRF-synthetic ``./train/r_0``).
@@ -196,10 +196,15 @@ def composite(rgba: np.ndarray, white_bg: bool) -> tuple[np.ndarray, np.ndarray 
     if rgba.shape[-1] == 3:
         return rgba, None
     rgb, a = rgba[..., :3], rgba[..., 3]
+    return composite_rgb(rgb, a, white_bg).astype(np.float32), a.astype(np.float32)
+
+
+def composite_rgb(rgb, a, white_bg: bool):
+    """``rgb · a`` (+ ``(1 − a)`` on white): the composite's arithmetic, written once for numpy arrays (:func:`composite`)
+    and torch tensors (the streamed frames' ``finish_codes``): the same float32 operations in the same order, so both
+    give the same bits. ``rgb`` (…, 3), ``a`` (…)."""
     out = rgb * a[..., None]
-    if white_bg:
-        out = out + (1.0 - a[..., None])
-    return out.astype(np.float32), a.astype(np.float32)
+    return out + (1.0 - a[..., None]) if white_bg else out
 
 
 def resize_area(img: np.ndarray, width: int, height: int) -> np.ndarray:

@@ -44,7 +44,7 @@ import torch
 
 from ..camera import Camera
 from .frames import DatasetError, Frame, FramePipeline, FrameSpec, LoadNotes, _downscale_mask, frame_mask
-from .images import UNIT8, image_header, image_size, other_aspect
+from .images import UNIT8, composite_rgb, image_header, image_size, other_aspect
 
 __all__ = ["FrameCache", "FrameSource", "StreamedFrame", "ViewStream", "DEFAULT_CACHE_MB", "DEFAULT_AHEAD",
            "auto_cache_bytes", "cache_note", "finish_codes",
@@ -116,11 +116,8 @@ def finish_codes(codes: torch.Tensor, white_bg: bool, table: torch.Tensor | None
         values = codes
     if values.shape[-1] == 3:
         return values, None
-    rgb, a = values[..., :3], values[..., 3]
-    out = rgb * a[..., None]
-    if white_bg:
-        out = out + (1.0 - a[..., None])
-    return out, a.contiguous()
+    a = values[..., 3]
+    return composite_rgb(values[..., :3], a, white_bg), a.contiguous()
 
 
 class FrameCache:
