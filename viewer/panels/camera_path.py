@@ -222,18 +222,13 @@ def draw_section(imgui, editor: PathEditor, jobs: dict, requests: list):
             if imgui.selectable(label, editor.selected == i)[0]:
                 editor.selected = i
         imgui.end_list_box()
+    # two rows of buttons: (label, action, enabled); each row's first button starts a new line
     for label, action, enabled in (("add view", "add", True), ("replace", "replace", editor.selected is not None),
-                                   ("delete", "delete", editor.selected is not None)):
-        if action != "add":
-            imgui.same_line()
-        imgui.begin_disabled(not enabled)
-        if imgui.button(label + "##path"):
-            requests.append(f"path:{action}")
-        imgui.end_disabled()
-    for label, action, enabled in (("up", "up", editor.selected not in (None, 0)),
+                                   ("delete", "delete", editor.selected is not None),
+                                   ("up", "up", editor.selected not in (None, 0)),
                                    ("down", "down", editor.selected is not None and editor.selected < len(kfs) - 1),
                                    ("clear", "clear", bool(kfs))):
-        if action != "up":
+        if action not in ("add", "up"):
             imgui.same_line()
         imgui.begin_disabled(not enabled)
         if imgui.button(label + "##path"):
