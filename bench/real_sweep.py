@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+#: the second evaluation protocols a run may score besides its held-out PSNR, with their column names
+PROTOCOLS = {"psnr_pose": "pose-fitted PSNR", "psnr_exposure": "exposure PSNR"}
 
 
 def parse_variant(spec: str) -> tuple[str, list[str]]:
@@ -73,6 +75,9 @@ def main(argv=None) -> int:
         try:
             r = json.loads((out / tag / "real.json").read_text())["scenes"][0]["runs"]["rigel"]["checkpoints"][-1]
             res.update(psnr=r["psnr"], ssim=r["ssim"], n=r.get("num_gaussians"), train_s=r.get("train_s"))
+            # the pose-fitted and exposure protocols' PSNR (eval_pose_opt / pose_opt, eval_exposure / exposure /
+            # appearance_grid: docs/TRAINING.md), where the run scored them
+            res.update({k: r[f"{k}_trainer"] for k in PROTOCOLS if r.get(f"{k}_trainer") is not None})
         except (OSError, KeyError, IndexError, ValueError) as e:
             res["error"] = f"{type(e).__name__}: {e}"
         print(f"{tag}: rc={rc} psnr={res.get('psnr', 'n/a')}", flush=True)
@@ -80,9 +85,11 @@ def main(argv=None) -> int:
 
     def write(results) -> list[str]:
         (out / "sweep.json").write_text(json.dumps(results, indent=1) + "\n")
+        protocols = [k for k in PROTOCOLS if any(r.get(k) is not None for r in results)]
         lines = [f"iterations {args.iters}, seeds {seeds}; Δ = variant − {variants[0][0]} per seed (mean [min, max])", "",
-                 "| scene | variant | PSNR per seed | mean | Δ mean [min, max] | N (mean) | train s (mean) ¹ |",
-                 "|---|---|---|---:|---|---:|---:|"]
+                 "| scene | variant | PSNR per seed | mean | Δ mean [min, max] | N (mean) | train s (mean) ¹ |"
+                 + "".join(f" {PROTOCOLS[k]} per seed |" for k in protocols),
+                 "|---|---|---|---:|---|---:|---:|" + "---|" * len(protocols)]
         for sc in dict.fromkeys(Path(s).name for s in scenes):
             base = {r["seed"]: r.get("psnr") for r in results if r["scene"] == sc and r["variant"] == variants[0][0]}
             for v, _ in variants:
@@ -96,7 +103,9 @@ def main(argv=None) -> int:
                 ts = [r["train_s"] for r in rows if r.get("train_s")]
                 lines.append(f"| {sc} | {v} | {' / '.join('—' if p is None else f'{p:.2f}' for p in ps)} | {mean:.2f} | "
                              f"{delta} | {sum(ns) / len(ns) if ns else 0:,.0f} | "
-                             f"{f'{sum(ts) / len(ts):.1f}' if ts else '—'} |")
+                             f"{f'{sum(ts) / len(ts):.1f}' if ts else '—'} |"
+                             + "".join(f" {' / '.join('—' if r.get(k) is None else f'{r[k]:.2f}' for r in rows)} |"
+                                       for k in protocols))
         lines += ["", f"¹ runs {args.parallel} at a time on one GPU: times compare variants within this sweep only."]
         (out / "sweep.md").write_text("\n".join(lines) + "\n")
         return lines
