@@ -52,11 +52,15 @@ for both methods — rigel's ``Trainer.evaluate`` is recorded beside it in the J
 count, training time (s: wall time of the loop up to a ``torch.cuda.synchronize()``, evaluations excluded), peak
 GPU memory (``torch.cuda.max_memory_allocated``, reset before each run; images on the GPU included).
 ``--time-limit S`` stops a run once its training time passes S seconds (evaluated there, recorded as stopped);
-Ctrl-C / SIGINT stops the current run the same way and writes what was measured.
+Ctrl-C / SIGINT stops the current run the same way and writes what was measured. **Time to the gsplat loop's PSNR**
+(issue 39): per scene and gsplat loop, the first rigel checkpoint whose PSNR is at least that loop's at its last
+checkpoint (a stopped run's last), with rigel's iteration and training seconds there and their ratio to the loop's
+seconds, or "not reached by it N" (:func:`time_to_psnr`; only checkpoints are seen).
 
 Outputs (under ``--out``, default ``$OUT``, else ``real-<UTC time>``; an existing result there is never
 overwritten): ``real.md`` (the table: time ratio = rigel / gsplat training seconds, ΔPSNR = rigel − gsplat at the
-same iteration), ``real.json`` (everything, per-view metrics included), ``summary.txt`` (one line per scene) and
+same iteration; then the time-to-PSNR table), ``real.json`` (everything, per-view metrics included; the time to
+PSNR per scene in ``time_to_peer_psnr``), ``summary.txt`` (one line per scene) and
 ``real_<scene>_<view>.png`` (the first held-out view: ground truth | rigel | gsplat, at each method's last
 checkpoint). Nothing is written into the datasets. stdout: one line per evaluation.
 
@@ -668,6 +672,84 @@ def compare(rig: dict, gsp: dict) -> dict:
     return out
 
 
+def time_to_psnr(rigel: list, peer: list) -> dict | None:
+    """When the ``rigel`` curve first reaches the PSNR the ``peer`` curve ends at (issue 39). Curves are
+    [(iteration, PSNR dB or None, training s)], one per evaluated checkpoint (a stopped run's are those it has).
+    The target is the peer's PSNR at its largest iteration; "reached" is the first rigel checkpoint (by iteration)
+    with PSNR ≥ that target. Returns None when the peer has no PSNR there (no run, no held-out views), else
+    {"peer_iteration", "peer_psnr", "peer_train_s", "reached" (bool), "iteration", "psnr", "train_s" (rigel's at the
+    reaching checkpoint; None when not reached), "time_ratio" (rigel s there / peer s at its last checkpoint; None
+    when not reached or the peer's time is 0), "last_iteration", "best_psnr" (rigel's last iteration and best PSNR;
+    None without checkpoints)}."""
+    if not peer:
+        return None
+    p_it, p_psnr, p_s = max(peer, key=lambda c: c[0])
+    if p_psnr is None:
+        return None
+    ours = sorted(rigel, key=lambda c: c[0])
+    hit = next((c for c in ours if c[1] is not None and c[1] >= p_psnr), None)
+    psnrs = [c[1] for c in ours if c[1] is not None]
+    it, psnr, train_s = hit if hit is not None else (None, None, None)
+    return {"peer_iteration": p_it, "peer_psnr": p_psnr, "peer_train_s": p_s, "reached": hit is not None,
+            "iteration": it, "psnr": psnr, "train_s": train_s,
+            "time_ratio": train_s / p_s if hit is not None and p_s > 0 else None,
+            "last_iteration": ours[-1][0] if ours else None, "best_psnr": max(psnrs) if psnrs else None}
+
+
+def curve(run: dict | None) -> list:
+    """[(iteration, PSNR, training s)] of a run record's checkpoints ([] for a missing, skipped or failed run)."""
+    return [(c["iteration"], c["psnr"], c["train_s"]) for c in (run or {}).get("checkpoints") or []]
+
+
+def times_to_peer_psnr(sc: dict) -> list[dict]:
+    """:func:`time_to_psnr` of each rigel method against each gsplat loop measured on scene record ``sc``, as
+    {"method", "peer", **result} (real.json's ``time_to_peer_psnr``)."""
+    runs = sc.get("runs", {})
+    out = []
+    for m in RIGEL_METHODS:
+        for g in GSPLAT_METHODS:
+            if m in runs and g in runs:
+                t = time_to_psnr(curve(runs[m]), curve(runs[g]))
+                if t is not None:
+                    out.append({"method": m, "peer": g, **t})
+    return out
+
+
+def reached_text(t: dict) -> str:
+    """"it 3,000" or "not reached by it 7,000 (best 24.10 dB)" for a :func:`time_to_psnr` result."""
+    if t["reached"]:
+        return f"it {t['iteration']:,}"
+    if t["last_iteration"] is None:
+        return "not reached (no checkpoint)"
+    return f"not reached by it {t['last_iteration']:,} (best {fmt(t['best_psnr'])} dB)"
+
+
+PEER_HEAD = ("| scene | method | peer | peer's last it | peer PSNR | peer train s | method reaches it at | "
+             "PSNR there | train s there | time ratio method/peer |")
+
+
+def peer_psnr_table(results: dict) -> list[str]:
+    """The lines of the "time to the gsplat loop's PSNR" table, with a heading; [] when no scene has a pair."""
+    rows = []
+    for sc in results["scenes"]:
+        runs = sc.get("runs", {})
+        for t in times_to_peer_psnr(sc):
+            stops = {k: f" (stopped: {runs[k]['stop_reason']})" for k in (t["method"], t["peer"])
+                     if runs[k].get("stopped_at")}
+            rows.append(f"| {sc['scene']} | {t['method']} | {t['peer']} | {t['peer_iteration']:,}"
+                        f"{stops.get(t['peer'], '')} | {fmt(t['peer_psnr'])} | {t['peer_train_s']:.1f} | "
+                        f"{reached_text(t)}{stops.get(t['method'], '') if not t['reached'] else ''} | "
+                        f"{fmt(t['psnr'])} | {fmt(t['train_s'], '.1f')} | {fmt(t['time_ratio'])} |")
+    if not rows:
+        return []
+    return ["", "## Time to the gsplat loop's PSNR", "",
+            "The gsplat loop's held-out PSNR at its last checkpoint (a stopped run's last), and the first of the rigel "
+            "run's checkpoints (--iters) whose PSNR is at least that: its iteration, PSNR and training seconds, and "
+            "the time ratio = those seconds / the gsplat loop's training seconds at its last checkpoint. Only "
+            "checkpoints are seen: rigel may reach it between the one before and the one named.", "",
+            PEER_HEAD, "|---|---|---|---:|---:|---:|---|---:|---:|---:|", *rows]
+
+
 TABLE_HEAD = ("| scene | method | iters | PSNR | SSIM | N | train s | peak GiB | time ratio rigel/gsplat | "
               "ΔPSNR rigel − gsplat | time ratio rigel/gsplat-mcmc | ΔPSNR rigel − gsplat-mcmc |")
 
@@ -723,6 +805,7 @@ def markdown(results: dict) -> str:
                 lines.append(f"| {sc['scene']} | {method} | {it} | {fmt(c['psnr'])} | {fmt(c['ssim'], '.4f')} | "
                              f"{c['num_gaussians']:,} | {c['train_s']:.1f} | {fmt(c['peak_gib'])} | {fmt(ratio)} | "
                              f"{fmt(diff, '+.2f')} | {fmt(ratio_m)} | {fmt(diff_m, '+.2f')} |")
+    lines += peer_psnr_table(results)
     lines += mcmc_table(results)
     if notes:
         lines += [""] + notes
@@ -786,6 +869,11 @@ def summary_line(sc: dict) -> str:
             if cmp:
                 it = max(cmp)
                 parts.append(f"vs {g} at {it}: time ratio {fmt(cmp[it][0])} ΔPSNR {fmt(cmp[it][1], '+.2f')} dB")
+    for t in times_to_peer_psnr(sc):
+        if t["method"] == "rigel":
+            parts.append(f"{t['peer']}'s {fmt(t['peer_psnr'])} dB (it {t['peer_iteration']}, {t['peer_train_s']:.1f} s)"
+                         + (f" reached by rigel at it {t['iteration']}, {t['train_s']:.1f} s, time ratio "
+                            f"{fmt(t['time_ratio'])}" if t["reached"] else f": {reached_text(t)}"))
     if "rigel" in runs and "rigel-mcmc" in runs:
         cmp = compare(runs["rigel-mcmc"], runs["rigel"])
         if cmp:
@@ -801,6 +889,8 @@ def write_text(path: Path, text: str) -> None:
 
 def write_results(out: Path, results: dict) -> None:
     """real.json, real.md, summary.txt (atomic; rewritten after each scene so a stopped session keeps them)."""
+    for sc in results["scenes"]:  # derived from the runs (recomputed, so a merge's is the joined runs')
+        sc["time_to_peer_psnr"] = times_to_peer_psnr(sc)
     write_text(out / "real.json", json.dumps(results, indent=1, default=float) + "\n")
     write_text(out / "real.md", markdown(results))
     write_text(out / "summary.txt", "".join(summary_line(sc) + "\n" for sc in results["scenes"]))

@@ -7,6 +7,7 @@ densification off on both sides, the two loops must then follow the same traject
 learning rates, loss and SH ramp) — a check that the benchmark gives both methods the same protocol.
 """
 import dataclasses
+import itertools
 import json
 import math
 import sys
@@ -388,9 +389,105 @@ COLUMNS = ["scene", "method", "iters", "PSNR", "SSIM", "N", "train s", "peak GiB
 
 
 def table_rows(md: str) -> tuple[list[str], list[list[str]]]:
-    lines = [line for line in md.splitlines() if line.startswith("|")]
+    """(header, rows) of the first markdown table in ``md``."""
+    def is_row(line):
+        return line.startswith("|")
+
+    lines = list(itertools.takewhile(is_row, itertools.dropwhile(lambda line: not is_row(line), md.splitlines())))
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
     return cells[0], cells[2:]
+
+
+def check_time_to_peer(out: Path, method: str = "rigel", peer: str = "gsplat") -> None:
+    """real.json's time_to_peer_psnr and real.md's "Time to the gsplat loop's PSNR" row against the runs' own
+    checkpoints (issue 39): the peer's last PSNR, the first checkpoint of ``method`` at or above it."""
+    sc = json.loads((out / "real.json").read_text())["scenes"][0]
+    rig, gsp = sc["runs"][method]["checkpoints"], sc["runs"][peer]["checkpoints"]
+    target = gsp[-1]
+    hit = [c for c in rig if c["psnr"] >= target["psnr"]][:1]
+    t = next(t for t in sc["time_to_peer_psnr"] if (t["method"], t["peer"]) == (method, peer))
+    assert (t["peer_iteration"], t["peer_psnr"], t["peer_train_s"]) == (target["iteration"], target["psnr"],
+                                                                        target["train_s"])
+    assert t["reached"] == bool(hit) and t["last_iteration"] == rig[-1]["iteration"]
+    md = (out / "real.md").read_text()
+    head, rows = table_rows(md.split("## Time to the gsplat loop's PSNR")[1])
+    assert head[:4] == ["scene", "method", "peer", "peer's last it"]
+    row = next(r for r in rows if (r[1], r[2]) == (method, peer))
+    assert float(row[4]) == pytest.approx(target["psnr"], abs=0.006)
+    if hit:
+        assert (t["iteration"], t["train_s"]) == (hit[0]["iteration"], hit[0]["train_s"])
+        assert t["time_ratio"] == pytest.approx(hit[0]["train_s"] / target["train_s"])
+        assert row[6] == f"it {hit[0]['iteration']:,}" and float(row[9]) == pytest.approx(t["time_ratio"], abs=0.006)
+    else:
+        assert t["iteration"] is None and row[6].startswith(f"not reached by it {rig[-1]['iteration']:,}")
+    line = (out / "summary.txt").read_text()
+    assert f"{peer}'s {target['psnr']:.2f} dB (it {target['iteration']}," in line
+    assert (f"reached by rigel at it {hit[0]['iteration']}," if hit else "not reached by it") in line
+
+
+def test_time_to_peer_psnr_on_hand_made_curves():
+    """rigel's first checkpoint at or above the peer's PSNR at the peer's last checkpoint (issue 39)."""
+    gsp = [(1000, 22.0, 10.0), (2000, 24.0, 20.0), (3000, 23.5, 40.0)]  # the target: 23.5 dB (its last, not best)
+    first = real.time_to_psnr([(1000, 23.6, 4.0), (2000, 25.0, 8.0), (3000, 26.0, 12.0)], gsp)
+    assert first == {"peer_iteration": 3000, "peer_psnr": 23.5, "peer_train_s": 40.0, "reached": True,
+                     "iteration": 1000, "psnr": 23.6, "train_s": 4.0, "time_ratio": 0.1, "last_iteration": 3000,
+                     "best_psnr": 26.0}
+    # in the middle, and the first that reaches it even when a later one dips below again; unsorted input
+    mid = real.time_to_psnr([(3000, 23.0, 30.0), (1000, 20.0, 5.0), (2000, 23.7, 15.0)], gsp[::-1])
+    assert (mid["reached"], mid["iteration"], mid["psnr"], mid["train_s"]) == (True, 2000, 23.7, 15.0)
+    assert mid["time_ratio"] == pytest.approx(15.0 / 40.0) and mid["last_iteration"] == 3000
+    # equal PSNR counts as reached
+    eq = real.time_to_psnr([(1000, 23.4999, 5.0), (2000, 23.5, 50.0)], gsp)
+    assert (eq["iteration"], eq["time_ratio"]) == (2000, 1.25)
+    # never: the last iteration and the best PSNR reached instead; rigel's unevaluated checkpoint skipped
+    never = real.time_to_psnr([(1000, 21.0, 5.0), (2000, None, 9.0), (3000, 23.4, 14.0)], gsp)
+    assert never["reached"] is False and never["iteration"] is None and never["time_ratio"] is None
+    assert (never["last_iteration"], never["best_psnr"]) == (3000, 23.4)
+    assert real.reached_text(never) == "not reached by it 3,000 (best 23.40 dB)"
+    assert real.reached_text(first) == "it 1,000"
+    # a gsplat run stopped early (time limit / Ctrl-C): the target is its last evaluated checkpoint
+    stopped = real.time_to_psnr([(1000, 21.0, 5.0), (2000, 22.5, 9.0)], [(1000, 22.0, 10.0), (1437, 22.4, 12.5)])
+    assert (stopped["peer_iteration"], stopped["peer_psnr"], stopped["iteration"]) == (1437, 22.4, 2000)
+    assert stopped["time_ratio"] == pytest.approx(9.0 / 12.5)
+    # a rigel run stopped before any checkpoint; a peer without PSNR (no held-out views) or without a run
+    none = real.time_to_psnr([], gsp)
+    assert none["reached"] is False and none["last_iteration"] is None and none["best_psnr"] is None
+    assert real.reached_text(none) == "not reached (no checkpoint)"
+    assert real.time_to_psnr([(1000, 30.0, 1.0)], [(1000, 20.0, 1.0), (2000, None, 2.0)]) is None
+    assert real.time_to_psnr([(1000, 30.0, 1.0)], []) is None
+    assert real.time_to_psnr([(1000, 30.0, 1.0)], [(1000, 20.0, 0.0)])["time_ratio"] is None
+
+
+def test_time_to_peer_psnr_per_scene_record():
+    """Every rigel method against every gsplat loop that measured, in real.md's table and summary.txt's line;
+    skipped and failed runs give no row."""
+    def run(*pts, **kw):
+        return {"checkpoints": [{"iteration": i, "psnr": p, "train_s": t, "ssim": 0.5, "num_gaussians": 10,
+                                 "peak_gib": None} for i, p, t in pts], **kw}
+
+    sc = {"scene": "s", "runs": {"rigel": run((100, 20.0, 1.0), (200, 25.0, 2.0)), "rigel-mcmc": run((100, 26.0, 3.0)),
+                                 "gsplat": run((100, 21.0, 4.0), (150, 24.0, 8.0), stopped_at=150,
+                                               stop_reason="interrupted"),
+                                 "gsplat-mcmc": {"skipped": "no CUDA"}}}
+    got = real.times_to_peer_psnr(sc)
+    assert [(t["method"], t["peer"], t["iteration"], t["time_ratio"]) for t in got] == [
+        ("rigel", "gsplat", 200, 0.25), ("rigel-mcmc", "gsplat", 100, 0.375)]
+    meta = {"methods": list(real.METHODS), "device_name": "CPU", "date": "d", "commit": "c", "torch": "t",
+            "gsplat": None, "downscale": 1, "rigel_config": {}}
+    _, rows = table_rows(real.markdown({"meta": meta, "scenes": [sc]}).split("## Time to the gsplat loop's PSNR")[1])
+    assert rows == [["s", "rigel", "gsplat", "150 (stopped: interrupted)", "24.00", "8.0", "it 200", "25.00", "2.0",
+                     "0.25"],
+                    ["s", "rigel-mcmc", "gsplat", "150 (stopped: interrupted)", "24.00", "8.0", "it 100", "26.00",
+                     "3.0", "0.38"]]
+    assert (" | gsplat's 24.00 dB (it 150, 8.0 s) reached by rigel at it 200, 2.0 s, time ratio 0.25 | "
+            in real.summary_line(sc))
+    sc["runs"]["rigel"] = run((100, 20.0, 1.0), stopped_at=100, stop_reason="time limit 1 s")
+    _, rows = table_rows(real.markdown({"meta": meta, "scenes": [sc]}).split("## Time to the gsplat loop's PSNR")[1])
+    assert rows[0][6:] == ["not reached by it 100 (best 20.00 dB) (stopped: time limit 1 s)", "-", "-", "-"]
+    assert " | gsplat's 24.00 dB (it 150, 8.0 s): not reached by it 100 (best 20.00 dB) | " in real.summary_line(sc)
+    sc["runs"]["gsplat"] = {"error": "boom"}
+    assert real.times_to_peer_psnr(sc) == []
+    assert real.peer_psnr_table({"scenes": [sc]}) == []
 
 
 def test_cli_rigel_only_when_gsplat_is_missing(procedural, tmp_path, monkeypatch, capsys):
@@ -422,6 +519,7 @@ def test_cli_rigel_only_when_gsplat_is_missing(procedural, tmp_path, monkeypatch
     im = Image.open(out / sc["png"])
     assert sc["png_panels"] == ["gt", "rigel"] and im.size == (24 * 2 + 2, 24)
     assert (out / "summary.txt").read_text().startswith("proc: rigel it 8 ")
+    assert "Time to the gsplat loop's PSNR" not in (out / "real.md").read_text() and sc["time_to_peer_psnr"] == []
     assert sorted(p.name for p in procedural.rglob("*")) == before  # nothing written into the dataset
     # no run is overwritten
     assert real.main(CLI + ["--out", str(out)]) == 2
@@ -443,6 +541,7 @@ def test_cli_both_methods_with_a_stand_in_gsplat(procedural, tmp_path, fake_gspl
     assert rows[2][8] == rows[2][9] == "-"
     assert res["scenes"][0]["png_panels"] == ["gt", "gsplat", "rigel"]
     assert "time ratio" in (out / "summary.txt").read_text()
+    check_time_to_peer(out)
     # --time-limit stops each run early and says where
     out2 = tmp_path / "out2"
     assert real.main(CLI + ["--scenes", str(procedural), "--out", str(out2), "--time-limit", "1e-9"]) == 0
@@ -450,6 +549,9 @@ def test_cli_both_methods_with_a_stand_in_gsplat(procedural, tmp_path, fake_gspl
     for r in res["scenes"][0]["runs"].values():
         assert r["stopped_at"] == 1 and [c["iteration"] for c in r["checkpoints"]] == [1]
     assert "1 (stopped: time limit" in (out2 / "real.md").read_text()
+    check_time_to_peer(out2)  # both stopped at iteration 1: the target is the gsplat loop's there
+    _, rows = table_rows((out2 / "real.md").read_text().split("## Time to the gsplat loop's PSNR")[1])
+    assert rows[0][3].startswith("1 (stopped: time limit")
 
 
 def test_cli_gsplat_mcmc_column(procedural, tmp_path, fake_gsplat, monkeypatch, capsys):
@@ -472,6 +574,8 @@ def test_cli_gsplat_mcmc_column(procedural, tmp_path, fake_gsplat, monkeypatch, 
         assert float(r[10]) == pytest.approx(c["train_s"] / g["train_s"], abs=0.006)
         assert float(r[11]) == pytest.approx(c["psnr"] - g["psnr"], abs=0.006)
     assert "vs gsplat-mcmc at 8" in (out / "summary.txt").read_text()
+    check_time_to_peer(out, peer="gsplat")
+    check_time_to_peer(out, peer="gsplat-mcmc")
 
 
 def test_cli_mcmc_vs_default_at_equal_counts(procedural, tmp_path, capsys):
@@ -522,6 +626,9 @@ def test_merge_separate_runs(procedural, tmp_path, fake_gsplat, monkeypatch, cap
     assert float(rows[1][9]) == pytest.approx(c["psnr"] - g["psnr"], abs=0.006)
     res = json.loads((m / "real.json").read_text())
     assert res["meta"]["methods"] == ["rigel", "gsplat"] and res["meta"]["merged_from"] == [str(a), str(b)]
+    for d in (a, b):  # each run alone has no pair; the merge has the joined runs' row
+        assert json.loads((d / "real.json").read_text())["scenes"][0]["time_to_peer_psnr"] == []
+    check_time_to_peer(m)
     from PIL import Image
 
     sc = res["scenes"][0]
