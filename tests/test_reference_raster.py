@@ -168,6 +168,29 @@ def test_chunked_walk_is_bit_identical_to_one_piece(rng, dtype):
     assert (whole[1] < 0.5).float().mean() > 0.3 and whole[5].abs().sum() > 0  # a covered image, live gradients
 
 
+def test_batched_backward_through_the_chunked_walk(rng):
+    """autograd.grad(..., is_grads_batched=True) (vmap over the backward: what the GPU absgrad test uses to take
+    each pixel's gradient in one call) through the chunked walk gives, row for row, what one backward per pixel
+    gives — with chunks of 2 tiles, so that pieces of the gradient come from several spans and some spans see none
+    of a pixel's weight. Before the backward assembled its pieces out of place, vmap refused the in-place copy."""
+    w, h = 40, 24  # 3 x 2 tiles
+    cam = random_camera(rng, w, h, dist=3.0)
+    g = [x.double() for x in random_gaussians(rng, 60, scale_range=(-3.0, -1.6))]
+    p = project_gaussians(*g[:4], *cam_tensors(cam, torch.float64), w, h)
+    b = bin_gaussians(p.means2D, p.conics, g[3], p.depths, p.radii, w, h)
+    m2 = p.means2D.detach().clone().requires_grad_(True)
+    r = rasterize_tiles(m2, p.conics.detach(), g[4], g[3], b.gaussian_ids, b.tile_ranges, b.tiles_x, b.tiles_y, w, h,
+                        chunk=2)
+    pix = torch.randperm(h * w, generator=rng)[:12]            # a dozen random pixels, rows of the identity
+    terms = (r.image.sum(-1) + r.final_T).flatten()[pix]
+    (batched,) = torch.autograd.grad(terms, m2, torch.eye(pix.numel(), dtype=terms.dtype), retain_graph=True,
+                                     is_grads_batched=True)
+    for i in range(pix.numel()):
+        (one,) = torch.autograd.grad(terms[i], m2, retain_graph=True)
+        torch.testing.assert_close(batched[i], one, rtol=1e-12, atol=1e-14)
+    assert int((batched.abs().sum(-1) > 0).sum()) > 5      # pixels reached by live Gaussians
+
+
 def test_outputs_need_gradients_only_through_the_inputs_they_depend_on(rng):
     """With only some inputs requiring gradients, the outputs that do not depend on them do not require one (as
     through the walk in one piece): the colours reach the image alone, the depths the depth sum alone; the means

@@ -294,11 +294,13 @@ class _Blend(torch.autograd.Function):
     def backward(ctx, g_Tr, g_rgb, _stop, _last, g_dsum=None, _dmed=None):
         px, py, done, pos1, *xs = ctx.saved_tensors  # xs: Tr, mu, con, opac, col[, z]
         need = ctx.needs_input_grad[5:]
-        grads = [torch.zeros_like(x) if n else None for x, n in zip(xs, need)]
+        # each input's gradient a list of per-span pieces joined at the end: out of place, so that a batched
+        # backward (autograd.grad(..., is_grads_batched=True), which vmaps this function) works too
+        grads = [[] if n else None for n in need]
         reached = [False] * len(xs)
         wanted = [(i, g) for i, g in ((0, g_Tr), (1, g_rgb), (2, g_dsum)) if g is not None]
         if not any(need) or not wanted:
-            return (None,) * 5 + tuple(grads)
+            return (None,) * 5 + tuple(torch.zeros_like(x) if n else None for x, n in zip(xs, need))
         for span in _spans(xs[0].shape[0], ctx.chunk):
             sl = slice(*span)
             part = [x.requires_grad_(n) for x, n in zip(_rows(span, *xs), need)]
@@ -307,14 +309,15 @@ class _Blend(torch.autograd.Function):
                                                     part[5] if len(part) > 5 else None)[:3]
                 outs = (Tr_next, rgb_add, dsum_add)
                 pairs = [(outs[i], g[sl]) for i, g in wanted if outs[i].requires_grad]  # e.g. T: not on z
-                if not pairs:
-                    continue
                 got = torch.autograd.grad([o for o, _ in pairs], [p for p, n in zip(part, need) if n],
-                                          [g for _, g in pairs], allow_unused=True)
-            got = iter(got)
+                                          [g for _, g in pairs], allow_unused=True) if pairs else None
+            got = iter(got or ())
             for k, n in enumerate(need):
-                if n and (gk := next(got)) is not None:
-                    grads[k][sl] = gk
-                    reached[k] = True
+                if not n:
+                    continue
+                gk = next(got, None)
+                reached[k] |= gk is not None
+                # a span no wanted output reached contributes zeros (shaped as a gradient of that span's rows)
+                grads[k].append(gk if gk is not None else torch.zeros_like(part[k]))
         # an input no wanted output depends on gets None, as autograd gives it through the block in one piece
-        return (None,) * 5 + tuple(g if r else None for g, r in zip(grads, reached))
+        return (None,) * 5 + tuple(torch.cat(g) if r else None for g, r in zip(grads, reached))
