@@ -195,8 +195,10 @@ def kernel_filter(names: set[str]) -> str:
 
 
 def base_name(name: str) -> str:
-    """A kernel's function name without return type, namespaces, template arguments and parameters."""
-    name = name.replace("(anonymous namespace)::", "")
+    """A kernel's function name without return type, namespaces, template arguments and parameters. An anonymous
+    namespace is "(anonymous namespace)" in some demanglers and "<unnamed>" in ncu 2025's (whose '<' would otherwise
+    be read as the start of template arguments)."""
+    name = name.replace("(anonymous namespace)::", "").replace("<unnamed>::", "")
     name = re.split(r"[<(]", name, maxsplit=1)[0].strip()
     return name.split("::")[-1].split()[-1] if name.split("::")[-1].split() else name
 

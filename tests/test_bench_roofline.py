@@ -133,6 +133,15 @@ def test_kernel_labels():
     assert label("void at::native::(anonymous namespace)::vectorized_elementwise_kernel<4, Fn>(int, Fn)",
                  RIGEL) == OTHER
     assert label("reduce_kernel", RIGEL) == OTHER
+    # ncu 2025.3's names (read from an H100 run's CSV): the anonymous namespace as "<unnamed>", whose '<' is not the
+    # start of template arguments
+    assert label("rigel::<unnamed>::project_fwd_kernel(long, const float *, const float *)", RIGEL) == \
+        "project_fwd_kernel"
+    assert label("void rigel::<unnamed>::sh_fwd_kernel<3, 48, 1, 1>(long, int, const float *)", RIGEL) == \
+        "sh_fwd_kernel"
+    assert label("rigel::<unnamed>::ssim_fwd_kernel(int, int, int, long, rigel::SsimWindow, const float *)",
+                 RIGEL) == "ssim_fwd_kernel"
+    assert label("at::<unnamed>::spin_kernel(long)", RIGEL) == OTHER
 
 
 def test_kernel_filter_keeps_rigel_cub_and_markers_only():
