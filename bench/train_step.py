@@ -57,15 +57,19 @@ FAR = 10 ** 9  # an iteration no run reaches: densification, opacity reset and e
 STAGES = ("render", "loss", "loss_bwd", "render_bwd", "adam")
 
 
-def bench_config() -> TrainConfig:
+def bench_config(strategy: str = "default") -> TrainConfig:
     """The trainer's defaults (learning rates, λ, Adam eps), SH degree 3 active from iteration 3, and no
     densification, opacity reset or evaluation inside the run (the statistics are still gathered); full resolution
     (the one-view dataset has no SfM points, so "auto" coarse-to-fine would time the first steps at ¼ size), and
     3DGS's densification's step: "auto" makes a photo capture without SfM points an MCMC run, whose every step adds
     its position noise and regularisers — another step than the one this bench has timed since it began (63e10e6's
-    "auto" resolved to "default" here)."""
-    return TrainConfig(sh_degree=SH_DEGREE, sh_degree_interval=1, densify_from=FAR, opacity_reset_interval=FAR,
-                       eval_every=0, coarse_to_fine=1, strategy="default")
+    "auto" resolved to "default" here). ``strategy="mcmc"`` (``--strategy mcmc``) times the MCMC step instead, its
+    budget the scene's count (``max_gaussians``: no relocation or growth inside the run)."""
+    cfg = TrainConfig(sh_degree=SH_DEGREE, sh_degree_interval=1, densify_from=FAR, opacity_reset_interval=FAR,
+                      eval_every=0, coarse_to_fine=1, strategy=strategy)
+    if strategy == "mcmc":
+        cfg.max_gaussians = 10 ** 9  # above any scene here: the cap never cuts, the step stays the graph's
+    return cfg
 
 
 def clone_model(model: GaussianModel) -> GaussianModel:
@@ -203,7 +207,7 @@ def trainer_throughput(trainer: Trainer, iters: int, warmup: int) -> tuple[float
 def run(args, device=None):
     """Measure every (scene, resolution) row; returns (rows, profile text)."""
     dev = torch.device(device or "cuda")
-    cfg = bench_config()
+    cfg = bench_config(args.strategy)
     have_gsplat = gsplat_available(not args.no_gsplat)
     rows, prof_text = [], []
     for scene in args.scenes.split(","):
@@ -264,7 +268,7 @@ def run(args, device=None):
             if args.profile == "trainer":
                 prof_text.append(profile(trainer.step, 20, f"Trainer.step, {scene} {w}x{h}"))
             del trainer
-            eager_cfg = bench_config()
+            eager_cfg = bench_config(args.strategy)
             eager_cfg.cuda_graph = False
             trainer = Trainer(one_view_dataset(cam, target, extent), eager_cfg, model=clone_model(base), device=dev)
             row["trainer_tp_eager"] = trainer_throughput(trainer, args.iters, args.warmup)[0]
@@ -340,6 +344,9 @@ def parse_args(argv=None):
     ap.add_argument("--iters", type=int, default=50, help="timed iterations per loop (default: %(default)s)")
     ap.add_argument("--warmup", type=int, default=10, help="untimed iterations first (default: %(default)s)")
     ap.add_argument("--no-gsplat", action="store_true", help="rigel only")
+    ap.add_argument("--strategy", choices=("default", "mcmc"), default="default",
+                    help="the Trainer loop's step: 3DGS's densification's (default) or the MCMC budget's (its position "
+                         "noise and regularisers every step)")
     ap.add_argument("--profile", nargs="?", const="step", choices=("step", "trainer"), default=None,
                     help="also run torch.profiler over 20 rigel iterations (step: the bare iteration, default; "
                          "trainer: Trainer.step) and print the top ops by self GPU and self CPU time")

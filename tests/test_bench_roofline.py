@@ -447,3 +447,29 @@ def test_a_filter_that_keeps_nothing_is_dropped(fake_ncu, tmp_path):
     assert "- 10M: ncu exit 0, 0 launches; log: ==WARNING== No kernels were profiled." in md
     assert "- 10M and later: every launch profiled (the kernel-name filter kept none)" in md
     assert "| 10M | 1,000 | 800x800 | forward |" in md and "every launch; PyTorch's are summed" in md
+
+
+@pytest.mark.parametrize("strategy", ["default", "mcmc"])
+def test_bench_trainer_runs_the_step_it_names(strategy):
+    """bench/train_step.py's (and this driver's) Trainer on its one-view dataset runs the strategy it asks for: the
+    dataset has no SfM points and is a photo, which "auto" makes MCMC since issue 35 — the bench's Trainer column
+    silently became an MCMC step (measured on the H100 against 63e10e6) until the config pinned it."""
+    from bench import train_step
+    from rigel_core import Camera
+    from rigel_core.model import GaussianModel
+    from rigel_core.train.strategy import strategy_for
+    from rigel_core.train.trainer import Trainer
+
+    g = torch.Generator().manual_seed(0)
+    n = 64
+    model = GaussianModel(torch.randn(n, 3, generator=g) * 0.3, torch.full((n, 3), -2.5),
+                          torch.nn.functional.normalize(torch.randn(n, 4, generator=g), dim=1),
+                          torch.zeros(n), torch.rand(n, 1, 3, generator=g), torch.rand(n, 15, 3, generator=g) * 0.1)
+    cam = Camera.look_at((0.0, -3.0, 0.5), (0.0, 0.0, 0.0), (0.0, 0.0, 1.0), width=32, height=24, fov_x_deg=50.0)
+    target = torch.rand(24, 32, 3, generator=g)
+    trainer = Trainer(train_step.one_view_dataset(cam, target, 2.0), train_step.bench_config(strategy), model=model,
+                      device="cpu")
+    assert trainer.config.strategy == strategy and strategy_for(strategy).name == strategy
+    assert trainer.model.num_gaussians == n
+    trainer.step()
+    assert trainer.model.num_gaussians == n   # densification, relocation and the cap never act inside the bench
