@@ -7,7 +7,8 @@ Per capture (a dataset folder ``rigel_core.data.load_dataset`` reads: COLMAP, in
   transforms.json data), ``--downscale``, the loader's background (black unless ``--white-bg``);
 * the **same start**: one initial ``GaussianModel`` built by rigel's ``Trainer`` (the dataset's SfM points and
   their colours, isotropic scales = mean distance to the 3 nearest neighbours, opacity 0.1, identity rotations,
-  SH degree 3 with zero higher-order coefficients; 100k random points when the dataset has no points; plus
+  SH degree 3 with zero higher-order coefficients; without SfM points the random start "auto" gives (half the
+  automatic budget, at most 100k, along the training pixels' rays for a photo capture); plus
   the background points ``init_background_points`` adds — by default "auto": 20000 when the SfM points reach
   under half of the median training view, as on bonsai). rigel trains from a copy of its tensors, gsplat from
   another; ``--rigel-config`` overrides that change rigel's initial model (``init_*``, ``sh_degree``) therefore
@@ -29,8 +30,9 @@ The two loops:
   the resolution of ``coarse_to_fine = "auto"``: full-resolution training (1) on a capture with SfM points, 4 (¼ then
   ½ resolution over the first min(3000, iterations / 2) iterations) on one without (``--rigel-config
   coarse_to_fine=4`` or ``=1`` chooses; real.md notes a factor above 1). Its default strategy
-  "auto" is the MCMC budget (1M) on a capture with SfM points, 3DGS's densification where background points
-  were added automatically (a partial SfM: bonsai), and there, on CUDA, ``densify_grad = "auto"`` picks AbsGS's
+  "auto" is the MCMC budget (one Gaussian per 32 training pixels, 10k to 1M) on every photo capture, 3DGS's
+  densification for an object on a transparent background and where background points were added automatically
+  to a partial SfM of ≥ 100 views (bonsai), and there, on CUDA, ``densify_grad = "auto"`` picks AbsGS's
   statistic at ``absgrad_threshold`` 8e-4 — rigel's default against gsplat's default loop
   (``--rigel-config strategy=default --rigel-config densify_grad=grad`` compares 3DGS's densification with 3DGS's
   statistic on both sides; real.md names each run's strategy and statistic); with ``rigel-mcmc`` in

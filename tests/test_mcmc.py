@@ -513,19 +513,69 @@ def test_cli_max_gaussians_is_also_the_auto_budget():
     def over(*argv):
         return config_overrides(build_parser().parse_args(["--data", "d", "--out", "o", *argv]))
 
-    assert over("--max-gaussians", "2000000") == {"max_gaussians": 2_000_000, "auto_mcmc_budget": 2_000_000}
+    given = {"auto_budget_pixels_per_gaussian": 0}  # N is the budget itself, not a bound on the pixel rule's
+    assert over("--max-gaussians", "2000000") == {"max_gaussians": 2_000_000, "auto_mcmc_budget": 2_000_000, **given}
     assert over("--max-gaussians", "9", "--strategy", "default") == {"max_gaussians": 9, "strategy": "default"}
     assert over("--max-gaussians", "9", "--strategy", "mcmc") == {"max_gaussians": 9, "strategy": "mcmc"}
     assert "auto_mcmc_budget" not in over()
     # naming the default strategy changes nothing: the same budget as --max-gaussians alone (not min(N, 1M))
     assert over("--max-gaussians", "2000000", "--strategy", "auto") == {
-        "max_gaussians": 2_000_000, "auto_mcmc_budget": 2_000_000, "strategy": "auto"}
+        "max_gaussians": 2_000_000, "auto_mcmc_budget": 2_000_000, "strategy": "auto", **given}
     # --set max_gaussians=N says the same as --max-gaussians N; an explicit --set auto_mcmc_budget wins
-    assert over("--set", "max_gaussians=2000000") == {"max_gaussians": 2_000_000, "auto_mcmc_budget": 2_000_000}
+    assert over("--set", "max_gaussians=2000000") == {"max_gaussians": 2_000_000, "auto_mcmc_budget": 2_000_000,
+                                                      **given}
+    assert over("--max-gaussians", "7", "--set", "auto_budget_pixels_per_gaussian=64") == {
+        "max_gaussians": 7, "auto_mcmc_budget": 7, "auto_budget_pixels_per_gaussian": 64}
     assert over("--set", "max_gaussians=5", "--set", "auto_mcmc_budget=3") == {"max_gaussians": 5,
                                                                                "auto_mcmc_budget": 3}
     assert over("--set", "max_gaussians=5", "--set", "strategy=default") == {"max_gaussians": 5,
                                                                               "strategy": "default"}
+
+
+@pytest.mark.parametrize("sfm", [True, False])
+def test_cli_max_gaussians_sets_the_budget_the_pixel_rule_would_not_give(sfm):
+    """--max-gaussians N without --strategy: the budget "auto" gives MCMC is N — above the pixel rule's (a small
+    capture: 3 views of 16x16 give the 10k floor) as well as below it; the config alone (a cap) keeps the rule."""
+    from rigel_core.cli.common import config_overrides
+    from rigel_core.cli.train import build_parser
+
+    small = Capture(n_views=3, pixels=3 * 16 * 16)
+    big = Capture(n_views=44, pixels=44 * 1080 * 1920)
+    for cap, n in ((small, 20_000), (big, 300_000), (big, 2_000_000)):
+        over = config_overrides(build_parser().parse_args(["--data", "d", "--out", "o", "--max-gaussians", str(n)]))
+        cfg = TrainConfig(**over)
+        note = resolve_strategy(cfg, has_sfm_points=sfm, capture=cap)
+        assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", n) and "the budget given" in note
+        resolve_init_points(cfg, cap)
+        assert cfg.init_points == min(100_000, n // 2)
+    rule = TrainConfig(max_gaussians=20_000)  # a cap only: the pixel rule's 10k
+    resolve_strategy(rule, has_sfm_points=sfm, capture=small)
+    assert rule.max_gaussians == 10_000
+    with pytest.raises(ValueError, match="auto_budget_pixels_per_gaussian"):
+        TrainConfig(auto_budget_pixels_per_gaussian=-1).validate()
+
+
+def test_the_start_line_names_the_strategy_and_budget_however_it_was_chosen(rng):
+    """The log's first line names the strategy in use and its budget: given (no note says it), resolved by "auto"
+    and restored by a resume alike."""
+    ds = _with_sfm_points(make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=1), rng, m=50)
+    given = Trainer(ds, small_config(strategy="mcmc", max_gaussians=77, init_background_points=0), device="cpu")
+    assert given.strategy_note is None
+    assert given.start_line().startswith("start: 50 Gaussians") and "strategy mcmc, a budget of 77 Gaussians" in \
+        given.start_line()
+    auto = Trainer(ds, small_config(init_background_points=0, max_gaussians=None), device="cpu")
+    assert "strategy mcmc, a budget of 10,000 Gaussians" in auto.start_line()
+    dflt = Trainer(ds, small_config(strategy="default", max_gaussians=900, init_background_points=0), device="cpu")
+    assert dflt.start_line().endswith("strategy default, at most 900 Gaussians")
+    dflt.step()
+    assert dflt.start_line().startswith("resumed at iteration 1: ")
+
+
+def test_the_budget_note_says_when_the_start_raised_it(rng):
+    ds = _with_sfm_points(make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=1), rng, m=10_050)
+    tr = Trainer(ds, small_config(init_background_points=0, max_gaussians=None), device="cpu")
+    assert tr.config.max_gaussians == 10_050 and "raised to the 10,050 Gaussians the run starts from" in \
+        tr.strategy_note
 
 
 def test_a_checkpoint_from_before_the_strategy_field_resumes_with_3dgs_densification(rng, tmp_path):

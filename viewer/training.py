@@ -334,9 +334,7 @@ class TrainingSession:
         try:
             rec = self._loop().record
             rec.log_warnings(echo=True)  # a warning while training also goes to the run's log.txt (as rigel-train)
-            rec.log.info(f"{'resumed at iteration ' + str(tr.iteration) if tr.iteration else 'start'}: "
-                         f"{tr.model.num_gaussians} Gaussians, device {tr.device}, {tr.config.iterations} iterations "
-                         f"(rigel-viewer)")
+            rec.log.info(f"{tr.start_line()} (rigel-viewer)")
             for note in getattr(tr, "notes", ()):
                 rec.log.info(note)
             if self.eval_at_start and tr.config.eval_every:

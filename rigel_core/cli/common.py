@@ -91,7 +91,8 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--preload-frames", action="store_true",
         help="decode every image onto the training device before the first step instead of streaming them")
     add("--max-gaussians", type=int, default=None,
-        help="hard cap on the Gaussian count; the budget of the mcmc strategy")
+        help="hard cap on the Gaussian count, and the budget the mcmc strategy grows to (also when auto picks "
+             "it: then N instead of the automatic budget)")
     add("--init-points", type=int, default=None, help="random initial points without SfM points")
     add("--exposure", action="store_true", default=None,
         help="learn a per-training-image affine colour correction (held-out views are also scored by "
@@ -115,8 +116,10 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--strategy", choices=["auto", "default", "mcmc"], default=None,
         help="densification: 3DGS clone/split/prune (default) or the 3DGS-MCMC budget (mcmc: relocation "
              "of dead Gaussians, growth to --max-gaussians, which it needs, position noise, regularisers); "
-             "auto (the default): mcmc for a capture with SfM points, with --max-gaussians as its budget "
-             "(1M without it), default otherwise")
+             "auto (the default): default for an object on a transparent background without SfM points (a "
+             "synthetic render) and for a partial SfM with background points added and >= 100 views; mcmc for "
+             "every other capture, with --max-gaussians as its budget (without it: one Gaussian per 32 training "
+             "pixels, 10k to 1M); the log says which and why")
     # batches (issue 16; --gpus is rigel-train's own)
     add("--batch-size", type=int, default=None, metavar="B",
         help="views per step and process (global batch = N x B; default 1)")
@@ -316,10 +319,12 @@ def config_overrides(args: argparse.Namespace) -> dict:
     ``--set`` wins. Raises ValueError for a bad ``--set``."""
     out = {field: v for field, flag in FLAG_FIELDS.items() if (v := getattr(args, _dest(flag))) is not None}
     out.update(_parse_set_fields(args.set_fields))
-    # --max-gaussians N (or --set max_gaussians=N) is also the budget when "auto" picks MCMC (an SfM capture)
+    # --max-gaussians N (or --set max_gaussians=N) is also the budget when "auto" picks MCMC: N itself, not a bound
+    # on the pixel rule's budget (an explicit --set auto_mcmc_budget / auto_budget_pixels_per_gaussian wins)
     if out.get("max_gaussians") is not None and out.get("strategy", "auto") == "auto" \
             and "auto_mcmc_budget" not in out:
         out["auto_mcmc_budget"] = out["max_gaussians"]
+        out.setdefault("auto_budget_pixels_per_gaussian", 0)
     return out
 
 

@@ -410,8 +410,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
     if stale:
         log.info(f"removed {len(stale)} stale temporary file(s) of interrupted writes: "
                  + ", ".join(p.name for p in stale))
-    log.info(f"{'resumed at iteration ' + str(trainer.iteration) if trainer.iteration else 'start'}: "
-             f"{trainer.model.num_gaussians} Gaussians, device {device}, {cfg.iterations} iterations")
+    log.info(trainer.start_line())
     for note in trainer.notes:
         log.info(note)
     if world * cfg.batch_size > 1:

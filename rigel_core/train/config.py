@@ -79,12 +79,14 @@ class Capture:
 
 
 def auto_mcmc_budget(cfg: "TrainConfig", capture: Capture | None) -> int:
-    """The MCMC budget "auto" gives a capture: one Gaussian per :data:`AUTO_BUDGET_PIXELS_PER_GAUSSIAN` training
-    pixels, in [:data:`AUTO_BUDGET_MIN`, ``cfg.auto_mcmc_budget``]; ``cfg.auto_mcmc_budget`` when ``capture`` is
-    None (not measured)."""
-    if capture is None:
+    """The MCMC budget "auto" gives a capture: one Gaussian per ``cfg.auto_budget_pixels_per_gaussian``
+    (:data:`AUTO_BUDGET_PIXELS_PER_GAUSSIAN`) training pixels, in [:data:`AUTO_BUDGET_MIN`,
+    ``cfg.auto_mcmc_budget``]; ``cfg.auto_mcmc_budget`` itself when ``capture`` is None (not measured) or
+    ``cfg.auto_budget_pixels_per_gaussian`` is 0 (a budget given: ``--max-gaussians N``)."""
+    per = int(cfg.auto_budget_pixels_per_gaussian)
+    if capture is None or per == 0:
         return int(cfg.auto_mcmc_budget)
-    return int(min(cfg.auto_mcmc_budget, max(AUTO_BUDGET_MIN, capture.pixels // AUTO_BUDGET_PIXELS_PER_GAUSSIAN)))
+    return int(min(cfg.auto_mcmc_budget, max(AUTO_BUDGET_MIN, capture.pixels // per)))
 
 
 @dataclass
@@ -291,17 +293,24 @@ class TrainConfig:
     #: al. 2024): no clone / split / prune / reset; dead Gaussians relocated onto live ones and new ones added
     #: (``mcmc_growth`` of N per ``densify_interval`` in (densify_from, densify_until)) until N = max_gaussians,
     #: which must then be set (the budget); position noise after each step; opacity and scale regularisers;
-    #: "auto" (the default): chosen by the Trainer from the dataset (:func:`resolve_strategy`) — "mcmc" for a
-    #: capture with SfM points, with ``max_gaussians`` lowered to ``auto_mcmc_budget``, else "default"; and
-    #: "default" where ``init_background_points = "auto"`` added background points (a partial SfM: bonsai,
-    #: 27.66 dB against 26.76 under MCMC 1M with the same points; the comment of that field).
+    #: "auto" (the default): chosen by the Trainer from the dataset (:func:`resolve_strategy`) — "default" for an
+    #: object on a transparent background without SfM points (a synthetic render: lego) and where
+    #: ``init_background_points = "auto"`` added background points with at least ``auto_default_min_views`` views
+    #: (a partial SfM: bonsai, 27.66 dB against 26.76 under MCMC 1M with the same points; the comment of that
+    #: field); "mcmc" for every other capture, SfM points or not, with ``max_gaussians`` lowered to the automatic
+    #: budget (:func:`auto_mcmc_budget`: one Gaussian per ``auto_budget_pixels_per_gaussian`` training pixels).
     #: Measured (docs/BENCHMARKS.md, "Densification strategy on real captures"): MCMC +2.1 to +4.4 dB held-out
     #: on bonsai, fern and beer at 7k over two seeds each, every seed-paired difference above +1.8 dB; on lego
     #: (random initialisation) 0.6 dB behind
     strategy: str = "auto"
-    #: the Gaussian budget "auto" gives MCMC on an SfM capture (``max_gaussians`` becomes the smaller of the two;
-    #: ``--max-gaussians N`` sets both)
+    #: the most Gaussians the budget "auto" gives MCMC (:func:`auto_mcmc_budget`; ``max_gaussians`` becomes the smaller
+    #: of the two). ``--max-gaussians N`` under ``strategy = "auto"`` sets it to N and
+    #: ``auto_budget_pixels_per_gaussian`` to 0: N is then the budget itself, not a bound on the pixel rule's
     auto_mcmc_budget: int = 1_000_000
+    #: the automatic budget's rule: one Gaussian per this many training pixels, in [AUTO_BUDGET_MIN,
+    #: ``auto_mcmc_budget``] (the measurements: :data:`AUTO_BUDGET_PIXELS_PER_GAUSSIAN`'s comment); 0: the budget is
+    #: ``auto_mcmc_budget`` whatever the capture
+    auto_budget_pixels_per_gaussian: int = AUTO_BUDGET_PIXELS_PER_GAUSSIAN
     #: a partial SfM (``init_background_points`` "auto" added background points) keeps 3DGS's densification under
     #: ``strategy = "auto"`` only with at least this many training views: bonsai (255 views) 28.5 dB against 26.8
     #: under MCMC; with 32 of its views (bonsai~fewviews) MCMC wins, 24.64 against 23.54 dB (H100, 2026-12-06), as on
@@ -460,6 +469,9 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.auto_default_min_views must be ≥ 0, got {self.auto_default_min_views}")
         if self.auto_mcmc_budget < 1:
             raise ValueError(f"TrainConfig.auto_mcmc_budget must be ≥ 1, got {self.auto_mcmc_budget}")
+        if self.auto_budget_pixels_per_gaussian < 0:
+            raise ValueError("TrainConfig.auto_budget_pixels_per_gaussian must be ≥ 0 (0: the budget is "
+                             f"auto_mcmc_budget), got {self.auto_budget_pixels_per_gaussian}")
         if self.strategy == "mcmc" and self.max_gaussians is None:
             raise ValueError("TrainConfig.max_gaussians must be set (the Gaussian budget) when strategy is 'mcmc'")
         if not 0.0 < self.mcmc_min_opacity < 1.0 or not 0.0 <= self.mcmc_noise_t <= 1.0:
@@ -547,7 +559,8 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
                 f"{views} (≥ {cfg.auto_default_min_views}): bonsai 28.5 dB at 7k against 26.8 under the MCMC budget); "
                 "--strategy mcmc --max-gaussians N for the budget, --init-background 0 for no background points and the "
                 "MCMC budget")
-    cap, budget = cfg.max_gaussians, max(auto_mcmc_budget(cfg, capture), int(n_start))
+    rule = auto_mcmc_budget(cfg, capture)
+    cap, budget = cfg.max_gaussians, max(rule, int(n_start))
     cfg.max_gaussians = budget if cap is None else min(cap, budget)
     cfg.strategy = "mcmc"
     if has_sfm_points:
@@ -558,8 +571,14 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
         where = {"rays": " along the training pixels' rays", "box": " in the cameras' box"}.get(cfg.init_mode, "")
         why = (f"no SfM points, a photo capture: random points{where} start it"
                + (f", {cfg.init_points:,} of them" if isinstance(cfg.init_points, int) else ""))
-    per = (f": one per {AUTO_BUDGET_PIXELS_PER_GAUSSIAN} of the {capture.pixels:,} training pixels, "
-           f"{AUTO_BUDGET_MIN:,} to {cfg.auto_mcmc_budget:,}" if capture is not None else "")
+    ppg = int(cfg.auto_budget_pixels_per_gaussian)
+    if ppg == 0:
+        per = ": the budget given"
+    else:
+        per = (f": one per {ppg} of the {capture.pixels:,} training pixels, {AUTO_BUDGET_MIN:,} to "
+               f"{cfg.auto_mcmc_budget:,}" if capture is not None else "")
+    if cfg.max_gaussians == int(n_start) > rule:
+        per += f", raised to the {int(n_start):,} Gaussians the run starts from (a budget never cuts its start)"
     return (f"strategy auto: mcmc ({why}), a budget of {cfg.max_gaussians:,} Gaussians{per} (--max-gaussians N sets "
             "it; --strategy default for 3DGS's densification)")
 

@@ -21,6 +21,7 @@ evaluations' seconds; ``ms_per_iter`` ``train_s`` per iteration of the run.
 from __future__ import annotations
 
 import time
+import warnings
 
 __all__ = ["TrainingRun", "RunHooks"]
 
@@ -165,11 +166,18 @@ class TrainingRun:
 
     def save_if_consistent(self, reason: str, *, collective: bool = True) -> bool:
         """After an interrupt or a failure: drop the gradients and save when the state is consistent
-        (``Trainer.is_consistent``). Returns whether it was saved."""
+        (``Trainer.is_consistent``), with the loss-curve window of the steps since the last point read first (a run
+        stopped at iteration 17 of a 10-step log keeps its point at 17). Returns whether it was saved."""
         tr = self.trainer
         tr.optimizer.zero_grad(set_to_none=True)
         if not tr.is_consistent():
             return False
+        try:
+            self.flush()
+        except RuntimeError as e:  # a failed device (the run's failure itself) cannot give its last values back
+            self.results = []
+            warnings.warn(f"the loss values since the last loss-curve point could not be read ({e}); the run is "
+                          "saved without them", RuntimeWarning, stacklevel=2)
         self.save(reason, collective=collective)
         return True
 

@@ -566,6 +566,18 @@ class Trainer:
         self.densify_grad_note = resolve_densify_grad(cfg, has_sfm, self.device.type == "cuda")
         return cfg
 
+    def start_line(self) -> str:
+        """The log's first line of a session (rigel-train and the viewer): where it starts, the Gaussians, the device,
+        the iterations, and the strategy in use with its budget — given, resolved by "auto" (whose note follows) or
+        restored from a checkpoint."""
+        cfg = self.config
+        where = f"resumed at iteration {self.iteration}" if self.iteration else "start"
+        cap = cfg.max_gaussians
+        strategy = (f"strategy {cfg.strategy}" + (f", a budget of {cap:,} Gaussians" if cfg.strategy == "mcmc" else
+                                                  f", at most {cap:,} Gaussians" if cap is not None else ""))
+        return (f"{where}: {self.model.num_gaussians} Gaussians, device {self.device}, {cfg.iterations} iterations, "
+                f"{strategy}")
+
     @property
     def notes(self) -> list[str]:
         """The lines that say what "auto" became for this run, in the order they follow from each other (the
