@@ -365,6 +365,41 @@ def test_regularizer_gradients(rng):
                                atol=1e-12)
 
 
+def test_regularizer_in_float64_and_with_non_finite_entries(rng):
+    """The written-out gradient against torch.autograd.gradcheck in float64 (finite entries), and non-finite logits or
+    log-scales (NaN, ±Inf: Gaussians the projection culls) counting as 0 with a zero gradient: a finite loss (it
+    was NaN, and the NaN guard then skipped every step) whose other entries' gradients are unchanged."""
+    from rigel_core.train.mcmc import _Regularizer
+
+    n = 23
+    x = (torch.randn(n, generator=rng, dtype=torch.float64) * 3).requires_grad_(True)
+    s = (torch.randn(n, 3, generator=rng, dtype=torch.float64) - 2).requires_grad_(True)
+    w_o, w_s = float(torch.rand(1, generator=rng)), float(torch.rand(1, generator=rng))
+    assert torch.autograd.gradcheck(lambda a, b: _Regularizer.apply(a, b, w_o, w_s), (x, s))
+    model = random_scene(rng, n)
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=100, mcmc_opacity_reg=w_o, mcmc_scale_reg=w_s)
+    bad_o, bad_s = [1, 5, 9], [(2, 0), (5, 1), (7, 2)]
+    logits, log_scales = model.opacity_logits.detach().clone(), model.log_scales.detach().clone()
+    logits[bad_o] = torch.tensor([math.nan, math.inf, -math.inf])
+    log_scales[tuple(zip(*bad_s))] = torch.tensor([math.nan, math.inf, -math.inf])
+    model.opacity_logits, model.log_scales = logits.requires_grad_(True), log_scales.requires_grad_(True)
+    r = regularizer(model, cfg)
+    r.backward()
+    ok_o = torch.ones(n, dtype=torch.bool)
+    ok_o[bad_o] = False
+    ok_s = torch.ones(n, 3, dtype=torch.bool)
+    ok_s[tuple(zip(*bad_s))] = False
+    o = torch.sigmoid(logits.detach().double()).where(ok_o, 0)
+    e = torch.exp(log_scales.detach().double()).where(ok_s, 0)
+    want = w_o * float(o.sum()) / n + w_s * float(e.sum()) / (3 * n)   # +Inf's sigmoid (1) does not count either
+    assert math.isfinite(float(r.detach())) and float(r.detach()) == pytest.approx(want, rel=1e-5)
+    g_o, g_s = model.opacity_logits.grad, model.log_scales.grad
+    assert torch.isfinite(g_o).all() and torch.isfinite(g_s).all()
+    assert not g_o[bad_o].any() and not g_s[~ok_s].any()
+    torch.testing.assert_close(g_o.double()[ok_o], (w_o * o * (1 - o) / n)[ok_o], rtol=1e-5, atol=1e-12)
+    torch.testing.assert_close(g_s.double()[ok_s], (w_s * e / (3 * n))[ok_s], rtol=1e-5, atol=1e-12)
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="strategy"):
         TrainConfig(strategy="relocate").validate()

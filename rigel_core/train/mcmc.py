@@ -47,7 +47,8 @@ not ``Σ^{1/2}·η``. It is skipped with the rest of the update when the NaN gua
 
 **Regularisers** (:func:`regularizer`), added to the loss at every step: ``mcmc_opacity_reg · mean(o) +
 mcmc_scale_reg · mean(s)`` over all Gaussians (and the three scales of each), activated values (``sigmoid`` of the
-logits, ``exp`` of the log-scales), 0.01 each as in the paper. They drive unused Gaussians to low opacity (then
+logits, ``exp`` of the log-scales), 0.01 each as in the paper; a non-finite entry counts as 0 (its Gaussian is
+culled). They drive unused Gaussians to low opacity (then
 relocation recycles them) and keep them small. Scales are in world units, as in the paper's code (gsplat
 normalises its world to the cameras' extent first).
 
@@ -327,11 +328,39 @@ def position_noise(model, lr_means: float, cfg: TrainConfig, generator: torch.Ge
     return add_position_noise(model, lr_means, cfg, seed_noise(model.means3D.device, generator), ok)
 
 
+class _Regularizer(torch.autograd.Function):
+    """``w_o · Σ sigmoid(x) + w_s · Σ exp(s)`` over the finite entries, with its gradient written out: the activated
+    values are kept from the forward pass, ∂/∂x = w_o · o(1 − o), ∂/∂s = w_s · exp(s). About ten elementwise
+    launches where autograd through the model's NaN-safe activations (``GaussianModel.opacities`` / ``scales``) took
+    about forty over the N Gaussians at every MCMC step. A non-finite entry (a Gaussian the projection culls) contributes 0
+    and gets a zero gradient: through the activations its NaN made the loss NaN, so the NaN guard skipped every step
+    while one such Gaussian lived."""
+
+    @staticmethod
+    def forward(ctx, logits, log_scales, w_o: float, w_s: float):
+        o = torch.sigmoid(logits).where(torch.isfinite(logits), 0.0)  # +inf would count as 1
+        s = torch.nan_to_num(torch.exp(log_scales), nan=0.0, posinf=0.0)  # exp(−inf) = 0 already
+        ctx.save_for_backward(o, s)
+        ctx.w = (w_o, w_s)
+        return w_o * o.sum() + w_s * s.sum()
+
+    @staticmethod
+    def backward(ctx, g):
+        o, s = ctx.saved_tensors
+        w_o, w_s = ctx.w
+        g_logits = torch.addcmul(o, o, o, value=-1.0).mul_(g * w_o) if ctx.needs_input_grad[0] else None
+        g_scales = s * (g * w_s) if ctx.needs_input_grad[1] else None
+        return g_logits, g_scales, None, None
+
+
 def regularizer(model, cfg: TrainConfig) -> torch.Tensor:
     """0-d tensor ``mcmc_opacity_reg · mean(sigmoid(opacity_logits)) + mcmc_scale_reg · mean(exp(log_scales))``
-    (the mean of the scales over all N·3 entries), differentiable; the paper's L1 terms (the values are positive)."""
-    return (cfg.mcmc_opacity_reg * model.opacities.mean()
-            + cfg.mcmc_scale_reg * model.scales.mean())
+    (the mean of the scales over all N·3 entries), differentiable; the paper's L1 terms (the values are positive).
+    A non-finite logit or log-scale (a Gaussian the projection culls) counts as 0 with a zero gradient, so the loss
+    stays finite (:class:`_Regularizer`)."""
+    n = max(1, model.num_gaussians)
+    return _Regularizer.apply(model.opacity_logits, model.log_scales, float(cfg.mcmc_opacity_reg) / n,
+                              float(cfg.mcmc_scale_reg) / (3 * n))
 
 
 @torch.no_grad()
