@@ -400,6 +400,19 @@ def test_regularizer_in_float64_and_with_non_finite_entries(rng):
     torch.testing.assert_close(g_s.double()[ok_s], (w_s * e / (3 * n))[ok_s], rtol=1e-5, atol=1e-12)
 
 
+def test_an_mcmc_run_with_a_culled_gaussian_keeps_training(rng):
+    """One Gaussian with a NaN opacity logit (culled by the render): the MCMC steps still update the others. Through
+    the NaN-safe activations its regulariser made every loss NaN, and the NaN guard skipped every step (5 of 5)."""
+    ds = make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=1)
+    model = random_scene(rng, 200)
+    model.opacity_logits[7] = math.nan
+    tr = Trainer(ds, small_config(strategy="mcmc", max_gaussians=400), model=model, device="cpu")
+    before = tr.model.means3D.detach().clone()
+    for _ in range(3):
+        tr.step()
+    assert tr.nan_skips == 0 and not torch.equal(tr.model.means3D.detach(), before)
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="strategy"):
         TrainConfig(strategy="relocate").validate()
