@@ -396,6 +396,10 @@ def test_the_training_panel_offers_only_the_fields_the_strategy_reads(rng, tmp_p
     st = TrainingState()
     st.apply(started)
     assert st.strategy == strategy and set(st.densify) == want
+    # the panel's budget line and its "why": the trainer's start line and notes, as the run's log has them
+    assert st.notes == (trainer.start_line(), *trainer.notes) and f"strategy {strategy}" in st.notes[0]
+    log = (tmp_path / "run" / "log.txt").read_text()
+    assert all(n in log for n in st.notes[1:])
 
 
 def test_a_session_under_absgrad_offers_its_threshold(rng, tmp_path, one_thread):

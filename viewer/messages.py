@@ -95,6 +95,7 @@ class TrainingStarted(Event):
     densify: dict = field(default_factory=dict)   # the values now of the fields the strategy reads (densify_fields)
     appearance: str = "sh"
     strategy: str = "default"                     # the run's densification: "default" (3DGS) or "mcmc"
+    notes: tuple = ()   # the log's start line and what "auto" chose and why (Trainer.start_line, Trainer.notes)
 
 
 @dataclass(frozen=True)

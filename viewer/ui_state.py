@@ -43,6 +43,7 @@ class TrainingState:
     appearance: str = "sh"
     appearance_switchable: bool = True
     strategy: str = "default"
+    notes: tuple = ()   # the run's start line and the "auto" notes (TrainingStarted.notes)
     train_iters: list = field(default_factory=list)
     train_psnr: list = field(default_factory=list)
     eval_iters: list = field(default_factory=list)
@@ -78,6 +79,7 @@ class TrainingState:
             self.densify = dict(ev.densify)
             self.appearance = ev.appearance
             self.strategy = ev.strategy
+            self.notes = tuple(ev.notes)
             self.status = "running" if ev.running else ("finished" if ev.iteration >= ev.iterations else "paused")
         elif isinstance(ev, M.TrainingPaused):
             if self.status in ("running", "starting"):

@@ -50,6 +50,26 @@ def densify_sliders(imgui, training, requests):
         requests.append(M.SetDensifyParams(changed_fields))
 
 
+def strategy_why(imgui, training):
+    """The run's Gaussian budget in one line (the strategy is the section's title); with notes of what "auto" chose,
+    "(why?)" beside it shows them on hover, wrapped (the same lines as the run's log.txt)."""
+    if not training.notes:
+        return
+    head = training.notes[0].rsplit(", strategy ", 1)[-1]          # "mcmc, a budget of N Gaussians"
+    imgui.text_disabled(head.split(", ", 1)[-1])
+    why = training.notes[1:]
+    if why:
+        imgui.same_line()
+        imgui.text_disabled("(why?)")
+        if imgui.is_item_hovered():
+            imgui.begin_tooltip()
+            imgui.push_text_wrap_pos(2 * PANEL_WIDTH)
+            for line in why:
+                imgui.text_wrapped(line)
+            imgui.pop_text_wrap_pos()
+            imgui.end_tooltip()
+
+
 def training_window(imgui, training, display, requests, settings=None):
     t = training
     if not window(imgui, "Training", (display[0] - 10, 10), (1.0, 0.0)):
@@ -90,6 +110,7 @@ def training_window(imgui, training, display, requests, settings=None):
             imgui.set_tooltip("re-render the training model and rebuild these panels at most this often while the "
                               "camera is still (0: every frame); fewer leaves more of Python to the trainer")
     if imgui.collapsing_header(f"{live_for(t.strategy).title}###densification", imgui.TreeNodeFlags_.default_open):
+        strategy_why(imgui, t)
         densify_sliders(imgui, t, requests)
     if imgui.collapsing_header("Appearance", imgui.TreeNodeFlags_.default_open):
         for kind, label in (("sh", "spherical harmonics"), ("mlp", "MLP")):
