@@ -96,6 +96,7 @@ import ast
 import dataclasses
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -677,20 +678,25 @@ def compare(rig: dict, gsp: dict) -> dict:
 def time_to_psnr(rigel: list, peer: list) -> dict | None:
     """When the ``rigel`` curve first reaches the PSNR the ``peer`` curve ends at (issue 39). Curves are
     [(iteration, PSNR dB or None, training s)], one per evaluated checkpoint (a stopped run's are those it has).
-    The target is the peer's PSNR at its largest iteration; "reached" is the first rigel checkpoint (by iteration)
-    with PSNR ≥ that target. Returns None when the peer has no PSNR there (no run, no held-out views), else
+    The target is the peer's PSNR at its largest iteration (of two checkpoints at one iteration, the later in the
+    list: the one recorded last); "reached" is the first rigel checkpoint (by iteration) with PSNR ≥ that target. A
+    PSNR that is None or not finite (a diverged run) counts as no PSNR. Returns None when the peer has no PSNR
+    there (no run, no held-out views, a NaN), else
     {"peer_iteration", "peer_psnr", "peer_train_s", "reached" (bool), "iteration", "psnr", "train_s" (rigel's at the
     reaching checkpoint; None when not reached), "time_ratio" (rigel s there / peer s at its last checkpoint; None
     when not reached or the peer's time is 0), "last_iteration", "best_psnr" (rigel's last iteration and best PSNR;
     None without checkpoints)}."""
+    def finite(v):
+        return v is not None and math.isfinite(v)
+
     if not peer:
         return None
-    p_it, p_psnr, p_s = max(peer, key=lambda c: c[0])
-    if p_psnr is None:
+    p_it, p_psnr, p_s = max(enumerate(peer), key=lambda ic: (ic[1][0], ic[0]))[1]
+    if not finite(p_psnr):
         return None
     ours = sorted(rigel, key=lambda c: c[0])
-    hit = next((c for c in ours if c[1] is not None and c[1] >= p_psnr), None)
-    psnrs = [c[1] for c in ours if c[1] is not None]
+    hit = next((c for c in ours if finite(c[1]) and c[1] >= p_psnr), None)
+    psnrs = [c[1] for c in ours if finite(c[1])]
     it, psnr, train_s = hit if hit is not None else (None, None, None)
     return {"peer_iteration": p_it, "peer_psnr": p_psnr, "peer_train_s": p_s, "reached": hit is not None,
             "iteration": it, "psnr": psnr, "train_s": train_s,

@@ -456,6 +456,16 @@ def test_time_to_peer_psnr_on_hand_made_curves():
     assert real.time_to_psnr([(1000, 30.0, 1.0)], [(1000, 20.0, 1.0), (2000, None, 2.0)]) is None
     assert real.time_to_psnr([(1000, 30.0, 1.0)], []) is None
     assert real.time_to_psnr([(1000, 30.0, 1.0)], [(1000, 20.0, 0.0)])["time_ratio"] is None
+    # a diverged run's NaN: no target from a NaN peer; a NaN rigel checkpoint neither reaches nor is the best
+    nan = float("nan")
+    assert real.time_to_psnr([(1000, 30.0, 1.0)], [(1000, 20.0, 1.0), (2000, nan, 2.0)]) is None
+    for curve_ in ([(1000, nan, 1.0), (2000, 22.0, 2.0)], [(2000, 22.0, 2.0), (1000, nan, 1.0)]):
+        t = real.time_to_psnr(curve_, gsp)
+        assert t["reached"] is False and t["best_psnr"] == 22.0 and "nan" not in real.reached_text(t)
+    # two peer checkpoints at one iteration: the one recorded last, whatever the PSNRs
+    a = real.time_to_psnr([(1000, 25.0, 1.0)], [(2000, 24.0, 2.0), (2000, 26.0, 3.0)])
+    b = real.time_to_psnr([(1000, 25.0, 1.0)], [(2000, 26.0, 3.0), (2000, 24.0, 2.0)])
+    assert (a["peer_psnr"], a["reached"], b["peer_psnr"], b["reached"]) == (26.0, False, 24.0, True)
 
 
 def test_time_to_peer_psnr_per_scene_record():

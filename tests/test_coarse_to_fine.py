@@ -329,6 +329,7 @@ def test_rigel_train_logs_and_records_the_resolved_factor_and_resumes_with_it(bl
     # what the command line changes in the saved settings is said (the same coarse_to_fine_iters is not)
     changed = [l for l in capsys.readouterr().err.splitlines() if "with changed settings" in l]
     assert len(changed) == 1 and changed[0].endswith("with changed settings: iterations 6 -> 8"), changed
+    assert (run / "log.txt").read_text().count("with changed settings: iterations 6 -> 8") == 1  # the log too
     assert main(common + ["--iters", "9", "--resume", "--set", "coarse_to_fine=2"]) == 0
     changed = [l for l in capsys.readouterr().err.splitlines() if "with changed settings" in l]
     assert len(changed) == 1 and "coarse_to_fine 4 -> 2" in changed[0] and "iterations 8 -> 9" in changed[0]

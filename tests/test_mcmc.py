@@ -593,9 +593,9 @@ def test_cli_max_gaussians_sets_the_budget_the_pixel_rule_would_not_give(sfm):
         over = config_overrides(build_parser().parse_args(["--data", "d", "--out", "o", "--max-gaussians", str(n)]))
         cfg = TrainConfig(**over)
         note = resolve_strategy(cfg, has_sfm_points=sfm, capture=cap)
-        assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", n) and "the budget given" in note
-        resolve_init_points(cfg, cap)
-        assert cfg.init_points == min(100_000, n // 2)
+        assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", n) and "as given, the pixel rule off" in note
+        resolve_init_points(cfg, cap)  # the start: half the pixel rule's budget, bounded by N (not N's half)
+        assert cfg.init_points == min(100_000, min(n, max(10_000, cap.pixels // 32)) // 2)
     rule = TrainConfig(max_gaussians=20_000)  # a cap only: the pixel rule's 10k
     resolve_strategy(rule, has_sfm_points=sfm, capture=small)
     assert rule.max_gaussians == 10_000
@@ -653,6 +653,15 @@ def test_a_checkpoint_from_before_the_strategy_field_resumes_with_3dgs_densifica
     with pytest.raises(ValueError, match="--strategy mcmc needs --max-gaussians"):
         resume_config(path, {"strategy": "mcmc"})
     assert resume_config(path, {"strategy": "mcmc", "max_gaussians": 90}).max_gaussians == 90
+    # --max-gaussians N on a resumed run: the cap / budget changes; the "auto" inputs it implies for a new run
+    # (read only where "auto" is resolved) are neither applied nor listed as changed settings
+    changes = []
+    cfg = resume_config(path, {"max_gaussians": 900, "auto_mcmc_budget": 900, "auto_budget_pixels_per_gaussian": 0},
+                        changes)
+    assert cfg.max_gaussians == 900 and cfg.auto_budget_pixels_per_gaussian == 32 and changes == ["max_gaussians 777 -> 900"]
+    changes = []  # asked to resolve "auto" anew: its inputs count again
+    cfg = resume_config(path, {"strategy": "auto", "auto_budget_pixels_per_gaussian": 0}, changes)
+    assert cfg.auto_budget_pixels_per_gaussian == 0 and any("auto_budget_pixels_per_gaussian" in c for c in changes)
 
 
 # ---- training ----------------------------------------------------------------------------------------------------

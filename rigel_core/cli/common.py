@@ -328,6 +328,11 @@ def config_overrides(args: argparse.Namespace) -> dict:
     return out
 
 
+#: TrainConfig fields read only where ``strategy = "auto"`` is resolved (when a run begins): a resumed run's change of
+#: them changes nothing, and is neither applied nor listed (``--max-gaussians N`` implies both: config_overrides)
+AUTO_STRATEGY_INPUTS = ("auto_mcmc_budget", "auto_budget_pixels_per_gaussian")
+
+
 def new_run_problem(overrides: dict, args=None) -> str | None:
     """What keeps the command line's overrides (:func:`config_overrides`) from starting a *new* run, as one line
     without the command's name, or None. ``--strategy mcmc`` needs an explicit budget: TrainConfig's default
@@ -379,6 +384,8 @@ def resume_config(ckpt: Path, overrides: dict, changes: list | None = None, kept
         if v is not None and saved.get(k) != v:
             raise ValueError(f"{ckpt}: the run was trained with {k} {saved.get(k)!r}, which a resumed run keeps; "
                              f"--{k.replace('_', '-')} {v} needs a new --out")
+    if overrides.get("strategy", saved.get("strategy")) != "auto":  # resolved when the run began: read no more
+        overrides = {k: v for k, v in overrides.items() if k not in AUTO_STRATEGY_INPUTS}
     if changes is not None:
         changes.extend(f"{k} {saved[k]!r} -> {v!r}" for k, v in overrides.items() if k in saved and saved[k] != v)
     saved.update(overrides)

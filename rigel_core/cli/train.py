@@ -411,6 +411,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
         log.info(f"removed {len(stale)} stale temporary file(s) of interrupted writes: "
                  + ", ".join(p.name for p in stale))
     log.info(trainer.start_line())
+    if changes:  # the resumed session's log.txt says what it changed too (the console said it before it opened)
+        log_to_file(log, [changed_settings_line(ckpt, changes)])
     for note in trainer.notes:
         log.info(note)
     if world * cfg.batch_size > 1:

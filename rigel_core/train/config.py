@@ -86,6 +86,11 @@ def auto_mcmc_budget(cfg: "TrainConfig", capture: Capture | None) -> int:
     per = int(cfg.auto_budget_pixels_per_gaussian)
     if capture is None or per == 0:
         return int(cfg.auto_mcmc_budget)
+    return _pixel_budget(cfg, capture, per)
+
+
+def _pixel_budget(cfg: "TrainConfig", capture: Capture, per: int) -> int:
+    """One Gaussian per ``per`` training pixels of ``capture``, in [:data:`AUTO_BUDGET_MIN`, ``cfg.auto_mcmc_budget``]."""
     return int(min(cfg.auto_mcmc_budget, max(AUTO_BUDGET_MIN, capture.pixels // per)))
 
 
@@ -573,7 +578,7 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
                + (f", {cfg.init_points:,} of them" if isinstance(cfg.init_points, int) else ""))
     ppg = int(cfg.auto_budget_pixels_per_gaussian)
     if ppg == 0:
-        per = ": the budget given"
+        per = ": auto_mcmc_budget as given, the pixel rule off"
     else:
         per = (f": one per {ppg} of the {capture.pixels:,} training pixels, {AUTO_BUDGET_MIN:,} to "
                f"{cfg.auto_mcmc_budget:,}" if capture is not None else "")
@@ -584,11 +589,15 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
 
 
 def resolve_init_points(cfg: TrainConfig, capture: Capture | None) -> None:
-    """Turn ``cfg.init_points == "auto"`` into a count, in place: half of :func:`auto_mcmc_budget`, at most
+    """Turn ``cfg.init_points == "auto"`` into a count, in place: half of the pixel rule's budget (:func:`auto_mcmc_budget`
+    — with the rule's default ratio when ``auto_budget_pixels_per_gaussian`` is 0, so a given budget bounds the
+    start but does not set it: under 3DGS's densification ``--max-gaussians`` is only a cap), at most
     :data:`AUTO_INIT_MAX` (100k; the same whether the strategy is MCMC or 3DGS's: lego keeps its 100k) and at least
     1. Read only when the dataset has no SfM points."""
     if cfg.init_points == "auto":
-        cfg.init_points = int(max(1, min(AUTO_INIT_MAX, auto_mcmc_budget(cfg, capture) // 2)))
+        per = int(cfg.auto_budget_pixels_per_gaussian) or AUTO_BUDGET_PIXELS_PER_GAUSSIAN
+        budget = _pixel_budget(cfg, capture, per) if capture is not None else int(cfg.auto_mcmc_budget)
+        cfg.init_points = int(max(1, min(AUTO_INIT_MAX, budget // 2)))
 
 
 def resolve_init_mode(cfg: TrainConfig, capture: Capture | None) -> None:

@@ -575,7 +575,7 @@ class Trainer:
         cap = cfg.max_gaussians
         strategy = (f"strategy {cfg.strategy}" + (f", a budget of {cap:,} Gaussians" if cfg.strategy == "mcmc" else
                                                   f", at most {cap:,} Gaussians" if cap is not None else ""))
-        return (f"{where}: {self.model.num_gaussians} Gaussians, device {self.device}, {cfg.iterations} iterations, "
+        return (f"{where}: {self.model.num_gaussians:,} Gaussians, device {self.device}, {cfg.iterations:,} iterations, "
                 f"{strategy}")
 
     @property
