@@ -79,17 +79,18 @@ def so3_exp(w: torch.Tensor) -> torch.Tensor:
 
 def corrected_viewmat(viewmat: torch.Tensor, delta: torch.Tensor, extent: float = 1.0,
                       pivot: float | torch.Tensor = 0.0) -> torch.Tensor:
-    """(4, 4) ``[[E R, E (t − p) + p + extent·δ], [0, 1]]``, ``p = (0, 0, pivot)``, of a world-to-camera ``viewmat``
-    (4, 4) and a correction ``delta`` (6,) = ``(ω, δ)`` (module docstring; ``pivot`` a float or a 0-d tensor, world
-    units, 0 = the camera centre), in ``delta``'s dtype; differentiable in ``viewmat`` and ``delta``."""
+    """(..., 4, 4) ``[[E R, E (t − p) + p + extent·δ], [0, 1]]``, ``p = (0, 0, pivot)``, of world-to-camera
+    ``viewmat`` (..., 4, 4) and corrections ``delta`` (..., 6) = ``(ω, δ)`` (module docstring; ``pivot`` a float or a
+    tensor of the leading shape, world units, 0 = the camera centre), in ``delta``'s dtype; differentiable in
+    ``viewmat`` and ``delta``. One camera or a batch of them alike."""
     viewmat = viewmat.to(delta.dtype)
-    e = so3_exp(delta[:3])
-    rot = e @ viewmat[:3, :3]
-    pv = torch.zeros(3, dtype=delta.dtype, device=delta.device)
-    pv[2] = pivot
-    trans = e @ (viewmat[:3, 3] - pv) + pv + extent * delta[3:]
-    top = torch.cat([rot, trans[:, None]], 1)
-    return torch.cat([top, viewmat[3:]], 0)
+    e = so3_exp(delta[..., :3])
+    pv = torch.zeros((*delta.shape[:-1], 3), dtype=delta.dtype, device=delta.device)
+    pv[..., 2] = pivot
+    rot = e @ viewmat[..., :3, :3]
+    trans = (e @ (viewmat[..., :3, 3] - pv)[..., None])[..., 0] + pv + extent * delta[..., 3:]
+    top = torch.cat([rot, trans[..., None]], -1)
+    return torch.cat([top, viewmat[..., 3:, :]], -2)
 
 
 def pivot_depths(means: torch.Tensor, cameras: list, max_points: int = 1 << 16) -> np.ndarray:
@@ -143,16 +144,17 @@ class PosedCamera:
 
     def to_camera(self) -> Camera:
         """A plain :class:`~rigel_core.camera.Camera` with the corrected pose (float64, re-orthonormalised)."""
-        return _with_viewmat(self.camera, self.viewmat_t.detach().double().cpu().numpy())
+        return _with_viewmats([self.camera], self.viewmat_t.detach().double().cpu().numpy()[None])[0]
 
 
-def _with_viewmat(camera, vm: np.ndarray) -> Camera:
-    """``camera`` (a Camera) with the view matrix ``vm``, its rotation projected onto SO(3) (float32 rounding)."""
-    u, _, vt = np.linalg.svd(vm[:3, :3])
-    vm = vm.copy()
-    vm[:3, :3] = u @ vt
-    vm[3] = (0.0, 0.0, 0.0, 1.0)
-    return Camera(camera.width, camera.height, camera.fx, camera.fy, camera.cx, camera.cy, vm, camera.name)
+def _with_viewmats(cameras: list, vms: np.ndarray) -> list[Camera]:
+    """Each of ``cameras`` with its view matrix of ``vms`` (n, 4, 4), the rotation projected onto SO(3) (float32
+    rounding)."""
+    vms = vms.copy()
+    u, _, vt = np.linalg.svd(vms[:, :3, :3])
+    vms[:, :3, :3] = u @ vt
+    vms[:, 3] = (0.0, 0.0, 0.0, 1.0)
+    return [Camera(c.width, c.height, c.fx, c.fy, c.cx, c.cy, m, c.name) for c, m in zip(cameras, vms)]
 
 
 class PoseCorrection(PerImageParam):
@@ -224,20 +226,10 @@ def refined_cameras(cameras: list, delta: torch.Tensor, extent: float, pivot: to
                          f"{pivot.shape[0]} pivots")
     if not cameras:
         return []
-    d = delta.detach().double().cpu()
     vm = torch.as_tensor(np.stack([np.asarray(c.viewmat, dtype=np.float64) for c in cameras]))
-    # corrected_viewmat for every camera at once (the viewer recomputes them for each training snapshot)
-    e = so3_exp(d[:, :3])
-    pv = torch.zeros(len(cameras), 3, dtype=torch.float64)
-    pv[:, 2] = pivot.detach().double().cpu()
-    out = vm.clone()
-    out[:, :3, :3] = e @ vm[:, :3, :3]
-    out[:, :3, 3] = (e @ (vm[:, :3, 3] - pv)[..., None])[..., 0] + pv + extent * d[:, 3:]
-    out = out.numpy()
-    u, _, vt = np.linalg.svd(out[:, :3, :3])   # projected onto SO(3) (float32 rounding), as _with_viewmat
-    out[:, :3, :3] = u @ vt
-    out[:, 3] = (0.0, 0.0, 0.0, 1.0)
-    return [Camera(c.width, c.height, c.fx, c.fy, c.cx, c.cy, m, c.name) for c, m in zip(cameras, out)]
+    # every camera in one batched call (the viewer recomputes them for each training snapshot)
+    out = corrected_viewmat(vm, delta.detach().double().cpu(), extent, pivot.detach().double().cpu())
+    return _with_viewmats(cameras, out.numpy())
 
 
 def pose_errors(cameras: list, references: list) -> dict:
