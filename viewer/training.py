@@ -334,8 +334,10 @@ class TrainingSession:
         try:
             rec = self._loop().record
             rec.log_warnings(echo=True)  # a warning while training also goes to the run's log.txt (as rigel-train)
-            rec.log.info(f"{tr.start_line()} (rigel-viewer)")
-            for note in getattr(tr, "notes", ()):
+            # the log's first lines, and the panel's (TrainingStarted.notes)
+            start, notes = tr.start_line(), tuple(getattr(tr, "notes", ()))
+            rec.log.info(f"{start} (rigel-viewer)")
+            for note in notes:
                 rec.log.info(note)
             if self.eval_at_start and tr.config.eval_every:
                 self._evaluate_at_start()
@@ -346,7 +348,7 @@ class TrainingSession:
                                          {k: getattr(tr.config, k)
                                           for k in M.densify_fields(tr.config.strategy, tr.config.densify_grad)},
                                          "mlp" if getattr(tr.model, "appearance", None) is not None else "sh",
-                                         tr.config.strategy, (tr.start_line(), *getattr(tr, "notes", ()))))
+                                         tr.config.strategy, (start, *notes)))
             while True:
                 stop = self._drain_commands(block=not self._should_step())
                 if stop is not None:
