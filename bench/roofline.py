@@ -93,6 +93,10 @@ DEFAULT_RES = "800,1080p"
 #: STAGE_RESERVE_S (the stage in progress still has its kernels replayed, then ncu prints the CSV)
 MIN_LEFT_S = 35.0
 STAGE_RESERVE_S = 25.0
+#: --ncu: the stage times come from one run of the driver without a profiler, before the ncu runs, in at most this
+#: fraction of the budget; its plan is this file of the results directory
+TIMES_SHARE = 0.25
+TIMES_PLAN = "times.json"
 # ncu prints values scaled to a unit of its choice (SI prefixes): back to ns and bytes
 _SCALE = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9,
           "byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "Tbyte": 1e12, "KB": 1e3, "MB": 1e6, "GB": 1e9,
@@ -301,9 +305,12 @@ def _stage_order(key) -> tuple:
     return (PROCEDURAL.get(size, math.inf), size, w * h, STAGES.index(stage) if stage in STAGES else 9)
 
 
-def markdown(summary: dict, meta: str, plans: dict, kernels_mode: str, notes: list[str]) -> str:
-    """The report: a per-stage table, then every kernel row; ``plans`` {size: the driver's plan (N, stage ms)}."""
-    stage_ms = {k: v for p in plans.values() for k, v in (p.get("stage_ms") or {}).items()}
+def markdown(summary: dict, meta: str, plans: dict, kernels_mode: str, notes: list[str],
+             times: dict | None = None) -> str:
+    """The report: a per-stage table, then every kernel row; ``plans`` {size: the driver's plan under ncu (N)};
+    ``times`` the plan of the driver's run without a profiler (:data:`TIMES_PLAN`), whose stage times the table
+    gives: under ncu every launch goes through its interception, which inflates a launch-bound stage several-fold."""
+    stage_ms = dict((times or {}).get("stage_ms") or {})
     gaussians = {k: v for p in plans.values() for k, v in (p.get("gaussians") or {}).items()}
     scope = ("rigel's kernels (csrc/) and CUB's only; the PyTorch launches between them are not profiled, so "
              "'profiled µs' can fall short of the stage's event time" if kernels_mode == "rigel" else
@@ -316,8 +323,9 @@ def markdown(summary: dict, meta: str, plans: dict, kernels_mode: str, notes: li
              f"when neither the memory side nor the SM side reaches {LATENCY_BELOW:.0f} %, else the busier side "
              f"(memory named L2 or L1 when over DRAM by more than {UNIT_MARGIN:.0f} points); '% of roofline' = "
              "that side's % (100 = at the roofline). Stage totals: times summed, throughputs time-weighted. "
-             "stage ms (events): the stage's median CUDA-event time over the timed iterations, outside the "
-             "profiler's replays (the Trainer step includes its host syncs).", "",
+             "stage ms (events): the stage's median CUDA-event time over the timed iterations of the same driver "
+             "run without a profiler ('—' where that run did not reach the stage; the Trainer step includes its "
+             "host syncs).", "",
              "## Per stage", "",
              "| size | N | resolution | stage | stage ms (events) | kernels profiled | profiled µs | DRAM % | "
              "DRAM GB/s | SM % | memory % | bound by | % of roofline | heaviest kernel: µs, bound, % of roofline |",
@@ -379,6 +387,15 @@ def load_run(directory: Path, sizes: list[str] | None = None) -> tuple[list[Kern
         found = parse_ncu_csv(path.read_text(errors="replace"), notes)
         kernels += assign_stages(found, plan.get("tags"))
     return kernels, plans, sorted(set(notes))
+
+
+def load_times(directory: Path) -> dict:
+    """The plan of the timing run without a profiler (:data:`TIMES_PLAN`) in ``directory``; {} when absent or
+    unreadable (a run cut short)."""
+    try:
+        return json.loads((directory / TIMES_PLAN).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 # ---- the marked driver (runs under ncu) ----------------------------------------------------------------------------
@@ -456,6 +473,8 @@ def render_stages(base, cam, tags, stages, plan, args, plan_path) -> None:
     fwd_ms, bwd_ms, _ = median_ms(iteration, args.iters, warmup=args.warmup, n_events=3)
     plan["stage_ms"].update({tags["forward"]: fwd_ms, tags["backward"]: bwd_ms})
     image = None
+    if args.time_only:
+        stages = ()
     if "forward" in stages:
         with marked(tags["forward"], plan):
             image = rc.render(model, cam).image
@@ -484,8 +503,9 @@ def step_stage(base, cam, tag, plan, args, plan_path, device) -> None:
         ev[1].record()
 
     plan["stage_ms"][tag] = median_ms(step, args.iters, warmup=args.warmup)[0]
-    with marked(tag, plan):
-        trainer.step()
+    if not args.time_only:
+        with marked(tag, plan):
+            trainer.step()
     _write_json(plan_path, plan)
 
 
@@ -570,6 +590,20 @@ def ncu_command(ncu: str, args, size: str, plan_path: Path, deadline: float, met
                   "--iters", str(args.iters), "--plan", str(plan_path), "--deadline", f"{deadline:.1f}"]
 
 
+def time_stages(args, out: Path, seconds: float) -> str | None:
+    """The driver once without a profiler, for the stage times (its plan: ``out`` / :data:`TIMES_PLAN`), in at most
+    ``seconds``; a note when it failed or was stopped, else None."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--sizes", args.sizes, "--res", args.res,
+           "--stages", ",".join(args.stages), "--warmup", str(args.warmup), "--iters", str(args.iters),
+           "--plan", str(out / TIMES_PLAN), "--deadline", f"{time.time() + seconds - 5:.1f}", "--time-only"]
+    rc, secs, stopped = run_bounded(cmd, out / "times.out", out / "times.log", seconds)
+    _say(f"stage times without a profiler: exit {rc} after {secs:.0f} s")
+    if rc == 0 and not stopped:
+        return None
+    why = " (stopped at its share of the budget)" if stopped else ""
+    return f"the timing run without a profiler: exit {rc}{why}; log: {_log_reason(out / 'times.log')}"
+
+
 def run_bounded(cmd: list[str], stdout: Path, log: Path, timeout: float) -> tuple[int, float, bool]:
     """Run ``cmd`` in its own process group, stdout to ``stdout``, stderr to ``log``; past ``timeout`` s (or on
     Ctrl-C) the group gets SIGINT, then SIGKILL 10 s later. Returns (exit status, seconds, stopped early)."""
@@ -632,6 +666,9 @@ def profile(args) -> int:
     t0, notes, done, metrics = time.monotonic(), [], [], list(METRICS.values())
     _say(f"ncu: {ncu} ({version}); results in {out}")
     try:
+        note = time_stages(args, out, args.budget * TIMES_SHARE)
+        if note:
+            notes.append(note)
         for size in args.sizes.split(","):
             while True:  # a second try when ncu refused the metric set
                 left = args.budget - (time.monotonic() - t0)
@@ -671,7 +708,7 @@ def profile(args) -> int:
     meta = (f"{device}, {datetime.date.today()}, commit {commit() or 'unknown'}, torch {torch.__version__}, "
             f"{version}, kernels: {args.kernels}")
     notes += parse_notes
-    table = markdown(summary, meta, plans, args.kernels, notes)
+    table = markdown(summary, meta, plans, args.kernels, notes, load_times(out))
     seconds = time.monotonic() - t0
     with atomic_path(out / "roofline.md") as tmp:
         Path(tmp).write_text(table)
@@ -707,6 +744,7 @@ def parse_args(argv=None):
     # the driver under ncu: where its plan goes, and the time (epoch s) after which it starts no further stage
     ap.add_argument("--plan", help=argparse.SUPPRESS)
     ap.add_argument("--deadline", type=float, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--time-only", action="store_true", help=argparse.SUPPRESS)  # the driver's timing pass
     args = ap.parse_args(argv)
     for name in args.sizes.split(","):
         if name not in PROCEDURAL and name not in PLYS:
@@ -740,7 +778,7 @@ def main(argv=None) -> int:
         device = next((p.get("device") for p in plans.values() if p.get("device")), "?")
         mode = next((p.get("kernels") for p in plans.values() if p.get("kernels")), args.kernels)
         print(markdown(summarize(kernels, rigel_kernel_names()), f"{device}, parsed from {args.parse}", plans, mode,
-                       notes))
+                       notes, load_times(Path(args.parse))))
         return 0
     return profile(args) if args.ncu else drive(args)
 

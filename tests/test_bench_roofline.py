@@ -182,12 +182,17 @@ def test_markdown_tables():
     t = [412_350.0, 12_345.0, 5_200.0]
     assert total.launches == 3 and total.time_ns == pytest.approx(sum(t))
     assert total.values["dram"] == pytest.approx((22.5 * t[0] + 85.0 * t[1] + 12.0 * t[2]) / sum(t))
-    plans = {"1M": {"gaussians": {"1M": 1_000_000}, "stage_ms": {"roofline.1M.800x800.forward": 1.234}}}
-    md = roofline.markdown(summary, "H100 test", plans, "rigel", ["a note"])
+    # the stage times are the plain run's, not those measured under ncu (inflated by its interception)
+    plans = {"1M": {"gaussians": {"1M": 1_000_000}, "stage_ms": {"roofline.1M.800x800.forward": 9.999}}}
+    times = {"stage_ms": {"roofline.1M.800x800.forward": 1.234}}
+    md = roofline.markdown(summary, "H100 test", plans, "rigel", ["a note"], times)
     lines = md.splitlines()
     fwd = next(line for line in lines if line.startswith("| 1M | 1,000,000 | 800x800 | forward |"))
     cells = [c.strip() for c in fwd.strip("|").split("|")]
     assert cells[4:8] == ["1.234", "3", f"{sum(t) / 1e3:.1f}", f"{total.values['dram']:.1f}"]
+    bwd = next(line for line in lines if line.startswith("| 1M | 1,000,000 | 800x800 | backward |"))
+    assert [c.strip() for c in bwd.strip("|").split("|")][4] == "-"  # the plain run did not time it
+    assert "9.999" not in md and "9.999" not in roofline.markdown(summary, "H100 test", plans, "rigel", [])
     assert cells[-1] == "rasterize_fwd_kernel: 412.4, memory (L1), 78.4"
     kernel_rows = {tuple(c.strip() for c in line.strip("|").split("|"))[3]: line for line in lines
                    if line.startswith("| 1M | 800x800 |")}
@@ -312,6 +317,14 @@ def fake_ncu(tmp_path, monkeypatch):
     monkeypatch.setattr(rigel_core, "cuda_available", lambda: True)
     monkeypatch.setattr(roofline, "MIN_LEFT_S", 1.0)
     monkeypatch.setattr(roofline, "STAGE_RESERVE_S", 0.0)
+
+    def time_stages(args, out, seconds):  # the plain timing run: 0.25 ms a stage, where the ncu plans say 0.5
+        tags = [f"roofline.{s}.{r}.{st}" for s in args.sizes.split(",") for r in ("800x800", "1920x1080")
+                for st in ("forward", "backward", "step")]
+        (out / roofline.TIMES_PLAN).write_text(json.dumps({"stage_ms": {t: 0.25 for t in tags}}))
+        return "timing note" if "160k" in args.sizes else None
+
+    monkeypatch.setattr(roofline, "time_stages", time_stages)
     return fake
 
 
@@ -325,7 +338,7 @@ def test_ncu_run_end_to_end_with_a_stand_in_ncu(fake_ncu, tmp_path, capsys):
     assert "Fake GPU" in md and "Version 2099.1.0.0" in md
     for res in ("800x800", "1920x1080"):
         for stage in ("forward", "backward", "step"):
-            assert f"| 300k | 1,000 | {res} | {stage} | 0.500 | 2 | 110.0 |" in md
+            assert f"| 300k | 1,000 | {res} | {stage} | 0.250 | 2 | 110.0 |" in md
     assert "| 300k | 800x800 | forward | rasterize_fwd_kernel | 1 | 100.0 | 70.0 |" in md
     assert f"| 300k | 800x800 | step | {OTHER} | 1 | 10.0 |" in md
     # 3M overran the budget: stopped (no launch), said in the notes; 1M had no time left to start
@@ -339,6 +352,7 @@ def test_ncu_run_end_to_end_with_a_stand_in_ncu(fake_ncu, tmp_path, capsys):
     assert roofline.main(["--parse", str(out)]) == 0  # the tables again from the saved files
     again = capsys.readouterr().out
     assert "| 300k | 800x800 | forward | rasterize_fwd_kernel | 1 | 100.0 | 70.0 |" in again
+    assert "| 300k | 1,000 | 800x800 | forward | 0.250 |" in again  # the plain run's times, read back too
     assert "every launch; PyTorch's are summed" in again
     before = {f.name: f.read_bytes() for f in out.iterdir()}
     assert roofline.main(["--ncu", "--ncu-path", str(fake), "--out", str(out), "--sizes", "300k"]) == 2
@@ -399,6 +413,28 @@ def test_driver_marks_each_stage_once(cpu_driver, tmp_path):
 
 
 @pytest.mark.usefixtures("one_thread")
+def test_timing_run_marks_nothing(cpu_driver, tmp_path):
+    plan_path = tmp_path / "times.json"
+    args = roofline.parse_args(["--sizes", "tiny", "--res", "tiny", "--warmup", "1", "--iters", "2",
+                                "--plan", str(plan_path), "--time-only"])
+    assert roofline.drive(args, device="cpu") == 0
+    plan = json.loads(plan_path.read_text())
+    assert cpu_driver == [] and plan["tags"] == []  # no profiler range: only the event times
+    assert set(plan["stage_ms"]) == {f"roofline.tiny.48x32.{s}" for s in ("forward", "backward", "step")}
+    assert roofline.load_times(tmp_path) == plan and roofline.load_times(tmp_path / "absent") == {}
+
+
+def test_a_failed_timing_run_is_a_note(tmp_path, monkeypatch):
+    monkeypatch.setattr(roofline, "run_bounded", lambda cmd, out, log, s: (log.write_text("==ERROR== no GPU\n"),
+                                                                           (2, 0.1, False))[1])
+    args = roofline.parse_args(["--sizes", "1M"])
+    note = roofline.time_stages(args, tmp_path, 10.0)
+    assert note == "the timing run without a profiler: exit 2; log: ==ERROR== no GPU"
+    monkeypatch.setattr(roofline, "run_bounded", lambda cmd, out, log, s: (0, 0.1, False))
+    assert roofline.time_stages(args, tmp_path, 10.0) is None
+
+
+@pytest.mark.usefixtures("one_thread")
 def test_driver_stages_and_deadline(cpu_driver, tmp_path):
     plan_path = tmp_path / "plan.json"
     args = roofline.parse_args(["--sizes", "tiny", "--res", "tiny", "--stages", "backward", "--warmup", "1",
@@ -422,6 +458,7 @@ def test_a_refused_metric_set_is_asked_again_with_less(fake_ncu, tmp_path, capsy
     assert "- 160k: ncu exit 1, 0 launches; log: ==ERROR== Failed to find metric lts__throughput" in md
     assert "- 160k and later: only gpu__time_duration.sum, dram__throughput" in md
     assert "| 160k | 1,000 | 800x800 | step |" in md and "| 300k | 1,000 | 800x800 | step |" in md
+    assert "- timing note" in md  # what the timing run said is kept among the notes
     assert md.count("ncu exit") == 1  # 300k ran once, with the smaller set
 
 
