@@ -30,6 +30,13 @@ HERE = Path(__file__).resolve().parent
 PROTOCOLS = {"psnr_pose": "pose-fitted PSNR", "psnr_exposure": "exposure PSNR"}
 
 
+def run_tag(variant: str, scene: str, seed: int) -> str:
+    """The folder and log name of one run: ``VARIANT-SCENE-sSEED``, a derived capture's ``~`` written ``.``
+    (``fox~halfviews`` → ``fox.halfviews``) so that every name is plain letters, digits, ``-``, ``_`` and ``.``
+    (the GPU machine's tool returns no file with another character in its name)."""
+    return f"{variant}-{Path(scene).name.replace('~', '.')}-s{seed}"
+
+
 def parse_variant(spec: str) -> tuple[str, list[str]]:
     name, _, rest = spec.partition("=")
     if not name or any(not c.isalnum() and c not in "-_." for c in name):
@@ -60,7 +67,7 @@ def main(argv=None) -> int:
 
     def one(job):
         v, kv, sc, seed = job
-        tag = f"{v}-{Path(sc).name}-s{seed}"
+        tag = run_tag(v, sc, seed)
         cmd = [sys.executable, str(HERE / "real.py"), "--scenes", sc, "--iters", args.iters, "--methods", "rigel",
                "--seed", str(seed), "--out", str(out / tag)] + shlex.split(args.extra)
         if args.device:

@@ -714,3 +714,18 @@ def test_driver_times_training_only_and_stops_cleanly():
                                   torch.device("cpu"))
     assert res["interrupted"] and res["stopped_at"] == 5 and res["stop_reason"] == "interrupted"
     assert [c["iteration"] for c in res["checkpoints"]] == [2, 5]
+
+
+def test_sweep_run_names_are_plain():
+    """bench/real_sweep.py names each run's folder and log so that the GPU machine's tool returns them: a derived
+    capture's '~' becomes '.', distinct captures stay distinct."""
+    from bench import real_sweep
+
+    names = {real_sweep.run_tag("b500", sc, 1) for sc in (".data/real/fox~halfviews", "fox", "bonsai~nosfm~halfres",
+                                                            "/abs/path/bonsai~nosfm")}
+    assert names == {"b500-fox.halfviews-s1", "b500-fox-s1", "b500-bonsai.nosfm.halfres-s1", "b500-bonsai.nosfm-s1"}
+    assert all(c.isalnum() or c in "-_." for n in names for c in n)
+    assert real_sweep.parse_variant("sqrt=auto_mcmc_budget=531000;auto_budget_pixels_per_gaussian=0") == \
+        ("sqrt", ["auto_mcmc_budget=531000", "auto_budget_pixels_per_gaussian=0"])
+    with pytest.raises(SystemExit, match="the name must be"):
+        real_sweep.parse_variant("a~b=x=1")
