@@ -6,6 +6,7 @@ re-rendering the returned scene from the cameras read back through ``load_datase
 """
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -201,3 +202,29 @@ def test_make_dataset_cuda_matches_cpu(tmp_path):
     for frame in ds.train + ds.test:
         ref = render(cpu, frame.camera).image
         assert (frame.image - ref).abs().max() <= 2 / 255
+
+
+def test_make_dataset_writers_write_the_same_files(tmp_path, rng, monkeypatch):
+    """PNGs encoded by several threads while the next views render: the same files as written in turn, and a
+    write's error surfaces (no transforms file naming images that were not written)."""
+    seed = seed_from(rng) % 1000
+    for writers in (1, 3):
+        P.make_dataset(tmp_path / str(writers), 300, 24, 16, n_train=7, n_test=2, seed=seed, sh_degree=1,
+                       progress=False, writers=writers)
+    one, three = tmp_path / "1", tmp_path / "3"
+    names = sorted(p.relative_to(one) for p in one.rglob("*.png"))
+    assert len(names) == 9 and names == sorted(p.relative_to(three) for p in three.rglob("*.png"))
+    for n in names + [Path("transforms_train.json"), Path("transforms_test.json")]:
+        assert (one / n).read_bytes() == (three / n).read_bytes(), n
+    import rigel_core.data.images as images
+
+    def failing(path, image, final_T):
+        if path.name == "r_4.png":
+            raise OSError(f"{path}: disk full")
+        return write(path, image, final_T)
+
+    write = images.write_render_rgba
+    monkeypatch.setattr(images, "write_render_rgba", failing)
+    with pytest.raises(OSError, match="r_4.png: disk full"):
+        P.make_dataset(tmp_path / "fail", 300, 24, 16, n_train=7, n_test=2, seed=seed, progress=False, writers=3)
+    assert not (tmp_path / "fail" / "transforms_train.json").exists()
