@@ -138,12 +138,14 @@ def main(argv=None) -> int:
     result = {"commit": commit(), "device_name": torch.cuda.get_device_name() if cuda else "cpu",
               "iters": args.iters, "capture": capture, "runs": runs,
               "throughput": ms[0] / ms[1] if all(ms) else None, "gaussians": []}
+    save(result)  # what a run stopped by a time limit later still leaves
     for n in [parse_count(c) for c in args.gaussians.split(",") if c]:
         try:
             result["gaussians"].append(rigel_row(n, device, args.res, 5, keep_grads=False))
         except torch.cuda.OutOfMemoryError as e:
             result["gaussians"].append({"n": n, "error": f"out of memory ({str(e).splitlines()[0][:120]})"})
         torch.cuda.empty_cache() if cuda else None
+        save(result)
     if args.forward:
         if cuda:
             env = dict(os.environ, OUT=os.environ.get("OUT", tempfile.gettempdir()))
@@ -152,12 +154,20 @@ def main(argv=None) -> int:
             result["forward"] = f"bench/forward.py exit {done.returncode}: see forward.md"
         else:
             result["forward"] = "skipped: bench/forward.py needs CUDA"
-    text = markdown(result)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "big_scene.md").write_text(text)
-        Path(os.environ["OUT"], "big_scene.json").write_text(json.dumps(result, indent=1, default=str))
+    print(save(result))
     return 0
+
+
+def save(result: dict) -> str:
+    """The report of ``result`` so far, written (atomically) to ``$OUT``/big_scene.md and .json when OUT is set."""
+    from rigel_core.atomic import atomic_path
+
+    text = markdown(result)
+    if os.environ.get("OUT"):
+        for name, body in (("big_scene.md", text), ("big_scene.json", json.dumps(result, indent=1, default=str))):
+            with atomic_path(Path(os.environ["OUT"], name)) as tmp:
+                Path(tmp).write_text(body)
+    return text
 
 
 if __name__ == "__main__":
