@@ -324,7 +324,7 @@ def markdown(summary: dict, meta: str, plans: dict, kernels_mode: str, notes: li
              f"(memory named L2 or L1 when over DRAM by more than {UNIT_MARGIN:.0f} points); '% of roofline' = "
              "that side's % (100 = at the roofline). Stage totals: times summed, throughputs time-weighted. "
              "stage ms (events): the stage's median CUDA-event time over the timed iterations of the same driver "
-             "run without a profiler ('—' where that run did not reach the stage; the Trainer step includes its "
+             "run without a profiler ('-' where that run did not reach the stage; the Trainer step includes its "
              "host syncs).", "",
              "## Per stage", "",
              "| size | N | resolution | stage | stage ms (events) | kernels profiled | profiled µs | DRAM % | "
