@@ -30,7 +30,7 @@ from .strict_json import finite_or_none  # noqa: F401  (re-exported: the run fil
 
 __all__ = ["CHECKPOINT_NAME", "PLY_NAME", "METRICS_NAME", "LOG_NAME", "LOCK_NAME", "EXPOSURE_NAME", "POSES_NAME", "RUN_FILES",
            "ATOMIC_NAMES", "RunFolderTaken", "RunBusy", "RunLock", "out_problem", "holds_run", "fresh_run_dir",
-           "choose_run_dir", "unused_path", "finite_or_none", "write_json_atomic", "open_run_log", "new_metrics",
+           "choose_run_dir", "foreign_outputs", "unused_path", "finite_or_none", "write_json_atomic", "open_run_log", "new_metrics",
            "read_metrics", "train_entry", "RunRecord", "close_run_log"]
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
@@ -173,27 +173,51 @@ def holds_run(d: Path) -> bool:
     return d.is_dir() and any((d / f).exists() for f in RUN_FILES)
 
 
+def foreign_outputs(d: Path) -> list[str]:
+    """The names a run writes besides its :data:`RUN_FILES` (:data:`EXPOSURE_NAME`, :data:`POSES_NAME`) that ``d``
+    holds without a run's checkpoint: not this project's run files — a dataset's own ``transforms.json`` (an
+    instant-ngp or nerfstudio capture) — which a run there would replace."""
+    d = Path(d)
+    if not d.is_dir() or (d / CHECKPOINT_NAME).exists():
+        return []
+    return [n for n in (POSES_NAME, EXPOSURE_NAME) if (d / n).exists()]
+
+
 def fresh_run_dir(base: Path) -> Path:
-    """``base``, or ``base-2``, ``base-3``, … : the first that neither holds a run nor is a file."""
+    """``base``, or ``base-2``, ``base-3``, … : the first that neither holds a run (nor a file a run writes:
+    :func:`foreign_outputs`) nor is a file."""
     base = Path(base)
     out, k = base, 2
-    while holds_run(out) or (out.exists() and not out.is_dir()):
+    while holds_run(out) or foreign_outputs(out) or (out.exists() and not out.is_dir()):
         out = base.with_name(f"{base.name}-{k}")
         k += 1
     return out
 
 
-def choose_run_dir(out: Path | None, default: Path, *, resume: bool) -> Path:
+def choose_run_dir(out: Path | None, default: Path, *, resume: bool, data: Path | None = None) -> Path:
     """The run folder to train into; never one that holds another run.
 
     ``resume``: ``out`` (or ``default``) as it is, unless it holds ``model.ply`` or ``metrics.json`` but no
     checkpoint (a finished run whose checkpoint was deleted: nothing to continue, and the new run would replace its
     model or its record), which raises :class:`RunFolderTaken`. (A ``log.txt`` alone — a run killed before its
     first save — is appended to.) An explicit ``out`` that holds a run without ``resume`` raises
-    :class:`RunFolderTaken` naming its run files (or that it is a file). Without ``out``, ``default`` becomes
-    ``default-2``, ``-3``, … when it holds a run (:func:`fresh_run_dir`)."""
+    :class:`RunFolderTaken` naming its run files (or that it is a file). A folder holding a ``transforms.json`` or
+    ``exposure.json`` without a run's checkpoint (:func:`foreign_outputs`: a dataset's own file, which the run's
+    refined poses or exposures would replace) raises :class:`RunFolderTaken`, resumed or not, and so does the
+    dataset's folder itself (``data``: the ``--data`` folder, or the folder of a ``--data`` file). Without ``out``,
+    ``default`` becomes ``default-2``, ``-3``, … when it holds a run (:func:`fresh_run_dir`)."""
+    run = Path(out) if out is not None else Path(default)
+    if data is not None:
+        d = Path(data) if Path(data).is_dir() else Path(data).parent
+        if run.exists() and d.exists() and os.path.samefile(run, d):
+            raise RunFolderTaken(f"--out {run} is the dataset's folder (--data {data}): a run writes its model, "
+                                 "checkpoint and poses there; choose another --out")
+    foreign = foreign_outputs(run) if (resume or out is not None) else []
+    if foreign:
+        names = " and ".join(foreign)
+        raise RunFolderTaken(f"--out {run} holds {names} but no run's {CHECKPOINT_NAME} (a dataset's own file?): "
+                             f"a run there would replace {'them' if len(foreign) > 1 else 'it'}; choose another --out")
     if resume:
-        run = Path(out) if out is not None else Path(default)
         kept = [f for f in (PLY_NAME, METRICS_NAME) if (run / f).exists()]
         if kept and not (run / CHECKPOINT_NAME).exists():
             names = " and ".join(kept)

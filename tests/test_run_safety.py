@@ -179,6 +179,67 @@ def test_a_model_ply_without_a_checkpoint_is_never_trained_over(tmp_path, capsys
     assert (run / kept_file).read_bytes() == kept
 
 
+# ---- a dataset's own transforms.json / exposure.json, the dataset's folder itself ----------------------------------
+def _train_or_view(cli: str, argv: list[str]) -> int:
+    if cli == "rigel-viewer":
+        from viewer.cli import main
+
+        return main(argv + ["--offscreen"])
+    from rigel_core.cli.train import main
+
+    return main(argv + ["--quiet"])
+
+
+@pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer"])
+@pytest.mark.parametrize("resume", [False, True], ids=["new", "resume"])
+@pytest.mark.parametrize("names", [["transforms.json"], ["exposure.json"], ["transforms.json", "exposure.json"]])
+def test_a_datasets_own_transforms_json_is_never_replaced(tmp_path, capsys, cli, resume, names):
+    """A run writes its refined poses to RUN/transforms.json and its exposures to RUN/exposure.json: an --out holding
+    such a file without a run's checkpoint (an instant-ngp capture's own transforms.json, a log.txt beside it or not)
+    is refused in one line naming the file, before the dataset is read, nothing written (a --pose-opt run replaced
+    a capture's transforms.json with its poses, and the capture could no longer be loaded)."""
+    out = tmp_path / "capture"
+    out.mkdir()
+    kept = {n: os.urandom(48) for n in names}
+    for n, b in kept.items():
+        (out / n).write_bytes(b)
+    if resume:
+        (out / "log.txt").write_text("a run killed before its first save\n")
+    before = sorted(p.name for p in out.iterdir())
+    argv = ["--data", str(tmp_path / "no-such-dataset"), "--out", str(out), "--pose-opt", "--exposure"]
+    assert _train_or_view(cli, argv + (["--resume"] if resume else [])) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert str(out) in line and all(n in line for n in names) and "no-such-dataset" not in line, line
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert all((out / n).read_bytes() == b for n, b in kept.items())
+
+
+def test_a_runs_own_transforms_json_resumes(tmp_path):
+    """The rule reads a checkpoint as the mark of a run: a run's transforms.json beside its checkpoint is its own."""
+    from rigel_core.run_dir import choose_run_dir, foreign_outputs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "transforms.json").write_text("{}")
+    assert foreign_outputs(run) == ["transforms.json"]
+    (run / "checkpoint.safetensors").write_bytes(b"x")
+    assert foreign_outputs(run) == [] and choose_run_dir(run, run, resume=True) == run
+
+
+@pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer"])
+@pytest.mark.parametrize("as_file", [False, True], ids=["folder", "transforms-file"])
+def test_the_datasets_folder_is_not_an_out(tmp_path, capsys, cli, as_file):
+    """--out naming the --data folder (or the folder of a --data transforms.json) is one line, nothing written."""
+    data = tmp_path / "colmap_capture"
+    (data / "images").mkdir(parents=True)
+    (data / "cameras.txt").write_text("# not read\n")
+    argv = ["--data", str(data / "cameras.txt" if as_file else data), "--out", str(data / "images" / "..")]
+    assert _train_or_view(cli, argv) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "is the dataset's folder" in line, line
+    assert sorted(p.name for p in data.iterdir()) == ["cameras.txt", "images"]
+
+
 @pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer --data"])
 def test_a_run_finished_while_this_one_loaded_is_not_trained_over(cli, tmp_path, capsys, monkeypatch):
     """Both commands check --out RUN before loading the data; another process that finishes a run there meanwhile

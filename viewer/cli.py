@@ -208,7 +208,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
 
     default = Path("runs") / Path(args.data).resolve().name
     try:
-        run_dir = choose_run_dir(args.out, default, resume=args.resume)
+        run_dir = choose_run_dir(args.out, default, resume=args.resume, data=args.data)
     except RunFolderTaken as e:
         raise _Refused(str(e)) from None
     if args.out is None and run_dir != default:

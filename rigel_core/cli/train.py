@@ -273,7 +273,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
     if is_main and not lock.try_existing():
         return _busy(run_dir)
     try:  # a run's files (model.ply, metrics.json, log.txt, …) are never trained over; the same rule as the viewer's
-        choose_run_dir(run_dir, run_dir, resume=args.resume)
+        choose_run_dir(run_dir, run_dir, resume=args.resume, data=args.data)
     except RunFolderTaken as e:
         print(f"rigel-train: {e}", file=sys.stderr)
         return 2
