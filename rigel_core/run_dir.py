@@ -446,7 +446,8 @@ class RunRecord:
     def save(self, trainer, reason: str, what: str = "both") -> tuple:
         """Write :data:`CHECKPOINT_NAME` and/or :data:`PLY_NAME` (``what``: "both", "checkpoint", "ply"; an MLP
         appearance baked into SH of ``config.sh_degree``, its RMSE logged and kept as ``ply_bake_rmse``) and,
-        with a learnt exposure, :data:`EXPOSURE_NAME`, with learnt poses, :data:`POSES_NAME`; one log line. Returns the paths written."""
+        with a learnt exposure, :data:`EXPOSURE_NAME`, with learnt poses, :data:`POSES_NAME` (either removed when its
+        correction has been turned off since it was written); one log line. Returns the paths written."""
         import time
 
         t0 = time.perf_counter()
@@ -464,13 +465,22 @@ class RunRecord:
                                   f"{trainer.config.sh_degree}, RMSE {rmse:.4f} (colour units, 128 view directions)")
             except ImportError as e:  # rigel_core.io missing: keep the checkpoint
                 self.log.info(f"{PLY_NAME} not written ({e})")
-        if what == "both" and trainer.exposure is not None:
-            names = [f.name for f in trainer.train_frames]
-            write_json_atomic(self.run_dir / EXPOSURE_NAME, trainer.exposure.to_dict(names))
-        if what == "both" and getattr(trainer, "pose", None) is not None:
-            write_json_atomic(self.run_dir / POSES_NAME, trainer.refined_poses_json())
-        self.log.info(f"[{trainer.iteration}] {reason}: {' and '.join(p.name for p in paths)} written "
-                      f"({trainer.model.num_gaussians} Gaussians, {time.perf_counter() - t0:.1f} s)")
+        removed = []
+        if what == "both":
+            learnt = {EXPOSURE_NAME: (trainer.exposure, "exposure", "per-image exposure",
+                                      lambda: trainer.exposure.to_dict([f.name for f in trainer.train_frames])),
+                      POSES_NAME: (getattr(trainer, "pose", None), "pose_opt", "pose refinement",
+                                   trainer.refined_poses_json)}
+            for name, (correction, field_, title, doc) in learnt.items():
+                path = self.run_dir / name
+                if correction is not None and getattr(trainer.config, field_):
+                    write_json_atomic(path, doc())
+                    paths.append(path)
+                elif path.exists():  # written while the correction was on (turned off since on a resume or in the
+                    path.unlink()    # viewer): the model is trained without it now, the file would describe another
+                    removed.append(f"; {name} removed ({title} is off: it no longer matches the model)")
+        self.log.info(f"[{trainer.iteration}] {reason}: {', '.join(p.name for p in paths)} written "
+                      f"({trainer.model.num_gaussians} Gaussians, {time.perf_counter() - t0:.1f} s)" + "".join(removed))
         return tuple(paths)
 
     def write(self, trainer, **fields) -> None:

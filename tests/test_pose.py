@@ -428,6 +428,10 @@ def test_cli_pose_opt_and_appearance_grid(tmp_path):
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["config"]["pose_opt"] is True and metrics["iterations_done"] == 5
     assert json.loads((run / "transforms.json").read_text()) != doc  # the corrections went on learning
+    # turned off on a resume: the earlier session's poses no longer describe the model written, and go
+    assert main(common + ["--out", str(run), "--iters", "6", "--resume", "--set", "pose_opt=false"]) == 0
+    assert not (run / "transforms.json").exists()
+    assert "transforms.json removed (pose refinement is off" in (run / "log.txt").read_text()
     run2 = tmp_path / "run2"
     assert main(common + ["--out", str(run2), "--appearance-grid", "--iters", "3"]) == 0
     metrics = json.loads((run2 / "metrics.json").read_text())

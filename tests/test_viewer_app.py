@@ -374,7 +374,7 @@ def test_training_thread_obeys_commands_and_reports_events(rng, tmp_path, one_th
     assert metrics["densify"] and metrics["iterations_done"] == 30
     assert metrics["config"]["densify_interval"] == 3 and metrics["dataset"]["train_views"] == 6
     log = (run / "log.txt").read_text()
-    assert "test psnr" in log and "densify clone" in log and "finished: checkpoint.safetensors and model.ply" in log
+    assert "test psnr" in log and "densify clone" in log and "finished: checkpoint.safetensors, model.ply written" in log
 
 
 @pytest.mark.parametrize("strategy", ["default", "mcmc"])
