@@ -785,7 +785,7 @@ def test_cli_sigterm_saves_like_ctrl_c(blender_dataset, tmp_path, monkeypatch, s
 
 
 @pytest.mark.parametrize("when", ["last step", "final evaluation"])
-def test_cli_ctrl_c_at_the_end_still_exits_interrupted(blender_dataset, tmp_path, monkeypatch, when):
+def test_cli_ctrl_c_at_the_end_still_exits_interrupted(blender_dataset, tmp_path, monkeypatch, capsys, when):
     """Ctrl-C during the last step: saved as interrupted, no final evaluation, 130. During the final evaluation (on
     a CPU, seconds of a real capture): it finishes and everything is saved, but the status is 130, not 0 (a script
     must not read success)."""
@@ -814,11 +814,14 @@ def test_cli_ctrl_c_at_the_end_still_exits_interrupted(blender_dataset, tmp_path
     status = main(["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet",
                    "--init-points", "100", "--iters", "6", "--eval-every", "0"])
     assert status == 130 and calls["n"] == 6
+    # the signal is answered at once, before the step or evaluation in progress ends
+    assert "SIGINT: stopping after the current step or evaluation" in capsys.readouterr().err
     log = (run / "log.txt").read_text()
     if when == "last step":
         assert calls["evals"] == 0 and "interrupted" in log and "final:" not in log
     else:
         assert calls["evals"] == 1 and "final: 6 iterations" in log
+        assert "SIGINT during the final evaluation: the run finished and is saved; exit status 130" in log
     assert (run / "model.ply").is_file() and (run / "checkpoint.safetensors").is_file()
 
 

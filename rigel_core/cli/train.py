@@ -437,6 +437,9 @@ def _main(args, lock: RunLock, comm=None) -> int:
             stop.set()
             if comm is not None:  # the ranks stop after the same step: the flag travels in its all-reduce
                 comm.stop_requested = True
+            # said at once: an evaluation in progress (the pose-fitted one takes minutes on a CPU) finishes first
+            print(f"rigel-train: {signal.Signals(signum).name}: stopping after the current step or evaluation, then "
+                  "saving (again to stop at once)", file=sys.stderr)
 
         # SIGTERM only in a single process: the --gpus launcher ends a rank stuck in a collective with SIGTERM
         # (and SIGHUP: a closed terminal or a dropped ssh session, which killed the run with nothing saved)
@@ -473,6 +476,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
         if stop.is_set():  # asked during the final evaluation: it finished and everything is saved, but the exit
             # status still says the run was interrupted (a script waiting on it must not read success)
             status = interrupted_status()
+            log.info(f"[{trainer.iteration}] {signal.Signals(stop_signal[0]).name} during the final evaluation: the "
+                     f"run finished and is saved; exit status {status}")
     except DatasetError as e:  # a streamed image that cannot be read when its turn came: one line, the run saved
         status = 2
         saved = run.save_if_consistent("failed", collective=False)
