@@ -91,8 +91,9 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
     add("--preload-frames", action="store_true",
         help="decode every image onto the training device before the first step instead of streaming them")
     add("--max-gaussians", type=int, default=None,
-        help="hard cap on the Gaussian count, and the budget the mcmc strategy grows to (also when auto picks "
-             "it: then N instead of the automatic budget)")
+        help="the Gaussian budget: the count the mcmc strategy grows to, a larger start trimmed to it (also when "
+             "auto picks mcmc: then N instead of the automatic budget); under --strategy default only a bound on "
+             "growth (densification adds none past N; a start above N is kept)")
     add("--init-points", type=int, default=None, help="random initial points without SfM points")
     add("--exposure", action="store_true", default=None,
         help="learn a per-training-image affine colour correction (held-out views are also scored by "

@@ -195,8 +195,9 @@ class TrainConfig:
     max_world_size: float = 0.1
     opacity_reset_interval: int = 3000
     opacity_reset_value: float = 0.01
-    #: hard cap on the Gaussian count; densification adds at most (max_gaussians − N) new ones, the
-    #: highest-gradient candidates first. None = no cap.
+    #: the Gaussian budget: MCMC grows to it (a larger start is trimmed to it); under 3DGS's densification a bound on
+    #: growth only — it adds at most (max_gaussians − N) new ones, the highest-gradient candidates first, and never
+    #: removes any to reach it (a start above it is kept). None = no cap.
     max_gaussians: int | None = 3_000_000
 
     # ---- per-image exposure (exposure.py; 3DGS ``--train_test_exp``) ----------------------------------------

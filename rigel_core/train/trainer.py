@@ -573,10 +573,15 @@ class Trainer:
         cfg = self.config
         where = f"resumed at iteration {self.iteration}" if self.iteration else "start"
         cap = cfg.max_gaussians
+        over = cap is not None and self.model.num_gaussians > cap
         strategy = (f"strategy {cfg.strategy}" + (f", a budget of {cap:,} Gaussians" if cfg.strategy == "mcmc" else
-                                                  f", at most {cap:,} Gaussians" if cap is not None else ""))
+                                                  f", at most {cap:,} Gaussians"
+                                                  + (" (the start is above it: none is added, none is cut)"
+                                                     if over else "") if cap is not None else ""))
+        learnt = [t for f, t in (("exposure", "per-image exposure"), ("pose_opt", "pose refinement"),
+                                 ("appearance_grid", "a bilateral grid per image")) if getattr(cfg, f)]
         return (f"{where}: {self.model.num_gaussians:,} Gaussians, device {self.device}, {cfg.iterations:,} iterations, "
-                f"{strategy}")
+                f"{strategy}" + (f"; learning {', '.join(learnt)}" if learnt else ""))
 
     @property
     def notes(self) -> list[str]:
