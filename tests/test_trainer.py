@@ -916,6 +916,11 @@ def test_cli_threads_sets_the_trainers_cpu_threads_with_the_viewers_bound(blende
     (["--set", "iterations=-5"], "--set iterations must be > 0, got -5"),
     (["--iters", "9", "--set", "iterations=-5"], "--set iterations must be > 0, got -5"),   # --set wins
     (["--set", "densify_interval=0"], "--set densify_interval must be > 0, got 0"),
+    # fields once refused in a group ("TrainConfig.pose_opt_*, eval_pose_steps, eval_pose_lr must be ≥ 0, got -1,
+    # 1e-06, 0.0, 0, 100, 0.001"): named alone, as the flag's
+    (["--pose-opt", "--set", "pose_opt_lr=-1"], "--set pose_opt_lr must be ≥ 0, got -1"),
+    (["--set", "appearance_grid_size=0"], "--set appearance_grid_size must be ≥ 2, got 0"),
+    (["--set", "exposure_lr_delay_mult=2"], "--set exposure_lr_delay_mult must be in [0, 1], got 2"),
     # refused by the Trainer itself (build_trainer), after the configuration was checked
     (["--set", "densify_grad=absgrad"], "--set densify_grad='absgrad' needs the CUDA kernels"),
 ])
