@@ -820,6 +820,42 @@ def test_cli_ctrl_c_at_the_end_still_exits_interrupted(blender_dataset, tmp_path
     else:
         assert calls["evals"] == 1 and "final: 6 iterations" in log
     assert (run / "model.ply").is_file() and (run / "checkpoint.safetensors").is_file()
+    if when == "last step":   # all its iterations, but not its final evaluation: --resume still has that to do
+        assert main(["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet",
+                     "--resume"]) == 0
+        assert calls["n"] == 6 and calls["evals"] == 1 and "final: 6 iterations" in (run / "log.txt").read_text()
+
+
+def test_cli_resume_of_a_finished_run_says_so_and_writes_nothing(blender_dataset, tmp_path, capsys):
+    """``--resume`` of a run that finished its iterations (and its final evaluation; or has no held-out view) is
+    one line — it finished its N iterations, ``--iters M`` beyond N extends it — exit 0, and every file of the run
+    as it was: before, it rewrote the checkpoint, model.ply, metrics.json and log.txt as "done" again. With --iters M
+    it trains on (TRAINING.md: an extended run)."""
+    import shutil
+
+    from rigel_core.cli.train import main
+
+    def files(run):
+        return {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+    no_test = shutil.copytree(blender_dataset, tmp_path / "no_test")
+    (no_test / "transforms_test.json").unlink()   # no held-out view: no final evaluation to wait for
+    for data in (blender_dataset, no_test):
+        run = tmp_path / f"run_{data.name}"
+        common = ["--data", str(data), "--out", str(run), "--device", "cpu", "--quiet", "--init-points", "100",
+                  "--eval-every", "0"]
+        assert main(common + ["--iters", "4"]) == 0
+        before = files(run)
+        assert (json.loads((run / "metrics.json").read_text())["eval"] == []) == (data == no_test)
+        capsys.readouterr()
+        for again in ([], ["--iters", "4"]):
+            assert main(common + ["--resume"] + again) == 0
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"{run} already finished its 4 iterations" in err \
+                and "--iters M, M > 4, extends it" in err, err
+            assert files(run) == before
+        assert main(common + ["--resume", "--iters", "6"]) == 0
+        assert json.loads((run / "metrics.json").read_text())["iterations_done"] == 6
 
 
 def test_cli_resume_on_another_dataset_or_resolution_is_refused(blender_dataset, tmp_path, capsys):
