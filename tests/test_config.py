@@ -137,3 +137,32 @@ def test_config_fields_are_type_checked():
     c = TrainConfig(iterations=1e4, max_gaussians=None, init_box=(0, 0, 0, 1, 1, 1))  # JSON's 1e4 is an integer
     c.validate()
     assert c.iterations == 10000 and type(c.iterations) is int
+
+
+#: one bad value per field that a check shared with other fields refused, and what the field must be
+_ALONE = [("mlp_latent_dim", 0, "in 1..{}"), ("mlp_hidden_dim", 10_000, "in 1..{}"), ("latent_lr", -1.0, "≥ 0"),
+          ("mlp_lr", -1e-3, "≥ 0"), ("exposure_lr_init", -1e-3, "≥ 0"), ("exposure_lr_final", -1e-6, "≥ 0"),
+          ("exposure_lr_delay_steps", -1, "≥ 0"), ("exposure_lr_delay_mult", 2.0, "in [0, 1]"),
+          ("exposure_lr_delay_mult", -0.5, "in [0, 1]"), ("pose_opt_lr", -1, "≥ 0"),
+          ("pose_opt_lr_final", -1e-6, "≥ 0"), ("pose_opt_reg", -0.1, "≥ 0"), ("pose_opt_from", -1, "≥ 0"),
+          ("eval_pose_steps", -1, "≥ 0"), ("eval_pose_lr", -1e-3, "≥ 0"), ("appearance_grid_bins", 1, "≥ 2"),
+          ("appearance_grid_size", 0, "≥ 2"), ("appearance_grid_lr", -1.0, "≥ 0"), ("appearance_grid_tv", -1.0, "≥ 0"),
+          ("mcmc_min_opacity", 0.0, "in (0, 1)"), ("mcmc_min_opacity", 1.0, "in (0, 1)"),
+          ("mcmc_noise_t", 1.5, "in [0, 1]")]
+
+
+@pytest.mark.parametrize("field,value,what", _ALONE)
+def test_a_refused_value_names_its_field_alone(field, value, what):
+    """Each field is refused on its own, named with its value: before, ``pose_opt_lr=-1`` said "TrainConfig.pose_opt_*,
+    eval_pose_steps, eval_pose_lr must be ≥ 0, got -1, 1e-06, 0.0, 0, 100, 0.001" (six values, which one?), and the
+    appearance grid, exposure schedule, MLP sizes and rates and MCMC opacity/noise fields were grouped the same way.
+    The neighbours keep their valid defaults (each alone is accepted at its edge)."""
+    from rigel_core.train import TrainConfig
+    from rigel_core.train.config import APPEARANCE_MAX_HIDDEN, APPEARANCE_MAX_LATENT
+
+    what = what.format(APPEARANCE_MAX_LATENT if field == "mlp_latent_dim" else APPEARANCE_MAX_HIDDEN)
+    with pytest.raises(ValueError) as e:
+        TrainConfig(**{field: value}).validate()
+    assert str(e.value) == f"TrainConfig.{field} must be {what}, got {value!r}"
+    edge = {"≥ 0": 0, "≥ 2": 2, "in [0, 1]": 1.0, "in (0, 1)": 0.5}.get(what, 1)
+    TrainConfig(**{field: type(value)(edge)}).validate()

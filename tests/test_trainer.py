@@ -823,6 +823,42 @@ def test_cli_ctrl_c_at_the_end_still_exits_interrupted(blender_dataset, tmp_path
         assert calls["evals"] == 1 and "final: 6 iterations" in log
         assert "SIGINT during the final evaluation: the run finished and is saved; exit status 130" in log
     assert (run / "model.ply").is_file() and (run / "checkpoint.safetensors").is_file()
+    if when == "last step":   # all its iterations, but not its final evaluation: --resume still has that to do
+        assert main(["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet",
+                     "--resume"]) == 0
+        assert calls["n"] == 6 and calls["evals"] == 1 and "final: 6 iterations" in (run / "log.txt").read_text()
+
+
+def test_cli_resume_of_a_finished_run_says_so_and_writes_nothing(blender_dataset, tmp_path, capsys):
+    """``--resume`` of a run that finished its iterations (and its final evaluation; or has no held-out view) is
+    one line — it finished its N iterations, ``--iters M`` beyond N extends it — exit 0, and every file of the run
+    as it was: before, it rewrote the checkpoint, model.ply, metrics.json and log.txt as "done" again. With --iters M
+    it trains on (TRAINING.md: an extended run)."""
+    import shutil
+
+    from rigel_core.cli.train import main
+
+    def files(run):
+        return {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+
+    no_test = shutil.copytree(blender_dataset, tmp_path / "no_test")
+    (no_test / "transforms_test.json").unlink()   # no held-out view: no final evaluation to wait for
+    for data in (blender_dataset, no_test):
+        run = tmp_path / f"run_{data.name}"
+        common = ["--data", str(data), "--out", str(run), "--device", "cpu", "--quiet", "--init-points", "100",
+                  "--eval-every", "0"]
+        assert main(common + ["--iters", "4"]) == 0
+        before = files(run)
+        assert (json.loads((run / "metrics.json").read_text())["eval"] == []) == (data == no_test)
+        capsys.readouterr()
+        for again in ([], ["--iters", "4"]):
+            assert main(common + ["--resume"] + again) == 0
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and f"{run} already finished its 4 iterations" in err \
+                and "--iters M, M > 4, extends it" in err, err
+            assert files(run) == before
+        assert main(common + ["--resume", "--iters", "6"]) == 0
+        assert json.loads((run / "metrics.json").read_text())["iterations_done"] == 6
 
 
 def test_cli_resume_on_another_dataset_or_resolution_is_refused(blender_dataset, tmp_path, capsys):
@@ -919,6 +955,11 @@ def test_cli_threads_sets_the_trainers_cpu_threads_with_the_viewers_bound(blende
     (["--set", "iterations=-5"], "--set iterations must be > 0, got -5"),
     (["--iters", "9", "--set", "iterations=-5"], "--set iterations must be > 0, got -5"),   # --set wins
     (["--set", "densify_interval=0"], "--set densify_interval must be > 0, got 0"),
+    # fields once refused in a group ("TrainConfig.pose_opt_*, eval_pose_steps, eval_pose_lr must be ≥ 0, got -1,
+    # 1e-06, 0.0, 0, 100, 0.001"): named alone, as the flag's
+    (["--pose-opt", "--set", "pose_opt_lr=-1"], "--set pose_opt_lr must be ≥ 0, got -1"),
+    (["--set", "appearance_grid_size=0"], "--set appearance_grid_size must be ≥ 2, got 0"),
+    (["--set", "exposure_lr_delay_mult=2"], "--set exposure_lr_delay_mult must be in [0, 1], got 2"),
     # refused by the Trainer itself (build_trainer), after the configuration was checked
     (["--set", "densify_grad=absgrad"], "--set densify_grad='absgrad' needs the CUDA kernels"),
 ])

@@ -651,6 +651,24 @@ def test_viewer_progressive_starts_small_and_refines_to_full(one_thread):
         assert v.stats.frame_size[0] * v.stats.frame_size[1] <= 320 * 240 * 1.05   # the CPU's automatic scale
 
 
+def _agreement(png, scene, cameras) -> list:
+    """Per camera: the fraction of the object's pixels (where its render of ``scene`` is opaque; frustums drawn
+    over the image may cross some) on which the viewer's ``png`` is that render, within 2.5/255."""
+    from PIL import Image
+
+    from rigel_core import render
+
+    img = np.asarray(Image.open(png), dtype=np.float64)[..., :3] / 255.0
+    agree = []
+    for cam in cameras:
+        with torch.no_grad():
+            r = render(scene, cam)
+        obj = (1.0 - r.final_T).numpy() > 0.5
+        close = np.abs(img - r.image.clamp(0, 1).double().numpy()).max(-1) <= 2.5 / 255
+        agree.append(float(close[obj].mean()))
+    return agree
+
+
 @needs_viewer
 def test_cli_view_opens_at_a_training_view(tmp_path, capsys, one_thread):
     """``rigel-viewer SCENE --cameras DATA --view N`` opens at training view N (numbered from 1, as the Camera
@@ -658,9 +676,6 @@ def test_cli_view_opens_at_a_training_view(tmp_path, capsys, one_thread):
     rendered it), on the object's pixels, and no other view's; before there was no way to open at a training view,
     and a forward-facing capture opened as a speck. N outside the views, or without cameras, is one line, exit 2,
     nothing written (with --data: before the run folder is made)."""
-    from PIL import Image
-
-    from rigel_core import render
     from rigel_core.data import load_dataset, make_dataset
     from rigel_core.io import load_scene
     from viewer.cli import main
@@ -674,14 +689,7 @@ def test_cli_view_opens_at_a_training_view(tmp_path, capsys, one_thread):
     assert main([str(data / "scene.ply"), "--cameras", str(data), "--view", str(n), "--offscreen", "--frames", "2",
                  "--out", str(out), "--size", "64x48", "--render-scale", "1", "--device", "cpu"]) == 0, \
         capsys.readouterr().err
-    img = np.asarray(Image.open(out / "image.png"), dtype=np.float64)[..., :3] / 255.0
-    agree = []
-    for f in frames:
-        with torch.no_grad():
-            r = render(scene, f.camera)
-        obj = (1.0 - r.final_T).numpy() > 0.5                   # the object's pixels (frustums may cross some)
-        close = np.abs(img - r.image.clamp(0, 1).double().numpy()).max(-1) <= 2.5 / 255
-        agree.append(float(close[obj].mean()))
+    agree = _agreement(out / "image.png", scene, [f.camera for f in frames])
     # image.png is the last of the 2 frames: still view n (the orbit had turned it 180°). The other views' frustums
     # are drawn over the image and may cross the object (0.56 was seen for view 1 of 5)
     assert agree[n - 1] > 0.4 and max(a for i, a in enumerate(agree) if i != n - 1) < 0.2, (n, agree)
@@ -699,6 +707,66 @@ def test_cli_view_opens_at_a_training_view(tmp_path, capsys, one_thread):
         assert not bad.exists()
 
 
+def _pose_opt_run(data, run, seed: int, size) -> None:
+    """A tiny dataset ``data`` (``size`` = (W, H), 4 training views) and a 3-iteration ``--pose-opt`` run of it in
+    ``run``: its ``transforms.json`` holds the refined poses, moved visibly (``pose_opt_lr`` 0.02)."""
+    from rigel_core.cli.train import main as train
+    from rigel_core.data import make_dataset
+
+    make_dataset(data, 300, *size, n_train=4, n_test=1, seed=seed, progress=False, device="cpu")
+    assert train(["--data", str(data), "--out", str(run), "--device", "cpu", "--quiet", "--iters", "3",
+                  "--init-points", "80", "--eval-every", "0", "--n-renders", "0", "--pose-opt",
+                  "--set", "pose_opt_lr=0.02", "--set", "eval_pose_steps=0"]) == 0
+
+
+@needs_viewer
+def test_cli_cameras_of_a_pose_refining_runs_transforms_json(tmp_path, capsys, one_thread):
+    """``rigel-viewer RUN/SCENE --cameras RUN/transforms.json`` — the refined poses a ``--pose-opt`` run writes, with
+    no image beside them — opens (was refused, exit 2: "none of its 4 frames has an image file", while
+    ``rigel-render --cameras`` of the same file worked): ``--view N`` opens at refined view N (the image is that
+    camera's render of the scene on its pixels, no other's) with nothing on stderr (the file is not also drawn as
+    "refined poses" beside itself, and no error map is asked of images there are not); its cameras are the file's
+    refined poses and intrinsics, named after its frames' file_path, as rigel-render names its renders."""
+    import json
+    import shutil
+
+    from rigel_core.cli.render import main as render_main
+    from rigel_core.io import load_scene
+    from viewer.cli import main
+
+    run = tmp_path / "run"
+    _pose_opt_run(tmp_path / "data", run, int(np.random.default_rng().integers(1000)), (64, 48))
+    cams_file = run / "transforms.json"
+    doc = json.loads(cams_file.read_text())["frames"]
+    want = [Camera.from_c2w_opengl(d["transform_matrix"], width=d["w"], height=d["h"], fx=d["fl_x"], fy=d["fl_y"],
+                                   cx=d["cx"], cy=d["cy"]) for d in doc]
+    # the dataset's own scene, in the run folder (beside transforms.json): a 3-iteration model is a blob that
+    # several views see alike
+    shutil.copy(tmp_path / "data" / "scene.ply", run / "scene.ply")
+    n = int(np.random.default_rng().integers(1, len(doc) + 1))
+    out = tmp_path / "o"
+    capsys.readouterr()
+    assert main([str(run / "scene.ply"), "--cameras", str(cams_file), "--view", str(n), "--offscreen", "--frames",
+                 "2", "--out", str(out), "--size", "64x48", "--render-scale", "1", "--device", "cpu"]) == 0, \
+        capsys.readouterr().err
+    assert capsys.readouterr().err == ""
+    agree = _agreement(out / "image.png", load_scene(run / "scene.ply"), want)
+    assert agree[n - 1] > 0.4 and max(a for i, a in enumerate(agree) if i != n - 1) < 0.2, (n, agree)
+
+    from viewer.cli import _camera_frames
+
+    frames, alone = _camera_frames(cams_file, 1.0)
+    assert alone == cams_file and [f.name for f in frames] == [d["file_path"] for d in doc]
+    for f, w in zip(frames, want):
+        assert f.image is None
+        np.testing.assert_allclose(f.camera.viewmat, w.viewmat, atol=1e-12)
+        assert (f.camera.fx, f.camera.fy, f.camera.cx, f.camera.cy, f.camera.width, f.camera.height) == \
+            (w.fx, w.fy, w.cx, w.cy, 64, 48)
+    assert render_main([str(run / "scene.ply"), "--cameras", str(cams_file), "--out", str(tmp_path / "r"),
+                        "--device", "cpu"]) == 0   # the same file, rigel-render: the views of the same names
+    assert sorted(p.stem for p in (tmp_path / "r").glob("*.png")) == sorted(f.name for f in frames)
+
+
 @needs_viewer
 def test_cli_shows_a_pose_refining_runs_refined_cameras(tmp_path, capsys, one_thread):
     """``rigel-viewer RUN/model.ply --cameras DATA`` of a ``--pose-opt`` run finds the run's transforms.json and draws
@@ -708,18 +776,14 @@ def test_cli_shows_a_pose_refining_runs_refined_cameras(tmp_path, capsys, one_th
     import json
     import shutil
 
-    from rigel_core.cli.train import main as train
     from rigel_core.data import load_dataset, make_dataset
     from rigel_core.train.pose import pose_errors
     from viewer.cli import _refined_beside, main
 
     seed = int(np.random.default_rng().integers(1000))
     data, other, run = tmp_path / "data", tmp_path / "other", tmp_path / "run"
-    for d, s_ in ((data, seed), (other, seed + 1)):
-        make_dataset(d, 300, 48, 36, n_train=4, n_test=1, seed=s_, progress=False, device="cpu")
-    assert train(["--data", str(data), "--out", str(run), "--device", "cpu", "--quiet", "--iters", "3",
-                  "--init-points", "80", "--eval-every", "0", "--n-renders", "0", "--pose-opt",
-                  "--set", "pose_opt_lr=0.02", "--set", "eval_pose_steps=0"]) == 0
+    _pose_opt_run(data, run, seed, (48, 36))
+    make_dataset(other, 300, 48, 36, n_train=4, n_test=1, seed=seed + 1, progress=False, device="cpu")
     frames = load_dataset(data).train
     refined = _refined_beside(run / "model.ply", frames)
     doc = {f["file_path"]: f for f in json.loads((run / "transforms.json").read_text())["frames"]}

@@ -19,14 +19,16 @@ failure of the training thread. No run is ever replaced: an ``--out`` that holds
 saved scenes, screenshots and videos go to the run folder (or ``--out``) and take a new name when theirs
 exists. The training flags are ``rigel-train``'s (:func:`rigel_core.cli.common.add_training_args`).
 
-``--cameras DATASET`` draws a dataset's training cameras as frustums in the view of a SCENE (click one to snap
-to it), and, when SCENE lies in the run folder of a ``--pose-opt`` run (its ``transforms.json``), each camera's
-refined pose beside its given one (Studio → View → "refined poses"; a live ``--data … --pose-opt`` run shows its
-own); ``--view N`` opens at training view N of ``--cameras`` (or of ``--data``) — its pose and intrinsics, numbered
-from 1 as the Camera section shows them ("train view N/M") — rather than at the framing of the whole capture, where
-a forward-facing capture is a speck; an N beyond the views is refused (one line, status 2) before anything opens
-or is written; with ``--offscreen`` the first frame is that view. Progressive rendering, opening files (drop /
-File → open) and editing live in the Studio window (:mod:`viewer.studio`).
+``--cameras DATASET`` draws a dataset's training cameras as frustums in the view of a SCENE (click one to snap to
+it; a file of cameras alone, such as a ``--pose-opt`` run's ``RUN/transforms.json``, gives all its cameras, as
+``rigel-render --cameras`` reads them, and no error map), and, when SCENE lies in the run folder of a ``--pose-opt``
+run (its ``transforms.json``), each camera's refined pose beside its given one (Studio → View → "refined poses"; a
+live ``--data … --pose-opt`` run shows its own); ``--view N`` opens at training view N of ``--cameras`` (or of
+``--data``) — its pose and intrinsics, numbered from 1 as the Camera section shows them ("train view N/M") — rather
+than at the framing of the whole capture, where a forward-facing capture is a speck; an N beyond the views is
+refused (one line, status 2) before anything opens or is written; with ``--offscreen`` the first frame is that view.
+Progressive rendering, opening files (drop / File → open) and editing live in the Studio window
+(:mod:`viewer.studio`).
 
 ``--offscreen`` needs no display: it writes ``frame_XXXX.png`` (with the panels), ``image.png`` /
 ``alpha.png`` / ``overdraw.png`` and ``summary.json`` into ``--out`` (see :mod:`viewer.offscreen`); an ``--out``
@@ -134,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--debug", action="store_true", help="Vulkan validation layer on")
     ap.add_argument("--cameras", type=Path, default=None,
                     help="dataset folder or transforms .json whose training cameras are drawn in the scene (click "
-                         "one to snap to it; [ ] cycle); images downscaled by --downscale")
+                         "one to snap to it; [ ] cycle); images downscaled by --downscale. A file of cameras "
+                         "alone (a --pose-opt run's transforms.json) is read as rigel-render --cameras reads it")
     ap.add_argument("--view", type=int, default=None, metavar="N",
                     help="open at training view N of --cameras (or of --data): its exact pose and intrinsics; 1 to "
                          "the number of views, numbered as the Camera section shows them ('train view N/M')")
@@ -169,16 +172,35 @@ class _Refused(Exception):
     """An argument rigel-viewer cannot use: one line, exit status 2."""
 
 
-def _refined_beside(scene, frames):
+def _camera_frames(cameras: Path, downscale: float):
+    """``--cameras``: (frames, None) — a dataset's training frames, cameras and images (downscaled by
+    ``downscale``; the error map compares against them) — or, for a file of cameras alone (a ``--pose-opt`` run's
+    ``RUN/transforms.json``: no image beside it, :class:`rigel_core.io.errors.NoImageFiles`), (frames, file): all
+    of its cameras, read and named as ``rigel-render --cameras`` reads them
+    (:func:`rigel_core.cli.render.resolve_cameras`), each a ``Frame`` with ``image`` None (no error map). Raises
+    DatasetError (one line naming the file) when neither can be read."""
+    from rigel_core.cli.render import resolve_cameras
+    from rigel_core.data import Frame, load_dataset
+    from rigel_core.io.errors import NoImageFiles
+
+    try:
+        return list(load_dataset(cameras, downscale=downscale).train), None
+    except NoImageFiles:
+        cams, names, file = resolve_cameras(str(cameras), None, None)
+        return [Frame(camera=c, image=None, alpha=None, name=n) for c, n in zip(cams, names)], Path(file)
+
+
+def _refined_beside(scene, frames, shown: Path | None = None):
     """The refined poses (:func:`rigel_core.train.pose.read_refined_poses`: a Camera or None per frame) of the run
     whose folder holds ``scene`` — its ``transforms.json``, written by a ``--pose-opt`` run — for ``--cameras``'s
-    ``frames``; None when there is no such file, and, with one line on stderr saying why, when it is not a
-    pose-refining run's, names another dataset or none of these frames."""
+    ``frames``; None when there is no such file or it is ``shown``, the file ``--cameras`` read (its poses are the
+    cameras drawn), and, with one line on stderr saying why, when it is not a pose-refining run's, names another
+    dataset or none of these frames."""
     from rigel_core.run_dir import POSES_NAME
     from rigel_core.train.pose import read_refined_poses
 
     path = Path(scene).parent / POSES_NAME
-    if not path.is_file():
+    if not path.is_file() or (shown is not None and path.resolve() == shown.resolve()):
         return None
     try:
         refined = read_refined_poses(path, [f.camera for f in frames])
@@ -437,10 +459,9 @@ def _main(argv=None) -> int:
                 adopt_scene(viewer, model, name, settings.up)
             else:
                 frames = None
+                alone = None
                 if args.cameras is not None:   # a dataset's training cameras, drawn as frustums (viewer/studio.py)
-                    from rigel_core.data import load_dataset
-
-                    frames = list(load_dataset(args.cameras, downscale=args.downscale).train)
+                    frames, alone = _camera_frames(args.cameras, args.downscale)
                     problem = _view_problem(args.view, len(frames), f"--cameras {args.cameras}")
                     if problem:
                         raise _Refused(problem)
@@ -448,7 +469,7 @@ def _main(argv=None) -> int:
                                 debug=args.debug, settings=settings, scene_name=name, slots=args.slots,
                                 frames=frames, ini_path=None if args.offscreen else config_dir() / "imgui.ini")
                 if frames and args.scene:   # a pose-refining run's scene: its refined cameras beside the given ones
-                    viewer.studio.refined = _refined_beside(args.scene, frames)
+                    viewer.studio.refined = _refined_beside(args.scene, frames, shown=alone)
             if args.out is not None:
                 viewer.screenshot_dir = args.out
         if args.view is not None:   # the opening view: training view N (--cameras or --data), exactly

@@ -101,7 +101,8 @@ class ErrorMap:
     """|render − ground truth| of a snapped training view, for the PSNR window.
 
     Args:
-        frames: the dataset frames (camera, image, name).
+        frames: the dataset frames (camera, image, name); a frame whose ``image`` is None (a camera alone:
+            ``rigel-viewer --cameras`` of a file of cameras alone) has no error map.
         device: the render device; stream: the viewer's CUDA stream (None on the CPU).
     """
 
@@ -135,7 +136,7 @@ class ErrorMap:
         non-blocking copy to the host, picked up by :meth:`poll` once done (never waited for)."""
         import torch
 
-        if index is None or not self.frames:
+        if index is None or not self.frames or self.frames[index].image is None:   # None: a camera alone
             self.view = None
             return
         gt = self.ground_truth(index, slot.width, slot.height)

@@ -19,8 +19,9 @@ instant-ngp, COLMAP). Writes into ``RUN``:
   evaluations excluded; ``loop_s``: the
   training loop's wall-clock seconds, evaluations and periodic saves excluded; ``ms_per_iter``: ``train_s`` per
   iteration), peak GPU memory (CUDA), the number of steps the NaN guard skipped;
-- ``checkpoint.safetensors`` (:mod:`rigel_core.checkpoint`; ``--resume`` continues from it, and an ``--out``
-  that holds one is refused without ``--resume``), ``model.ply`` (INRIA layout), both written atomically;
+- ``checkpoint.safetensors`` (:mod:`rigel_core.checkpoint`; ``--resume`` continues from it — a run that already
+  finished its iterations is one line saying so, exit 0, nothing written: ``--iters M`` beyond them extends it —,
+  and an ``--out`` that holds one is refused without ``--resume``), ``model.ply`` (INRIA layout), both written atomically;
 - ``renders/it<NNNNNN>/<view>_pred.png`` and ``<view>_gt.png`` for the first ``--n-renders`` held-out views
   at each evaluation. A view with a mask (lens borders of an undistorted capture, a ``masks/`` folder) has its
   ``_gt.png`` written as RGBA with alpha 0 on the pixels that do not count (the metrics ignore them).
@@ -250,6 +251,15 @@ def _launch(args, argv) -> int:
     return launch(main, argv, args.gpus)
 
 
+def _finished(trainer) -> bool:
+    """Whether a resumed ``trainer`` has nothing left to do: all its iterations done and, with held-out views, the
+    last one evaluated (a run stopped during its last step was saved before its final evaluation: that one still
+    runs)."""
+    it = trainer.iteration
+    return it >= trainer.config.iterations and (
+        not trainer.test_frames or bool(trainer.eval_history and trainer.eval_history[-1].iteration == it))
+
+
 def _busy(run_dir: Path) -> int:
     print(f"rigel-train: {RunLock(run_dir).busy_message('rigel-train')}", file=sys.stderr)
     return 2
@@ -355,6 +365,10 @@ def _main(args, lock: RunLock, comm=None) -> int:
             raise
         print(f"rigel-train: {e}", file=sys.stderr)
         return 2
+    if resume_cfg is not None and _finished(trainer):   # nothing to train or evaluate: the run's files stay as they are
+        print(f"rigel-train: --resume: {run_dir} already finished its {trainer.iteration} iterations; nothing written "
+              f"(--iters M, M > {trainer.iteration}, extends it)", file=sys.stderr)
+        return 0
     # only now: a run that cannot start leaves nothing behind (no directory, no log, no lock file)
     stale = []
     if is_main:

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..camera import Camera, check_camera_position
 from ..deps import require
+from ..io.errors import NoImageFiles
 from .assemble import assemble_dataset
 from .colmap_check import check_colmap_model
 from .frames import Dataset, DatasetError, FrameSpec, cap_frames, split_every, with_unique_names
@@ -180,10 +181,10 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
     root = Path(root)
     sparse, rec, specs, missing, total = read_colmap_frames(root)
     images_dir = root / "images"
+    if not specs:   # said once, by the error (a model of cameras alone: NoImageFiles)
+        raise NoImageFiles(f"{sparse}: none of its {total} registered images was found in {images_dir}")
     warn_missing(images_dir, missing, total)
     warn_unmasked(root / "masks", specs)
-    if not specs:
-        raise DatasetError(f"{sparse}: none of its {total} registered images was found in {images_dir}")
     points = colors = None
     if rec.points3D:
         pts = list(rec.points3D.values())

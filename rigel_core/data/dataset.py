@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..io.errors import NoImageFiles
 from .assemble import assemble_dataset
 from .frames import Dataset, DatasetError, cap_frames, held_out_split, with_unique_names
 from .transforms import read_ply_points, read_transforms, warn_missing, warn_unmasked
@@ -109,10 +110,9 @@ def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=
             continue
         specs, missing, total = read_transforms(f)
         specs = with_unique_names(specs)   # within a split: a view's renders are named after it
+        if not specs and split == "train":   # said once, by the error (a file of cameras alone: NoImageFiles)
+            raise NoImageFiles(f"{f}: none of its {total} frames has an image file")
         warn_missing(f, missing, total)
-        if not specs:
-            if split == "train":
-                raise DatasetError(f"{f}: none of its {total} frames has an image file")
         splits[split] = cap_frames(specs, max_frames)
     warn_unmasked(root / "masks", splits["train"] + splits["test"])
     return assemble_dataset(splits["train"], splits["test"], root, "blender", white_bg, downscale, device,
@@ -126,9 +126,9 @@ def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames
     :mod:`rigel_core.data.transforms` for the keys read and ignored."""
     json_path = Path(json_path)
     specs, missing, total = read_transforms(json_path)
+    if not specs:   # said once, by the error (a file of cameras alone: NoImageFiles)
+        raise NoImageFiles(f"{json_path}: none of its {total} frames has an image file")
     warn_missing(json_path, missing, total)
-    if not specs:
-        raise DatasetError(f"{json_path}: none of its {total} frames has an image file")
     points, colors = read_ply_points(json_path)  # nerfstudio's ply_file_path (SfM points), else None
     warn_unmasked(json_path.parent / "masks", specs)
     train, test = held_out_split(specs, test_every)

@@ -29,7 +29,8 @@ class Frame:
 
     Attributes:
         camera: ideal pinhole :class:`~rigel_core.camera.Camera` of this image (distortion already removed).
-        image: (H, W, 3) float32 in [0, 1]; alpha already composited onto the dataset's background.
+        image: (H, W, 3) float32 in [0, 1]; alpha already composited onto the dataset's background. (None only
+            for a camera without its image: ``rigel-viewer --cameras`` of a file of cameras alone.)
         alpha: (H, W) float32 in [0, 1], or None when the image file has no alpha channel.
         name: frame name (the image file's stem), used for output file names.
         mask: (H, W) bool (or float in {0, 1}) on the image's device: the pixels that count — True / 1 where the

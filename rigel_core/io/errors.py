@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["InputError", "SceneFormatError", "PlyFormatError", "SpzFormatError", "DatasetError"]
+__all__ = ["InputError", "SceneFormatError", "PlyFormatError", "SpzFormatError", "DatasetError", "NoImageFiles"]
 
 
 class InputError(ValueError):
@@ -47,3 +47,9 @@ class SpzFormatError(SceneFormatError):
 class DatasetError(InputError):
     """A dataset that cannot be loaded: ``DatasetError(path, problem)``, or ``DatasetError(message)`` with a
     message that already starts with the file (``"<path>: frame 3: 'fl_x' …"``)."""
+
+
+class NoImageFiles(DatasetError):
+    """A dataset none of whose (training) frames has its image file: nothing to train on, but its cameras are
+    usable alone — e.g. a ``--pose-opt`` run's ``RUN/transforms.json`` (poses only), which ``rigel-render
+    --cameras`` and ``rigel-viewer --cameras`` read as cameras (:func:`rigel_core.cli.render.resolve_cameras`)."""

@@ -398,16 +398,22 @@ class TrainConfig:
                 raise ValueError(f"{where} must be {'a finite number' if base == 'float' else base}"
                                  f"{' or None' if optional else ''}, got {v!r}"[:200])
 
+    def _each(self, names, ok, what: str) -> None:
+        """ValueError naming the first field of ``names`` whose value fails ``ok`` (False for NaN), alone: "TrainConfig.
+        <field> must be <what>, got <value>" — one field a message, which the CLIs name by its flag or ``--set``
+        (:func:`rigel_core.cli.common.flag_words`)."""
+        for name in names:
+            v = getattr(self, name)
+            if not ok(v):
+                raise ValueError(f"TrainConfig.{name} must be {what}, got {v!r}")
+
     def validate(self) -> None:
         """Raise ValueError naming the first field whose value has the wrong type or is out of range."""
         self._check_types()
         if self.iterations > MAX_ITERATION:
             raise ValueError(f"TrainConfig.iterations must be ≤ {MAX_ITERATION:,}, got {self.iterations}")
-        positive = ["iterations", "densify_interval", "sh_degree_interval", "opacity_reset_interval",
-                    "split_factor", "feature_lr", "sh_rest_lr_divisor"]
-        for name in positive:
-            if not getattr(self, name) > 0:
-                raise ValueError(f"TrainConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        self._each(("iterations", "densify_interval", "sh_degree_interval", "opacity_reset_interval", "split_factor",
+                    "feature_lr", "sh_rest_lr_divisor"), lambda v: v > 0, "> 0")
         if not 0 <= self.sh_degree <= 3:
             raise ValueError(f"TrainConfig.sh_degree must be in 0..3, got {self.sh_degree}")
         if not -2**63 <= self.seed < 2**64:   # torch.Generator.manual_seed's range
@@ -417,16 +423,12 @@ class TrainConfig:
                              f"{self.densify_visibility!r}")
         if self.densify_grad not in DENSIFY_GRADS:
             raise ValueError(f"TrainConfig.densify_grad must be 'auto', 'grad' or 'absgrad', got {self.densify_grad!r}")
-        for name in ("grad_threshold", "absgrad_threshold"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"TrainConfig.{name} must be ≥ 0, got {getattr(self, name)!r}")
+        self._each(("grad_threshold", "absgrad_threshold"), lambda v: v >= 0, "≥ 0")
         if self.appearance not in ("sh", "mlp"):
             raise ValueError(f"TrainConfig.appearance must be 'sh' or 'mlp', got {self.appearance!r}")
-        if not (1 <= self.mlp_latent_dim <= APPEARANCE_MAX_LATENT and 1 <= self.mlp_hidden_dim <= APPEARANCE_MAX_HIDDEN):
-            raise ValueError(f"TrainConfig.mlp_latent_dim must be in 1..{APPEARANCE_MAX_LATENT} and mlp_hidden_dim in "
-                             f"1..{APPEARANCE_MAX_HIDDEN}, got {self.mlp_latent_dim}, {self.mlp_hidden_dim}")
-        if not (self.latent_lr >= 0 and self.mlp_lr >= 0):
-            raise ValueError(f"TrainConfig.latent_lr and mlp_lr must be ≥ 0, got {self.latent_lr}, {self.mlp_lr}")
+        self._each(("mlp_latent_dim",), lambda v: 1 <= v <= APPEARANCE_MAX_LATENT, f"in 1..{APPEARANCE_MAX_LATENT}")
+        self._each(("mlp_hidden_dim",), lambda v: 1 <= v <= APPEARANCE_MAX_HIDDEN, f"in 1..{APPEARANCE_MAX_HIDDEN}")
+        self._each(("latent_lr", "mlp_lr"), lambda v: v >= 0, "≥ 0")
         if not 0.0 <= self.lambda_dssim <= 1.0:
             raise ValueError(f"TrainConfig.lambda_dssim must be in [0, 1], got {self.lambda_dssim}")
         if self.max_gaussians is not None and self.max_gaussians < 1:
@@ -439,9 +441,9 @@ class TrainConfig:
         if not 1 <= self.auto_background_points <= MAX_BACKGROUND_POINTS:
             raise ValueError(f"TrainConfig.auto_background_points must be in [1, {MAX_BACKGROUND_POINTS:,}], got "
                              f"{self.auto_background_points}"[:200])
-        for name in ("position_lr_init", "position_lr_final", "scaling_lr", "rotation_lr", "opacity_lr"):
-            if not getattr(self, name) >= 0:   # a negative rate ascends the loss; 0 freezes the group
-                raise ValueError(f"TrainConfig.{name} must be ≥ 0, got {getattr(self, name)!r}")
+        # a negative rate ascends the loss; 0 freezes the group
+        self._each(("position_lr_init", "position_lr_final", "scaling_lr", "rotation_lr", "opacity_lr"),
+                   lambda v: v >= 0, "≥ 0")
         if not self.adam_eps > 0:
             raise ValueError(f"TrainConfig.adam_eps must be > 0, got {self.adam_eps!r}")
         if not 0.0 < self.init_opacity < 1.0:   # stored as its logit
@@ -451,21 +453,11 @@ class TrainConfig:
         if not self.init_background_radius > 1.0:
             raise ValueError(f"TrainConfig.init_background_radius must be > 1 (scene extents), got "
                              f"{self.init_background_radius}")
-        if not (self.exposure_lr_init >= 0 and self.exposure_lr_final >= 0 and self.exposure_lr_delay_steps >= 0
-                and 0.0 <= self.exposure_lr_delay_mult <= 1.0):
-            raise ValueError(f"TrainConfig.exposure_lr_*: init, final and delay_steps must be ≥ 0 and delay_mult in "
-                             f"[0, 1], got {self.exposure_lr_init}, {self.exposure_lr_final}, "
-                             f"{self.exposure_lr_delay_steps}, {self.exposure_lr_delay_mult}")
-        if not (self.pose_opt_lr >= 0 and self.pose_opt_lr_final >= 0 and self.pose_opt_reg >= 0
-                and self.pose_opt_from >= 0 and self.eval_pose_steps >= 0 and self.eval_pose_lr >= 0):
-            raise ValueError(f"TrainConfig.pose_opt_*, eval_pose_steps, eval_pose_lr must be ≥ 0, got "
-                             f"{self.pose_opt_lr}, {self.pose_opt_lr_final}, {self.pose_opt_reg}, {self.pose_opt_from}, "
-                             f"{self.eval_pose_steps}, {self.eval_pose_lr}")
-        if not (self.appearance_grid_bins >= 2 and self.appearance_grid_size >= 2 and self.appearance_grid_lr >= 0
-                and self.appearance_grid_tv >= 0):
-            raise ValueError(f"TrainConfig.appearance_grid_bins and _size must be ≥ 2, _lr and _tv ≥ 0, got "
-                             f"{self.appearance_grid_bins}, {self.appearance_grid_size}, {self.appearance_grid_lr}, "
-                             f"{self.appearance_grid_tv}")
+        self._each(("exposure_lr_init", "exposure_lr_final", "exposure_lr_delay_steps", "pose_opt_lr",
+                    "pose_opt_lr_final", "pose_opt_reg", "pose_opt_from", "eval_pose_steps", "eval_pose_lr",
+                    "appearance_grid_lr", "appearance_grid_tv"), lambda v: v >= 0, "≥ 0")
+        self._each(("exposure_lr_delay_mult",), lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
+        self._each(("appearance_grid_bins", "appearance_grid_size"), lambda v: v >= 2, "≥ 2")
         if self.render_mode not in RENDER_MODES:
             raise ValueError(f"TrainConfig.render_mode must be 'default' or 'mip', got {self.render_mode!r}")
         if self.strategy not in STRATEGIES:
@@ -480,14 +472,12 @@ class TrainConfig:
                              f"auto_mcmc_budget), got {self.auto_budget_pixels_per_gaussian}")
         if self.strategy == "mcmc" and self.max_gaussians is None:
             raise ValueError("TrainConfig.max_gaussians must be set (the Gaussian budget) when strategy is 'mcmc'")
-        if not 0.0 < self.mcmc_min_opacity < 1.0 or not 0.0 <= self.mcmc_noise_t <= 1.0:
-            raise ValueError(f"TrainConfig.mcmc_min_opacity must be in (0, 1) and mcmc_noise_t in [0, 1], got "
-                             f"{self.mcmc_min_opacity}, {self.mcmc_noise_t}")
+        self._each(("mcmc_min_opacity",), lambda v: 0.0 < v < 1.0, "in (0, 1)")
+        self._each(("mcmc_noise_t",), lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
         if not 1 <= self.mcmc_max_copies <= 1000:
             raise ValueError(f"TrainConfig.mcmc_max_copies must be in 1..1000, got {self.mcmc_max_copies}")
-        for name in ("mcmc_growth", "mcmc_noise_lr", "mcmc_noise_k", "mcmc_opacity_reg", "mcmc_scale_reg"):
-            if not getattr(self, name) >= 0:
-                raise ValueError(f"TrainConfig.{name} must be ≥ 0, got {getattr(self, name)!r}")
+        self._each(("mcmc_growth", "mcmc_noise_lr", "mcmc_noise_k", "mcmc_opacity_reg", "mcmc_scale_reg"),
+                   lambda v: v >= 0, "≥ 0")
         c2f = self.coarse_to_fine
         if c2f != "auto" and not (1 <= c2f <= 64 and c2f & (c2f - 1) == 0):
             raise ValueError(f"TrainConfig.coarse_to_fine must be a power of two in 1..64 or 'auto', got {c2f}")

@@ -273,9 +273,10 @@ def fit_pose(model, camera, gt: torch.Tensor, *, steps: int, lr: float, extent: 
 
 
 def transforms_json(frames: list, cameras: list, originals: list | None = None) -> dict:
-    """A nerfstudio ``transforms.json`` (per frame: ``file_path``, OpenGL camera-to-world ``transform_matrix``,
-    ``fl_x fl_y cx cy w h``) of ``cameras`` (one per frame of ``frames``, whose ``name``, the image file's stem, becomes
-    ``file_path``); with ``originals`` also each frame's given pose as
+    """A ``transforms.json`` of cameras alone, in nerfstudio's keys (per frame: ``file_path``, OpenGL camera-to-world
+    ``transform_matrix``, ``fl_x fl_y cx cy w h``) of ``cameras`` (one per frame of ``frames``, whose ``name``, the
+    image file's stem, becomes ``file_path``: no image is written; ``rigel-render`` and ``rigel-viewer`` read it as
+    ``--cameras``); with ``originals`` also each frame's given pose as
     ``original_transform_matrix`` (an extra key other readers ignore)."""
     def gl(cam) -> list:
         c2w = np.linalg.inv(cam.viewmat)
