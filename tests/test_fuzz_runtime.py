@@ -342,8 +342,9 @@ def test_stale_temporaries_of_a_killed_write_are_removed_at_start(real_run, tmp_
     for name in keep:
         (rd / name).write_text("user data")
     (rd / ".model.ply.abc_1234.tmp").mkdir()  # a directory of a matching name: not rigel's
+    # --iters beyond the 20 done: a resume of a finished run at its own count writes nothing (not even this clean-up)
     assert main(["--data", str(data), "--out", str(rd), "--resume", "--device", "cpu", "--quiet",
-                 "--iters", "20"]) == 0
+                 "--iters", "22"]) == 0
     capsys.readouterr()
     assert not stale[0].exists()
     assert all((rd / n).is_file() for n in keep) and (rd / ".model.ply.abc_1234.tmp").is_dir()
@@ -442,10 +443,11 @@ def test_resume_with_a_damaged_metrics_json(real_run, tmp_path, capsys):
         rd = tmp_path / f"run{i}"
         shutil.copytree(run, rd)
         (rd / "metrics.json").write_text(junk)
+        # one iteration more: a finished run resumed at its own count is left as it is (nothing to do)
         assert main(["--data", str(data), "--out", str(rd), "--resume", "--device", "cpu", "--quiet",
-                     "--eval-every", "0", "--n-renders", "0"]) == 0
+                     "--eval-every", "0", "--n-renders", "0", "--iters", "21"]) == 0
         m = json.loads((rd / "metrics.json").read_text())
-        assert m["iterations_done"] == 20 and m["resumed_at"] == [20]
+        assert m["iterations_done"] == 21 and m["resumed_at"] == [20]
         err = [ln for ln in capsys.readouterr().err.splitlines() if "metrics.json" in ln]
         assert len(err) == 1 and "damaged" in err[0] and str(rd / "metrics.json") in err[0]  # said, in one line
         assert f"{rd / 'metrics.json'}: damaged" in (rd / "log.txt").read_text()   # and in the run's log
