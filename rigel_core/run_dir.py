@@ -30,7 +30,7 @@ from .strict_json import finite_or_none  # noqa: F401  (re-exported: the run fil
 
 __all__ = ["CHECKPOINT_NAME", "PLY_NAME", "METRICS_NAME", "LOG_NAME", "LOCK_NAME", "EXPOSURE_NAME", "POSES_NAME", "RUN_FILES",
            "ATOMIC_NAMES", "RunFolderTaken", "RunBusy", "RunLock", "out_problem", "holds_run", "fresh_run_dir",
-           "choose_run_dir", "foreign_outputs", "unused_path", "finite_or_none", "write_json_atomic", "open_run_log", "new_metrics",
+           "choose_run_dir", "foreign_outputs", "CAPTURE_MARKERS", "unused_path", "finite_or_none", "write_json_atomic", "open_run_log", "new_metrics",
            "read_metrics", "train_entry", "RunRecord", "close_run_log"]
 
 CHECKPOINT_NAME = "checkpoint.safetensors"
@@ -173,14 +173,38 @@ def holds_run(d: Path) -> bool:
     return d.is_dir() and any((d / f).exists() for f in RUN_FILES)
 
 
+#: what a capture's folder holds and a run folder never does (Blender's split files, a COLMAP model)
+CAPTURE_MARKERS = ("transforms_train.json", "sparse")
+
+
+def _a_runs_file(path: Path) -> bool:
+    """Whether ``path`` (:data:`POSES_NAME` or :data:`EXPOSURE_NAME`) reads as a run wrote it — refined poses with
+    each frame's ``original_transform_matrix`` (:func:`rigel_core.train.pose.transforms_json`), exposures as
+    ``{"model", "images"}`` (``Exposure.to_dict``) — or cannot be read at all (a damaged copy of a run's own)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return True
+    if not isinstance(doc, dict):
+        return False
+    if path.name == POSES_NAME:
+        frames = doc.get("frames")
+        return isinstance(frames, list) and all(isinstance(f, dict) and "original_transform_matrix" in f
+                                                for f in frames)
+    return set(doc) == {"model", "images"}
+
+
 def foreign_outputs(d: Path) -> list[str]:
-    """The names a run writes besides its :data:`RUN_FILES` (:data:`EXPOSURE_NAME`, :data:`POSES_NAME`) that ``d``
-    holds without a run's checkpoint: not this project's run files — a dataset's own ``transforms.json`` (an
-    instant-ngp or nerfstudio capture) — which a run there would replace."""
+    """What in ``d`` a run there would write over or beside that is not a run's: a ``transforms.json`` or
+    ``exposure.json`` without a run's checkpoint, or with one but not in a run's format (a capture's own
+    ``transforms.json``, trained into before this rule); a capture's markers (:data:`CAPTURE_MARKERS`: a refined
+    ``transforms.json`` beside a COLMAP model would make the folder read as another capture)."""
     d = Path(d)
-    if not d.is_dir() or (d / CHECKPOINT_NAME).exists():
+    if not d.is_dir():
         return []
-    return [n for n in (POSES_NAME, EXPOSURE_NAME) if (d / n).exists()]
+    run = (d / CHECKPOINT_NAME).exists()
+    found = [n for n in (POSES_NAME, EXPOSURE_NAME) if (d / n).is_file() and not (run and _a_runs_file(d / n))]
+    return found + [n for n in CAPTURE_MARKERS if (d / n).exists()]
 
 
 def fresh_run_dir(base: Path) -> Path:
@@ -212,28 +236,26 @@ def choose_run_dir(out: Path | None, default: Path, *, resume: bool, data: Path 
         if run.exists() and d.exists() and os.path.samefile(run, d):
             raise RunFolderTaken(f"--out {run} is the dataset's folder (--data {data}): a run writes its model, "
                                  "checkpoint and poses there; choose another --out")
-    foreign = foreign_outputs(run) if (resume or out is not None) else []
-    if foreign:
-        names = " and ".join(foreign)
-        raise RunFolderTaken(f"--out {run} holds {names} but no run's {CHECKPOINT_NAME} (a dataset's own file?): "
-                             f"a run there would replace {'them' if len(foreign) > 1 else 'it'}; choose another --out")
     if resume:
         kept = [f for f in (PLY_NAME, METRICS_NAME) if (run / f).exists()]
         if kept and not (run / CHECKPOINT_NAME).exists():
             names = " and ".join(kept)
             raise RunFolderTaken(f"{run} holds {names} but no {CHECKPOINT_NAME}: --resume has nothing to "
                                  f"continue, and a new run would replace {names}; choose another --out")
-        return run
-    if out is not None:
-        out = Path(out)
-        if out.exists() and not out.is_dir():
-            raise RunFolderTaken(f"--out {out} is a file, not a folder")
-        if holds_run(out):
-            names = ", ".join(f for f in RUN_FILES if (out / f).exists())
-            raise RunFolderTaken(f"{out} already holds a run ({names}); pass --resume to continue it, or choose "
+    elif out is not None:
+        if run.exists() and not run.is_dir():
+            raise RunFolderTaken(f"--out {run} is a file, not a folder")
+        if holds_run(run):
+            names = ", ".join(f for f in RUN_FILES if (run / f).exists())
+            raise RunFolderTaken(f"{run} already holds a run ({names}); pass --resume to continue it, or choose "
                                  "another --out")
-        return out
-    return fresh_run_dir(default)
+    else:
+        return fresh_run_dir(default)
+    foreign = foreign_outputs(run)
+    if foreign:
+        raise RunFolderTaken(f"--out {run} holds {' and '.join(foreign)}, not a run's (a capture's own?): a run there "
+                             "would write its files over or beside them; choose another --out")
+    return run
 
 
 def unused_path(path: Path, *, reserve: bool = False) -> Path:
@@ -476,8 +498,8 @@ class RunRecord:
                 if correction is not None and getattr(trainer.config, field_):
                     write_json_atomic(path, doc())
                     paths.append(path)
-                elif path.exists():  # written while the correction was on (turned off since on a resume or in the
-                    path.unlink()    # viewer): the model is trained without it now, the file would describe another
+                elif correction is not None and path.exists():  # written while the correction was on (turned off
+                    path.unlink()    # since, on a resume or in the viewer): the model is trained without it now
                     removed.append(f"; {name} removed ({title} is off: it no longer matches the model)")
         self.log.info(f"[{trainer.iteration}] {reason}: {', '.join(p.name for p in paths)} written "
                       f"({trainer.model.num_gaussians} Gaussians, {time.perf_counter() - t0:.1f} s)" + "".join(removed))

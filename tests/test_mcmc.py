@@ -617,8 +617,8 @@ def test_the_start_line_names_the_strategy_and_budget_however_it_was_chosen(rng)
     assert dflt.start_line().endswith("strategy default, at most 900 Gaussians")
     over = Trainer(ds, small_config(strategy="default", max_gaussians=40, init_background_points=0), device="cpu")
     assert over.model.num_gaussians == 50  # 3DGS's densification keeps a start above its bound, and says so
-    assert over.start_line().endswith("strategy default, at most 40 Gaussians (the start is above it: none is added, "
-                                      "none is cut)")
+    assert over.start_line().endswith("strategy default, at most 40 Gaussians (the start is above it: densification "
+                                      "adds none until pruning brings it below)")
     dflt.step()
     assert dflt.start_line().startswith("resumed at iteration 1: ")
     dflt.config.exposure = dflt.config.pose_opt = True  # the per-image corrections a run learns are named too

@@ -214,16 +214,52 @@ def test_a_datasets_own_transforms_json_is_never_replaced(tmp_path, capsys, cli,
     assert all((out / n).read_bytes() == b for n, b in kept.items())
 
 
-def test_a_runs_own_transforms_json_resumes(tmp_path):
-    """The rule reads a checkpoint as the mark of a run: a run's transforms.json beside its checkpoint is its own."""
-    from rigel_core.run_dir import choose_run_dir, foreign_outputs
+def test_a_runs_own_transforms_json_resumes_a_captures_never_does(tmp_path):
+    """A run's transforms.json / exposure.json sit beside its checkpoint in the run's format (each frame's
+    original_transform_matrix; exposures as {model, images}): resumed. A capture's own transforms.json is foreign
+    even beside a checkpoint (a run trained into a capture's folder before the rule), and so are a capture's markers
+    (a COLMAP model, Blender's split files) — a run's refined transforms.json beside sparse/ made the folder read as
+    an instant-ngp capture of no images."""
+    import json
+
+    from rigel_core.run_dir import RunFolderTaken, choose_run_dir, foreign_outputs
 
     run = tmp_path / "run"
     run.mkdir()
-    (run / "transforms.json").write_text("{}")
-    assert foreign_outputs(run) == ["transforms.json"]
+    ours = {"camera_model": "OPENCV", "frames": [{"file_path": "a", "transform_matrix": [[1.0]],
+                                                  "original_transform_matrix": [[1.0]]}]}
+    (run / "transforms.json").write_text(json.dumps(ours))
+    (run / "exposure.json").write_text(json.dumps({"model": "pred' = A·pred + b", "images": {}}))
+    assert foreign_outputs(run) == ["transforms.json", "exposure.json"]  # no checkpoint: not a run's
     (run / "checkpoint.safetensors").write_bytes(b"x")
     assert foreign_outputs(run) == [] and choose_run_dir(run, run, resume=True) == run
+    (run / "transforms.json").write_text('{"frames": [')   # damaged: taken as the run's own (it is rewritten)
+    assert foreign_outputs(run) == []
+    capture = {"frames": [{"file_path": "images/0001.jpg", "transform_matrix": [[1.0]]}]}
+    (run / "transforms.json").write_text(json.dumps(capture))
+    assert foreign_outputs(run) == ["transforms.json"]
+    with pytest.raises(RunFolderTaken, match="holds transforms.json, not a run's"):
+        choose_run_dir(run, run, resume=True)
+    (run / "transforms.json").write_text(json.dumps(ours))
+    for marker in ("sparse", "transforms_train.json"):
+        (run / marker).mkdir() if marker == "sparse" else (run / marker).write_text("{}")
+        assert foreign_outputs(run) == [marker]
+        with pytest.raises(RunFolderTaken, match=f"holds {marker}, not a run's"):
+            choose_run_dir(run, run, resume=True)
+        (run / marker).rmdir() if marker == "sparse" else (run / marker).unlink()
+
+
+@pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer"])
+def test_another_colmap_capture_is_not_an_out(tmp_path, capsys, cli):
+    """A COLMAP capture's folder given as --out (of a run on another capture) is refused in one line, nothing
+    written: a --pose-opt run's transforms.json beside its sparse/ model made it read as another format."""
+    cap = tmp_path / "fern"
+    (cap / "sparse" / "0").mkdir(parents=True)
+    (cap / "sparse" / "0" / "cameras.txt").write_text("# a COLMAP model\n")
+    assert _train_or_view(cli, ["--data", str(tmp_path / "fox"), "--out", str(cap), "--pose-opt"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert str(cap) in line and "sparse" in line and "fox" not in line.replace(str(tmp_path), ""), line
+    assert sorted(p.name for p in cap.iterdir()) == ["sparse"]
 
 
 @pytest.mark.parametrize("cli", ["rigel-train", "rigel-viewer"])

@@ -857,6 +857,11 @@ def test_cli_resume_of_a_finished_run_says_so_and_writes_nothing(blender_dataset
             assert err.count("\n") == 1 and f"{run} already finished its 4 iterations" in err \
                 and "--iters M, M > 4, extends it" in err, err
             assert files(run) == before
+        # settings changed for a run with nothing left to do are said not to apply, in the same line
+        assert main(common + ["--resume", "--set", "exposure=true"]) == 0
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "not applied: exposure False -> True" in err, err
+        assert files(run) == before
         assert main(common + ["--resume", "--iters", "6"]) == 0
         assert json.loads((run / "metrics.json").read_text())["iterations_done"] == 6
 

@@ -367,7 +367,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
         return 2
     if resume_cfg is not None and _finished(trainer):   # nothing to train or evaluate: the run's files stay as they are
         print(f"rigel-train: --resume: {run_dir} already finished its {trainer.iteration} iterations; nothing written "
-              f"(--iters M, M > {trainer.iteration}, extends it)", file=sys.stderr)
+              f"(--iters M, M > {trainer.iteration}, extends it"
+              + (f"; not applied: {'; '.join(changes)})" if changes else ")"), file=sys.stderr)
         return 0
     # only now: a run that cannot start leaves nothing behind (no directory, no log, no lock file)
     stale = []
@@ -451,9 +452,11 @@ def _main(args, lock: RunLock, comm=None) -> int:
             stop.set()
             if comm is not None:  # the ranks stop after the same step: the flag travels in its all-reduce
                 comm.stop_requested = True
-            # said at once: an evaluation in progress (the pose-fitted one takes minutes on a CPU) finishes first
-            print(f"rigel-train: {signal.Signals(signum).name}: stopping after the current step or evaluation, then "
-                  "saving (again to stop at once)", file=sys.stderr)
+            # said at once (above the progress bar): an evaluation in progress (the pose-fitted one takes minutes on
+            # a CPU) finishes first
+            if is_main:
+                progress.write(f"rigel-train: {signal.Signals(signum).name}: stopping after the current step or "
+                               "evaluation, then saving (again to stop at once)")
 
         # SIGTERM only in a single process: the --gpus launcher ends a rank stuck in a collective with SIGTERM
         # (and SIGHUP: a closed terminal or a dropped ssh session, which killed the run with nothing saved)

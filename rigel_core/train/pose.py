@@ -240,8 +240,14 @@ def pose_errors(cameras: list, references: list) -> dict:
         raise ValueError(f"pose_errors: {len(cameras)} cameras, {len(references)} references")
     rot, tr = [], []
     for c, r in zip(cameras, references):
-        m = r.R @ c.R.T
-        rot.append(math.degrees(math.acos(min(1.0, max(-1.0, (np.trace(m) - 1.0) / 2.0)))))
+        # ‖R_ref − R‖_F = 2√2 sin(θ/2): exact near θ = 0, where acos((tr(R_ref Rᵀ) − 1)/2) turns a matrix that is
+        # orthonormal to 1e-7 (fox's) into ~0.01° against itself; the trace form past 90°, where asin is flat
+        half = float(np.linalg.norm(np.asarray(r.R) - np.asarray(c.R))) / (2.0 * math.sqrt(2.0))
+        if half < math.sqrt(0.5):
+            rot.append(math.degrees(2.0 * math.asin(half)))
+        else:
+            m = r.R @ c.R.T
+            rot.append(math.degrees(math.acos(min(1.0, max(-1.0, (np.trace(m) - 1.0) / 2.0)))))
         tr.append(float(np.linalg.norm(c.campos - r.campos)))
     return {"rotation_deg": rot, "translation": tr, "mean_rotation_deg": float(np.mean(rot)) if rot else 0.0,
             "mean_translation": float(np.mean(tr)) if tr else 0.0}

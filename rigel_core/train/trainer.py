@@ -576,8 +576,9 @@ class Trainer:
         over = cap is not None and self.model.num_gaussians > cap
         strategy = (f"strategy {cfg.strategy}" + (f", a budget of {cap:,} Gaussians" if cfg.strategy == "mcmc" else
                                                   f", at most {cap:,} Gaussians"
-                                                  + (" (the start is above it: none is added, none is cut)"
-                                                     if over else "") if cap is not None else ""))
+                                                  + (" (the start is above it: densification adds none until "
+                                                     "pruning brings it below)" if over else "")
+                                                  if cap is not None else ""))
         learnt = [t for f, t in (("exposure", "per-image exposure"), ("pose_opt", "pose refinement"),
                                  ("appearance_grid", "a bilateral grid per image")) if getattr(cfg, f)]
         return (f"{where}: {self.model.num_gaussians:,} Gaussians, device {self.device}, {cfg.iterations:,} iterations, "
