@@ -523,6 +523,10 @@ def test_trainer_picks_mcmc_for_a_photo_capture_without_sfm_points(rng):
     assert tr.capture == Capture(n_views=3, pixels=3 * 16 * 16, transparent=0.0)
     assert (tr.config.strategy, tr.config.max_gaussians, tr.config.init_points) == ("mcmc", budget, budget // 2)
     assert tr.model.num_gaussians == budget // 2 and "no SfM points" in tr.strategy_note
+    # the note says where the start's count comes from when "auto" chose it, and not when it was given
+    assert "5,000 of them (init_points auto: half the pixel rule's budget, at most 100,000)" in tr.strategy_note
+    given = Trainer(photo, small_config(init_points=40, max_gaussians=None, init_mode="auto"), device="cpu")
+    assert "40 of them" in given.strategy_note and "init_points auto" not in given.strategy_note
     obj = Trainer(ds, small_config(init_points="auto", max_gaussians=None, init_mode="auto"), device="cpu")
     assert obj.capture.object_on_background and obj.config.strategy == "default"
     assert obj.config.init_points == budget // 2 and obj.config.max_gaussians is None

@@ -522,7 +522,8 @@ def resolve_init_background(cfg: TrainConfig, coverage: float | None, has_sfm_po
 
 
 def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *, auto_background: bool = False,
-                     coverage: float | None = None, capture: Capture | None = None) -> str | None:
+                     coverage: float | None = None, capture: Capture | None = None, init_auto: bool = False
+                     ) -> str | None:
     """Turn ``cfg.strategy == "auto"`` into the strategy it stands for, in place — one rule for every kind of capture,
     from what the data is, never its name (the measurements: the constants above, docs/TRAINING.md):
 
@@ -566,7 +567,8 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
     else:
         where = {"rays": " along the training pixels' rays", "box": " in the cameras' box"}.get(cfg.init_mode, "")
         why = (f"no SfM points, a photo capture: random points{where} start it"
-               + (f", {cfg.init_points:,} of them" if isinstance(cfg.init_points, int) else ""))
+               + (f", {cfg.init_points:,} of them" if isinstance(cfg.init_points, int) else "")
+               + (f" (init_points auto: half the pixel rule's budget, at most {AUTO_INIT_MAX:,})" if init_auto else ""))
     ppg = int(cfg.auto_budget_pixels_per_gaussian)
     if ppg == 0:
         per = ": auto_mcmc_budget as given, the pixel rule off"

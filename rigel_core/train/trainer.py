@@ -536,6 +536,7 @@ class Trainer:
             cfg = dataclasses.replace(cfg)
         #: what the "auto" rules read of the training views (:func:`capture_facts`: views, pixels, transparency)
         self.capture = capture_facts(self.train_frames)
+        init_auto = cfg.init_points == "auto"
         resolve_init_points(cfg, self.capture)
         resolve_init_mode(cfg, self.capture)
         #: ``sfm_view_coverage`` of the training views (median fraction of 8x8 cells the SfM points reach), or None
@@ -556,7 +557,7 @@ class Trainer:
         # background points the initial model adds (a tiny capture's budget of 10,000 trimmed fern's 10,091 points)
         n_start = model.num_gaussians if model is not None else \
             (len(pts) + int(cfg.init_background_points) if has_sfm else 0)
-        self.strategy_note = resolve_strategy(cfg, has_sfm, n_start,
+        self.strategy_note = resolve_strategy(cfg, has_sfm, n_start, init_auto=init_auto and model is None,
                                               auto_background=auto_bg and cfg.init_background_points > 0,
                                               coverage=self.sfm_coverage, capture=self.capture)
         #: what ``coarse_to_fine = "auto"`` became and why (one line for the log), None when it was explicit
