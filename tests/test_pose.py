@@ -425,7 +425,7 @@ def test_pose_fitted_evaluation_recovers_perturbed_held_out_poses(rng):
 
 
 @pytest.mark.usefixtures("one_thread")
-def test_cli_pose_opt_and_appearance_grid(tmp_path):
+def test_cli_pose_opt_and_appearance_grid(tmp_path, capsys):
     """rigel-train --pose-opt writes transforms.json (the loaders' layout) with the checkpoint and both protocols'
     metrics, and resumes with its corrections; --appearance-grid trains and reports the exposure protocol."""
     from rigel_core.cli.train import main
@@ -453,6 +453,11 @@ def test_cli_pose_opt_and_appearance_grid(tmp_path):
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["config"]["pose_opt"] is True and metrics["iterations_done"] == 5
     assert json.loads((run / "transforms.json").read_text()) != doc  # the corrections went on learning
+    capsys.readouterr()
+    # the run's folder given as --data by mistake: said what it is, not "none of its frames has an image file"
+    assert main(["--data", str(run), "--out", str(tmp_path / "x"), "--device", "cpu", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "a run's folder, not a capture" in err and err.count("\n") == 1, err
     # turned off on a resume: the earlier session's poses no longer describe the model written, and go
     assert main(common + ["--out", str(run), "--iters", "6", "--resume", "--set", "pose_opt=false"]) == 0
     assert not (run / "transforms.json").exists()

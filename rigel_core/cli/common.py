@@ -446,10 +446,20 @@ def load_training_data(args: argparse.Namespace):
     """The dataset ``--data`` names, read with the dataset flags (``rigel_core.data.load_dataset``): streamed
     (``--frame-cache-mb``) unless ``--preload-frames``."""
     from ..data import load_dataset
+    from ..io.errors import NoImageFiles
+    from ..run_dir import CHECKPOINT_NAME, POSES_NAME
 
-    return load_dataset(args.data, white_bg=args.white_bg, downscale=args.downscale, test_every=args.test_every,
-                        alpha_as_mask=args.alpha_as_mask, stream=not getattr(args, "preload_frames", False),
-                        cache_mb=getattr(args, "frame_cache_mb", None))
+    try:
+        return load_dataset(args.data, white_bg=args.white_bg, downscale=args.downscale, test_every=args.test_every,
+                            alpha_as_mask=args.alpha_as_mask, stream=not getattr(args, "preload_frames", False),
+                            cache_mb=getattr(args, "frame_cache_mb", None))
+    except NoImageFiles as e:   # a run folder given as --data: its transforms.json holds poses, not a capture
+        folder = Path(args.data) if Path(args.data).is_dir() else Path(args.data).parent
+        if (folder / CHECKPOINT_NAME).is_file() and (folder / POSES_NAME).is_file():
+            raise NoImageFiles(f"--data {args.data}: a run's folder, not a capture: its {POSES_NAME} holds the "
+                               "refined poses of the views it trained on, without images; give the capture it "
+                               "trained on as --data (or this folder's transforms.json as --cameras)") from e
+        raise
 
 
 def build_trainer(args: argparse.Namespace, dataset, device: str, *, resume_cfg=None, ckpt: Path | None = None,
