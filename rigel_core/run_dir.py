@@ -225,10 +225,10 @@ def choose_run_dir(out: Path | None, default: Path, *, resume: bool, data: Path 
     checkpoint (a finished run whose checkpoint was deleted: nothing to continue, and the new run would replace its
     model or its record), which raises :class:`RunFolderTaken`. (A ``log.txt`` alone — a run killed before its
     first save — is appended to.) An explicit ``out`` that holds a run without ``resume`` raises
-    :class:`RunFolderTaken` naming its run files (or that it is a file). A folder holding a ``transforms.json`` or
-    ``exposure.json`` without a run's checkpoint (:func:`foreign_outputs`: a dataset's own file, which the run's
-    refined poses or exposures would replace) raises :class:`RunFolderTaken`, resumed or not, and so does the
-    dataset's folder itself (``data``: the ``--data`` folder, or the folder of a ``--data`` file). Without ``out``,
+    :class:`RunFolderTaken` naming its run files (or that it is a file). A capture's folder (:func:`foreign_outputs`:
+    a ``transforms.json`` or ``exposure.json`` that is not a run's, which its refined poses or exposures would
+    replace, or a capture's markers) raises :class:`RunFolderTaken`, resumed or not, and so does the dataset's folder
+    itself (``data``: the ``--data`` folder, or the folder of a ``--data`` file). Without ``out``,
     ``default`` becomes ``default-2``, ``-3``, … when it holds a run (:func:`fresh_run_dir`)."""
     run = Path(out) if out is not None else Path(default)
     if data is not None:
