@@ -489,18 +489,19 @@ class RunRecord:
                 self.log.info(f"{PLY_NAME} not written ({e})")
         removed = []
         if what == "both":
-            learnt = {EXPOSURE_NAME: (trainer.exposure, "exposure", "per-image exposure",
+            learnt = {EXPOSURE_NAME: (trainer.exposure,
                                       lambda: trainer.exposure.to_dict([f.name for f in trainer.train_frames])),
-                      POSES_NAME: (getattr(trainer, "pose", None), "pose_opt", "pose refinement",
-                                   trainer.refined_poses_json)}
-            for name, (correction, field_, title, doc) in learnt.items():
+                      POSES_NAME: (getattr(trainer, "pose", None), trainer.refined_poses_json)}
+            for name, (correction, doc) in learnt.items():
                 path = self.run_dir / name
-                if correction is not None and getattr(trainer.config, field_):
+                if correction is None:   # never learnt by this run: its files, if any, are not the run's
+                    continue
+                if getattr(trainer.config, correction.config_field):
                     write_json_atomic(path, doc())
                     paths.append(path)
-                elif correction is not None and path.exists():  # written while the correction was on (turned off
-                    path.unlink()    # since, on a resume or in the viewer): the model is trained without it now
-                    removed.append(f"; {name} removed ({title} is off: it no longer matches the model)")
+                elif path.exists():  # written while the correction was on (turned off since, on a resume or in the
+                    path.unlink()    # viewer): the model is trained without it now
+                    removed.append(f"; {name} removed ({correction.title} is off: it no longer matches the model)")
         self.log.info(f"[{trainer.iteration}] {reason}: {', '.join(p.name for p in paths)} written "
                       f"({trainer.model.num_gaussians} Gaussians, {time.perf_counter() - t0:.1f} s)" + "".join(removed))
         return tuple(paths)

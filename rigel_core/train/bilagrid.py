@@ -76,6 +76,7 @@ class BilateralGrid(PerImageParam):
     prefix, key, item_shape = "appearance_grid.", "grid", (12, -1, -1, -1)
     trainer_attr = "appearance_grid"
     config_field = "appearance_grid"
+    title = "bilateral-grid appearance"
 
     def __init__(self, n: int, device=None, bins: int = 8, size: int = 16):
         if not (bins >= 2 and size >= 2):

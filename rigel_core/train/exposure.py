@@ -128,6 +128,7 @@ class Exposure(PerImageParam):
     prefix, key, item_shape = "exposure.", "affine", (3, 4)
     trainer_attr = "exposure"
     config_field = "exposure"
+    title = "per-image exposure"
 
     def __init__(self, n: int, device=None):
         a = torch.zeros(max(int(n), 0), 3, 4, dtype=torch.float32, device=device)

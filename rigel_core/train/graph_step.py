@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .per_image import correction_classes
 from .step import StepView, graph_config, train_step
 
 __all__ = ["GraphStep", "graph_step_unsupported"]
@@ -86,12 +87,9 @@ def graph_step_unsupported(trainer) -> str | None:
         return "TrainConfig.cuda_graph is off"
     if trainer.device.type != "cuda":
         return "not a CUDA device"
-    if cfg.exposure:
-        return "per-image exposure"
-    if cfg.pose_opt:  # the view's correction would be baked into the graph, as exposure's
-        return "pose refinement"
-    if cfg.appearance_grid:
-        return "bilateral-grid appearance"
+    for cls in correction_classes():  # the view's correction and its learning rate would be baked into the graph
+        if getattr(cfg, cls.config_field):
+            return cls.title
     return plain_unsupported(trainer)
 
 

@@ -10,9 +10,22 @@ batch mean, their Adam steps after the Gaussians' (skipped on the device with th
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
-__all__ = ["PerImageParam"]
+__all__ = ["PerImageParam", "correction_classes"]
+
+
+@functools.cache   # read at every step (Trainer.corrections): the imports once
+def correction_classes() -> tuple:
+    """The per-training-image corrections a run may learn, in the order their Adam steps: exposure, pose refinement,
+    the bilateral grid (imported here: each module imports this one)."""
+    from .bilagrid import BilateralGrid
+    from .exposure import Exposure
+    from .pose import PoseCorrection
+
+    return Exposure, PoseCorrection, BilateralGrid
 
 
 class PerImageParam:
@@ -29,9 +42,11 @@ class PerImageParam:
     #: further per-image tensors it keeps (not learnt): attributes of these names, (n,) float32, finite and ≥ 0, held
     #: in a checkpoint as ``<prefix><name>``; one a checkpoint lacks is :meth:`legacy_extra`'s
     extra_keys: tuple = ()
-    #: the TrainConfig switch under which the trainer steps it, and the Trainer attribute that holds it
+    #: the TrainConfig switch under which the trainer steps it, the Trainer attribute that holds it, and what it is
+    #: called in the log and the messages (the start line, the graph step's reason, a removed file's line)
     config_field: str = ""
     trainer_attr: str = ""
+    title: str = ""
 
     def __init__(self, initial: torch.Tensor, *, eps: float = 1e-8, weight_decay: float = 0.0):
         if initial.dim() < 1 or initial.shape[0] < 1:

@@ -168,6 +168,7 @@ class PoseCorrection(PerImageParam):
     extra_keys = ("pivot",)
     trainer_attr = "pose"
     config_field = "pose_opt"
+    title = "pose refinement"
 
     def __init__(self, n: int, device=None, extent: float = 1.0, weight_decay: float = 0.0, pivot=None):
         super().__init__(torch.zeros(max(int(n), 0), 6, dtype=torch.float32, device=device),

@@ -62,6 +62,7 @@ from .bilagrid import BilateralGrid, grid_lr
 from .losses import loss_terms, mse, psnr_from_mse, ssim
 from .distributed import batch_scaling
 from .graph_step import GraphStep, graph_step_unsupported
+from .per_image import correction_classes
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
 from .step import StepContext, StepView, train_step
@@ -580,8 +581,7 @@ class Trainer:
                                                   + (" (the start is above it: densification adds none until "
                                                      "pruning brings it below)" if over else "")
                                                   if cap is not None else ""))
-        learnt = [t for f, t in (("exposure", "per-image exposure"), ("pose_opt", "pose refinement"),
-                                 ("appearance_grid", "a bilateral grid per image")) if getattr(cfg, f)]
+        learnt = [c.title for c in correction_classes() if getattr(cfg, c.config_field)]
         return (f"{where}: {self.model.num_gaussians:,} Gaussians, device {self.device}, {cfg.iterations:,} iterations, "
                 f"{strategy}" + (f"; learning {', '.join(learnt)}" if learnt else ""))
 
@@ -744,7 +744,7 @@ class Trainer:
     def corrections(self) -> list:
         """The per-training-image corrections this run has (:class:`.per_image.PerImageParam`: exposure, poses), in
         the order their Adam steps."""
-        return [c for c in (self.exposure, self.pose, self.appearance_grid) if c is not None]
+        return [c for c in (getattr(self, cls.trainer_attr) for cls in correction_classes()) if c is not None]
 
     def _apply_grid(self, image: torch.Tensor, idx: int, it: int):
         """``(image, None)`` when ``config.appearance_grid`` is off; else the render ``image`` of training view ``idx``
