@@ -62,12 +62,10 @@ class CheckpointError(InputError):
 
 
 def _corrections() -> tuple:
-    """The per-training-image correction classes a checkpoint may hold (:mod:`rigel_core.train.per_image`)."""
-    from .train.exposure import Exposure
-    from .train.bilagrid import BilateralGrid
-    from .train.pose import PoseCorrection
+    """The per-training-image correction classes a checkpoint may hold (:mod:`rigel_core.train.corrections`)."""
+    from .train.corrections import CORRECTIONS
 
-    return (Exposure, PoseCorrection, BilateralGrid)
+    return CORRECTIONS
 
 
 def _atomic_save(tensors: dict, meta: dict, path) -> None:

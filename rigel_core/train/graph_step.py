@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .per_image import correction_classes
+from .corrections import correction_classes
 from .step import StepView, graph_config, train_step
 
 __all__ = ["GraphStep", "graph_step_unsupported"]

@@ -10,22 +10,9 @@ batch mean, their Adam steps after the Gaussians' (skipped on the device with th
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
-__all__ = ["PerImageParam", "correction_classes"]
-
-
-@functools.cache   # read at every step (Trainer.corrections): the imports once
-def correction_classes() -> tuple:
-    """The per-training-image corrections a run may learn, in the order their Adam steps: exposure, pose refinement,
-    the bilateral grid (imported here: each module imports this one)."""
-    from .bilagrid import BilateralGrid
-    from .exposure import Exposure
-    from .pose import PoseCorrection
-
-    return Exposure, PoseCorrection, BilateralGrid
+__all__ = ["PerImageParam"]
 
 
 class PerImageParam:

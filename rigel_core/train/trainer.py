@@ -62,7 +62,7 @@ from .bilagrid import BilateralGrid, grid_lr
 from .losses import loss_terms, mse, psnr_from_mse, ssim
 from .distributed import batch_scaling
 from .graph_step import GraphStep, graph_step_unsupported
-from .per_image import correction_classes
+from .corrections import correction_classes
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
 from .step import StepContext, StepView, train_step
