@@ -444,6 +444,50 @@ def test_the_strategy_objects_and_the_viewer_read_one_table():
         M.densify_fields("auto")
 
 
+def test_a_finished_run_opened_again_writes_nothing_until_it_changes(rng, tmp_path, one_thread):
+    """A finished run opened again (``rigel-viewer --data … --resume``): the session shows its last evaluation and
+    writes nothing — no empty session appended to metrics.json, no start line in log.txt — until the model is
+    saved, as ``rigel-train --resume`` of a finished run writes nothing (before: both files grew a session)."""
+    from rigel_core.run_dir import LOG_NAME, METRICS_NAME
+    from rigel_core.train import Trainer
+
+    trainer = tiny_trainer(rng, iterations=10)
+    run = tmp_path / "run"
+    session = TrainingSession(trainer, ModelSlot(), run, eval_at_start=False).start()
+    ev = []
+    wait_for(ev, session, lambda e: isinstance(e, M.TrainingFinished))
+    assert session.stop(timeout=30)
+    files = {n: (run / n).read_bytes() for n in (METRICS_NAME, LOG_NAME, CHECKPOINT_NAME, PLY_NAME)}
+    last = json.loads(files[METRICS_NAME])["eval"][-1]
+    assert last["iteration"] == 10
+
+    again = Trainer.from_checkpoint(run / CHECKPOINT_NAME, trainer.dataset, device="cpu")
+    assert again.iteration == 10
+    session = TrainingSession(again, ModelSlot(), run, running=True).start()
+    ev = []
+    shown = wait_for(ev, session, lambda e: isinstance(e, M.EvalFinished))   # evaluated before it starts
+    started = wait_for(ev, session, lambda e: isinstance(e, M.TrainingStarted))
+    assert started.iteration == 10 and not started.running
+    assert (shown.iteration, shown.psnr) == (10, last["psnr"])      # the run's own evaluation, not a new one
+    session.send(M.Step(3))
+    wait_for(ev, session, lambda e: isinstance(e, M.CommandRejected))
+    assert session.stop(timeout=30)
+    assert {n: (run / n).read_bytes() for n in files} == files
+
+    # a save asked for is written, and recorded as a session of the run
+    session = TrainingSession(Trainer.from_checkpoint(run / CHECKPOINT_NAME, trainer.dataset, device="cpu"),
+                              ModelSlot(), run, eval_at_start=False).start()
+    ev = []
+    session.send(M.Save("ply"))
+    wait_for(ev, session, lambda e: isinstance(e, M.Saved))
+    assert session.stop(timeout=30)
+    metrics = json.loads((run / METRICS_NAME).read_text())
+    assert metrics["eval"][-1] == last and (run / METRICS_NAME).read_bytes() != files[METRICS_NAME]
+    log_text = (run / LOG_NAME).read_text()
+    assert log_text.startswith(files[LOG_NAME].decode()) and f"request: {PLY_NAME} written" in log_text[
+        len(files[LOG_NAME]):]
+
+
 def test_a_failure_in_the_thread_is_shown_logged_and_saved(rng, tmp_path, caplog, one_thread):
     from rigel_core.checkpoint import read_checkpoint
 

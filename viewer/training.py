@@ -35,7 +35,7 @@ import time
 import traceback
 from pathlib import Path
 
-from rigel_core.run_dir import CHECKPOINT_NAME, PLY_NAME, RunRecord
+from rigel_core.run_dir import CHECKPOINT_NAME, METRICS_NAME, PLY_NAME, RunRecord, read_metrics
 from rigel_core.train.run import RunHooks, TrainingRun
 
 from . import messages as M
@@ -205,8 +205,9 @@ class TrainingSession:
 
     def _flush_progress(self) -> None:
         """Read the window's step values (one device read for the window) into a TrainingProgress and a
-        loss-curve point."""
-        self._loop().flush()
+        loss-curve point (nothing to read before the record is opened: no step was taken)."""
+        if self.run is not None:
+            self.run.flush()
 
     def _apply(self, cmd: M.Command):
         """Apply one command; returns the Stop command when the thread must end."""
@@ -309,7 +310,9 @@ class TrainingSession:
         its iteration (``metrics.json``) when it has one (a finished session evaluated there), else evaluated now."""
         tr = self.trainer
         if tr.iteration > 0:
-            evals = self._loop().record.metrics.get("eval") or []
+            metrics = (self.run.record.metrics if self.run is not None
+                       else read_metrics(self.run_dir / METRICS_NAME) or {})   # a finished run's, not opened
+            evals = metrics.get("eval") or []
             last = evals[-1] if evals else None
             if isinstance(last, dict) and last.get("iteration") == tr.iteration:
                 self._emit(M.EvalFinished(tr.iteration, float(last["psnr"]), float(last["ssim"]),
@@ -317,8 +320,12 @@ class TrainingSession:
                                           int(last.get("n_views", len(tr.test_frames)))))
                 return
         e = tr.evaluate()
-        if e is not None:
-            self._loop().evaluated(e)
+        if e is None:
+            return
+        if self.run is not None:
+            self.run.evaluated(e)
+        else:   # a finished run looked at: shown, not written into its record
+            self._emit(M.EvalFinished(e.iteration, e.psnr, e.ssim, e.num_gaussians, e.n_views))
 
     def _finish(self) -> None:
         tr = self.trainer
@@ -332,13 +339,18 @@ class TrainingSession:
         tr = self.trainer
         stop = None
         try:
-            rec = self._loop().record
-            rec.log_warnings(echo=True)  # a warning while training also goes to the run's log.txt (as rigel-train)
             # the log's first lines, and the panel's (TrainingStarted.notes)
             start, notes = tr.start_line(), tuple(getattr(tr, "notes", ()))
-            rec.log.info(f"{start} (rigel-viewer)")
-            for note in notes:
-                rec.log.info(note)
+            if not self._finished:
+                rec = self._loop().record
+                rec.log_warnings(echo=True)  # a warning while training also goes to log.txt (as rigel-train)
+                rec.log.info(f"{start} (rigel-viewer)")
+                for note in notes:
+                    rec.log.info(note)
+            else:   # a finished run opened to look at (--resume): its files change only when the model does (a
+                #     Save, the appearance switched), as rigel-train --resume of a finished run writes nothing
+                log.info("%s (rigel-viewer): the run already finished its %d iterations; its files are written "
+                         "only when you change or save it", start, tr.iteration)
             if self.eval_at_start and tr.config.eval_every:
                 self._evaluate_at_start()
             self._publish()
@@ -355,8 +367,8 @@ class TrainingSession:
                     break
                 if self._should_step():
                     self._step()
-                else:                       # paused: the loop time stops until the next step
-                    self._loop().pause()
+                elif self.run is not None:  # paused: the loop time stops until the next step
+                    self.run.pause()
             self._flush_progress()
             if stop.save and self._dirty:
                 self.save("both", "stopped")
