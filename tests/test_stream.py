@@ -16,8 +16,8 @@ import torch
 
 from rigel_core.data import load_dataset
 from rigel_core.data.frames import downscale_frame, pad_frame
-from rigel_core.data.stream import DEFAULT_AHEAD, DEFAULT_CACHE_MB, FrameCache, StreamedFrame, ViewStream, \
-    auto_cache_bytes
+from rigel_core.data.stream import DEFAULT_AHEAD, DEFAULT_CACHE_MB, HOST_AHEAD_BYTES, FrameCache, StreamedFrame, \
+    ViewStream, auto_cache_bytes, default_host_ahead
 from rigel_core.train import TrainConfig, Trainer
 from test_coarse_to_fine import assert_same_frame, write_ngp
 from test_trainer import blender_dataset  # noqa: F401  (a fixture)
@@ -201,6 +201,65 @@ def test_a_dataset_of_n_views_holds_o1_frames_on_the_device(tmp_path, rng):
         assert stream.device_frames <= DEFAULT_AHEAD + 1
     assert stream.peak_device_frames == DEFAULT_AHEAD + 1
     assert 3 * n - 2 * (DEFAULT_AHEAD + 1) <= stream.loads <= 3 * n + 3 * DEFAULT_AHEAD
+
+
+def test_host_loads_run_further_ahead_than_the_device_holds(rng):
+    """The host decodes up to ``host_ahead`` views at once (as many as there are loading threads), while the device
+    still holds at most ``ahead + 1``: a view whose decode takes several steps' time no longer leaves the step
+    waiting (before: no more than ``ahead`` loads ever ran at once). The default: on a GPU two per thread, bounded
+    by HOST_AHEAD_BYTES at the float32 size of the largest view, never below ``ahead``; on the CPU ``ahead``."""
+    import threading
+    import time
+
+    from rigel_core.camera import Camera
+    from rigel_core.data.frames import Frame
+
+    cam = Camera.look_at((3, 0, 1), (0, 0, 0), width=8, height=6)
+    gate, lock = threading.Event(), threading.Lock()
+    running = {"now": 0, "peak": 0}
+
+    class SlowFrame:   # a frame whose pixels take a while to decode (held until the gate opens)
+        alpha = mask = None
+
+        def __init__(self, image, name):
+            self._image, self.camera, self.name = image, cam, name
+
+        @property
+        def image(self):
+            with lock:
+                running["now"] += 1
+                running["peak"] = max(running["peak"], running["now"])
+            gate.wait(30)
+            with lock:
+                running["now"] -= 1
+            return self._image
+
+    n = 12
+    images = [torch.rand(6, 8, 3, generator=rng) for _ in range(n)]
+    frames = [SlowFrame(images[i], f"v{i}") for i in range(n)]
+    stream = ViewStream(frames, "cpu", [False] * n, False, ahead=2, workers=5, host_ahead=8)
+    stream.prefetch(list(range(n)))
+    deadline = time.monotonic() + 10
+    while running["peak"] < 5 and time.monotonic() < deadline:
+        gate.wait(0.01)
+    assert running["peak"] == 5          # every thread decoding, beyond the device's 2 ahead
+    gate.set()
+    for i in range(n):
+        stream.prefetch(list(range(i, n)))   # as the trainer: this step's view, then the coming ones
+        image, mask = stream.view(i)
+        assert torch.equal(image, images[i]) and mask is None
+        assert stream.device_frames <= 3
+    assert stream.peak_device_frames <= 3 and stream.loads == n
+    stream.close()
+
+    # the default
+    big = [Frame(Camera.look_at((3, 0, 1), (0, 0, 0), width=1920, height=1080), None, None, "b")]
+    assert default_host_ahead(big, "cpu", 4, 8) == 4
+    assert default_host_ahead(big, "cuda", 4, 8) == min(16, HOST_AHEAD_BYTES // (1920 * 1080 * 12)) == 16
+    huge = [Frame(Camera.look_at((3, 0, 1), (0, 0, 0), width=4032, height=3024), None, None, "h")]
+    assert default_host_ahead(big + huge, "cuda", 4, 8) == 4    # 12 MP float32 views: the device's few only
+    assert default_host_ahead([], "cuda", 4, 8) == 4
+    assert ViewStream(frames, "cpu", [False] * n, False, ahead=3).host_ahead == 3
 
 
 def test_the_host_cache_stays_within_its_bytes():

@@ -47,6 +47,7 @@ from .frames import DatasetError, Frame, FramePipeline, FrameSpec, LoadNotes, _d
 from .images import UNIT8, composite_rgb, image_header, image_size, other_aspect
 
 __all__ = ["FrameCache", "FrameSource", "StreamedFrame", "ViewStream", "DEFAULT_CACHE_MB", "DEFAULT_AHEAD",
+           "HOST_AHEAD_BYTES", "MAX_WORKERS", "default_host_ahead",
            "auto_cache_bytes", "cache_note", "finish_codes",
            "stream_frames", "stream_stats"]
 
@@ -55,8 +56,14 @@ __all__ = ["FrameCache", "FrameSource", "StreamedFrame", "ViewStream", "DEFAULT_
 DEFAULT_CACHE_MB = 512
 #: the share of the host's available memory the default cache may take to hold a whole capture
 AUTO_CACHE_SHARE = 0.25
-#: training views a :class:`ViewStream` loads ahead of the step that trains them
+#: training views a :class:`ViewStream` holds on the device ahead of the step that trains them
 DEFAULT_AHEAD = 4
+#: the most bytes of training views a :class:`ViewStream` on a GPU keeps loading on the host ahead of the device's
+#: few (pinned, as float32 at most): the decoding of the next views overlaps the steps even where one view's
+#: decode takes several steps' time (a 1080p PNG: ~30 ms on one core; a step at 1M Gaussians: ~4 ms)
+HOST_AHEAD_BYTES = 512 << 20
+#: the most loading threads a :class:`ViewStream` uses by default (fewer on a host with fewer CPUs)
+MAX_WORKERS = 8
 
 
 def _nbytes(value) -> int:
@@ -412,6 +419,16 @@ def stream_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, s
                        cache_mb=cache_mb).frames()
 
 
+def default_host_ahead(frames: list, device, ahead: int, workers: int) -> int:
+    """How many views a :class:`ViewStream` loads on the host ahead of their step by default: on a GPU two per
+    loading thread, at most as many as :data:`HOST_AHEAD_BYTES` hold at the largest of ``frames``' float32 size, at
+    least ``ahead``; elsewhere ``ahead``."""
+    if torch.device(device).type != "cuda" or not frames:
+        return ahead
+    view = max(4 * 3 * f.camera.width * f.camera.height for f in frames)
+    return max(ahead, min(2 * workers, HOST_AHEAD_BYTES // max(view, 1)))
+
+
 class ViewStream:
     """The training views' pixels on the training device, loaded ahead of their step (module docstring).
 
@@ -421,7 +438,12 @@ class ViewStream:
         masked: per view, whether it trains with a mask (the trainer's rule: a mask with a pixel that does not
             count); ``uniform``: views without one get an all-True mask (one per image size) — the trainer's
             ``_uniform_masks``.
-        ahead: views loaded ahead; ``workers``: loading threads (default min(4, CPUs)).
+        ahead: views held on the device ahead of their step (the device holds at most ``ahead + 1`` views).
+        workers: loading threads (default min(:data:`MAX_WORKERS`, CPUs)).
+        host_ahead: views loaded on the host ahead of their step, at least ``ahead``; default on a GPU: two per
+            worker, as many as :data:`HOST_AHEAD_BYTES` hold at the largest view's float32 size (so that the
+            decoding of the next views keeps up with short steps); on the CPU ``ahead`` (there a step outlasts a
+            decode).
 
     ``images[i]`` / ``masks[i]`` (what the trainer's ``_train_images`` / ``_train_masks`` were as lists): view
     ``i``'s (H, W, 3) float32 image and (H, W) bool mask (or None) on the device. :meth:`prefetch` names the views
@@ -429,13 +451,16 @@ class ViewStream:
     """
 
     def __init__(self, frames: list, device, masked: list[bool], uniform: bool, *, ahead: int = DEFAULT_AHEAD,
-                 workers: int | None = None):
+                 workers: int | None = None, host_ahead: int | None = None):
         self.frames = list(frames)
         self.device = torch.device(device)
         self.masked = list(masked)
         self.uniform = bool(uniform)
         self.ahead = max(0, int(ahead))
-        self._workers = workers or min(4, os.cpu_count() or 1)
+        self._workers = workers or min(MAX_WORKERS, os.cpu_count() or 1)
+        if host_ahead is None:
+            host_ahead = default_host_ahead(self.frames, self.device, self.ahead, self._workers)
+        self.host_ahead = max(self.ahead, int(host_ahead))
         self._pool: ThreadPoolExecutor | None = None
         self._host: OrderedDict = OrderedDict()   # view -> Future of (image, mask) host tensors (pinned on CUDA)
         self._dev: OrderedDict = OrderedDict()    # view -> (image, mask, event or None) on the device
@@ -482,17 +507,19 @@ class ViewStream:
         self._host[i] = self._pool.submit(self._load_host, i)
 
     def prefetch(self, upcoming: list[int]) -> None:
-        """The views the next steps train, in order: their loads start (the first ``ahead``), and those whose host
-        load finished are copied to the device on the copy stream."""
-        want = self._want = list(dict.fromkeys(upcoming))[: self.ahead]
-        for i in want:
+        """The views the next steps train, in order: the host loads of the first ``host_ahead`` start, and those of
+        the first ``ahead`` whose host load finished are copied to the device on the copy stream."""
+        coming = list(dict.fromkeys(upcoming))[: self.host_ahead]
+        want = self._want = coming[: self.ahead]
+        for i in coming:
             self._submit(i)
         for i in want:
             fut = self._host.get(i)
             if fut is not None and fut.done() and fut.exception() is None:
                 self._to_device(i)
         # loads of views no longer coming (a new permutation) are dropped when done
-        for i in [k for k in self._host if k not in want and self._host[k].done()]:
+        keep = set(coming)
+        for i in [k for k in self._host if k not in keep and self._host[k].done()]:
             del self._host[i]
 
     def _to_device(self, i: int) -> None:
