@@ -47,15 +47,19 @@ def test_big_scene_trains_a_generated_capture_streamed_and_preloaded_on_cpu(tmp_
     out.mkdir()
     monkeypatch.setenv("OUT", str(out))
     cap = tmp_path / "capture"
-    assert big_scene.main(["--device", "cpu", "--views", "10", "--res", "24x16", "--scene-gaussians", "150",
-                           "--capture", str(cap), "--iters", "20", "--forward", "10M",
+    assert big_scene.main(["--device", "cpu", "--views", "30", "--res", "24x16", "--scene-gaussians", "150",
+                           "--capture", str(cap), "--forward", "10M",
                            "--train-args", "--init-points 80 --sh-degree 0"]) == 0
     r = json.loads((out / "big_scene.json").read_text())
     assert r["capture"]["made"] and (cap / "transforms_train.json").is_file()
+    assert r["iters"] == 30 + 300    # one epoch and 300 more by default: the first epoch and the cached steps apart
     for name in ("streamed", "preloaded"):
         run = r["runs"][name]
         assert run["status"] == 0 and run["first_step_s"] > 0 and run["ms_per_iter"] > 0, run
+        assert run["ms_first_epoch"] > 0 and run["ms_after_epoch"] > 0, run
         assert run["host_peak_bytes"] > 100e6
+    assert r["throughput"] == r["runs"]["preloaded"]["ms_after_epoch"] / r["runs"]["streamed"]["ms_after_epoch"]
+    assert r["throughput_first_epoch"] > 0 and "first epoch" in (out / "big_scene.md").read_text()
     frames = r["runs"]["streamed"]["frames"]
     assert frames["streamed"] and 1 <= frames["peak_device_frames"] <= 5 and frames["frame_bytes"] == 24 * 16 * 13
     assert r["runs"]["preloaded"]["frames"] == {"streamed": False}
