@@ -855,3 +855,38 @@ def test_render_names_a_blender_split_with_missing_images_as_the_loader(tmp_path
     for cam, name in zip(cams, names):   # the same name is the same view
         if name in loader:
             np.testing.assert_allclose(cam.viewmat, loader[name], atol=1e-6)
+
+
+def test_the_data_line_names_every_size_of_a_capture_of_mixed_sizes(tmp_path, rng, capsys):
+    """rigel-train's data line gave the first training view's size for a capture of several (portrait and landscape
+    views of one phone capture read as "48x64"); it names the sizes now, and one size as before."""
+    from rigel_core.cli.train import main
+
+    g = np_rng(rng)
+    sizes = [(24, 16), (16, 24), (24, 16), (16, 24), (24, 16)]   # view 0 (held out by --test-every) is 24x16 too
+    frames = []
+    (tmp_path / "cap").mkdir()
+    for i, (w, h) in enumerate(sizes):
+        save_u8(tmp_path / "cap" / f"{i}.png", g.integers(0, 256, size=(h, w, 3), dtype=np.uint8))
+        c2w = np.linalg.inv(random_pose(g)) @ np.diag([1.0, -1, -1, 1])
+        frames.append({"file_path": f"{i}.png", "w": w, "h": h, "cx": w / 2, "cy": h / 2,
+                       "transform_matrix": c2w.tolist()})
+    (tmp_path / "cap" / "transforms.json").write_text(json.dumps({"fl_x": 20.0, "frames": frames}))
+    for mixed in (True, False):
+        run = tmp_path / f"run{mixed}"
+        args = ["--data", str(tmp_path / "cap"), "--out", str(run), "--device", "cpu", "--iters", "1", "--quiet",
+                "--init-points", "20", "--n-renders", "0", "--test-every", "4" if mixed else "2"]
+        assert main(args) == 0
+        line = next(l for l in (run / "log.txt").read_text().splitlines() if " test views, " in l)
+        # the training views: 1, 2, 3 (mixed) or 1, 3 (both 16x24)
+        assert (", 2 sizes (16x24, 24x16), extent" if mixed else ", 16x24, extent") in line, line
+    capsys.readouterr()
+    from rigel_core.data.frames import view_sizes
+
+    class V:
+        def __init__(self, w, h):
+            self.camera = Camera(w, h, 10.0, 10.0, w / 2, h / 2, np.eye(4))
+
+    assert view_sizes([V(1000, 662), V(1000, 656), V(1000, 660), V(1000, 656), V(1000, 658)]) == \
+        "4 sizes (1000x656 to 1000x662)"
+    assert view_sizes([V(8, 6)] * 3) == "8x6" and view_sizes([]) == "none"
