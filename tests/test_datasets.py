@@ -233,6 +233,31 @@ def test_an_image_of_another_aspect_ratio_is_refused_and_a_scaled_one_rescales(t
     assert "\n" not in msg
 
 
+@pytest.mark.parametrize("orientation, hint", [(6, True), (8, True), (5, True), (3, False), (None, False)])
+def test_an_exif_turned_image_of_another_aspect_says_that_its_stored_pixels_are_read(tmp_path, rng, orientation, hint):
+    """A phone JPEG stored 8x12 with an EXIF orientation that shows it 12x8, its camera 24x16: rigel reads the stored
+    pixels (as COLMAP does, whose cameras are of those), so it is refused — and the line says why the image looks
+    right in a viewer and how to fix it, where it said only "a rotated or foreign image?". An orientation that does
+    not turn it (3: upside down) or none keeps the plain line."""
+    g = np_rng(rng)
+    meta, _ = make_blender(tmp_path, g, w=24, h=16, missing=())
+    meta.update(w=24, h=16)   # the camera's size declared (else each frame's camera takes its image's)
+    (tmp_path / "transforms_train.json").write_text(json.dumps(meta))
+    path = tmp_path / "train" / "f2.jpg"
+    (tmp_path / "train" / "f2.png").unlink()
+    exif = Image.Exif()
+    if orientation is not None:
+        exif[0x0112] = orientation
+    Image.fromarray(g.integers(0, 256, size=(24, 16, 3), dtype=np.uint8)).save(path, exif=exif)
+    with pytest.raises(DatasetError) as e:
+        load_dataset(tmp_path)
+    msg = str(e.value)
+    assert "train/f2.jpg: the image is 16x24, its camera 24x16: another aspect ratio" in msg and "\n" not in msg
+    assert (f"its EXIF orientation tag ({orientation}) shows it turned to 24x16, but rigel reads the pixels as stored"
+            in msg) == hint, msg
+    assert ("a rotated or foreign image?" in msg) != hint, msg
+
+
 def test_blender_errors(tmp_path, rng):
     g = np_rng(rng)
     make_blender(tmp_path, g, missing=(0, 1, 2))

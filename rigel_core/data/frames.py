@@ -15,7 +15,7 @@ import torch
 
 from ..camera import Camera
 from ..io.errors import DatasetError  # defined with the other input-error families
-from .images import composite, other_aspect, read_image, read_mask, resize_area
+from .images import EXIF_TRANSPOSED, composite, exif_orientation, other_aspect, read_image, read_mask, resize_area
 from .undistort import Distortion, mask_all, remap, remap_mask, undistort_map
 
 __all__ = ["Frame", "Dataset", "DatasetError", "FrameSpec", "Distortion", "load_frames", "camera_extent",
@@ -249,9 +249,14 @@ class FramePipeline:
         w, h = size
         if (w, h) != (cam.width, cam.height):
             if other_aspect((w, h), (cam.width, cam.height)):  # rescaled intrinsics would stretch it: a wrong image
+                turned = exif_orientation(spec.image_path)
+                why = ("a rotated or foreign image?" if turned not in EXIF_TRANSPOSED
+                       or other_aspect((h, w), (cam.width, cam.height)) else
+                       f"its EXIF orientation tag ({turned}) shows it turned to {h}x{w}, but rigel reads the pixels "
+                       "as stored, as COLMAP does: save it turned, e.g. with ImageMagick's -auto-orient")
                 raise DatasetError(f"{spec.image_path}: the image is {w}x{h}, its camera {cam.width}x{cam.height}: "
-                                   "another aspect ratio (a rotated or foreign image?); give the camera this "
-                                   "image's size or the image its camera's")
+                                   f"another aspect ratio ({why}); give the camera this image's size or the image its "
+                                   "camera's")
             if notes is not None:
                 if not notes.resized:
                     notes.first_resized = f"{spec.image_path} is {w}x{h}, its camera {cam.width}x{cam.height}"
