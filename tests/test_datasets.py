@@ -537,6 +537,31 @@ def _assert_dataset_error(excinfo, path, *fragments):
         assert f in msg, f"{f!r} not in {msg!r}"
 
 
+@pytest.mark.parametrize("ext", ["bin", "txt"])
+def test_a_colmap_model_without_points3d_says_how_to_give_it_no_points(tmp_path, rng, ext):
+    """cameras and images without points3D (a model of known poses, points3D deleted): refused as incomplete —
+    pycolmap needs all three — with what to add to train it without SfM points; adding just that loads it so."""
+    pycolmap = pytest.importorskip("pycolmap")
+    sparse = _colmap_fixture(tmp_path, np_rng(rng))
+    if ext == "txt":
+        pycolmap.Reconstruction(str(sparse)).write_text(str(sparse))
+        for f in sparse.glob("*.bin"):
+            f.unlink()
+    (sparse / f"points3D.{ext}").unlink()
+    with pytest.raises(DatasetError) as e:
+        load_dataset(tmp_path)
+    what = "eight zero bytes: a count of 0" if ext == "bin" else "an empty text file"
+    _assert_dataset_error(e, sparse, "incomplete COLMAP model", f"add an empty points3D.{ext} ({what})")
+    (sparse / f"points3D.{ext}").write_bytes(bytes(8) if ext == "bin" else b"")
+    ds = load_dataset(tmp_path, test_every=0)
+    assert len(ds.train) == 2 and ds.points is None
+    (sparse / "images.txt" if ext == "txt" else sparse / "images.bin").unlink()  # no hint for a model missing more
+    with pytest.raises(DatasetError) as e:
+        load_dataset(tmp_path)
+    _assert_dataset_error(e, sparse, "incomplete COLMAP model")
+    assert "add an empty" not in str(e.value)
+
+
 @pytest.mark.parametrize("model_id,name", [(17, "EQUIRECTANGULAR"), (7, "FOV"), (99, "unknown")])
 def test_colmap_unsupported_model_refused_by_id(tmp_path, rng, model_id, name):
     """Before: pycolmap was asked for focal_length_x of an EQUIRECTANGULAR camera and the process segfaulted."""
