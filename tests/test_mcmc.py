@@ -598,6 +598,7 @@ def test_cli_max_gaussians_sets_the_budget_the_pixel_rule_would_not_give(sfm):
         cfg = TrainConfig(**over)
         note = resolve_strategy(cfg, has_sfm_points=sfm, capture=cap)
         assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", n) and "as given, the pixel rule off" in note
+        assert "auto_mcmc_budget" not in note   # the field --max-gaussians sets, which the user never named
         resolve_init_points(cfg, cap)  # the start: half the pixel rule's budget, bounded by N (not N's half)
         assert cfg.init_points == min(100_000, min(n, max(10_000, cap.pixels // 32)) // 2)
     rule = TrainConfig(max_gaussians=20_000)  # a cap only: the pixel rule's 10k
