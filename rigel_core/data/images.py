@@ -15,7 +15,8 @@ import numpy as np
 
 from ..limits import MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, check_image_size
 
-__all__ = ["IMAGE_EXTENSIONS", "EXIF_TRANSPOSED", "exif_orientation", "names_folder", "resolve_image_path", "read_image", "UNIT8", "composite_rgb", "read_mask", "find_mask",
+__all__ = ["IMAGE_EXTENSIONS", "EXIF_TRANSPOSED", "exif_orientation",
+           "names_folder", "resolve_image_path", "read_image", "UNIT8", "composite_rgb", "read_mask", "find_mask",
            "image_size", "image_header", "composite", "resize_area", "write_png", "write_render_rgba"]
 
 #: Extensions tried, in order, when a dataset names an image without one (NeRF-synthetic ``./train/r_0``).

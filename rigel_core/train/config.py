@@ -574,7 +574,7 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
                + (f" (init_points auto: half the pixel rule's budget, at most {AUTO_INIT_MAX:,})" if init_auto else ""))
     ppg = int(cfg.auto_budget_pixels_per_gaussian)
     if ppg == 0:
-        per = ": as given, the pixel rule off"   # --max-gaussians N (it sets auto_mcmc_budget, a field the user never named)
+        per = ": as given, the pixel rule off"   # --max-gaussians N (it sets auto_mcmc_budget, a field not named)
     else:
         per = (f": one per {ppg} of the {capture.pixels:,} training pixels, {AUTO_BUDGET_MIN:,} to "
                f"{cfg.auto_mcmc_budget:,}" if capture is not None else "")

@@ -556,8 +556,8 @@ class Trainer:
         #: background points when the SfM points leave most of the views empty, or a count that could not be
         #: used), or None
         self.init_note: str | None = note if model is None else None
-        #: a line for the log when an explicit ``init_points`` goes unused: the SfM points start the run (``--init-points
-        #: N`` on a capture with them would otherwise vanish without a word), or None
+        #: a line for the log when an explicit ``init_points`` goes unused: the SfM points start the run
+        #: (``--init-points N`` on a capture with them would otherwise vanish without a word), or None
         self.init_points_note: str | None = (
             f"init_points={cfg.init_points:,} not used: the dataset's {len(pts):,} SfM points start the run (random "
             "points start only a dataset without them)" if has_sfm and not init_auto and model is None else None)
