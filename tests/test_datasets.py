@@ -233,6 +233,31 @@ def test_an_image_of_another_aspect_ratio_is_refused_and_a_scaled_one_rescales(t
     assert "\n" not in msg
 
 
+@pytest.mark.parametrize("orientation, hint", [(6, True), (8, True), (5, True), (3, False), (None, False)])
+def test_an_exif_turned_image_of_another_aspect_says_that_its_stored_pixels_are_read(tmp_path, rng, orientation, hint):
+    """A phone JPEG stored 8x12 with an EXIF orientation that shows it 12x8, its camera 24x16: rigel reads the stored
+    pixels (as COLMAP does, whose cameras are of those), so it is refused — and the line says why the image looks
+    right in a viewer and how to fix it, where it said only "a rotated or foreign image?". An orientation that does
+    not turn it (3: upside down) or none keeps the plain line."""
+    g = np_rng(rng)
+    meta, _ = make_blender(tmp_path, g, w=24, h=16, missing=())
+    meta.update(w=24, h=16)   # the camera's size declared (else each frame's camera takes its image's)
+    (tmp_path / "transforms_train.json").write_text(json.dumps(meta))
+    path = tmp_path / "train" / "f2.jpg"
+    (tmp_path / "train" / "f2.png").unlink()
+    exif = Image.Exif()
+    if orientation is not None:
+        exif[0x0112] = orientation
+    Image.fromarray(g.integers(0, 256, size=(24, 16, 3), dtype=np.uint8)).save(path, exif=exif)
+    with pytest.raises(DatasetError) as e:
+        load_dataset(tmp_path)
+    msg = str(e.value)
+    assert "train/f2.jpg: the image is 16x24, its camera 24x16: another aspect ratio" in msg and "\n" not in msg
+    assert (f"its EXIF orientation tag ({orientation}) shows it turned to 24x16, but rigel reads the pixels as stored"
+            in msg) == hint, msg
+    assert ("a rotated or foreign image?" in msg) != hint, msg
+
+
 def test_blender_errors(tmp_path, rng):
     g = np_rng(rng)
     make_blender(tmp_path, g, missing=(0, 1, 2))
@@ -510,6 +535,31 @@ def _assert_dataset_error(excinfo, path, *fragments):
     assert "\n" not in msg and str(path) in msg, msg
     for f in fragments:
         assert f in msg, f"{f!r} not in {msg!r}"
+
+
+@pytest.mark.parametrize("ext", ["bin", "txt"])
+def test_a_colmap_model_without_points3d_says_how_to_give_it_no_points(tmp_path, rng, ext):
+    """cameras and images without points3D (a model of known poses, points3D deleted): refused as incomplete —
+    pycolmap needs all three — with what to add to train it without SfM points; adding just that loads it so."""
+    pycolmap = pytest.importorskip("pycolmap")
+    sparse = _colmap_fixture(tmp_path, np_rng(rng))
+    if ext == "txt":
+        pycolmap.Reconstruction(str(sparse)).write_text(str(sparse))
+        for f in sparse.glob("*.bin"):
+            f.unlink()
+    (sparse / f"points3D.{ext}").unlink()
+    with pytest.raises(DatasetError) as e:
+        load_dataset(tmp_path)
+    what = "eight zero bytes: a count of 0" if ext == "bin" else "an empty text file"
+    _assert_dataset_error(e, sparse, "incomplete COLMAP model", f"add an empty points3D.{ext} ({what})")
+    (sparse / f"points3D.{ext}").write_bytes(bytes(8) if ext == "bin" else b"")
+    ds = load_dataset(tmp_path, test_every=0)
+    assert len(ds.train) == 2 and ds.points is None
+    (sparse / "images.txt" if ext == "txt" else sparse / "images.bin").unlink()  # no hint for a model missing more
+    with pytest.raises(DatasetError) as e:
+        load_dataset(tmp_path)
+    _assert_dataset_error(e, sparse, "incomplete COLMAP model")
+    assert "add an empty" not in str(e.value)
 
 
 @pytest.mark.parametrize("model_id,name", [(17, "EQUIRECTANGULAR"), (7, "FOV"), (99, "unknown")])
@@ -855,3 +905,38 @@ def test_render_names_a_blender_split_with_missing_images_as_the_loader(tmp_path
     for cam, name in zip(cams, names):   # the same name is the same view
         if name in loader:
             np.testing.assert_allclose(cam.viewmat, loader[name], atol=1e-6)
+
+
+def test_the_data_line_names_every_size_of_a_capture_of_mixed_sizes(tmp_path, rng, capsys):
+    """rigel-train's data line gave the first training view's size for a capture of several (portrait and landscape
+    views of one phone capture read as "48x64"); it names the sizes now, and one size as before."""
+    from rigel_core.cli.train import main
+
+    g = np_rng(rng)
+    sizes = [(24, 16), (16, 24), (24, 16), (16, 24), (24, 16)]   # view 0 (held out by --test-every) is 24x16 too
+    frames = []
+    (tmp_path / "cap").mkdir()
+    for i, (w, h) in enumerate(sizes):
+        save_u8(tmp_path / "cap" / f"{i}.png", g.integers(0, 256, size=(h, w, 3), dtype=np.uint8))
+        c2w = np.linalg.inv(random_pose(g)) @ np.diag([1.0, -1, -1, 1])
+        frames.append({"file_path": f"{i}.png", "w": w, "h": h, "cx": w / 2, "cy": h / 2,
+                       "transform_matrix": c2w.tolist()})
+    (tmp_path / "cap" / "transforms.json").write_text(json.dumps({"fl_x": 20.0, "frames": frames}))
+    for mixed in (True, False):
+        run = tmp_path / f"run{mixed}"
+        args = ["--data", str(tmp_path / "cap"), "--out", str(run), "--device", "cpu", "--iters", "1", "--quiet",
+                "--init-points", "20", "--n-renders", "0", "--test-every", "4" if mixed else "2"]
+        assert main(args) == 0
+        line = next(l for l in (run / "log.txt").read_text().splitlines() if " test views, " in l)
+        # the training views: 1, 2, 3 (mixed) or 1, 3 (both 16x24)
+        assert (", 2 sizes (16x24, 24x16), extent" if mixed else ", 16x24, extent") in line, line
+    capsys.readouterr()
+    from rigel_core.data.frames import view_sizes
+
+    class V:
+        def __init__(self, w, h):
+            self.camera = Camera(w, h, 10.0, 10.0, w / 2, h / 2, np.eye(4))
+
+    assert view_sizes([V(1000, 662), V(1000, 656), V(1000, 660), V(1000, 656), V(1000, 658)]) == \
+        "4 sizes (1000x656 to 1000x662)"
+    assert view_sizes([V(8, 6)] * 3) == "8x6" and view_sizes([]) == "none"

@@ -598,6 +598,7 @@ def test_cli_max_gaussians_sets_the_budget_the_pixel_rule_would_not_give(sfm):
         cfg = TrainConfig(**over)
         note = resolve_strategy(cfg, has_sfm_points=sfm, capture=cap)
         assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", n) and "as given, the pixel rule off" in note
+        assert "auto_mcmc_budget" not in note   # the field --max-gaussians sets, which the user never named
         resolve_init_points(cfg, cap)  # the start: half the pixel rule's budget, bounded by N (not N's half)
         assert cfg.init_points == min(100_000, min(n, max(10_000, cap.pixels // 32)) // 2)
     rule = TrainConfig(max_gaussians=20_000)  # a cap only: the pixel rule's 10k
@@ -627,6 +628,49 @@ def test_the_start_line_names_the_strategy_and_budget_however_it_was_chosen(rng)
     assert dflt.start_line().startswith("resumed at iteration 1: ")
     dflt.config.exposure = dflt.config.pose_opt = True  # the per-image corrections a run learns are named too
     assert dflt.start_line().endswith("; learning per-image exposure, pose refinement")
+
+
+@pytest.mark.parametrize("kind", ["sfm", "sfm+background", "rays", "box", "given"])
+def test_the_start_line_says_what_the_run_starts_from(rng, kind):
+    """The start line names the initialisation beside the Gaussian count — the SfM points (and how many background
+    points were added to them), random points along the rays or in the box, or a given model — and the strategy
+    note counts background points apart from the SfM points: it said "SfM points: 3,050 start it" for 50 SfM and
+    3,000 background points."""
+    ds = make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=1)
+    if kind.startswith("sfm"):
+        ds = _with_sfm_points(ds, rng, m=50)
+    bg = 3_000 if kind == "sfm+background" else 0
+    cfg = small_config(init_background_points=bg, max_gaussians=None, init_points=40,
+                       init_mode="box" if kind == "box" else "rays")
+    model = random_scene(rng, 25) if kind == "given" else None
+    tr = Trainer(ds, cfg, device="cpu", model=model)
+    want = {"sfm": "start: 50 Gaussians (the SfM points), ",
+            "sfm+background": "start: 3,050 Gaussians (50 SfM points + 3,000 background points), ",
+            "rays": "start: 40 Gaussians (random along the training pixels' rays), ",
+            "box": "start: 40 Gaussians (random in the cameras' box), ",
+            "given": "start: 25 Gaussians (a given model), "}[kind]
+    assert tr.start_line().startswith(want), tr.start_line()
+    if kind.startswith("sfm"):
+        assert ("SfM points: 50, with 3,000 background points, start it" if bg else "SfM points: 50 start it") \
+            in tr.strategy_note
+    tr.step()
+    assert tr.start_line().startswith(f"resumed at iteration 1: {tr.model.num_gaussians:,} Gaussians, device")
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_init_points_left_unused_by_sfm_points_is_said(rng, given):
+    """--init-points N on a capture with SfM points starts nothing (the SfM points do): a note says so, instead of
+    the flag vanishing without a word; "auto" (not given) and a dataset without SfM points say nothing."""
+    ds = _with_sfm_points(make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=1), rng, m=50)
+    tr = Trainer(ds, small_config(init_points=500 if given else "auto", max_gaussians=None), device="cpu")
+    assert tr.model.num_gaussians == 50
+    if given:
+        assert tr.init_points_note.startswith("init_points=500 not used: the dataset's 50 SfM points start the run")
+        assert tr.init_points_note in tr.notes
+    else:
+        assert tr.init_points_note is None
+    bare = Trainer(dataclasses.replace(ds, points=None, point_colors=None), small_config(init_points=500), device="cpu")
+    assert bare.init_points_note is None and bare.model.num_gaussians == 500
 
 
 def test_the_budget_note_says_when_the_start_raised_it(rng):

@@ -420,3 +420,21 @@ def test_limit_heap_retention_gives_freed_temporaries_back():
     kept = runs["on"]["kept"]
     assert runs["on"]["grown"] < 2 * kept, runs
     assert runs["off"]["grown"] > 10 * kept, runs   # the pattern does pile up without it (the test can fail)
+
+
+def test_the_cache_line_gives_a_small_capture_its_size(tmp_path, rng):
+    """The log's cache line said "a host cache of 0 MiB for the 0 MiB they take" for a capture of 0.28 MiB and
+    --frame-cache-mb 0: a size under 10 MiB keeps two significant digits."""
+    from rigel_core.data.stream import cache_note
+
+    write_plain(tmp_path, rng, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = load_dataset(tmp_path, stream=True, cache_mb=0)
+        big = load_dataset(tmp_path, stream=True, cache_mb=512)
+    frames = ds.train + ds.test
+    need = next(f.source for f in frames).capture_bytes / 2 ** 20
+    assert 0 < need < 1
+    assert cache_note(frames) == (f"frames streamed: a host cache of 0 MiB for the {need:.2g} MiB they take: each "
+                                  "epoch decodes them again (--frame-cache-mb MB holds more)")
+    assert cache_note(big.train + big.test).startswith("frames streamed: a host cache of 512 MiB holds all ")

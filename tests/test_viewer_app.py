@@ -671,6 +671,16 @@ def test_offscreen_training_out_is_refused_or_resumed_never_overwritten(procedur
     assert s1["eval"][-1]["iteration"] == 20 and s2["eval"][0]["iteration"] == 20
     assert s2["psnr_initial"] == s1["psnr"] and s2["eval"][-1]["iteration"] == 40
     assert s2["psnr"] == s2["eval"][-1]["psnr"] != s2["psnr_initial"]
+    # the resumed session's log.txt says what it changed, as rigel-train's (it was said on stderr only)
+    assert (run / "log.txt").read_text().count("with changed settings: iterations 20 -> 40") == 1
+
+    # the finished run opened once more: its log.txt and metrics.json stay as they were (before: the command line
+    # appended its "training …" line and the session a start line that said the files are written only when changed)
+    kept = {n: (run / n).read_bytes() for n in ("log.txt", "metrics.json", "checkpoint.safetensors", "model.ply")}
+    assert main(train + ["--out", str(run), "--frames", "1", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"{run} already finished its 40 iterations; its files are written only when you change or save it" in err
+    assert {n: (run / n).read_bytes() for n in kept} == kept
 
 
 @needs_vulkan

@@ -286,8 +286,15 @@ def _start_training(args, settings: ViewSettings, locks: list):
         raise _Refused(str(e)) from None
     if changes:  # said once the resume goes ahead (a refused one stays one line)
         print(f"rigel-viewer: {changed_settings_line(ckpt, changes)}", file=sys.stderr)
+    # a finished run opened again writes nothing until it is changed or saved (TrainingSession), as rigel-train
+    # --resume of a finished run: neither this session's lines nor the dataset's warnings go to its log.txt
+    reopened = trainer.iteration >= trainer.config.iterations
+    if reopened and args.resume:
+        print(f"rigel-viewer: --resume: {run_dir} already finished its {trainer.iteration} iterations; its files are "
+              "written only when you change or save it", file=sys.stderr)
     log = _setup_logging(run_dir)
-    log_to_file(log, early)
+    if not reopened:   # what the console said before the run folder's log opened: in its log.txt too (rigel-train's)
+        log_to_file(log, early + ([changed_settings_line(ckpt, changes)] if changes else []))
     frames = list(ds.train)
     if args.up is None:
         settings.up = up_from_cameras([f.camera for f in frames])
@@ -297,8 +304,9 @@ def _start_training(args, settings: ViewSettings, locks: list):
     # offscreen: the frame loop resumes it (viewer.offscreen), so no iteration runs before frames are presented
     session = TrainingSession(trainer, ModelSlot(), run_dir, running=not (args.paused or args.offscreen),
                               data=args.data)
-    log.info("training %s: %d train / %d test views, %d iterations, run folder %s", args.data,
-             len(ds.train), len(ds.test), trainer.config.iterations, run_dir)
+    if not reopened:
+        log.info("training %s: %d train / %d test views, %d iterations, run folder %s", args.data,
+                 len(ds.train), len(ds.test), trainer.config.iterations, run_dir)
     session.start()
     try:
         while session.slot.latest() is None and session.alive:   # the first snapshot (after the initial evaluation)

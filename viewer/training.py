@@ -347,10 +347,9 @@ class TrainingSession:
                 rec.log.info(f"{start} (rigel-viewer)")
                 for note in notes:
                     rec.log.info(note)
-            else:   # a finished run opened to look at (--resume): its files change only when the model does (a
-                #     Save, the appearance switched), as rigel-train --resume of a finished run writes nothing
-                log.info("%s (rigel-viewer): the run already finished its %d iterations; its files are written "
-                         "only when you change or save it", start, tr.iteration)
+            # else: a finished run opened to look at (--resume): its files change only when the model does (a Save,
+            # the appearance switched), as rigel-train --resume of a finished run writes nothing — not even a line in
+            # log.txt (rigel-viewer's command line says so on the console)
             if self.eval_at_start and tr.config.eval_every:
                 self._evaluate_at_start()
             self._publish()

@@ -412,8 +412,10 @@ def _main(args, lock: RunLock, comm=None) -> int:
     if is_main:  # a warning while training: log.txt and (through the log's console handler) the console
         log_to_file(log, early)
         record.log_warnings(echo=False)
+    from ..data.frames import view_sizes
+
     log.info(f"data {args.data}: {len(ds.train)} train / {len(ds.test)} test views, "
-             f"{ds.train[0].camera.width}x{ds.train[0].camera.height}, extent {trainer.extent:.3f}, "
+             f"{view_sizes(ds.train)}, extent {trainer.extent:.3f}, "
              f"{'white' if trainer.white_bg else 'black'} background"
              + (f", {metrics['dataset']['masked_views']['train']} train views with masked pixels "
                 f"({metrics['dataset']['masked_pixels']['train']} pixels ignored)"

@@ -76,8 +76,13 @@ def model_files(sparse: Path) -> tuple[str, dict[str, Path]]:
         if all(files[k].is_file() for k in ("cameras", "images", "points3D")):
             return ext, {k: p for k, p in files.items() if p.is_file()}
     present = sorted(p.name for p in sparse.iterdir() if p.is_file()) if sparse.is_dir() else []
+    # cameras and images without points3D (a model of known poses): say how to give it no SfM points
+    alone = next((ext for ext in ("bin", "txt") if {f"cameras.{ext}", f"images.{ext}"} <= set(present)), None)
+    hint = "" if alone is None else (
+        f"; for a model without SfM points add an empty points3D.{alone} ("
+        + ("eight zero bytes: a count of 0" if alone == "bin" else "an empty text file") + ")")
     raise DatasetError(sparse, "incomplete COLMAP model: needs cameras, images and points3D as .bin or as .txt, "
-                               f"found {', '.join(present) or 'none'}")
+                               f"found {', '.join(present) or 'none'}{hint}")
 
 
 def check_colmap_model(sparse) -> None:

@@ -15,12 +15,12 @@ import torch
 
 from ..camera import Camera
 from ..io.errors import DatasetError  # defined with the other input-error families
-from .images import composite, other_aspect, read_image, read_mask, resize_area
+from .images import EXIF_TRANSPOSED, composite, exif_orientation, other_aspect, read_image, read_mask, resize_area
 from .undistort import Distortion, mask_all, remap, remap_mask, undistort_map
 
 __all__ = ["Frame", "Dataset", "DatasetError", "FrameSpec", "Distortion", "load_frames", "camera_extent",
            "split_every", "cap_frames", "downscale_frame", "pad_frame", "frame_mask",
-           "common_size_frames"]
+           "common_size_frames", "view_sizes"]
 
 
 @dataclass
@@ -94,6 +94,20 @@ class FrameSpec:
     distortion: Distortion | None = None
     extra: dict = field(default_factory=dict)
     mask_path: Path | None = None
+
+
+def view_sizes(frames) -> str:
+    """The views' image size in words for a log line: ``"64x48"`` when they share one, else how many sizes and
+    which — up to three named (``"2 sizes (48x64, 64x48)"``), more as the smallest and largest by pixels (``"7 sizes
+    (1000x656 to 1000x662)"``), ordered by pixels, then width: a capture of mixed sizes is not described by its first
+    view's. ``frames``: objects with ``.camera``; "none" for none."""
+    sizes = sorted({(int(f.camera.width), int(f.camera.height)) for f in frames}, key=lambda s: (s[0] * s[1], s))
+    if not sizes:
+        return "none"
+    if len(sizes) == 1:
+        return f"{sizes[0][0]}x{sizes[0][1]}"
+    named = [f"{w}x{h}" for w, h in sizes]
+    return f"{len(sizes)} sizes (" + (", ".join(named) if len(sizes) <= 3 else f"{named[0]} to {named[-1]}") + ")"
 
 
 def camera_extent(cameras: list[Camera]) -> tuple[np.ndarray, float]:
@@ -235,9 +249,14 @@ class FramePipeline:
         w, h = size
         if (w, h) != (cam.width, cam.height):
             if other_aspect((w, h), (cam.width, cam.height)):  # rescaled intrinsics would stretch it: a wrong image
+                turned = exif_orientation(spec.image_path)
+                why = ("a rotated or foreign image?" if turned not in EXIF_TRANSPOSED
+                       or other_aspect((h, w), (cam.width, cam.height)) else
+                       f"its EXIF orientation tag ({turned}) shows it turned to {h}x{w}, but rigel reads the pixels "
+                       "as stored, as COLMAP does: save it turned, e.g. with ImageMagick's -auto-orient")
                 raise DatasetError(f"{spec.image_path}: the image is {w}x{h}, its camera {cam.width}x{cam.height}: "
-                                   "another aspect ratio (a rotated or foreign image?); give the camera this "
-                                   "image's size or the image its camera's")
+                                   f"another aspect ratio ({why}); give the camera this image's size or the image its "
+                                   "camera's")
             if notes is not None:
                 if not notes.resized:
                     notes.first_resized = f"{spec.image_path} is {w}x{h}, its camera {cam.width}x{cam.height}"

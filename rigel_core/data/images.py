@@ -15,7 +15,8 @@ import numpy as np
 
 from ..limits import MAX_IMAGE_PIXELS, MAX_IMAGE_SIDE, check_image_size
 
-__all__ = ["IMAGE_EXTENSIONS", "names_folder", "resolve_image_path", "read_image", "UNIT8", "composite_rgb", "read_mask", "find_mask",
+__all__ = ["IMAGE_EXTENSIONS", "EXIF_TRANSPOSED", "exif_orientation",
+           "names_folder", "resolve_image_path", "read_image", "UNIT8", "composite_rgb", "read_mask", "find_mask",
            "image_size", "image_header", "composite", "resize_area", "write_png", "write_render_rgba"]
 
 #: Extensions tried, in order, when a dataset names an image without one (NeRF-synthetic ``./train/r_0``).
@@ -85,6 +86,23 @@ def image_header(path: Path) -> tuple[tuple[int, int], bool]:
     4 channels (the same rule, :func:`_has_alpha`). ValueError naming the file as :func:`image_size`."""
     with _open_checked(path, MAX_IMAGE_SIDE, MAX_IMAGE_PIXELS) as im:
         return im.size, _has_alpha(im)
+
+
+#: EXIF orientations (tag 0x0112) that show the stored image transposed (turned by 90° or 270°, maybe mirrored)
+EXIF_TRANSPOSED = (5, 6, 7, 8)
+
+
+def exif_orientation(path: Path) -> int | None:
+    """The EXIF orientation tag (1..8) of an image file, or None without one or when it cannot be read. rigel reads
+    the pixels as stored and never applies it, as COLMAP does (its cameras and poses are of the stored pixels)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as im:
+            value = im.getexif().get(0x0112)
+    except Exception:   # a corrupt EXIF block is no reason to fail: the caller only adds a hint
+        return None
+    return value if isinstance(value, int) and 1 <= value <= 8 else None
 
 
 def _has_alpha(im) -> bool:

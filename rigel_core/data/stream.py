@@ -610,9 +610,15 @@ def cache_note(frames) -> str | None:
         return None
     cap, need = source.cache.max_bytes / 2 ** 20, source.capture_bytes / 2 ** 20
     if need <= cap:
-        return f"frames streamed: a host cache of {cap:,.0f} MiB holds all {len(source.specs)} (each decoded once)"
-    return (f"frames streamed: a host cache of {cap:,.0f} MiB for the {need:,.0f} MiB they take: each epoch decodes "
+        return f"frames streamed: a host cache of {_mib(cap)} MiB holds all {len(source.specs)} (each decoded once)"
+    return (f"frames streamed: a host cache of {_mib(cap)} MiB for the {_mib(need)} MiB they take: each epoch decodes "
             "them again (--frame-cache-mb MB holds more)")
+
+
+def _mib(x: float) -> str:
+    """A size in MiB for a log line: whole MiB from 10 on, else two significant digits (a small capture's 0.28 MiB
+    read "0 MiB"; 0 stays "0")."""
+    return f"{x:,.0f}" if x >= 10 or x == 0 else f"{x:.2g}"
 
 
 def stream_stats(trainer) -> dict:

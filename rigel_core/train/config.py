@@ -522,8 +522,8 @@ def resolve_init_background(cfg: TrainConfig, coverage: float | None, has_sfm_po
 
 
 def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *, auto_background: bool = False,
-                     coverage: float | None = None, capture: Capture | None = None, init_auto: bool = False
-                     ) -> str | None:
+                     coverage: float | None = None, capture: Capture | None = None, init_auto: bool = False,
+                     n_background: int = 0) -> str | None:
     """Turn ``cfg.strategy == "auto"`` into the strategy it stands for, in place — one rule for every kind of capture,
     from what the data is, never its name (the measurements: the constants above, docs/TRAINING.md):
 
@@ -534,7 +534,8 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
     - else "mcmc" (3DGS-MCMC's relocation: SfM points or not, few views or many) with
       ``max_gaussians = min(max_gaussians, max(auto_mcmc_budget(cfg, capture), n_start))`` (None counts as no cap;
       ``n_start``: the Gaussians the run starts from — a given model's, or the SfM points (and background points)
-      of the initial model — which the budget then never cuts).
+      of the initial model — which the budget then never cuts; ``n_background`` of them are background points,
+      which the note names apart from the SfM points).
 
     ``capture`` None (not measured) counts as a photo capture with many views and the fixed ``auto_mcmc_budget``.
     ``coverage`` (``sfm_view_coverage``, or None) only goes into the note. Returns a one-line note of the choice and
@@ -561,7 +562,9 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
     cfg.max_gaussians = budget if cap is None else min(cap, budget)
     cfg.strategy = "mcmc"
     if has_sfm_points:
-        start = f": {int(n_start):,} start it" if n_start else ""
+        n_bg = min(int(n_background), int(n_start))
+        start = (f": {int(n_start) - n_bg:,}" + (f", with {n_bg:,} background points," if n_bg else "") + " start it"
+                 if n_start else "")
         why = (f"SfM points{start}{cover.replace(', SfM points reaching', ', reaching')}"
                + (f", {views} (< {cfg.auto_default_min_views})" if auto_background else ""))
     else:
@@ -571,7 +574,7 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
                + (f" (init_points auto: half the pixel rule's budget, at most {AUTO_INIT_MAX:,})" if init_auto else ""))
     ppg = int(cfg.auto_budget_pixels_per_gaussian)
     if ppg == 0:
-        per = ": auto_mcmc_budget as given, the pixel rule off"
+        per = ": as given, the pixel rule off"   # --max-gaussians N (it sets auto_mcmc_budget, a field not named)
     else:
         per = (f": one per {ppg} of the {capture.pixels:,} training pixels, {AUTO_BUDGET_MIN:,} to "
                f"{cfg.auto_mcmc_budget:,}" if capture is not None else "")

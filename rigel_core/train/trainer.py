@@ -465,6 +465,9 @@ class Trainer:
         #: CPU generator for every random choice (view order, split offsets, init, random background):
         #: saved in checkpoints so a resumed run continues bit for bit.
         self.generator = torch.Generator().manual_seed(int(cfg.seed))
+        #: what the run starts from, for the start line: "the SfM points", "N SfM points + M background points",
+        #: "random along the training pixels' rays" / "random in the cameras' box", or "a given model"
+        self.init_source = "a given model" if model is not None else self._init_source()
         if model is None:
             model = self.initial_model()
         self.train_frames = views
@@ -553,12 +556,19 @@ class Trainer:
         #: background points when the SfM points leave most of the views empty, or a count that could not be
         #: used), or None
         self.init_note: str | None = note if model is None else None
+        #: a line for the log when an explicit ``init_points`` goes unused: the SfM points start the run
+        #: (``--init-points N`` on a capture with them would otherwise vanish without a word), or None
+        self.init_points_note: str | None = (
+            f"init_points={cfg.init_points:,} not used: the dataset's {len(pts):,} SfM points start the run (random "
+            "points start only a dataset without them)" if has_sfm and not init_auto and model is None else None)
         #: what ``strategy = "auto"`` became and why (one line for the log), None when it was explicit
         # the Gaussians the run starts from, which the budget never cuts: a given model's, else the SfM points and the
         # background points the initial model adds (a tiny capture's budget of 10,000 trimmed fern's 10,091 points)
         n_start = model.num_gaussians if model is not None else \
             (len(pts) + int(cfg.init_background_points) if has_sfm else 0)
         self.strategy_note = resolve_strategy(cfg, has_sfm, n_start, init_auto=init_auto and model is None,
+                                              n_background=int(cfg.init_background_points) if has_sfm and model is None
+                                              else 0,
                                               auto_background=auto_bg and cfg.init_background_points > 0,
                                               coverage=self.sfm_coverage, capture=self.capture)
         #: what ``coarse_to_fine = "auto"`` became and why (one line for the log), None when it was explicit
@@ -582,7 +592,9 @@ class Trainer:
                                                      "pruning brings it below)" if over else "")
                                                   if cap is not None else ""))
         learnt = [c.title for c in correction_classes() if getattr(cfg, c.config_field)]
-        return (f"{where}: {self.model.num_gaussians:,} Gaussians, device {self.device}, {cfg.iterations:,} iterations, "
+        init = f" ({self.init_source})" if not self.iteration and self.init_source else ""
+        return (f"{where}: {self.model.num_gaussians:,} Gaussians{init}, device {self.device}, {cfg.iterations:,} "
+                "iterations, "
                 f"{strategy}" + (f"; learning {', '.join(learnt)}" if learnt else ""))
 
     @property
@@ -590,7 +602,19 @@ class Trainer:
         """The lines that say what "auto" became for this run, in the order they follow from each other (the
         initialisation, then the strategy it may decide, then coarse-to-fine and the densification statistic); what
         rigel-train and the viewer log at the start."""
-        return [n for n in (self.init_note, self.strategy_note, self.coarse_note, self.densify_grad_note) if n]
+        return [n for n in (self.init_note, self.init_points_note, self.strategy_note, self.coarse_note,
+                            self.densify_grad_note) if n]
+
+    def _init_source(self) -> str:
+        """What :meth:`initial_model` starts from, in words (:attr:`init_source`)."""
+        cfg = self.config
+        pts = getattr(self.dataset, "points", None)
+        if pts is not None and len(pts) > 0:
+            bg = int(cfg.init_background_points)
+            return f"{len(pts):,} SfM points + {bg:,} background points" if bg > 0 else "the SfM points"
+        where = ("in the given box" if cfg.init_box is not None else "in the cameras' box") if cfg.init_mode == "box" \
+            else "along the training pixels' rays"
+        return f"random {where}"
 
     def initial_model(self) -> GaussianModel:
         """SfM points (with their colours) when the dataset has them — plus ``init_background_points``
