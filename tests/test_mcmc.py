@@ -16,8 +16,8 @@ import torch
 from rigel_core.model import PARAM_NAMES
 from rigel_core.reference.project import quat_to_rotmat
 from rigel_core.train import TrainConfig, Trainer
-from rigel_core.train.config import TRANSPARENT_BACKGROUND, Capture, auto_mcmc_budget, resolve_init_points, \
-    resolve_strategy
+from rigel_core.train.config import AUTO_BUDGET_MIN, AUTO_BUDGET_PIXELS_PER_GAUSSIAN, TRANSPARENT_BACKGROUND, Capture, \
+    auto_mcmc_budget, resolve_init_points, resolve_strategy
 from rigel_core.train.mcmc import MCMCReport, add_gaussians, position_noise, regularizer, relocate_dead, \
     sample_indices, split_mass, trim_to_cap
 from rigel_core.train.optim import make_optimizer, per_gaussian_tensors
@@ -416,8 +416,7 @@ def test_an_mcmc_run_with_a_culled_gaussian_keeps_training(rng):
 def test_config_validation():
     with pytest.raises(ValueError, match="strategy"):
         TrainConfig(strategy="relocate").validate()
-    with pytest.raises(ValueError, match="max_gaussians must be set"):
-        TrainConfig(strategy="mcmc", max_gaussians=None).validate()
+    TrainConfig(strategy="mcmc", max_gaussians=None).validate()   # the pixel rule's budget, set when a run starts
     with pytest.raises(ValueError, match="mcmc_min_opacity"):
         TrainConfig(strategy="mcmc", mcmc_min_opacity=0.0).validate()
     with pytest.raises(ValueError, match="mcmc_noise_lr"):
@@ -466,6 +465,30 @@ def test_auto_without_sfm_points_follows_the_images_and_an_explicit_strategy_sta
         cfg = TrainConfig(strategy=explicit, max_gaussians=321, auto_mcmc_budget=5)
         assert resolve_strategy(cfg, has_sfm_points=sfm) is None
         assert (cfg.strategy, cfg.max_gaussians) == (explicit, 321)
+
+
+def test_mcmc_asked_for_without_a_budget_gets_the_pixel_rules(rng):
+    """``strategy="mcmc"`` with ``max_gaussians`` None (``rigel-train --strategy mcmc``): the budget "auto" would give
+    the capture (one Gaussian per 32 training pixels in [10k, 1M], never below the start), with a note saying so;
+    the default strategy's None stays "no cap"."""
+    photo = Capture(n_views=17, pixels=17 * 504 * 378)
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=None)
+    note = resolve_strategy(cfg, has_sfm_points=True, n_start=5_000, capture=photo)
+    want = photo.pixels // AUTO_BUDGET_PIXELS_PER_GAUSSIAN
+    assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", want) and f"a budget of {want:,}" in note
+    assert "one per 32 of the" in note and "--max-gaussians N" in note and "auto" not in note
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=None)
+    resolve_strategy(cfg, has_sfm_points=True, n_start=2 * want, capture=photo)
+    assert cfg.max_gaussians == 2 * want                     # never below the Gaussians it starts from
+    cfg = TrainConfig(strategy="default", max_gaussians=None)
+    assert resolve_strategy(cfg, has_sfm_points=True, capture=photo) is None and cfg.max_gaussians is None
+    # through the Trainer: resolved on its copy of the config, the caller's left as it was
+    ds = _with_sfm_points(make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=0), rng)
+    given = small_config(strategy="mcmc", max_gaussians=None)
+    tr = Trainer(ds, given, device="cpu")
+    assert given.max_gaussians is None and tr.config.max_gaussians == max(AUTO_BUDGET_MIN, 50)
+    assert tr.strategy_note in tr.notes and "strategy mcmc, a budget of" in tr.strategy_note
+    tr.step()
 
 
 @pytest.mark.parametrize("pixels, want", [(17 * 504 * 378, 17 * 504 * 378 // 32), (44 * 1080 * 1920, 1_000_000),
@@ -703,10 +726,18 @@ def test_a_checkpoint_from_before_the_strategy_field_resumes_with_3dgs_densifica
     cfg = resume_config(path, {"iterations": 50})  # rigel-train / rigel-viewer --resume
     assert (cfg.strategy, cfg.max_gaussians, cfg.iterations) == ("default", 777, 50)
     assert resume_config(path, {"strategy": "auto"}).strategy == "auto"  # asked for explicitly: resolved anew
-    # switching a resumed 3DGS run to MCMC needs its budget: the saved cap was not chosen as one
-    with pytest.raises(ValueError, match="--strategy mcmc needs --max-gaussians"):
-        resume_config(path, {"strategy": "mcmc"})
+    # switching a resumed 3DGS run to MCMC: the saved cap was not chosen as a budget, so the pixel rule's (None: set
+    # when the Trainer starts) unless one is given
+    assert resume_config(path, {"strategy": "mcmc"}).max_gaussians is None
+    switched = Trainer.from_checkpoint(path, ds, device="cpu", config=resume_config(path, {"strategy": "mcmc"}))
+    assert switched.config.strategy == "mcmc" and switched.config.max_gaussians == max(AUTO_BUDGET_MIN,
+                                                                                        switched.model.num_gaussians)
     assert resume_config(path, {"strategy": "mcmc", "max_gaussians": 90}).max_gaussians == 90
+    # --strategy mcmc repeated on an MCMC run (the CLI's None): the budget it chose stays, and is no change
+    switched.save_checkpoint(tmp_path / "mcmc.safetensors")
+    changes = []
+    assert resume_config(tmp_path / "mcmc.safetensors", {"strategy": "mcmc", "max_gaussians": None},
+                         changes).max_gaussians == switched.config.max_gaussians and changes == []
     # --max-gaussians N on a resumed run: the cap / budget changes; the "auto" inputs it implies for a new run
     # (read only where "auto" is resolved) are neither applied nor listed as changed settings
     changes = []
@@ -775,16 +806,16 @@ def test_cli_strategy_mcmc(blender_dataset, tmp_path, capsys):  # noqa: F811
 
     common = ["--data", str(blender_dataset), "--white-bg", "--quiet", "--init-points", "100", "--sh-degree", "1",
               "--eval-every", "0", "--checkpoint-every", "0", "--n-renders", "0"]
-    assert main(common + ["--out", str(tmp_path / "a"), "--iters", "5", "--strategy", "mcmc"]) == 2
-    assert "--strategy mcmc needs --max-gaussians" in capsys.readouterr().err
-    assert not (tmp_path / "a").exists()
-    # the viewer's live training takes the same flags and refuses the same way, before Vulkan or the data
-    from viewer.cli import main as viewer_main
-
-    assert viewer_main(["--data", str(blender_dataset), "--offscreen", "--out", str(tmp_path / "v"), "--device",
-                        "cpu", "--strategy", "mcmc"]) == 2
-    assert "--strategy mcmc needs --max-gaussians" in capsys.readouterr().err
-    assert not (tmp_path / "v").exists()
+    # without --max-gaussians: the budget "auto" would give (the pixel rule), said in the log (before: refused)
+    assert main(common + ["--out", str(tmp_path / "a"), "--iters", "5", "--strategy", "mcmc"]) == 0
+    metrics = json.loads((tmp_path / "a" / "metrics.json").read_text())
+    assert metrics["config"]["strategy"] == "mcmc" and metrics["config"]["max_gaussians"] == AUTO_BUDGET_MIN
+    assert f"strategy mcmc, a budget of {AUTO_BUDGET_MIN:,} Gaussians" in (tmp_path / "a" / "log.txt").read_text()
+    # resumed with the same command line: the budget stays, nothing listed as changed
+    capsys.readouterr()
+    assert main(common + ["--out", str(tmp_path / "a"), "--iters", "8", "--strategy", "mcmc", "--resume"]) == 0
+    assert "max_gaussians" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "a" / "metrics.json").read_text())["config"]["max_gaussians"] == AUTO_BUDGET_MIN
     assert main(common + ["--out", str(tmp_path / "b"), "--iters", "24", "--strategy", "mcmc", "--max-gaussians",
                           "130", "--set", "densify_from=5", "--set", "densify_interval=5",
                           "--set", "mcmc_growth=0.15"]) == 0

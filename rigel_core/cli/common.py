@@ -116,7 +116,8 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
              "model.ply says 'SplatRenderMode: mip'); default: 3DGS's 0.3 px² dilation")
     add("--strategy", choices=["auto", "default", "mcmc"], default=None,
         help="densification: 3DGS clone/split/prune (default) or the 3DGS-MCMC budget (mcmc: relocation "
-             "of dead Gaussians, growth to --max-gaussians, which it needs, position noise, regularisers); "
+             "of dead Gaussians, growth to --max-gaussians or, without it, to the budget auto would give, position "
+             "noise, regularisers); "
              "auto (the default): default for an object on a transparent background without SfM points (a "
              "synthetic render) and for a partial SfM with background points added and >= 100 views; mcmc for "
              "every other capture, with --max-gaussians as its budget (without it: one Gaussian per 32 training "
@@ -326,6 +327,10 @@ def config_overrides(args: argparse.Namespace) -> dict:
             and "auto_mcmc_budget" not in out:
         out["auto_mcmc_budget"] = out["max_gaussians"]
         out.setdefault("auto_budget_pixels_per_gaussian", 0)
+    # --strategy mcmc without a budget: the one the pixel rule gives (the default max_gaussians, 3M, is a safety cap,
+    # not a budget to grow to; resolve_strategy)
+    if out.get("strategy") == "mcmc" and "max_gaussians" not in out:
+        out["max_gaussians"] = None
     return out
 
 
@@ -336,12 +341,9 @@ AUTO_STRATEGY_INPUTS = ("auto_mcmc_budget", "auto_budget_pixels_per_gaussian")
 
 def new_run_problem(overrides: dict, args=None) -> str | None:
     """What keeps the command line's overrides (:func:`config_overrides`) from starting a *new* run, as one line
-    without the command's name, or None. ``--strategy mcmc`` needs an explicit budget: TrainConfig's default
-    ``max_gaussians`` (3M) is a safety cap, not a budget to grow to (docs/TRAINING.md). With the parsed ``args``,
-    the whole configuration (:func:`new_config`) is checked too, so that a bad ``--set`` value is refused before
-    the dataset loads. A resumed run keeps its checkpoint's configuration, so this is not asked there."""
-    if overrides.get("strategy") == "mcmc" and "max_gaussians" not in overrides:
-        return "--strategy mcmc needs --max-gaussians N: the Gaussian budget it grows to"
+    without the command's name, or None: with the parsed ``args``, the whole configuration (:func:`new_config`) is
+    checked, so that a bad ``--set`` value is refused before the dataset loads. A resumed run keeps its checkpoint's
+    configuration, so this is not asked there."""
     if args is not None:
         try:
             new_config(args, overrides)
@@ -378,9 +380,11 @@ def resume_config(ckpt: Path, overrides: dict, changes: list | None = None, kept
     tensors, meta = read_checkpoint(ckpt)
     saved = validate_checkpoint(ckpt, tensors, meta).to_dict()
     if overrides.get("strategy") == "mcmc" and saved.get("strategy") != "mcmc" and "max_gaussians" not in overrides:
-        # the saved max_gaussians was a cap for another strategy, not a budget chosen for this one
-        raise ValueError(f"{ckpt}: the run used strategy {saved.get('strategy')!r}; --strategy mcmc needs "
-                         f"--max-gaussians N (the Gaussian budget it grows to)")
+        # the saved max_gaussians was a cap for another strategy, not a budget chosen for this one: the pixel rule's
+        overrides = {**overrides, "max_gaussians": None}
+    elif saved.get("strategy") == "mcmc" and "max_gaussians" in overrides and overrides["max_gaussians"] is None:
+        # --strategy mcmc again on an MCMC run (its command line repeated): the budget it chose stays
+        overrides = {k: v for k, v in overrides.items() if k != "max_gaussians"}
     for k, v in (kept or {}).items():
         if v is not None and saved.get(k) != v:
             raise ValueError(f"{ckpt}: the run was trained with {k} {saved.get(k)!r}, which a resumed run keeps; "

@@ -197,7 +197,8 @@ class TrainConfig:
     opacity_reset_value: float = 0.01
     #: the Gaussian budget: MCMC grows to it (a larger start is trimmed to it); under 3DGS's densification a bound on
     #: growth only — it adds at most (max_gaussians − N) new ones, the highest-gradient candidates first, and never
-    #: removes any to reach it (a start above it is kept). None = no cap.
+    #: removes any to reach it (a start above it is kept). None = no cap; under MCMC, the budget the pixel rule gives
+    #: (:func:`auto_mcmc_budget`, set when the Trainer starts)
     max_gaussians: int | None = 3_000_000
 
     # ---- per-image exposure (exposure.py; 3DGS ``--train_test_exp``) ----------------------------------------
@@ -470,8 +471,6 @@ class TrainConfig:
         if self.auto_budget_pixels_per_gaussian < 0:
             raise ValueError("TrainConfig.auto_budget_pixels_per_gaussian must be ≥ 0 (0: the budget is "
                              f"auto_mcmc_budget), got {self.auto_budget_pixels_per_gaussian}")
-        if self.strategy == "mcmc" and self.max_gaussians is None:
-            raise ValueError("TrainConfig.max_gaussians must be set (the Gaussian budget) when strategy is 'mcmc'")
         self._each(("mcmc_min_opacity",), lambda v: 0.0 < v < 1.0, "in (0, 1)")
         self._each(("mcmc_noise_t",), lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
         if not 1 <= self.mcmc_max_copies <= 1000:
@@ -537,10 +536,17 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
       of the initial model — which the budget then never cuts; ``n_background`` of them are background points,
       which the note names apart from the SfM points).
 
+    ``strategy == "mcmc"`` with ``max_gaussians`` None (MCMC asked for, its budget not given: ``rigel-train
+    --strategy mcmc``) gets the same budget, ``max(auto_mcmc_budget(cfg, capture), n_start)``.
+
     ``capture`` None (not measured) counts as a photo capture with many views and the fixed ``auto_mcmc_budget``.
     ``coverage`` (``sfm_view_coverage``, or None) only goes into the note. Returns a one-line note of the choice and
-    why for the log, or None when ``cfg.strategy`` was already explicit (nothing changed). A resumed run keeps the
+    why for the log, or None when ``cfg.strategy`` was already explicit with its budget (nothing changed). A resumed run keeps the
     strategy its checkpoint recorded."""
+    if cfg.strategy == "mcmc" and cfg.max_gaussians is None:   # MCMC asked for, its budget not given: the rule's
+        cfg.max_gaussians = max(auto_mcmc_budget(cfg, capture), int(n_start))
+        return (f"strategy mcmc, a budget of {cfg.max_gaussians:,} Gaussians{_budget_reason(cfg, capture, n_start)} "
+                "(--max-gaussians N sets it)")
     if cfg.strategy != "auto":
         return None
     cover = f", SfM points reaching {coverage:.0%} of the median view" if coverage is not None else ""
@@ -572,16 +578,22 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
         why = (f"no SfM points, a photo capture: random points{where} start it"
                + (f", {cfg.init_points:,} of them" if isinstance(cfg.init_points, int) else "")
                + (f" (init_points auto: half the pixel rule's budget, at most {AUTO_INIT_MAX:,})" if init_auto else ""))
+    return (f"strategy auto: mcmc ({why}), a budget of {cfg.max_gaussians:,} Gaussians"
+            f"{_budget_reason(cfg, capture, n_start)} (--max-gaussians N sets it; --strategy default for 3DGS's "
+            "densification)")
+
+
+def _budget_reason(cfg: "TrainConfig", capture: Capture | None, n_start: int) -> str:
+    """Where the MCMC budget ``cfg.max_gaussians`` that :func:`resolve_strategy` set comes from, for its note."""
     ppg = int(cfg.auto_budget_pixels_per_gaussian)
     if ppg == 0:
         per = ": as given, the pixel rule off"   # --max-gaussians N (it sets auto_mcmc_budget, a field not named)
     else:
         per = (f": one per {ppg} of the {capture.pixels:,} training pixels, {AUTO_BUDGET_MIN:,} to "
                f"{cfg.auto_mcmc_budget:,}" if capture is not None else "")
-    if cfg.max_gaussians == int(n_start) > rule:
+    if cfg.max_gaussians == int(n_start) > auto_mcmc_budget(cfg, capture):
         per += f", raised to the {int(n_start):,} Gaussians the run starts from (a budget never cuts its start)"
-    return (f"strategy auto: mcmc ({why}), a budget of {cfg.max_gaussians:,} Gaussians{per} (--max-gaussians N sets "
-            "it; --strategy default for 3DGS's densification)")
+    return per
 
 
 def resolve_init_points(cfg: TrainConfig, capture: Capture | None) -> None:

@@ -536,7 +536,8 @@ class Trainer:
         has_sfm = pts is not None and len(pts) > 0
         auto_bg = cfg.init_background_points == "auto"
         if auto_bg or "auto" in (cfg.strategy, cfg.coarse_to_fine, cfg.densify_grad, cfg.init_points, cfg.init_mode) \
-                or (not has_sfm and cfg.init_background_points != 0):
+                or (not has_sfm and cfg.init_background_points != 0) \
+                or (cfg.strategy == "mcmc" and cfg.max_gaussians is None):   # the budget the pixel rule gives
             cfg = dataclasses.replace(cfg)
         #: what the "auto" rules read of the training views (:func:`capture_facts`: views, pixels, transparency)
         self.capture = capture_facts(self.train_frames)
