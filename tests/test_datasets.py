@@ -538,9 +538,11 @@ def _assert_dataset_error(excinfo, path, *fragments):
 
 
 @pytest.mark.parametrize("ext", ["bin", "txt"])
-def test_a_colmap_model_without_points3d_says_how_to_give_it_no_points(tmp_path, rng, ext):
-    """cameras and images without points3D (a model of known poses, points3D deleted): refused as incomplete —
-    pycolmap needs all three — with what to add to train it without SfM points; adding just that loads it so."""
+def test_a_colmap_model_without_points3d_loads_without_sfm_points(tmp_path, rng, ext):
+    """cameras and images without points3D (a model of known poses, points3D deleted): loaded as a model without
+    SfM points — the views as with an empty points3D, ``points`` None (a random start) — and the folder left as it
+    was (pycolmap reads a temporary copy beside an empty points3D); before: refused as incomplete. A model missing
+    its images too stays refused, in one line."""
     pycolmap = pytest.importorskip("pycolmap")
     sparse = _colmap_fixture(tmp_path, np_rng(rng))
     if ext == "txt":
@@ -548,18 +550,19 @@ def test_a_colmap_model_without_points3d_says_how_to_give_it_no_points(tmp_path,
         for f in sparse.glob("*.bin"):
             f.unlink()
     (sparse / f"points3D.{ext}").unlink()
-    with pytest.raises(DatasetError) as e:
-        load_dataset(tmp_path)
-    what = "eight zero bytes: a count of 0" if ext == "bin" else "an empty text file"
-    _assert_dataset_error(e, sparse, "incomplete COLMAP model", f"add an empty points3D.{ext} ({what})")
-    (sparse / f"points3D.{ext}").write_bytes(bytes(8) if ext == "bin" else b"")
+    before = sorted(p.name for p in sparse.iterdir())
     ds = load_dataset(tmp_path, test_every=0)
     assert len(ds.train) == 2 and ds.points is None
-    (sparse / "images.txt" if ext == "txt" else sparse / "images.bin").unlink()  # no hint for a model missing more
+    assert sorted(p.name for p in sparse.iterdir()) == before
+    (sparse / f"points3D.{ext}").write_bytes(bytes(8) if ext == "bin" else b"")
+    same = load_dataset(tmp_path, test_every=0)
+    for a, b in zip(ds.train, same.train):
+        assert torch.equal(a.image, b.image) and np.array_equal(a.camera.viewmat, b.camera.viewmat)
+    (sparse / f"points3D.{ext}").unlink()
+    (sparse / f"images.{ext}").unlink()
     with pytest.raises(DatasetError) as e:
         load_dataset(tmp_path)
-    _assert_dataset_error(e, sparse, "incomplete COLMAP model")
-    assert "add an empty" not in str(e.value)
+    _assert_dataset_error(e, sparse, "incomplete COLMAP model", f"cameras.{ext}")
 
 
 @pytest.mark.parametrize("model_id,name", [(17, "EQUIRECTANGULAR"), (7, "FOV"), (99, "unknown")])

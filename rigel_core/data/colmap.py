@@ -13,7 +13,8 @@
   Registered images whose file is missing are skipped with one warning.
 - Masks: ``masks/`` next to ``images/``, a file per image with the same relative name and any image extension
   (``a.jpg`` → ``masks/a.png``, ``masks/a.jpg.png`` or ``masks/a.jpg``); non-zero keeps, black ignores.
-- ``points3D`` give ``Dataset.points`` (M,3) float64 and ``point_colors`` (M,3) in [0, 1].
+- ``points3D`` give ``Dataset.points`` (M,3) float64 and ``point_colors`` (M,3) in [0, 1]. A model of cameras and
+  images without a ``points3D`` file (known poses, no SfM) loads as one with none (``points`` None: a random start).
 - Before pycolmap reads anything, :func:`rigel_core.data.colmap_check.check_colmap_model` walks the model's files
   (declared counts against file lengths, camera models by id, every camera number): pycolmap trusts counts and
   crashes on models without a focal length.
@@ -28,7 +29,7 @@ from ..camera import Camera, check_camera_position
 from ..deps import require
 from ..io.errors import NoImageFiles
 from .assemble import assemble_dataset
-from .colmap_check import check_colmap_model
+from .colmap_check import read_reconstruction
 from .frames import Dataset, DatasetError, FrameSpec, cap_frames, split_every, with_unique_names
 from .images import find_mask
 from .transforms import frame_name, unusable_points, warn_missing, warn_unmasked
@@ -139,11 +140,7 @@ def read_colmap_frames(root, *, require_images: bool = True):
     root = Path(root)
     sparse = find_sparse_dir(root)
     pycolmap = _import_pycolmap()
-    check_colmap_model(sparse)  # counts, sizes, camera models and numbers, before pycolmap trusts them
-    try:
-        rec = pycolmap.Reconstruction(str(sparse))
-    except Exception as e:  # pycolmap raises a bare RuntimeError/ValueError for a corrupt model
-        raise DatasetError(f"{sparse}: cannot read the COLMAP model ({e})") from e
+    rec = read_reconstruction(sparse, pycolmap)  # its files walked first: pycolmap trusts counts and sizes
     images_dir = root / "images"
     masks_dir = root / "masks"
     specs, missing, total = [], [], 0

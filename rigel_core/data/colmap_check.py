@@ -67,26 +67,47 @@ _IMAGE_MIN = _IMAGE.size + 1 + 8  # empty name (just the NUL) and no points
 
 
 def model_files(sparse: Path) -> tuple[str, dict[str, Path]]:
-    """("bin" | "txt", {kind: path}) of the files pycolmap will read in ``sparse`` (same rule as pycolmap).
+    """("bin" | "txt", {kind: path}) of the model files in ``sparse`` (pycolmap's rule: the binary model when
+    complete, else the text one). A model of cameras and images without ``points3D`` (known poses, no SfM points)
+    counts as complete: its dict has no "points3D" (:func:`read_reconstruction` gives pycolmap an empty one).
 
-    Raises DatasetError when neither a complete binary nor a complete text model is there.
+    Raises DatasetError when neither a binary nor a text model of at least cameras and images is there.
     """
-    for ext in ("bin", "txt"):
-        files = {k: sparse / f"{k}.{ext}" for k in ("cameras", "images", "points3D", "rigs", "frames")}
-        if all(files[k].is_file() for k in ("cameras", "images", "points3D")):
-            return ext, {k: p for k, p in files.items() if p.is_file()}
+    for need in (("cameras", "images", "points3D"), ("cameras", "images")):
+        for ext in ("bin", "txt"):
+            files = {k: sparse / f"{k}.{ext}" for k in ("cameras", "images", "points3D", "rigs", "frames")}
+            if all(files[k].is_file() for k in need):
+                return ext, {k: p for k, p in files.items() if p.is_file()}
     present = sorted(p.name for p in sparse.iterdir() if p.is_file()) if sparse.is_dir() else []
-    # cameras and images without points3D (a model of known poses): say how to give it no SfM points
-    alone = next((ext for ext in ("bin", "txt") if {f"cameras.{ext}", f"images.{ext}"} <= set(present)), None)
-    hint = "" if alone is None else (
-        f"; for a model without SfM points add an empty points3D.{alone} ("
-        + ("eight zero bytes: a count of 0" if alone == "bin" else "an empty text file") + ")")
-    raise DatasetError(sparse, "incomplete COLMAP model: needs cameras, images and points3D as .bin or as .txt, "
-                               f"found {', '.join(present) or 'none'}{hint}")
+    raise DatasetError(sparse, "incomplete COLMAP model: needs cameras and images (and points3D for SfM points) as "
+                               f".bin or as .txt, found {', '.join(present) or 'none'}")
 
 
-def check_colmap_model(sparse) -> None:
-    """Walk the model in ``sparse`` pycolmap is about to read (module docstring); DatasetError on the first problem."""
+def read_reconstruction(sparse: Path, pycolmap):
+    """The ``pycolmap.Reconstruction`` of the model in ``sparse``, its files walked first
+    (:func:`check_colmap_model`). A model without ``points3D`` is read from a temporary copy of its cameras and
+    images beside an empty ``points3D`` (pycolmap needs the file; the user's folder is not written): a
+    reconstruction without SfM points. Raises DatasetError naming ``sparse`` for a model pycolmap cannot read."""
+    import shutil
+    import tempfile
+
+    sparse = Path(sparse)
+    ext, files = check_colmap_model(sparse)
+    try:
+        if "points3D" in files:
+            return pycolmap.Reconstruction(str(sparse))
+        with tempfile.TemporaryDirectory(prefix="rigel-colmap-") as tmp:
+            for path in files.values():
+                shutil.copyfile(path, Path(tmp) / path.name)
+            (Path(tmp) / f"points3D.{ext}").write_bytes(_U64.pack(0) if ext == "bin" else b"")
+            return pycolmap.Reconstruction(tmp)
+    except Exception as e:  # pycolmap raises a bare RuntimeError/ValueError for a corrupt model
+        raise DatasetError(f"{sparse}: cannot read the COLMAP model ({e})") from e
+
+
+def check_colmap_model(sparse) -> tuple[str, dict[str, Path]]:
+    """Walk the model in ``sparse`` pycolmap is about to read (module docstring); DatasetError on the first problem.
+    Returns :func:`model_files`' ``(ext, files)``."""
     sparse = Path(sparse)
     ext, files = model_files(sparse)
     if ext == "bin":
@@ -96,10 +117,12 @@ def check_colmap_model(sparse) -> None:
         images = _check_images_bin(files["images"], cameras)
         if "frames" in files:
             _check_frames_bin(files["frames"], images)
-        _check_points_bin(files["points3D"])
+        if "points3D" in files:
+            _check_points_bin(files["points3D"])
     else:
         cameras = _check_cameras_txt(files["cameras"])
         _check_images_txt(files["images"], cameras)
+    return ext, files
 
 
 # ---------------------------------------------------------------------------------------------------------

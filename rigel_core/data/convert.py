@@ -46,7 +46,7 @@ import numpy as np
 from ..atomic import atomic_path
 from ..camera import Camera, check_camera_position
 from .colmap import _cam_from_world, _import_pycolmap, find_sparse_dir
-from .colmap_check import check_colmap_model
+from .colmap_check import read_reconstruction
 from .frames import DatasetError
 
 __all__ = ["colmap_to_transforms", "ConvertResult", "COLMAP_PARAMS", "PLY_NAME", "IMAGE_MODES"]
@@ -149,11 +149,7 @@ def colmap_to_transforms(src, dst, *, images: str = "reference", images_dir: str
         raise FileExistsError(f"{out_json}: already exists (use --force to replace it)")
     sparse = find_sparse_dir(src)   # a missing SRC is said as such, pycolmap installed or not
     pycolmap = _import_pycolmap()
-    check_colmap_model(sparse)  # the loader's pre-check: counts, sizes and camera models before pycolmap reads them
-    try:
-        rec = pycolmap.Reconstruction(str(sparse))
-    except Exception as e:  # pycolmap raises a bare RuntimeError/ValueError for a corrupt model
-        raise DatasetError(f"{sparse}: cannot read the COLMAP model ({e})") from e
+    rec = read_reconstruction(sparse, pycolmap)  # its files walked first: pycolmap trusts counts and sizes
     src_images = src / images_dir
 
     intrinsics, frames, missing, total = {}, [], 0, 0
