@@ -335,6 +335,33 @@ def test_remap_identity_and_zero_distortion(rng):
     np.testing.assert_allclose(out[1:, -1], (img[:-1, -1] + img[1:, -1]) / 2, atol=1e-6)
 
 
+@pytest.mark.parametrize("n, test_every, warned", [(2, 8, True), (3, 8, True), (4, 8, False), (2, 0, False),
+                                                    (6, 2, False)])
+def test_a_split_that_leaves_under_three_training_views_is_said(tmp_path, rng, n, test_every, warned):
+    """Every Nth view held out (``--test-every``) leaves a capture of 2 views one to train on: a warning naming the
+    capture says how many train and how to train on all; none where three or more train, or nothing is held out."""
+    g = np_rng(rng)
+    (tmp_path / "images").mkdir()
+    frames = []
+    for i in range(n):
+        save_u8(tmp_path / "images" / f"v{i}.png", (g.uniform(size=(12, 16, 3)) * 255).astype(np.uint8))
+        c2w = np.linalg.inv(random_pose(g)) @ FLIP
+        frames.append({"file_path": f"images/v{i}.png", "transform_matrix": c2w.tolist()})
+    (tmp_path / "transforms.json").write_text(json.dumps({"fl_x": 20.0, "fl_y": 20.0, "cx": 8.0, "cy": 6.0,
+                                                          "w": 16, "h": 12, "frames": frames}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = load_dataset(tmp_path, test_every=test_every)
+    said = [str(w.message) for w in caught if "training view" in str(w.message)]
+    if warned:
+        n_train = len(ds.train)
+        assert n_train < 3 and said == [f"{tmp_path / 'transforms.json'}: {n_train} training view"
+                                        f"{'s' if n_train != 1 else ''} after holding {len(ds.test)} out for "
+                                        "evaluation (--test-every 0 trains on every view, with no held-out PSNR)"]
+    else:
+        assert said == []
+
+
 def test_ngp_distortion_overrides_split(tmp_path, rng):
     pycolmap = pytest.importorskip("pycolmap")
     g = np_rng(rng)
