@@ -629,7 +629,8 @@ def resolve_coarse_to_fine(cfg: TrainConfig, has_sfm_points: bool) -> str | None
         cfg.coarse_to_fine = AUTO_COARSE_TO_FINE
         return (f"coarse_to_fine auto: {cfg.coarse_to_fine} (no SfM points: training starts at 1/{cfg.coarse_to_fine} "
                 f"resolution, full after min(coarse_to_fine_iters, iterations/2) = "
-                f"{coarse_to_fine_span(cfg):,} iterations; lego 30k: 36.03 dB in 56.7 s "
+                f"{coarse_to_fine_span(cfg):,} iteration{'' if coarse_to_fine_span(cfg) == 1 else 's'}; lego 30k: "
+                "36.03 dB in 56.7 s "
                 "against 35.95 dB / 75.9 s at full resolution); --set coarse_to_fine=1 turns it off")
     cfg.coarse_to_fine = 1
     return ("coarse_to_fine auto: 1, off (SfM points: on real captures at 7k it was mixed, bonsai +0.29 dB, "
