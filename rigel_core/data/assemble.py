@@ -9,13 +9,20 @@ from .frames import Dataset, FrameSpec, camera_extent, load_frames
 from .stream import stream_frames
 from .undistort import require_opencv
 
-__all__ = ["assemble_dataset"]
+__all__ = ["assemble_dataset", "warn_small_split"]
 
 
-#: the formats whose held-out views are every Nth of one list (``--test-every``), not a file of their own
-SPLIT_FORMATS = ("colmap", "ngp")
-#: fewer training views than this after the held-out split are said in a warning
+#: fewer training views than this after the held-out split (``--test-every``) are said in a warning
 MIN_TRAIN_VIEWS = 3
+
+
+def warn_small_split(source, train: list, test: list) -> None:
+    """The one warning for a held-out split (every Nth view, ``--test-every``) that leaves fewer than
+    :data:`MIN_TRAIN_VIEWS` views to train on (a capture of 2 views: 1 trains, 1 is held out)."""
+    if test and len(train) < MIN_TRAIN_VIEWS:
+        warnings.warn(f"{source}: {len(train)} training view{'s' if len(train) != 1 else ''} after holding "
+                      f"{len(test)} out for evaluation (--test-every 0 trains on every view, with no held-out PSNR)",
+                      stacklevel=3)
 
 
 def assemble_dataset(train: list[FrameSpec], test: list[FrameSpec], source: Path, fmt: str, white_bg, downscale,
@@ -25,11 +32,6 @@ def assemble_dataset(train: list[FrameSpec], test: list[FrameSpec], source: Path
     their headers only (:func:`.stream.stream_frames`, a host cache of ``cache_mb`` MiB, None: its automatic size) —, the scene centre and
     extent from the training cameras (the test ones when there are none); what every format's loader ends with."""
     kw = dict(white_bg=white_bg, downscale=downscale, source=source, alpha_as_mask=alpha_as_mask)
-    if fmt in SPLIT_FORMATS and test and len(train) < MIN_TRAIN_VIEWS:
-        # every Nth view held out leaves a capture of a few views one or two to train on (2 views: 1 trains)
-        warnings.warn(f"{source}: {len(train)} training view{'s' if len(train) != 1 else ''} after holding "
-                      f"{len(test)} out for evaluation (--test-every 0 trains on every view, with no held-out PSNR)",
-                      stacklevel=3)
     if any(spec.distortion is not None for spec in train + test):
         require_opencv()   # now, not at the first streamed image: a missing OpenCV is refused before a run starts
     if stream:

@@ -28,7 +28,7 @@ import numpy as np
 from ..camera import Camera, check_camera_position
 from ..deps import require
 from ..io.errors import NoImageFiles
-from .assemble import assemble_dataset
+from .assemble import assemble_dataset, warn_small_split
 from .colmap_check import read_reconstruction
 from .frames import Dataset, DatasetError, FrameSpec, cap_frames, split_every, with_unique_names
 from .images import find_mask
@@ -192,6 +192,8 @@ def load_colmap(root, *, white_bg=False, downscale=1, device="cpu", max_frames=N
             raise DatasetError(sparse, f"points3D: {bad} points have NaN or Inf coordinates (or beyond float32's "
                                        f"range)")
     train, test = split_every(with_unique_names(specs), test_every)
+    if max_frames is None:   # (a cap of the views is the caller's choice)
+        warn_small_split(root, train, test)
     return assemble_dataset(cap_frames(train, max_frames), cap_frames(test, max_frames), root, "colmap", white_bg,
                             downscale, device, points, colors, alpha_as_mask=alpha_as_mask, stream=stream,
                             cache_mb=cache_mb)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..io.errors import NoImageFiles
-from .assemble import assemble_dataset
+from .assemble import assemble_dataset, warn_small_split
 from .frames import Dataset, DatasetError, cap_frames, held_out_split, with_unique_names
 from .transforms import read_ply_points, read_transforms, warn_missing, warn_unmasked
 
@@ -132,6 +132,8 @@ def load_ngp(json_path, *, white_bg=False, downscale=1, device="cpu", max_frames
     points, colors = read_ply_points(json_path)  # nerfstudio's ply_file_path (SfM points), else None
     warn_unmasked(json_path.parent / "masks", specs)
     train, test = held_out_split(specs, test_every)
+    if max_frames is None:   # (a cap of the views is the caller's choice)
+        warn_small_split(json_path, train, test)
     return assemble_dataset(cap_frames(train, max_frames), cap_frames(test, max_frames), json_path, "ngp", white_bg,
                             downscale, device, points, colors, alpha_as_mask=alpha_as_mask, stream=stream,
                             cache_mb=cache_mb)
