@@ -552,6 +552,13 @@ def test_trainer_picks_mcmc_for_a_photo_capture_without_sfm_points(rng):
     assert "40 of them" in given.strategy_note and "init_points auto" not in given.strategy_note
     obj = Trainer(ds, small_config(init_points="auto", max_gaussians=None, init_mode="auto"), device="cpu")
     assert obj.capture.object_on_background and obj.config.strategy == "default"
+    # a few images with a transparent background among opaque photos (a mixed export): still a photo capture
+    # (the median image is opaque; the mean of 1 in 3 transparent images made it an object on a background)
+    mixed = dataclasses.replace(ds, train=[f if i == 0 else dataclasses.replace(f, alpha=None)
+                                           for i, f in enumerate(ds.train)])
+    assert float((ds.train[0].alpha < 0.5).float().mean()) / 3 >= TRANSPARENT_BACKGROUND   # the mean would say object
+    mix = Trainer(mixed, small_config(init_points="auto", max_gaussians=None, init_mode="auto"), device="cpu")
+    assert mix.capture.transparent == 0.0 and mix.config.strategy == "mcmc"
     assert obj.config.init_points == budget // 2 and obj.config.max_gaussians is None
     # where the random points are drawn: along the pixels' rays for the photos, in the cameras' box for the object
     assert tr.config.init_mode == "rays" and "along the training pixels' rays" in tr.strategy_note

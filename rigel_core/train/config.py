@@ -65,7 +65,7 @@ AUTO_INIT_MAX = 100_000
 class Capture:
     """What the "auto" rules read of a dataset's training views (``rigel_core.train.trainer.capture_facts``):
     ``n_views`` (int), ``pixels`` (int: the training views' pixels together, at the resolution trained) and
-    ``transparent`` (float in [0, 1]: the mean fraction of a training image's pixels whose alpha is < 0.5; 0 for
+    ``transparent`` (float in [0, 1]: the median fraction of a training image's pixels whose alpha is < 0.5; 0 for
     images without alpha)."""
 
     n_views: int

@@ -319,14 +319,15 @@ def _alpha_below_half(frame) -> torch.Tensor | None:
 
 def capture_facts(frames, max_frames: int = 64) -> Capture:
     """What the "auto" rules read of the training ``frames`` (:class:`~.config.Capture`): their count, their pixels
-    together (each camera's width × height) and the mean fraction of an image's pixels whose alpha is < 0.5 (over at
-    most ``max_frames`` frames, evenly spaced; a frame without alpha counts 0)."""
+    together (each camera's width × height) and the median fraction of an image's pixels whose alpha is < 0.5 (over
+    at most ``max_frames`` frames, evenly spaced; a frame without alpha counts 0) — the median, so that a few images
+    with a transparent background in a capture of opaque photos do not make it "an object on a background"."""
     frames = list(frames)
     pixels = sum(int(f.camera.width) * int(f.camera.height) for f in frames)
     sample = frames if len(frames) <= max_frames else \
         [frames[i] for i in np.linspace(0, len(frames) - 1, max_frames).round().astype(int)]
     fr = [float(b.float().mean()) if (b := _alpha_below_half(f)) is not None else 0.0 for f in sample]
-    return Capture(n_views=len(frames), pixels=pixels, transparent=float(np.mean(fr)) if fr else 0.0)
+    return Capture(n_views=len(frames), pixels=pixels, transparent=float(np.median(fr)) if fr else 0.0)
 
 
 def sfm_view_coverage(frames, points, cells: int = 8, max_frames: int = 64, max_points: int = 100_000) -> float:
