@@ -344,6 +344,7 @@ class TrainingSession:
             if not self._finished:
                 rec = self._loop().record
                 rec.log_warnings(echo=True)  # a warning while training also goes to log.txt (as rigel-train)
+                rec.log_data(tr)             # the data line and the frames' cache, as rigel-train's
                 rec.log.info(f"{start} (rigel-viewer)")
                 for note in notes:
                     rec.log.info(note)
