@@ -360,7 +360,7 @@ class TrainingSession:
                                          {k: getattr(tr.config, k)
                                           for k in M.densify_fields(tr.config.strategy, tr.config.densify_grad)},
                                          "mlp" if getattr(tr.model, "appearance", None) is not None else "sh",
-                                         tr.config.strategy, (start, *notes)))
+                                         tr.config.strategy, (start, *notes), tr.coarse_summary()))
             while True:
                 stop = self._drain_commands(block=not self._should_step())
                 if stop is not None:
