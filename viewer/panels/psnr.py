@@ -18,10 +18,11 @@ def _fit(training):
     if not xs or not ys:
         return None
 
-    def padded(lo, hi, least):
+    def padded(lo, hi, least, margin):
         mid, half = 0.5 * (lo + hi), 0.5 * max(hi - lo, least)
-        return mid - 1.05 * half, mid + 1.05 * half
-    return padded(min(xs), max(xs), 1.0), padded(min(ys), max(ys), 0.2)
+        return mid - (1 + margin) * half, mid + (1 + margin) * half
+    # margins that keep the first and last markers, and a flat curve, clear of the frame
+    return padded(min(xs), max(xs), 1.0, 0.06), padded(min(ys), max(ys), 0.2, 0.15)
 
 
 def psnr_window(imgui, implot, training, error_view, display, requests, n_cameras):
