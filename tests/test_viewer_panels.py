@@ -90,8 +90,8 @@ def test_the_render_time_plot_spans_every_frame_of_its_history(gui):
     x0, x1, y0, y1 = limits[-1]
     assert x0 <= 0 and x1 >= len(values) - 1, (x0, x1, len(values))
     assert y0 <= values.min() and y1 >= values.max()
-    label = f"render ms, last {len(values)} frames: {values.min():.1f} to {values.max():.1f}"
-    assert label in texts
+    ms = [f"{v:.0f}" if v >= 100 else f"{v:.3g}" for v in (values.min(), values.max())]
+    assert f"render ms, last {len(values)} frames: {ms[0]} to {ms[1]}" in texts, texts
 
 
 def _state(**kw) -> TrainingState:

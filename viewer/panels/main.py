@@ -147,6 +147,11 @@ def main_window(imgui, implot, settings, stats, overdraw_max: int, *, max_sh_deg
     imgui.end()
 
 
+def _ms(x: float) -> str:
+    """Milliseconds for a short label: whole from 100 on, else three significant digits (1.46, 27.3)."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def _stats_header(imgui, implot, stats, overdraw_max: int):
     if not imgui.collapsing_header("Stats", imgui.TreeNodeFlags_.default_open):
         return
@@ -170,8 +175,8 @@ def _stats_header(imgui, implot, stats, overdraw_max: int):
     history = np.asarray(stats.render_ms_history, dtype=np.float32)
     if len(history) > 1:
         # every frame of the history across the plot (the x axis stayed at ImPlot's default 0..1: the two oldest)
-        wrapped_disabled(imgui, f"render ms, last {len(history)} frames: {history.min():.1f} to "
-                                f"{history.max():.1f}")
+        wrapped_disabled(imgui, f"render ms, last {len(history)} frames: {_ms(history.min())} to "
+                                f"{_ms(history.max())}")
         if implot.begin_plot("##render_ms", imgui.ImVec2(-1, 50), implot.Flags_.canvas_only):
             fit = implot.AxisFlags_.no_decorations | implot.AxisFlags_.auto_fit
             implot.setup_axes("", "", fit, fit)
