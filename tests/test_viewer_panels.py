@@ -183,3 +183,29 @@ def test_the_psnr_plot_shows_every_point_in_the_frame_it_arrives(gui):
     frames(1, build)
     assert markers["train view"][0] == 3 and markers["train view"][1] == implot.Marker_.none
     assert holds([(0, 16.0), (it, db), (it + 20, db - 3.0)]), limits[-1]
+
+
+def test_the_error_map_has_its_colour_scale(gui):
+    """The per-pixel error of a training view comes with the scale of its colours, from 0 to the map's maximum
+    (it had none: a user could only guess which error a colour meant), beside the map inside the window."""
+    from viewer.panels.psnr import psnr_window
+    from viewer.ui_state import ErrorView
+
+    rng = np.random.default_rng()
+    values = rng.uniform(0.0, 0.6, size=(int(rng.integers(20, 60)), int(rng.integers(20, 60)))).astype(np.float32)
+    ev = ErrorView(values=values, name="r_0", psnr=18.5, vmax=float(values.max()), frame_size=values.shape[::-1])
+    st = _state(notes=("start: 10 Gaussians (the SfM points), device cpu, 30 iterations, strategy mcmc, a budget of "
+                       "10,000 Gaussians",), run_dir="/r", coarse="")
+    scales = []
+
+    class Plot:
+        def __getattr__(self, name):
+            return getattr(implot, name)
+
+        def colormap_scale(self, label, lo, hi, size=None, *a):
+            implot.colormap_scale(label, lo, hi, size, *a)
+            scales.append((lo, hi, imgui.get_item_rect_max().x, imgui.get_window_pos().x + imgui.get_window_size().x))
+
+    frames(3, lambda: psnr_window(imgui, Plot(), st, ev, DISPLAY, [], 4))
+    lo, hi, right, edge = scales[-1]
+    assert lo == 0.0 and hi == pytest.approx(float(values.max())) and right <= edge

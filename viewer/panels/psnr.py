@@ -10,6 +10,10 @@ from .widgets import PANEL_WIDTH, fmt, window
 __all__ = ["psnr_window"]
 
 
+#: the width (pixels) of the per-pixel error's colour scale
+ERROR_SCALE_WIDTH = 56
+
+
 def _fit(training):
     """((x0, x1), (y0, y1)): the plot's axis ranges holding every point of both curves with a margin (a range of
     at least 1 iteration and 0.2 dB), or None before the first point."""
@@ -61,15 +65,19 @@ def psnr_window(imgui, implot, training, error_view, display, requests, n_camera
         imgui.text(f"PSNR {fmt(error_view.psnr, '.2f')} dB, max {error_view.vmax:.2f}")
         side = imgui.get_content_region_avail()
         hh, ww = error_view.values.shape
-        scale = min(side.x / max(ww, 1), max(side.y, 20) / max(hh, 1))
+        bar_w = ERROR_SCALE_WIDTH   # the colour scale beside the map: which error each colour is
+        scale = min(max(side.x - bar_w - 8, 20) / max(ww, 1), max(side.y, 20) / max(hh, 1))
+        top = max(error_view.vmax, 1e-6)
         implot.push_colormap(implot.Colormap_.hot)
         flags = implot.Flags_.canvas_only | implot.Flags_.no_inputs
         if implot.begin_plot("##error", imgui.ImVec2(ww * scale, hh * scale), flags):
             implot.setup_axes("", "", implot.AxisFlags_.no_decorations, implot.AxisFlags_.no_decorations)
             implot.setup_axis_limits(implot.ImAxis_.x1, 0, 1, implot.Cond_.always)
             implot.setup_axis_limits(implot.ImAxis_.y1, 0, 1, implot.Cond_.always)
-            implot.plot_heatmap("##err", error_view.values, 0.0, max(error_view.vmax, 1e-6), "")
+            implot.plot_heatmap("##err", error_view.values, 0.0, top, "")
             implot.end_plot()
+        imgui.same_line()
+        implot.colormap_scale("##error_scale", 0.0, top, imgui.ImVec2(bar_w, hh * scale), "%.2f")
         implot.pop_colormap()
     else:
         imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + heat_w)
