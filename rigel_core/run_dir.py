@@ -418,6 +418,32 @@ class RunRecord:
         self._warning_hook = (hook, shown)
         warnings.showwarning = hook
 
+    def log_data(self, trainer) -> None:
+        """A session's first lines of ``log.txt`` (``rigel-train`` and ``rigel-viewer --data`` alike): the data —
+        views, their size, the scene's extent, the background, the pixels masks leave out — and how the frames are
+        held (streamed: the host cache)."""
+        from .data.frames import view_sizes
+        from .data.stream import cache_note
+
+        facts = self.metrics["dataset"]
+        ds = trainer.dataset   # the views as loaded (the trainer may leave some out: rigel_core.train.trainer)
+        train, test = list(getattr(ds, "train", trainer.train_frames)), list(getattr(ds, "test", trainer.test_frames))
+        masked = facts["masked_views"]["train"]
+        self.log.info(f"data {self.metrics['data']}: {len(train)} train / {len(test)} test views, "
+                      f"{view_sizes(train)}, extent {trainer.extent:.3f}, "
+                      f"{'white' if trainer.white_bg else 'black'} background"
+                      + (f", {masked} train views with masked pixels ({facts['masked_pixels']['train']} pixels "
+                         "ignored)" if masked else ""))
+        if (note := cache_note(train + test)) is not None:
+            self.log.info(note)
+
+    def log_final(self, trainer, final, train_s: float) -> None:
+        """The line a finished session ends ``log.txt`` with: iterations, Gaussians, the last held-out evaluation
+        ``final`` (None: no held-out views), the run's seconds of training (all its sessions), skipped steps."""
+        self.log.info(f"final: {trainer.iteration} iterations, {trainer.model.num_gaussians} Gaussians"
+                      + (f", test psnr {final.psnr:.2f} ssim {final.ssim:.4f}" if final else "")
+                      + f", {train_s:.1f} s training, {trainer.nan_skips} skipped steps")
+
     @classmethod
     def open(cls, run_dir: Path, trainer, *, data="", device: str | None = None, name: str | None = None,
              console=None) -> "RunRecord":

@@ -83,6 +83,26 @@ def with_sfm_points(ds, rng, n=150):
     return ds
 
 
+def test_the_coarse_summary_says_what_this_session_does(rng):
+    """Trainer.coarse_summary (the viewer's Training panel): off, too short a run, images too small for a coarser
+    level, the resolution a session starting there begins at and from when it is full, done."""
+    ds = make_dataset(rng, n_gauss=40, size=32, n_train=2, n_test=1)
+    summary = lambda **cfg: Trainer(ds, small_config(**cfg), device="cpu").coarse_summary()  # noqa: E731
+    assert summary(coarse_to_fine=1, iterations=10) == "coarse-to-fine: off"
+    assert summary(coarse_to_fine=4, iterations=1) == "coarse-to-fine: off (the run is too short for it)"
+    tiny = make_dataset(rng, n_gauss=40, size=12, n_train=2, n_test=1)   # 12 px // 2 < MIN_COARSE_SIDE
+    assert Trainer(tiny, small_config(coarse_to_fine=4, iterations=10), device="cpu").coarse_summary() == \
+        "coarse-to-fine: off (the images are too small for it)"
+    t = Trainer(ds, small_config(coarse_to_fine=4, coarse_to_fine_iters=4, iterations=10), device="cpu")
+    said = []
+    for _ in range(6):
+        said.append(t.coarse_summary())
+        t.step()
+    # 32 px images: 1/4 keeps 8 px; iterations 1-2 at 1/4, 3-4 at 1/2, 5 on full
+    assert said == ["coarse-to-fine: from 1/4 resolution, full from iteration 5"] * 2 + \
+        ["coarse-to-fine: from 1/2 resolution, full from iteration 5"] * 2 + ["coarse-to-fine: done, full resolution"] * 2
+
+
 def test_auto_is_4_without_sfm_points_and_the_run_trains_coarse_first(rng):
     ds = make_dataset(rng, n_gauss=40, size=32, n_train=3, n_test=1)
     assert ds.points is None

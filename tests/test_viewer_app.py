@@ -10,6 +10,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -657,6 +658,14 @@ def test_offscreen_training_out_is_refused_or_resumed_never_overwritten(procedur
 
     assert main(train + ["--out", str(run), "--frames", "3", "--iters", "20"]) == 0, capsys.readouterr().err
     s1 = json.loads((run / "summary.json").read_text())
+    # log.txt opens and ends as rigel-train's: the data line (views, size, extent, background; the viewer wrote its
+    # own "INFO training …" line without them) and the final line (the viewer wrote none)
+    data_line = re.compile(rf"^\S+ \S+ data {re.escape(str(procedural_64))}: 12 train / 3 test views, 64x64, "
+                           r"extent \d+\.\d{3}, (white|black) background$", re.M)
+    log1 = (run / "log.txt").read_text()
+    assert len(data_line.findall(log1)) == 1 and " INFO " not in log1, log1
+    assert re.search(r"^\S+ \S+ final: 20 iterations, \d+ Gaussians, test psnr \d+\.\d\d ssim 0\.\d{4}, "
+                     r"\d+\.\d s training, 0 skipped steps$", log1, re.M), log1
     first = {p.name: p.read_bytes() for p in run.glob("frame_*.png")}
     assert sorted(first) == [f"frame_{i:04d}.png" for i in range(3)] and s1["iterations"] == 20
     assert main(train + ["--out", str(run), "--frames", "2", "--iters", "40", "--resume"]) == 0, \
@@ -672,7 +681,10 @@ def test_offscreen_training_out_is_refused_or_resumed_never_overwritten(procedur
     assert s2["psnr_initial"] == s1["psnr"] and s2["eval"][-1]["iteration"] == 40
     assert s2["psnr"] == s2["eval"][-1]["psnr"] != s2["psnr_initial"]
     # the resumed session's log.txt says what it changed, as rigel-train's (it was said on stderr only)
-    assert (run / "log.txt").read_text().count("with changed settings: iterations 20 -> 40") == 1
+    log2 = (run / "log.txt").read_text()
+    assert log2.count("with changed settings: iterations 20 -> 40") == 1
+    assert len(data_line.findall(log2)) == 2 and "final: 40 iterations" in log2.split("final: 20 iterations")[1]
+    assert re.search(r"^\S+ \S+ resuming \S+ with changed settings", log2, re.M), log2   # no "WARNING" between
 
     # the finished run opened once more: its log.txt and metrics.json stay as they were (before: the command line
     # appended its "training …" line and the session a start line that said the files are written only when changed)

@@ -163,7 +163,8 @@ def _setup_logging(run_dir: Path | None) -> logging.Logger:
     log.addHandler(console)
     if run_dir is not None:
         fh = logging.FileHandler(run_dir / LOG_NAME)
-        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%d %H:%M:%S"))
+        # rigel-train's lines (rigel_core.run_dir.open_run_log): "time message", no level name
+        fh.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S"))
         log.addHandler(fh)
     return log
 
@@ -304,9 +305,6 @@ def _start_training(args, settings: ViewSettings, locks: list):
     # offscreen: the frame loop resumes it (viewer.offscreen), so no iteration runs before frames are presented
     session = TrainingSession(trainer, ModelSlot(), run_dir, running=not (args.paused or args.offscreen),
                               data=args.data)
-    if not reopened:
-        log.info("training %s: %d train / %d test views, %d iterations, run folder %s", args.data,
-                 len(ds.train), len(ds.test), trainer.config.iterations, run_dir)
     session.start()
     try:
         while session.slot.latest() is None and session.alive:   # the first snapshot (after the initial evaluation)

@@ -96,6 +96,7 @@ class TrainingStarted(Event):
     appearance: str = "sh"
     strategy: str = "default"                     # the run's densification: "default" (3DGS) or "mcmc"
     notes: tuple = ()   # the log's start line and what "auto" chose and why (Trainer.start_line, Trainer.notes)
+    coarse: str = ""    # coarse-to-fine for this session in a few words (Trainer.coarse_summary)
 
 
 @dataclass(frozen=True)

@@ -344,6 +344,7 @@ class TrainingSession:
             if not self._finished:
                 rec = self._loop().record
                 rec.log_warnings(echo=True)  # a warning while training also goes to log.txt (as rigel-train)
+                rec.log_data(tr)             # the data line and the frames' cache, as rigel-train's
                 rec.log.info(f"{start} (rigel-viewer)")
                 for note in notes:
                     rec.log.info(note)
@@ -359,7 +360,7 @@ class TrainingSession:
                                          {k: getattr(tr.config, k)
                                           for k in M.densify_fields(tr.config.strategy, tr.config.densify_grad)},
                                          "mlp" if getattr(tr.model, "appearance", None) is not None else "sh",
-                                         tr.config.strategy, (start, *notes)))
+                                         tr.config.strategy, (start, *notes), tr.coarse_summary()))
             while True:
                 stop = self._drain_commands(block=not self._should_step())
                 if stop is not None:

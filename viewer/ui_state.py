@@ -44,6 +44,7 @@ class TrainingState:
     appearance_switchable: bool = True
     strategy: str = "default"
     notes: tuple = ()   # the run's start line and the "auto" notes (TrainingStarted.notes)
+    coarse: str = ""    # coarse-to-fine in a few words (TrainingStarted.coarse)
     train_iters: list = field(default_factory=list)
     train_psnr: list = field(default_factory=list)
     eval_iters: list = field(default_factory=list)
@@ -80,6 +81,7 @@ class TrainingState:
             self.appearance = ev.appearance
             self.strategy = ev.strategy
             self.notes = tuple(ev.notes)
+            self.coarse = ev.coarse
             self.status = "running" if ev.running else ("finished" if ev.iteration >= ev.iterations else "paused")
         elif isinstance(ev, M.TrainingPaused):
             if self.status in ("running", "starting"):

@@ -412,18 +412,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
     if is_main:  # a warning while training: log.txt and (through the log's console handler) the console
         log_to_file(log, early)
         record.log_warnings(echo=False)
-    from ..data.frames import view_sizes
-
-    log.info(f"data {args.data}: {len(ds.train)} train / {len(ds.test)} test views, "
-             f"{view_sizes(ds.train)}, extent {trainer.extent:.3f}, "
-             f"{'white' if trainer.white_bg else 'black'} background"
-             + (f", {metrics['dataset']['masked_views']['train']} train views with masked pixels "
-                f"({metrics['dataset']['masked_pixels']['train']} pixels ignored)"
-                if metrics['dataset']['masked_views']['train'] else ""))
-    from ..data.stream import cache_note
-
-    if (note := cache_note(ds.train + ds.test)) is not None:
-        log.info(note)
+    record.log_data(trainer)
     if stale:
         log.info(f"removed {len(stale)} stale temporary file(s) of interrupted writes: "
                  + ", ".join(p.name for p in stale))
@@ -488,10 +477,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
                 raise KeyboardInterrupt
         if stop.is_set() and comm is None:  # asked during the last step: saved as interrupted, no final evaluation
             raise KeyboardInterrupt
-        final = run.finish("done")
-        log.info(f"final: {trainer.iteration} iterations, {trainer.model.num_gaussians} Gaussians"
-                 + (f", test psnr {final.psnr:.2f} ssim {final.ssim:.4f}" if final else "")
-                 + f", {run.total_train_s:.1f} s training, {trainer.nan_skips} skipped steps")
+        run.finish("done")
         if stop.is_set():  # asked during the final evaluation: it finished and everything is saved, but the exit
             # status still says the run was interrupted (a script waiting on it must not read success)
             status = interrupted_status()

@@ -555,14 +555,14 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
         cfg.strategy = "default"
         return (f"strategy auto: default (3DGS's clone / split / prune: no SfM points and images of an object on a "
                 f"transparent background, {capture.transparent:.0%} of their pixels: random points in the cameras' "
-                "box fit it; lego 36.0 dB at 30k); --strategy mcmc --max-gaussians N for the MCMC budget")
+                "box fit it; lego 36.0 dB at 30k); --strategy mcmc for the MCMC budget (--max-gaussians N sets it)")
     few = capture is not None and capture.n_views < cfg.auto_default_min_views
     if has_sfm_points and auto_background and not few:
         cfg.strategy = "default"
         return (f"strategy auto: default (3DGS's clone / split / prune{cover}, so background points were added, and "
                 f"{views} (≥ {cfg.auto_default_min_views}): bonsai 28.5 dB at 7k against 26.8 under the MCMC budget); "
-                "--strategy mcmc --max-gaussians N for the budget, --init-background 0 for no background points and the "
-                "MCMC budget")
+                "--strategy mcmc for the MCMC budget (--max-gaussians N sets it), --init-background 0 for no background "
+                "points and the MCMC budget")
     rule = auto_mcmc_budget(cfg, capture)
     cap, budget = cfg.max_gaussians, max(rule, int(n_start))
     cfg.max_gaussians = budget if cap is None else min(cap, budget)

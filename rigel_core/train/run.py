@@ -137,7 +137,7 @@ class TrainingRun:
     # ---- the end ----------------------------------------------------------------------------------------------
     def finish(self, reason: str = "done"):
         """The run reached its goal: the last window read, the held-out views evaluated at the last iteration
-        unless already, the checkpoint and PLY written. Returns the last evaluation (None without held-out views)."""
+        unless already, the checkpoint and PLY written, the ``final:`` line logged. Returns the last evaluation (None without held-out views)."""
         tr = self.trainer
         self.flush()
         last = tr.eval_history[-1] if tr.eval_history else None
@@ -147,6 +147,8 @@ class TrainingRun:
                 self.evaluated(ev)
                 last = ev
         self.save(reason)
+        if self.is_main:   # log.txt's last line (rigel-train and rigel-viewer alike)
+            self.record.log_final(tr, last, self.total_train_s)
         return last
 
     def save(self, reason: str, what: str = "both", *, collective: bool = True) -> tuple:

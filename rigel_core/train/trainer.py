@@ -599,6 +599,22 @@ class Trainer:
                 "iterations, "
                 f"{strategy}" + (f"; learning {', '.join(learnt)}" if learnt else ""))
 
+    def coarse_summary(self) -> str:
+        """Coarse-to-fine for this session in a few words (the viewer's Training panel): "off", "off (the run is too
+        short for it)", the resolution the session starts at and the iteration from which it is full, or "done"."""
+        cfg = self.config
+        span = coarse_to_fine_span(cfg)
+        if int(cfg.coarse_to_fine) <= 1:
+            return "coarse-to-fine: off"
+        if span == 0:
+            return "coarse-to-fine: off (the run is too short for it)"
+        now = fitting_factor(min(self.coarse_floor, training_downscale(cfg, self.iteration + 1)), self._full_views[0])
+        if now <= 1 and not self.iteration:   # images too small for a coarser level (coarse_note says so)
+            return "coarse-to-fine: off (the images are too small for it)"
+        if now <= 1:                          # a resumed run past its coarse levels
+            return "coarse-to-fine: done, full resolution"
+        return f"coarse-to-fine: from 1/{now} resolution, full from iteration {span + 1:,}"
+
     @property
     def notes(self) -> list[str]:
         """The lines that say what "auto" became for this run, in the order they follow from each other (the

@@ -12,7 +12,7 @@ from ..camera_control import UP_AXES
 from ..export import format_combo
 from ..gpu.shaderio import C
 from . import camera_path
-from .widgets import fmt as _fmt, gib as _gib, window as _window
+from .widgets import fmt as _fmt, gib as _gib, window as _window, wrapped_disabled
 
 __all__ = ["main_window", "MODE_LABELS", "MODE_DEPTH", "PANELS"]
 
@@ -147,6 +147,11 @@ def main_window(imgui, implot, settings, stats, overdraw_max: int, *, max_sh_deg
     imgui.end()
 
 
+def _ms(x: float) -> str:
+    """Milliseconds for a short label: whole from 100 on, else three significant digits (1.46, 27.3)."""
+    return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def _stats_header(imgui, implot, stats, overdraw_max: int):
     if not imgui.collapsing_header("Stats", imgui.TreeNodeFlags_.default_open):
         return
@@ -167,9 +172,13 @@ def _stats_header(imgui, implot, stats, overdraw_max: int):
         if not str(k).startswith("_"):
             imgui.text(f"{k:<11} {v}")
     imgui.text_disabled(stats.vulkan_device[:44])
-    if len(stats.render_ms_history) > 1 and implot.begin_plot("##render_ms", imgui.ImVec2(-1, 50),
-                                                                 implot.Flags_.canvas_only):
-        implot.setup_axes("", "", implot.AxisFlags_.no_decorations,
-                          implot.AxisFlags_.no_decorations | implot.AxisFlags_.auto_fit)
-        implot.plot_line("render ms", np.asarray(stats.render_ms_history, dtype=np.float32))
-        implot.end_plot()
+    history = np.asarray(stats.render_ms_history, dtype=np.float32)
+    if len(history) > 1:
+        # every frame of the history across the plot (the x axis stayed at ImPlot's default 0..1: the two oldest)
+        wrapped_disabled(imgui, f"render ms, last {len(history)} frames: {_ms(history.min())} to "
+                                f"{_ms(history.max())}")
+        if implot.begin_plot("##render_ms", imgui.ImVec2(-1, 50), implot.Flags_.canvas_only):
+            fit = implot.AxisFlags_.no_decorations | implot.AxisFlags_.auto_fit
+            implot.setup_axes("", "", fit, fit)
+            implot.plot_line("render ms", history)
+            implot.end_plot()

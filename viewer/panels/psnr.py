@@ -10,6 +10,25 @@ from .widgets import PANEL_WIDTH, fmt, window
 __all__ = ["psnr_window"]
 
 
+#: the width (pixels) of the per-pixel error's colour scale
+ERROR_SCALE_WIDTH = 56
+
+
+def _fit(training):
+    """((x0, x1), (y0, y1)): the plot's axis ranges holding every point of both curves with a margin (a range of
+    at least 1 iteration and 0.2 dB), or None before the first point."""
+    xs = list(training.train_iters) + list(training.eval_iters)
+    ys = [y for y in list(training.train_psnr) + list(training.eval_psnr) if np.isfinite(y)]
+    if not xs or not ys:
+        return None
+
+    def padded(lo, hi, least, margin):
+        mid, half = 0.5 * (lo + hi), 0.5 * max(hi - lo, least)
+        return mid - (1 + margin) * half, mid + (1 + margin) * half
+    # margins that keep the first and last markers, and a flat curve, clear of the frame
+    return padded(min(xs), max(xs), 1.0, 0.06), padded(min(ys), max(ys), 0.2, 0.15)
+
+
 def psnr_window(imgui, implot, training, error_view, display, requests, n_cameras):
     w = max(display[0] - 2 * PANEL_WIDTH - 40, 320)
     h = 230
@@ -20,10 +39,18 @@ def psnr_window(imgui, implot, training, error_view, display, requests, n_camera
     heat_w = min(avail.y * 1.1, avail.x * 0.45)
     plot_w = max(avail.x - heat_w - 8, 100)
     if implot.begin_plot("##psnr", imgui.ImVec2(plot_w, avail.y)):
-        implot.setup_axes("iteration", "PSNR (dB)", implot.AxisFlags_.auto_fit, implot.AxisFlags_.auto_fit)
+        implot.setup_axes("iteration", "PSNR (dB)")
+        limits = _fit(training)   # set from the data of this frame: ImPlot's auto-fit lags a frame behind, so a
+        if limits is not None:    # frame built as a point arrives (an offscreen frame is) left it out of view
+            (x0, x1), (y0, y1) = limits
+            implot.setup_axis_limits(implot.ImAxis_.x1, x0, x1, implot.Cond_.always)
+            implot.setup_axis_limits(implot.ImAxis_.y1, y0, y1, implot.Cond_.always)
         if training.train_iters:
+            spec = implot.Spec()
+            if len(training.train_iters) < 2:   # a line of one point draws nothing: the first window's point shown
+                spec.marker = implot.Marker_.circle
             implot.plot_line("train view", np.asarray(training.train_iters, np.float64),
-                             np.asarray(training.train_psnr, np.float64))
+                             np.asarray(training.train_psnr, np.float64), spec)
         if training.eval_iters:
             spec = implot.Spec()
             spec.marker = implot.Marker_.circle
@@ -38,15 +65,19 @@ def psnr_window(imgui, implot, training, error_view, display, requests, n_camera
         imgui.text(f"PSNR {fmt(error_view.psnr, '.2f')} dB, max {error_view.vmax:.2f}")
         side = imgui.get_content_region_avail()
         hh, ww = error_view.values.shape
-        scale = min(side.x / max(ww, 1), max(side.y, 20) / max(hh, 1))
+        bar_w = ERROR_SCALE_WIDTH   # the colour scale beside the map: which error each colour is
+        scale = min(max(side.x - bar_w - 8, 20) / max(ww, 1), max(side.y, 20) / max(hh, 1))
+        top = max(error_view.vmax, 1e-6)
         implot.push_colormap(implot.Colormap_.hot)
         flags = implot.Flags_.canvas_only | implot.Flags_.no_inputs
         if implot.begin_plot("##error", imgui.ImVec2(ww * scale, hh * scale), flags):
             implot.setup_axes("", "", implot.AxisFlags_.no_decorations, implot.AxisFlags_.no_decorations)
             implot.setup_axis_limits(implot.ImAxis_.x1, 0, 1, implot.Cond_.always)
             implot.setup_axis_limits(implot.ImAxis_.y1, 0, 1, implot.Cond_.always)
-            implot.plot_heatmap("##err", error_view.values, 0.0, max(error_view.vmax, 1e-6), "")
+            implot.plot_heatmap("##err", error_view.values, 0.0, top, "")
             implot.end_plot()
+        imgui.same_line()
+        implot.colormap_scale("##error_scale", 0.0, top, imgui.ImVec2(bar_w, hh * scale), "%.2f")
         implot.pop_colormap()
     else:
         imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + heat_w)

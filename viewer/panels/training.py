@@ -4,7 +4,7 @@ from __future__ import annotations
 from rigel_core.train.strategy_table import live_for
 
 from .. import messages as M
-from .widgets import PANEL_WIDTH, fmt, window
+from .widgets import PANEL_WIDTH, fmt, window, wrapped_disabled
 
 __all__ = ["DENSIFY_SLIDERS", "training_window", "densify_sliders", "REFRESH_HZ_MAX"]
 
@@ -51,23 +51,27 @@ def densify_sliders(imgui, training, requests):
 
 
 def strategy_why(imgui, training):
-    """The run's Gaussian budget in one line (the strategy is the section's title); with notes of what "auto" chose,
-    "(why?)" beside it shows them on hover, wrapped (the same lines as the run's log.txt)."""
+    """What the run chose, in plain words (the strategy is the section's title): where it started — the initial
+    Gaussians and what they came from —, its Gaussian budget and coarse-to-fine; with notes of what "auto" chose,
+    "(why?)" beside the budget shows them on hover, wrapped (the same lines as the run's log.txt)."""
     if not training.notes:
         return
-    head = training.notes[0].rsplit(", strategy ", 1)[-1]          # "mcmc, a budget of N Gaussians"
-    imgui.text_disabled(head.split(", ", 1)[-1])
+    start = training.notes[0]   # Trainer.start_line: "start: N Gaussians (from what), device …, strategy …"
+    wrapped_disabled(imgui, start.split(", device ", 1)[0])
+    head = start.rsplit(", strategy ", 1)[-1]          # "mcmc, a budget of N Gaussians"
     why = training.notes[1:]
+    budget = head.split(", ", 1)[1] if ", " in head else "no Gaussian budget"
+    wrapped_disabled(imgui, budget + ("  (why?)" if why else ""))
     if why:
-        imgui.same_line()
-        imgui.text_disabled("(why?)")
-        if imgui.is_item_hovered():
+        if imgui.is_item_hovered():   # the budget line, however many lines it wraps to
             imgui.begin_tooltip()
             imgui.push_text_wrap_pos(2 * PANEL_WIDTH)
             for line in why:
                 imgui.text_wrapped(line)
             imgui.pop_text_wrap_pos()
             imgui.end_tooltip()
+    if training.coarse:
+        wrapped_disabled(imgui, training.coarse)
 
 
 def training_window(imgui, training, display, requests, settings=None):
@@ -126,7 +130,7 @@ def training_window(imgui, training, display, requests, settings=None):
     if imgui.button("save PLY"):
         requests.append(M.Save("ply"))
     if t.run_dir:
-        imgui.text_disabled(t.run_dir[-44:])
+        wrapped_disabled(imgui, t.run_dir)
     if t.error:
         imgui.separator()
         imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + PANEL_WIDTH - 20)
@@ -136,5 +140,5 @@ def training_window(imgui, training, display, requests, settings=None):
             imgui.text_wrapped(t.error_traceback[-2000:])
             imgui.tree_pop()
     for line in list(t.log)[-4:]:
-        imgui.text_disabled(line[:46])
+        wrapped_disabled(imgui, line)
     imgui.end()

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["PANEL_WIDTH", "gib", "fmt", "window"]
+__all__ = ["PANEL_WIDTH", "gib", "fmt", "window", "wrapped_disabled"]
 
 PANEL_WIDTH = 290
 
@@ -14,6 +14,13 @@ def gib(n: int) -> str:
 
 def fmt(x: float, spec: str = ".2f", none: str = "-") -> str:
     return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else none
+
+
+def wrapped_disabled(imgui, line: str) -> None:
+    """``line`` greyed, wrapped at a panel's width (never cut off)."""
+    imgui.push_text_wrap_pos(imgui.get_cursor_pos_x() + PANEL_WIDTH - 20)
+    imgui.text_disabled(line)
+    imgui.pop_text_wrap_pos()
 
 
 def window(imgui, title: str, pos, pivot=(0.0, 0.0), size=None, *, auto: bool = True):
