@@ -616,6 +616,14 @@ def test_offscreen_training_writes_frames_and_psnr_rises(procedural_64, tmp_path
     assert img.std() > 3                                                       # not an empty frame
 
 
+def test_counts_in_the_cli_lines_agree_with_their_number():
+    """The offscreen summary lines say "1 frame" and "1 iteration" (they said "1 frames"), "2 frames", "0 frames"."""
+    from viewer.cli import _count
+
+    assert [_count(n, "frame") for n in (0, 1, 2)] == ["0 frames", "1 frame", "2 frames"]
+    assert _count(1, "iteration") == "1 iteration"
+
+
 @needs_vulkan
 def test_offscreen_cli_fails_loudly(procedural_64, tmp_path, capsys):
     from viewer.cli import main

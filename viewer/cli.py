@@ -338,6 +338,11 @@ def _db(x) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
 
 
+def _count(n, word: str) -> str:
+    """``"1 frame"``, ``"2 frames"``: a count and its noun for a message."""
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _flag_problem(args) -> str | None:
     """The first flag value rigel-viewer refuses (one line naming the flag and the value), or None; the ``--out``
     folder of a viewer run is checked here too, before the scene loads (:func:`rigel_core.run_dir.out_problem`)."""
@@ -489,7 +494,7 @@ def _main(argv=None) -> int:
             n = 8 if args.frames is None else args.frames
             if args.path is not None and session is None:
                 summary = run_offscreen_path(viewer, args.out, args.frames)
-                print(f"rigel-viewer: {summary.get('frames', 0)} frames of {args.path} -> {args.out}")
+                print(f"rigel-viewer: {_count(summary.get('frames', 0), 'frame')} of {args.path} -> {args.out}")
                 if not summary["ok"]:
                     print(f"rigel-viewer: {summary['error']}", file=sys.stderr)
                 return 0 if summary["ok"] else 1
@@ -502,16 +507,16 @@ def _main(argv=None) -> int:
                 last = (summary.get("eval") or [{}])[-1].get("iteration")
                 stale = (f" (last evaluated at iteration {last})"   # a Ctrl-C between evaluations: not the end's
                          if last is not None and last != summary["iterations"] else "")
-                print(f"rigel-viewer: trained {summary['session_iterations']} iterations"
+                print(f"rigel-viewer: trained {_count(summary['session_iterations'], 'iteration')}"
                       + (f" (to iteration {summary['iterations']})" if resumed else "")
                       + f" on {summary['training_device']}, "
                       f"held-out PSNR {_db(summary['psnr_initial'])} -> {_db(summary['psnr'])} dB{stale}, "
-                      f"{summary['frames']} frames "
+                      f"{_count(summary['frames'], 'frame')} "
                       f"({summary['frame_ring']}) in {summary['seconds']} s -> {args.out}")
             else:
                 # --view N: every frame at training view N (the orbit would leave it after the first)
                 summary = run_offscreen(viewer, n, args.out, orbit_degrees=0.0 if args.view is not None else 360.0)
-                print(f"rigel-viewer: {summary['frames']} frames of {summary['scene']} ({summary['gaussians']:,} "
+                print(f"rigel-viewer: {_count(summary['frames'], 'frame')} of {summary['scene']} ({summary['gaussians']:,} "
                       f"Gaussians, {viewer.render_device}, {viewer.ctx.device_name}) in {summary['seconds']} s "
                       f"-> {args.out}")
             if not summary["ok"]:
