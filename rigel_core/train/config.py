@@ -24,7 +24,7 @@ from ..renderer.modes import RENDER_MODES
 MAX_ITERATION = 100_000_000
 
 __all__ = ["TrainConfig", "STRATEGIES", "DENSIFY_GRADS", "SPARSE_SFM_COVERAGE", "AUTO_COARSE_TO_FINE",
-           "Capture", "auto_mcmc_budget", "resolve_init_points", "resolve_init_mode", "resolve_strategy", "resolve_init_background", "resolve_coarse_to_fine", "resolve_densify_grad",
+           "Capture", "auto_mcmc_budget", "strategy_unresolved", "resolve_init_points", "resolve_init_mode", "resolve_strategy", "resolve_init_background", "resolve_coarse_to_fine", "resolve_densify_grad",
            "coarse_to_fine_span", "training_downscale"]
 
 #: TrainConfig.strategy's values: "auto" is resolved to one of the other two when a Trainer is made
@@ -518,6 +518,12 @@ def resolve_init_background(cfg: TrainConfig, coverage: float | None, has_sfm_po
         return (f"{where}: the rest starts empty; --init-background auto (or N) adds points behind them "
                 "(bonsai: 28%, 27.7 dB at 7k against 22.7-25.2; docs/TRAINING.md)")
     return None
+
+
+def strategy_unresolved(cfg: TrainConfig) -> bool:
+    """True when :func:`resolve_strategy` will change ``cfg``: ``strategy`` "auto", or "mcmc" without its budget
+    (``max_gaussians`` None)."""
+    return cfg.strategy == "auto" or (cfg.strategy == "mcmc" and cfg.max_gaussians is None)
 
 
 def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *, auto_background: bool = False,

@@ -54,7 +54,8 @@ from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
 from .config import SPARSE_SFM_COVERAGE, Capture, TrainConfig, coarse_to_fine_span, resolve_coarse_to_fine, \
-    resolve_densify_grad, resolve_init_background, resolve_init_mode, resolve_init_points, resolve_strategy, training_downscale  # noqa: F401
+    resolve_densify_grad, resolve_init_background, resolve_init_mode, resolve_init_points, resolve_strategy, \
+    strategy_unresolved, training_downscale  # noqa: F401
 from .densify import DensifyReport, DensifyStats
 from .exposure import Exposure, exposure_lr, left_right_metrics, log_linear_lr
 from .pose import PoseCorrection, fit_pose, pose_errors
@@ -536,9 +537,9 @@ class Trainer:
         pts = getattr(self.dataset, "points", None)
         has_sfm = pts is not None and len(pts) > 0
         auto_bg = cfg.init_background_points == "auto"
-        if auto_bg or "auto" in (cfg.strategy, cfg.coarse_to_fine, cfg.densify_grad, cfg.init_points, cfg.init_mode) \
-                or (not has_sfm and cfg.init_background_points != 0) \
-                or (cfg.strategy == "mcmc" and cfg.max_gaussians is None):   # the budget the pixel rule gives
+        if auto_bg or strategy_unresolved(cfg) or "auto" in (cfg.coarse_to_fine, cfg.densify_grad, cfg.init_points,
+                                                            cfg.init_mode) \
+                or (not has_sfm and cfg.init_background_points != 0):
             cfg = dataclasses.replace(cfg)
         #: what the "auto" rules read of the training views (:func:`capture_facts`: views, pixels, transparency)
         self.capture = capture_facts(self.train_frames)
