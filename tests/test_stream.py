@@ -84,7 +84,7 @@ def test_frames_without_a_lens_are_cached_as_codes_and_equal_the_preloaded(tmp_p
         assert codes.dtype == (torch.float32 if sixteen else torch.uint8)
         assert codes.shape[-1] == (3 if fs.name in ("f1", "f3") else 4)
     assert {k[0] for k in source.cache._items} <= {"codes", "mask"}
-    held = sum(v.numel() * v.element_size() for (v, _) in source.cache._items.values() if v is not None)
+    held = sum(v.numel() * v.element_size() for (v, _, _) in source.cache._items.values() if v is not None)
     # the estimate made from the headers counts a byte per channel; the 16-bit f3 is held as float32
     assert held == source.cache.bytes and held == source.capture_bytes + sum(
         f.camera.width * f.camera.height for f in st.train + st.test if f.name == "f3") * 3 * 3
@@ -121,9 +121,13 @@ def test_transparency_read_from_the_codes_is_the_float_alphas(tmp_path, rng, kw)
 
 
 def test_the_default_cache_holds_a_capture_that_fits_a_quarter_of_the_available_memory():
+    """The whole capture when it takes at most a quarter of the available memory, else that quarter (before: 512
+    MiB, whatever the memory); never below 512 MiB (None: the host's available memory, read now)."""
     floor = DEFAULT_CACHE_MB * 2 ** 20
     assert auto_cache_bytes(3 * floor, available=12 * floor) == 3 * floor
-    assert auto_cache_bytes(3 * floor, available=12 * floor - 4) == floor
+    assert auto_cache_bytes(3 * floor, available=12 * floor - 4) == 3 * floor - 1
+    assert auto_cache_bytes(30 * floor, available=40 * floor) == 10 * floor
+    assert auto_cache_bytes(3 * floor, available=2 * floor) == floor
     assert auto_cache_bytes(10, available=10 ** 12) == floor and auto_cache_bytes(10 * floor, available=None) >= floor
 
 
@@ -268,7 +272,7 @@ def test_the_host_cache_stays_within_its_bytes():
         assert cache.get(i, lambda: torch.zeros(100, dtype=torch.float32)).numel() == 100  # 400 bytes each
         assert cache.bytes <= 1000
     assert len(cache) == 2 and cache.peak_bytes == 800 and cache.misses == 10
-    cache.get(9, lambda: pytest.fail("made again"))  # the most recent one is kept
+    cache.get(1, lambda: pytest.fail("made again"))  # the entries in use stay (nothing stale yet)
     big = cache.get("big", lambda: torch.zeros(1000))  # larger than the whole cache: given, not kept
     assert big.numel() == 1000 and "big" not in cache._items and cache.hits == 1
     # loaded frames count their image, alpha and mask
@@ -282,6 +286,31 @@ def test_the_host_cache_stays_within_its_bytes():
     assert frames.bytes == 850
     frames.get("b", lambda: frame)
     assert frames.bytes == 850 and len(frames) == 1
+
+
+def test_a_partial_cache_keeps_its_views_through_shuffled_epochs_and_lets_stale_ones_go(rng):
+    """Views read in a new random order each epoch with a cache holding half of them: about half the reads hit (the
+    cached views stay; plain LRU evicted each before its next turn and hit ~1/8, f²/2); entries no longer read (an
+    earlier coarse-to-fine level) make room once stale, after two rounds of reads."""
+    n, keep = 200, 100
+    cache = FrameCache(keep * 400)
+    for _ in range(12):
+        for i in torch.randperm(n, generator=rng).tolist():
+            cache.get(("codes", i), lambda: torch.zeros(100))
+    rate = cache.hits / (cache.hits + cache.misses)
+    assert 0.42 < rate < 0.5 and cache.bytes == keep * 400      # 11 of 12 epochs at 1/2 (LRU: ~0.15)
+    # an earlier level's entries fill the cache; the next level's are kept once those have gone stale
+    cache = FrameCache(20 * 400)
+    for i in range(20):
+        cache.get(("coarse", i), lambda: torch.zeros(100))
+    first = [("full", i) for i in range(20)]
+    for k in first:                         # read once: the coarse entries are not yet stale, nothing replaced
+        cache.get(k, lambda: torch.zeros(100))
+    assert all(k[0] == "coarse" for k in cache._items)
+    for _ in range(3):                      # rounds later: stale, replaced by the entries read now
+        for k in first:
+            cache.get(k, lambda: torch.zeros(100))
+    assert sorted(cache._items) == sorted(first) and cache.bytes == 20 * 400
 
 
 def test_a_corrupt_image_met_mid_run_is_one_line_and_the_run_is_saved(tmp_path, rng, capsys, monkeypatch):
@@ -432,9 +461,12 @@ def test_the_cache_line_gives_a_small_capture_its_size(tmp_path, rng):
         warnings.simplefilter("ignore")
         ds = load_dataset(tmp_path, stream=True, cache_mb=0)
         big = load_dataset(tmp_path, stream=True, cache_mb=512)
+        part = load_dataset(tmp_path, stream=True, cache_mb=ds.train[0].source.capture_bytes / 2 ** 22)
     frames = ds.train + ds.test
     need = next(f.source for f in frames).capture_bytes / 2 ** 20
     assert 0 < need < 1
     assert cache_note(frames) == (f"frames streamed: a host cache of 0 MiB for the {need:.2g} MiB they take: each "
                                   "epoch decodes them again (--frame-cache-mb MB holds more)")
     assert cache_note(big.train + big.test).startswith("frames streamed: a host cache of 512 MiB holds all ")
+    assert cache_note(part.train + part.test).endswith(": each epoch decodes again the 75% it does not hold "
+                                                       "(--frame-cache-mb MB holds more)")

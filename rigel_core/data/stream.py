@@ -56,6 +56,9 @@ __all__ = ["FrameCache", "FrameSource", "StreamedFrame", "ViewStream", "DEFAULT_
 DEFAULT_CACHE_MB = 512
 #: the share of the host's available memory the default cache may take to hold a whole capture
 AUTO_CACHE_SHARE = 0.25
+#: a cached entry not read for this many "rounds" (the number of distinct keys read) may make room for a new one
+#: in a full :class:`FrameCache`
+STALE_ROUNDS = 2
 #: training views a :class:`ViewStream` holds on the device ahead of the step that trains them
 DEFAULT_AHEAD = 4
 #: the most bytes of training views a :class:`ViewStream` on a GPU keeps loading on the host ahead of the device's
@@ -99,12 +102,14 @@ def available_host_bytes() -> int | None:
 def auto_cache_bytes(capture_bytes: int, available: int | None = None) -> int:
     """The default cache size for a capture whose frames take ``capture_bytes`` when all cached: all of them (so
     that each is decoded once) when that is at most :data:`AUTO_CACHE_SHARE` of the host's ``available`` memory
-    (default: :func:`available_host_bytes`), else :data:`DEFAULT_CACHE_MB`. Never less than DEFAULT_CACHE_MB."""
+    (default: :func:`available_host_bytes`), else that share (the cached views stay: :class:`FrameCache`, so it saves
+    that fraction of each epoch's decoding). Never less than :data:`DEFAULT_CACHE_MB`, which is also the size when
+    the available memory is unknown."""
     floor = DEFAULT_CACHE_MB * 2 ** 20
     available = available_host_bytes() if available is None else available
-    if available is not None and capture_bytes <= AUTO_CACHE_SHARE * available:
-        return max(floor, int(capture_bytes))
-    return floor
+    if available is None:
+        return floor
+    return max(floor, int(min(capture_bytes, AUTO_CACHE_SHARE * available)))
 
 
 def finish_codes(codes: torch.Tensor, white_bg: bool, table: torch.Tensor | None = None) -> tuple:
@@ -128,13 +133,23 @@ def finish_codes(codes: torch.Tensor, white_bg: bool, table: torch.Tensor | None
 
 
 class FrameCache:
-    """A thread-safe least-recently-used cache of loaded frames bounded in bytes (``max_bytes``; an entry larger than
-    the whole cache is returned but not kept). ``hits`` / ``misses`` / ``peak_bytes`` for the benchmarks."""
+    """A thread-safe cache of loaded frames bounded in bytes (``max_bytes``; an entry larger than the whole cache is
+    returned but not kept). ``hits`` / ``misses`` / ``peak_bytes`` for the benchmarks.
+
+    Why not plain least-recently-used: training reads the views in a new random order each epoch, and a cache that
+    holds a fraction f of them then hits about f²/2 of the reads under LRU (each view is evicted before its next
+    turn), against f when the cached ones stay. So, when the cache is full, a new entry replaces the least recently
+    used one only if that one has not been read for two "rounds" (:data:`STALE_ROUNDS` × the number of distinct keys
+    ever read: a view of the training order is read at least once in two epochs, an entry of an earlier
+    coarse-to-fine level or a lens mask no longer used is not); otherwise the new entry is returned but not kept.
+    While everything fits, nothing is evicted and the rule never applies."""
 
     def __init__(self, max_bytes: int):
         self.max_bytes = int(max_bytes)
-        self._items: OrderedDict = OrderedDict()
+        self._items: OrderedDict = OrderedDict()   # key -> (value, size, tick of its last read), oldest read first
         self._bytes = 0
+        self._tick = 0
+        self._keys: set = set()   # every key read (the size of a "round")
         self._lock = threading.Lock()
         self.hits = self.misses = self.peak_bytes = 0
 
@@ -148,24 +163,42 @@ class FrameCache:
 
     def get(self, key, make):
         """The value of ``key``, made by ``make()`` (outside the lock: two threads may make the same entry once each)
-        when absent, and kept while it fits."""
+        when absent, and kept while it fits (class docstring)."""
         with self._lock:
+            self._tick += 1
+            self._keys.add(key)
             if key in self._items:
-                self._items.move_to_end(key)
+                value, size, _ = self._items.pop(key)
+                self._items[key] = (value, size, self._tick)
                 self.hits += 1
-                return self._items[key][0]
+                return value
             self.misses += 1
         value = make()
         size = _nbytes(value)
         with self._lock:
-            if key not in self._items and size <= self.max_bytes:
-                self._items[key] = (value, size)
+            if key not in self._items and size <= self.max_bytes and self._room(size):
+                self._items[key] = (value, size, self._tick)
                 self._bytes += size
-                while self._bytes > self.max_bytes:
-                    _, (_, s) = self._items.popitem(last=False)
-                    self._bytes -= s
                 self.peak_bytes = max(self.peak_bytes, self._bytes)
         return value
+
+    def _room(self, size: int) -> bool:
+        """Make room for ``size`` bytes by evicting stale entries, oldest read first; False when the entries that
+        would have to go are still in use (nothing evicted then). Called under the lock."""
+        if self._bytes + size <= self.max_bytes:
+            return True
+        stale_before = self._tick - STALE_ROUNDS * len(self._keys)
+        freed, victims = 0, []
+        for k, (_, s, last) in self._items.items():
+            if self._bytes - freed + size <= self.max_bytes:
+                break
+            if last > stale_before:
+                return False
+            victims.append(k)
+            freed += s
+        for k in victims:
+            self._bytes -= self._items.pop(k)[1]
+        return True
 
     def clear(self) -> None:
         with self._lock:
@@ -611,8 +644,9 @@ def cache_note(frames) -> str | None:
     cap, need = source.cache.max_bytes / 2 ** 20, source.capture_bytes / 2 ** 20
     if need <= cap:
         return f"frames streamed: a host cache of {_mib(cap)} MiB holds all {len(source.specs)} (each decoded once)"
+    again = "them again" if cap == 0 else f"again the {1 - cap / need:.0%} it does not hold"
     return (f"frames streamed: a host cache of {_mib(cap)} MiB for the {_mib(need)} MiB they take: each epoch decodes "
-            "them again (--frame-cache-mb MB holds more)")
+            f"{again} (--frame-cache-mb MB holds more)")
 
 
 def _mib(x: float) -> str:
