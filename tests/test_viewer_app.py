@@ -489,6 +489,35 @@ def test_a_finished_run_opened_again_writes_nothing_until_it_changes(rng, tmp_pa
         len(files[LOG_NAME]):]
 
 
+def test_the_viewers_sessions_add_to_the_runs_total_time(rng, tmp_path, one_thread):
+    """``timings.total_s`` in metrics.json: a viewer session adds its loop and evaluation seconds to the run's total,
+    as rigel-train's sessions add theirs (before: the viewer never wrote it, so a rigel-train run resumed in the
+    viewer kept its first session's total, below the run's train_s)."""
+    from rigel_core.run_dir import METRICS_NAME
+    from rigel_core.train import Trainer
+
+    trainer = tiny_trainer(rng, iterations=6)
+    run = tmp_path / "run"
+    session = TrainingSession(trainer, ModelSlot(), run, eval_at_start=False).start()
+    wait_for([], session, lambda e: isinstance(e, M.TrainingFinished))
+    assert session.stop(timeout=30)
+    t1 = json.loads((run / METRICS_NAME).read_text())["timings"]
+    assert t1["total_s"] >= t1["train_s"] > 0 and t1["total_s"] >= t1["loop_s"] + t1["eval_s"] - 1e-9
+    # a run of an earlier session (rigel-train's, say) resumed for more iterations: its total grows by this session's
+    doc = json.loads((run / METRICS_NAME).read_text())
+    doc["timings"]["total_s"] = 1000.0
+    (run / METRICS_NAME).write_text(json.dumps(doc))
+    from rigel_core.cli.common import resume_config
+
+    again = Trainer.from_checkpoint(run / CHECKPOINT_NAME, trainer.dataset, device="cpu",
+                                    config=resume_config(run / CHECKPOINT_NAME, {"iterations": 10}))
+    session = TrainingSession(again, ModelSlot(), run, eval_at_start=False).start()
+    wait_for([], session, lambda e: isinstance(e, M.TrainingFinished))
+    assert session.stop(timeout=30)
+    t2 = json.loads((run / METRICS_NAME).read_text())["timings"]
+    assert t2["train_s"] > t1["train_s"] and t2["total_s"] >= 1000.0 + (t2["train_s"] - t1["train_s"])
+
+
 def test_a_failure_in_the_thread_is_shown_logged_and_saved(rng, tmp_path, caplog, one_thread):
     from rigel_core.checkpoint import read_checkpoint
 

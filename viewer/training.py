@@ -410,6 +410,16 @@ class _ViewerHooks(RunHooks):
     def __init__(self, session: TrainingSession):
         self.session = session
         self.elapsed = 0.0  # the steps' seconds of this session (TrainingProgress.elapsed_s)
+        self._total_before: float | None = None  # the run's timings.total_s before this session
+
+    def metrics(self, metrics: dict) -> None:
+        """``timings.total_s`` as rigel-train keeps it, summed over the run's sessions: this session adds its loop
+        and evaluation seconds (the time a window spends paused is not the run's)."""
+        timings = metrics.setdefault("timings", {})
+        if self._total_before is None:
+            self._total_before = float(timings.get("total_s", 0.0))
+        run = self.session.run
+        timings["total_s"] = self._total_before + run.loop_s + run.eval_s
 
     def window(self, entry: dict, results: list) -> None:
         self.elapsed += sum(r.seconds for r in results)

@@ -18,7 +18,9 @@ instant-ngp, COLMAP). Writes into ``RUN``:
   seconds waiting for the device; null when every step was eager), timings (``train_s``: the steps' own seconds,
   evaluations excluded; ``loop_s``: the
   training loop's wall-clock seconds, evaluations and periodic saves excluded; ``ms_per_iter``: ``train_s`` per
-  iteration), peak GPU memory (CUDA), the number of steps the NaN guard skipped;
+  iteration; ``total_s``: the command's wall-clock seconds — a rigel-viewer session adds its loop and evaluation
+  seconds, its pauses left out; each summed over the run's sessions), peak GPU memory (CUDA), the number of steps
+  the NaN guard skipped;
 - ``checkpoint.safetensors`` (:mod:`rigel_core.checkpoint`; ``--resume`` continues from it — a run that already
   finished its iterations is one line saying so, exit 0, nothing written: ``--iters M`` beyond them extends it —,
   and an ``--out`` that holds one is refused without ``--resume``), ``model.ply`` (INRIA layout), both written atomically;
