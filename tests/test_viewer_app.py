@@ -645,6 +645,29 @@ def test_offscreen_training_writes_frames_and_psnr_rises(procedural_64, tmp_path
     assert img.std() > 3                                                       # not an empty frame
 
 
+def test_the_signal_line_says_saving_only_when_the_training_has_something_unsaved(rng, tmp_path, one_thread):
+    """Ctrl-C / SIGTERM's line: "saving the training and closing" only while the session has unsaved work (it said
+    so for a session that trained nothing and saved nothing); "closing" without a session."""
+    from types import SimpleNamespace
+
+    from viewer.window import closing_words
+
+    assert closing_words(SimpleNamespace(training=None)) == "closing"
+    session = TrainingSession(tiny_trainer(rng, iterations=4), ModelSlot(), tmp_path / "run", running=False,
+                              eval_at_start=False).start()
+    viewer = SimpleNamespace(training=session)
+    wait_for([], session, lambda e: isinstance(e, M.TrainingStarted))
+    assert closing_words(viewer) == "closing"                  # paused before its first step: nothing to save
+    ev = []
+    session.send(M.Step(2))
+    wait_for(ev, session, lambda e: isinstance(e, M.TrainingPaused))
+    assert closing_words(viewer) == "saving the training and closing"
+    session.send(M.Save("both"))
+    wait_for(ev, session, lambda e: isinstance(e, M.Saved))
+    assert closing_words(viewer) == "closing"                  # saved since
+    assert session.stop(timeout=30)
+
+
 def test_counts_in_the_cli_lines_agree_with_their_number():
     """The offscreen summary lines say "1 frame" and "1 iteration" (they said "1 frames"), "2 frames", "0 frames"."""
     from viewer.cli import _count

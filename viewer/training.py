@@ -199,8 +199,8 @@ class TrainingSession:
         return self.run
 
     @property
-    def _dirty(self) -> bool:
-        """The model changed since the last save of both files."""
+    def unsaved(self) -> bool:
+        """The model changed since the last save of both files (what closing the viewer then saves)."""
         return self.run is not None and self.run.dirty
 
     def _flush_progress(self) -> None:
@@ -370,7 +370,7 @@ class TrainingSession:
                 elif self.run is not None:  # paused: the loop time stops until the next step
                     self.run.pause()
             self._flush_progress()
-            if stop.save and self._dirty:
+            if stop.save and self.unsaved:
                 self.save("both", "stopped")
         except BaseException as e:  # noqa: BLE001 - reported, logged, and the state saved when possible
             tb = traceback.format_exc()

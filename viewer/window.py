@@ -87,6 +87,13 @@ class Window:
         self.glfw.terminate()
 
 
+def closing_words(viewer) -> str:
+    """What a Ctrl-C or SIGTERM of ``viewer`` does, for its one line: "saving the training and closing" while a
+    training session has something unsaved, else "closing" (a session that trained nothing saves nothing)."""
+    training = getattr(viewer, "training", None)
+    return "saving the training and closing" if training is not None and training.unsaved else "closing"
+
+
 @contextlib.contextmanager
 def sigint_flag(viewer):
     """While inside: the first SIGINT or SIGTERM (``kill``, ``timeout``, ``docker stop``, a scheduler; as
@@ -101,7 +108,7 @@ def sigint_flag(viewer):
             raise KeyboardInterrupt
         viewer.interrupted = True
         viewer.stop_signal = signum
-        what = "saving the training and closing" if getattr(viewer, "training", None) is not None else "closing"
+        what = closing_words(viewer)
         how = "interrupted" if signum == signal.SIGINT else "terminated"
         print(f"rigel-viewer: {how}, {what} (Ctrl-C again to abort)", file=sys.stderr)
 
