@@ -489,6 +489,31 @@ def test_a_finished_run_opened_again_writes_nothing_until_it_changes(rng, tmp_pa
         len(files[LOG_NAME]):]
 
 
+def test_a_run_saved_before_its_final_evaluation_is_finished_when_opened_again(rng, tmp_path, one_thread):
+    """A run whose iterations are all done but whose final evaluation is not (stopped during its last step) is not
+    "finished" (``rigel_core.train.run.run_finished``, rigel-train's rule too): opened again, the viewer evaluates
+    and saves it, as ``rigel-train --resume`` does; once done, opening it writes nothing."""
+    from rigel_core.run_dir import METRICS_NAME
+    from rigel_core.train import Trainer
+    from rigel_core.train.run import run_finished
+
+    trainer = tiny_trainer(rng, iterations=6)   # evaluates every 10: none by 6
+    for _ in range(6):
+        trainer.step()
+    run = tmp_path / "run"
+    run.mkdir()
+    trainer.save_checkpoint(run / CHECKPOINT_NAME)
+    again = Trainer.from_checkpoint(run / CHECKPOINT_NAME, trainer.dataset, device="cpu")
+    assert again.iteration == 6 and not run_finished(again)
+    session = TrainingSession(again, ModelSlot(), run, eval_at_start=False).start()
+    done = wait_for([], session, lambda e: isinstance(e, M.TrainingFinished))
+    assert session.stop(timeout=30)
+    assert done.iteration == 6 and math.isfinite(done.psnr)
+    metrics = json.loads((run / METRICS_NAME).read_text())
+    assert metrics["eval"][-1]["iteration"] == 6 and (run / PLY_NAME).is_file()
+    assert run_finished(Trainer.from_checkpoint(run / CHECKPOINT_NAME, trainer.dataset, device="cpu"))
+
+
 def test_the_viewers_sessions_add_to_the_runs_total_time(rng, tmp_path, one_thread):
     """``timings.total_s`` in metrics.json: a viewer session adds its loop and evaluation seconds to the run's total,
     as rigel-train's sessions add theirs (before: the viewer never wrote it, so a rigel-train run resumed in the

@@ -224,6 +224,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
         resumed_data_problem
     from rigel_core.run_dir import CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir, holds_run, \
         log_to_file, out_problem
+    from rigel_core.train.run import run_finished
 
     from .app import _pick_render_device
     from .camera_control import up_from_cameras
@@ -289,7 +290,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
         print(f"rigel-viewer: {changed_settings_line(ckpt, changes)}", file=sys.stderr)
     # a finished run opened again writes nothing until it is changed or saved (TrainingSession), as rigel-train
     # --resume of a finished run: neither this session's lines nor the dataset's warnings go to its log.txt
-    reopened = trainer.iteration >= trainer.config.iterations
+    reopened = run_finished(trainer)
     if reopened and args.resume:
         print(f"rigel-viewer: --resume: {run_dir} already finished its {trainer.iteration} iterations; its files are "
               "written only when you change or save it", file=sys.stderr)
@@ -516,8 +517,9 @@ def _main(argv=None) -> int:
             else:
                 # --view N: every frame at training view N (the orbit would leave it after the first)
                 summary = run_offscreen(viewer, n, args.out, orbit_degrees=0.0 if args.view is not None else 360.0)
-                print(f"rigel-viewer: {_count(summary['frames'], 'frame')} of {summary['scene']} ({summary['gaussians']:,} "
-                      f"Gaussians, {viewer.render_device}, {viewer.ctx.device_name}) in {summary['seconds']} s "
+                print(f"rigel-viewer: {_count(summary['frames'], 'frame')} of {summary['scene']} "
+                      f"({summary['gaussians']:,} Gaussians, {viewer.render_device}, {viewer.ctx.device_name}) in "
+                      f"{summary['seconds']} s "
                       f"-> {args.out}")
             if not summary["ok"]:
                 print(f"rigel-viewer: {summary['error']}", file=sys.stderr)

@@ -36,7 +36,7 @@ import traceback
 from pathlib import Path
 
 from rigel_core.run_dir import CHECKPOINT_NAME, METRICS_NAME, PLY_NAME, RunRecord, read_metrics
-from rigel_core.train.run import RunHooks, TrainingRun
+from rigel_core.train.run import RunHooks, TrainingRun, run_finished
 
 from . import messages as M
 from .model_slot import ModelSlot
@@ -341,7 +341,7 @@ class TrainingSession:
         try:
             # the log's first lines, and the panel's (TrainingStarted.notes)
             start, notes = tr.start_line(), tuple(getattr(tr, "notes", ()))
-            if not self._finished:
+            if not run_finished(tr):   # (a finished run opened to look at writes nothing: below)
                 rec = self._loop().record
                 rec.log_warnings(echo=True)  # a warning while training also goes to log.txt (as rigel-train)
                 rec.log_data(tr)             # the data line and the frames' cache, as rigel-train's
@@ -361,6 +361,8 @@ class TrainingSession:
                                           for k in M.densify_fields(tr.config.strategy, tr.config.densify_grad)},
                                          "mlp" if getattr(tr.model, "appearance", None) is not None else "sh",
                                          tr.config.strategy, (start, *notes), tr.coarse_summary()))
+            if self._finished and self.run is not None:   # its iterations done, not its final evaluation and save
+                self._finish()                             # (stopped during its last step): as rigel-train --resume
             while True:
                 stop = self._drain_commands(block=not self._should_step())
                 if stop is not None:

@@ -95,7 +95,7 @@ from pathlib import Path
 
 from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, RunRecord, choose_run_dir,
                        log_to_file, new_metrics, open_run_log, out_problem, read_metrics)
-from ..train.run import RunHooks, TrainingRun
+from ..train.run import RunHooks, TrainingRun, run_finished
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
     kept_settings, load_training_data, new_config, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
     remembered_warnings, resume_config, resumed_data_problem, whole_number_arg
@@ -253,15 +253,6 @@ def _launch(args, argv) -> int:
     return launch(main, argv, args.gpus)
 
 
-def _finished(trainer) -> bool:
-    """Whether a resumed ``trainer`` has nothing left to do: all its iterations done and, with held-out views, the
-    last one evaluated (a run stopped during its last step was saved before its final evaluation: that one still
-    runs)."""
-    it = trainer.iteration
-    return it >= trainer.config.iterations and (
-        not trainer.test_frames or bool(trainer.eval_history and trainer.eval_history[-1].iteration == it))
-
-
 def _busy(run_dir: Path) -> int:
     print(f"rigel-train: {RunLock(run_dir).busy_message('rigel-train')}", file=sys.stderr)
     return 2
@@ -367,7 +358,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
             raise
         print(f"rigel-train: {e}", file=sys.stderr)
         return 2
-    if resume_cfg is not None and _finished(trainer):   # nothing to train or evaluate: the run's files stay as they are
+    if resume_cfg is not None and run_finished(trainer):   # nothing to train or evaluate: the run's files stay as they are
         print(f"rigel-train: --resume: {run_dir} already finished its {trainer.iteration} iterations; nothing written "
               f"(--iters M, M > {trainer.iteration}, extends it"
               + (f"; not applied: {'; '.join(changes)})" if changes else ")"), file=sys.stderr)

@@ -23,7 +23,16 @@ from __future__ import annotations
 import time
 import warnings
 
-__all__ = ["TrainingRun", "RunHooks"]
+__all__ = ["TrainingRun", "RunHooks", "run_finished"]
+
+
+def run_finished(trainer) -> bool:
+    """Whether a (resumed) ``trainer`` has nothing left to do: all its iterations done and, with held-out views, the
+    last one evaluated (a run stopped during its last step was saved before its final evaluation: that one still
+    runs). ``rigel-train --resume`` and ``rigel-viewer --data … --resume`` then write nothing."""
+    it = trainer.iteration
+    return it >= trainer.config.iterations and (
+        not trainer.test_frames or bool(trainer.eval_history and trainer.eval_history[-1].iteration == it))
 
 
 class RunHooks:
