@@ -116,6 +116,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("noise_lr"), py::arg("k"), py::arg("t"), py::arg("ok") = py::none(),
           "The MCMC budget's position noise, in place (csrc/mcmc_noise.cu): means3D += noise_lr lr sigmoid(-k (o - t)) "
           "R diag(s^2) R^T eta; returns the noise (N, 3) (rigel_core.train.mcmc.add_position_noise)");
+    m.def("finish_codes", &rigel::finish_codes, py::arg("codes"), py::arg("table"), py::arg("white_bg"),
+          "A streamed frame's 8-bit codes finished on the GPU in one launch (csrc/frames.cu): codes (H,W,3|4) uint8, "
+          "table (256,) float32 -> [rgb (H,W,3) float32, alpha (H,W) float32 or undefined] "
+          "(rigel_core.data.stream.finish_codes)");
     m.attr("TILE_SIZE") = RIGEL_TILE_SIZE;
     m.attr("MAX_ENTRIES") = RIGEL_MAX_ENTRIES;
 }

@@ -119,4 +119,9 @@ void launch_mcmc_noise(at::Tensor& means3D, const at::Tensor& quats, const at::T
                        const at::Tensor& opacity_logits, const at::Tensor& eta, const float* lr_ptr, float lr,
                        float noise_lr, float k, float t, const bool* ok, at::Tensor& noise);
 
+// frames.cu. codes [H,W,3|4] uint8, table [256] float32 -> rgb [H,W,3] float32 (written), alpha [H,W] float32
+// (written; 4-channel codes only).
+void launch_finish_codes(const at::Tensor& codes, const at::Tensor& table, bool white_bg, at::Tensor& rgb,
+                         at::Tensor& alpha);
+
 }  // namespace rigel

@@ -653,4 +653,20 @@ at::Tensor mcmc_position_noise(at::Tensor& means3D, const at::Tensor& quats, con
     return noise;
 }
 
+// A streamed frame's codes finished on the GPU (csrc/frames.cu; rigel_core.data.stream.finish_codes).
+std::vector<at::Tensor> finish_codes(const at::Tensor& codes, const at::Tensor& table, bool white_bg) {
+    const char* op = "finish_codes";
+    const at::Device dev = cuda_device(op, "codes", codes);
+    const int64_t channels = codes.dim() == 3 ? codes.size(2) : 0;
+    if (channels != 3 && channels != 4)
+        TORCH_CHECK_VALUE(false, prefix(op) + "codes must be (H, W, 3) or (H, W, 4); got " + describe(codes));
+    check(op, "codes", codes, at::kByte, dev, {-1, -1, channels}, "(H, W, C)");
+    check(op, "table", table, at::kFloat, dev, {256}, "(256,)");
+    const c10::cuda::CUDAGuard guard(dev);
+    at::Tensor rgb = at::empty({codes.size(0), codes.size(1), 3}, table.options());
+    at::Tensor alpha = channels == 4 ? at::empty({codes.size(0), codes.size(1)}, table.options()) : at::Tensor();
+    launch_finish_codes(codes, table, white_bg, rgb, alpha);
+    return {rgb, alpha};
+}
+
 }  // namespace rigel

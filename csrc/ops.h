@@ -147,4 +147,10 @@ at::Tensor mcmc_position_noise(at::Tensor& means3D, const at::Tensor& quats, con
                                const c10::optional<at::Tensor>& lr_tensor, double lr, double noise_lr, double k,
                                double t, const c10::optional<at::Tensor>& ok);
 
+// A streamed frame's 8-bit codes finished on the GPU (csrc/frames.cu; rigel_core.data.stream.finish_codes):
+// codes (H,W,3|4) uint8, table (256,) float32 (code / 255) on the same CUDA device -> [rgb (H,W,3) float32,
+// alpha (H,W) float32] (alpha undefined for 3-channel codes); rgb = table[codes]·a (+ (1 − a) when white_bg).
+// Raises TypeError / ValueError naming the argument.
+std::vector<at::Tensor> finish_codes(const at::Tensor& codes, const at::Tensor& table, bool white_bg);
+
 }  // namespace rigel

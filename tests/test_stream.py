@@ -16,8 +16,9 @@ import torch
 
 from rigel_core.data import load_dataset
 from rigel_core.data.frames import downscale_frame, pad_frame
+from rigel_core.data.images import UNIT8
 from rigel_core.data.stream import DEFAULT_AHEAD, DEFAULT_CACHE_MB, HOST_AHEAD_BYTES, FrameCache, StreamedFrame, \
-    ViewStream, auto_cache_bytes, default_host_ahead
+    ViewStream, auto_cache_bytes, default_host_ahead, finish_codes
 from rigel_core.train import TrainConfig, Trainer
 from test_coarse_to_fine import assert_same_frame, write_ngp
 from test_trainer import blender_dataset  # noqa: F401  (a fixture)
@@ -150,6 +151,31 @@ def test_cuda_views_finished_on_the_gpu_equal_the_preloaded_ones(tmp_path, rng, 
             assert mask is None if not stream.uniform else bool(mask.all())
         else:
             assert torch.equal(mask.cpu(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the codes-finishing kernel")
+@pytest.mark.parametrize("channels", [3, 4])
+def test_the_finishing_kernel_equals_the_pytorch_operations_on_the_cpu(rng, channels):
+    """csrc/frames.cu against finish_codes' PyTorch form on the CPU (every code in every channel, both
+    backgrounds, an odd size): the same float32 bits; wrong codes raise naming the argument."""
+    from rigel_core._ext import get
+
+    h, w = 37 + int(torch.randint(0, 20, (1,), generator=rng)), 259
+    codes = torch.randint(0, 256, (h, w, channels), generator=rng, dtype=torch.uint8)
+    codes[0, :256] = torch.arange(256, dtype=torch.uint8)[:, None]  # every code, every channel
+    for white_bg in (False, True):
+        want_rgb, want_a = finish_codes(codes, white_bg)
+        got_rgb, got_a = finish_codes(codes.cuda(), white_bg)
+        assert torch.equal(got_rgb.cpu(), want_rgb), white_bg
+        assert (got_a is None) == (want_a is None) and (got_a is None or torch.equal(got_a.cpu(), want_a))
+    table = torch.from_numpy(UNIT8).cuda()
+    with pytest.raises(ValueError, match="codes must be"):
+        get().finish_codes(codes[..., :2].contiguous().cuda(), table, False)
+    with pytest.raises(TypeError, match="codes must be"):
+        get().finish_codes(codes.cuda().float(), table, False)
+    with pytest.raises(ValueError, match="table must be"):
+        get().finish_codes(codes.cuda(), table[:255].contiguous(), False)
 
 
 def trained(ds, cfg, steps):

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .._ext import get as get_ext, use_kernels
 from ..camera import Camera
 from .frames import DatasetError, Frame, FramePipeline, FrameSpec, LoadNotes, _downscale_mask, frame_mask
 from .images import UNIT8, composite_rgb, image_header, image_size, other_aspect
@@ -119,10 +120,14 @@ def finish_codes(codes: torch.Tensor, white_bg: bool, table: torch.Tensor | None
     ``codes``: (H, W, 3|4) uint8 (``read_image(..., raw8=True)``), or float32 for a 16-bit / float file (used as
     is). ``table``: :data:`~.images.UNIT8` on ``codes``' device (made when None). The composite is the same float32
     operations in the same order (``rgb · a``, then ``+ (1 − a)`` on white), each correctly rounded on the CPU and
-    the GPU alike."""
+    the GPU alike. On a CUDA device 8-bit codes are finished by one kernel (csrc/frames.cu: the same operations,
+    each rounded on its own), elsewhere by the PyTorch operations below."""
     if codes.dtype == torch.uint8:
         if table is None:
             table = torch.from_numpy(UNIT8).to(codes.device)
+        if use_kernels(codes):
+            rgb, alpha = get_ext().finish_codes(codes.contiguous(), table, bool(white_bg))
+            return rgb, (alpha if codes.shape[-1] == 4 else None)
         values = table.index_select(0, codes.reshape(-1).to(torch.int32)).reshape(codes.shape)
     else:
         values = codes
