@@ -4,6 +4,8 @@ downscale (image and mask) → torch.
 """
 from __future__ import annotations
 
+import itertools
+import os
 import threading
 import warnings
 from collections import Counter
@@ -179,8 +181,7 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
     pipe = FramePipeline(white_bg=white_bg, downscale=downscale, alpha_as_mask=alpha_as_mask)
     notes = LoadNotes()
     frames = []
-    for spec in specs:
-        rgba = pipe.decode(spec)
+    for spec, rgba in _decoded_in_order(pipe, specs):
         cam = pipe.camera(spec, (rgba.shape[1], rgba.shape[0]), notes)
         cam, rgb, alpha, mask = pipe.process(spec, cam, rgba, notes)
         frames.append(Frame(cam, torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32)).to(device),
@@ -190,6 +191,38 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
         notes.no_alpha += alpha_as_mask and rgba.shape[-1] != 4
     notes.warn(source, len(specs), downscale)
     return frames
+
+
+#: threads decoding the images of :func:`load_frames` (the rest of each frame's work stays on the calling thread)
+LOAD_THREADS = 8
+
+
+def _decoded_in_order(pipe: "FramePipeline", specs: list):
+    """``(spec, pipe.decode(spec))`` for each of ``specs`` in order, decoded by up to :data:`LOAD_THREADS` threads at
+    most ``2 × threads`` images ahead of the caller (host memory bounded whatever the capture's size). A decode's
+    error is raised when its image's turn comes, so the file named is the first bad one in order, as one by one.
+    Why: a 2,000-view 1080p capture took 228 s to preload decoded one image after another (H100 machine, issue 37)."""
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    threads = max(1, min(LOAD_THREADS, os.cpu_count() or 1, len(specs)))
+    if threads == 1:
+        for spec in specs:
+            yield spec, pipe.decode(spec)
+        return
+    todo = iter(specs)
+    with ThreadPoolExecutor(threads, thread_name_prefix="rigel-load") as pool:
+        pending = deque((spec, pool.submit(pipe.decode, spec)) for spec in itertools.islice(todo, 2 * threads))
+        try:
+            while pending:
+                spec, fut = pending.popleft()
+                nxt = next(todo, None)
+                if nxt is not None:
+                    pending.append((nxt, pool.submit(pipe.decode, nxt)))
+                yield spec, fut.result()
+        finally:
+            for _, fut in pending:
+                fut.cancel()
 
 
 @dataclass

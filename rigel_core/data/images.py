@@ -135,7 +135,8 @@ def read_image(path: Path, *, max_side: int = MAX_IMAGE_SIDE, max_pixels: int = 
                 return np.repeat(a[..., None], 3, axis=-1)
             if mode == "F":
                 return np.repeat(np.asarray(im, dtype=np.float32)[..., None], 3, axis=-1)
-            im = im.convert("RGBA" if _has_alpha(im) else "RGB")
+            if mode not in ("RGB", "RGBA"):   # (converting to its own mode would be a copy of every pixel)
+                im = im.convert("RGBA" if _has_alpha(im) else "RGB")
             if raw8:
                 return np.array(im, dtype=np.uint8)   # a writable copy (torch.from_numpy shares it)
             return np.asarray(im, dtype=np.float32) / 255.0
