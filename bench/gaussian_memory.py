@@ -258,6 +258,7 @@ def main(argv=None) -> int:
     print(text)
     out = os.environ.get("OUT")
     if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
         Path(out, "gaussian_memory.md").write_text(text)
         Path(out, "gaussian_memory.json").write_text(json.dumps(result, indent=1))
     return 0

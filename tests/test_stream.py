@@ -178,6 +178,40 @@ def test_the_finishing_kernel_equals_the_pytorch_operations_on_the_cpu(rng, chan
         get().finish_codes(codes.cuda(), table[:255].contiguous(), False)
 
 
+def test_preloading_decodes_on_threads_in_order_and_names_the_first_bad_file(tmp_path, rng, monkeypatch):
+    """load_frames decodes on several threads (counted), the frames in the capture's order and equal to a
+    one-thread load; with two files cut short, the error names the first in order, whichever thread failed first."""
+    import threading
+
+    import rigel_core.data.frames as frames_mod
+    from rigel_core.data import DatasetError
+
+    write_ngp(tmp_path, rng, 19, 13, 12, lens=False)
+    seen = set()
+    decode = frames_mod.FramePipeline.decode
+
+    def counted(spec, raw8=False):
+        seen.add(threading.current_thread().name)
+        return decode(spec, raw8)
+    monkeypatch.setattr(frames_mod.FramePipeline, "decode", staticmethod(counted))
+    monkeypatch.setattr(frames_mod.os, "cpu_count", lambda: 4)
+    threaded, _ = load_both(tmp_path)
+    assert sum(name.startswith("rigel-load") for name in seen) > 1, seen
+    monkeypatch.setattr(frames_mod, "LOAD_THREADS", 1)
+    one, _ = load_both(tmp_path)
+    for a, b in zip(threaded.train + threaded.test, one.train + one.test, strict=True):
+        assert a.name == b.name and torch.equal(a.image, b.image)
+    monkeypatch.setattr(frames_mod, "LOAD_THREADS", 4)
+    names = [f.name for f in one.train + one.test]
+    order = sorted(names, key=lambda n: int(n[1:]))   # the capture's order: f0, f1, ...
+    first, later = order[3], order[9]
+    for name in (first, later):
+        f = tmp_path / "images" / f"{name}.png"
+        f.write_bytes(f.read_bytes()[: 60])
+    with pytest.raises(DatasetError, match=f"{first}.png"):
+        load_both(tmp_path)
+
+
 def trained(ds, cfg, steps):
     """A CPU Trainer of ``ds`` after ``steps`` steps, and the (view, target, mask) of every view it trained."""
     t = Trainer(ds, cfg, device="cpu")
