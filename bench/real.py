@@ -113,6 +113,7 @@ sys.path.insert(0, str(ROOT))
 from bench.forward import fmt  # noqa: E402
 from rigel_core import config as rc_config  # noqa: E402
 from rigel_core.atomic import atomic_path  # noqa: E402
+from rigel_core.data.stream import stream_stats  # noqa: E402
 from rigel_core.model import PARAM_NAMES, GaussianModel  # noqa: E402
 from rigel_core.train import TrainConfig  # noqa: E402
 from rigel_core.train.losses import l1_loss, psnr_from_mse, ssim, ssim_map  # noqa: E402
@@ -501,9 +502,12 @@ def run_rigel(ds, base: GaussianModel, cfg: TrainConfig, checkpoints, time_limit
                  if getattr(ev, k, None) is not None}
         return {"psnr_trainer": ev.psnr, "ssim_trainer": ev.ssim, **extra}
 
+    # a streamed dataset's held-out views decoded once for this bench's own evaluation (the trainer streams its own)
+    test = [f.load() if hasattr(f, "load") else f for f in ds.test]
     res = train_and_evaluate(label, lambda it: trainer.step(), trainer.render_frame,
-                             lambda: trainer.model.num_gaussians, ds.test, checkpoints, time_limit, device,
+                             lambda: trainer.model.num_gaussians, test, checkpoints, time_limit, device,
                              trainer_eval)
+    res["frames"] = stream_stats(trainer)   # metrics.json's "frames": streamed or not, the stream's figures
     res["config"] = trainer.config.to_dict()  # as trained: "auto" resolved (real.md names the strategy)
     res["nan_skips"] = trainer.nan_skips
     gs = trainer.graph_step  # how much of the run the CUDA graphs served, and what re-capturing cost the host
@@ -946,6 +950,9 @@ def parse_args(argv=None):
     ap.add_argument("--mcmc-cap", type=int, default=None, metavar="N",
                     help="the rigel-mcmc budget (default: the Gaussian count the rigel run ended with)")
     ap.add_argument("--time-limit", type=float, default=None, help="stop a run after this many seconds of training")
+    ap.add_argument("--frames", choices=("stream", "preload"), default="stream",
+                    help="how rigel's runs read the training images: streamed (rigel-train's default) or preloaded "
+                         "(--preload-frames); the gsplat loops always train from preloaded images")
     ap.add_argument("--white-bg", action="store_true", help="composite alpha onto white (default black)")
     ap.add_argument("--seed", type=int, default=0, help="random seed of both runs (default: 0)")
     ap.add_argument("--merge", nargs="+", metavar="DIR", default=None,
@@ -1023,7 +1030,7 @@ def run(args) -> int:
         "gsplat": gsplat_version(), "downscale": args.downscale, "iters": checkpoints, "methods": args.methods,
         "rigel_config": overrides, "mcmc_config": mcmc_overrides, "mcmc_cap": args.mcmc_cap,
         "time_limit_s": args.time_limit, "seed": args.seed, "white_bg": args.white_bg,
-        "max_frames": args.max_frames, "argv": sys.argv[1:]}, "scenes": []}
+        "max_frames": args.max_frames, "frames": args.frames, "argv": sys.argv[1:]}, "scenes": []}
     print(f"bench/real.py: {len(scenes)} scene(s) {', '.join(n for n, _, _ in scenes)}; "
           f"methods {', '.join(args.methods)}; "
           f"checkpoints {checkpoints}; downscale {args.downscale:g}; device {device}; output {out}", flush=True)
@@ -1035,9 +1042,14 @@ def run(args) -> int:
             results["scenes"].append(sc)
             t0 = time.perf_counter()
             try:
-                ds = load_dataset(path, white_bg=args.white_bg, max_frames=args.max_frames,
-                                  downscale=args.downscale * (2 if "halfres" in variants else 1))
+                kw = dict(white_bg=args.white_bg, max_frames=args.max_frames,
+                          downscale=args.downscale * (2 if "halfres" in variants else 1))
+                ds = load_dataset(path, **kw)
                 apply_variants(ds, variants)
+                ds_rigel = ds   # rigel's runs read their images as rigel-train does (--frames)
+                if args.frames == "stream" and any(m.startswith("rigel") for m in args.methods):
+                    ds_rigel = load_dataset(path, stream=True, **kw)
+                    apply_variants(ds_rigel, variants)
             except (DatasetError, ImportError, OSError) as e:
                 sc["error"] = f"{type(e).__name__}: {e}"
                 print(f"[{name}] cannot load: {sc['error']}", flush=True)
@@ -1078,12 +1090,12 @@ def run(args) -> int:
                     torch.cuda.reset_peak_memory_stats(device)
                 try:
                     if method == "rigel":
-                        r = run_rigel(ds, base, cfg_rigel, checkpoints, args.time_limit, device, label)
+                        r = run_rigel(ds_rigel, base, cfg_rigel, checkpoints, args.time_limit, device, label)
                     elif method == "rigel-mcmc":
                         cap = mcmc_cap(sc, args.mcmc_cap)
                         print(f"{label}: budget {cap:,} Gaussians"
                               + ("" if args.mcmc_cap else " (the default run's final count)"), flush=True)
-                        r = run_rigel(ds, base, mcmc_config(cfg_rigel, cap, mcmc_overrides), checkpoints,
+                        r = run_rigel(ds_rigel, base, mcmc_config(cfg_rigel, cap, mcmc_overrides), checkpoints,
                                       args.time_limit, device, label)
                     elif method == "gsplat-mcmc":
                         cap = gsplat_mcmc_cap(sc, args.mcmc_cap)

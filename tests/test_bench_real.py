@@ -536,6 +536,27 @@ def test_cli_rigel_only_when_gsplat_is_missing(procedural, tmp_path, monkeypatch
     assert "exists" in capsys.readouterr().err
 
 
+def test_cli_rigel_streams_its_images_as_rigel_train_does(procedural, tmp_path, monkeypatch, capsys):
+    """--frames stream (the default, rigel-train's) trains rigel from a streamed dataset, --frames preload from
+    the preloaded one; on the CPU the two runs are the same run (streamed frames are the preloaded ones bit for
+    bit), so every checkpoint's PSNR is equal, and real.json says which way each run read its images."""
+    monkeypatch.setitem(sys.modules, "gsplat", None)
+    psnr, frames = {}, {}
+    for mode in ("stream", "preload"):
+        out = tmp_path / mode
+        argv = CLI + ["--scenes", str(procedural), "--out", str(out), "--methods", "rigel"]
+        assert real.main(argv + (["--frames", mode] if mode == "preload" else [])) == 0
+        res = json.loads((out / "real.json").read_text())
+        run = res["scenes"][0]["runs"]["rigel"]
+        psnr[mode] = [c["psnr"] for c in run["checkpoints"]]
+        frames[mode] = run["frames"]
+        assert res["meta"]["frames"] == mode
+    capsys.readouterr()
+    assert frames["stream"]["streamed"] is True and frames["stream"]["loads"] > 0
+    assert frames["preload"] == {"streamed": False}
+    assert psnr["stream"] == psnr["preload"] and len(psnr["stream"]) == 2
+
+
 def test_cli_both_methods_with_a_stand_in_gsplat(procedural, tmp_path, fake_gsplat, monkeypatch, capsys):
     monkeypatch.setattr(real, "gsplat_status", lambda device: (True, None))  # the stand-in runs on the CPU
     out = tmp_path / "out"
