@@ -212,6 +212,44 @@ def test_preloading_decodes_on_threads_in_order_and_names_the_first_bad_file(tmp
         load_both(tmp_path)
 
 
+def test_preloading_holds_a_bounded_number_of_bytes_of_decoded_images(tmp_path, rng, monkeypatch):
+    """The decoded images load_frames holds (waiting for their turn, or the one being made a frame) stay within
+    LOAD_AHEAD_BYTES plus that one image, however many threads: 2 x 8 photos of 12 megapixels decoded ahead held
+    3.8 GB where one at a time held 1.1 GB (--downscale 8). The frames still equal a one-thread load's."""
+    import threading
+    import time
+
+    import rigel_core.data.frames as frames_mod
+
+    write_ngp(tmp_path, rng, 19, 13, 14, lens=False)
+    image = 19 * 13 * 4 * 4   # one decoded RGBA image, float32
+    held, lock = [0, 0], threading.Lock()   # bytes decoded and not yet made a frame, the most of it seen
+    decode, process = frames_mod.FramePipeline.decode, frames_mod.FramePipeline.process
+
+    def counted(spec, raw8=False):
+        rgba = decode(spec, raw8)
+        with lock:
+            held[0] += rgba.nbytes
+            held[1] = max(held)
+        return rgba
+
+    def slow(self, spec, cam, rgba, notes=None):   # the caller slower than the decoders: they run ahead
+        time.sleep(0.01)
+        with lock:
+            held[0] -= rgba.nbytes
+        return process(self, spec, cam, rgba, notes)
+    monkeypatch.setattr(frames_mod.FramePipeline, "decode", staticmethod(counted))
+    monkeypatch.setattr(frames_mod.FramePipeline, "process", slow)
+    monkeypatch.setattr(frames_mod.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(frames_mod, "LOAD_AHEAD_BYTES", 3 * image, raising=False)
+    bounded, _ = load_both(tmp_path)
+    assert held[0] == 0 and image < held[1] <= 4 * image, held   # ahead of the caller, and no more than the budget
+    monkeypatch.setattr(frames_mod, "LOAD_THREADS", 1)
+    one, _ = load_both(tmp_path)
+    for a, b in zip(bounded.train + bounded.test, one.train + one.test, strict=True):
+        assert a.name == b.name and torch.equal(a.image, b.image)
+
+
 def trained(ds, cfg, steps):
     """A CPU Trainer of ``ds`` after ``steps`` steps, and the (view, target, mask) of every view it trained."""
     t = Trainer(ds, cfg, device="cpu")

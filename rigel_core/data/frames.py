@@ -4,7 +4,6 @@ downscale (image and mask) → torch.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import warnings
@@ -195,12 +194,19 @@ def load_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, dev
 
 #: threads decoding the images of :func:`load_frames` (the rest of each frame's work stays on the calling thread)
 LOAD_THREADS = 8
+#: bytes of decoded images :func:`load_frames` holds ahead of the frame it is making, at most (besides that one
+#: image): 26 photos of 12 megapixels preloaded at --downscale 8 peaked at 3.8 GB of host memory with 2 × 8 of them
+#: decoded ahead (float32, 144 MB each), 2.2 GB with this bound, 1.1 GB one at a time; a 1080p capture (33 MB an
+#: RGBA image) still gets its 2 × threads images ahead
+LOAD_AHEAD_BYTES = 1 << 30
 
 
 def _decoded_in_order(pipe: "FramePipeline", specs: list):
     """``(spec, pipe.decode(spec))`` for each of ``specs`` in order, decoded by up to :data:`LOAD_THREADS` threads at
-    most ``2 × threads`` images ahead of the caller (host memory bounded whatever the capture's size). A decode's
-    error is raised when its image's turn comes, so the file named is the first bad one in order, as one by one.
+    most ``2 × threads`` images ahead of the caller, and no more of them than :data:`LOAD_AHEAD_BYTES` holds at the
+    size of the largest image decoded so far (the first is decoded alone): host memory bounded whatever the
+    capture's size and its images'. A decode's error is raised when its image's turn comes, so the file named is the
+    first bad one in order, as one by one.
     Why: a 2,000-view 1080p capture took 228 s to preload decoded one image after another (H100 machine, issue 37)."""
     from collections import deque
     from concurrent.futures import ThreadPoolExecutor
@@ -211,15 +217,23 @@ def _decoded_in_order(pipe: "FramePipeline", specs: list):
             yield spec, pipe.decode(spec)
         return
     todo = iter(specs)
+    largest = 0   # bytes of the largest image decoded so far (none yet: one image ahead)
     with ThreadPoolExecutor(threads, thread_name_prefix="rigel-load") as pool:
-        pending = deque((spec, pool.submit(pipe.decode, spec)) for spec in itertools.islice(todo, 2 * threads))
+        pending: deque = deque()
         try:
-            while pending:
-                spec, fut = pending.popleft()
-                nxt = next(todo, None)
-                if nxt is not None:
+            while True:
+                ahead = min(2 * threads, LOAD_AHEAD_BYTES // largest) if largest else 1
+                while len(pending) < max(1, ahead):
+                    nxt = next(todo, None)
+                    if nxt is None:
+                        break
                     pending.append((nxt, pool.submit(pipe.decode, nxt)))
-                yield spec, fut.result()
+                if not pending:
+                    return
+                spec, fut = pending.popleft()
+                rgba = fut.result()
+                largest = max(largest, rgba.nbytes)
+                yield spec, rgba
         finally:
             for _, fut in pending:
                 fut.cancel()
