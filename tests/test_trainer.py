@@ -914,6 +914,27 @@ def test_cli_ctrl_c_while_loading_is_one_line(blender_dataset, tmp_path, monkeyp
     assert err.strip() == "rigel-train: interrupted" and not run.exists()
 
 
+def test_cli_a_ctrl_c_while_an_interrupted_process_exits_adds_nothing(tmp_path):
+    """After the one line of an interrupted rigel-train, a further Ctrl-C (pressed twice) reaches the interpreter's
+    exit handlers: it must be ignored there — no traceback after the line, status 130 — in the process that ran
+    the command line (here a SIGINT sent from an exit handler, deterministically after main returned)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import atexit, os, signal, sys\n"
+            "import rigel_core.cli.train as t\n"
+            "def interrupted(argv):\n    raise KeyboardInterrupt\n"
+            "t._run = interrupted\n"
+            "atexit.register(lambda: os.kill(os.getpid(), signal.SIGINT))\n"
+            "sys.exit(t.main())\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=tmp_path)
+    assert proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.strip() == "rigel-train: interrupted", proc.stderr[-2000:]
+
+
 def test_cli_threads_sets_the_trainers_cpu_threads_with_the_viewers_bound(blender_dataset, tmp_path, monkeypatch,
                                                                           capsys):
     """``rigel-train --threads N`` (it had none: two CPU runs at once, each with a thread per core, slowed each other

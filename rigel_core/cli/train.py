@@ -176,11 +176,18 @@ def main(argv=None) -> int:
     ranks) this process joins the group and trains its part of each global batch; rank 0 alone writes."""
     with one_line_warnings("rigel-train"):   # a dataset's or scene's warning: one line, not Python's report
         try:
-            return _run(list(sys.argv[1:] if argv is None else argv))
+            status = _run(list(sys.argv[1:] if argv is None else argv))
         except KeyboardInterrupt:  # before training starts (loading a capture takes seconds), or a second Ctrl-C
             # while saving: one line, not Python's traceback (training itself catches it and saves)
+            status = None
+        if (status is None or status >= 128) and argv is None and threading.current_thread() is threading.main_thread():
+            # an interrupted process is ending: a further Ctrl-C would only interrupt the interpreter's exit
+            # handlers, which then print tracebacks after the one line (found pressing Ctrl-C twice)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if status is None:
             print("rigel-train: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
+        return status
 
 
 def _run(argv: list) -> int:
