@@ -952,7 +952,8 @@ def parse_args(argv=None):
     ap.add_argument("--time-limit", type=float, default=None, help="stop a run after this many seconds of training")
     ap.add_argument("--frames", choices=("stream", "preload"), default="stream",
                     help="how rigel's runs read the training images: streamed (rigel-train's default) or preloaded "
-                         "(--preload-frames); the gsplat loops always train from preloaded images")
+                         "(--preload-frames); the gsplat loops always train from preloaded images (loaded only "
+                         "when one runs)")
     ap.add_argument("--white-bg", action="store_true", help="composite alpha onto white (default black)")
     ap.add_argument("--seed", type=int, default=0, help="random seed of both runs (default: 0)")
     ap.add_argument("--merge", nargs="+", metavar="DIR", default=None,
@@ -1044,10 +1045,14 @@ def run(args) -> int:
             try:
                 kw = dict(white_bg=args.white_bg, max_frames=args.max_frames,
                           downscale=args.downscale * (2 if "halfres" in variants else 1))
-                ds = load_dataset(path, **kw)
+                # rigel's runs read their images as rigel-train does (--frames); the gsplat loops train from
+                # preloaded ones, which are loaded only when one runs
+                stream = args.frames == "stream"
+                peers = any(m in GSPLAT_METHODS for m in args.methods)
+                ds = load_dataset(path, stream=stream and not peers, **kw)
                 apply_variants(ds, variants)
-                ds_rigel = ds   # rigel's runs read their images as rigel-train does (--frames)
-                if args.frames == "stream" and any(m.startswith("rigel") for m in args.methods):
+                ds_rigel = ds
+                if stream and peers and any(m.startswith("rigel") for m in args.methods):
                     ds_rigel = load_dataset(path, stream=True, **kw)
                     apply_variants(ds_rigel, variants)
             except (DatasetError, ImportError, OSError) as e:
