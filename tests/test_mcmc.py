@@ -654,8 +654,15 @@ def test_the_start_line_names_the_strategy_and_budget_however_it_was_chosen(rng)
     assert over.model.num_gaussians == 50  # 3DGS's densification keeps a start above its bound, and says so
     assert over.start_line().endswith("strategy default, at most 40 Gaussians (the start is above it: densification "
                                       "adds none until pruning brings it below)")
+    # the pieces the viewer's Training panel shows (Trainer.start_words / budget_words), not parsed from the line
+    assert given.start_words() == "start: 50 Gaussians (the SfM points)" and given.start_line().startswith(
+        given.start_words() + ", device ")
+    assert given.budget_words() == "a budget of 77 Gaussians" and over.budget_words().startswith("at most 40 ")
+    nocap = Trainer(ds, small_config(strategy="default", max_gaussians=None, init_background_points=0), device="cpu")
+    assert nocap.budget_words() == "" and nocap.start_line().endswith(", strategy default")
     dflt.step()
     assert dflt.start_line().startswith("resumed at iteration 1: ")
+    assert dflt.start_words() == f"resumed at iteration 1: {dflt.model.num_gaussians:,} Gaussians"
     dflt.config.exposure = dflt.config.pose_opt = True  # the per-image corrections a run learns are named too
     assert dflt.start_line().endswith("; learning per-image exposure, pose refinement")
 

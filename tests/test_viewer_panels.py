@@ -99,7 +99,7 @@ def _state(**kw) -> TrainingState:
     notes = kw.pop("notes")
     st.apply(M.TrainingStarted(0, 30, 45649, "cpu", 255, 37, kw.pop("run_dir"), True,
                                {"grad_threshold": 2e-4, "densify_interval": 100, "max_gaussians": 3_000_000}, "sh",
-                               "default", notes, kw.pop("coarse")))
+                               "default", notes, kw.pop("coarse"), kw.pop("start", ""), kw.pop("budget", "")))
     for ev in kw.pop("events", ()):
         st.apply(ev)
     return st
@@ -117,6 +117,8 @@ def test_the_training_panel_says_what_the_run_chose_and_wraps_every_line(gui, tm
     notes = (start, "strategy auto: default (3DGS's clone / split / prune, ...)", "coarse_to_fine auto: 1, off (...)")
     saved = (f"{run_dir}/checkpoint.safetensors", f"{run_dir}/model.ply")
     st = _state(notes=notes, run_dir=run_dir, coarse="coarse-to-fine: off",
+                start="start: 45,649 Gaussians (25,649 SfM points + 20,000 background points)",
+                budget="at most 3,000,000 Gaussians",
                 events=[M.EvalFinished(0, 16.77, 0.417, 45649, 37), M.Saved(30, saved, "finished"),
                         M.CommandRejected("SetDensifyParams", "TrainConfig.densify_until must be ≥ densify_from, "
                                                               "got 100 < 500")])

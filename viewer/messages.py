@@ -97,6 +97,8 @@ class TrainingStarted(Event):
     strategy: str = "default"                     # the run's densification: "default" (3DGS) or "mcmc"
     notes: tuple = ()   # the log's start line and what "auto" chose and why (Trainer.start_line, Trainer.notes)
     coarse: str = ""    # coarse-to-fine for this session in a few words (Trainer.coarse_summary)
+    start: str = ""     # where the session starts, from how many Gaussians and what (Trainer.start_words)
+    budget: str = ""    # the strategy's bound on the Gaussians in words, "" without one (Trainer.budget_words)
 
 
 @dataclass(frozen=True)

@@ -360,7 +360,8 @@ class TrainingSession:
                                          {k: getattr(tr.config, k)
                                           for k in M.densify_fields(tr.config.strategy, tr.config.densify_grad)},
                                          "mlp" if getattr(tr.model, "appearance", None) is not None else "sh",
-                                         tr.config.strategy, (start, *notes), tr.coarse_summary()))
+                                         tr.config.strategy, (start, *notes), tr.coarse_summary(),
+                                         tr.start_words(), tr.budget_words()))
             if self._finished and self.run is not None:   # its iterations done, not its final evaluation and save
                 self._finish()                             # (stopped during its last step): as rigel-train --resume
             while True:

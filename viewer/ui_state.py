@@ -45,6 +45,8 @@ class TrainingState:
     strategy: str = "default"
     notes: tuple = ()   # the run's start line and the "auto" notes (TrainingStarted.notes)
     coarse: str = ""    # coarse-to-fine in a few words (TrainingStarted.coarse)
+    start: str = ""     # where the session starts (TrainingStarted.start)
+    budget: str = ""    # the strategy's bound on the Gaussians, "" without one (TrainingStarted.budget)
     train_iters: list = field(default_factory=list)
     train_psnr: list = field(default_factory=list)
     eval_iters: list = field(default_factory=list)
@@ -82,6 +84,7 @@ class TrainingState:
             self.strategy = ev.strategy
             self.notes = tuple(ev.notes)
             self.coarse = ev.coarse
+            self.start, self.budget = ev.start, ev.budget
             self.status = "running" if ev.running else ("finished" if ev.iteration >= ev.iterations else "paused")
         elif isinstance(ev, M.TrainingPaused):
             if self.status in ("running", "starting"):

@@ -600,19 +600,32 @@ class Trainer:
         the iterations, and the strategy in use with its budget — given, resolved by "auto" (whose note follows) or
         restored from a checkpoint."""
         cfg = self.config
-        where = f"resumed at iteration {self.iteration}" if self.iteration else "start"
-        cap = cfg.max_gaussians
-        over = cap is not None and self.model.num_gaussians > cap
-        strategy = (f"strategy {cfg.strategy}" + (f", a budget of {cap:,} Gaussians" if cfg.strategy == "mcmc" else
-                                                  f", at most {cap:,} Gaussians"
-                                                  + (" (the start is above it: densification adds none until "
-                                                     "pruning brings it below)" if over else "")
-                                                  if cap is not None else ""))
+        budget = self.budget_words()
         learnt = [c.title for c in correction_classes() if getattr(cfg, c.config_field)]
+        return (f"{self.start_words()}, device {self.device}, {cfg.iterations:,} iterations, strategy {cfg.strategy}"
+                + (f", {budget}" if budget else "") + (f"; learning {', '.join(learnt)}" if learnt else ""))
+
+    def start_words(self) -> str:
+        """Where the session starts and from how many Gaussians, and (a new run) what they came from: "start: 45,649
+        Gaussians (25,649 SfM points + 20,000 background points)", "resumed at iteration 7000: 1,000,000 Gaussians"
+        (:meth:`start_line`'s head; the viewer's Training panel)."""
+        where = f"resumed at iteration {self.iteration}" if self.iteration else "start"
         init = f" ({self.init_source})" if not self.iteration and self.init_source else ""
-        return (f"{where}: {self.model.num_gaussians:,} Gaussians{init}, device {self.device}, {cfg.iterations:,} "
-                "iterations, "
-                f"{strategy}" + (f"; learning {', '.join(learnt)}" if learnt else ""))
+        return f"{where}: {self.model.num_gaussians:,} Gaussians{init}"
+
+    def budget_words(self) -> str:
+        """The strategy's bound on the Gaussians in words: MCMC's budget ("a budget of N Gaussians"), 3DGS's cap ("at
+        most N Gaussians", with what a start above it means), or "" without one (:meth:`start_line`; the viewer's
+        Training panel)."""
+        cfg = self.config
+        cap = cfg.max_gaussians
+        if cap is None:
+            return ""
+        if cfg.strategy == "mcmc":
+            return f"a budget of {cap:,} Gaussians"
+        over = self.model.num_gaussians > cap
+        return f"at most {cap:,} Gaussians" + (" (the start is above it: densification adds none until pruning "
+                                                 "brings it below)" if over else "")
 
     def coarse_summary(self) -> str:
         """Coarse-to-fine for this session in a few words (the viewer's Training panel): "off", "off (the run is too

@@ -56,12 +56,10 @@ def strategy_why(imgui, training):
     "(why?)" beside the budget shows them on hover, wrapped (the same lines as the run's log.txt)."""
     if not training.notes:
         return
-    start = training.notes[0]   # Trainer.start_line: "start: N Gaussians (from what), device …, strategy …"
-    wrapped_disabled(imgui, start.split(", device ", 1)[0])
-    head = start.rsplit(", strategy ", 1)[-1]          # "mcmc, a budget of N Gaussians"
-    why = training.notes[1:]
-    budget = head.split(", ", 1)[1] if ", " in head else "no Gaussian budget"
-    wrapped_disabled(imgui, budget + ("  (why?)" if why else ""))
+    if training.start:
+        wrapped_disabled(imgui, training.start)
+    why = training.notes[1:]   # after the start line: what "auto" chose and why
+    wrapped_disabled(imgui, (training.budget or "no Gaussian budget") + ("  (why?)" if why else ""))
     if why:
         if imgui.is_item_hovered():   # the budget line, however many lines it wraps to
             imgui.begin_tooltip()
