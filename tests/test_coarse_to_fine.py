@@ -41,6 +41,24 @@ def test_a_short_run_reaches_full_resolution_for_its_second_half():
     assert seq == [4] * 5 + [2] * 5 + [1] * 10
 
 
+@pytest.mark.parametrize("share,iters,cap", [(0.8, 20, 3000), (1.0, 12, 3000), (0.3, 40, 3000), (0.9, 100, 30),
+                                             (0.05, 10, 3000)])
+def test_the_share_bounds_the_coarse_levels(share, iters, cap):
+    """``coarse_to_fine_share``: the coarse levels end at min(coarse_to_fine_iters, ⌊iterations × share⌋)."""
+    cfg = TrainConfig(iterations=iters, coarse_to_fine=4, coarse_to_fine_iters=cap, coarse_to_fine_share=share)
+    seq = [training_downscale(cfg, it) for it in range(1, iters + 1)]
+    span = min(cap, math.floor(iters * share + 1e-9))
+    assert seq.count(1) == iters - span and seq[span:] == [1] * (iters - span)
+    assert seq[:span].count(4) == span // 2 and seq[:span].count(2) == span - span // 2  # two equal phases (±1)
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, 1.01, float("nan"), float("inf")])
+def test_a_share_outside_its_range_is_refused(bad):
+    with pytest.raises(ValueError, match="TrainConfig.coarse_to_fine_share must be (in|a finite)") as e:
+        TrainConfig(coarse_to_fine=2, coarse_to_fine_share=bad).validate()
+    assert "\n" not in str(e.value)
+
+
 def test_the_factor_never_makes_an_image_smaller_than_the_minimum(rng):
     from rigel_core.train.trainer import MIN_COARSE_SIDE
 

@@ -130,9 +130,9 @@ class TrainConfig:
     # ---- speed ------------------------------------------------------------------------------------------
     #: coarse-to-fine training resolution (issue 14; after DashGaussian, Chen et al. CVPR 2025): the training
     #: images start downscaled by this factor (a power of two in 1..64; 1 = off) and the factor halves in
-    #: equal phases until full resolution at min(``coarse_to_fine_iters``, iterations / 2) (e.g. 4 over 3000
-    #: iterations: ¼ for 1500, ½ for 1500, then full; an image's shorter side stays ≥ 8 px). Held-out evaluation is
-    #: always at full resolution. "auto" (the default) is decided by the Trainer from the dataset
+    #: equal phases until full resolution at min(``coarse_to_fine_iters``, iterations × ``coarse_to_fine_share``)
+    #: (e.g. 4 over 3000 iterations: ¼ for 1500, ½ for 1500, then full; an image's shorter side stays ≥ 8 px).
+    #: Held-out evaluation is always at full resolution. "auto" (the default) is decided by the Trainer from the dataset
     #: (:func:`resolve_coarse_to_fine`): AUTO_COARSE_TO_FINE (4) without SfM points (random initialisation: a
     #: synthetic / Blender scene), 1 with SfM points (a real capture). Measured (H200, 2026-12-01): lego 800×800,
     #: 30k iterations, with 4: 36.03 dB in a 56.7 s training loop at commit e8efba4 (33.62 dB at 7k; 35.97 dB /
@@ -142,6 +142,9 @@ class TrainConfig:
     #: seeds and at 30k. The resolved config (metrics.json, checkpoint) holds the integer, never "auto".
     coarse_to_fine: int | str = "auto"
     coarse_to_fine_iters: int = 3000
+    #: the largest share of ``iterations`` the coarse levels may take: they end at min(``coarse_to_fine_iters``,
+    #: ``iterations`` × this) (in (0, 1]; 0.5 keeps a short run's second half at full resolution)
+    coarse_to_fine_share: float = 0.5
     #: CUDA only: replay each step as a captured CUDA graph (train/graph_step.py) where the configuration allows
     #: (one view per step and process, the default strategy, no exposure or random background); same result as
     #: the eager step, a fraction of its host time. Off: every step eager.
@@ -482,6 +485,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.coarse_to_fine must be a power of two in 1..64 or 'auto', got {c2f}")
         if self.coarse_to_fine_iters < 0:
             raise ValueError(f"TrainConfig.coarse_to_fine_iters must be ≥ 0, got {self.coarse_to_fine_iters}")
+        if not 0.0 < self.coarse_to_fine_share <= 1.0:
+            raise ValueError(f"TrainConfig.coarse_to_fine_share must be in (0, 1], got {self.coarse_to_fine_share}")
         if not 1 <= self.batch_size <= 4096:
             raise ValueError(f"TrainConfig.batch_size must be in 1..4096, got {self.batch_size}")
         if self.batch_lr_scaling not in ("sqrt", "none"):
@@ -634,7 +639,7 @@ def resolve_coarse_to_fine(cfg: TrainConfig, has_sfm_points: bool) -> str | None
     if not has_sfm_points:
         cfg.coarse_to_fine = AUTO_COARSE_TO_FINE
         return (f"coarse_to_fine auto: {cfg.coarse_to_fine} (no SfM points: training starts at 1/{cfg.coarse_to_fine} "
-                f"resolution, full after min(coarse_to_fine_iters, iterations/2) = "
+                f"resolution, full after min(coarse_to_fine_iters, iterations × coarse_to_fine_share) = "
                 f"{coarse_to_fine_span(cfg):,} iteration{'' if coarse_to_fine_span(cfg) == 1 else 's'}; lego 30k: "
                 "36.03 dB in 56.7 s "
                 "against 35.95 dB / 75.9 s at full resolution); --set coarse_to_fine=1 turns it off")
@@ -686,8 +691,9 @@ def resolve_densify_grad(cfg: TrainConfig, has_sfm_points: bool, cuda: bool) -> 
 
 
 def coarse_to_fine_span(cfg: TrainConfig) -> int:
-    """T = min(``coarse_to_fine_iters``, ``iterations`` // 2): the iterations the coarse levels take (0: none)."""
-    return min(int(cfg.coarse_to_fine_iters), int(cfg.iterations) // 2)
+    """T = min(``coarse_to_fine_iters``, ⌊``iterations`` × ``coarse_to_fine_share``⌋): the iterations the coarse
+    levels take (0: none)."""
+    return min(int(cfg.coarse_to_fine_iters), int(int(cfg.iterations) * float(cfg.coarse_to_fine_share)))
 
 
 def training_downscale(cfg: TrainConfig, iteration: int) -> int:
