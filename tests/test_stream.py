@@ -286,6 +286,41 @@ def test_streamed_and_preloaded_training_see_the_same_batches_and_end_equal(tmp_
     assert [e.psnr for e in a.eval_history] == [e.psnr for e in b.eval_history]
 
 
+def test_random_backgrounds_read_each_streamed_view_once(tmp_path, rng, monkeypatch):
+    """With ``random_background`` the step asked ``frame.alpha`` twice on the main thread (whether the view has
+    one, then its values for the re-composite): without a cache that decoded every view three times a step, two of
+    them on the step's own thread, and with one it finished the cached codes into a float image twice a step on the
+    host (~30 ms each for lego's 800×800). Now the alpha comes with the view from the stream (on a GPU: from the
+    codes, on the copy stream) and whether a view has one from its header: one decode per view a step, and the same
+    targets as the preloaded views (test_streamed_and_preloaded_training_see_the_same_batches_and_end_equal)."""
+    from rigel_core.data import frames as frames_mod
+
+    write_ngp(tmp_path, rng, 20, 16, 24, lens=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st = load_dataset(tmp_path, test_every=0, stream=True, cache_mb=0)
+        pre = load_dataset(tmp_path, test_every=0)
+    cfg = dict(iterations=40, init_points=80, sh_degree=0, eval_every=0, coarse_to_fine=1, random_background=True,
+               strategy="default", seed=int(torch.randint(0, 1000, (1,), generator=rng)))
+    t = Trainer(st, TrainConfig(**cfg), device="cpu")
+    decode, calls = frames_mod.FramePipeline.decode, []
+
+    def counted(spec, raw8=False):
+        calls.append(spec.name)
+        return decode(spec, raw8)
+    monkeypatch.setattr(frames_mod.FramePipeline, "decode", staticmethod(counted))
+    steps, ahead = 30, DEFAULT_AHEAD + 1
+    for _ in range(steps):
+        t.step()
+    assert steps <= len(calls) <= steps + ahead, len(calls)   # the loads of the views trained and those ahead
+    assert all(f.source.has_alpha[f.index] for f in st.train)  # every view had an alpha to re-composite with
+    monkeypatch.setattr(frames_mod.FramePipeline, "decode", staticmethod(decode))
+    a, seen_a = trained(pre, TrainConfig(**cfg), 12)
+    b, seen_b = trained(load_dataset(tmp_path, test_every=0, stream=True, cache_mb=0), TrainConfig(**cfg), 12)
+    for (i, ga, _), (j, gb, _) in zip(seen_a, seen_b, strict=True):
+        assert i == j and torch.equal(ga, gb)
+
+
 def test_a_dataset_of_n_views_holds_o1_frames_on_the_device(tmp_path, rng):
     """However many training views, the trainer's device holds the current view and the few loaded ahead (counted
     by the stream), never a list of every image; each epoch loads each view once, but for those still held when the

@@ -485,7 +485,9 @@ class ViewStream:
 
     ``images[i]`` / ``masks[i]`` (what the trainer's ``_train_images`` / ``_train_masks`` were as lists): view
     ``i``'s (H, W, 3) float32 image and (H, W) bool mask (or None) on the device. :meth:`prefetch` names the views
-    the next steps train. :attr:`peak_device_frames`: the most views held on the device at once.
+    the next steps train. :attr:`peak_device_frames`: the most views held on the device at once. With
+    :attr:`with_alpha` set (the trainer's random backgrounds) the views loaded from then on bring their alpha too,
+    :meth:`alpha` (a view of codes finished on the GPU always does: the kernel makes it anyway).
     """
 
     def __init__(self, frames: list, device, masked: list[bool], uniform: bool, *, ahead: int = DEFAULT_AHEAD,
@@ -507,6 +509,8 @@ class ViewStream:
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.peak_device_frames = 0
         self.loads = 0
+        #: load each view's alpha with it (:meth:`alpha`): the trainer sets it while random backgrounds are on
+        self.with_alpha = False
         self.images = _Column(self, 0)
         self.masks = _Column(self, 1)
 
@@ -519,23 +523,24 @@ class ViewStream:
         return len(self._dev)
 
     def _load_host(self, i: int) -> tuple:
-        """View ``i``'s (image, mask, codes) host tensors as the trainer trains them (pinned for an asynchronous
-        copy): a :meth:`FrameSource.compact` view on CUDA as its codes (image None: finished on the device), any
-        other as its float32 image (codes None)."""
+        """View ``i``'s (image, mask, codes, alpha) host tensors as the trainer trains them (pinned for an
+        asynchronous copy): a :meth:`FrameSource.compact` view on CUDA as its codes (image and alpha None: finished
+        on the device), any other as its float32 image (codes None) and, with :attr:`with_alpha`, its float32 alpha
+        (None without one)."""
         f = self.frames[i]
         pin = self._copy_stream is not None
         if pin and isinstance(f, StreamedFrame) and not f.ops and f.source.compact(f.index):
             m = frame_mask(f)
             mask = None if m is None or not self.masked[i] else m.pin_memory()
-            return None, mask, f.source.codes(f.index).pin_memory()
+            return None, mask, f.source.codes(f.index).pin_memory(), None
         frame = f.load() if isinstance(f, StreamedFrame) else f
         image = frame.image.to("cpu", torch.float32)
         m = frame_mask(frame)
         mask = None if m is None or not self.masked[i] else m.cpu()
+        alpha = frame.alpha.to("cpu", torch.float32) if self.with_alpha and frame.alpha is not None else None
         if pin:
-            image = image.pin_memory()
-            mask = None if mask is None else mask.pin_memory()
-        return image, mask, None
+            image, mask, alpha = (None if x is None else x.pin_memory() for x in (image, mask, alpha))
+        return image, mask, None, alpha
 
     def _submit(self, i: int) -> None:
         if i in self._host or i in self._dev:
@@ -563,24 +568,26 @@ class ViewStream:
     def _to_device(self, i: int) -> None:
         """Copy view ``i``'s host load to the device (asynchronously on CUDA), keeping at most ``ahead + 1`` views
         there: the least recently used one that is not coming next is dropped first."""
-        image, mask, codes = self._host.pop(i).result()   # a load's error (DatasetError naming the file) surfaces here
+        image, mask, codes, alpha = self._host.pop(i).result()   # a load's error (DatasetError naming the file)
         event = None
         if self._copy_stream is not None:
             with torch.cuda.stream(self._copy_stream):
                 if codes is not None:   # finished here, on the copy stream: the preloaded path's values
                     f = self.frames[i]
-                    image, _ = finish_codes(codes.to(self.device, non_blocking=True), f.source.pipeline.white_bg,
-                                            f.source.table(self.device))
+                    image, alpha = finish_codes(codes.to(self.device, non_blocking=True), f.source.pipeline.white_bg,
+                                                f.source.table(self.device))
                 else:
                     image = image.to(self.device, non_blocking=True)
+                    alpha = None if alpha is None else alpha.to(self.device, non_blocking=True)
                 mask = None if mask is None else mask.to(self.device, non_blocking=True)
                 event = torch.cuda.Event()
                 event.record(self._copy_stream)
         else:
             image = image.to(self.device)
             mask = None if mask is None else mask.to(self.device)
+            alpha = None if alpha is None else alpha.to(self.device)
         self.loads += 1
-        self._dev[i] = (image, mask, event)
+        self._dev[i] = (image, mask, event, alpha)
         while len(self._dev) > self.ahead + 1:
             keep = set(self._want) | {i}
             del self._dev[next((k for k in self._dev if k not in keep), next(k for k in self._dev if k != i))]
@@ -593,20 +600,26 @@ class ViewStream:
             self._submit(i)
             self._to_device(i)
         self._dev.move_to_end(i)
-        image, mask, event = self._dev[i]
+        image, mask, event, alpha = self._dev[i]
         if event is not None:
             current = torch.cuda.current_stream(self.device)
             current.wait_event(event)
-            image.record_stream(current)   # the allocator must not hand this memory out while the step reads it
-            if mask is not None:
-                mask.record_stream(current)
-            self._dev[i] = (image, mask, None)
+            for x in (image, mask, alpha):   # the allocator must not hand this memory out while the step reads it
+                if x is not None:
+                    x.record_stream(current)
+            self._dev[i] = (image, mask, None, alpha)
         if mask is None and self.uniform and not self.masked[i]:
             size = tuple(image.shape[:2])
             if size not in self._full:
                 self._full[size] = torch.ones(size, dtype=torch.bool, device=self.device)
             mask = self._full[size]
         return image, mask
+
+    def alpha(self, i: int) -> torch.Tensor | None:
+        """View ``i``'s (H, W) float32 alpha on the device as its load brought it (:attr:`with_alpha`), ready for the
+        current stream; None when the view has none or was loaded without it (the caller reads ``frame.alpha``)."""
+        self.view(i)
+        return self._dev[i][3]
 
     def release(self) -> None:
         """Drop every view held on the device and every pending load (the trainer moved to other views)."""

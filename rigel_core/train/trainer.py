@@ -311,6 +311,13 @@ def background_init_points(frames, points, n: int, center, extent: float, *, rad
     return out_p.float(), out_c
 
 
+def _has_alpha(frame) -> bool:
+    """Whether ``frame`` has an alpha channel: a streamed frame's from its image header (nothing decoded)."""
+    if isinstance(frame, StreamedFrame):
+        return bool(frame.source.has_alpha[frame.index])
+    return getattr(frame, "alpha", None) is not None
+
+
 def _alpha_below_half(frame) -> torch.Tensor | None:
     """(H, W) bool, ``frame``'s alpha < 0.5, or None without alpha (a streamed frame reads its 8-bit codes)."""
     if isinstance(frame, StreamedFrame):
@@ -862,11 +869,14 @@ class Trainer:
         ``batch·world`` views is drawn from the shared permutation (and, with ``random_background``, a colour
         drawn per view that has alpha) identically on every rank; rank ``r`` keeps positions ``r·batch …``."""
         cfg = self.config
+        stream = getattr(self._train_images, "stream", None)
+        if stream is not None:  # streamed views bring their alpha for the re-composite (_step_view) while it is on
+            stream.with_alpha = bool(cfg.random_background)
         picked = []
         for j in range(batch * world):
             idx = self._next_view()
             bg = None
-            if cfg.random_background and self.train_frames[idx].alpha is not None:
+            if cfg.random_background and _has_alpha(self.train_frames[idx]):
                 bg = torch.rand(3, generator=self.generator)
             picked.append((idx, bg))
         return picked[rank * batch:(rank + 1) * batch]
@@ -878,8 +888,13 @@ class Trainer:
         bg = self.background
         if bg_host is not None:
             bg = host_to_device(bg_host, self.device)
-            a = frame.alpha.to(self.device, torch.float32)[..., None]
-            gt = gt + (1.0 - a) * (bg - self.background)  # re-composite onto the random colour
+            stream = getattr(self._train_images, "stream", None)
+            a = None if stream is None else stream.alpha(idx)   # loaded with the view (not decoded again)
+            if a is None:   # preloaded, or loaded before random backgrounds were turned on
+                a = frame.alpha
+                a = None if a is None else a.to(self.device, torch.float32)
+            if a is not None:   # (None: a file rewritten without alpha since its header was read)
+                gt = gt + (1.0 - a[..., None]) * (bg - self.background)  # re-composite onto the random colour
         return StepView(frame.camera, gt, self._train_masks[idx], bg, idx)
 
     def _step_context(self, it: int, *, host_work: bool = True, lr_means=None) -> StepContext:
