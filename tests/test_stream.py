@@ -530,6 +530,51 @@ def test_rigel_train_refuses_a_budget_or_capture_that_cannot_fit_in_one_line(ble
     assert main(common + ["--max-gaussians", "1000000"]) == 0
 
 
+def test_preload_frames_that_cannot_fit_the_host_are_refused_before_decoding(blender_dataset, tmp_path,  # noqa: F811
+                                                                             capsys, monkeypatch):
+    """--preload-frames decodes every image into host memory (float32) whatever the device, and the refusal was
+    checked only after that load, against the GPU: a capture bigger than the host's memory was killed by the system
+    while loading. Now it is refused from the image headers, in one line, nothing decoded, nothing written."""
+    from rigel_core.cli.train import main
+    from rigel_core.data import frames as frames_mod
+    from rigel_core.train import memory
+
+    need = 8 * 32 * 32 * 16   # 6 + 2 RGBA views of 32x32: float32 image and alpha
+    have = {"bytes": need - 1}
+    monkeypatch.setattr(memory, "host_memory", lambda: have["bytes"])
+    decode, decoded = frames_mod.FramePipeline.decode, []
+
+    def counted(spec, raw8=False):
+        decoded.append(spec.name)
+        return decode(spec, raw8)
+    monkeypatch.setattr(frames_mod.FramePipeline, "decode", staticmethod(counted))
+    run = tmp_path / "run"
+    common = ["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet", "--init-points", "80",
+              "--sh-degree", "0", "--iters", "2", "--preload-frames"]
+    assert main(common) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("rigel-train: --preload-frames: the 8 images take"), err
+    assert f"{need / 1e9:.1f} GB" in err[0] and "leave out --preload-frames" in err[0]
+    assert decoded == [] and not run.exists()
+    have["bytes"] = 10 ** 12
+    assert main(common) == 0 and len(decoded) >= 8
+
+
+def test_a_cpu_run_whose_budget_cannot_fit_the_host_is_refused(blender_dataset, tmp_path, capsys):  # noqa: F811
+    """On the CPU nothing was checked: an MCMC budget of 10^12 Gaussians (956 TB) started, to grow until the system
+    killed it. The host's available memory (the real one here) now refuses it before anything is written."""
+    from rigel_core.cli.train import main
+
+    run = tmp_path / "run"
+    common = ["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet", "--init-points", "80",
+              "--sh-degree", "0", "--iters", "2", "--strategy", "mcmc"]
+    assert main(common + ["--max-gaussians", str(10 ** 12)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs at least" in err[0] and "of host memory" in err[0], err
+    assert "1,000,000,000,000 Gaussians" in err[0] and "the host has" in err[0] and not run.exists()
+    assert main(common + ["--max-gaussians", "2000"]) == 0
+
+
 def test_training_memory_of_streamed_views_does_not_grow_with_their_number():
     from types import SimpleNamespace
 

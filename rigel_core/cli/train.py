@@ -71,10 +71,12 @@ state. ``--resume`` works with another N (the checkpoint holds global state).
 
 Images are streamed (:mod:`rigel_core.data.stream`): read from disk as they are trained into a host cache of
 ``--frame-cache-mb`` MiB (default: the whole capture when it takes at most a quarter of the available memory,
-else 512), a few views ahead on the device; ``--preload-frames`` decodes them all onto
-the device first. An image that turns out unreadable mid-run stops the run with one line naming it, after the
-checkpoint is saved (exit status 2). A run whose Gaussian budget or images cannot fit the GPU is refused before
-training, in one line (:mod:`rigel_core.train.memory`, exit status 2).
+else that quarter, at least 512), a few views ahead on the device; ``--preload-frames`` decodes them all into host
+memory first (float32), then onto the device. An image that turns out unreadable mid-run stops the run with one line
+naming it, after the checkpoint is saved (exit status 2). A run whose Gaussian budget or images cannot fit the GPU
+(with ``--device cpu``: the host's available memory) is refused before training, in one line, and so is
+``--preload-frames`` for a capture whose decoded images cannot fit the host's available memory, read from the image
+headers before any is decoded (:mod:`rigel_core.train.memory`, exit status 2).
 
 Before training starts nothing is written into ``RUN``: ``--out`` is checked for writability before the dataset
 loads, a ``--resume`` checkpoint is validated completely (:func:`rigel_core.checkpoint.validate_checkpoint`),
@@ -321,6 +323,10 @@ def _main(args, lock: RunLock, comm=None) -> int:
         return 2
     t_start = time.perf_counter()
     try:
+        problem = preload_problem(args) if args.preload_frames else None   # before a single image is decoded
+        if problem:
+            print(f"rigel-train: {problem}", file=sys.stderr)
+            return 2
         with remembered_warnings(early, prefix="warning: "):
             ds = load_training_data(args)
     except (DatasetError, ValueError, FileNotFoundError, ImportError) as e:
@@ -504,6 +510,20 @@ def _main(args, lock: RunLock, comm=None) -> int:
         if is_main:
             record.close()
     return status
+
+
+def preload_problem(args) -> str | None:
+    """The line refusing ``--preload-frames`` for a capture whose decoded frames cannot fit the host's available
+    memory (:func:`rigel_core.train.memory.preload_problem`), read from the image headers alone (the load's warnings
+    are said by the load that follows); None when they fit."""
+    import warnings
+
+    from ..train import memory
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        probe = load_training_data(argparse.Namespace(**{**vars(args), "preload_frames": False, "frame_cache_mb": 0}))
+    return memory.preload_problem(probe.train + probe.test)
 
 
 class _ConsoleHooks(RunHooks):

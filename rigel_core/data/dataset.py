@@ -59,7 +59,9 @@ def load_dataset(path, *, white_bg: bool = False, downscale: float = 1, test_eve
         alpha_as_mask: use each image's alpha channel as a mask (alpha 0 = ignored pixel) instead of compositing
             it onto the background (see :func:`~rigel_core.data.frames.load_frames`).
         stream: read only the image headers now; each frame's pixels are loaded when read, into a host cache of
-            ``cache_mb`` MiB (default :data:`~rigel_core.data.stream.DEFAULT_CACHE_MB`), bit for bit the values of
+            ``cache_mb`` MiB (default :func:`~rigel_core.data.stream.auto_cache_bytes`: the whole capture when it
+            takes at most a quarter of the host's available memory, else that quarter, at least
+            :data:`~rigel_core.data.stream.DEFAULT_CACHE_MB`), bit for bit the values of
             the eager load, as host tensors whatever ``device`` (:mod:`rigel_core.data.stream`). What
             ``rigel-train`` does.
     Returns:

@@ -269,8 +269,19 @@ class FrameSource:
         channels = 4 if self.has_alpha[index] else 3
         if self.compact(index):
             return cam.width * cam.height * channels + (0 if spec.mask_path is None else cam.width * cam.height)
+        return self.float_bytes(index)
+
+    def float_bytes(self, index: int) -> int:
+        """Bytes frame ``index`` takes loaded as float32 (what ``--preload-frames`` holds of it): its image, its alpha
+        (when it has one) and its mask (a lens, a mask file or the alpha taken as a mask give one)."""
+        cam, spec = self.cameras[index], self.specs[index]
+        channels = 4 if self.has_alpha[index] else 3
         masked = spec.distortion is not None or spec.mask_path is not None or self.pipeline.alpha_as_mask
         return cam.width * cam.height * (4 * channels + (1 if masked else 0))
+
+    def preloaded_bytes(self) -> int:
+        """Bytes every frame takes preloaded (``load_dataset(..., stream=False)`` holds them all on the host)."""
+        return sum(self.float_bytes(i) for i in range(len(self.specs)))
 
     def codes(self, index: int) -> torch.Tensor:
         """Frame ``index``'s decoded image as a host tensor (cached): (H, W, 3|4) uint8 codes, or float32 for a

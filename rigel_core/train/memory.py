@@ -1,7 +1,10 @@
-"""What a training run needs of the GPU's memory at least, against what the GPU has (issue 37 item 4).
+"""What a training run needs of the device's memory at least, against what the device has (issue 37 item 4).
 
 ``rigel-train`` calls :func:`memory_problem` before the first step: a capture or a Gaussian budget that cannot fit
-is refused in one line (what it needs against what the device has, exit status 2), instead of failing mid-run.
+is refused in one line (what it needs against what the device has, exit status 2), instead of failing mid-run. The
+device is the GPU, or with ``--device cpu`` the host (its available memory). With ``--preload-frames`` it first
+calls :func:`preload_problem`, from the image headers alone: the decoded capture is held in host memory whatever the
+device, and one that cannot fit it was killed by the system while loading.
 
 The estimate is a **floor**, so that a run that could fit is never refused:
 
@@ -15,11 +18,14 @@ The estimate is a **floor**, so that a run that could fit is never refused:
 - The render of the largest view: image, transmittance and contributor count with their gradients.
 
 What the device has: free memory plus what this process's allocator already holds (``torch.cuda.mem_get_info``,
-``memory_reserved``); None on the CPU (nothing is checked there).
+``memory_reserved``); on the CPU the host's available memory (Linux ``MemAvailable``: :func:`host_memory`; nothing is
+checked where it cannot be read). An "auto" MCMC budget or a ``--max-gaussians`` cap of the default strategy counts
+in full (a run may grow to it): a CPU run with the default 3,000,000 cap needs about 2.9 GB available.
 """
 from __future__ import annotations
 
-__all__ = ["bytes_per_gaussian_floor", "training_memory", "device_memory", "memory_problem"]
+__all__ = ["bytes_per_gaussian_floor", "training_memory", "device_memory", "host_memory", "memory_problem",
+           "preload_problem"]
 
 #: float32 copies of each per-Gaussian parameter during training: the value, its gradient, Adam's m and v
 COPIES = 4
@@ -65,26 +71,34 @@ def training_memory(train_frames, test_frames, cfg, *, streamed: bool, n_gaussia
     return out
 
 
+def host_memory() -> int | None:
+    """Bytes of host memory available to new allocations (:func:`~rigel_core.data.stream.available_host_bytes`), or
+    None where that cannot be read."""
+    from ..data.stream import available_host_bytes
+
+    return available_host_bytes()
+
+
 def device_memory(device) -> int | None:
-    """Bytes of GPU memory this process can use on ``device``: free memory plus what its allocator holds already;
-    None for a CPU device."""
+    """Bytes of memory this process can use on ``device``: on a GPU its free memory plus what the allocator holds
+    already; on the CPU :func:`host_memory` (None where unknown)."""
     import torch
 
     device = torch.device(device)
     if device.type != "cuda":
-        return None
+        return host_memory()
     free, _total = torch.cuda.mem_get_info(device)
     return int(free) + int(torch.cuda.memory_reserved(device))
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB"
+    return f"{n / 1e9:,.1f} GB"
 
 
 def memory_problem(need: dict, device, *, streamed: bool, have: int | None = None) -> str | None:
     """One line saying that ``need`` (:func:`training_memory`) does not fit ``device`` — what it needs, made of
-    what, against what the device has, and what to change —, or None when it fits or the device is a CPU.
-    ``have``: the bytes available (default :func:`device_memory`)."""
+    what, against what the device has, and what to change —, or None when it fits or what the device has is
+    unknown. ``have``: the bytes available (default :func:`device_memory`: the GPU's, or the host's for a CPU)."""
     have = device_memory(device) if have is None else have
     if have is None or need["total"] <= have:
         return None
@@ -93,7 +107,24 @@ def memory_problem(need: dict, device, *, streamed: bool, have: int | None = Non
         hint.append("a smaller --max-gaussians")
     if need["images"] > have // 4:
         hint.append("streamed frames (leave out --preload-frames)" if not streamed else "a larger --downscale")
-    return (f"this run needs at least {_gb(need['total'])} of GPU memory ({need['n_gaussians']:,} Gaussians x "
-            f"{need['per_gaussian']} B = {_gb(need['gaussians'])}, images {_gb(need['images'])}, render "
-            f"{_gb(need['render'])}) but {device} has {_gb(have)} available"
+    gpu = str(device).startswith("cuda")
+    return (f"this run needs at least {_gb(need['total'])} of {'GPU' if gpu else 'host'} memory "
+            f"({need['n_gaussians']:,} Gaussians x {need['per_gaussian']} B = {_gb(need['gaussians'])}, images "
+            f"{_gb(need['images'])}, render {_gb(need['render'])}) but {device if gpu else 'the host'} has "
+            f"{_gb(have)} available"
             + (f": try {' or '.join(hint)}" if hint else ""))
+
+
+def preload_problem(frames, have: int | None = None) -> str | None:
+    """One line saying that ``--preload-frames`` cannot hold ``frames`` in host memory — the bytes the preloaded
+    frames take (:meth:`~rigel_core.data.stream.FrameSource.preloaded_bytes`: float32 images, alphas, masks) against
+    ``have`` (default :func:`host_memory`) —, or None when they fit or the memory is unknown. ``frames``: the
+    capture's frames streamed (``load_dataset(..., stream=True)``: headers only, nothing decoded)."""
+    sources = {id(f.source): f.source for f in frames if hasattr(f, "source")}
+    need = sum(src.preloaded_bytes() for src in sources.values())
+    have = host_memory() if have is None else have
+    if have is None or need <= have:
+        return None
+    return (f"--preload-frames: the {len(frames)} images take {_gb(need)} decoded (float32) but the host has "
+            f"{_gb(have)} available: leave out --preload-frames (streamed frames keep a bounded host cache, "
+            "--frame-cache-mb)")
