@@ -572,6 +572,7 @@ def test_a_cpu_run_whose_budget_cannot_fit_the_host_is_refused(blender_dataset, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs at least" in err[0] and "of host memory" in err[0], err
     assert "1,000,000,000,000 Gaussians" in err[0] and "the host has" in err[0] and not run.exists()
+    assert " TB " in err[0] and ",000.0 GB" not in err[0]  # 956 TB, not 956,000.0 GB
     assert main(common + ["--max-gaussians", "2000"]) == 0
 
 

@@ -92,7 +92,9 @@ def device_memory(device) -> int | None:
 
 
 def _gb(n: int) -> str:
-    return f"{n / 1e9:,.1f} GB"
+    """Bytes in GB, or in TB from 1,000 GB on (a refused budget of 10^12 Gaussians reads "956.0 TB", not
+    "956,000.0 GB")."""
+    return f"{n / 1e12:,.1f} TB" if n >= 1e12 else f"{n / 1e9:,.1f} GB"
 
 
 def memory_problem(need: dict, device, *, streamed: bool, have: int | None = None) -> str | None:
