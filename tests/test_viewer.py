@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from test_trainer import blender_dataset  # noqa: F401  (a fixture)
 from test_vulkan import VK_OK, VK_REASON, display, no_validation_errors  # noqa: F401  (fixtures)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -340,6 +341,28 @@ def test_refused_flag_values_exit_2_with_one_line(tmp_path, capsys, flags, named
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("rigel-viewer: ") and named in err, err
+    assert not out.exists()
+
+
+def test_a_training_budget_or_preload_that_cannot_fit_is_refused_as_rigel_train_does(blender_dataset, tmp_path,  # noqa: F811
+                                                                                    capsys, monkeypatch):
+    """``rigel-viewer --data`` had no memory refusal: an MCMC budget of 10^12 Gaussians started on the CPU and grew
+    until the system killed it, and --preload-frames of a capture bigger than the host decoded until killed. Both are
+    one line now, exit 2, nothing written, as rigel-train (tests/test_stream.py); a budget that fits still opens."""
+    from rigel_core.train import memory
+    from viewer.cli import main
+
+    out = tmp_path / "o"
+    common = ["--data", str(blender_dataset), "--offscreen", "--out", str(out), "--device", "cpu", "--frames", "1",
+              "--iters", "2", "--init-points", "80", "--sh-degree", "0", "--strategy", "mcmc"]
+    assert main(common + ["--max-gaussians", str(10 ** 12)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rigel-viewer: ") and "of host memory" in err, err
+    assert "1,000,000,000,000 Gaussians" in err and not out.exists()
+    monkeypatch.setattr(memory, "host_memory", lambda: 1000)
+    assert main(common + ["--max-gaussians", "2000", "--preload-frames"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--preload-frames: the 8 images take" in err, err
     assert not out.exists()
 
 

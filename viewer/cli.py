@@ -220,8 +220,8 @@ def _start_training(args, settings: ViewSettings, locks: list):
     (run_dir, session, frames, device)."""
     from rigel_core.checkpoint import CheckpointError
     from rigel_core.cli.common import build_trainer, changed_settings_line, config_overrides, kept_settings, \
-        load_training_data, new_run_problem, no_checkpoint_line, remembered_warnings, resume_config, \
-        resumed_data_problem
+        load_training_data, memory_problem_of, new_config, new_run_problem, no_checkpoint_line, preload_problem, \
+        remembered_warnings, resume_config, resumed_data_problem
     from rigel_core.run_dir import CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir, holds_run, \
         log_to_file, out_problem
     from rigel_core.train.run import run_finished
@@ -266,6 +266,9 @@ def _start_training(args, settings: ViewSettings, locks: list):
         early.append(no_checkpoint_line(run_dir))
         print(f"rigel-viewer: {early[-1]}", file=sys.stderr)
     device = _pick_render_device(args.device)
+    problem = preload_problem(args) if args.preload_frames else None   # before a single image is decoded
+    if problem:
+        raise _Refused(problem)
     with remembered_warnings(early, prefix="warning: "):
         ds = load_training_data(args)
     problem = resumed_data_problem(run_dir, ds, args.data) if resume_cfg is not None else None
@@ -274,13 +277,22 @@ def _start_training(args, settings: ViewSettings, locks: list):
     problem = _view_problem(args.view, len(ds.train), f"--data {args.data}")
     if problem:   # before the run folder is claimed: nothing written
         raise _Refused(problem)
+    streamed = not args.preload_frames
     try:   # a configuration the trainer refuses: one line, status 2, as rigel-train (it was status 1)
+        # what cannot fit the device, as rigel-train refuses it: preloaded images go there as the trainer is made
+        problem = None if streamed else memory_problem_of(ds, resume_cfg or new_config(args, overrides), device,
+                                                          streamed=False, n_gaussians=0)
+        if problem:
+            raise _Refused(problem)
         with remembered_warnings(early, prefix="warning: "):
             trainer = build_trainer(args, ds, device, resume_cfg=resume_cfg, ckpt=ckpt, overrides=overrides)
     except (ValueError, TypeError) as e:   # TypeError: a --set value of the wrong type
         if isinstance(e, TypeError) and not args.set_fields:
             raise
         raise _Refused(str(e)) from None
+    problem = memory_problem_of(ds, trainer.config, device, streamed=streamed)  # the resolved budget ("auto")
+    if problem:
+        raise _Refused(problem)
     try:  # the folder is checked again under the lock: a rigel-train may have finished a run here meanwhile
         if lock.claim(resume=args.resume) is None:
             raise _Refused(RunLock(run_dir).busy_message("rigel process"))

@@ -486,6 +486,30 @@ def build_trainer(args: argparse.Namespace, dataset, device: str, *, resume_cfg=
         raise type(e)(worded) from None
 
 
+def preload_problem(args) -> str | None:
+    """The line refusing ``--preload-frames`` for a capture whose decoded frames cannot fit the host's available
+    memory (:func:`rigel_core.train.memory.preload_problem`), read from the image headers alone (the load's warnings
+    are said by the load that follows); None when they fit."""
+    import warnings
+
+    from ..train import memory
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        probe = load_training_data(argparse.Namespace(**{**vars(args), "preload_frames": False, "frame_cache_mb": 0}))
+    return memory.preload_problem(probe.train + probe.test)
+
+
+def memory_problem_of(ds, cfg, device, *, streamed: bool, n_gaussians: int | None = None) -> str | None:
+    """The line refusing a run of ``cfg`` on ``ds`` whose Gaussian budget (``n_gaussians`` when given, else the
+    config's) and images cannot fit ``device`` (the host's available memory on the CPU), or None
+    (:func:`rigel_core.train.memory.memory_problem`; the estimate is a floor, so a run that could fit is never refused)."""
+    from ..train.memory import memory_problem, training_memory
+
+    need = training_memory(ds.train, ds.test, cfg, streamed=streamed, n_gaussians=n_gaussians)
+    return memory_problem(need, device, streamed=streamed)
+
+
 def new_config(args, overrides: dict):
     """The TrainConfig of a new run: ``--sh-degree``, ``--appearance`` and the overrides
     (:func:`config_overrides`), validated. Raises ValueError / TypeError (a ``--set`` value of the wrong type), so

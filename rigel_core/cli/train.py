@@ -100,7 +100,7 @@ from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, R
 from ..train.run import RunHooks, TrainingRun, run_finished
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
     kept_settings, load_training_data, new_config, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
-    remembered_warnings, resume_config, resumed_data_problem, whole_number_arg
+    memory_problem_of, preload_problem, remembered_warnings, resume_config, resumed_data_problem, whole_number_arg
 from .common import Parser, add_threads_arg, limit_heap_retention, set_threads, threads_problem
 
 __all__ = ["main", "build_parser"]
@@ -343,11 +343,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
     metrics = None
     streamed = not args.preload_frames
 
-    def memory_refusal(cfg, n_gaussians=None) -> str | None:  # what cannot fit the GPU, before training (memory.py)
-        from ..train.memory import memory_problem, training_memory
-
-        need = training_memory(ds.train, ds.test, cfg, streamed=streamed, n_gaussians=n_gaussians)
-        return memory_problem(need, device, streamed=streamed)
+    def memory_refusal(cfg, n_gaussians=None) -> str | None:  # what cannot fit the device, before training
+        return memory_problem_of(ds, cfg, device, streamed=streamed, n_gaussians=n_gaussians)
 
     try:
         # preloaded images go to the GPU as the trainer is made: their part is checked before
@@ -510,20 +507,6 @@ def _main(args, lock: RunLock, comm=None) -> int:
         if is_main:
             record.close()
     return status
-
-
-def preload_problem(args) -> str | None:
-    """The line refusing ``--preload-frames`` for a capture whose decoded frames cannot fit the host's available
-    memory (:func:`rigel_core.train.memory.preload_problem`), read from the image headers alone (the load's warnings
-    are said by the load that follows); None when they fit."""
-    import warnings
-
-    from ..train import memory
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        probe = load_training_data(argparse.Namespace(**{**vars(args), "preload_frames": False, "frame_cache_mb": 0}))
-    return memory.preload_problem(probe.train + probe.test)
 
 
 class _ConsoleHooks(RunHooks):
