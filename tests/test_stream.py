@@ -286,6 +286,47 @@ def test_streamed_and_preloaded_training_see_the_same_batches_and_end_equal(tmp_
     assert [e.psnr for e in a.eval_history] == [e.psnr for e in b.eval_history]
 
 
+def test_the_trainer_reads_streamed_masks_on_threads_in_order(tmp_path, rng, monkeypatch):
+    """With ``alpha_as_mask`` a streamed view's mask costs a decode, and the trainer read every view's, one after
+    another on its own thread, before the first step and at each coarse level. They are read on the loading threads
+    now, the views' mask flags as one thread gives them (the batches: the test above), and of two images cut short
+    the error names the first in the capture's order."""
+    import threading
+
+    import rigel_core.data.stream as stream_mod
+    import rigel_core.train.trainer as trainer_mod
+    from rigel_core.data import DatasetError
+
+    write_ngp(tmp_path, rng, 31, 23, 9, lens=False)
+    _, st = load_both(tmp_path, alpha_as_mask=True)
+    seen, read = [], trainer_mod.frame_mask
+
+    def counted(f):
+        seen.append(threading.current_thread().name)
+        return read(f)
+    monkeypatch.setattr(trainer_mod, "frame_mask", counted)
+    monkeypatch.setattr(stream_mod.os, "cpu_count", lambda: 4)
+    cfg = TrainConfig(iterations=4, init_points=60, sh_degree=0, strategy="default", coarse_to_fine=1)
+    t = Trainer(st, cfg, device="cpu")
+    assert len(seen) == len(st.train) and all(n.startswith("rigel-frames") for n in seen), seen
+    stream = t._train_images.stream
+    assert stream.masked == [bool(m is not None and not m.all()) for m in (read(f) for f in st.train)]
+    assert any(stream.masked)   # the alpha leaves pixels out: some views train masked
+    monkeypatch.setattr(stream_mod, "MAX_WORKERS", 1)
+    Trainer(st, cfg, device="cpu")
+    assert seen[-1] == threading.current_thread().name   # one worker: read here, as before
+    names = sorted((f.name for f in st.train), key=lambda n: int(n[1:]))
+    monkeypatch.setattr(stream_mod, "MAX_WORKERS", 4)
+    for name in (names[2], names[5]):
+        f = tmp_path / "images" / f"{name}.png"
+        f.write_bytes(f.read_bytes()[:60])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        broken = load_dataset(tmp_path, test_every=3, stream=True, alpha_as_mask=True)   # headers only
+    with pytest.raises(DatasetError, match=f"{names[2]}.png"):
+        Trainer(broken, cfg, device="cpu")
+
+
 def test_random_backgrounds_read_each_streamed_view_once(tmp_path, rng, monkeypatch):
     """With ``random_background`` the step asked ``frame.alpha`` twice on the main thread (whether the view has
     one, then its values for the re-composite): without a cache that decoded every view three times a step, two of

@@ -468,6 +468,19 @@ def stream_frames(specs: list[FrameSpec], *, white_bg: bool, downscale: float, s
                        cache_mb=cache_mb).frames()
 
 
+def map_frames(fn, frames: list, workers: int | None = None) -> list:
+    """``[fn(f) for f in frames]``, computed by up to ``workers`` threads (default min(:data:`MAX_WORKERS`, CPUs)):
+    for reads of :class:`StreamedFrame` s that decode (a mask taken from the image's alpha with ``alpha_as_mask``, or
+    from a mask file), which the trainer makes of every view at its start and at each coarse level — one thread
+    read a 2,000-view capture's one after another before the first step. The first error in ``frames``' order is
+    raised, as one thread would raise it."""
+    workers = max(1, min(workers or MAX_WORKERS, os.cpu_count() or 1, len(frames)))
+    if workers == 1:
+        return [fn(f) for f in frames]
+    with ThreadPoolExecutor(workers, thread_name_prefix="rigel-frames") as pool:
+        return list(pool.map(fn, frames))
+
+
 def default_host_ahead(frames: list, device, ahead: int, workers: int) -> int:
     """How many views a :class:`ViewStream` loads on the host ahead of their step by default: on a GPU two per
     loading thread, at most as many as :data:`HOST_AHEAD_BYTES` hold at the largest of ``frames``' float32 size, at

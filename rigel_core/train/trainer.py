@@ -50,7 +50,7 @@ import torch
 
 from ..camera import Camera, host_to_device
 from ..data.frames import common_size_frames, downscale_frame, frame_mask
-from ..data.stream import StreamedFrame, ViewStream
+from ..data.stream import StreamedFrame, ViewStream, map_frames
 from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
@@ -718,15 +718,15 @@ class Trainer:
         """``(images, masks)`` of training views ``frames``: lists of device tensors (image float32, mask bool or
         None: :meth:`_device_mask`, :meth:`_uniform_masks`) — or, for streamed frames, the ``images`` / ``masks``
         columns of a :class:`~rigel_core.data.stream.ViewStream` giving the same tensors, loaded ahead of their step,
-        a few at a time on the device (the masks' presence read on the host first, one frame at a time)."""
+        a few at a time on the device (which views have a mask read on the host first, on a few threads)."""
         if frames and all(isinstance(f, StreamedFrame) for f in frames):
-            masked = []
-            for f in frames:
+            def masked(f) -> bool:
                 m = frame_mask(f)
                 if m is not None and tuple(m.shape) != (f.camera.height, f.camera.width):
                     self._device_mask(f)  # raises its error
-                masked.append(m is not None and not bool(m.all()))
-            stream = ViewStream(frames, self.device, masked, any(masked) and not all(masked))
+                return m is not None and not bool(m.all())
+            flags = map_frames(masked, frames)
+            stream = ViewStream(frames, self.device, flags, any(flags) and not all(flags))
             return stream.images, stream.masks
         images = [f.image.to(self.device, torch.float32) for f in frames]
         return images, self._uniform_masks(frames, [self._device_mask(f) for f in frames])
