@@ -562,7 +562,8 @@ def test_rigel_train_refuses_a_budget_or_capture_that_cannot_fit_in_one_line(ble
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs at least" in err[0] and "2.0 GB available" in err[0] and "100,000,000" in err[0]
     assert "--max-gaussians" in err[0] and not run.exists()
-    if preload:  # the images alone (32x32 views: a few KB) against an almost full GPU
+    if preload:  # the images alone (32x32 views: a few KB) against an almost full device (on the CPU, where the
+        # preloaded views already lie, their first coarse level and the render)
         have["bytes"] = 10_000
         assert main(common) == 2
         err = capsys.readouterr().err.strip().splitlines()
@@ -599,6 +600,31 @@ def test_preload_frames_that_cannot_fit_the_host_are_refused_before_decoding(ble
     assert decoded == [] and not run.exists()
     have["bytes"] = 10 ** 12
     assert main(common) == 0 and len(decoded) >= 8
+
+
+def test_preloaded_frames_on_the_cpu_are_not_counted_twice(blender_dataset, tmp_path, capsys,  # noqa: F811
+                                                           monkeypatch):
+    """With ``--device cpu --preload-frames`` the frames are decoded into host memory before the run's check, and
+    the trainer trains on those very tensors; the check counted them again against what the host had left after
+    holding them, so a run that fits was refused after its whole load. Only what is still to come counts: the
+    Gaussians, the first coarse level and the render."""
+    from rigel_core.cli.train import main
+    from rigel_core.train import memory
+
+    per = 4 * (4 * (11 + 3) + 3)                  # bytes a Gaussian holds at SH degree 0
+    gaussians, render = 1000 * per, 2 * 4 * 5 * 32 * 32
+    coarse, full = 6 * 8 * 8 * 13, 6 * 32 * 32 * 13   # 6 training views: 1/4 level (auto on this capture), full
+    have = gaussians + render + coarse + full // 2    # fits all but a second copy of the images
+    monkeypatch.setattr(memory, "host_memory", lambda: have)
+    run = tmp_path / "run"
+    common = ["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet", "--init-points", "80",
+              "--sh-degree", "0", "--iters", "2", "--max-gaussians", "1000", "--preload-frames"]
+    status, err = main(common), capsys.readouterr().err
+    assert status == 0, err
+    monkeypatch.setattr(memory, "host_memory", lambda: gaussians + render + coarse - 1)   # still refused below
+    assert main(common[:3] + [str(tmp_path / "b")] + common[4:]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "of host memory" in err[0] and "1,000 Gaussians" in err[0], err
 
 
 def test_a_cpu_run_whose_budget_cannot_fit_the_host_is_refused(blender_dataset, tmp_path, capsys):  # noqa: F811

@@ -503,10 +503,12 @@ def preload_problem(args) -> str | None:
 def memory_problem_of(ds, cfg, device, *, streamed: bool, n_gaussians: int | None = None) -> str | None:
     """The line refusing a run of ``cfg`` on ``ds`` whose Gaussian budget (``n_gaussians`` when given, else the
     config's) and images cannot fit ``device`` (the host's available memory on the CPU), or None
-    (:func:`rigel_core.train.memory.memory_problem`; the estimate is a floor, so a run that could fit is never refused)."""
+    (:func:`rigel_core.train.memory.memory_problem`; the estimate is a floor, so a run that could fit is never refused).
+    Preloaded frames on the CPU are in host memory already: they are not counted again."""
     from ..train.memory import memory_problem, training_memory
 
-    need = training_memory(ds.train, ds.test, cfg, streamed=streamed, n_gaussians=n_gaussians)
+    held = not streamed and not str(device).startswith("cuda")
+    need = training_memory(ds.train, ds.test, cfg, streamed=streamed, n_gaussians=n_gaussians, held=held)
     return memory_problem(need, device, streamed=streamed)
 
 

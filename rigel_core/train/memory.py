@@ -14,7 +14,9 @@ The estimate is a **floor**, so that a run that could fit is never refused:
   top; ``bench/gaussian_memory.py`` measures the whole per-Gaussian cost beside gsplat's loop.
 - Images: streamed frames (:mod:`rigel_core.data.stream`, the default) hold the current view and the few loaded
   ahead (``DEFAULT_AHEAD + 1`` of the largest training view, plus one held-out view while evaluating); preloaded
-  ones every training view (image float32, mask bool) and, with coarse-to-fine, its largest coarse level.
+  ones every training view (image float32, mask bool) and, with coarse-to-fine, its largest coarse level — on the
+  CPU only that coarse level: the preloaded views already lie in host memory when the check runs, and the trainer
+  trains on those very tensors (counting them again against what the host has left refused runs that fit).
 - The render of the largest view: image, transmittance and contributor count with their gradients.
 
 What the device has: free memory plus what this process's allocator already holds (``torch.cuda.mem_get_info``,
@@ -46,10 +48,12 @@ def _view_bytes(width: int, height: int, masked: bool = True) -> int:
     return width * height * (12 + (1 if masked else 0))
 
 
-def training_memory(train_frames, test_frames, cfg, *, streamed: bool, n_gaussians: int | None = None) -> dict:
+def training_memory(train_frames, test_frames, cfg, *, streamed: bool, n_gaussians: int | None = None,
+                    held: bool = False) -> dict:
     """``{"gaussians", "images", "render", "total"}`` bytes a run of ``cfg`` on these frames needs at least
     (module docstring). Frames: anything with ``.camera`` (width, height); nothing is decoded. ``n_gaussians``:
-    the count to plan for (default ``cfg.max_gaussians``, the budget)."""
+    the count to plan for (default ``cfg.max_gaussians``, the budget). ``held``: preloaded (not ``streamed``)
+    frames that already lie in the device's memory (on the CPU), so that only their first coarse level is to come."""
     from ..data.stream import DEFAULT_AHEAD
 
     n = int(n_gaussians if n_gaussians is not None else (cfg.max_gaussians or 0))
@@ -60,7 +64,7 @@ def training_memory(train_frames, test_frames, cfg, *, streamed: bool, n_gaussia
     if streamed:
         images = (DEFAULT_AHEAD + 1) * 13 * largest + 13 * test_largest
     else:
-        images = sum(_view_bytes(w, h) for w, h in sizes)
+        images = 0 if held else sum(_view_bytes(w, h) for w, h in sizes)
         factor = cfg.coarse_to_fine if isinstance(cfg.coarse_to_fine, int) else 1
         if factor > 1:  # the first coarse level beside the full set
             images += sum(_view_bytes(max(1, w // factor), max(1, h // factor)) for w, h in sizes)
