@@ -324,14 +324,19 @@ def close_run_log(log: logging.Logger) -> None:
         h.close()
 
 
-def _masked_pixels(frames) -> int:
-    """Pixels that do not count (``Frame.mask`` False), summed over ``frames``."""
-    n = 0
-    for f in frames:
+def _mask_facts(frames) -> tuple[int, int]:
+    """(views with a mask, pixels that do not count: ``Frame.mask`` False) of ``frames``, each mask read once —
+    streamed ones on the loading threads (:func:`~rigel_core.data.stream.map_frames`: with ``alpha_as_mask`` a read
+    is a decode)."""
+    from .data.stream import map_frames
+
+    def facts(f) -> tuple[int, int]:
         m = getattr(f, "mask", None)
-        if m is not None:
-            n += int(m.numel() - int((m > 0.5).sum())) if m.is_floating_point() else int((~m).sum())
-    return n
+        if m is None:
+            return 0, 0
+        return 1, int(m.numel() - int((m > 0.5).sum())) if m.is_floating_point() else int((~m).sum())
+    per_view = map_frames(facts, list(frames))
+    return sum(v for v, _ in per_view), sum(n for _, n in per_view)
 
 
 def read_metrics(path: Path) -> dict | None:
@@ -362,13 +367,13 @@ def new_metrics(metrics: dict | None, *, data, device: str, trainer, resumed: bo
                                     and e["iteration"] > trainer.iteration)]
     # the views as loaded (the trainer may pad some to a common size, with masked margins that are not data)
     train, test = list(getattr(trainer.dataset, "train", trainer.train_frames)), trainer.test_frames
+    (train_views, train_pixels), (test_views, test_pixels) = _mask_facts(train), _mask_facts(test)
     metrics.update({"data": str(data), "device": device, "config": trainer.config.to_dict(),
                     "dataset": {"train_views": len(train), "test_views": len(test),
                                 "scene_extent": trainer.extent, "white_bg": trainer.white_bg,
                                 "resolution": [train[0].camera.width, train[0].camera.height],
-                                "masked_pixels": {"train": _masked_pixels(train), "test": _masked_pixels(test)},
-                                "masked_views": {"train": sum(getattr(f, "mask", None) is not None for f in train),
-                                                 "test": sum(getattr(f, "mask", None) is not None for f in test)}}})
+                                "masked_pixels": {"train": train_pixels, "test": test_pixels},
+                                "masked_views": {"train": train_views, "test": test_views}}})
     return metrics
 
 

@@ -327,6 +327,50 @@ def test_the_trainer_reads_streamed_masks_on_threads_in_order(tmp_path, rng, mon
         Trainer(broken, cfg, device="cpu")
 
 
+def test_no_streamed_mask_is_decoded_on_the_trainers_thread(tmp_path, rng, monkeypatch):
+    """The test above counts the reads of the mask flags; before them the trainer still read every view's mask on
+    its own thread (the views left out for having no valid pixel, training and held-out), and again at each coarse
+    level (a level that would leave a view no valid pixel), and the run's record twice more (its masked views and
+    pixels): with ``alpha_as_mask`` each read is a decode, so the start and every level decoded the capture one image
+    after another, and the flags' threads found the cache full. With no cache (each read decodes) and
+    coarse-to-fine, every decode is on the loading threads now."""
+    import threading
+
+    import rigel_core.data.stream as stream_mod
+    from rigel_core.data import frames as frames_mod
+    from rigel_core.run_dir import new_metrics
+
+    write_ngp(tmp_path, rng, 48, 40, 9, lens=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st = load_dataset(tmp_path, test_every=3, stream=True, alpha_as_mask=True, cache_mb=0)
+    decode, seen = frames_mod.FramePipeline.decode, []
+
+    def counted(spec, raw8=False):
+        seen.append((spec.name, threading.current_thread().name))
+        return decode(spec, raw8)
+    monkeypatch.setattr(frames_mod.FramePipeline, "decode", staticmethod(counted))
+    monkeypatch.setattr(stream_mod.os, "cpu_count", lambda: 4)
+    cfg = TrainConfig(iterations=6, init_points=60, sh_degree=0, strategy="default", coarse_to_fine=4,
+                      coarse_to_fine_iters=4, eval_every=0)
+    t = Trainer(st, cfg, device="cpu")
+    assert {n for n, _ in seen} == {f.name for f in st.train + st.test}   # the start read every view's mask
+    levels = []
+    for _ in range(6):
+        t.step()
+        levels.append(t.train_downscale)
+    assert levels[0] == 4 and 2 in levels and levels[-1] == 1   # both coarse levels made, then full
+    seen_steps = len(seen)
+    facts = new_metrics(None, data=tmp_path, device="cpu", trainer=t, resumed=False)["dataset"]   # the run's record
+    assert len(seen) > seen_steps   # (it read the masks again: nothing is cached)
+    main = [s for s in seen if not s[1].startswith("rigel-frames")]
+    assert not main, main
+    pre, _ = load_both(tmp_path, alpha_as_mask=True)
+    assert facts["masked_views"] == {k: sum(f.mask is not None for f in getattr(pre, k)) for k in ("train", "test")}
+    assert facts["masked_pixels"] == {k: sum(int((~f.mask).sum()) for f in getattr(pre, k) if f.mask is not None)
+                                      for k in ("train", "test")}
+
+
 def test_random_backgrounds_read_each_streamed_view_once(tmp_path, rng, monkeypatch):
     """With ``random_background`` the step asked ``frame.alpha`` twice on the main thread (whether the view has
     one, then its values for the re-composite): without a cache that decoded every view three times a step, two of

@@ -473,9 +473,10 @@ def map_frames(fn, frames: list, workers: int | None = None) -> list:
     for reads of :class:`StreamedFrame` s that decode (a mask taken from the image's alpha with ``alpha_as_mask``, or
     from a mask file), which the trainer makes of every view at its start and at each coarse level — one thread
     read a 2,000-view capture's one after another before the first step. The first error in ``frames``' order is
-    raised, as one thread would raise it."""
+    raised, as one thread would raise it. Frames that are not all streamed (tensors in memory, perhaps on the GPU)
+    are mapped here, in turn."""
     workers = max(1, min(workers or MAX_WORKERS, os.cpu_count() or 1, len(frames)))
-    if workers == 1:
+    if workers == 1 or not all(isinstance(f, StreamedFrame) for f in frames):
         return [fn(f) for f in frames]
     with ThreadPoolExecutor(workers, thread_name_prefix="rigel-frames") as pool:
         return list(pool.map(fn, frames))

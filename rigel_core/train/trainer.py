@@ -438,13 +438,16 @@ class Trainer:
             m = getattr(f, "mask", None)
             return m is not None and not bool(torch.as_tensor(m).bool().any())
 
-        if all(no_valid_pixel(f) for f in self.train_frames):
+        # every view's mask, streamed ones on the loading threads (with alpha_as_mask each is a decode; the first
+        # error in the views' order is raised)
+        n_train = len(self.train_frames)
+        blind = map_frames(no_valid_pixel, self.train_frames + self.test_frames)
+        if all(blind[:n_train]):
             raise ValueError(f"{src}: every pixel of every training image is masked (masks/, mask_path, alpha or a "
                              "lens that covers none of the image): nothing to train on")
-        def without_blind(frames: list, what: str) -> list:
-            """``frames`` without those with no valid pixel, naming them in one warning: a training view has nothing
-            to learn from (its steps would report loss λ and PSNR inf), a held-out view has no PSNR."""
-            blind = [no_valid_pixel(f) for f in frames]
+        def without_blind(frames: list, blind: list, what: str) -> list:
+            """``frames`` without those with no valid pixel (``blind``), naming them in one warning: a training view
+            has nothing to learn from (its steps would report loss λ and PSNR inf), a held-out view has no PSNR."""
             if not any(blind):
                 return frames
             names = [f.name for f, b in zip(frames, blind) if b]
@@ -452,9 +455,9 @@ class Trainer:
                           stacklevel=3)
             return [f for f, b in zip(frames, blind) if not b]
 
-        self.train_frames = without_blind(self.train_frames,
+        self.train_frames = without_blind(self.train_frames, blind[:n_train],
                                           "training view(s) have every pixel masked and are left out of training")
-        self.test_frames = without_blind(self.test_frames,
+        self.test_frames = without_blind(self.test_frames, blind[n_train:],
                                          "held-out view(s) have every pixel masked and are not evaluated")
         self.extent = float(dataset.scene_extent) if dataset.scene_extent and dataset.scene_extent > 0 else 1.0
         self.white_bg = bool(getattr(dataset, "white_bg", False))
@@ -1040,12 +1043,12 @@ class Trainer:
         while factor != 1:
             frames = [downscale_frame(f, factor, device=self.device) for f in full_frames]
 
-            def blind(f) -> bool:  # a mask that keeps no pixel (streamed frames: read on the host, one at a time)
+            def blind(f) -> bool:  # a mask that keeps no pixel (streamed frames: read on the host)
                 m = self._device_mask(f) if not isinstance(f, StreamedFrame) else frame_mask(f)
                 return m is not None and not bool(m.any())
             # the strict mask rule can leave a view with valid pixels no valid coarse pixel (a mask whose ignored
             # pixels reach every factor x factor block): that view would train on nothing, so a smaller factor
-            lost = [f.name for f, ff in zip(frames, full_frames) if blind(f) and not blind(ff)]
+            lost = [f.name for f, ff, b in zip(frames, full_frames, map_frames(blind, frames)) if b and not blind(ff)]
             if not lost:
                 self.train_frames = frames
                 # float32 on the device (downscale_frame), or streamed
