@@ -692,15 +692,19 @@ def resolve_densify_grad(cfg: TrainConfig, has_sfm_points: bool, cuda: bool) -> 
 
 def coarse_to_fine_span(cfg: TrainConfig) -> int:
     """T = min(``coarse_to_fine_iters``, ⌊``iterations`` × ``coarse_to_fine_share``⌋): the iterations the coarse
-    levels take (0: none)."""
-    return min(int(cfg.coarse_to_fine_iters), int(int(cfg.iterations) * float(cfg.coarse_to_fine_share)))
+    levels take (0: none). The product is exact, of the share as written (its shortest decimal): in binary floating
+    point 100 × 0.29 is 28.999999999999996, which gave 28."""
+    from fractions import Fraction
+
+    share = Fraction(repr(float(cfg.coarse_to_fine_share)))
+    return min(int(cfg.coarse_to_fine_iters), math.floor(int(cfg.iterations) * share))
 
 
 def training_downscale(cfg: TrainConfig, iteration: int) -> int:
     """The coarse-to-fine factor the training images are divided by at ``iteration`` (1 = full resolution):
-    ``coarse_to_fine`` = 2^k halves k times, in k equal phases over the first T = min(``coarse_to_fine_iters``,
-    ``iterations`` // 2) iterations (``TrainConfig.coarse_to_fine``; a short run keeps its second half at full
-    resolution). Iterations count from 1; iteration T + 1 on is full. ValueError for an unresolved "auto" (the
+    ``coarse_to_fine`` = 2^k halves k times, in k equal phases over the first T iterations
+    (:func:`coarse_to_fine_span`; ``TrainConfig.coarse_to_fine``: with the default share a short run keeps its
+    second half at full resolution). Iterations count from 1; iteration T + 1 on is full. ValueError for an unresolved "auto" (the
     Trainer resolves it from its dataset: :func:`resolve_coarse_to_fine`)."""
     if cfg.coarse_to_fine == "auto":
         raise ValueError("TrainConfig.coarse_to_fine is 'auto': the Trainer resolves it from its dataset "
