@@ -704,8 +704,8 @@ def training_downscale(cfg: TrainConfig, iteration: int) -> int:
     """The coarse-to-fine factor the training images are divided by at ``iteration`` (1 = full resolution):
     ``coarse_to_fine`` = 2^k halves k times, in k equal phases over the first T iterations
     (:func:`coarse_to_fine_span`; ``TrainConfig.coarse_to_fine``: with the default share a short run keeps its
-    second half at full resolution). Iterations count from 1; iteration T + 1 on is full. ValueError for an unresolved "auto" (the
-    Trainer resolves it from its dataset: :func:`resolve_coarse_to_fine`)."""
+    second half at full resolution). Iterations count from 1; iteration T + 1 on is full. ValueError for an
+    unresolved "auto" (the Trainer resolves it from its dataset: :func:`resolve_coarse_to_fine`)."""
     if cfg.coarse_to_fine == "auto":
         raise ValueError("TrainConfig.coarse_to_fine is 'auto': the Trainer resolves it from its dataset "
                          "(Trainer.config holds the factor in use)")
