@@ -751,6 +751,25 @@ def test_image_header_over_the_cap(tmp_path, size, frag):
     _assert_dataset_error(e, tmp_path / "im.png", frag)
 
 
+def test_pillows_own_bomb_guard_does_not_override_rigels_caps(tmp_path, monkeypatch):
+    """Pillow warns from ~89 M pixels and refuses from ~179 M, below rigel's caps (MAX_IMAGE_PIXELS, checked from the
+    header): a 150 M pixel capture warned once per decode, and one of 200 M pixels, within the caps, was refused.
+    Pillow's guard is lowered here to 100 pixels so that a 32x32 image stands for such a one."""
+    import warnings
+
+    from PIL import Image
+
+    from rigel_core.data.images import read_image
+
+    path = tmp_path / "im.png"
+    Image.fromarray(np.full((32, 32, 3), 7, np.uint8)).save(path)
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)   # 1,024 pixels: more than twice Pillow's cap
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        img = read_image(path)
+    assert img.shape == (32, 32, 3) and np.allclose(img, 7 / 255)
+
+
 @pytest.mark.parametrize("field,value,frag", [
     ("width", 0, "width must be in 1.."), ("height", 2 ** 21, "height must be in 1.."),
     ("width", 12.5, "whole number"), ("width", True, "must be a number"), ("fx", "3", "must be a number"),

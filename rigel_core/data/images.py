@@ -61,9 +61,14 @@ def _open_checked(path: Path, max_side: int, max_pixels: int, what: str = "image
     pixel is decoded. ValueError naming the file for an unreadable header or a size over the caps."""
     from PIL import Image
 
+    if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < max_pixels:
+        # Pillow's own bomb guard (a warning from ~89 M pixels, an error from ~179 M) sits below rigel's caps, which
+        # are checked below from the header before any pixel is decoded: it warned once per decode of an image
+        # rigel accepts, and refused those of 179–268 M pixels that the caps allow
+        Image.MAX_IMAGE_PIXELS = max_pixels
     try:
         im = Image.open(path)
-    except Image.DecompressionBombError as e:  # Pillow's own cap (~179 M pixels) hit inside open()
+    except Image.DecompressionBombError as e:  # Pillow's own cap hit inside open()
         raise ValueError(f"{path}: {what} too large to decode ({e})") from None
     except _DECODE_ERRORS as e:
         raise ValueError(f"{path}: cannot read {what} ({type(e).__name__}: {e})") from None
