@@ -169,7 +169,13 @@ def test_an_explicit_factor_is_never_changed(rng, sfm):
     for factor in (1, 2, 4):
         cfg = small_config(coarse_to_fine=factor, strategy="default")
         t = Trainer(ds, cfg, device="cpu")
-        assert t.config.coarse_to_fine == factor and t.coarse_note is None
+        assert t.config.coarse_to_fine == factor
+        if factor == 1:
+            assert t.coarse_note is None
+        else:   # a factor set for a new run is said with its schedule (it was not: only "auto" got a line)
+            span = coarse_to_fine_span(t.config)
+            assert t.coarse_note.startswith(f"coarse_to_fine {factor} (set): training starts at 1/{factor} ")
+            assert f"= {span:,} iteration" in t.coarse_note and "\n" not in t.coarse_note
         if not sfm:  # nothing "auto" left to resolve: the caller's config itself is the one in use
             assert t.config is cfg
 

@@ -25,7 +25,7 @@ MAX_ITERATION = 100_000_000
 
 __all__ = ["TrainConfig", "STRATEGIES", "DENSIFY_GRADS", "SPARSE_SFM_COVERAGE", "AUTO_COARSE_TO_FINE",
            "Capture", "auto_mcmc_budget", "strategy_unresolved", "resolve_init_points", "resolve_init_mode", "resolve_strategy", "resolve_init_background", "resolve_coarse_to_fine", "resolve_densify_grad",
-           "coarse_to_fine_span", "training_downscale"]
+           "coarse_to_fine_span", "coarse_schedule_words", "training_downscale"]
 
 #: TrainConfig.strategy's values: "auto" is resolved to one of the other two when a Trainer is made
 STRATEGIES = ("auto", "default", "mcmc")
@@ -628,6 +628,14 @@ def resolve_init_mode(cfg: TrainConfig, capture: Capture | None) -> None:
         cfg.init_mode = "box" if capture is not None and capture.object_on_background else "rays"
 
 
+def coarse_schedule_words(cfg: TrainConfig) -> str:
+    """A resolved coarse-to-fine factor's schedule in words, for the log: "training starts at 1/4 resolution, full
+    after min(coarse_to_fine_iters, iterations × coarse_to_fine_share) = 3,000 iterations"."""
+    span = coarse_to_fine_span(cfg)
+    return (f"training starts at 1/{cfg.coarse_to_fine} resolution, full after min(coarse_to_fine_iters, iterations × "
+            f"coarse_to_fine_share) = {span:,} iteration{'' if span == 1 else 's'}")
+
+
 def resolve_coarse_to_fine(cfg: TrainConfig, has_sfm_points: bool) -> str | None:
     """Turn ``cfg.coarse_to_fine == "auto"`` into a factor, in place: :data:`AUTO_COARSE_TO_FINE` (4) when the
     dataset has no SfM points (random initialisation: a synthetic / Blender scene such as lego), else 1 (off: a real
@@ -638,11 +646,8 @@ def resolve_coarse_to_fine(cfg: TrainConfig, has_sfm_points: bool) -> str | None
         return None
     if not has_sfm_points:
         cfg.coarse_to_fine = AUTO_COARSE_TO_FINE
-        return (f"coarse_to_fine auto: {cfg.coarse_to_fine} (no SfM points: training starts at 1/{cfg.coarse_to_fine} "
-                f"resolution, full after min(coarse_to_fine_iters, iterations × coarse_to_fine_share) = "
-                f"{coarse_to_fine_span(cfg):,} iteration{'' if coarse_to_fine_span(cfg) == 1 else 's'}; lego 30k: "
-                "36.03 dB in 56.7 s "
-                "against 35.95 dB / 75.9 s at full resolution); --set coarse_to_fine=1 turns it off")
+        return (f"coarse_to_fine auto: {cfg.coarse_to_fine} (no SfM points: {coarse_schedule_words(cfg)}; lego 30k: "
+                "36.03 dB in 56.7 s against 35.95 dB / 75.9 s at full resolution); --set coarse_to_fine=1 turns it off")
     cfg.coarse_to_fine = 1
     return ("coarse_to_fine auto: 1, off (SfM points: on real captures at 7k it was mixed, bonsai +0.29 dB, "
             "fern -0.32, beer -0.30; docs/TRAINING.md); --set coarse_to_fine=4 turns it on")

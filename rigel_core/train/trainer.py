@@ -54,9 +54,9 @@ from ..data.stream import StreamedFrame, ViewStream, map_frames
 from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
 from ..render import render
-from .config import SPARSE_SFM_COVERAGE, Capture, TrainConfig, coarse_to_fine_span, resolve_coarse_to_fine, \
-    resolve_densify_grad, resolve_init_background, resolve_init_mode, resolve_init_points, resolve_strategy, \
-    strategy_unresolved, training_downscale  # noqa: F401
+from .config import SPARSE_SFM_COVERAGE, Capture, TrainConfig, coarse_schedule_words, coarse_to_fine_span, \
+    resolve_coarse_to_fine, resolve_densify_grad, resolve_init_background, resolve_init_mode, resolve_init_points, \
+    resolve_strategy, strategy_unresolved, training_downscale  # noqa: F401
 from .densify import DensifyReport, DensifyStats
 from .exposure import Exposure, exposure_lr, left_right_metrics, log_linear_lr
 from .pose import PoseCorrection, fit_pose, pose_errors
@@ -598,8 +598,11 @@ class Trainer:
                                               else 0,
                                               auto_background=auto_bg and cfg.init_background_points > 0,
                                               coverage=self.sfm_coverage, capture=self.capture)
-        #: what ``coarse_to_fine = "auto"`` became and why (one line for the log), None when it was explicit
+        #: what ``coarse_to_fine = "auto"`` became and why, or the schedule a factor set for a new run follows (one
+        #: line for the log); None for an explicit 1 or a resumed run
         self.coarse_note = resolve_coarse_to_fine(cfg, has_sfm)
+        if self.coarse_note is None and model is None and int(cfg.coarse_to_fine) > 1:   # set: said as well
+            self.coarse_note = f"coarse_to_fine {cfg.coarse_to_fine} (set): {coarse_schedule_words(cfg)}"
         #: what ``densify_grad = "auto"`` became and why (one line for the log), None when it was explicit or
         #: does not matter (the MCMC budget reads no gradient statistic)
         self.densify_grad_note = resolve_densify_grad(cfg, has_sfm, self.device.type == "cuda")
