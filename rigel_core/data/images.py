@@ -62,10 +62,13 @@ def _open_checked(path: Path, max_side: int, max_pixels: int, what: str = "image
     from PIL import Image
 
     if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < max_pixels:
-        # Pillow's own bomb guard (a warning from ~89 M pixels, an error from ~179 M) sits below rigel's caps, which
-        # are checked below from the header before any pixel is decoded: it warned once per decode of an image
-        # rigel accepts, and refused those of 179–268 M pixels that the caps allow
+        # Pillow's own bomb guard (a warning from ~89 M pixels, an error from ~179 M) sat below rigel's caps, which
+        # are checked below from the header before any pixel is decoded: it warned at every decode of an image
+        # rigel accepts, and refused those of 179–268 M pixels that the caps allow. Raised to the caps, its warning
+        # comes only for an image the caps refuse next, in their own line: not shown (one line per bad input; the
+        # filter is set at each open, as a caller's warnings.catch_warnings may have dropped it since)
         Image.MAX_IMAGE_PIXELS = max_pixels
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
     try:
         im = Image.open(path)
     except Image.DecompressionBombError as e:  # Pillow's own cap hit inside open()
