@@ -14,6 +14,7 @@ made; its config then holds the concrete values.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -699,10 +700,15 @@ def coarse_to_fine_span(cfg: TrainConfig) -> int:
     """T = min(``coarse_to_fine_iters``, ⌊``iterations`` × ``coarse_to_fine_share``⌋): the iterations the coarse
     levels take (0: none). The product is exact, of the share as written (its shortest decimal): in binary floating
     point 100 × 0.29 is 28.999999999999996, which gave 28."""
+    return min(int(cfg.coarse_to_fine_iters), _share_of(int(cfg.iterations), float(cfg.coarse_to_fine_share)))
+
+
+@functools.lru_cache(maxsize=64)
+def _share_of(iterations: int, share: float) -> int:
+    """⌊iterations × share⌋ exactly, of the share as written (:func:`coarse_to_fine_span`; cached: a step asks it)."""
     from fractions import Fraction
 
-    share = Fraction(repr(float(cfg.coarse_to_fine_share)))
-    return min(int(cfg.coarse_to_fine_iters), math.floor(int(cfg.iterations) * share))
+    return math.floor(iterations * Fraction(repr(share)))
 
 
 def training_downscale(cfg: TrainConfig, iteration: int) -> int:
