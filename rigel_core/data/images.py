@@ -66,9 +66,10 @@ def _open_checked(path: Path, max_side: int, max_pixels: int, what: str = "image
         # are checked below from the header before any pixel is decoded: it warned at every decode of an image
         # rigel accepts, and refused those of 179–268 M pixels that the caps allow. Raised to the caps, its warning
         # comes only for an image the caps refuse next, in their own line: not shown (one line per bad input; the
-        # filter is set at each open, as a caller's warnings.catch_warnings may have dropped it since)
+        # filter is looked for at each open, as a caller's warnings.catch_warnings may have dropped it since)
         Image.MAX_IMAGE_PIXELS = max_pixels
-    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+    if not any(f[0] == "ignore" and f[2] is Image.DecompressionBombWarning for f in warnings.filters):
+        warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)   # added once, not at each open
     try:
         im = Image.open(path)
     except Image.DecompressionBombError as e:  # Pillow's own cap hit inside open()

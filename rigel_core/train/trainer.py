@@ -478,8 +478,8 @@ class Trainer:
         self._coarse_used: dict[int, int] = {}
         #: the finest coarse-to-fine factor the schedule has reached: a run never goes back to a coarser one, also
         #: when ``iterations`` grows (``--resume --iters``, the viewer extending a run: the schedule's length
-        #: min(coarse_to_fine_iters, iterations × coarse_to_fine_share) grows with it); a resumed run starts from the factor its own
-        #: schedule had reached (rigel_core.checkpoint.load_trainer)
+        #: min(coarse_to_fine_iters, iterations × coarse_to_fine_share) grows with it); a resumed run starts from
+        #: the factor its own schedule had reached (rigel_core.checkpoint.load_trainer)
         self.coarse_floor = int(cfg.coarse_to_fine)
         if self.coarse_note and self.coarse_floor > 1:  # say what this run will actually do
             start = fitting_factor(self.coarse_floor, views)
