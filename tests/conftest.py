@@ -46,12 +46,35 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+#: the seeds of the tests that failed this session, (nodeid, seed), said again last of all (pytest_terminal_summary):
+#: a failure's captured stdout can be cut off where only the end of the output is kept (the GPU machine's tail)
+_FAILED_SEEDS: list[tuple[str, int]] = []
+_SEED_KEY = pytest.StashKey[int]()
+
+
 @pytest.fixture
-def rng():
-    """A fresh, logged seed per test: inputs differ every run, failures are reproducible."""
+def rng(request):
+    """A fresh, logged seed per test: inputs differ every run, failures are reproducible (the seed is printed, and
+    said again at the end of the run for a test that failed)."""
     seed = int.from_bytes(os.urandom(4), "little") if "RIGEL_SEED" not in os.environ else int(os.environ["RIGEL_SEED"])
     print(f"RIGEL_SEED={seed}")
+    request.node.stash[_SEED_KEY] = seed
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed and _SEED_KEY in item.stash:
+        _FAILED_SEEDS.append((item.nodeid, item.stash[_SEED_KEY]))
+    return report
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _FAILED_SEEDS:
+        terminalreporter.section("seeds of the failed tests (rerun one with RIGEL_SEED=N)")
+        for nodeid, seed in _FAILED_SEEDS:
+            terminalreporter.write_line(f"RIGEL_SEED={seed} {nodeid}")
 
 
 @pytest.fixture(params=["default", "transposed", "per-entry"])
