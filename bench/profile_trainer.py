@@ -3,6 +3,10 @@ CUDA-graph step and without it (issue 14: beer trains at 2.8 ms per iteration wh
 160k-Gaussian 1080p row takes 2.0 ms).
 
     python bench/profile_trainer.py --data ../shared/data/real/beer --warm 2000 --steps 300 [--set KEY=VALUE ...]
+    python bench/profile_trainer.py --data .data/real/bonsai~nosfm --iters 7000 --warm 6990 --steps 0 \
+        --profile 0 --modes graph --timeline 500      # where a whole 7k run's time goes, window by window
+
+``--data`` takes bench/real.py's derived captures too (``DIR~nosfm``, ``~halfviews``, ...).
 
 Per mode (graph, eager) it prints: ms per step over ``--steps`` back-to-back steps (one synchronize at each end;
 densification and the strategy run as in training), the host's own time per step (perf_counter around
@@ -21,18 +25,36 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.real import BenchError, parse_overrides, rigel_config  # noqa: E402
+from bench.real import BenchError, apply_variants, parse_overrides, rigel_config, split_variants  # noqa: E402
 from bench.train_step import profile  # noqa: E402
 from rigel_core.data import load_dataset  # noqa: E402
 from rigel_core.train.trainer import Trainer  # noqa: E402
+
+
+def timeline_line(trainer, iteration: int, seconds_per_step: float) -> str:
+    """One ``--timeline`` line: the window's ms per step (synchronized at both ends, so a window's densification and
+    graph captures count in it), the Gaussians, the coarse-to-fine factor of the images now, the graph's captures and
+    overflows so far."""
+    from rigel_core.train.config import training_downscale
+
+    gs = trainer.graph_step
+    graph = "" if gs is None else f"  captures {gs.captures}  overflows {gs.overflows}"
+    return (f"  it {iteration:>6}  {1e3 * seconds_per_step:7.3f} ms/it  N {trainer.model.num_gaussians:>9,}  "
+            f"1/{training_downscale(trainer.config, iteration)}{graph}")
 
 
 def measure(ds, cfg, args, label: str) -> str:
     torch.manual_seed(cfg.seed)
     trainer = Trainer(ds, cfg, device=torch.device("cuda"))
     t0 = time.perf_counter()
-    for _ in range(args.warm):
+    tw, iw = t0, 0
+    for i in range(args.warm):
         trainer.step()
+        if args.timeline and ((i + 1) % args.timeline == 0 or i + 1 == args.warm):
+            torch.cuda.synchronize()
+            now = time.perf_counter()
+            print(timeline_line(trainer, i + 1, (now - tw) / (i + 1 - iw)), flush=True)
+            tw, iw = now, i + 1
     torch.cuda.synchronize()
     warm_s = time.perf_counter() - t0
     host = 0.0
@@ -45,10 +67,10 @@ def measure(ds, cfg, args, label: str) -> str:
         host += time.perf_counter() - h
     torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    own = "" if gs is None else f" (own work {1e3 * (host - (gs.wait_s - wait0)) / args.steps:.3f})"
+    own = "" if gs is None else f" (own work {1e3 * (host - (gs.wait_s - wait0)) / max(args.steps, 1):.3f})"
     lines = [f"## {label}: {args.warm} warm-up steps in {warm_s:.2f} s ({1e3 * warm_s / max(args.warm, 1):.3f} ms/it); "
-             f"then {args.steps} steps: {1e3 * wall / args.steps:.3f} ms/it, host {1e3 * host / args.steps:.3f}{own} "
-             "ms/it; "
+             f"then {args.steps} steps: {1e3 * wall / max(args.steps, 1):.3f} ms/it, "
+             f"host {1e3 * host / max(args.steps, 1):.3f}{own} ms/it; "
              f"N {trainer.model.num_gaussians:,}; iteration {trainer.iteration}"
              + ("" if gs is None else f"; graph: {gs.captures} captures, {gs.replays} replays, {gs.overflows} overflows"
                 + (f", off: {gs.disabled}" if gs.disabled else ""))]
@@ -72,14 +94,27 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a TrainConfig override")
     ap.add_argument("--downscale", type=float, default=1.0, help="image downscale factor, as rigel-train's")
     ap.add_argument("--out", type=Path, default=None, help="folder for profile_trainer.txt (created)")
+    ap.add_argument("--timeline", type=int, default=0, metavar="K",
+                    help="during the warm-up, a line every K steps: ms per step over the window, Gaussians, the "
+                         "coarse-to-fine factor, graph captures and overflows (0: none)")
+    ap.add_argument("--iters", type=int, default=0,
+                    help="the run's length as configured (schedules, coarse-to-fine span); default the steps taken")
     args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("graph", "eager")]
     if bad or not modes:
         print(f"profile_trainer.py: --modes {args.modes!r}: give graph and/or eager", file=sys.stderr)
         return 2
-    if not Path(args.data).exists():
-        print(f"profile_trainer.py: --data {args.data}: no such file or directory", file=sys.stderr)
+    try:
+        base, variants = split_variants(args.data)
+    except BenchError as e:
+        print(f"profile_trainer.py: {e}", file=sys.stderr)
+        return 2
+    if not Path(base).exists():
+        print(f"profile_trainer.py: --data {base}: no such file or directory", file=sys.stderr)
+        return 2
+    if args.timeline < 0 or args.iters < 0:
+        print("profile_trainer.py: --timeline and --iters must be ≥ 0", file=sys.stderr)
         return 2
     try:
         overrides = parse_overrides(args.set, "--set")
@@ -89,10 +124,12 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("profile_trainer.py: needs a CUDA device", file=sys.stderr)
         return 2
-    ds = load_dataset(args.data, downscale=args.downscale)
+    ds = load_dataset(base, downscale=args.downscale * (2 if "halfres" in variants else 1))
+    apply_variants(ds, variants)
     text = [f"# Trainer.step() on {args.data} ({torch.cuda.get_device_name()}, torch {torch.__version__})"]
     for mode in modes:
-        cfg = rigel_config(args.warm + args.steps + args.profile + 10, 0, {**overrides, "cuda_graph": mode == "graph"})
+        taken = args.warm + args.steps + args.profile + 10
+        cfg = rigel_config(max(args.iters, taken), 0, {**overrides, "cuda_graph": mode == "graph"})
         text.append(measure(ds, cfg, args, mode))
         print(text[-1], flush=True)
     if args.out:
