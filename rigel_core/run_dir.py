@@ -324,19 +324,18 @@ def close_run_log(log: logging.Logger) -> None:
         h.close()
 
 
-def _mask_facts(frames) -> tuple[int, int]:
-    """(views with a mask, pixels that do not count: ``Frame.mask`` False) of ``frames``, each mask read once —
-    streamed ones on the loading threads (:func:`~rigel_core.data.stream.map_frames`: with ``alpha_as_mask`` a read
-    is a decode)."""
+def _mask_counts(frames, trainer) -> tuple[int, int]:
+    """(views with a mask, pixels that do not count: ``Frame.mask`` False, a float mask's <= 0.5) of ``frames``:
+    from ``trainer.view_mask_facts`` (what its start read of each view's mask found), or — for a trainer without
+    it — each mask read now, streamed ones on the loading threads (:func:`~rigel_core.data.stream.map_frames`: with
+    ``alpha_as_mask`` a read is a decode)."""
+    from .data.frames import mask_facts
     from .data.stream import map_frames
 
-    def facts(f) -> tuple[int, int]:
-        m = getattr(f, "mask", None)
-        if m is None:
-            return 0, 0
-        return 1, int(m.numel() - int((m > 0.5).sum())) if m.is_floating_point() else int((~m).sum())
-    per_view = map_frames(facts, list(frames))
-    return sum(v for v, _ in per_view), sum(n for _, n in per_view)
+    frames = list(frames)
+    known = getattr(trainer, "view_mask_facts", None)
+    facts = known(frames) if known is not None else map_frames(mask_facts, frames)
+    return sum(m.shape is not None for m in facts), sum(m.ignored for m in facts)
 
 
 def read_metrics(path: Path) -> dict | None:
@@ -367,7 +366,7 @@ def new_metrics(metrics: dict | None, *, data, device: str, trainer, resumed: bo
                                     and e["iteration"] > trainer.iteration)]
     # the views as loaded (the trainer may pad some to a common size, with masked margins that are not data)
     train, test = list(getattr(trainer.dataset, "train", trainer.train_frames)), trainer.test_frames
-    (train_views, train_pixels), (test_views, test_pixels) = _mask_facts(train), _mask_facts(test)
+    (train_views, train_pixels), (test_views, test_pixels) = (_mask_counts(x, trainer) for x in (train, test))
     metrics.update({"data": str(data), "device": device, "config": trainer.config.to_dict(),
                     "dataset": {"train_views": len(train), "test_views": len(test),
                                 "scene_extent": trainer.extent, "white_bg": trainer.white_bg,

@@ -465,6 +465,50 @@ def test_fully_masked_training_set_is_refused_and_blind_test_views_left_out(rng)
     assert ev.n_views == 1 and ev.per_view[0]["name"] == "t1" and math.isfinite(ev.psnr)
 
 
+def test_a_float_mask_counts_a_pixel_only_above_one_half_everywhere(rng):
+    """A float mask keeps a pixel where > 0.5 (the Frame convention, frame_mask), but the check for views with no
+    valid pixel counted one valid where non-zero: a training view whose mask was 0.3 everywhere trained on nothing
+    (loss λ, PSNR inf), and a training set of such views started. One rule now, for the views left out, the masks
+    trained and the run's record (which reads the trainer's facts, or the masks themselves for a stand-in)."""
+    from types import SimpleNamespace
+
+    from rigel_core.run_dir import new_metrics
+
+    w, h = 20, 14
+    cams = [Camera.look_at((0.5 + 0.1 * i, -3.0, 1.2), (0, 0, 0), (0, 0, 1), width=w, height=h, fov_x_deg=60,
+                           name=f"v{i}") for i in range(4)]
+    img = lambda: torch.rand(h, w, 3, generator=rng)
+    low = torch.rand(h, w, generator=rng) * 0.5 + 1e-3   # in (0, 0.5]: no pixel kept
+    low[0, 0] = 0.5                                      # exactly one half keeps nothing either
+    cfg = dict(sh_degree=0, init_points=50, eval_every=0)
+    ds = Dataset([Frame(c, img(), None, c.name, low) for c in cams[:2]], [], np.zeros(3), 3.0)
+    with pytest.raises(ValueError, match="every pixel of every training image is masked"):
+        Trainer(ds, TrainConfig(**cfg), device="cpu")
+    some = torch.where(torch.rand(h, w, generator=rng) < 0.3, 0.25, 0.75)   # a float mask keeping ~70 %
+    ds = Dataset([Frame(cams[0], img(), None, "v0", low), Frame(cams[1], img(), None, "v1", some)],
+                 [Frame(cams[2], img(), None, "t0", low), Frame(cams[3], img(), None, "t1", some)], np.zeros(3), 3.0)
+    with pytest.warns(UserWarning, match=r"1 held-out view\(s\) have every pixel masked and are not evaluated: t0"), \
+            pytest.warns(UserWarning, match=r"1 training view\(s\) have every pixel masked and are left out of "
+                                            r"training: v0"):
+        tr = Trainer(ds, TrainConfig(**cfg), device="cpu")
+    assert [f.name for f in tr.train_frames] == ["v1"] and [f.name for f in tr.test_frames] == ["t1"]
+    assert torch.equal(tr._train_masks[0], some > 0.5)
+    for _ in range(2):
+        r = tr.step()
+        assert r.view == "v1" and math.isfinite(r.psnr)
+    ev = tr.evaluate()
+    assert ev.n_views == 1 and ev.masked_pixels == int((some <= 0.5).sum()) > 0
+    # the record: every view as loaded (v0 too) and the held-out views evaluated; a stand-in without the trainer's
+    # facts reads the masks and says the same
+    want = {"masked_views": {"train": 2, "test": 1},
+            "masked_pixels": {"train": h * w + int((some <= 0.5).sum()), "test": int((some <= 0.5).sum())}}
+    stand_in = SimpleNamespace(**{k: getattr(tr, k) for k in ("dataset", "train_frames", "test_frames", "config",
+                                                              "extent", "white_bg")})
+    for trainer in (tr, stand_in):
+        facts = new_metrics(None, data="x", device="cpu", trainer=trainer, resumed=False)["dataset"]
+        assert {k: facts[k] for k in want} == want
+
+
 def test_views_without_a_mask_take_an_all_true_one_when_others_have_one(rng):
     """A capture whose lens masks some frames only (beer: 65 of 71) trains every view through the masked loss, so
     the CUDA-graph step keeps one graph per image size: the unmasked views get one shared all-True mask, and their

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from rigel_core.data import load_dataset
 from rigel_core.data.frames import downscale_frame, pad_frame
@@ -293,22 +294,22 @@ def test_the_trainer_reads_streamed_masks_on_threads_in_order(tmp_path, rng, mon
     the error names the first in the capture's order."""
     import threading
 
+    import rigel_core.data.frames as frames_mod
     import rigel_core.data.stream as stream_mod
-    import rigel_core.train.trainer as trainer_mod
     from rigel_core.data import DatasetError
 
     write_ngp(tmp_path, rng, 31, 23, 9, lens=False)
     _, st = load_both(tmp_path, alpha_as_mask=True)
-    seen, read = [], trainer_mod.frame_mask
+    seen, read = [], frames_mod.frame_mask
 
     def counted(f):
         seen.append(threading.current_thread().name)
         return read(f)
-    monkeypatch.setattr(trainer_mod, "frame_mask", counted)
+    monkeypatch.setattr(frames_mod, "frame_mask", counted)   # what mask_facts reads each view's mask with
     monkeypatch.setattr(stream_mod.os, "cpu_count", lambda: 4)
     cfg = TrainConfig(iterations=4, init_points=60, sh_degree=0, strategy="default", coarse_to_fine=1)
     t = Trainer(st, cfg, device="cpu")
-    assert len(seen) == len(st.train) and all(n.startswith("rigel-frames") for n in seen), seen
+    assert len(seen) == len(st.train + st.test) and all(n.startswith("rigel-frames") for n in seen), seen
     stream = t._train_images.stream
     assert stream.masked == [bool(m is not None and not m.all()) for m in (read(f) for f in st.train)]
     assert any(stream.masked)   # the alpha leaves pixels out: some views train masked
@@ -328,12 +329,13 @@ def test_the_trainer_reads_streamed_masks_on_threads_in_order(tmp_path, rng, mon
 
 
 def test_no_streamed_mask_is_decoded_on_the_trainers_thread(tmp_path, rng, monkeypatch):
-    """The test above counts the reads of the mask flags; before them the trainer still read every view's mask on
+    """The test above counts the trainer's mask reads at its start; before them it still read every view's mask on
     its own thread (the views left out for having no valid pixel, training and held-out), and again at each coarse
     level (a level that would leave a view no valid pixel), and the run's record twice more (its masked views and
     pixels): with ``alpha_as_mask`` each read is a decode, so the start and every level decoded the capture one image
     after another, and the flags' threads found the cache full. With no cache (each read decodes) and
-    coarse-to-fine, every decode is on the loading threads now."""
+    coarse-to-fine, every decode is on the loading threads now (and the record reads none: the start's reads serve
+    it, test_a_runs_start_reads_each_streamed_views_mask_once)."""
     import threading
 
     import rigel_core.data.stream as stream_mod
@@ -362,13 +364,57 @@ def test_no_streamed_mask_is_decoded_on_the_trainers_thread(tmp_path, rng, monke
     assert levels[0] == 4 and 2 in levels and levels[-1] == 1   # both coarse levels made, then full
     seen_steps = len(seen)
     facts = new_metrics(None, data=tmp_path, device="cpu", trainer=t, resumed=False)["dataset"]   # the run's record
-    assert len(seen) > seen_steps   # (it read the masks again: nothing is cached)
+    assert len(seen) == seen_steps   # (what the start read: test_a_runs_start_reads_each_streamed_views_mask_once)
     main = [s for s in seen if not s[1].startswith("rigel-frames")]
     assert not main, main
     pre, _ = load_both(tmp_path, alpha_as_mask=True)
     assert facts["masked_views"] == {k: sum(f.mask is not None for f in getattr(pre, k)) for k in ("train", "test")}
     assert facts["masked_pixels"] == {k: sum(int((~f.mask).sum()) for f in getattr(pre, k) if f.mask is not None)
                                       for k in ("train", "test")}
+
+
+def test_a_runs_start_reads_each_streamed_views_mask_once(tmp_path, rng, monkeypatch):
+    """With ``alpha_as_mask`` a streamed view's mask is a decode (here no cache: every read is one), and a run's start
+    read every view's three times: the views with no valid pixel (training and held-out), the training views' mask
+    flags, and the run's record (views with a mask, pixels that do not count). One read per view now, kept by the
+    trainer (Trainer.view_mask_facts) — also for a view left out for having no valid pixel — and the record says
+    what the preloaded masks say."""
+    from collections import Counter
+
+    from rigel_core.data import frames as frames_mod
+    from rigel_core.run_dir import new_metrics
+
+    write_ngp(tmp_path, rng, 30, 22, 8, lens=False)
+    # frame f1 (training) fully transparent: a view with no valid pixel, left out of training with a warning
+    Image.fromarray(np.zeros((22, 30, 4), np.uint8), "RGBA").save(tmp_path / "images" / "f1.png")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        st = load_dataset(tmp_path, test_every=3, stream=True, alpha_as_mask=True, cache_mb=0)
+    reads, decodes, prop, decode = Counter(), Counter(), StreamedFrame.mask, frames_mod.FramePipeline.decode
+
+    def counted_mask(f):
+        reads[f.name, f.ops] += 1
+        return prop.fget(f)
+
+    def counted_decode(spec, raw8=False):
+        decodes[spec.name] += 1
+        return decode(spec, raw8)
+    monkeypatch.setattr(StreamedFrame, "mask", property(counted_mask))
+    monkeypatch.setattr(frames_mod.FramePipeline, "decode", staticmethod(counted_decode))
+    cfg = TrainConfig(iterations=4, init_points=60, sh_degree=0, strategy="default", coarse_to_fine=1, eval_every=0)
+    with pytest.warns(UserWarning, match=r"1 training view\(s\) have every pixel masked .*: f1"):
+        t = Trainer(st, cfg, device="cpu")
+    facts = new_metrics(None, data=tmp_path, device="cpu", trainer=t, resumed=False)["dataset"]
+    views = st.train + st.test
+    assert "f1" in {f.name for f in st.train} and "f1" not in {f.name for f in t.train_frames}
+    assert reads == Counter({(f.name, ()): 1 for f in views}), reads
+    assert decodes == Counter({f.name: 1 for f in views}), decodes
+    pre, _ = load_both(tmp_path, alpha_as_mask=True)
+    assert facts["masked_views"] == {k: sum(f.mask is not None for f in getattr(pre, k)) for k in ("train", "test")}
+    assert facts["masked_pixels"] == {k: sum(int((~f.mask).sum()) for f in getattr(pre, k) if f.mask is not None)
+                                      for k in ("train", "test")}
+    assert t._train_images.stream.masked == [bool(f.mask is not None and not f.mask.all()) for f in pre.train
+                                             if f.name != "f1"]
 
 
 def test_random_backgrounds_read_each_streamed_view_once(tmp_path, rng, monkeypatch):

@@ -4,12 +4,14 @@ downscale (image and mask) → torch.
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -20,7 +22,7 @@ from .images import EXIF_TRANSPOSED, composite, exif_orientation, other_aspect, 
 from .undistort import Distortion, mask_all, remap, remap_mask, undistort_map
 
 __all__ = ["Frame", "Dataset", "DatasetError", "FrameSpec", "Distortion", "load_frames", "camera_extent",
-           "split_every", "cap_frames", "downscale_frame", "pad_frame", "frame_mask",
+           "split_every", "cap_frames", "downscale_frame", "pad_frame", "frame_mask", "MaskFacts", "mask_facts",
            "common_size_frames", "view_sizes"]
 
 
@@ -386,6 +388,34 @@ def frame_mask(frame) -> torch.Tensor | None:
         return None
     m = torch.as_tensor(m)
     return m if m.dtype == torch.bool else m > 0.5
+
+
+class MaskFacts(NamedTuple):
+    """What one frame's mask says (:func:`mask_facts`). ``shape``: the mask's shape ((H, W) when it matches the
+    camera), or None when the frame has none; ``ignored``: how many of its pixels do not count (0 without a mask)."""
+
+    shape: tuple | None
+    ignored: int
+
+    @property
+    def blind(self) -> bool:
+        """Whether the frame has a mask that keeps no pixel (nothing to train on or to score)."""
+        return self.shape is not None and self.ignored == math.prod(self.shape)
+
+    @property
+    def masked(self) -> bool:
+        """Whether some pixel does not count (a mask that keeps every pixel is as good as none)."""
+        return self.ignored > 0
+
+
+def mask_facts(frame) -> MaskFacts:
+    """:class:`MaskFacts` of ``frame``'s mask, read once through :func:`frame_mask` (its rule: a float mask keeps
+    where > 0.5). For a :class:`~.stream.StreamedFrame` the read may be a decode (``alpha_as_mask``): the trainer
+    reads each view's once, on loading threads (``Trainer.view_mask_facts``)."""
+    m = frame_mask(frame)
+    if m is None:
+        return MaskFacts(None, 0)
+    return MaskFacts(tuple(m.shape), int((~m).sum()))
 
 
 def _downscale_arrays(camera: Camera, rgb: np.ndarray, alpha: np.ndarray | None, mask: np.ndarray | None,

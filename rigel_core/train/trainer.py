@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from ..camera import Camera, host_to_device
-from ..data.frames import common_size_frames, downscale_frame, frame_mask
+from ..data.frames import MaskFacts, common_size_frames, downscale_frame, frame_mask, mask_facts
 from ..data.stream import StreamedFrame, ViewStream, map_frames
 from ..mip import FILTER_3D_INTERVAL, compute_filter_3d
 from ..model import GaussianModel
@@ -434,14 +434,15 @@ class Trainer:
         self.config = cfg = self._resolve_auto(cfg, model)
         src = getattr(dataset, "path", "") or "the dataset"
 
-        def no_valid_pixel(f) -> bool:
-            m = getattr(f, "mask", None)
-            return m is not None and not bool(torch.as_tensor(m).bool().any())
-
-        # every view's mask, streamed ones on the loading threads (with alpha_as_mask each is a decode; the first
-        # error in the views' order is raised)
-        n_train = len(self.train_frames)
-        blind = map_frames(no_valid_pixel, self.train_frames + self.test_frames)
+        # every view's mask read once, streamed ones on the loading threads (with alpha_as_mask each is a decode;
+        # the first error in the views' order is raised): what it says is kept for the run (view_mask_facts)
+        n_train, every = len(self.train_frames), self.train_frames + self.test_frames
+        self._known_masks: dict[int, tuple] = {}
+        facts = self.view_mask_facts(every)
+        #: id(frame) -> (frame, its MaskFacts) of the dataset's views at the start (each frame held: none else takes
+        #: its id)
+        self._known_masks = {id(f): (f, m) for f, m in zip(every, facts)}
+        blind = [m.blind for m in facts]
         if all(blind[:n_train]):
             raise ValueError(f"{src}: every pixel of every training image is masked (masks/, mask_path, alpha or a "
                              "lens that covers none of the image): nothing to train on")
@@ -720,18 +721,31 @@ class Trainer:
             prefetch([idx] + self._redo_views + self._view_stack[::-1])
         return idx
 
-    def _view_pixels(self, frames) -> tuple:
+    def view_mask_facts(self, frames) -> list[MaskFacts]:
+        """Per frame of ``frames``, :class:`~rigel_core.data.frames.MaskFacts` of its mask (its shape or None, the
+        pixels that do not count; a float mask keeps where > 0.5, :func:`~rigel_core.data.frames.frame_mask`): for
+        the dataset's views as the Trainer was made (training and held-out, also those left out for having no valid
+        pixel), what their one read at the start found; for any other frame (a padded or coarse view, another
+        dataset's), its mask read now, streamed frames on the loading threads
+        (:func:`~rigel_core.data.stream.map_frames`: the first error in ``frames``' order is raised) and not kept.
+        A frame is known by its identity: a view's mask is not expected to change during a run."""
+        frames, known = list(frames), self._known_masks
+        new = list({id(f): f for f in frames if id(f) not in known}.values())
+        read = dict(zip(map(id, new), map_frames(mask_facts, new)))
+        return [known[id(f)][1] if id(f) in known else read[id(f)] for f in frames]
+
+    def _view_pixels(self, frames, facts: list[MaskFacts] | None = None) -> tuple:
         """``(images, masks)`` of training views ``frames``: lists of device tensors (image float32, mask bool or
         None: :meth:`_device_mask`, :meth:`_uniform_masks`) — or, for streamed frames, the ``images`` / ``masks``
         columns of a :class:`~rigel_core.data.stream.ViewStream` giving the same tensors, loaded ahead of their step,
-        a few at a time on the device (which views have a mask read on the host first, on a few threads)."""
+        a few at a time on the device (which views have a mask: ``facts``, the frames' :meth:`view_mask_facts`
+        when not given). Raises ValueError for a mask of another size than its camera (the first in order)."""
         if frames and all(isinstance(f, StreamedFrame) for f in frames):
-            def masked(f) -> bool:
-                m = frame_mask(f)
-                if m is not None and tuple(m.shape) != (f.camera.height, f.camera.width):
-                    self._device_mask(f)  # raises its error
-                return m is not None and not bool(m.all())
-            flags = map_frames(masked, frames)
+            facts = self.view_mask_facts(frames) if facts is None else facts
+            for f, m in zip(frames, facts):
+                if m.shape is not None:
+                    self._check_mask_shape(f, m.shape)
+            flags = [m.masked for m in facts]
             stream = ViewStream(frames, self.device, flags, any(flags) and not all(flags))
             return stream.images, stream.masks
         images = [f.image.to(self.device, torch.float32) for f in frames]
@@ -749,12 +763,17 @@ class Trainer:
         m = frame_mask(frame)
         if m is None:
             return None
-        h, w = frame.camera.height, frame.camera.width
-        if tuple(m.shape) != (h, w):
-            raise ValueError(f"Trainer: frame {frame.name!r} mask has shape {tuple(m.shape)}, its camera expects "
-                             f"({h}, {w})")
+        self._check_mask_shape(frame, tuple(m.shape))
         m = m.to(self.device)
         return None if bool(m.all()) else m
+
+    @staticmethod
+    def _check_mask_shape(frame, shape: tuple) -> None:
+        """ValueError naming ``frame`` when its mask's ``shape`` is not its camera's (H, W)."""
+        h, w = frame.camera.height, frame.camera.width
+        if tuple(shape) != (h, w):
+            raise ValueError(f"Trainer: frame {frame.name!r} mask has shape {tuple(shape)}, its camera expects "
+                             f"({h}, {w})")
 
     def _uniform_masks(self, frames, masks: list) -> list:
         """``masks`` (per frame: a bool tensor or None) with every None replaced by an all-True mask (one shared,
@@ -1045,17 +1064,15 @@ class Trainer:
         self.train_downscale = 1
         while factor != 1:
             frames = [downscale_frame(f, factor, device=self.device) for f in full_frames]
-
-            def blind(f) -> bool:  # a mask that keeps no pixel (streamed frames: read on the host)
-                m = self._device_mask(f) if not isinstance(f, StreamedFrame) else frame_mask(f)
-                return m is not None and not bool(m.any())
+            facts = self.view_mask_facts(frames)  # each coarse mask read once (streamed: on the loading threads)
             # the strict mask rule can leave a view with valid pixels no valid coarse pixel (a mask whose ignored
             # pixels reach every factor x factor block): that view would train on nothing, so a smaller factor
-            lost = [f.name for f, ff, b in zip(frames, full_frames, map_frames(blind, frames)) if b and not blind(ff)]
+            blind = [(f, ff) for f, ff, m in zip(frames, full_frames, facts) if m.blind]
+            lost = [f.name for (f, _), m in zip(blind, self.view_mask_facts([ff for _, ff in blind])) if not m.blind]
             if not lost:
                 self.train_frames = frames
                 # float32 on the device (downscale_frame), or streamed
-                self._train_images, self._train_masks = self._view_pixels(frames)
+                self._train_images, self._train_masks = self._view_pixels(frames, facts)
                 self.train_downscale = factor
                 break
             del frames
