@@ -146,6 +146,12 @@ class TrainConfig:
     #: the largest share of ``iterations`` the coarse levels may take: they end at min(``coarse_to_fine_iters``,
     #: ``iterations`` × this) (in (0, 1]; 0.5 keeps a short run's second half at full resolution)
     coarse_to_fine_share: float = 0.5
+    #: a coarse level is left for the next finer one as soon as the Gaussians outnumber its pixels (one training
+    #: view's) this many times (0: never, the schedule alone). Where they do, a coarse step costs as much as a
+    #: full-resolution one or more: bonsai~nosfm (800×533, 1M Gaussians) took 10.0 ms a step at ½ resolution and
+    #: 7.0 ms at full (H100, 3c4c901, docs/BENCHMARKS.md "Where a coarse step's time goes"): every Gaussian covers
+    #: at least part of a pixel and a tile, so the rasterizer's work per pixel grows as the pixels shrink.
+    coarse_to_fine_gaussians_per_pixel: float = 0.0
     #: CUDA only: replay each step as a captured CUDA graph (train/graph_step.py) where the configuration allows
     #: (one view per step and process, the default strategy, no exposure or random background); same result as
     #: the eager step, a fraction of its host time. Off: every step eager.
@@ -488,6 +494,9 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.coarse_to_fine_iters must be ≥ 0, got {self.coarse_to_fine_iters}")
         if not 0.0 < self.coarse_to_fine_share <= 1.0:
             raise ValueError(f"TrainConfig.coarse_to_fine_share must be in (0, 1], got {self.coarse_to_fine_share}")
+        if not 0.0 <= self.coarse_to_fine_gaussians_per_pixel < math.inf:
+            raise ValueError("TrainConfig.coarse_to_fine_gaussians_per_pixel must be a finite number ≥ 0 (0: off), "
+                             f"got {self.coarse_to_fine_gaussians_per_pixel}")
         if not 1 <= self.batch_size <= 4096:
             raise ValueError(f"TrainConfig.batch_size must be in 1..4096, got {self.batch_size}")
         if self.batch_lr_scaling not in ("sqrt", "none"):

@@ -965,7 +965,7 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["betas"] = betas
         model.active_sh_degree = min(model.sh_degree, it // max(1, cfg.sh_degree_interval))
-        self.coarse_floor = min(self.coarse_floor, training_downscale(cfg, it))
+        self.coarse_floor = self._uncrowded(min(self.coarse_floor, training_downscale(cfg, it)))
         self._use_downscale(self.coarse_floor)
 
         if it > 1 and self._graph_runner_usable():  # step 1 is eager: it makes the optimizer state
@@ -1040,6 +1040,18 @@ class Trainer:
             if reset and not res.opacity_reset:
                 res.opacity_reset, res.opacity_reset_iteration = True, it
         return res
+
+    def _uncrowded(self, factor: int) -> int:
+        """``factor`` halved while the Gaussians outnumber its level's pixels (one full training view's divided by
+        factor²) ``TrainConfig.coarse_to_fine_gaussians_per_pixel`` times (0: ``factor`` as it is)."""
+        per = float(self.config.coarse_to_fine_gaussians_per_pixel)
+        if per <= 0.0 or factor <= 1:
+            return factor
+        cam = self._full_views[0][0].camera
+        n, pixels = self.model.num_gaussians, cam.width * cam.height
+        while factor > 1 and n > per * pixels / (factor * factor):
+            factor //= 2
+        return factor
 
     def _use_downscale(self, factor: int) -> None:
         """Make ``train_frames``, ``_train_images`` and ``_train_masks`` the training views divided by ``factor``:
