@@ -150,7 +150,9 @@ class TrainConfig:
     #: view's) this many times (0: never, the schedule alone). Where they do, a coarse step costs as much as a
     #: full-resolution one or more: bonsai~nosfm (800×533, 1M Gaussians) took 10.0 ms a step at ½ resolution and
     #: 7.0 ms at full (H100, 3c4c901, docs/BENCHMARKS.md "Where a coarse step's time goes"): every Gaussian covers
-    #: at least part of a pixel and a tile, so the rasterizer's work per pixel grows as the pixels shrink.
+    #: at least part of a pixel and a tile, so the rasterizer's work per pixel grows as the pixels shrink. Off: at 2
+    #: with ``coarse_to_fine_iters=6000`` it cost bonsai~nosfm and fox 0.34 dB each at 7k (0.86× and 1.02× the time;
+    #: H100, d07bd85).
     coarse_to_fine_gaussians_per_pixel: float = 0.0
     #: CUDA only: replay each step as a captured CUDA graph (train/graph_step.py) where the configuration allows
     #: (one view per step and process, the default strategy, no exposure or random background); same result as
