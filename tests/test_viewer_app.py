@@ -1308,3 +1308,18 @@ def test_ctrl_c_while_the_training_starts_stops_its_thread(tmp_path, monkeypatch
     assert rc == 130 and stops == [True]
     err = capsys.readouterr().err
     assert err.strip().endswith("rigel-viewer: interrupted"), err
+
+
+def test_the_offscreen_summary_says_one_psnr_for_one_evaluation():
+    """rigel-viewer --offscreen's last line: "first -> last dB" over the session's evaluations, one value when it
+    evaluated once (a resumed run with eval_every 0 said "PSNR a -> a"), "n/a" when never or not finite."""
+    from viewer.cli import _psnr_words
+
+    rng = np.random.default_rng()
+    a, b = (float(x) for x in rng.uniform(10, 40, 2))
+    it = int(rng.integers(1, 10**6))
+    assert _psnr_words([]) == "n/a dB"
+    assert _psnr_words([{"iteration": it, "psnr": a}]) == f"{a:.2f} dB (iteration {it:,})"
+    assert _psnr_words([{"iteration": 0, "psnr": a}, {"iteration": it, "psnr": b}]) == f"{a:.2f} -> {b:.2f} dB"
+    assert _psnr_words([{"iteration": it, "psnr": a}, {"iteration": it, "psnr": b}]) == f"{b:.2f} dB (iteration {it:,})"
+    assert _psnr_words([{"iteration": None, "psnr": float("nan")}]) == "n/a dB"

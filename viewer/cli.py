@@ -351,6 +351,19 @@ def _db(x) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) and math.isfinite(x) else "n/a"
 
 
+def _psnr_words(evals: list) -> str:
+    """The held-out PSNR of an offscreen training session's evaluations (``[{"iteration", "psnr", ...}]``, in order)
+    for its last line: "first -> last dB", or one value when the session evaluated once (a resumed run with
+    ``eval_every`` 0 evaluates only at its end: "a -> a" said nothing), "n/a dB" when never."""
+    if not evals:
+        return "n/a dB"
+    first, last = evals[0], evals[-1]
+    if len(evals) == 1 or first.get("iteration") == last.get("iteration"):
+        it = last.get("iteration")
+        return f"{_db(last.get('psnr'))} dB" + (f" (iteration {it:,})" if isinstance(it, int) else "")
+    return f"{_db(first.get('psnr'))} -> {_db(last.get('psnr'))} dB"
+
+
 def _count(n, word: str) -> str:
     """``"1 frame"``, ``"2 frames"``: a count and its noun for a message."""
     return f"{n} {word}" + ("" if n == 1 else "s")
@@ -523,7 +536,7 @@ def _main(argv=None) -> int:
                 print(f"rigel-viewer: trained {_count(summary['session_iterations'], 'iteration')}"
                       + (f" (to iteration {summary['iterations']})" if resumed else "")
                       + f" on {summary['training_device']}, "
-                      f"held-out PSNR {_db(summary['psnr_initial'])} -> {_db(summary['psnr'])} dB{stale}, "
+                      f"held-out PSNR {_psnr_words(summary.get('eval') or [])}{stale}, "
                       f"{_count(summary['frames'], 'frame')} "
                       f"({summary['frame_ring']}) in {summary['seconds']} s -> {args.out}")
             else:
