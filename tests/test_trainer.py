@@ -1598,3 +1598,80 @@ def test_cli_warnings_while_training_reach_log_txt(blender_dataset, tmp_path, mo
     assert json.loads((run / "metrics.json").read_text())["graph_step"] is None  # the CPU steps are eager
     shown_now = capsys.readouterr()
     assert "warning: a warning at iteration 3 (test)" in shown_now.out + shown_now.err  # and on the console
+
+
+def test_schedule_scale_multiplies_each_step_count_once():
+    """resolve_schedule_scale: each positive count of SCHEDULE_STEP_FIELDS × S, rounded, at least 1; 0 (off) and
+    None (the run's length) stay; then the scale is 1.0, so applying it again changes nothing."""
+    from rigel_core.train.config import SCHEDULE_STEP_FIELDS, resolve_schedule_scale
+
+    gen = np.random.default_rng()
+    scale = float(gen.uniform(0.05, 3.0))
+    counts = {name: int(gen.integers(1, 40_000)) for name in SCHEDULE_STEP_FIELDS}
+    counts["densify_from"] = 0                       # off: stays 0
+    counts["position_lr_max_steps"] = None           # the run's length: stays None
+    counts["densify_interval"] = 1                   # × a small scale would round to 0: at least 1
+    cfg = TrainConfig(schedule_scale=scale, **counts)
+    note = resolve_schedule_scale(cfg)
+    for name, old in counts.items():
+        want = old if old is None or old <= 0 else max(1, round(old * scale))
+        assert getattr(cfg, name) == want, name
+    assert cfg.schedule_scale == 1.0 and "\n" not in note and note.startswith(f"schedule_scale {scale:g}: ")
+    assert "densify_from" not in note and "position_lr_max_steps" not in note and "densify_until" in note
+    before = cfg.to_dict()
+    assert resolve_schedule_scale(cfg) is None and cfg.to_dict() == before
+    for bad in (0.0, -0.5, 101.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="TrainConfig.schedule_scale must be (in|a finite)"):
+            TrainConfig(schedule_scale=bad).validate()
+
+
+def test_a_trainer_applies_schedule_scale_to_a_copy_and_says_so(rng, tmp_path):
+    """The Trainer's config holds the scaled counts and 1.0 (metrics.json, the checkpoint: a resumed run is not
+    scaled again); the caller's config is left as it was; the note comes first in the log's lines."""
+    ds = make_dataset(rng, n_gauss=30, size=16, n_train=3, n_test=1)
+    cfg = small_config(iterations=40, schedule_scale=0.5, densify_from=10, densify_interval=6, densify_until=30,
+                       sh_degree_interval=20, opacity_reset_interval=30)
+    t = Trainer(ds, cfg, device="cpu")
+    got = t.config
+    assert (got.densify_from, got.densify_interval, got.densify_until, got.sh_degree_interval,
+            got.opacity_reset_interval, got.schedule_scale) == (5, 3, 15, 10, 15, 1.0)
+    assert cfg.schedule_scale == 0.5 and cfg.densify_from == 10
+    assert t.notes[0] == t.schedule_note and "densify_from 10 → 5" in t.schedule_note
+    t.step()
+    path = tmp_path / "c.safetensors"
+    t.save_checkpoint(path)
+    assert Trainer.from_checkpoint(path, ds, device="cpu").config == got
+    assert Trainer(ds, small_config(), device="cpu").schedule_note is None
+
+
+def test_cli_schedule_scale_sets_the_default_length_and_is_refused_on_resume(tmp_path, capsys):
+    """--schedule-scale S: --iters 30000 × S unless --iters is given; refused with --resume in one line (the saved
+    counts are already scaled), nothing written."""
+    from rigel_core.cli.common import config_overrides
+    from rigel_core.cli.train import build_parser
+    from rigel_core.cli.train import main as train_main
+    from rigel_core.data import make_dataset as make_data
+
+    def overrides(*argv):
+        return config_overrides(build_parser().parse_args(["--data", "d", "--out", "o", *argv]))
+
+    assert overrides("--schedule-scale", "0.7") == {"schedule_scale": 0.7, "iterations": 21_000}
+    assert overrides("--schedule-scale", "0.5", "--iters", "100") == {"schedule_scale": 0.5, "iterations": 100}
+    assert "iterations" not in overrides()
+    data, run = tmp_path / "data", tmp_path / "run"
+    make_data(data, 50, 8, 8, n_train=2, n_test=1, device="cpu", progress=False)
+    common = ["--data", str(data), "--out", str(run), "--device", "cpu", "--quiet", "--eval-every", "0",
+              "--n-renders", "0", "--init-points", "20"]
+    assert train_main(common + ["--iters", "2", "--schedule-scale", "0.5"]) == 0
+    saved = json.loads((run / "metrics.json").read_text())["config"]
+    assert saved["schedule_scale"] == 1.0 and saved["densify_from"] == 250 and saved["iterations"] == 2
+    assert "schedule_scale 0.5: densify_from 500 → 250" in (run / "log.txt").read_text()
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert train_main(common + ["--iters", "3", "--resume", "--schedule-scale", "0.5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--schedule-scale applies to a new run" in err and "checkpoint.safetensors" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    for bad in ("nan", "0", "-1"):
+        assert train_main(common[:2] + ["--out", str(tmp_path / "new")] + common[4:] + ["--schedule-scale", bad]) == 2
+        assert "--schedule-scale must be" in capsys.readouterr().err

@@ -26,7 +26,8 @@ MAX_ITERATION = 100_000_000
 
 __all__ = ["TrainConfig", "STRATEGIES", "DENSIFY_GRADS", "SPARSE_SFM_COVERAGE", "AUTO_COARSE_TO_FINE",
            "Capture", "auto_mcmc_budget", "strategy_unresolved", "resolve_init_points", "resolve_init_mode", "resolve_strategy", "resolve_init_background", "resolve_coarse_to_fine", "resolve_densify_grad",
-           "coarse_to_fine_span", "coarse_schedule_words", "training_downscale"]
+           "coarse_to_fine_span", "coarse_schedule_words", "training_downscale", "SCHEDULE_STEP_FIELDS",
+           "resolve_schedule_scale"]
 
 #: TrainConfig.strategy's values: "auto" is resolved to one of the other two when a Trainer is made
 STRATEGIES = ("auto", "default", "mcmc")
@@ -100,6 +101,14 @@ class TrainConfig:
     # ---- schedule ---------------------------------------------------------------------------------------
     iterations: int = 30_000
     seed: int = 0
+    #: every step count of the schedule × this (:data:`SCHEDULE_STEP_FIELDS`: densification's start, end and
+    #: interval, the opacity reset's and the SH degree's intervals, the coarse levels' span, a set
+    #: ``position_lr_max_steps``) — the 30k schedule compressed into a shorter run (gsplat's ``steps_scaler``);
+    #: ``rigel-train --schedule-scale S`` also makes the default ``--iters`` 30,000 × S. The Trainer applies it
+    #: once (:func:`resolve_schedule_scale`): its config, and so metrics.json and the checkpoint, hold the scaled
+    #: counts and 1.0. lego 800² (H100, 6cb8ed5): 0.7 over 21k, 35.92 dB in 37.4 s against 36.07 dB in 50.5 s
+    #: with the 30k schedule; 0.6 over 18k 35.73 dB in 33.3 s (docs/BENCHMARKS.md "Fewer steps ... on lego")
+    schedule_scale: float = 1.0
 
     # ---- learning rates (Adam; 3DGS defaults) -----------------------------------------------------------
     #: position lr, multiplied by the scene extent, decays exponentially from init to final over
@@ -496,6 +505,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.coarse_to_fine_iters must be ≥ 0, got {self.coarse_to_fine_iters}")
         if not 0.0 < self.coarse_to_fine_share <= 1.0:
             raise ValueError(f"TrainConfig.coarse_to_fine_share must be in (0, 1], got {self.coarse_to_fine_share}")
+        if not 0.0 < self.schedule_scale <= 100.0:
+            raise ValueError(f"TrainConfig.schedule_scale must be in (0, 100], got {self.schedule_scale}")
         if not 0.0 <= self.coarse_to_fine_gaussians_per_pixel < math.inf:
             raise ValueError("TrainConfig.coarse_to_fine_gaussians_per_pixel must be a finite number ≥ 0 (0: off), "
                              f"got {self.coarse_to_fine_gaussians_per_pixel}")
@@ -705,6 +716,32 @@ def resolve_densify_grad(cfg: TrainConfig, has_sfm_points: bool, cuda: bool) -> 
         return ("densify_grad auto: grad (the CPU backend has no absolute gradients; on the CUDA kernels a real "
                 "capture under 3DGS's densification uses absgrad)")
     return None
+
+
+#: the step counts :attr:`TrainConfig.schedule_scale` multiplies (0 and None stay as they are: off, or "the run's
+#: length")
+SCHEDULE_STEP_FIELDS = ("densify_from", "densify_until", "densify_interval", "opacity_reset_interval",
+                        "sh_degree_interval", "coarse_to_fine_iters", "position_lr_max_steps")
+
+
+def resolve_schedule_scale(cfg: TrainConfig) -> str | None:
+    """Apply ``cfg.schedule_scale`` in place: each of :data:`SCHEDULE_STEP_FIELDS` that is a positive count becomes
+    round(count × scale), at least 1; then ``schedule_scale`` is 1.0 (applied once: a resumed run's config holds
+    the scaled counts). Returns a line for the log naming the counts it changed, or None when the scale is 1."""
+    scale = float(cfg.schedule_scale)
+    if scale == 1.0:
+        return None
+    changed = []
+    for name in SCHEDULE_STEP_FIELDS:
+        old = getattr(cfg, name)
+        if old is None or int(old) <= 0:
+            continue
+        new = max(1, round(int(old) * scale))
+        setattr(cfg, name, new)
+        changed.append(f"{name} {int(old):,} → {new:,}")
+    cfg.schedule_scale = 1.0
+    return (f"schedule_scale {scale:g}: " + (", ".join(changed) if changed else "no step count to scale")
+            + f" (a run of {cfg.iterations:,} iterations)")
 
 
 def coarse_to_fine_span(cfg: TrainConfig) -> int:

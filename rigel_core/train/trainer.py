@@ -56,7 +56,7 @@ from ..model import GaussianModel
 from ..render import render
 from .config import SPARSE_SFM_COVERAGE, Capture, TrainConfig, coarse_schedule_words, coarse_to_fine_span, \
     resolve_coarse_to_fine, resolve_densify_grad, resolve_init_background, resolve_init_mode, resolve_init_points, \
-    resolve_strategy, strategy_unresolved, training_downscale  # noqa: F401
+    resolve_schedule_scale, resolve_strategy, strategy_unresolved, training_downscale  # noqa: F401
 from .densify import DensifyReport, DensifyStats
 from .exposure import Exposure, exposure_lr, left_right_metrics, log_linear_lr
 from .pose import PoseCorrection, fit_pose, pose_errors
@@ -554,6 +554,8 @@ class Trainer:
         ``densify_grad = "auto"`` from the SfM points, the resolved strategy and the device
         (:func:`~.config.resolve_densify_grad`). Sets :attr:`sfm_coverage`, :attr:`init_note` (only when this
         Trainer builds the initial model), :attr:`strategy_note`, :attr:`coarse_note` and :attr:`densify_grad_note`.
+        ``schedule_scale`` is applied first (:func:`~.config.resolve_schedule_scale`, :attr:`schedule_note`): the
+        coarse levels' span the coarse note names is the scaled one.
 
         The SfM coverage (:func:`sfm_view_coverage`, sampled: well under a second) is measured once, from the
         loaded training frames' cameras and the SfM points (the frames :meth:`initial_model` samples, before
@@ -564,8 +566,10 @@ class Trainer:
         auto_bg = cfg.init_background_points == "auto"
         if auto_bg or strategy_unresolved(cfg) or "auto" in (cfg.coarse_to_fine, cfg.densify_grad, cfg.init_points,
                                                             cfg.init_mode) \
-                or (not has_sfm and cfg.init_background_points != 0):
+                or (not has_sfm and cfg.init_background_points != 0) or cfg.schedule_scale != 1.0:
             cfg = dataclasses.replace(cfg)
+        #: the step counts ``schedule_scale`` changed (one line for the log), or None (1: nothing to change)
+        self.schedule_note = resolve_schedule_scale(cfg)
         #: what the "auto" rules read of the training views (:func:`capture_facts`: views, pixels, transparency)
         self.capture = capture_facts(self.train_frames)
         init_auto = cfg.init_points == "auto"
@@ -662,8 +666,8 @@ class Trainer:
         """The lines that say what "auto" became for this run, in the order they follow from each other (the
         initialisation, then the strategy it may decide, then coarse-to-fine and the densification statistic); what
         rigel-train and the viewer log at the start."""
-        return [n for n in (self.init_note, self.init_points_note, self.strategy_note, self.coarse_note,
-                            self.densify_grad_note) if n]
+        return [n for n in (self.schedule_note, self.init_note, self.init_points_note, self.strategy_note,
+                            self.coarse_note, self.densify_grad_note) if n]
 
     def _init_source(self) -> str:
         """What :meth:`initial_model` starts from, in words (:attr:`init_source`)."""
