@@ -9,6 +9,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import types
 
 import numpy as np
@@ -1675,3 +1676,33 @@ def test_cli_schedule_scale_sets_the_default_length_and_is_refused_on_resume(tmp
     for bad in ("nan", "0", "-1"):
         assert train_main(common[:2] + ["--out", str(tmp_path / "new")] + common[4:] + ["--schedule-scale", bad]) == 2
         assert "--schedule-scale must be" in capsys.readouterr().err
+
+
+def test_resume_refuses_any_schedule_scale_one_included(tmp_path, capsys):
+    """--resume refuses --schedule-scale whatever S, 1 too: --schedule-scale 1 (or --set schedule_scale=1) also
+    implies --iters 30000 × 1, so a resumed 2-iteration run was extended to 30,000 iterations ("iterations 2 ->
+    30000") by a flag the docs say --resume refuses. The refusal names the flag as given; nothing is written."""
+    from rigel_core.cli.common import config_overrides, resume_config
+    from rigel_core.cli.train import build_parser
+    from rigel_core.cli.train import main as train_main
+    from rigel_core.data import make_dataset as make_data
+
+    data, run = tmp_path / "data", tmp_path / "run"
+    make_data(data, 50, 8, 8, n_train=2, n_test=1, device="cpu", progress=False)
+    common = ["--data", str(data), "--out", str(run), "--device", "cpu", "--quiet", "--eval-every", "0",
+              "--n-renders", "0", "--init-points", "20"]
+    assert train_main(common + ["--iters", "2"]) == 0
+    capsys.readouterr()
+    ckpt = run / "checkpoint.safetensors"
+    for extra, named in ((["--schedule-scale", "1"], "--schedule-scale"),
+                         (["--set", "schedule_scale=1.0"], "--set schedule_scale")):
+        args = build_parser().parse_args(common + ["--resume"] + extra)
+        with pytest.raises(ValueError, match=f"{re.escape(named)} applies to a new run"):
+            resume_config(ckpt, config_overrides(args), [], args=args)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert train_main(common + ["--resume", "--schedule-scale", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--schedule-scale applies to a new run" in err and str(ckpt) in err
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert train_main(common + ["--resume", "--iters", "3"]) == 0   # without it: continued
+    assert json.loads((run / "metrics.json").read_text())["iterations_done"] == 3

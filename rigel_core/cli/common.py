@@ -378,10 +378,10 @@ def kept_settings(args: argparse.Namespace) -> dict:
 
 def resume_config(ckpt: Path, overrides: dict, changes: list | None = None, kept: dict | None = None, args=None):
     """The TrainConfig of the checkpoint ``ckpt`` with ``overrides``, validated completely before anything loads.
-    Raises CheckpointError (naming the file and field) or ValueError (the overrides make it invalid, or ask for
-    fewer iterations than the checkpoint has done). ``changes``, when given, receives one ``"key saved -> new"``
-    string per setting the overrides change (the command line prints them, so that no saved setting is replaced
-    silently). ``kept`` (:func:`kept_settings`): settings the model's layout fixes; one given and unlike the
+    Raises CheckpointError (naming the file and field) or ValueError (the overrides make it invalid, ask for
+    fewer iterations than the checkpoint has done, or set ``schedule_scale``: new runs only). ``changes``, when
+    given, receives one ``"key saved -> new"`` string per setting the overrides change (the command line prints
+    them, so that no saved setting is replaced silently). ``kept`` (:func:`kept_settings`): settings the model's layout fixes; one given and unlike the
     checkpoint's raises ValueError (it was ignored without a word). ``args``, when given: the command line that
     made ``overrides``, whose flags the refusal of an invalid value names (:func:`flag_words`)."""
     from ..checkpoint import read_checkpoint, validate_checkpoint
@@ -389,9 +389,12 @@ def resume_config(ckpt: Path, overrides: dict, changes: list | None = None, kept
 
     tensors, meta = read_checkpoint(ckpt)
     saved = validate_checkpoint(ckpt, tensors, meta).to_dict()
-    if overrides.get("schedule_scale", 1.0) != 1.0:   # the saved counts are the scaled ones: it would scale them again
-        raise ValueError(f"{ckpt}: --schedule-scale applies to a new run (this run's schedule was fixed when it "
-                         "began); leave it out to continue it, or give a new --out")
+    # any scale, 1 too: the saved counts are the scaled ones (another would scale them again), and the scale also
+    # sets the run's length (config_overrides: 1 made a resumed run 30,000 iterations long)
+    if "schedule_scale" in overrides:
+        message = ("TrainConfig.schedule_scale applies to a new run (this run's schedule was fixed when it began); "
+                   "leave it out to continue it, or give a new --out")
+        raise ValueError(f"{ckpt}: {message if args is None else flag_words(message, args)}")
     if overrides.get("strategy") == "mcmc" and saved.get("strategy") != "mcmc" and "max_gaussians" not in overrides:
         # the saved max_gaussians was a cap for another strategy, not a budget chosen for this one: the pixel rule's
         overrides = {**overrides, "max_gaussians": None}
