@@ -17,7 +17,6 @@ text there (profile_trainer.txt). Needs a CUDA device.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.real import BenchError, apply_variants, parse_overrides, rigel_config, split_variants  # noqa: E402
 from bench.train_step import profile  # noqa: E402
+from rigel_core.cli.common import Parser, downscale_arg, path_arg, whole_number_arg  # noqa: E402
 from rigel_core.data import load_dataset  # noqa: E402
 from rigel_core.train.trainer import Trainer  # noqa: E402
 
@@ -82,23 +82,25 @@ def measure(ds, cfg, args, label: str) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    # rigel's parser: a bad value is one line naming its flag (argparse's own printed its usage block first)
+    ap = Parser(prog="profile_trainer.py", description=__doc__.split("\n\n")[0],
                                  epilog="Example: python bench/profile_trainer.py --data ../shared/data/real/beer "
                                         "--warm 2000 --modes graph --profile 20")
-    ap.add_argument("--data", required=True, help="a dataset folder rigel_core.data.load_dataset reads")
-    ap.add_argument("--warm", type=int, default=2000, help="steps before measuring (densification under way)")
-    ap.add_argument("--steps", type=int, default=300, help="steps timed back to back after the warm-up")
-    ap.add_argument("--profile", type=int, default=50, help="steps under torch.profiler after those (0: none)")
+    ap.add_argument("--data", required=True, type=path_arg, help="a dataset folder rigel_core.data.load_dataset reads")
+    ap.add_argument("--warm", type=whole_number_arg("no warm-up"), default=2000, help="steps before measuring (densification under way)")
+    ap.add_argument("--steps", type=whole_number_arg("none timed"), default=300, help="steps timed back to back after the warm-up")
+    ap.add_argument("--profile", type=whole_number_arg("none"), default=50, help="steps under torch.profiler after those (0: none)")
     ap.add_argument("--modes", default="graph,eager",
                     help="comma-separated: graph (the CUDA-graph step) and/or eager; one fresh run each")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a TrainConfig override")
-    ap.add_argument("--downscale", type=float, default=1.0, help="image downscale factor, as rigel-train's")
+    ap.add_argument("--downscale", type=downscale_arg, default=1.0, help="image downscale factor, as rigel-train's")
     ap.add_argument("--out", type=Path, default=None, help="folder for profile_trainer.txt (created)")
-    ap.add_argument("--timeline", type=int, default=0, metavar="K",
+    ap.add_argument("--timeline", type=whole_number_arg("none"), default=0, metavar="K",
                     help="during the warm-up, a line every K steps: ms per step over the window, Gaussians, the "
                          "coarse-to-fine factor, graph captures and overflows (0: none)")
-    ap.add_argument("--iters", type=int, default=0,
-                    help="the run's length as configured (schedules, coarse-to-fine span); default the steps taken")
+    ap.add_argument("--iters", type=whole_number_arg("the steps taken"), default=0,
+                    help="the run's length as configured (schedules, coarse-to-fine span), at least the steps "
+                         "taken (--warm + --steps + --profile + 10); default those")
     args = ap.parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("graph", "eager")]
@@ -106,15 +108,18 @@ def main(argv=None) -> int:
         print(f"profile_trainer.py: --modes {args.modes!r}: give graph and/or eager", file=sys.stderr)
         return 2
     try:
-        base, variants = split_variants(args.data)
+        base, variants = split_variants(str(args.data), "--data")
     except BenchError as e:
         print(f"profile_trainer.py: {e}", file=sys.stderr)
         return 2
     if not Path(base).exists():
         print(f"profile_trainer.py: --data {base}: no such file or directory", file=sys.stderr)
         return 2
-    if args.timeline < 0 or args.iters < 0:
-        print("profile_trainer.py: --timeline and --iters must be ≥ 0", file=sys.stderr)
+    taken = args.warm + args.steps + args.profile + 10   # the steps each mode's run takes
+    if 0 < args.iters < taken:   # (a run configured shorter than its steps: it was raised to them without a word)
+        print(f"profile_trainer.py: --iters {args.iters} is below the {taken} steps the run takes (--warm "
+              f"{args.warm} + --steps {args.steps} + --profile {args.profile} + 10): give --iters {taken} or more, "
+              "or fewer steps", file=sys.stderr)
         return 2
     try:
         overrides = parse_overrides(args.set, "--set")
@@ -128,8 +133,7 @@ def main(argv=None) -> int:
     apply_variants(ds, variants)
     text = [f"# Trainer.step() on {args.data} ({torch.cuda.get_device_name()}, torch {torch.__version__})"]
     for mode in modes:
-        taken = args.warm + args.steps + args.profile + 10
-        cfg = rigel_config(max(args.iters, taken), 0, {**overrides, "cuda_graph": mode == "graph"})
+        cfg = rigel_config(args.iters or taken, 0, {**overrides, "cuda_graph": mode == "graph"})
         text.append(measure(ds, cfg, args, mode))
         print(text[-1], flush=True)
     if args.out:

@@ -155,12 +155,15 @@ SUITE = ("bonsai", "fern", "beer", "fox", "bonsai~nosfm", "fern~nosfm", "beer~no
          "bonsai~fewviews", "beer~halfviews", "fox~halfres", "beer~halfres")
 
 
-def split_variants(item: str) -> tuple[str, tuple[str, ...]]:
-    """``"fern~nosfm~halfres"`` → ("fern", ("nosfm", "halfres")); BenchError for a variant :data:`VARIANTS` lacks."""
+def split_variants(item: str, flag: str = "--scenes") -> tuple[str, tuple[str, ...]]:
+    """``"fern~nosfm~halfres"`` → ("fern", ("nosfm", "halfres")); BenchError naming ``flag`` (the command line's,
+    which gave ``item``) for a variant :data:`VARIANTS` lacks, or no capture before the first ``~``."""
     base, *variants = item.split("~")
+    if not base:
+        raise BenchError(f"{flag} {item!r}: no capture before its first '~' (give DIR~VARIANT)")
     bad = [v for v in variants if v not in VARIANTS]
-    if bad or not base:
-        raise BenchError(f"--scenes {item!r}: unknown variant {bad[0] if bad else ''!r}; variants: "
+    if bad:
+        raise BenchError(f"{flag} {item!r}: unknown variant {bad[0]!r}; variants: "
                          + ", ".join(f"{k} ({v})" for k, v in VARIANTS.items()))
     return base, tuple(dict.fromkeys(variants))
 
