@@ -87,9 +87,12 @@ def main(argv=None) -> int:
                                  epilog="Example: python bench/profile_trainer.py --data ../shared/data/real/beer "
                                         "--warm 2000 --modes graph --profile 20")
     ap.add_argument("--data", required=True, type=path_arg, help="a dataset folder rigel_core.data.load_dataset reads")
-    ap.add_argument("--warm", type=whole_number_arg("no warm-up"), default=2000, help="steps before measuring (densification under way)")
-    ap.add_argument("--steps", type=whole_number_arg("none timed"), default=300, help="steps timed back to back after the warm-up")
-    ap.add_argument("--profile", type=whole_number_arg("none"), default=50, help="steps under torch.profiler after those (0: none)")
+    ap.add_argument("--warm", type=whole_number_arg("no warm-up"), default=2000,
+                    help="steps before measuring (densification under way)")
+    ap.add_argument("--steps", type=whole_number_arg("none timed"), default=300,
+                    help="steps timed back to back after the warm-up")
+    ap.add_argument("--profile", type=whole_number_arg("none"), default=50,
+                    help="steps under torch.profiler after those (0: none)")
     ap.add_argument("--modes", default="graph,eager",
                     help="comma-separated: graph (the CUDA-graph step) and/or eager; one fresh run each")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a TrainConfig override")

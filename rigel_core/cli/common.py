@@ -382,8 +382,9 @@ def resume_config(ckpt: Path, overrides: dict, changes: list | None = None, kept
     fewer iterations than the checkpoint has done, or set ``schedule_scale``: new runs only). ``changes``, when
     given, receives one ``"key saved -> new"`` string per setting the overrides change (the command line prints
     them, so that no saved setting is replaced silently). ``kept`` (:func:`kept_settings`): settings the model's
-    layout fixes; one given and unlike the checkpoint's raises ValueError (it was ignored without a word). ``args``, when given: the command line that
-    made ``overrides``, whose flags the refusal of an invalid value names (:func:`flag_words`)."""
+    layout fixes; one given and unlike the checkpoint's raises ValueError (it was ignored without a word).
+    ``args``, when given: the command line that made ``overrides``, whose flags the refusal of an invalid value
+    names (:func:`flag_words`)."""
     from ..checkpoint import read_checkpoint, validate_checkpoint
     from ..train import TrainConfig
 
