@@ -74,7 +74,8 @@ def test_a_gaussians_per_pixel_outside_its_range_is_refused(bad):
 @pytest.mark.parametrize("per, first", [(0.0, 8), (4.0, 8), (1.0, 16), (0.5, 32)])
 def test_a_level_the_gaussians_crowd_is_left_for_a_finer_one(rng, per, first):
     """200 Gaussians on 32×32 views: ¼ (64 px) is kept only while 200 ≤ per × 64, ½ (256 px) while
-    200 ≤ per × 256; 0 leaves the schedule alone; a level left is not come back to (the schedule's later levels are finer still)."""
+    200 ≤ per × 256; 0 leaves the schedule alone; a level left is not come back to (the schedule's later levels
+    are finer still)."""
     ds = make_dataset(rng, n_gauss=60, size=32, n_train=4, n_test=1)
     t = Trainer(ds, small_config(iterations=40, coarse_to_fine=4, coarse_to_fine_iters=20, densify_from=1000,
                                  coarse_to_fine_gaussians_per_pixel=per), device="cpu")
