@@ -478,7 +478,7 @@ def test_a_float_mask_counts_a_pixel_only_above_one_half_everywhere(rng):
     cams = [Camera.look_at((0.5 + 0.1 * i, -3.0, 1.2), (0, 0, 0), (0, 0, 1), width=w, height=h, fov_x_deg=60,
                            name=f"v{i}") for i in range(4)]
     img = lambda: torch.rand(h, w, 3, generator=rng)
-    low = torch.rand(h, w, generator=rng) * 0.5 + 1e-3   # in (0, 0.5]: no pixel kept
+    low = torch.rand(h, w, generator=rng) * 0.499 + 1e-3  # in (0, 0.5): no pixel kept
     low[0, 0] = 0.5                                      # exactly one half keeps nothing either
     cfg = dict(sh_degree=0, init_points=50, eval_every=0)
     ds = Dataset([Frame(c, img(), None, c.name, low) for c in cams[:2]], [], np.zeros(3), 3.0)
