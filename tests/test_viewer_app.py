@@ -1323,3 +1323,23 @@ def test_the_offscreen_summary_says_one_psnr_for_one_evaluation():
     assert _psnr_words([{"iteration": 0, "psnr": a}, {"iteration": it, "psnr": b}]) == f"{a:.2f} -> {b:.2f} dB"
     assert _psnr_words([{"iteration": it, "psnr": a}, {"iteration": it, "psnr": b}]) == f"{b:.2f} dB (iteration {it:,})"
     assert _psnr_words([{"iteration": None, "psnr": float("nan")}]) == "n/a dB"
+
+
+@pytest.mark.parametrize("flag", [["--iters", "50"], ["--set", "densify_until=5"], ["--resume"], ["--paused"],
+                                  ["--schedule-scale", "0.5"], ["--max-gaussians", "7"], ["--test-every", "3"]])
+def test_a_training_flag_without_data_is_refused_in_one_line(tmp_path, capsys, flag):
+    """rigel-viewer SCENE (or --cameras) only views: a training flag given there was ignored without a word (exit
+    0). It is one line naming the flag, exit 2, nothing written; --downscale (it scales --cameras' images) and the
+    flags' own defaults stay accepted."""
+    from rigel_core.data import make_dataset
+    from viewer.cli import build_parser, main
+
+    data = tmp_path / "data"
+    make_dataset(data, 50, 16, 12, n_train=2, n_test=1, progress=False, device="cpu")
+    out = tmp_path / "out"
+    assert main([str(data / "scene.ply"), *flag, "--offscreen", "--out", str(out), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag[0]} is a training flag: it needs --data DIR" in err, err
+    assert not out.exists()
+    checked = {a.option_strings[0] for a in build_parser().training_actions}
+    assert flag[0] in checked and "--downscale" not in checked and "--data" not in checked

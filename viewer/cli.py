@@ -143,8 +143,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "the number of views, numbered as the Camera section shows them ('train view N/M')")
     add_threads_arg(ap)   # rigel-train's flag, with its bound
     t = ap.add_argument_group("live training (--data; the flags of rigel-train)")
-    add_training_args(t, data_required=False, skip=("--white-bg",))
-    t.add_argument("--paused", action="store_true", help="open with the training paused (press start)")
+    actions = add_training_args(t, data_required=False, skip=("--white-bg",))
+    actions.append(t.add_argument("--paused", action="store_true", help="open with the training paused (press start)"))
+    #: the argparse actions of the flags that act only on a training run (--data; --downscale also scales the images
+    #: of --cameras): _flag_problem refuses one given without --data
+    ap.training_actions = [a for a in actions if a.option_strings[0] not in ("--data", "--downscale")]
     return ap
 
 
@@ -384,6 +387,11 @@ def _flag_problem(args) -> str | None:
         return "--cameras is for viewing a SCENE; with --data the dataset's cameras are shown"
     if args.data is not None and args.scene:
         return "give either a SCENE to view or --data DIR to train, not both"
+    if args.data is None:   # a training flag where nothing trains was ignored without a word
+        for action in build_parser().training_actions:
+            if getattr(args, action.dest, None) != action.default:
+                return (f"{action.option_strings[0]} is a training flag: it needs --data DIR (a SCENE or --cameras "
+                        "is only viewed)")
     if args.view is not None and args.cameras is None and args.data is None:
         return "--view N opens at a training view: it needs --cameras DATASET (or --data DIR)"
     if args.view is not None and args.view < 1:

@@ -22,7 +22,7 @@ from ..run_dir import CHECKPOINT_NAME
 
 __all__ = ["add_training_args", "config_overrides", "resume_config", "changed_settings_line", "build_trainer",
            "new_config", "load_training_data", "device_problem", "add_threads_arg", "max_threads", "threads_problem",
-           "set_threads", "FLAG_FIELDS", "flag_words", "limit_heap_retention", "HEAP_MMAP_THRESHOLD"]
+           "set_threads", "FLAG_FIELDS", "flag_words", "flag_dest", "limit_heap_retention", "HEAP_MMAP_THRESHOLD"]
 
 #: the TrainConfig fields a flag of :func:`add_training_args` sets, and the flag (its argparse ``dest``: the name
 #: without the dashes, ``-`` as ``_``): :func:`config_overrides` reads them, and :func:`flag_words` names a refused
@@ -37,7 +37,7 @@ FLAG_FIELDS = {"iterations": "--iters", "max_gaussians": "--max-gaussians", "eva
 KEPT_FLAGS = {"sh_degree": "--sh-degree", "appearance": "--appearance"}
 
 
-def _dest(flag: str) -> str:
+def flag_dest(flag: str) -> str:
     """argparse's attribute name of ``flag`` ("--max-gaussians" → "max_gaussians")."""
     return flag.lstrip("-").replace("-", "_")
 
@@ -55,20 +55,22 @@ def flag_words(message: str, args) -> str:
         if field in set_fields:   # --set wins over the flags (config_overrides)
             return f"--set {field}{rest}"
         flag = flags.get(field)
-        if flag is not None and getattr(args, _dest(flag), None) is not None:
+        if flag is not None and getattr(args, flag_dest(flag), None) is not None:
             return flag + rest.replace(" or None", "")   # a flag's None is its absence: not a value to give
         return m.group(0)
 
     return re.sub(r"TrainConfig\.(\w+)( must be [^,]*)?", named, message)
 
 
-def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
+def add_training_args(p, *, data_required: bool = True, skip=()) -> list:
     """The dataset and :class:`~rigel_core.train.TrainConfig` flags (``--data`` … ``--resume``) on parser or
-    argument group ``p``, but those in ``skip`` (a caller's own flag of that name)."""
+    argument group ``p``, but those in ``skip`` (a caller's own flag of that name). Returns the argparse actions
+    added (each with its ``option_strings``, ``dest`` and ``default``)."""
+    added: list[argparse.Action] = []
 
     def add(flag, **kw):
         if flag not in skip:
-            p.add_argument(flag, **kw)
+            added.append(p.add_argument(flag, **kw))
 
     add("--data", required=data_required, type=path_arg,
         help="dataset directory (Blender, instant-ngp or COLMAP)")
@@ -136,6 +138,7 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> None:
         help="held-out evaluation interval (0 = only at the end)")
     add("--seed", type=int, default=None, help="random seed")
     add("--resume", action="store_true", help=f"continue from RUN/{CHECKPOINT_NAME}")
+    return added
 
 
 def max_threads() -> int:
@@ -323,7 +326,7 @@ def _parse_set_fields(items: list[str]) -> dict:
 def config_overrides(args: argparse.Namespace) -> dict:
     """The TrainConfig fields the command line sets (absent flags leave the default, or a resumed run's value);
     ``--set`` wins. Raises ValueError for a bad ``--set``."""
-    out = {field: v for field, flag in FLAG_FIELDS.items() if (v := getattr(args, _dest(flag))) is not None}
+    out = {field: v for field, flag in FLAG_FIELDS.items() if (v := getattr(args, flag_dest(flag))) is not None}
     out.update(_parse_set_fields(args.set_fields))
     # --schedule-scale S compresses the 30k schedule: the run's default length with it (an --iters given stays)
     scale = out.get("schedule_scale")
