@@ -1706,3 +1706,10 @@ def test_resume_refuses_any_schedule_scale_one_included(tmp_path, capsys):
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     assert train_main(common + ["--resume", "--iters", "3"]) == 0   # without it: continued
     assert json.loads((run / "metrics.json").read_text())["iterations_done"] == 3
+
+
+def test_the_start_line_counts_one_iteration_in_the_singular(rng):
+    ds = make_dataset(rng, n_gauss=20, size=16, n_train=2, n_test=0)
+    n = int(np.random.default_rng().integers(2, 10**6))
+    assert ", 1 iteration, strategy " in Trainer(ds, small_config(iterations=1), device="cpu").start_line()
+    assert f", {n:,} iterations, strategy " in Trainer(ds, small_config(iterations=n), device="cpu").start_line()

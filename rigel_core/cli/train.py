@@ -369,7 +369,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
         print(f"rigel-train: {e}", file=sys.stderr)
         return 2
     if resume_cfg is not None and run_finished(trainer):   # nothing to train or evaluate: the run's files stay as they are
-        print(f"rigel-train: --resume: {run_dir} already finished its {trainer.iteration} iterations; nothing written "
+        done = f"{trainer.iteration} iteration{'' if trainer.iteration == 1 else 's'}"
+        print(f"rigel-train: --resume: {run_dir} already finished its {done}; nothing written "
               f"(--iters M, M > {trainer.iteration}, extends it"
               + (f"; not applied: {'; '.join(changes)})" if changes else ")"), file=sys.stderr)
         return 0

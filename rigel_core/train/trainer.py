@@ -620,7 +620,8 @@ class Trainer:
         cfg = self.config
         budget = self.budget_words()
         learnt = [c.title for c in correction_classes() if getattr(cfg, c.config_field)]
-        return (f"{self.start_words()}, device {self.device}, {cfg.iterations:,} iterations, strategy {cfg.strategy}"
+        its = f"{cfg.iterations:,} iteration{'' if cfg.iterations == 1 else 's'}"
+        return (f"{self.start_words()}, device {self.device}, {its}, strategy {cfg.strategy}"
                 + (f", {budget}" if budget else "") + (f"; learning {', '.join(learnt)}" if learnt else ""))
 
     def start_words(self) -> str:
