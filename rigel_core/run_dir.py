@@ -325,16 +325,9 @@ def close_run_log(log: logging.Logger) -> None:
 
 
 def _mask_counts(frames, trainer) -> tuple[int, int]:
-    """(views with a mask, pixels that do not count: ``Frame.mask`` False, a float mask's <= 0.5) of ``frames``:
-    from ``trainer.view_mask_facts`` (what its start read of each view's mask found), or — for a trainer without
-    it — each mask read now, streamed ones on the loading threads (:func:`~rigel_core.data.stream.map_frames`: with
-    ``alpha_as_mask`` a read is a decode)."""
-    from .data.frames import mask_facts
-    from .data.stream import map_frames
-
-    frames = list(frames)
-    known = getattr(trainer, "view_mask_facts", None)
-    facts = known(frames) if known is not None else map_frames(mask_facts, frames)
+    """(views with a mask, pixels that do not count: ``Frame.mask`` False, a float mask's <= 0.5) of ``frames``,
+    from ``trainer.view_mask_facts`` (what its start read of each view's mask found)."""
+    facts = trainer.view_mask_facts(list(frames))
     return sum(m.shape is not None for m in facts), sum(m.ignored for m in facts)
 
 
