@@ -345,6 +345,8 @@ class TrainConfig:
     #: a held-back 23-view capture (19.00 against 18.74 / 18.27 dB)
     auto_default_min_views: int = 100
     mcmc_min_opacity: float = 0.005  # dead (relocated) when opacity ≤ this; also the floor of a copy's opacity
+    #: also dead (relocated) when its largest scale exceeds this × the scene extent (world units); 0: off
+    mcmc_max_scale: float = 0.0
     mcmc_growth: float = 0.05  # Gaussians added per relocation step, as a fraction of N (until the cap)
     mcmc_max_copies: int = 51  # n of the mass-splitting formulas clamped to this (the paper's code: 51)
     mcmc_noise_lr: float = 5e5  # λ_noise: noise = λ_noise · lr_means · σ(−k(o − t)) · Σ·η
@@ -496,6 +498,7 @@ class TrainConfig:
         self._each(("mcmc_noise_t",), lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
         if not 1 <= self.mcmc_max_copies <= 1000:
             raise ValueError(f"TrainConfig.mcmc_max_copies must be in 1..1000, got {self.mcmc_max_copies}")
+        self._each(("mcmc_max_scale",), lambda v: 0.0 <= v < math.inf, "finite and ≥ 0 (0: off)")
         self._each(("mcmc_growth", "mcmc_noise_lr", "mcmc_noise_k", "mcmc_opacity_reg", "mcmc_scale_reg"),
                    lambda v: v >= 0, "≥ 0")
         c2f = self.coarse_to_fine

@@ -165,12 +165,15 @@ def _split_sampled(model, cfg: TrainConfig, src: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def relocate_dead(model, optimizer, cfg: TrainConfig, generator: torch.Generator | None) -> int:
-    """Move every dead Gaussian (opacity ≤ ``cfg.mcmc_min_opacity``) onto a live one drawn ∝ opacity (module
-    docstring), in place; zero the Adam moments of the touched rows. Returns the number moved (0 when none is
-    dead or none is alive)."""
+def relocate_dead(model, optimizer, cfg: TrainConfig, generator: torch.Generator | None, extent: float = 1.0) -> int:
+    """Move every dead Gaussian (opacity ≤ ``cfg.mcmc_min_opacity``, or, when ``cfg.mcmc_max_scale`` > 0, a largest
+    scale above ``cfg.mcmc_max_scale × extent``: world units, ``extent`` the scene's) onto a live one drawn ∝ opacity
+    (module docstring), in place; zero the Adam moments of the touched rows. Returns the number moved (0 when none
+    is dead or none is alive)."""
     o = model.opacities.detach()
     dead = ~(o > cfg.mcmc_min_opacity)  # NaN (a non-finite logit) counts as dead
+    if cfg.mcmc_max_scale > 0:  # a faint fog of huge Gaussians (a random start): each one covers the whole view
+        dead |= ~(model.log_scales.detach().amax(dim=1) <= math.log(cfg.mcmc_max_scale * extent))
     n_dead = int(dead.sum())
     if n_dead == 0 or n_dead == o.numel():
         return 0
@@ -251,13 +254,13 @@ def scheduled(cfg: TrainConfig, iteration: int) -> bool:
 
 def mcmc_relocate_and_grow(model, optimizer, stats, cfg: TrainConfig, iteration: int,
                            generator: torch.Generator | None, n_before: int | None = None,
-                           removed: int = 0) -> MCMCReport:
+                           removed: int = 0, extent: float = 1.0) -> MCMCReport:
     """The scheduled part of :func:`mcmc_step` for ``iteration``: :func:`relocate_dead` then :func:`add_gaussians`,
     ``stats`` resized to the new count. Also what the trainer runs for a held iteration's deferred schedule
     (``Trainer.deferred_schedule``). ``n_before``/``removed``: the count before this iteration's cap trim and what
     it removed (for the report)."""
     n_before = model.num_gaussians if n_before is None else n_before
-    relocated = relocate_dead(model, optimizer, cfg, generator)
+    relocated = relocate_dead(model, optimizer, cfg, generator, extent)
     added = add_gaussians(model, optimizer, cfg, generator)
     capped = cfg.max_gaussians is not None and model.num_gaussians >= cfg.max_gaussians
     if len(stats) != model.num_gaussians:
@@ -366,7 +369,7 @@ def regularizer(model, cfg: TrainConfig) -> torch.Tensor:
 @torch.no_grad()
 def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_means: float,
               generator: torch.Generator | None, ok: torch.Tensor | None = None, *,
-              defer: bool = False) -> MCMCReport | None:
+              defer: bool = False, extent: float = 1.0) -> MCMCReport | None:
     """Everything ``strategy = "mcmc"`` does after the optimizer step of ``iteration`` (``Trainer.step``): cut the
     model to ``max_gaussians`` when above it; every ``densify_interval`` iterations strictly between
     ``densify_from`` and ``densify_until``, :func:`relocate_dead` then :func:`add_gaussians`; then
@@ -375,7 +378,7 @@ def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_mean
     were relocated, added or removed at a scheduled step (or removed by the cap at any step), else None.
     ``defer``: the trainer holds this iteration's relocation, growth and noise (``Trainer._holds``) and runs them,
     in this order, at its next step (:func:`mcmc_relocate_and_grow`, :func:`position_noise`); only the cap acts."""
-    report = mcmc_budget(model, optimizer, stats, cfg, iteration, generator, defer=defer)
+    report = mcmc_budget(model, optimizer, stats, cfg, iteration, generator, defer=defer, extent=extent)
     if not defer:
         position_noise(model, lr_means, cfg, generator, ok)
     return report
@@ -383,7 +386,7 @@ def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_mean
 
 @torch.no_grad()
 def mcmc_budget(model, optimizer, stats, cfg: TrainConfig, iteration: int, generator: torch.Generator | None, *,
-                defer: bool = False) -> MCMCReport | None:
+                defer: bool = False, extent: float = 1.0) -> MCMCReport | None:
     """The host part of :func:`mcmc_step` (everything but the position noise), in its order: cut the model to
     ``max_gaussians`` when above it, then at a scheduled iteration (unless ``defer``) :func:`mcmc_relocate_and_grow`;
     ``stats`` resized to the new count. Returns the :class:`MCMCReport` (None when nothing moved or was removed).
@@ -392,7 +395,7 @@ def mcmc_budget(model, optimizer, stats, cfg: TrainConfig, iteration: int, gener
     removed = trim_to_cap(model, optimizer, cfg.max_gaussians, generator)
     report = None
     if scheduled(cfg, iteration) and not defer:
-        report = mcmc_relocate_and_grow(model, optimizer, stats, cfg, iteration, generator, n_before, removed)
+        report = mcmc_relocate_and_grow(model, optimizer, stats, cfg, iteration, generator, n_before, removed, extent)
     elif removed:
         report = MCMCReport(iteration, n_before, 0, 0, removed, model.num_gaussians, True, 0, 0)
     if len(stats) != model.num_gaussians:

@@ -171,7 +171,8 @@ class MCMCStrategy(Strategy):
             # a held iteration (Trainer._holds), when scheduled, defers its relocation and growth and (to keep their
             # order with the noise draws of the steps after) its position noise: Trainer.deferred_schedule
             ctx.defer = t._holds(it) and scheduled(cfg, it)
-            ctx.report = mcmc_budget(t.model, t.optimizer, t.stats, cfg, it, t.generator, defer=ctx.defer)
+            ctx.report = mcmc_budget(t.model, t.optimizer, t.stats, cfg, it, t.generator, defer=ctx.defer,
+                                     extent=t.extent)
         if not ctx.defer:  # the Langevin position noise after the update, zero where the update was skipped
             add_position_noise(t.model, ctx.lr_means, cfg, ctx.noise(), ok)
 
@@ -196,7 +197,7 @@ class MCMCStrategy(Strategy):
 
     def run_held(self, trainer, iteration: int, cfg) -> tuple:
         t = trainer
-        report = mcmc_relocate_and_grow(t.model, t.optimizer, t.stats, cfg, iteration, t.generator)
+        report = mcmc_relocate_and_grow(t.model, t.optimizer, t.stats, cfg, iteration, t.generator, extent=t.extent)
         t.last_densify = report or t.last_densify
         # that iteration's noise, at its learning rate under the extended schedule (what a run planned this long
         # used); after --resume the skip flag is not kept: the step is taken as applied
