@@ -174,6 +174,33 @@ def test_relocation_moves_dead_onto_live_and_keeps_the_rest(rng):
     assert relocate_dead(model, opt, cfg, None) == 0
 
 
+def test_max_scale_counts_a_huge_gaussian_as_dead(rng):
+    """``mcmc_max_scale`` > 0: a Gaussian whose largest scale exceeds it × the extent is relocated like a dead one,
+    opaque or not; exactly at the bound it stays; 0 (the default) relocates none of them."""
+    n, extent = 60, float(2.0 + 5.0 * torch.rand(1, generator=rng))
+    model, opt, _ = _model_with_moments(rng, n, dead_frac=0.0)
+    bound = 0.1 * extent
+    s = (0.2 * bound * (0.1 + torch.rand(n, 3, generator=rng)))  # all well inside the bound
+    huge = torch.rand(n, generator=rng) < 0.25
+    huge[0], huge[1], huge[2] = True, False, False
+    axis = torch.randint(0, 3, (n,), generator=rng)
+    s[huge, axis[huge]] = bound * (1.5 + 10 * torch.rand(int(huge.sum()), generator=rng))  # one axis too large
+    model.log_scales = torch.log(s)
+    model.log_scales.data[2, 1] = math.log(bound)  # exactly at the bound: kept
+    model.opacity_logits = torch.logit(0.02 + 0.95 * torch.rand(n, generator=rng))  # none dead by its opacity
+    opt = make_optimizer(model, TrainConfig(), 1.0)
+    before = model.means3D.detach().clone()
+    off = TrainConfig(strategy="mcmc", max_gaussians=n)
+    assert relocate_dead(model, opt, off, None, extent) == 0
+    on = TrainConfig(strategy="mcmc", max_gaussians=n, mcmc_max_scale=0.1)
+    assert relocate_dead(model, opt, on, torch.Generator().manual_seed(3), extent) == int(huge.sum())
+    moved = ~(model.means3D.detach() == before).all(1)
+    assert torch.equal(moved, huge)  # the huge ones took a kept one's place, the rest stayed
+    assert bool((model.scales.detach()[huge].amax(1) <= bound * (1 + 1e-6)).all())
+    with pytest.raises(ValueError, match="mcmc_max_scale"):
+        TrainConfig(mcmc_max_scale=-0.1).validate()
+
+
 def test_growth_reaches_the_cap_and_never_passes_it(rng):
     n, cap = 100, 112
     model, opt, _ = _model_with_moments(rng, n, dead_frac=0.0)
