@@ -1713,3 +1713,104 @@ def test_the_start_line_counts_one_iteration_in_the_singular(rng):
     n = int(np.random.default_rng().integers(2, 10**6))
     assert ", 1 iteration, strategy " in Trainer(ds, small_config(iterations=1), device="cpu").start_line()
     assert f", {n:,} iterations, strategy " in Trainer(ds, small_config(iterations=n), device="cpu").start_line()
+
+
+# ---- a binning overflow in a training step ---------------------------------------------------------------------
+@pytest.mark.parametrize("strategy", ["default", "mcmc"])
+def test_a_binning_overflow_retires_the_widest_gaussians_and_retakes_the_step(rng, monkeypatch, strategy):
+    """A training view that needs more (Gaussian, tile) entries than the limit (the CUDA binning raises
+    BinningOverflow; injected here at the step body, which the CPU reference never reaches) no longer ends the run:
+    the fewest Gaussians, widest first, that bring the view to half the limit are made transparent, their Adam
+    moments zeroed, the step taken again, one warning said. Every other row is left as it was."""
+    from rigel_core.renderer.cuda_backend import BinningOverflow
+    from rigel_core.train import trainer as trainer_mod
+
+    ds = make_dataset(rng, n_train=6, n_test=2)
+    kw = dict(strategy=strategy, max_gaussians=400) if strategy == "mcmc" else {}
+    tr = Trainer(ds, small_config(iterations=20, **kw), device="cpu")
+    for _ in range(3):
+        tr.step()
+    n = tr.model.num_gaussians
+    touched = torch.randint(0, 40, (n,), generator=rng, dtype=torch.int32)
+    wide = torch.randperm(n, generator=rng)[:int(torch.randint(3, 12, (1,), generator=rng))]
+    touched[wide] = torch.randint(5000, 9000, (wide.numel(),), generator=rng, dtype=torch.int32)
+    total, limit = int(touched.sum()), int(touched.sum()) - int(touched[wide].min()) // 2  # over by less than one
+    # the expected rows: sort descending, the shortest prefix whose sum reaches total - limit // 2
+    order = torch.argsort(touched.long(), descending=True)
+    k = int((torch.cumsum(touched.long()[order], 0) < total - limit // 2).sum()) + 1
+    expect = torch.zeros(n, dtype=torch.bool)
+    expect[order[:k]] = True
+    real, calls, seen = trainer_mod.train_step, [], {}
+    logits_before = tr.model.opacity_logits.detach().clone()
+    moments_before = _moments(tr.optimizer, tr.model)
+
+    def overflowing(t, views, ctx, **kw):
+        calls.append(ctx)
+        if len(calls) == 1:
+            for p in t.model.parameters().values():  # a forward-backward before the failing view left gradients
+                p.grad = torch.full_like(p, float("nan"))
+            raise BinningOverflow(total, limit, touched)
+        assert all(p.grad is None for p in t.model.parameters().values()), "gradients of the failed try were kept"
+        seen["logits"] = t.model.opacity_logits.detach().clone()  # as the retry starts
+        seen["moments"] = _moments(t.optimizer, t.model)
+        return real(t, views, ctx, **kw)
+
+    monkeypatch.setattr(trainer_mod, "train_step", overflowing)
+    with pytest.warns(UserWarning, match=rf"needed {total:,} \(Gaussian, tile\) entries, over the limit of "
+                                         rf"{limit:,}: the {k:,} Gaussians covering the most tiles"):
+        res = tr.step()
+    assert len(calls) == 2 and calls[0] is not calls[1] and res.iteration == 4 == tr.iteration
+    assert tr.retired_wide == k and tr.model.num_gaussians == n
+    retired = torch.sigmoid(seen["logits"])
+    torch.testing.assert_close(retired[expect], torch.full((k,), trainer_mod.RETIRED_OPACITY), rtol=1e-4, atol=0)
+    assert torch.equal(seen["logits"][~expect], logits_before[~expect])
+    for name, states in seen["moments"].items():
+        for st, v in states.items():
+            if v.dim() == 0:  # the step count: one per parameter, not per row
+                continue
+            assert bool((v[expect] == 0).all()), (name, st)
+            assert torch.equal(v[~expect], moments_before[name][st][~expect]), (name, st)
+    assert bool((tr.model.opacities.detach()[expect] < 1.0 / 255).all())  # still under the alpha floor after it
+
+    # an overflow that retiring cannot cure: the error stands after OVERFLOW_RETRIES more tries
+    calls.clear()
+
+    def always(t, views, ctx, **kw):
+        calls.append(ctx)
+        raise BinningOverflow(total, limit, touched[:tr.model.num_gaussians])
+
+    monkeypatch.setattr(trainer_mod, "train_step", always)
+    with pytest.warns(UserWarning), pytest.raises(BinningOverflow):
+        tr.step()
+    assert len(calls) == trainer_mod.OVERFLOW_RETRIES + 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["default", "mcmc"])
+def test_a_real_binning_overflow_on_the_gpu_is_survived(rng, monkeypatch, strategy):
+    """The CUDA path end to end (the eager step and the CUDA-graph step, whose replay redoes an overflowing step
+    eagerly): opaque Gaussians wider than the view, with the entry limit lowered under what the view needs, make the
+    binning raise; the trainer retires them, warns, and the run goes on with every view under the limit."""
+    from rigel_core import config as rconfig
+
+    ds = make_dataset(rng, n_train=6, n_test=2)
+    kw = dict(strategy=strategy, max_gaussians=400) if strategy == "mcmc" else {}
+    tr = Trainer(ds, small_config(iterations=40, **kw), device="cuda")
+    for _ in range(3):
+        tr.step()
+    n = tr.model.num_gaussians
+    huge = torch.randperm(n, generator=rng)[:int(torch.randint(20, 40, (1,), generator=rng))].cuda()
+    with torch.no_grad():  # at the scene's centre, σ twice its extent, opaque: each covers every tile of a view
+        tr.model.means3D[huge] = torch.as_tensor(ds.scene_center, dtype=torch.float32, device="cuda")
+        tr.model.log_scales[huge] = math.log(2.0 * tr.extent)
+        tr.model.opacity_logits[huge] = 3.0
+    cam = ds.train[0].camera
+    tiles = math.ceil(cam.width / 16) * math.ceil(cam.height / 16)
+    limit = huge.numel() * tiles // 2  # the huge ones alone need twice the limit in any view
+    monkeypatch.setattr(rconfig, "MAX_ENTRIES", limit)
+    with pytest.warns(UserWarning, match=rf"over the limit of {limit:,}: the [\d,]+ Gaussians covering the most"):
+        for _ in range(10):
+            tr.step()
+    assert tr.iteration == 13 and tr.retired_wide >= huge.numel() // 2
+    for f in ds.train:  # every view renders under the limit now
+        assert render(tr.model, f.camera).n_entries <= limit

@@ -35,9 +35,21 @@ import torch
 from .. import _ext, config
 from .output import RenderOutput
 
-__all__ = ["FixedBinningCapacity", "rasterize_gaussians_cuda", "sh_colors_cuda", "sh_colors_split_cuda",
+__all__ = ["BinningOverflow", "FixedBinningCapacity", "rasterize_gaussians_cuda", "sh_colors_cuda", "sh_colors_split_cuda",
            "project_gaussians_cuda", "bin_gaussians_cuda",
            "rasterize_tiles_cuda", "mlp_colors_cuda", "ssim_map_cuda", "photometric_sums_cuda"]
+
+
+class BinningOverflow(RuntimeError):
+    """A frame needs more (Gaussian, tile) entries than the binning may allocate (``config.MAX_ENTRIES``): nothing of
+    that size was allocated. ``n_entries`` (what the frame needs), ``max_entries`` (the limit) and ``tiles_touched``
+    ((N,) int32 on the device: each Gaussian's share) say which Gaussians to blame; the trainer retires the widest
+    (``Trainer._retire_widest``) and takes the step again."""
+
+    def __init__(self, n_entries: int, max_entries: int, tiles_touched: torch.Tensor):
+        super().__init__(f"binning: {n_entries:,} (Gaussian, tile) entries exceed the limit of {max_entries:,} "
+                         "(config.MAX_ENTRIES); lower the resolution or prune large Gaussians")
+        self.n_entries, self.max_entries, self.tiles_touched = int(n_entries), int(max_entries), tiles_touched
 
 
 def _f32(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -280,9 +292,10 @@ class FixedBinningCapacity:
 
 
 def bin_gaussians_cuda(means2D, conics, opacities, depths, radii, width: int, height: int,
-                       max_entries: int = config.MAX_ENTRIES):
+                       max_entries: int | None = None):
     """[2] Binning on the GPU (not differentiable): (keys (E,) int64, gaussian_ids (E,) int32,
-    tile_ranges (n_tiles,2) int32, tiles_touched (N,) int32). Raises RuntimeError when E > ``max_entries``.
+    tile_ranges (n_tiles,2) int32, tiles_touched (N,) int32). Raises :class:`BinningOverflow` (a RuntimeError)
+    when E > ``max_entries`` (None: ``config.MAX_ENTRIES``, read at the call).
     Inside a :class:`FixedBinningCapacity` context E is that capacity (padding past every tile range at the end)
     and nothing is read back."""
     args = (means2D.detach().contiguous(), conics.detach().contiguous(), opacities.detach().contiguous(),
@@ -293,10 +306,10 @@ def bin_gaussians_cuda(means2D, conics, opacities, depths, radii, width: int, he
                                                                                                fixed.capacity)
         fixed.totals.append(total)
         return keys, gaussian_ids, tile_ranges, tiles_touched
-    keys, gaussian_ids, tile_ranges, tiles_touched, n_entries = _ext.get().bin_gaussians(*args, int(max_entries))
+    max_entries = config.MAX_ENTRIES if max_entries is None else int(max_entries)
+    keys, gaussian_ids, tile_ranges, tiles_touched, n_entries = _ext.get().bin_gaussians(*args, max_entries)
     if n_entries > max_entries:  # refused by the kernel side before allocating anything of that size
-        raise RuntimeError(f"binning: {n_entries:,} (Gaussian, tile) entries exceed the limit of {max_entries:,} "
-                           "(config.MAX_ENTRIES); lower the resolution or prune large Gaussians")
+        raise BinningOverflow(n_entries, max_entries, tiles_touched)
     return keys, gaussian_ids, tile_ranges, tiles_touched
 
 
@@ -337,7 +350,8 @@ def rasterize_gaussians_cuda(means3D, quats, scales, opacities, colors, viewmat,
     written in place and returned; when gradients are taken, ``final_T`` is read again by the backward pass, so
     do not overwrite ``out`` between forward and backward.
     Raises: TypeError/ValueError for wrong dtypes, devices or shapes (from here or from ``rigel_core._C``);
-    RuntimeError when more than ``config.MAX_ENTRIES`` (Gaussian, tile) entries are needed.
+    :class:`BinningOverflow` (a RuntimeError) when more than ``config.MAX_ENTRIES`` (Gaussian, tile) entries are
+    needed.
     """
     proj = project_gaussians_cuda(means3D, quats, scales, opacities, viewmat, K, width, height, near_plane,
                                   far_plane, colors, render_mode)

@@ -71,8 +71,8 @@ from .config import TrainConfig
 from .densify import DensifyReport
 from .optim import append_rows, per_gaussian_tensors, select_rows
 
-__all__ = ["MCMCReport", "split_mass", "sample_indices", "relocate_dead", "add_gaussians", "trim_to_cap",
-           "position_noise", "add_position_noise", "noise_generator", "seed_noise", "scheduled", "regularizer",
+__all__ = ["MCMCReport", "split_mass", "zero_moments", "sample_indices", "relocate_dead", "add_gaussians",
+           "trim_to_cap", "position_noise", "add_position_noise", "noise_generator", "seed_noise", "scheduled", "regularizer",
            "mcmc_step", "mcmc_budget", "mcmc_relocate_and_grow"]
 
 #: largest float32 opacity below 1 the relocation hands out (logit ≈ 15.9)
@@ -140,7 +140,7 @@ def sample_indices(weights: torch.Tensor, m: int, generator: torch.Generator | N
     return idx.to(weights.device)
 
 
-def _zero_moments(optimizer, model, rows: torch.Tensor) -> None:
+def zero_moments(optimizer, model, rows: torch.Tensor) -> None:
     """Zero the per-row Adam state (``exp_avg``, ``exp_avg_sq``) of ``rows`` in every per-Gaussian group."""
     for p in per_gaussian_tensors(optimizer, model).values():
         for v in optimizer.state.get(p, {}).values():
@@ -183,7 +183,7 @@ def relocate_dead(model, optimizer, cfg: TrainConfig, generator: torch.Generator
     rows = _split_sampled(model, cfg, src)
     for p in per_gaussian_tensors(optimizer, model).values():
         p.data[dead_idx] = p.data[src]
-    _zero_moments(optimizer, model, torch.cat([rows, dead_idx]))
+    zero_moments(optimizer, model, torch.cat([rows, dead_idx]))
     return n_dead
 
 
@@ -200,7 +200,7 @@ def add_gaussians(model, optimizer, cfg: TrainConfig, generator: torch.Generator
         return 0
     src = sample_indices(o, m, generator)
     rows = _split_sampled(model, cfg, src)
-    _zero_moments(optimizer, model, rows)
+    zero_moments(optimizer, model, rows)
     params = per_gaussian_tensors(optimizer, model)
     append_rows(optimizer, model, {k: v.detach()[src] for k, v in params.items()})
     return m

@@ -68,6 +68,8 @@ from .corrections import correction_classes
 from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group, per_gaussian_tensors, \
     set_learning_rates
 from .step import StepContext, StepView, train_step
+from .mcmc import zero_moments
+from ..renderer.cuda_backend import BinningOverflow
 from .strategy import Strategy, strategy_for
 from .records import EvalResult  # its own module: rigel_core.checkpoint reads it without the trainer
 
@@ -77,6 +79,11 @@ __all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "backgro
 
 #: coarse-to-fine never makes a training image's shorter side smaller than this (pixels)
 MIN_COARSE_SIDE = 8
+#: the opacity :meth:`Trainer._retire_widest` gives a Gaussian it retires: under the binning's alpha floor (1/255),
+#: so it touches no tile, and under ``mcmc_min_opacity`` / ``min_opacity`` (0.005), so the strategy takes it
+RETIRED_OPACITY = 1e-4
+#: how many times one step is taken again after retiring Gaussians for a binning overflow before the error stands
+OVERFLOW_RETRIES = 2
 
 
 def shortest_side(frames) -> int:
@@ -519,6 +526,9 @@ class Trainer:
         self.stats = DensifyStats(model.num_gaussians, self.device)
         self.iteration = 0
         self._nan_skips = torch.zeros((), dtype=torch.float64, device=self.device)
+        #: Gaussians made transparent because a training view needed more binning entries than the limit
+        #: (:meth:`_retire_widest`), over the run so far in this process
+        self.retired_wide = 0
         self.eval_history: list[EvalResult] = []
         self.last_densify: DensifyReport | None = None
         #: the last iteration when it held back its scheduled densification / opacity reset / MCMC relocation
@@ -986,7 +996,16 @@ class Trainer:
             if result[0] is not None or it % FILTER_3D_INTERVAL == 0:
                 self._update_filter_3d()
 
-        outcome = train_step(self, views, ctx, lock=self.lock, after_update=schedule)
+        for attempt in range(OVERFLOW_RETRIES + 1):
+            try:
+                outcome = train_step(self, views, ctx, lock=self.lock, after_update=schedule)
+                break
+            except BinningOverflow as e:  # raised in a forward pass: nothing was updated, only gradients exist
+                if comm is not None or attempt == OVERFLOW_RETRIES:  # ranks must keep one model: no repair alone
+                    raise
+                self._zero_grad()
+                self._retire_widest(e, it)
+                ctx = self._step_context(it)  # `schedule` reads this one
         report, reset = result
         if self.graph_step is None and graph_step_unsupported(self) is None:
             self.graph_step = GraphStep(self)
@@ -1004,6 +1023,29 @@ class Trainer:
             comm.maybe_check(self)
         res.seconds = time.perf_counter() - t0
         return self._with_held(res, held)
+
+    @torch.no_grad()
+    def _retire_widest(self, e: BinningOverflow, it: int) -> int:
+        """A training view of iteration ``it`` needed ``e.n_entries`` (Gaussian, tile) entries, more than the limit
+        ``e.max_entries`` (a fog of huge faint Gaussians, which a random start can grow under MCMC): make transparent
+        (opacity :data:`RETIRED_OPACITY`, under the binning's alpha floor, so they touch no tile; the Adam moments of
+        their rows zeroed) the fewest Gaussians, widest first by ``e.tiles_touched``, that bring the view to half
+        the limit. MCMC relocates them at its next relocation (dead: under ``mcmc_min_opacity``), 3DGS's
+        densification prunes them at its next prune (``prune_opacity``). Warns in one line; returns how many."""
+        touched = e.tiles_touched.to(torch.int64).flatten()
+        order = torch.argsort(touched, descending=True)
+        cum = torch.cumsum(touched[order], 0)
+        excess = e.n_entries - e.max_entries // 2
+        k = min(int(torch.searchsorted(cum, torch.tensor([excess], device=cum.device)).item()) + 1, touched.numel())
+        rows = order[:k]
+        self.model.opacity_logits[rows] = math.log(RETIRED_OPACITY / (1.0 - RETIRED_OPACITY))
+        zero_moments(self.optimizer, self.model, rows)
+        self.retired_wide += k
+        least = int(touched[order[k - 1]]) if k else 0
+        warnings.warn(f"iteration {it:,}: a training view needed {e.n_entries:,} (Gaussian, tile) entries, over the "
+                      f"limit of {e.max_entries:,}: the {k:,} Gaussians covering the most tiles (≥ {least:,} each) "
+                      "were made transparent and the step taken again", stacklevel=3)
+        return k
 
     def _graph_runner_usable(self) -> bool:
         """Can this step go to the graph runner? A capturing one (made by the trainer on CUDA) when
