@@ -532,11 +532,14 @@ class RunRecord:
     def write(self, trainer, **fields) -> None:
         """``metrics.json`` now, with the trainer's iteration, Gaussian count, skipped steps, configuration (the
         viewer changes densification fields live), this session's CUDA-graph statistics (``graph_step``:
-        :meth:`~rigel_core.train.graph_step.GraphStep.stats`, null when every step was eager) and ``fields``."""
+        :meth:`~rigel_core.train.graph_step.GraphStep.stats`, null when every step was eager), this session's count
+        of Gaussians made transparent for a view over the binning's entry limit (``retired_wide``:
+        ``Trainer._retire_widest``) and ``fields``."""
         gs = getattr(trainer, "graph_step", None)
         self.metrics.update(iterations_done=trainer.iteration, num_gaussians=trainer.model.num_gaussians,
                             nan_skips=trainer.nan_skips, config=trainer.config.to_dict(),
-                            graph_step=None if gs is None else gs.stats(), **fields)
+                            graph_step=None if gs is None else gs.stats(),
+                            retired_wide=int(getattr(trainer, "retired_wide", 0)), **fields)
         write_json_atomic(self.run_dir / METRICS_NAME, self.metrics)
 
     def close(self) -> None:
