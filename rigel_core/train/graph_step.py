@@ -165,6 +165,10 @@ class GraphStep:
         self._cam_table: torch.Tensor | None = None
         self._steps = 0
         self._pool = None  # memory pool of the live graphs (see _drop)
+        #: image sizes whose last frame needed more entries than the binning's limit (``config.MAX_ENTRIES``): no
+        #: capacity can serve them, so their next step is eager, where the trainer repairs the model
+        #: (``Trainer._retire_widest``); one eager step each, then captures as before
+        self._over_limit: set = set()
         if self.capture:
             self._pinned = [torch.zeros(1, dtype=torch.int64).pin_memory() for _ in range(IN_FLIGHT + 2)]
             self._events = [torch.cuda.Event() for _ in self._pinned]  # one per pinned slot, recorded again
@@ -266,6 +270,8 @@ class GraphStep:
     def check_pending(self, keep: int = 1) -> list[int]:
         """Read the entry counts of finished replays (all but the last ``keep``; waits for them); returns the
         view indices whose frame overflowed its capacity (their update was skipped on the device)."""
+        from .. import config
+
         redo = []
         while len(self._pending) > keep:
             event, pinned, capacity, idx, size, n = self._pending.popleft()
@@ -277,6 +283,8 @@ class GraphStep:
             if total > capacity:
                 self.overflows += 1
                 redo.append(idx)
+                if total > config.MAX_ENTRIES:
+                    self._over_limit.add(size)
                 for key in [k for k in self.graphs if k[:2] == size and self.graphs[k].capacity < total]:
                     self._drop(key)
         return redo
@@ -363,6 +371,9 @@ class GraphStep:
             self._signature = sig
         if self.capture:
             self._learning_rates()
+        if (width, height) in self._over_limit:  # only the eager step can bring it under the limit
+            self._over_limit.discard((width, height))
+            return None
         cap = self.graphs.get(key)
         self._steps += 1
         if self.capture and cap is not None and self._steps % REFIT_EVERY == 0:  # counts fell (pruning): re-size
