@@ -197,6 +197,8 @@ def test_max_scale_counts_a_huge_gaussian_as_dead(rng):
     moved = ~(model.means3D.detach() == before).all(1)
     assert torch.equal(moved, huge)  # the huge ones took a kept one's place, the rest stayed
     assert bool((model.scales.detach()[huge].amax(1) <= bound * (1 + 1e-6)).all())
+    with pytest.raises(ValueError, match="scene extent must be given"):
+        relocate_dead(model, opt, on, None)
     with pytest.raises(ValueError, match="mcmc_max_scale"):
         TrainConfig(mcmc_max_scale=-0.1).validate()
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from rigel_core import config
+from rigel_core.renderer.output import BinningOverflow
 from rigel_core.reference import bin_gaussians, footprint_threshold, min_q_over_box, project_gaussians
 from helpers import cam_tensors, random_camera, random_gaussians
 
@@ -108,5 +109,8 @@ def test_too_many_entries_is_a_clear_error(monkeypatch):
     means2D = torch.full((n, 2), 32.0)
     b_args = (means2D, torch.tensor([[0.001, 0.0, 0.001]] * n), torch.full((n,), 0.9), torch.full((n,), 1.0),
               torch.full((n,), 200, dtype=torch.int32), 64, 64)
-    with pytest.raises(RuntimeError, match="exceed the limit"):
+    with pytest.raises(BinningOverflow, match="exceed the limit of 10 ") as err:
         bin_gaussians(*b_args)
+    # each of the 4 covers all 4×4 tiles of the 64×64 view: what the trainer needs to pick the widest
+    assert isinstance(err.value, RuntimeError) and err.value.n_entries == 64 and err.value.max_entries == 10
+    assert err.value.tiles_touched.tolist() == [16] * n

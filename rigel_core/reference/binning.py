@@ -12,6 +12,7 @@ from typing import NamedTuple
 import torch
 
 from .. import config
+from ..renderer.output import BinningOverflow
 from .project import tile_rects
 
 __all__ = ["Binning", "bin_gaussians", "footprint_threshold", "min_q_over_box", "depth_bits"]
@@ -63,7 +64,8 @@ def bin_gaussians(means2D, conics, opacities, depths, radii, width: int, height:
 
     Args: means2D (N,2), conics (N,3), opacities (N,), depths (N,), radii (N,) int (0 = culled).
     Returns: :class:`Binning`.
-    Raises: RuntimeError when the entry count exceeds ``config.MAX_ENTRIES``.
+    Raises: :class:`~rigel_core.renderer.output.BinningOverflow` (a RuntimeError) when the candidate (Gaussian,
+    tile) pairs exceed ``config.MAX_ENTRIES``.
     """
     T = config.TILE_SIZE
     dev = means2D.device
@@ -73,12 +75,13 @@ def bin_gaussians(means2D, conics, opacities, depths, radii, width: int, height:
     n_tiles = tiles_x * tiles_y
 
     rect = tile_rects(means2D, radii, width, height)
-    live = radii > 0
+    # a Gaussian whose footprint threshold is negative (opacity under ALPHA_MIN) passes no tile below (qmin ≥ 0):
+    # not a candidate either, as in the kernel (csrc/rasterize_common.cuh), so it counts nowhere against the limit
+    live = (radii > 0) & (footprint_threshold(opacities) >= -1e-3)
     area = torch.where(live, (rect[:, 2] - rect[:, 0]) * (rect[:, 3] - rect[:, 1]), torch.zeros_like(rect[:, 0]))
     total = int(area.sum())
-    if total > config.MAX_ENTRIES:
-        raise RuntimeError(f"binning: {total:,} candidate (Gaussian, tile) pairs exceed the limit of "
-                           f"{config.MAX_ENTRIES:,}; lower the resolution or prune large Gaussians")
+    if total > config.MAX_ENTRIES:  # the candidate pairs (each Gaussian's box of tiles) are what gets allocated
+        raise BinningOverflow(total, config.MAX_ENTRIES, area.to(torch.int32))
     gid = torch.repeat_interleave(torch.arange(n, device=dev), area)
     first = torch.cumsum(area, 0) - area
     local = torch.arange(total, device=dev) - first[gid]

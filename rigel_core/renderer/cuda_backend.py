@@ -33,23 +33,11 @@ import weakref
 import torch
 
 from .. import _ext, config
-from .output import RenderOutput
+from .output import BinningOverflow, RenderOutput
 
 __all__ = ["BinningOverflow", "FixedBinningCapacity", "rasterize_gaussians_cuda", "sh_colors_cuda", "sh_colors_split_cuda",
            "project_gaussians_cuda", "bin_gaussians_cuda",
            "rasterize_tiles_cuda", "mlp_colors_cuda", "ssim_map_cuda", "photometric_sums_cuda"]
-
-
-class BinningOverflow(RuntimeError):
-    """A frame needs more (Gaussian, tile) entries than the binning may allocate (``config.MAX_ENTRIES``): nothing of
-    that size was allocated. ``n_entries`` (what the frame needs), ``max_entries`` (the limit) and ``tiles_touched``
-    ((N,) int32 on the device: each Gaussian's share) say which Gaussians to blame; the trainer retires the widest
-    (``Trainer._retire_widest``) and takes the step again."""
-
-    def __init__(self, n_entries: int, max_entries: int, tiles_touched: torch.Tensor):
-        super().__init__(f"binning: {n_entries:,} (Gaussian, tile) entries exceed the limit of {max_entries:,} "
-                         "(config.MAX_ENTRIES); lower the resolution or prune large Gaussians")
-        self.n_entries, self.max_entries, self.tiles_touched = int(n_entries), int(max_entries), tiles_touched
 
 
 def _f32(name: str, t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -7,7 +7,20 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["RenderOutput"]
+__all__ = ["RenderOutput", "BinningOverflow"]
+
+
+class BinningOverflow(RuntimeError):
+    """A frame needs more (Gaussian, tile) entries than the binning may allocate (``config.MAX_ENTRIES``): nothing of
+    that size was allocated. ``n_entries`` (what the frame needs), ``max_entries`` (the limit) and ``tiles_touched``
+    ((N,) integer, on the render's device: each Gaussian's share; the CPU reference counts the tiles of each
+    Gaussian's box, an upper bound of the kernel's) say which Gaussians to blame; the trainer retires the widest
+    (``Trainer._retire_widest``) and takes the step again. Raised by both backends' binning."""
+
+    def __init__(self, n_entries: int, max_entries: int, tiles_touched: torch.Tensor):
+        super().__init__(f"binning: {n_entries:,} (Gaussian, tile) entries exceed the limit of {max_entries:,} "
+                         "(config.MAX_ENTRIES); lower the resolution or prune large Gaussians")
+        self.n_entries, self.max_entries, self.tiles_touched = int(n_entries), int(max_entries), tiles_touched
 
 
 @dataclass

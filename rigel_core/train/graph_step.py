@@ -279,7 +279,9 @@ class GraphStep:
             event.synchronize()
             self.wait_s += time.perf_counter() - t0
             total = int(pinned.item())
-            self._recent.setdefault(size, deque(maxlen=RECENT_STEPS)).append((total, n))
+            if total <= config.MAX_ENTRIES:  # a count past the limit would size every capture at the limit; the
+                # eager step that repairs the model records what the view needs then
+                self._recent.setdefault(size, deque(maxlen=RECENT_STEPS)).append((total, n))
             if total > capacity:
                 self.overflows += 1
                 redo.append(idx)

@@ -165,14 +165,17 @@ def _split_sampled(model, cfg: TrainConfig, src: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def relocate_dead(model, optimizer, cfg: TrainConfig, generator: torch.Generator | None, extent: float = 1.0) -> int:
+def relocate_dead(model, optimizer, cfg: TrainConfig, generator: torch.Generator | None,
+                  extent: float | None = None) -> int:
     """Move every dead Gaussian (opacity ≤ ``cfg.mcmc_min_opacity``, or, when ``cfg.mcmc_max_scale`` > 0, a largest
     scale above ``cfg.mcmc_max_scale × extent``: world units, ``extent`` the scene's) onto a live one drawn ∝ opacity
     (module docstring), in place; zero the Adam moments of the touched rows. Returns the number moved (0 when none
-    is dead or none is alive)."""
+    is dead or none is alive). ValueError when ``cfg.mcmc_max_scale`` > 0 and ``extent`` is None."""
     o = model.opacities.detach()
     dead = ~(o > cfg.mcmc_min_opacity)  # NaN (a non-finite logit) counts as dead
     if cfg.mcmc_max_scale > 0:  # a faint fog of huge Gaussians (a random start): each one covers the whole view
+        if extent is None:
+            raise ValueError("relocate_dead: mcmc_max_scale is set, so the scene extent must be given")
         dead |= ~(model.log_scales.detach().amax(dim=1) <= math.log(cfg.mcmc_max_scale * extent))
     n_dead = int(dead.sum())
     if n_dead == 0 or n_dead == o.numel():
@@ -254,7 +257,7 @@ def scheduled(cfg: TrainConfig, iteration: int) -> bool:
 
 def mcmc_relocate_and_grow(model, optimizer, stats, cfg: TrainConfig, iteration: int,
                            generator: torch.Generator | None, n_before: int | None = None,
-                           removed: int = 0, extent: float = 1.0) -> MCMCReport:
+                           removed: int = 0, extent: float | None = None) -> MCMCReport:
     """The scheduled part of :func:`mcmc_step` for ``iteration``: :func:`relocate_dead` then :func:`add_gaussians`,
     ``stats`` resized to the new count. Also what the trainer runs for a held iteration's deferred schedule
     (``Trainer.deferred_schedule``). ``n_before``/``removed``: the count before this iteration's cap trim and what
@@ -369,7 +372,7 @@ def regularizer(model, cfg: TrainConfig) -> torch.Tensor:
 @torch.no_grad()
 def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_means: float,
               generator: torch.Generator | None, ok: torch.Tensor | None = None, *,
-              defer: bool = False, extent: float = 1.0) -> MCMCReport | None:
+              defer: bool = False, extent: float | None = None) -> MCMCReport | None:
     """Everything ``strategy = "mcmc"`` does after the optimizer step of ``iteration`` (``Trainer.step``): cut the
     model to ``max_gaussians`` when above it; every ``densify_interval`` iterations strictly between
     ``densify_from`` and ``densify_until``, :func:`relocate_dead` then :func:`add_gaussians`; then
@@ -386,7 +389,7 @@ def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_mean
 
 @torch.no_grad()
 def mcmc_budget(model, optimizer, stats, cfg: TrainConfig, iteration: int, generator: torch.Generator | None, *,
-                defer: bool = False, extent: float = 1.0) -> MCMCReport | None:
+                defer: bool = False, extent: float | None = None) -> MCMCReport | None:
     """The host part of :func:`mcmc_step` (everything but the position noise), in its order: cut the model to
     ``max_gaussians`` when above it, then at a scheduled iteration (unless ``defer``) :func:`mcmc_relocate_and_grow`;
     ``stats`` resized to the new count. Returns the :class:`MCMCReport` (None when nothing moved or was removed).

@@ -69,7 +69,7 @@ from .optim import appearance_groups, group_lrs, make_optimizer, optimizer_group
     set_learning_rates
 from .step import StepContext, StepView, train_step
 from .mcmc import zero_moments
-from ..renderer.cuda_backend import BinningOverflow
+from ..renderer.output import BinningOverflow
 from .strategy import Strategy, strategy_for
 from .records import EvalResult  # its own module: rigel_core.checkpoint reads it without the trainer
 
