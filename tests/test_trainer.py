@@ -1833,3 +1833,17 @@ def test_a_real_binning_overflow_is_survived(rng, monkeypatch, strategy, device)
     assert bool((tr.model.opacities.detach()[huge] < 1.0 / 255).all())
     for f in ds.train:  # every view renders under the limit now
         assert render(tr.model, f.camera).n_entries <= limit
+
+    # the same fog at an evaluation (the final one of a run, say): retired as well, every held-out view scored
+    before = tr.retired_wide
+    again = torch.randperm(n, generator=rng)[:limit // tiles + 1].to(device)  # alone over the limit in any view
+    with torch.no_grad():
+        tr.model.means3D[again] = torch.as_tensor(ds.scene_center, dtype=tr.model.means3D.dtype, device=device)
+        tr.model.log_scales[again] = math.log(2.0 * tr.extent)
+        tr.model.opacity_logits[again] = 3.0
+    assert min(_entries(tr.model, f.camera) for f in ds.test) > limit
+    with pytest.warns(UserWarning, match=r"a held-out view needed .* made transparent and it was rendered again"):
+        ev = tr.evaluate()
+    assert ev.n_views == len(ds.test) and math.isfinite(ev.psnr) and tr.retired_wide > before
+    for f in ds.test:
+        assert render(tr.model, f.camera).n_entries <= limit

@@ -526,7 +526,7 @@ class Trainer:
         self.stats = DensifyStats(model.num_gaussians, self.device)
         self.iteration = 0
         self._nan_skips = torch.zeros((), dtype=torch.float64, device=self.device)
-        #: Gaussians made transparent because a training view needed more binning entries than the limit
+        #: Gaussians made transparent because a training or held-out view needed more binning entries than the limit
         #: (:meth:`_retire_widest`), over the run so far in this process
         self.retired_wide = 0
         self.eval_history: list[EvalResult] = []
@@ -1025,8 +1025,8 @@ class Trainer:
         return self._with_held(res, held)
 
     @torch.no_grad()
-    def _retire_widest(self, e: BinningOverflow, it: int) -> int:
-        """A training view of iteration ``it`` needed ``e.n_entries`` (Gaussian, tile) entries, more than the limit
+    def _retire_widest(self, e: BinningOverflow, it: int, held_out: bool = False) -> int:
+        """A training view (``held_out``: a held-out view being evaluated) at iteration ``it`` needed ``e.n_entries`` (Gaussian, tile) entries, more than the limit
         ``e.max_entries`` (a fog of huge faint Gaussians, which a random start can grow under MCMC): make transparent
         (opacity :data:`RETIRED_OPACITY`, under the binning's alpha floor, so they touch no tile; the Adam moments of
         their rows zeroed) the fewest Gaussians, widest first by ``e.tiles_touched``, that bring the view to half
@@ -1042,9 +1042,10 @@ class Trainer:
         zero_moments(self.optimizer, self.model, rows)
         self.retired_wide += k
         least = int(touched[order[k - 1]]) if k else 0
-        warnings.warn(f"iteration {it:,}: a training view needed {e.n_entries:,} (Gaussian, tile) entries, over the "
-                      f"limit of {e.max_entries:,}: the {k:,} Gaussians covering the most tiles (≥ {least:,} each) "
-                      "were made transparent and the step taken again", stacklevel=3)
+        warnings.warn(f"iteration {it:,}: a {'held-out' if held_out else 'training'} view needed {e.n_entries:,} "
+                      f"(Gaussian, tile) entries, over the limit of {e.max_entries:,}: the {k:,} Gaussians covering "
+                      f"the most tiles (≥ {least:,} each) were made transparent and "
+                      + ("it was rendered again" if held_out else "the step taken again"), stacklevel=3)
         return k
 
     def _graph_runner_usable(self) -> bool:
@@ -1217,6 +1218,19 @@ class Trainer:
         """(H,W,3) render of ``frame``'s camera on the dataset background, clamped to [0, 1]."""
         return render(self.model, frame.camera, background=self.background).image.clamp(0.0, 1.0)
 
+    def _render_within_limit(self, frame) -> torch.Tensor:
+        """:meth:`render_frame` for an evaluation: a view over the binning's entry limit retires the widest
+        Gaussians (:meth:`_retire_widest`, as a training step does) and is rendered again, so that a fog a run grew
+        does not end it at its final evaluation; with ``comm`` (the ranks must keep one model) the error stands."""
+        for _ in range(OVERFLOW_RETRIES):
+            try:
+                return self.render_frame(frame)
+            except BinningOverflow as e:
+                if self.comm is not None:
+                    raise
+                self._retire_widest(e, self.iteration, held_out=True)
+        return self.render_frame(frame)  # the last try: its error stands
+
     @torch.no_grad()
     def evaluate(self, frames=None, *, record: bool = True) -> EvalResult | None:
         """PSNR and SSIM over ``frames`` (default: the held-out split); None when there are none.
@@ -1229,7 +1243,7 @@ class Trainer:
         exposure_protocol = self.config.exposure or self.config.eval_exposure or self.config.appearance_grid
         per_view = []
         for f in frames:
-            pred = self.render_frame(f)
+            pred = self._render_within_limit(f)
             gt = f.image.to(self.device, torch.float32)
             mask = self._device_mask(f)
             m = float(mse(pred, gt, mask))
