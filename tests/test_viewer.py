@@ -570,6 +570,33 @@ def test_panels_stay_in_place_when_the_window_is_shrunk_to_nothing(rng):
         assert (after.x, after.y) == before
 
 
+@needs_vulkan
+@needs_ui
+def test_a_view_over_the_entry_limit_shows_the_background_and_says_why(rng, monkeypatch):
+    """A camera whose view needs more binning entries than the limit (``BinningOverflow``; the limit lowered here)
+    gets the background and one red line in the Render section, not a crash; the next view under the limit renders
+    the model again and the line goes."""
+    from rigel_core import config as rconfig
+    from viewer.app import Viewer
+    from viewer.ui import ViewSettings
+
+    slot = ModelSlot(tiny_model(rng), iteration=0)
+    with Viewer(slot, size=(240, 160), device="cpu", offscreen=True,
+                settings=ViewSettings(white_background=True)) as v:
+        assert v.step() is not None and v.stats.render_problem is None
+        shown = v.ring.latest.image.clone()
+        assert float((shown < 0.99).float().mean()) > 0.01  # the model is in the frame
+        monkeypatch.setattr(rconfig, "MAX_ENTRIES", 1)
+        v.camera.version += 1  # a new view: rendered again
+        assert v.step() is not None
+        assert v.stats.render_problem is not None and "over the limit of 1:" in v.stats.render_problem
+        assert bool((v.ring.latest.image == 1.0).all()) and bool((v.ring.latest.final_T == 1.0).all())
+        monkeypatch.undo()
+        v.camera.version += 1
+        assert v.step() is not None and v.stats.render_problem is None
+        torch.testing.assert_close(v.ring.latest.image, shown)
+
+
 # ---- GPU ------------------------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @needs_ui

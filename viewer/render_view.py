@@ -14,11 +14,14 @@ __all__ = ["render_view", "poll_timing", "ErrorMap"]
 
 def render_view(v, fw: int, fh: int) -> None:
     """Render ``v``'s model from its camera into the next ring slot of ``v.ring`` (CPU: blocking; CUDA: enqueued
-    on the viewer's stream), timing the appearance and rasterization stages into ``v.stats``."""
+    on the viewer's stream), timing the appearance and rasterization stages into ``v.stats``. A view that needs more
+    binning entries than the limit (``BinningOverflow``) leaves the background in the slot and its reason in
+    ``v.stats.render_problem`` (None after a render that succeeded), which the Render section shows."""
     import torch
 
     from rigel_core.renderer.mip import effective_scales_opacities
     from rigel_core.renderer import compute_colors, rasterize_gaussians
+    from rigel_core.renderer.output import BinningOverflow
 
     from .ui import MODE_DEPTH
 
@@ -42,10 +45,20 @@ def render_view(v, fw: int, fh: int) -> None:
         mode = v.settings.render_mode or getattr(model, "render_mode", "default")
         scales, opacities = effective_scales_opacities(model, mode)   # the mip mode's 3D filter, if any
         depth = v.settings.mode == MODE_DEPTH   # depth display (issue 17.2)
-        r = rasterize_gaussians(model.means3D, model.quats, scales, opacities, colors,
-                                cam.viewmat_tensor(dev, dtype), cam.K_tensor(dev, dtype), cam.width, cam.height,
-                                background=bg, out=(slot.image, slot.final_T, slot.n_contrib), render_mode=mode,
-                                depth=depth)
+        try:
+            r = rasterize_gaussians(model.means3D, model.quats, scales, opacities, colors,
+                                    cam.viewmat_tensor(dev, dtype), cam.K_tensor(dev, dtype), cam.width, cam.height,
+                                    background=bg, out=(slot.image, slot.final_T, slot.n_contrib), render_mode=mode,
+                                    depth=depth)
+            stats.render_problem = None
+        except BinningOverflow as e:  # a camera amid huge splats: an empty frame and one line, not a crash
+            slot.image.copy_(bg.to(slot.image.dtype).expand_as(slot.image) if bg is not None else
+                             torch.zeros_like(slot.image))
+            slot.final_T.fill_(1.0)
+            slot.n_contrib.zero_()
+            stats.render_problem = (f"this view needs {e.n_entries:,} tile entries, over the limit of "
+                                    f"{e.max_entries:,}: move the camera back or lower the render scale")
+            r, depth = None, False
         if depth:
             colormap_depth(v, slot, r.depth)
         if stream is not None:

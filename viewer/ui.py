@@ -105,6 +105,7 @@ class Stats:
     render_ms_history: deque = field(default_factory=lambda: deque(maxlen=120))
     stage_ms: dict = field(default_factory=dict)   # "appearance", "rasterize", "present", "ui" → ms
     gpu_memory: tuple | None = None                # (allocated, reserved, total) bytes on CUDA
+    render_problem: str | None = None              # why the last render shows nothing (render_view), else None
 
     @property
     def fps(self) -> float:

@@ -49,6 +49,10 @@ def main_window(imgui, implot, settings, stats, overdraw_max: int, *, max_sh_deg
                 _, settings.depth_far = imgui.drag_float("far", settings.depth_far, speed, 0.0, 1e6, "%.3f")
                 settings.depth_far = max(settings.depth_far, settings.depth_near + 1e-4)
         _, settings.render_scale = imgui.slider_float("render scale", settings.render_scale, 0.1, 1.0, "%.2f")
+        if stats.render_problem:  # wrapped to the window, in the panels' error red
+            imgui.push_style_color(imgui.Col_.text, imgui.ImVec4(1, 0.35, 0.3, 1))
+            imgui.text_wrapped(stats.render_problem)
+            imgui.pop_style_color()
         if max_sh_degree > 0:
             # the slider shows the clamp but only a user's change is stored: while training raises the active
             # degree from 0, the requested degree must not be lowered by what the model had at the time
