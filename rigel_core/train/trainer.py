@@ -80,7 +80,7 @@ __all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "backgro
 #: coarse-to-fine never makes a training image's shorter side smaller than this (pixels)
 MIN_COARSE_SIDE = 8
 #: the opacity :meth:`Trainer._retire_widest` gives a Gaussian it retires: under the binning's alpha floor (1/255),
-#: so it touches no tile, and under ``mcmc_min_opacity`` / ``min_opacity`` (0.005), so the strategy takes it
+#: so it touches no tile, and under ``mcmc_min_opacity`` / ``prune_opacity`` (0.005), so the strategy takes it
 RETIRED_OPACITY = 1e-4
 #: how many times one step is taken again after retiring Gaussians for a binning overflow before the error stands
 OVERFLOW_RETRIES = 2
@@ -1026,8 +1026,9 @@ class Trainer:
 
     @torch.no_grad()
     def _retire_widest(self, e: BinningOverflow, it: int, held_out: bool = False) -> int:
-        """A training view (``held_out``: a held-out view being evaluated) at iteration ``it`` needed ``e.n_entries`` (Gaussian, tile) entries, more than the limit
-        ``e.max_entries`` (a fog of huge faint Gaussians, which a random start can grow under MCMC): make transparent
+        """A training view (``held_out``: a held-out view being evaluated) at iteration ``it`` needed ``e.n_entries``
+        (Gaussian, tile) entries, more than the limit ``e.max_entries`` (a fog of huge faint Gaussians, which a
+        random start can grow under MCMC): make transparent
         (opacity :data:`RETIRED_OPACITY`, under the binning's alpha floor, so they touch no tile; the Adam moments of
         their rows zeroed) the fewest Gaussians, widest first by ``e.tiles_touched``, that bring the view to half
         the limit. MCMC relocates them at its next relocation (dead: under ``mcmc_min_opacity``), 3DGS's
