@@ -35,8 +35,8 @@ import torch
 from .. import _ext, config
 from .output import BinningOverflow, RenderOutput
 
-__all__ = ["BinningOverflow", "FixedBinningCapacity", "rasterize_gaussians_cuda", "sh_colors_cuda", "sh_colors_split_cuda",
-           "project_gaussians_cuda", "bin_gaussians_cuda",
+__all__ = ["BinningOverflow", "FixedBinningCapacity", "rasterize_gaussians_cuda", "sh_colors_cuda",
+           "sh_colors_split_cuda", "project_gaussians_cuda", "bin_gaussians_cuda",
            "rasterize_tiles_cuda", "mlp_colors_cuda", "ssim_map_cuda", "photometric_sums_cuda"]
 
 

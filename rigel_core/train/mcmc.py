@@ -72,8 +72,8 @@ from .densify import DensifyReport
 from .optim import append_rows, per_gaussian_tensors, select_rows
 
 __all__ = ["MCMCReport", "split_mass", "zero_moments", "sample_indices", "relocate_dead", "add_gaussians",
-           "trim_to_cap", "position_noise", "add_position_noise", "noise_generator", "seed_noise", "scheduled", "regularizer",
-           "mcmc_step", "mcmc_budget", "mcmc_relocate_and_grow"]
+           "trim_to_cap", "position_noise", "add_position_noise", "noise_generator", "seed_noise", "scheduled",
+           "regularizer", "mcmc_step", "mcmc_budget", "mcmc_relocate_and_grow"]
 
 #: largest float32 opacity below 1 the relocation hands out (logit ≈ 15.9)
 _MAX_OPACITY = 1.0 - torch.finfo(torch.float32).eps
