@@ -1783,6 +1783,13 @@ def test_a_binning_overflow_retires_the_widest_gaussians_and_retakes_the_step(rn
     with pytest.warns(UserWarning), pytest.raises(BinningOverflow):
         tr.step()
     assert len(calls) == trainer_mod.OVERFLOW_RETRIES + 1
+    # a batch of B views: each may need its own repair, so B − 1 more tries
+    calls.clear()
+    batch = int(torch.randint(2, 5, (1,), generator=rng))
+    tr.config.batch_size = batch
+    with pytest.warns(UserWarning), pytest.raises(BinningOverflow):
+        tr.step()
+    assert len(calls) == trainer_mod.OVERFLOW_RETRIES + batch
 
 
 def _entries(model, camera) -> int:

@@ -82,7 +82,8 @@ MIN_COARSE_SIDE = 8
 #: the opacity :meth:`Trainer._retire_widest` gives a Gaussian it retires: under the binning's alpha floor (1/255),
 #: so it touches no tile, and under ``mcmc_min_opacity`` / ``prune_opacity`` (0.005), so the strategy takes it
 RETIRED_OPACITY = 1e-4
-#: how many times one step is taken again after retiring Gaussians for a binning overflow before the error stands
+#: how many times a one-view step is taken again after retiring Gaussians for a binning overflow before the error
+#: stands (a batch of B views: B − 1 more)
 OVERFLOW_RETRIES = 2
 
 
@@ -996,12 +997,13 @@ class Trainer:
             if result[0] is not None or it % FILTER_3D_INTERVAL == 0:
                 self._update_filter_3d()
 
-        for attempt in range(OVERFLOW_RETRIES + 1):
+        retries = OVERFLOW_RETRIES + len(views) - 1  # each view of a batch may need its own repair
+        for attempt in range(retries + 1):
             try:
                 outcome = train_step(self, views, ctx, lock=self.lock, after_update=schedule)
                 break
             except BinningOverflow as e:  # raised in a forward pass: nothing was updated, only gradients exist
-                if comm is not None or attempt == OVERFLOW_RETRIES:  # ranks must keep one model: no repair alone
+                if comm is not None or attempt == retries:  # ranks must keep one model: no repair alone
                     raise
                 self._zero_grad()
                 self._retire_widest(e, it)
