@@ -539,7 +539,7 @@ class RunRecord:
         self.metrics.update(iterations_done=trainer.iteration, num_gaussians=trainer.model.num_gaussians,
                             nan_skips=trainer.nan_skips, config=trainer.config.to_dict(),
                             graph_step=None if gs is None else gs.stats(),
-                            retired_wide=int(getattr(trainer, "retired_wide", 0)), **fields)
+                            retired_wide=trainer.retired_wide, **fields)
         write_json_atomic(self.run_dir / METRICS_NAME, self.metrics)
 
     def close(self) -> None:

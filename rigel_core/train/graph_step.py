@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import config
 from .corrections import correction_classes
 from .step import StepView, graph_config, train_step
 
@@ -72,8 +73,6 @@ def capacity_for(seen, n_now: int) -> int:
     """Binning capacity for a capture: ``CAPACITY_MARGIN`` × the largest of the recent entry counts ``seen``
     (``(entries, N then)`` pairs), each scaled by the Gaussian count's growth since (``n_now / N``, never below 1),
     within [``MIN_CAPACITY``, ``config.MAX_ENTRIES``]."""
-    from .. import config
-
     want = max(e * max(1.0, n_now / max(1, n)) for e, n in seen)
     return int(min(config.MAX_ENTRIES, max(MIN_CAPACITY, math.ceil(CAPACITY_MARGIN * want))))
 
@@ -270,8 +269,6 @@ class GraphStep:
     def check_pending(self, keep: int = 1) -> list[int]:
         """Read the entry counts of finished replays (all but the last ``keep``; waits for them); returns the
         view indices whose frame overflowed its capacity (their update was skipped on the device)."""
-        from .. import config
-
         redo = []
         while len(self._pending) > keep:
             event, pinned, capacity, idx, size, n = self._pending.popleft()

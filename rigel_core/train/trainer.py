@@ -997,17 +997,14 @@ class Trainer:
             if result[0] is not None or it % FILTER_3D_INTERVAL == 0:
                 self._update_filter_3d()
 
-        retries = OVERFLOW_RETRIES + len(views) - 1  # each view of a batch may need its own repair
-        for attempt in range(retries + 1):
-            try:
-                outcome = train_step(self, views, ctx, lock=self.lock, after_update=schedule)
-                break
-            except BinningOverflow as e:  # raised in a forward pass: nothing was updated, only gradients exist
-                if comm is not None or attempt == retries:  # ranks must keep one model: no repair alone
-                    raise
-                self._zero_grad()
-                self._retire_widest(e, it)
-                ctx = self._step_context(it)  # `schedule` reads this one
+        def again():  # after an overflow (raised in a forward pass): nothing was updated, only gradients exist
+            nonlocal ctx
+            self._zero_grad()
+            ctx = self._step_context(it)  # `schedule` and the next try read this one
+
+        # each view of a batch may need its own repair
+        outcome = self._within_entry_limit(lambda: train_step(self, views, ctx, lock=self.lock, after_update=schedule),
+                                           OVERFLOW_RETRIES + len(views) - 1, it, before_retry=again)
         report, reset = result
         if self.graph_step is None and graph_step_unsupported(self) is None:
             self.graph_step = GraphStep(self)
@@ -1025,6 +1022,21 @@ class Trainer:
             comm.maybe_check(self)
         res.seconds = time.perf_counter() - t0
         return self._with_held(res, held)
+
+    def _within_entry_limit(self, attempt, retries: int, it: int, *, held_out: bool = False, before_retry=None):
+        """``attempt()``, taken again up to ``retries`` times after a :class:`BinningOverflow`, each time once
+        :meth:`_retire_widest` has repaired the model (and ``before_retry()`` has run); the last try's error stands,
+        and with ``comm`` the first's (the ranks must keep one model: no rank repairs it alone)."""
+        for _ in range(retries):
+            try:
+                return attempt()
+            except BinningOverflow as e:
+                if self.comm is not None:
+                    raise
+                self._retire_widest(e, it, held_out)
+                if before_retry is not None:
+                    before_retry()
+        return attempt()
 
     @torch.no_grad()
     def _retire_widest(self, e: BinningOverflow, it: int, held_out: bool = False) -> int:
@@ -1221,19 +1233,6 @@ class Trainer:
         """(H,W,3) render of ``frame``'s camera on the dataset background, clamped to [0, 1]."""
         return render(self.model, frame.camera, background=self.background).image.clamp(0.0, 1.0)
 
-    def _render_within_limit(self, frame) -> torch.Tensor:
-        """:meth:`render_frame` for an evaluation: a view over the binning's entry limit retires the widest
-        Gaussians (:meth:`_retire_widest`, as a training step does) and is rendered again, so that a fog a run grew
-        does not end it at its final evaluation; with ``comm`` (the ranks must keep one model) the error stands."""
-        for _ in range(OVERFLOW_RETRIES):
-            try:
-                return self.render_frame(frame)
-            except BinningOverflow as e:
-                if self.comm is not None:
-                    raise
-                self._retire_widest(e, self.iteration, held_out=True)
-        return self.render_frame(frame)  # the last try: its error stands
-
     @torch.no_grad()
     def evaluate(self, frames=None, *, record: bool = True) -> EvalResult | None:
         """PSNR and SSIM over ``frames`` (default: the held-out split); None when there are none.
@@ -1246,7 +1245,9 @@ class Trainer:
         exposure_protocol = self.config.exposure or self.config.eval_exposure or self.config.appearance_grid
         per_view = []
         for f in frames:
-            pred = self._render_within_limit(f)
+            # a fog a run grew must not end it at its final evaluation: repaired as a training step is
+            pred = self._within_entry_limit(lambda: self.render_frame(f), OVERFLOW_RETRIES, self.iteration,
+                                            held_out=True)
             gt = f.image.to(self.device, torch.float32)
             mask = self._device_mask(f)
             m = float(mse(pred, gt, mask))
