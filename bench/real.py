@@ -517,7 +517,9 @@ def run_rigel(ds, base: GaussianModel, cfg: TrainConfig, checkpoints, time_limit
     res["graph_step"] = None if gs is None else gs.stats()
     if gs is not None:
         print(f"  [{label}] graph step: {gs.captures} captures ({gs.capture_s:.1f} s on the host), {gs.replays} "
-              f"replayed steps, {gs.overflows} overflows" + (f", off: {gs.disabled}" if gs.disabled else ""),
+              f"replayed steps, {gs.overflows} overflows"
+              + (f", {gs.oom_retries} captures retried for memory" if gs.oom_retries else "")
+              + (f", off: {gs.disabled}" if gs.disabled else ""),
               flush=True)
     for c in res["checkpoints"]:
         if c.get("psnr_trainer") is not None and c["psnr"] is not None and abs(c["psnr_trainer"] - c["psnr"]) > 1e-3:

@@ -423,6 +423,51 @@ def test_a_failed_capture_falls_back_to_the_eager_step(rng, monkeypatch):
     assert t.iteration == 3 and t.graph_step.captures == 0
 
 
+@pytest.mark.parametrize("error", [torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB"),
+                                   RuntimeError("CUDA out of memory. Tried to allocate 318.00 MiB")],
+                         ids=["torch", "extension"])
+def test_a_capture_short_of_memory_is_taken_again_after_emptying_the_cache(rng, monkeypatch, error):
+    """A capture cannot release the allocator's cached blocks, so one that runs out of memory is taken once more
+    after torch.cuda.empty_cache(); a second failure turns the graph path off as any failure does. (The handler is
+    the runner's, the same for a plain one: run here on the CPU, the capture's failure injected.)"""
+    ds = make_dataset(rng, n_gauss=60, size=24, n_train=3, n_test=1)
+    t = Trainer(ds, small_config(iterations=20, densify_until=0), device="cpu")
+    t.graph_step = gs = graph_step_module.GraphStep(t, capture=False)
+    real_capture, emptied, calls = gs._capture, [], []
+
+    def short_of_memory_once(key, idx):
+        calls.append(len(emptied))
+        if len(calls) == 1:
+            raise error
+        return real_capture(key, idx)
+
+    monkeypatch.setattr(gs, "_capture", short_of_memory_once)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
+    t.step()  # the first step is eager
+    assert calls == [] and gs.replays == 0
+    t.step()
+    assert calls == [0, 1] and gs.oom_retries == 1 and gs.stats()["oom_retries"] == 1  # emptied, then again
+    assert gs.disabled is None and gs.captures == 1 and gs.replays == 1
+    for _ in range(3):
+        t.step()
+    assert gs.disabled is None and gs.replays == 4 and gs.oom_retries == 1 and len(calls) == 2
+
+    # twice short of memory: the graph path is off for the run, with one warning, and the eager step trains
+    gs._drop()
+    monkeypatch.setattr(gs, "_capture", lambda key, idx: (_ for _ in ()).throw(error))
+    with pytest.warns(UserWarning, match="CUDA graph capture failed.*out of memory"):
+        res = t.step()
+    assert gs.disabled and gs.oom_retries == 2 and len(emptied) == 2 and not res.skipped and res.iteration == 6
+    # any other failure is not retried
+    gs2 = graph_step_module.GraphStep(t, capture=False)
+    tries = []
+    monkeypatch.setattr(gs2, "_capture", lambda key, idx: tries.append(1) or (_ for _ in ()).throw(
+        RuntimeError("not capturable here")))
+    with pytest.raises(RuntimeError, match="not capturable"):
+        gs2._capture_with_retry(None, 0)
+    assert tries == [1] and gs2.oom_retries == 0
+
+
 @pytest.mark.gpu
 def test_the_first_capture_is_sized_from_the_eager_first_step(rng, monkeypatch):
     monkeypatch.setattr(graph_step_module, "MIN_CAPACITY", 1)

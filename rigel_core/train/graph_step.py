@@ -34,7 +34,8 @@ storage, the optimizer state, the statistics or of a configuration field the bod
 the loss, the statistic, the strategy's own fields — not the host-only densification thresholds or schedule)
 discards them all (:attr:`GraphStep.recaptures` counts those times). A capture that
 fails (e.g. an unsupported operation) turns the graph path off for the run with one warning; the eager path is
-the fallback and the reference (tests/test_graph_step.py compares the two on the GPU).
+the fallback and the reference (tests/test_graph_step.py compares the two on the GPU). One that ran out of device
+memory is first taken once more after emptying the allocator's cache (:meth:`GraphStep._capture_with_retry`).
 """
 from __future__ import annotations
 
@@ -150,6 +151,7 @@ class GraphStep:
         self.capture_s = 0.0  # host seconds spent in those captures (warm-up and instantiation included)
         self.replays = 0  # steps taken by replaying a graph (the others of the run were eager)
         self.overflows = 0  # replays that needed more entries than their capacity (trained again)
+        self.oom_retries = 0  # captures taken again after one ran out of device memory (_capture_with_retry)
         self.wait_s = 0.0  # host seconds blocked on replays in flight (check_pending): a loop's wall time minus
         # this is the host's own work (bench/train_step.py's "graph loop host")
         self.disabled: str | None = None  # why the graph path was turned off for the run
@@ -226,13 +228,13 @@ class GraphStep:
                 self._drop(key)
 
     def stats(self) -> dict:
-        """``{"captures", "capture_s", "replays", "overflows", "wait_s", "recaptures", "disabled"}`` of the run so far
-        (for metrics.json and bench/real.py: how much of a run the graphs served, what re-capturing cost the host, how
-        long the host waited for the device — most of the loop's time when the GPU is the bound — and how often a
-        changed signature dropped every graph)."""
+        """``{"captures", "capture_s", "replays", "overflows", "wait_s", "recaptures", "oom_retries", "disabled"}`` of
+        the run so far (for metrics.json and bench/real.py: how much of a run the graphs served, what re-capturing
+        cost the host, how long the host waited for the device — most of the loop's time when the GPU is the bound —,
+        how often a changed signature dropped every graph and a capture short of memory was taken again)."""
         return {"captures": self.captures, "capture_s": self.capture_s, "replays": self.replays,
                 "overflows": self.overflows, "wait_s": self.wait_s, "recaptures": self.recaptures,
-                "disabled": self.disabled}
+                "oom_retries": self.oom_retries, "disabled": self.disabled}
 
     def record_entries(self, size: tuple, entries: int) -> None:
         """Note a frame of image size ``size`` (W, H) that needed ``entries`` binning entries (e.g. from an eager
@@ -289,6 +291,24 @@ class GraphStep:
         return redo
 
     # ---- capture ----------------------------------------------------------------------------------------
+    def _capture_with_retry(self, key, idx: int) -> _Captured:
+        """:meth:`_capture`, once more after ``torch.cuda.empty_cache()`` when it ran out of device memory.
+
+        A capture cannot free memory: the caching allocator does not release its cached blocks (those of dropped
+        graphs' pools among them) while a stream captures, so a capture can fail for want of memory that is only
+        cached, not in use. Seen on beer~nosfm (H100, 2026-12-07, runs sharing the GPU): at most 2.9 GiB allocated
+        by a run, its captures failing with the GPU's 79 GiB taken, after which it trained eagerly. Emptying the
+        cache outside the capture gives that memory back; a second failure stands (the caller turns the graph
+        path off)."""
+        try:
+            return self._capture(key, idx)
+        except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one; the extension's kernels raise a plain one
+            if not (isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc)):
+                raise
+        self.oom_retries += 1
+        torch.cuda.empty_cache()
+        return self._capture(key, idx)
+
     def _capture(self, key, idx: int) -> _Captured:
         t = self.trainer
         opt = t.optimizer
@@ -385,7 +405,7 @@ class GraphStep:
         if cap is None:
             t0 = time.perf_counter()
             try:
-                cap = self._capture(key, idx)
+                cap = self._capture_with_retry(key, idx)
             except Exception as exc:  # noqa: BLE001 — any capture failure: eager for the rest of the run
                 self.disabled = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
                 self._drop()
