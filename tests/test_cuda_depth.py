@@ -81,11 +81,17 @@ def test_raster_depth_forward_matches_reference(rng, size):
         if (ref.depth_median == 0).any() and (ref.depth_median > 0).any():
             break
     assert (ref.depth_median == 0).any() and (ref.depth_median > 0).any(), "no factor forces both median branches"
-    dsum, dmed = poisoned(), poisoned()
-    C.rasterize_tiles(m2, con, colors.to(DEV), faint, ids, ranges, width, height, None, poisoned(3), poisoned(),
+    dsum, dmed, image = poisoned(), poisoned(), poisoned(3)
+    C.rasterize_tiles(m2, con, colors.to(DEV), faint, ids, ranges, width, height, None, image, poisoned(),
                       torch.empty_like(n_contrib), dep, dsum, dmed)
     assert float((dmed.cpu() != ref.depth_median).double().mean()) <= 1e-3
-    assert float((dsum.cpu() - expected_depth(ref.depth_sum, ref.final_T)).abs().max()) <= 1e-4 * zmax
+    # faint alphas lie near the 1/255 floor, where the GPU's exp and the CPU's may round one Gaussian to either
+    # side of it at a pixel: that pixel then blends one term more or less (its colour off by ~alpha·T, far above
+    # rounding; seed 2799490100 on the H100: depth off by 3.5e-3 ≈ T·depth/255). Rare, bounded here, and left out
+    # of the depth comparison, as the stop rule's ties are above
+    agree = (image.cpu() - ref.image).abs().amax(-1) <= 1e-4
+    assert float((~agree).double().mean()) <= 1e-3, f"{int((~agree).sum())} pixels blend another set of Gaussians"
+    assert float((dsum.cpu() - expected_depth(ref.depth_sum, ref.final_T)).abs()[agree].max()) <= 1e-4 * zmax
 
 
 def well_posed_depth_pixels(n_contrib, final_T, ref):
