@@ -345,7 +345,9 @@ class TrainConfig:
     #: a held-back 23-view capture (19.00 against 18.74 / 18.27 dB)
     auto_default_min_views: int = 100
     mcmc_min_opacity: float = 0.005  # dead (relocated) when opacity ≤ this; also the floor of a copy's opacity
-    #: also dead (relocated) when its largest scale exceeds this × the scene extent (world units); 0: off
+    #: also dead (relocated) when its largest scale exceeds this × the scene extent (world units); 0: off. Measured
+    #: and left off (H100, 2026-12-07, 7k, seed 0): 0.5 gives −0.23 dB on beer~nosfm and −0.43 on fern~nosfm, 0.1
+    #: −0.91 and −10.5 dB; beer~nosfm's failure at 1M Gaussians is not cured by it (docs/BENCHMARKS.md)
     mcmc_max_scale: float = 0.0
     mcmc_growth: float = 0.05  # Gaussians added per relocation step, as a fraction of N (until the cap)
     mcmc_max_copies: int = 51  # n of the mass-splitting formulas clamped to this (the paper's code: 51)
