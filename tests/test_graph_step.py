@@ -8,6 +8,7 @@ rules run everywhere.
 import gc
 import math
 import types
+import warnings
 import weakref
 from collections import deque
 
@@ -454,10 +455,19 @@ def test_a_capture_short_of_memory_is_taken_again_after_emptying_the_cache(rng, 
 
     # twice short of memory: the graph path is off for the run, with one warning, and the eager step trains
     gs._drop()
-    monkeypatch.setattr(gs, "_capture", lambda key, idx: (_ for _ in ()).throw(error))
+    attempts = []
+
+    def always_short(key, idx):
+        attempts.append(1)
+        if len(attempts) > 2:
+            pytest.fail("captured a third time")
+        raise error
+
+    monkeypatch.setattr(gs, "_capture", always_short)
     with pytest.warns(UserWarning, match="CUDA graph capture failed.*out of memory"):
         res = t.step()
-    assert gs.disabled and gs.oom_retries == 2 and len(emptied) == 2 and not res.skipped and res.iteration == 6
+    assert len(attempts) == 2 and gs.disabled and gs.oom_retries == 2 and len(emptied) == 2
+    assert not res.skipped and res.iteration == 6
     # any other failure is not retried
     gs2 = graph_step_module.GraphStep(t, capture=False)
     tries = []
@@ -465,7 +475,39 @@ def test_a_capture_short_of_memory_is_taken_again_after_emptying_the_cache(rng, 
         RuntimeError("not capturable here")))
     with pytest.raises(RuntimeError, match="not capturable"):
         gs2._capture_with_retry(None, 0)
-    assert tries == [1] and gs2.oom_retries == 0
+    assert tries == [1] and gs2.oom_retries == 0 and len(emptied) == 2
+
+
+@pytest.mark.gpu
+def test_a_real_capture_short_of_memory_once_is_taken_again(rng, monkeypatch):
+    """The path above on the GPU: the step body's render runs out of memory once while captured; the capture's
+    clean-up (capture_end, learning rates, gradients, the collector) leaves nothing behind, the cache is emptied
+    and the second capture serves the step without a warning."""
+    ds = make_dataset(rng, n_gauss=100, size=32, n_train=4, n_test=1)
+    t = Trainer(ds, small_config(iterations=10, densify_until=0), device="cuda")
+    t.step()
+    real_render, failed = step_module.render, []
+
+    def short_once(*a, **k):
+        if torch.cuda.is_current_stream_capturing() and not failed:
+            failed.append(1)
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 750.00 MiB (injected)")
+        return real_render(*a, **k)
+
+    monkeypatch.setattr(step_module, "render", short_once)
+    before = _params(t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "capture failed" warning
+        res = t.step()
+    gs = t.graph_step
+    assert failed == [1] and gs.oom_retries == 1 and gs.captures == 1 and gs.disabled is None
+    assert res.iteration == 2 and gc.isenabled()
+    assert all(not isinstance(g["lr"], torch.Tensor) and not g.get("capturable", False)
+               for g in t.optimizer.param_groups)  # the capture's device learning rates put back
+    for _ in range(3):
+        t.step()
+    assert gs.captures == 1 and gs.replays >= 4 and gs.oom_retries == 1 and gs.disabled is None
+    assert any(not torch.equal(p, before[n]) for n, p in _params(t).items())  # the replayed steps trained
 
 
 @pytest.mark.gpu
