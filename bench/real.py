@@ -413,6 +413,13 @@ def peak_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
 
 
+def reserved_gib(device: torch.device) -> float | None:
+    """The most memory the caching allocator held (``torch.cuda.max_memory_reserved``): beside :func:`peak_gib`, what
+    the process took from the GPU, cached blocks and CUDA-graph pools included (beer~nosfm: 2.9 GiB allocated at the
+    peak, 8–38 GiB held by the process, docs/BENCHMARKS.md)."""
+    return torch.cuda.max_memory_reserved(device) / GIB if device.type == "cuda" else None
+
+
 def train_and_evaluate(label: str, step, render, count, test_frames, checkpoints: list[int],
                        time_limit: float | None, device: torch.device, extra_eval=None) -> dict:
     """Call ``step(it)`` for it = 1 … max(checkpoints); evaluate at each checkpoint and where the run stops early
@@ -430,7 +437,8 @@ def train_and_evaluate(label: str, step, render, count, test_frames, checkpoints
         t_eval = time.perf_counter()
         ev = evaluate_views(render, test_frames, device)
         row = {"iteration": iteration, "psnr": ev["psnr"], "ssim": ev["ssim"], "num_gaussians": int(count()),
-               "train_s": train_s, "peak_gib": peak_gib(device), "n_views": ev["n_views"], "per_view": ev["per_view"]}
+               "train_s": train_s, "peak_gib": peak_gib(device), "reserved_gib": reserved_gib(device),
+               "n_views": ev["n_views"], "per_view": ev["per_view"]}
         if extra_eval is not None:
             row.update(extra_eval())
         row["eval_s"] = time.perf_counter() - t_eval
@@ -438,7 +446,8 @@ def train_and_evaluate(label: str, step, render, count, test_frames, checkpoints
         out["first_view"] = ev["first"]
         stop = f"  (stopped: {out['stop_reason']})" if out["stop_reason"] else ""
         print(f"  {label:<24} it {iteration:>6}  PSNR {fmt(row['psnr'])} dB  SSIM {fmt(row['ssim'], '.4f')}  "
-              f"N {row['num_gaussians']:,}  train {train_s:.1f} s  peak {fmt(row['peak_gib'])} GiB  "
+              f"N {row['num_gaussians']:,}  train {train_s:.1f} s  peak {fmt(row['peak_gib'])} GiB "
+              f"(held {fmt(row['reserved_gib'])})  "
               f"(eval {row['eval_s']:.1f} s, {ev['n_views']} views){stop}", flush=True)
 
     sync(device)
