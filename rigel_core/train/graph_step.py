@@ -306,8 +306,8 @@ class GraphStep:
             if not (isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc)):
                 raise
         self.oom_retries += 1
-        torch.cuda.empty_cache()
-        return self._capture(key, idx)
+        torch.cuda.empty_cache()  # outside the except: the error's traceback (the failed graph, the partial step's
+        return self._capture(key, idx)  # tensors) is gone by now, so their blocks are free to give back
 
     def _capture(self, key, idx: int) -> _Captured:
         t = self.trainer
