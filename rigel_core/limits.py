@@ -10,7 +10,7 @@ from __future__ import annotations
 __all__ = ["MAX_IMAGE_SIDE", "MAX_IMAGE_PIXELS", "MAX_CAMERA_SIDE", "MAX_SCENE_SPLATS", "MAX_SPZ_POINTS",
            "MAX_DATASET_FRAMES", "MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_PATH_LENGTH", "MAX_NAME_BYTES",
            "MAX_COLMAP_CAMERAS", "MAX_PLY_HEADER_BYTES", "MAX_SPZ_EXTENSION_BYTES", "MAX_CAMERA_COORD",
-           "MAX_FIELD_OF_VIEW_DEG", "MIN_PIXEL_ANGLE", "check_image_size", "focal_length_problem"]
+           "MAX_FIELD_OF_VIEW_DEG", "MIN_PIXEL_ANGLE", "check_image_size", "focal_length_problem", "out_of_memory"]
 
 MAX_IMAGE_SIDE = 16384
 """Largest image width or height (pixels) accepted from a dataset image, a transforms file's ``w``/``h`` or
@@ -115,3 +115,10 @@ def focal_length_problem(focal: float, size: int) -> str | None:
         return (f"{what}: each pixel spans {1.0 / focal:.3g} rad, under {MIN_PIXEL_ANGLE:g} rad, finer than the "
                 "renderer's float32 resolves directions (docs/RELIABILITY.md)")
     return None
+
+
+def out_of_memory(e: BaseException) -> bool:
+    """Is ``e`` a failure to allocate memory: a MemoryError, or PyTorch's allocator failure (a RuntimeError on the
+    CPU; ``torch.cuda.OutOfMemoryError`` on CUDA, or a plain RuntimeError saying so from an extension's kernels)?"""
+    text = str(e)
+    return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower()

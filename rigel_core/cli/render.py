@@ -43,7 +43,7 @@ import math
 import sys
 from pathlib import Path
 
-from ..limits import MAX_CAMERA_SIDE, MAX_IMAGE_SIDE, check_image_size
+from ..limits import MAX_CAMERA_SIDE, MAX_IMAGE_SIDE, check_image_size, out_of_memory
 from .common import Parser, device_problem, path_arg
 
 __all__ = ["main", "parse_background", "resolve_cameras"]
@@ -148,12 +148,6 @@ def _resized(cam, width: int | None, height: int | None, cap: int, cam_file, nam
     if problem:
         raise DatasetError(cam_file, f"frame {name}: with --width/--height, {problem} (--max-image-size raises it)")
     return cam.with_size(w, h)
-
-
-def _out_of_memory(e: BaseException) -> bool:
-    """A MemoryError, or PyTorch's allocator failure (a RuntimeError on CPU, OutOfMemoryError on CUDA)."""
-    text = str(e)
-    return isinstance(e, MemoryError) or "can't allocate memory" in text or "out of memory" in text.lower()
 
 
 def _first_line(e: BaseException) -> str:
@@ -301,7 +295,7 @@ def _main(argv=None) -> int:
         print(f"rigel-render: error: {e}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError) as e:
-        if not _out_of_memory(e):
+        if not out_of_memory(e):
             raise
         print(f"rigel-render: error: {args.scene}: out of memory loading the scene ({_first_line(e)})",
               file=sys.stderr)
@@ -327,7 +321,7 @@ def _main(argv=None) -> int:
                 r = render(model, cam, background=None if args.alpha else bg, sh_degree=args.sh_degree,
                            depth=args.depth is not None)
         except (MemoryError, RuntimeError) as e:  # a valid but too large scene or image for this machine
-            if not _out_of_memory(e):
+            if not out_of_memory(e):
                 raise
             print(f"rigel-render: error: out of memory rendering view {name} ({cam.width}x{cam.height}) of "
                   f"{args.scene} ({model.num_gaussians} Gaussians, {device}): {_first_line(e)}", file=sys.stderr)

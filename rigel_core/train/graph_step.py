@@ -49,6 +49,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import config
+from ..limits import out_of_memory
 from .corrections import correction_classes
 from .step import StepView, graph_config, train_step
 
@@ -302,8 +303,8 @@ class GraphStep:
         path off)."""
         try:
             return self._capture(key, idx)
-        except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is one; the extension's kernels raise a plain one
-            if not (isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc)):
+        except Exception as exc:  # noqa: BLE001 — torch's OutOfMemoryError, or the extension's plain RuntimeError
+            if not out_of_memory(exc):
                 raise
         self.oom_retries += 1
         torch.cuda.empty_cache()  # outside the except: the error's traceback (the failed graph, the partial step's
