@@ -16,7 +16,8 @@ import torch
 from rigel_core.model import PARAM_NAMES
 from rigel_core.reference.project import quat_to_rotmat
 from rigel_core.train import TrainConfig, Trainer
-from rigel_core.train.config import AUTO_BUDGET_MIN, AUTO_BUDGET_PIXELS_PER_GAUSSIAN, TRANSPARENT_BACKGROUND, Capture, \
+from rigel_core.train.config import AUTO_BUDGET_MIN, AUTO_BUDGET_PIXELS_PER_GAUSSIAN, AUTO_BUDGET_RANDOM, \
+    TRANSPARENT_BACKGROUND, Capture, \
     auto_mcmc_budget, resolve_init_points, resolve_strategy
 from rigel_core.train.mcmc import MCMCReport, add_gaussians, position_noise, regularizer, relocate_dead, \
     sample_indices, split_mass, trim_to_cap
@@ -486,7 +487,13 @@ def test_auto_without_sfm_points_follows_the_images_and_an_explicit_strategy_sta
         cfg = TrainConfig()
         photo = Capture(n_views=44, pixels=44 * 1080 * 1920, transparent=transparent)
         note = resolve_strategy(cfg, has_sfm_points=False, capture=photo)
-        assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", 1_000_000) and "no SfM points" in note
+        assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", AUTO_BUDGET_RANDOM) and "no SfM points" in note
+        assert f"to {AUTO_BUDGET_RANDOM:,} (a random start's ceiling)" in note
+    # the same pixels with SfM points: the pixel rule up to auto_mcmc_budget; a random start without its own ceiling
+    # (auto_mcmc_budget_random 0) likewise
+    for sfm, cfg in ((True, TrainConfig()), (False, TrainConfig(auto_mcmc_budget_random=0))):
+        note = resolve_strategy(cfg, has_sfm_points=sfm, capture=photo)
+        assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", 1_000_000) and "ceiling" not in note
     # not measured: a photo capture with the fixed budget
     cfg = TrainConfig(max_gaussians=None, auto_mcmc_budget=777)
     assert "mcmc" in resolve_strategy(cfg, has_sfm_points=False) and cfg.max_gaussians == 777
@@ -522,15 +529,27 @@ def test_mcmc_asked_for_without_a_budget_gets_the_pixel_rules(rng):
 
 @pytest.mark.parametrize("pixels, want", [(17 * 504 * 378, 17 * 504 * 378 // 32), (44 * 1080 * 1920, 1_000_000),
                                           (20 * 48 * 48, 10_000), (0, 10_000)])
-def test_the_automatic_budget_and_initial_count_follow_the_pixels(pixels, want):
+def test_the_automatic_budget_and_initial_count_follow_the_pixels(pixels, want, rng):
     cap = Capture(n_views=20, pixels=pixels)
     cfg = TrainConfig()
     assert auto_mcmc_budget(cfg, cap) == want
     assert auto_mcmc_budget(TrainConfig(auto_mcmc_budget=5000), cap) == min(5000, want)
     assert auto_mcmc_budget(cfg, None) == cfg.auto_mcmc_budget
+    # a random start (no SfM points): the pixel rule under its own ceiling, which a given budget does not feel
+    ceiling = int(torch.randint(AUTO_BUDGET_MIN, 2 * AUTO_BUDGET_RANDOM, (1,), generator=rng))
+    assert auto_mcmc_budget(cfg, cap, random_start=True) == min(want, AUTO_BUDGET_RANDOM)
+    low = TrainConfig(auto_mcmc_budget_random=ceiling)
+    assert auto_mcmc_budget(low, cap, random_start=True) == min(want, ceiling, low.auto_mcmc_budget)
+    assert auto_mcmc_budget(low, cap) == want and auto_mcmc_budget(low, None, random_start=True) == ceiling
+    given = TrainConfig(auto_mcmc_budget=2_000_000, auto_budget_pixels_per_gaussian=0, auto_mcmc_budget_random=ceiling)
+    assert auto_mcmc_budget(given, cap, random_start=True) == 2_000_000
     assert cfg.init_points == "auto"
     resolve_init_points(cfg, cap)
-    assert cfg.init_points == min(100_000, want // 2)
+    assert cfg.init_points == min(100_000, min(want, AUTO_BUDGET_RANDOM) // 2)
+    resolve_init_points(tiny := TrainConfig(auto_mcmc_budget_random=ceiling // 4), cap)  # the start under the ceiling
+    assert tiny.init_points == min(100_000, min(want, ceiling // 4) // 2)
+    with pytest.raises(ValueError, match="auto_mcmc_budget_random"):
+        TrainConfig(auto_mcmc_budget_random=-1).validate()
     cfg.validate()
     resolve_init_points(cfg, Capture(n_views=1, pixels=10 ** 12))  # an integer stays
     assert cfg.init_points == min(100_000, want // 2)

@@ -25,7 +25,7 @@ from ..renderer.modes import RENDER_MODES
 MAX_ITERATION = 100_000_000
 
 __all__ = ["TrainConfig", "STRATEGIES", "DENSIFY_GRADS", "SPARSE_SFM_COVERAGE", "AUTO_COARSE_TO_FINE",
-           "Capture", "auto_mcmc_budget", "strategy_unresolved", "resolve_init_points", "resolve_init_mode", "resolve_strategy", "resolve_init_background", "resolve_coarse_to_fine", "resolve_densify_grad",
+           "Capture", "auto_mcmc_budget", "budget_ceiling", "strategy_unresolved", "resolve_init_points", "resolve_init_mode", "resolve_strategy", "resolve_init_background", "resolve_coarse_to_fine", "resolve_densify_grad",
            "coarse_to_fine_span", "coarse_schedule_words", "training_downscale", "SCHEDULE_STEP_FIELDS",
            "resolve_schedule_scale"]
 
@@ -57,6 +57,11 @@ TRANSPARENT_BACKGROUND = 0.05
 #: 27.28 / **27.69** dB at 30k — a budget too large for its pixels overfits a small capture; fox (43 views of
 #: 1080×1920, 91 M pixels) 250k / 500k / 1M: 30.66 / 31.03 / 31.03 dB at 7k
 AUTO_BUDGET_PIXELS_PER_GAUSSIAN = 32
+#: the pixel rule's ceiling for a run that starts from random points (``TrainConfig.auto_mcmc_budget_random``).
+#: Measured (H100, 2026-12-07, docs/BENCHMARKS.md "beer~nosfm: the budget, not a bound on scale"): beer~nosfm (62
+#: phone frames of 1280×720, no SfM points) at 1M Gaussians 18.76 / 18.28 dB at 7k, one flat beige held-out view, as
+#: in gsplat's MCMC at 1M (18.52); at 500k 18.21; at 300k 20.09 / 21.34, ahead of gsplat's default loop (19.16)
+AUTO_BUDGET_RANDOM = 300_000
 AUTO_BUDGET_MIN = 10_000
 #: the random initialisation of ``init_points = "auto"``: half the automatic budget, at most 100k (3DGS's count) — a
 #: small capture no longer starts from 100k points (48×48 views: 5 s a CPU step)
@@ -80,20 +85,34 @@ class Capture:
         return self.transparent >= TRANSPARENT_BACKGROUND
 
 
-def auto_mcmc_budget(cfg: "TrainConfig", capture: Capture | None) -> int:
+def auto_mcmc_budget(cfg: "TrainConfig", capture: Capture | None, random_start: bool = False) -> int:
     """The MCMC budget "auto" gives a capture: one Gaussian per ``cfg.auto_budget_pixels_per_gaussian``
-    (:data:`AUTO_BUDGET_PIXELS_PER_GAUSSIAN`) training pixels, in [:data:`AUTO_BUDGET_MIN`,
-    ``cfg.auto_mcmc_budget``]; ``cfg.auto_mcmc_budget`` itself when ``capture`` is None (not measured) or
-    ``cfg.auto_budget_pixels_per_gaussian`` is 0 (a budget given: ``--max-gaussians N``)."""
+    (:data:`AUTO_BUDGET_PIXELS_PER_GAUSSIAN`) training pixels, in [:data:`AUTO_BUDGET_MIN`, the rule's ceiling]
+    (:func:`budget_ceiling`: ``cfg.auto_mcmc_budget``, and at most ``cfg.auto_mcmc_budget_random`` when
+    ``random_start``: the run starts from random points, no SfM points); the ceiling itself when ``capture`` is None
+    (not measured); ``cfg.auto_mcmc_budget`` itself when ``cfg.auto_budget_pixels_per_gaussian`` is 0 (a budget
+    given: ``--max-gaussians N``, which no ceiling cuts)."""
     per = int(cfg.auto_budget_pixels_per_gaussian)
-    if capture is None or per == 0:
+    if per == 0:
         return int(cfg.auto_mcmc_budget)
-    return _pixel_budget(cfg, capture, per)
+    if capture is None:
+        return budget_ceiling(cfg, random_start)
+    return _pixel_budget(cfg, capture, per, random_start)
 
 
-def _pixel_budget(cfg: "TrainConfig", capture: Capture, per: int) -> int:
-    """One Gaussian per ``per`` training pixels of ``capture``, in [:data:`AUTO_BUDGET_MIN`, ``cfg.auto_mcmc_budget``]."""
-    return int(min(cfg.auto_mcmc_budget, max(AUTO_BUDGET_MIN, capture.pixels // per)))
+def budget_ceiling(cfg: "TrainConfig", random_start: bool) -> int:
+    """The most Gaussians the pixel rule gives: ``cfg.auto_mcmc_budget``, and for a random start at most
+    ``cfg.auto_mcmc_budget_random`` (0: no ceiling of its own)."""
+    top = int(cfg.auto_mcmc_budget)
+    if random_start and int(cfg.auto_mcmc_budget_random) > 0:
+        top = min(top, int(cfg.auto_mcmc_budget_random))
+    return top
+
+
+def _pixel_budget(cfg: "TrainConfig", capture: Capture, per: int, random_start: bool = False) -> int:
+    """One Gaussian per ``per`` training pixels of ``capture``, in [:data:`AUTO_BUDGET_MIN`,
+    :func:`budget_ceiling`]."""
+    return int(min(budget_ceiling(cfg, random_start), max(AUTO_BUDGET_MIN, capture.pixels // per)))
 
 
 @dataclass
@@ -339,6 +358,10 @@ class TrainConfig:
     #: ``auto_mcmc_budget``] (the measurements: :data:`AUTO_BUDGET_PIXELS_PER_GAUSSIAN`'s comment); 0: the budget is
     #: ``auto_mcmc_budget`` whatever the capture
     auto_budget_pixels_per_gaussian: int = AUTO_BUDGET_PIXELS_PER_GAUSSIAN
+    #: the pixel rule's ceiling when the run starts from random points (a capture without SfM points), below
+    #: ``auto_mcmc_budget``; 0: ``auto_mcmc_budget`` alone. Not read when a budget is given (``--max-gaussians``).
+    #: (the measurements: :data:`AUTO_BUDGET_RANDOM`'s comment)
+    auto_mcmc_budget_random: int = AUTO_BUDGET_RANDOM
     #: a partial SfM (``init_background_points`` "auto" added background points) keeps 3DGS's densification under
     #: ``strategy = "auto"`` only with at least this many training views: bonsai (255 views) 28.5 dB against 26.8
     #: under MCMC; with 32 of its views (bonsai~fewviews) MCMC wins, 24.64 against 23.54 dB (H100, 2026-12-06), as on
@@ -493,6 +516,9 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.auto_default_min_views must be ≥ 0, got {self.auto_default_min_views}")
         if self.auto_mcmc_budget < 1:
             raise ValueError(f"TrainConfig.auto_mcmc_budget must be ≥ 1, got {self.auto_mcmc_budget}")
+        if self.auto_mcmc_budget_random < 0:
+            raise ValueError(f"TrainConfig.auto_mcmc_budget_random must be ≥ 0 (0: auto_mcmc_budget alone), got "
+                             f"{self.auto_mcmc_budget_random}")
         if self.auto_budget_pixels_per_gaussian < 0:
             raise ValueError("TrainConfig.auto_budget_pixels_per_gaussian must be ≥ 0 (0: the budget is "
                              f"auto_mcmc_budget), got {self.auto_budget_pixels_per_gaussian}")
@@ -583,8 +609,9 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
     why for the log, or None when ``cfg.strategy`` was already explicit with its budget (nothing changed). A resumed run keeps the
     strategy its checkpoint recorded."""
     if cfg.strategy == "mcmc" and cfg.max_gaussians is None:   # MCMC asked for, its budget not given: the rule's
-        cfg.max_gaussians = max(auto_mcmc_budget(cfg, capture), int(n_start))
-        return (f"strategy mcmc, a budget of {cfg.max_gaussians:,} Gaussians{_budget_reason(cfg, capture, n_start)} "
+        cfg.max_gaussians = max(auto_mcmc_budget(cfg, capture, not has_sfm_points), int(n_start))
+        return (f"strategy mcmc, a budget of {cfg.max_gaussians:,} Gaussians"
+                f"{_budget_reason(cfg, capture, n_start, not has_sfm_points)} "
                 "(--max-gaussians N sets it)")
     if cfg.strategy != "auto":
         return None
@@ -602,7 +629,7 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
                 f"{views} (≥ {cfg.auto_default_min_views}): bonsai 28.5 dB at 7k against 26.8 under the MCMC budget); "
                 "--strategy mcmc for the MCMC budget (--max-gaussians N sets it), --init-background 0 for no background "
                 "points and the MCMC budget")
-    rule = auto_mcmc_budget(cfg, capture)
+    rule = auto_mcmc_budget(cfg, capture, not has_sfm_points)
     cap, budget = cfg.max_gaussians, max(rule, int(n_start))
     cfg.max_gaussians = budget if cap is None else min(cap, budget)
     cfg.strategy = "mcmc"
@@ -618,19 +645,23 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
                + (f", {cfg.init_points:,} of them" if isinstance(cfg.init_points, int) else "")
                + (f" (init_points auto: half the pixel rule's budget, at most {AUTO_INIT_MAX:,})" if init_auto else ""))
     return (f"strategy auto: mcmc ({why}), a budget of {cfg.max_gaussians:,} Gaussians"
-            f"{_budget_reason(cfg, capture, n_start)} (--max-gaussians N sets it; --strategy default for 3DGS's "
+            f"{_budget_reason(cfg, capture, n_start, not has_sfm_points)} (--max-gaussians N sets it; --strategy "
+            "default for 3DGS's "
             "densification)")
 
 
-def _budget_reason(cfg: "TrainConfig", capture: Capture | None, n_start: int) -> str:
+def _budget_reason(cfg: "TrainConfig", capture: Capture | None, n_start: int, random_start: bool) -> str:
     """Where the MCMC budget ``cfg.max_gaussians`` that :func:`resolve_strategy` set comes from, for its note."""
     ppg = int(cfg.auto_budget_pixels_per_gaussian)
+    top = budget_ceiling(cfg, random_start)
+    ceiling = (f"{top:,}" + (" (a random start's ceiling)" if top < int(cfg.auto_mcmc_budget) else ""))
     if ppg == 0:
         per = ": as given, the pixel rule off"   # --max-gaussians N (it sets auto_mcmc_budget, a field not named)
+    elif capture is not None:
+        per = f": one per {ppg} of the {capture.pixels:,} training pixels, {AUTO_BUDGET_MIN:,} to {ceiling}"
     else:
-        per = (f": one per {ppg} of the {capture.pixels:,} training pixels, {AUTO_BUDGET_MIN:,} to "
-               f"{cfg.auto_mcmc_budget:,}" if capture is not None else "")
-    if cfg.max_gaussians == int(n_start) > auto_mcmc_budget(cfg, capture):
+        per = f": the ceiling, {ceiling}" if top < int(cfg.auto_mcmc_budget) else ""
+    if cfg.max_gaussians == int(n_start) > auto_mcmc_budget(cfg, capture, random_start):
         per += f", raised to the {int(n_start):,} Gaussians the run starts from (a budget never cuts its start)"
     return per
 
@@ -643,7 +674,8 @@ def resolve_init_points(cfg: TrainConfig, capture: Capture | None) -> None:
     1. Read only when the dataset has no SfM points."""
     if cfg.init_points == "auto":
         per = int(cfg.auto_budget_pixels_per_gaussian) or AUTO_BUDGET_PIXELS_PER_GAUSSIAN
-        budget = _pixel_budget(cfg, capture, per) if capture is not None else int(cfg.auto_mcmc_budget)
+        budget = (_pixel_budget(cfg, capture, per, random_start=True) if capture is not None
+                  else budget_ceiling(cfg, random_start=True))
         cfg.init_points = int(max(1, min(AUTO_INIT_MAX, budget // 2)))
 
 
