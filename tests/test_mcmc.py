@@ -487,13 +487,15 @@ def test_auto_without_sfm_points_follows_the_images_and_an_explicit_strategy_sta
         cfg = TrainConfig()
         photo = Capture(n_views=44, pixels=44 * 1080 * 1920, transparent=transparent)
         note = resolve_strategy(cfg, has_sfm_points=False, capture=photo)
-        assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", AUTO_BUDGET_RANDOM) and "no SfM points" in note
-        assert f"to {AUTO_BUDGET_RANDOM:,} (a random start's ceiling)" in note
-    # the same pixels with SfM points: the pixel rule up to auto_mcmc_budget; a random start without its own ceiling
-    # (auto_mcmc_budget_random 0) likewise
-    for sfm, cfg in ((True, TrainConfig()), (False, TrainConfig(auto_mcmc_budget_random=0))):
+        assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", 1_000_000) and "no SfM points" in note
+        assert ("ceiling" in note) == (AUTO_BUDGET_RANDOM not in (0, 1_000_000))
+    # a random start's own ceiling (auto_mcmc_budget_random) bounds the pixel rule, and the note says so; the same
+    # pixels with SfM points do not feel it
+    for sfm, want in ((False, 300_000), (True, 1_000_000)):
+        cfg = TrainConfig(auto_mcmc_budget_random=300_000)
         note = resolve_strategy(cfg, has_sfm_points=sfm, capture=photo)
-        assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", 1_000_000) and "ceiling" not in note
+        assert (cfg.strategy, cfg.max_gaussians) == ("mcmc", want)
+        assert ("to 300,000 (a random start's ceiling)" in note) == (not sfm)
     # not measured: a photo capture with the fixed budget
     cfg = TrainConfig(max_gaussians=None, auto_mcmc_budget=777)
     assert "mcmc" in resolve_strategy(cfg, has_sfm_points=False) and cfg.max_gaussians == 777
@@ -536,8 +538,8 @@ def test_the_automatic_budget_and_initial_count_follow_the_pixels(pixels, want, 
     assert auto_mcmc_budget(TrainConfig(auto_mcmc_budget=5000), cap) == min(5000, want)
     assert auto_mcmc_budget(cfg, None) == cfg.auto_mcmc_budget
     # a random start (no SfM points): the pixel rule under its own ceiling, which a given budget does not feel
-    ceiling = int(torch.randint(AUTO_BUDGET_MIN, 2 * AUTO_BUDGET_RANDOM, (1,), generator=rng))
-    assert auto_mcmc_budget(cfg, cap, random_start=True) == min(want, AUTO_BUDGET_RANDOM)
+    ceiling = int(torch.randint(AUTO_BUDGET_MIN, 600_000, (1,), generator=rng))
+    assert auto_mcmc_budget(cfg, cap, random_start=True) == min(want, AUTO_BUDGET_RANDOM or want)
     low = TrainConfig(auto_mcmc_budget_random=ceiling)
     assert auto_mcmc_budget(low, cap, random_start=True) == min(want, ceiling, low.auto_mcmc_budget)
     assert auto_mcmc_budget(low, cap) == want and auto_mcmc_budget(low, None, random_start=True) == ceiling
@@ -545,7 +547,7 @@ def test_the_automatic_budget_and_initial_count_follow_the_pixels(pixels, want, 
     assert auto_mcmc_budget(given, cap, random_start=True) == 2_000_000
     assert cfg.init_points == "auto"
     resolve_init_points(cfg, cap)
-    assert cfg.init_points == min(100_000, min(want, AUTO_BUDGET_RANDOM) // 2)
+    assert cfg.init_points == min(100_000, min(want, AUTO_BUDGET_RANDOM or want) // 2)
     resolve_init_points(tiny := TrainConfig(auto_mcmc_budget_random=ceiling // 4), cap)  # the start under the ceiling
     assert tiny.init_points == min(100_000, min(want, ceiling // 4) // 2)
     with pytest.raises(ValueError, match="auto_mcmc_budget_random"):

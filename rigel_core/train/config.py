@@ -57,11 +57,13 @@ TRANSPARENT_BACKGROUND = 0.05
 #: 27.28 / **27.69** dB at 30k — a budget too large for its pixels overfits a small capture; fox (43 views of
 #: 1080×1920, 91 M pixels) 250k / 500k / 1M: 30.66 / 31.03 / 31.03 dB at 7k
 AUTO_BUDGET_PIXELS_PER_GAUSSIAN = 32
-#: the pixel rule's ceiling for a run that starts from random points (``TrainConfig.auto_mcmc_budget_random``).
-#: Measured (H100, 2026-12-07, docs/BENCHMARKS.md "beer~nosfm: the budget, not a bound on scale"): beer~nosfm (62
-#: phone frames of 1280×720, no SfM points) at 1M Gaussians 18.76 / 18.28 dB at 7k, one flat beige held-out view, as
-#: in gsplat's MCMC at 1M (18.52); at 500k 18.21; at 300k 20.09 / 21.34, ahead of gsplat's default loop (19.16)
-AUTO_BUDGET_RANDOM = 300_000
+#: the pixel rule's ceiling for a run that starts from random points (``TrainConfig.auto_mcmc_budget_random``); 0: none
+#: of its own (``auto_mcmc_budget``). Off, measured (H100, 2026-12-07, 7k, seeds 0 / 1, docs/BENCHMARKS.md "A random
+#: start's ceiling"): 300k wins on beer~nosfm (62 phone frames of 1280×720: 20.09 / 21.34 dB against 18.76 / 18.28 at
+#: 1M, whose held-out view is one flat beige, as in gsplat's MCMC at 1M) but loses on bonsai~nosfm (26.36 / 26.38
+#: against 27.40 / 27.43) and fox~halfviews (27.40 / 27.58 against 27.90 / 27.72). A ceiling by kind of start is not
+#: what separates them
+AUTO_BUDGET_RANDOM = 0
 AUTO_BUDGET_MIN = 10_000
 #: the random initialisation of ``init_points = "auto"``: half the automatic budget, at most 100k (3DGS's count) — a
 #: small capture no longer starts from 100k points (48×48 views: 5 s a CPU step)
