@@ -132,10 +132,13 @@ def _moments(opt, model):
             for k, p in per_gaussian_tensors(opt, model).items()}
 
 
-def test_relocation_moves_dead_onto_live_and_keeps_the_rest(rng):
+@pytest.mark.parametrize("reset", ["moved", "sources"])
+def test_relocation_moves_dead_onto_live_and_keeps_the_rest(rng, reset):
+    """Dead rows take a live row's parameters, the drawn rows share their mass; the moments zeroed are those of the
+    drawn rows and, under ``mcmc_reset_moments = "moved"``, of the moved rows, which under "sources" keep theirs."""
     n = 80
     model, opt, dead = _model_with_moments(rng, n)
-    cfg = TrainConfig(strategy="mcmc", max_gaussians=n)
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=n, mcmc_reset_moments=reset)
     before = {k: v.detach().clone() for k, v in model.parameters().items()}
     o_before, s_before = model.opacities.detach().clone(), model.scales.detach().clone()
     mom_before = _moments(opt, model)
@@ -162,12 +165,15 @@ def test_relocation_moves_dead_onto_live_and_keeps_the_rest(rng):
     assert untouched.any()
     for k in PARAM_NAMES:
         assert torch.equal(getattr(model, k).detach()[untouched], before[k][untouched]), k
-    touched = dead | sampled
+    zeroed = (dead | sampled) if reset == "moved" else sampled
+    kept = ~zeroed
+    assert (kept & dead).any() == (reset == "sources") and (dead & ~sampled).any()
     mom = _moments(opt, model)
     for k in mom:
         for s in mom[k]:
-            assert (mom[k][s][touched] == 0).all(), (k, s)
-            assert torch.equal(mom[k][s][untouched], mom_before[k][s][untouched]), (k, s)
+            assert (mom[k][s][zeroed] == 0).all(), (k, s)
+            assert torch.equal(mom[k][s][kept], mom_before[k][s][kept]), (k, s)
+            assert (mom_before[k][s][zeroed] != 0).all(), (k, s)  # so the zeros above were written
     # all dead or none dead: nothing to do
     model.opacity_logits.data.fill_(-10.0)
     assert relocate_dead(model, opt, cfg, None) == 0
@@ -453,6 +459,8 @@ def test_config_validation():
         TrainConfig(strategy="mcmc", mcmc_noise_lr=-1.0).validate()
     with pytest.raises(ValueError, match="mcmc_max_copies"):
         TrainConfig(mcmc_max_copies=0).validate()
+    with pytest.raises(ValueError, match="mcmc_reset_moments"):
+        TrainConfig(mcmc_reset_moments="dead").validate()
     TrainConfig(strategy="mcmc", max_gaussians=10).validate()
     TrainConfig(max_gaussians=None).validate()  # the default strategy needs no cap
 

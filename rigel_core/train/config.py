@@ -31,6 +31,8 @@ __all__ = ["TrainConfig", "STRATEGIES", "DENSIFY_GRADS", "SPARSE_SFM_COVERAGE", 
 
 #: TrainConfig.strategy's values: "auto" is resolved to one of the other two when a Trainer is made
 STRATEGIES = ("auto", "default", "mcmc")
+#: TrainConfig.mcmc_reset_moments' values
+MCMC_RESET_MOMENTS = ("moved", "sources")
 #: TrainConfig.densify_grad's values: "auto" is resolved to one of the other two when a Trainer is made
 DENSIFY_GRADS = ("auto", "grad", "absgrad")
 
@@ -376,6 +378,11 @@ class TrainConfig:
     mcmc_max_scale: float = 0.0
     mcmc_growth: float = 0.05  # Gaussians added per relocation step, as a fraction of N (until the cap)
     mcmc_max_copies: int = 51  # n of the mass-splitting formulas clamped to this (the paper's code: 51)
+    #: whose Adam moments a relocation zeroes: "moved" (rigel's until now: the live Gaussians drawn and the dead
+    #: ones moved onto them) or "sources" (the paper's code and gsplat's: only the live ones drawn; a dead row
+    #: keeps the moments it had, which were small unless it died lately). A row with zeroed moments steps about
+    #: 3× the learning rate at its next update (Adam: m = 0.1·g, v = 0.001·g²)
+    mcmc_reset_moments: str = "moved"
     mcmc_noise_lr: float = 5e5  # λ_noise: noise = λ_noise · lr_means · σ(−k(o − t)) · Σ·η
     mcmc_noise_k: float = 100.0  # k of the noise gate
     mcmc_noise_t: float = 0.005  # t of the noise gate (opacity)
@@ -526,6 +533,9 @@ class TrainConfig:
                              f"auto_mcmc_budget), got {self.auto_budget_pixels_per_gaussian}")
         self._each(("mcmc_min_opacity",), lambda v: 0.0 < v < 1.0, "in (0, 1)")
         self._each(("mcmc_noise_t",), lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
+        if self.mcmc_reset_moments not in MCMC_RESET_MOMENTS:
+            raise ValueError(f"TrainConfig.mcmc_reset_moments must be one of "
+                             f"{', '.join(map(repr, MCMC_RESET_MOMENTS))}, got {self.mcmc_reset_moments!r}")
         if not 1 <= self.mcmc_max_copies <= 1000:
             raise ValueError(f"TrainConfig.mcmc_max_copies must be in 1..1000, got {self.mcmc_max_copies}")
         self._each(("mcmc_max_scale",), lambda v: 0.0 <= v < math.inf, "finite and ≥ 0 (0: off)")

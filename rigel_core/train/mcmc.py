@@ -10,7 +10,9 @@ opacity resets (:mod:`.densify`):
 with probability ∝ opacity (with replacement). A live Gaussian drawn ``k`` times becomes ``n = k + 1`` identical
 copies (itself and the ``k`` dead ones it receives), each with opacity and scales chosen so that the stack renders
 like the original (below). Every parameter row of a dead one (position, rotation, colour, latent …) is overwritten
-by its source's; the Adam moments of every touched row (sources and destinations) are zeroed.
+by its source's; the Adam moments of every touched row (sources and destinations) are zeroed — or, with
+``mcmc_reset_moments = "sources"``, those of the sources only, as the paper's code and gsplat do (a moved row then
+keeps its dead predecessor's moments).
 
 **Growth** (:func:`add_gaussians`), at the same iterations, after the relocation: ``m = min(cap, ⌊(1 +
 mcmc_growth)·N⌋) − N`` new Gaussians (5 % of N per step in the paper) are made the same way from Gaussians
@@ -186,7 +188,7 @@ def relocate_dead(model, optimizer, cfg: TrainConfig, generator: torch.Generator
     rows = _split_sampled(model, cfg, src)
     for p in per_gaussian_tensors(optimizer, model).values():
         p.data[dead_idx] = p.data[src]
-    zero_moments(optimizer, model, torch.cat([rows, dead_idx]))
+    zero_moments(optimizer, model, rows if cfg.mcmc_reset_moments == "sources" else torch.cat([rows, dead_idx]))
     return n_dead
 
 
