@@ -420,10 +420,24 @@ def reserved_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_reserved(device) / GIB if device.type == "cuda" else None
 
 
+#: training views scored at each checkpoint beside the held-out ones (evenly spaced): a run whose held-out PSNR falls
+#: while its training views stay sharp has floaters or overfits; one where both fall has failed everywhere
+TRAIN_VIEWS_SCORED = 8
+
+
+def spaced(frames, k: int) -> list:
+    """At most ``k`` of ``frames``, evenly spaced (the first always), loaded when streamed (``Frame.load``)."""
+    frames = list(frames)
+    if len(frames) > k:
+        frames = [frames[round(i * (len(frames) - 1) / max(1, k - 1))] for i in range(k)] if k > 1 else frames[:1]
+    return [f.load() if hasattr(f, "load") else f for f in frames] if k > 0 else []
+
+
 def train_and_evaluate(label: str, step, render, count, test_frames, checkpoints: list[int],
-                       time_limit: float | None, device: torch.device, extra_eval=None) -> dict:
+                       time_limit: float | None, device: torch.device, extra_eval=None, train_frames=None) -> dict:
     """Call ``step(it)`` for it = 1 … max(checkpoints); evaluate at each checkpoint and where the run stops early
-    (``time_limit`` seconds of training passed, or KeyboardInterrupt).
+    (``time_limit`` seconds of training passed, or KeyboardInterrupt). ``train_frames`` (optional, a few training
+    views: :func:`spaced`) are scored too, as ``train_psnr`` / ``train_ssim`` (evaluation time, not training time).
 
     Training time: wall time of the steps, each stretch closed by a device synchronize; evaluations excluded.
     Returns {"checkpoints": [...], "stopped_at": iteration or None, "stop_reason": str or None,
@@ -439,13 +453,17 @@ def train_and_evaluate(label: str, step, render, count, test_frames, checkpoints
         row = {"iteration": iteration, "psnr": ev["psnr"], "ssim": ev["ssim"], "num_gaussians": int(count()),
                "train_s": train_s, "peak_gib": peak_gib(device), "reserved_gib": reserved_gib(device),
                "n_views": ev["n_views"], "per_view": ev["per_view"]}
+        if train_frames:
+            tv = evaluate_views(render, train_frames, device)
+            row["train_psnr"], row["train_ssim"] = tv["psnr"], tv["ssim"]
         if extra_eval is not None:
             row.update(extra_eval())
         row["eval_s"] = time.perf_counter() - t_eval
         out["checkpoints"].append(row)
         out["first_view"] = ev["first"]
         stop = f"  (stopped: {out['stop_reason']})" if out["stop_reason"] else ""
-        print(f"  {label:<24} it {iteration:>6}  PSNR {fmt(row['psnr'])} dB  SSIM {fmt(row['ssim'], '.4f')}  "
+        seen = f" (training views {fmt(row['train_psnr'])})" if "train_psnr" in row else ""
+        print(f"  {label:<24} it {iteration:>6}  PSNR {fmt(row['psnr'])} dB{seen}  SSIM {fmt(row['ssim'], '.4f')}  "
               f"N {row['num_gaussians']:,}  train {train_s:.1f} s  peak {fmt(row['peak_gib'])} GiB "
               f"(held {fmt(row['reserved_gib'])})  "
               f"(eval {row['eval_s']:.1f} s, {ev['n_views']} views){stop}", flush=True)
@@ -518,7 +536,7 @@ def run_rigel(ds, base: GaussianModel, cfg: TrainConfig, checkpoints, time_limit
     test = [f.load() if hasattr(f, "load") else f for f in ds.test]
     res = train_and_evaluate(label, lambda it: trainer.step(), trainer.render_frame,
                              lambda: trainer.model.num_gaussians, test, checkpoints, time_limit, device,
-                             trainer_eval)
+                             trainer_eval, train_frames=spaced(ds.train, TRAIN_VIEWS_SCORED))
     res["frames"] = stream_stats(trainer)   # metrics.json's "frames": streamed or not, the stream's figures
     res["config"] = trainer.config.to_dict()  # as trained: "auto" resolved (real.md names the strategy)
     res["nan_skips"] = trainer.nan_skips
@@ -670,7 +688,7 @@ class GsplatLoop:
 def run_gsplat(ds, base, cfg, checkpoints, time_limit, device, seed, label, mcmc_cap: int | None = None) -> dict:
     loop = GsplatLoop(ds, base, cfg, device, seed, mcmc_cap)
     res = train_and_evaluate(label, loop.step, loop.render_frame, loop.num_gaussians, ds.test, checkpoints,
-                             time_limit, device)
+                             time_limit, device, train_frames=spaced(ds.train, TRAIN_VIEWS_SCORED))
     s = loop.strategy  # gsplat's DefaultStrategy is a dataclass: record its settings
     res["strategy"] = dataclasses.asdict(s) if dataclasses.is_dataclass(s) else type(s).__name__
     res["strategy_name"] = type(s).__name__
@@ -822,6 +840,11 @@ def markdown(results: dict) -> str:
                                 and conf["init_background_points"] > 0 else "")
                              + (f", coarse-to-fine from 1/{conf['coarse_to_fine']} resolution"
                                 if isinstance(conf.get("coarse_to_fine"), int) and conf["coarse_to_fine"] > 1 else ""))
+            seen = [f"{c['iteration']:,}: {fmt(c['train_psnr'])}" for c in r["checkpoints"]
+                    if c.get("train_psnr") is not None]
+            if seen:
+                notes.append(f"- {sc['scene']} {method}: PSNR on {TRAIN_VIEWS_SCORED} of the training views at it "
+                             + ", ".join(seen) + " dB")
             for c in r["checkpoints"]:
                 it = f"{c['iteration']:,}"
                 if r.get("stopped_at") == c["iteration"]:

@@ -28,6 +28,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 #: the second evaluation protocols a run may score besides its held-out PSNR, with their column names
 PROTOCOLS = {"psnr_pose": "pose-fitted PSNR", "psnr_exposure": "exposure PSNR"}
+#: the extra columns of the table, where a run has them: the protocols above, and the PSNR on a few training views
+#: (bench/real.py's ``train_psnr``: high while the held-out PSNR is low means floaters or overfitting)
+COLUMNS = {**PROTOCOLS, "train_psnr": "training-view PSNR"}
 
 
 def run_tag(variant: str, scene: str, seed: int) -> str:
@@ -85,6 +88,8 @@ def main(argv=None) -> int:
             # the pose-fitted and exposure protocols' PSNR (eval_pose_opt / pose_opt, eval_exposure / exposure /
             # appearance_grid: docs/TRAINING.md), where the run scored them
             res.update({k: r[f"{k}_trainer"] for k in PROTOCOLS if r.get(f"{k}_trainer") is not None})
+            if r.get("train_psnr") is not None:
+                res["train_psnr"] = r["train_psnr"]
         except (OSError, KeyError, IndexError, ValueError) as e:
             res["error"] = f"{type(e).__name__}: {e}"
         print(f"{tag}: rc={rc} psnr={res.get('psnr', 'n/a')}", flush=True)
@@ -92,10 +97,10 @@ def main(argv=None) -> int:
 
     def write(results) -> list[str]:
         (out / "sweep.json").write_text(json.dumps(results, indent=1) + "\n")
-        protocols = [k for k in PROTOCOLS if any(r.get(k) is not None for r in results)]
+        protocols = [k for k in COLUMNS if any(r.get(k) is not None for r in results)]
         lines = [f"iterations {args.iters}, seeds {seeds}; Δ = variant − {variants[0][0]} per seed (mean [min, max])", "",
                  "| scene | variant | PSNR per seed | mean | Δ mean [min, max] | N (mean) | train s (mean) ¹ |"
-                 + "".join(f" {PROTOCOLS[k]} per seed |" for k in protocols),
+                 + "".join(f" {COLUMNS[k]} per seed |" for k in protocols),
                  "|---|---|---|---:|---|---:|---:|" + "---|" * len(protocols)]
         for sc in dict.fromkeys(Path(s).name for s in scenes):
             base = {r["seed"]: r.get("psnr") for r in results if r["scene"] == sc and r["variant"] == variants[0][0]}

@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import json
 import math
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -728,6 +729,17 @@ def test_driver_times_training_only_and_stops_cleanly():
     assert c3["eval_s"] >= 0.05 and c3["psnr"] == pytest.approx(10 * math.log10(1 / 0.0625))
     assert c3["num_gaussians"] == 7 and res["stopped_at"] is None and not res["interrupted"]
     assert res["first_view"].shape == (8, 8, 3) and res["first_view"][0, 0, 0] == 64
+    assert "train_psnr" not in c3  # no training views given: none scored
+
+    # training views, given, are scored at each checkpoint (their own error, not the held-out one), outside the time
+    seen = [Frame(orbit(1, 8)[0], torch.full((8, 8, 3), 0.75), None, "s0")]
+    spent.clear()
+    res = real.train_and_evaluate("toy", step, render, lambda: 7, frames, [2], None, torch.device("cpu"),
+                                  train_frames=seen)
+    c2 = res["checkpoints"][0]
+    assert c2["psnr"] == pytest.approx(10 * math.log10(1 / 0.0625))
+    assert c2["train_psnr"] == pytest.approx(10 * math.log10(1 / 0.25)) and c2["eval_s"] >= 0.1
+    assert c2["train_s"] == pytest.approx(sum(spent), abs=5e-3)
 
     def interrupted_step(it):
         if it == 5:
@@ -736,6 +748,45 @@ def test_driver_times_training_only_and_stops_cleanly():
                                   torch.device("cpu"))
     assert res["interrupted"] and res["stopped_at"] == 5 and res["stop_reason"] == "interrupted"
     assert [c["iteration"] for c in res["checkpoints"]] == [2, 5]
+
+
+def test_spaced_takes_evenly_spaced_frames_and_loads_streamed_ones():
+    class Lazy:
+        def __init__(self, i):
+            self.i = i
+
+        def load(self):
+            return ("loaded", self.i)
+
+    assert real.spaced(range(20), 5) == [0, 5, 10, 14, 19]
+    assert real.spaced(range(3), 8) == [0, 1, 2] and real.spaced(range(9), 1) == [0] and real.spaced(range(9), 0) == []
+    assert real.spaced([Lazy(i) for i in range(4)], 2) == [("loaded", 0), ("loaded", 3)]
+
+
+def test_sweep_table_has_the_training_view_column_where_runs_scored_them(tmp_path, monkeypatch):
+    """bench/real_sweep.py's table: PSNR per seed and, where the runs recorded it (bench/real.py's ``train_psnr``),
+    the training views' PSNR per seed; a run without it shows a dash. The runs are faked: each writes the real.json
+    bench/real.py would."""
+    from bench import real_sweep
+
+    def fake_run(cmd, stdout=None, stderr=None):
+        out = Path(cmd[cmd.index("--out") + 1])
+        seed = int(cmd[cmd.index("--seed") + 1])
+        ck = {"psnr": 20.0 + seed + (0.5 if "b" in out.name.split("-")[0] else 0.0), "ssim": 0.5,
+              "num_gaussians": 100, "train_s": 1.0}
+        if seed == 0:
+            ck["train_psnr"] = 30.0 + seed
+        out.mkdir(parents=True)
+        (out / "real.json").write_text(json.dumps({"scenes": [{"runs": {"rigel": {"checkpoints": [ck]}}}]}))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(real_sweep.subprocess, "run", fake_run)
+    assert real_sweep.main(["--scenes", "fern", "--seeds", "0,1", "--variant", "a", "--variant", "b=x=1",
+                            "--parallel", "1", "--out", str(tmp_path / "s")]) == 0
+    md = (tmp_path / "s" / "sweep.md").read_text()
+    assert "training-view PSNR per seed |" in md
+    assert "| fern | a | 20.00 / 21.00 | 20.50 |  | 100 | 1.0 | 30.00 / — |" in md
+    assert "| fern | b | 20.50 / 21.50 | 21.00 | +0.50 [+0.50, +0.50] | 100 | 1.0 | 30.00 / — |" in md
 
 
 def test_sweep_run_names_are_plain():
