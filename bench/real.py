@@ -52,8 +52,9 @@ Measured per scene, method and checkpoint (``--iters 7000,30000``: one run to th
 held-out PSNR and SSIM (means over the views of per-view values; renders clamped to [0, 1]; one metric function
 for both methods — rigel's ``Trainer.evaluate`` is recorded beside it in the JSON as a cross-check), Gaussian
 count, training time (s: wall time of the loop up to a ``torch.cuda.synchronize()``, evaluations excluded), peak
-GPU memory (``torch.cuda.max_memory_allocated``, reset before each run; images on the GPU included).
-``--time-limit S`` stops a run once its training time passes S seconds (evaluated there, recorded as stopped);
+GPU memory (``torch.cuda.max_memory_allocated``, reset before each run; images on the GPU included), and the PSNR
+/ SSIM of 8 evenly spaced training views (``train_psnr`` / ``train_ssim``, in real.md's notes: a run sharp on its
+training views and poor on the held-out ones has floaters or overfits). ``--time-limit S`` stops a run once its training time passes S seconds (evaluated there, recorded as stopped);
 Ctrl-C / SIGINT stops the current run the same way and writes what was measured. **Time to the gsplat loop's PSNR**
 (issue 39): per scene and gsplat loop, the first rigel checkpoint whose PSNR is at least that loop's at its last
 checkpoint (a stopped run's last), with rigel's iteration and training seconds there and their ratio to the loop's
