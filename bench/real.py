@@ -54,7 +54,8 @@ for both methods — rigel's ``Trainer.evaluate`` is recorded beside it in the J
 count, training time (s: wall time of the loop up to a ``torch.cuda.synchronize()``, evaluations excluded), peak
 GPU memory (``torch.cuda.max_memory_allocated``, reset before each run; images on the GPU included), and the PSNR
 / SSIM of 8 evenly spaced training views (``train_psnr`` / ``train_ssim``, in real.md's notes: a run sharp on its
-training views and poor on the held-out ones has floaters or overfits). ``--time-limit S`` stops a run once its training time passes S seconds (evaluated there, recorded as stopped);
+training views and poor on the held-out ones has floaters or overfits). ``--time-limit S`` stops a run once its
+training time passes S seconds (evaluated there, recorded as stopped);
 Ctrl-C / SIGINT stops the current run the same way and writes what was measured. **Time to the gsplat loop's PSNR**
 (issue 39): per scene and gsplat loop, the first rigel checkpoint whose PSNR is at least that loop's at its last
 checkpoint (a stopped run's last), with rigel's iteration and training seconds there and their ratio to the loop's
@@ -426,12 +427,17 @@ def reserved_gib(device: torch.device) -> float | None:
 TRAIN_VIEWS_SCORED = 8
 
 
+def loaded(frames) -> list:
+    """``frames`` with each streamed one decoded (``Frame.load``), for this bench's own evaluations."""
+    return [f.load() if hasattr(f, "load") else f for f in frames]
+
+
 def spaced(frames, k: int) -> list:
-    """At most ``k`` of ``frames``, evenly spaced (the first always), loaded when streamed (``Frame.load``)."""
+    """At most ``k`` of ``frames``, evenly spaced (the first always), :func:`loaded`."""
     frames = list(frames)
-    if len(frames) > k:
-        frames = [frames[round(i * (len(frames) - 1) / max(1, k - 1))] for i in range(k)] if k > 1 else frames[:1]
-    return [f.load() if hasattr(f, "load") else f for f in frames] if k > 0 else []
+    if len(frames) > k > 0:
+        frames = [frames[round(i * (len(frames) - 1) / max(1, k - 1))] for i in range(k)]
+    return loaded(frames[:max(0, k)])
 
 
 def train_and_evaluate(label: str, step, render, count, test_frames, checkpoints: list[int],
@@ -534,7 +540,7 @@ def run_rigel(ds, base: GaussianModel, cfg: TrainConfig, checkpoints, time_limit
         return {"psnr_trainer": ev.psnr, "ssim_trainer": ev.ssim, **extra}
 
     # a streamed dataset's held-out views decoded once for this bench's own evaluation (the trainer streams its own)
-    test = [f.load() if hasattr(f, "load") else f for f in ds.test]
+    test = loaded(ds.test)
     res = train_and_evaluate(label, lambda it: trainer.step(), trainer.render_frame,
                              lambda: trainer.model.num_gaussians, test, checkpoints, time_limit, device,
                              trainer_eval, train_frames=spaced(ds.train, TRAIN_VIEWS_SCORED))

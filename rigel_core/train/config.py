@@ -25,7 +25,7 @@ from ..renderer.modes import RENDER_MODES
 MAX_ITERATION = 100_000_000
 
 __all__ = ["TrainConfig", "STRATEGIES", "DENSIFY_GRADS", "SPARSE_SFM_COVERAGE", "AUTO_COARSE_TO_FINE",
-           "Capture", "auto_mcmc_budget", "budget_ceiling", "strategy_unresolved", "resolve_init_points", "resolve_init_mode", "resolve_strategy", "resolve_init_background", "resolve_coarse_to_fine", "resolve_densify_grad",
+           "Capture", "auto_mcmc_budget", "strategy_unresolved", "resolve_init_points", "resolve_init_mode", "resolve_strategy", "resolve_init_background", "resolve_coarse_to_fine", "resolve_densify_grad",
            "coarse_to_fine_span", "coarse_schedule_words", "training_downscale", "SCHEDULE_STEP_FIELDS",
            "resolve_schedule_scale"]
 
@@ -92,19 +92,15 @@ class Capture:
 def auto_mcmc_budget(cfg: "TrainConfig", capture: Capture | None, random_start: bool = False) -> int:
     """The MCMC budget "auto" gives a capture: one Gaussian per ``cfg.auto_budget_pixels_per_gaussian``
     (:data:`AUTO_BUDGET_PIXELS_PER_GAUSSIAN`) training pixels, in [:data:`AUTO_BUDGET_MIN`, the rule's ceiling]
-    (:func:`budget_ceiling`: ``cfg.auto_mcmc_budget``, and at most ``cfg.auto_mcmc_budget_random`` when
+    (:func:`_budget_ceiling`: ``cfg.auto_mcmc_budget``, and at most ``cfg.auto_mcmc_budget_random`` when
     ``random_start``: the run starts from random points, no SfM points); the ceiling itself when ``capture`` is None
     (not measured); ``cfg.auto_mcmc_budget`` itself when ``cfg.auto_budget_pixels_per_gaussian`` is 0 (a budget
     given: ``--max-gaussians N``, which no ceiling cuts)."""
     per = int(cfg.auto_budget_pixels_per_gaussian)
-    if per == 0:
-        return int(cfg.auto_mcmc_budget)
-    if capture is None:
-        return budget_ceiling(cfg, random_start)
-    return _pixel_budget(cfg, capture, per, random_start)
+    return int(cfg.auto_mcmc_budget) if per == 0 else _pixel_budget(cfg, capture, per, random_start)
 
 
-def budget_ceiling(cfg: "TrainConfig", random_start: bool) -> int:
+def _budget_ceiling(cfg: "TrainConfig", random_start: bool) -> int:
     """The most Gaussians the pixel rule gives: ``cfg.auto_mcmc_budget``, and for a random start at most
     ``cfg.auto_mcmc_budget_random`` (0: no ceiling of its own)."""
     top = int(cfg.auto_mcmc_budget)
@@ -113,10 +109,11 @@ def budget_ceiling(cfg: "TrainConfig", random_start: bool) -> int:
     return top
 
 
-def _pixel_budget(cfg: "TrainConfig", capture: Capture, per: int, random_start: bool = False) -> int:
-    """One Gaussian per ``per`` training pixels of ``capture``, in [:data:`AUTO_BUDGET_MIN`,
-    :func:`budget_ceiling`]."""
-    return int(min(budget_ceiling(cfg, random_start), max(AUTO_BUDGET_MIN, capture.pixels // per)))
+def _pixel_budget(cfg: "TrainConfig", capture: Capture | None, per: int, random_start: bool) -> int:
+    """One Gaussian per ``per`` training pixels of ``capture``, in [:data:`AUTO_BUDGET_MIN`, :func:`_budget_ceiling`];
+    the ceiling itself when ``capture`` is None (not measured)."""
+    top = _budget_ceiling(cfg, random_start)
+    return top if capture is None else int(min(top, max(AUTO_BUDGET_MIN, capture.pixels // per)))
 
 
 @dataclass
@@ -658,14 +655,13 @@ def resolve_strategy(cfg: TrainConfig, has_sfm_points: bool, n_start: int = 0, *
                + (f" (init_points auto: half the pixel rule's budget, at most {AUTO_INIT_MAX:,})" if init_auto else ""))
     return (f"strategy auto: mcmc ({why}), a budget of {cfg.max_gaussians:,} Gaussians"
             f"{_budget_reason(cfg, capture, n_start, not has_sfm_points)} (--max-gaussians N sets it; --strategy "
-            "default for 3DGS's "
-            "densification)")
+            "default for 3DGS's densification)")
 
 
 def _budget_reason(cfg: "TrainConfig", capture: Capture | None, n_start: int, random_start: bool) -> str:
     """Where the MCMC budget ``cfg.max_gaussians`` that :func:`resolve_strategy` set comes from, for its note."""
     ppg = int(cfg.auto_budget_pixels_per_gaussian)
-    top = budget_ceiling(cfg, random_start)
+    top = _budget_ceiling(cfg, random_start)
     ceiling = (f"{top:,}" + (" (a random start's ceiling)" if top < int(cfg.auto_mcmc_budget) else ""))
     if ppg == 0:
         per = ": as given, the pixel rule off"   # --max-gaussians N (it sets auto_mcmc_budget, a field not named)
@@ -686,8 +682,7 @@ def resolve_init_points(cfg: TrainConfig, capture: Capture | None) -> None:
     1. Read only when the dataset has no SfM points."""
     if cfg.init_points == "auto":
         per = int(cfg.auto_budget_pixels_per_gaussian) or AUTO_BUDGET_PIXELS_PER_GAUSSIAN
-        budget = (_pixel_budget(cfg, capture, per, random_start=True) if capture is not None
-                  else budget_ceiling(cfg, random_start=True))
+        budget = _pixel_budget(cfg, capture, per, random_start=True)
         cfg.init_points = int(max(1, min(AUTO_INIT_MAX, budget // 2)))
 
 
