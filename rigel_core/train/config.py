@@ -33,6 +33,8 @@ __all__ = ["TrainConfig", "STRATEGIES", "DENSIFY_GRADS", "SPARSE_SFM_COVERAGE", 
 STRATEGIES = ("auto", "default", "mcmc")
 #: TrainConfig.mcmc_reset_moments' values
 MCMC_RESET_MOMENTS = ("moved", "sources")
+#: TrainConfig.mcmc_units' values
+MCMC_UNITS = ("world", "cameras")
 #: TrainConfig.densify_grad's values: "auto" is resolved to one of the other two when a Trainer is made
 DENSIFY_GRADS = ("auto", "grad", "absgrad")
 
@@ -380,11 +382,17 @@ class TrainConfig:
     #: keeps the moments it had, which were small unless it died lately). A row with zeroed moments steps about
     #: 3× the learning rate at its next update (Adam: m = 0.1·g, v = 0.001·g²)
     mcmc_reset_moments: str = "moved"
-    mcmc_noise_lr: float = 5e5  # λ_noise: noise = λ_noise · lr_means · σ(−k(o − t)) · Σ·η
+    mcmc_noise_lr: float = 5e5  # λ_noise: noise = λ_noise · lr_means · σ(−k(o − t)) · Σ·η / L² (L: mcmc_units)
     mcmc_noise_k: float = 100.0  # k of the noise gate
     mcmc_noise_t: float = 0.005  # t of the noise gate (opacity)
     mcmc_opacity_reg: float = 0.01  # loss += λ_o · mean(opacity)
-    mcmc_scale_reg: float = 0.01  # loss += λ_s · mean(scale) (world units)
+    mcmc_scale_reg: float = 0.01  # loss += λ_s · mean(scale) / L (L: mcmc_units)
+    #: the length L in which the position noise (Σ, L²) and the scale regulariser (scales, L) are measured:
+    #: "world" = one world unit (the paper's code: a capture's arbitrary SfM scale then changes both, the noise's
+    #: reach relative to the scene as the square of that scale); "cameras" = the cameras' radius, scene extent / 1.1
+    #: (the largest distance of a training camera from their centre; gsplat's trainer measures in its world
+    #: normalised by the cameras' median distance), so the same capture in metres or in millimetres trains alike
+    mcmc_units: str = "world"
     # ---- batches and data-parallel training (train/distributed.py; issue 16) ---------------------------------
     #: views rendered and backpropagated per step on each process; with N processes the global batch is N × this
     #: and one optimiser step follows the mean gradient of the global batch
@@ -533,6 +541,9 @@ class TrainConfig:
         if self.mcmc_reset_moments not in MCMC_RESET_MOMENTS:
             raise ValueError(f"TrainConfig.mcmc_reset_moments must be one of "
                              f"{', '.join(map(repr, MCMC_RESET_MOMENTS))}, got {self.mcmc_reset_moments!r}")
+        if self.mcmc_units not in MCMC_UNITS:
+            raise ValueError(f"TrainConfig.mcmc_units must be one of {', '.join(map(repr, MCMC_UNITS))}, got "
+                             f"{self.mcmc_units!r}")
         if not 1 <= self.mcmc_max_copies <= 1000:
             raise ValueError(f"TrainConfig.mcmc_max_copies must be in 1..1000, got {self.mcmc_max_copies}")
         self._each(("mcmc_max_scale",), lambda v: 0.0 <= v < math.inf, "finite and ≥ 0 (0: off)")

@@ -75,7 +75,7 @@ from .optim import append_rows, per_gaussian_tensors, select_rows
 
 __all__ = ["MCMCReport", "split_mass", "zero_moments", "sample_indices", "relocate_dead", "add_gaussians",
            "trim_to_cap", "position_noise", "add_position_noise", "noise_generator", "seed_noise", "scheduled",
-           "regularizer", "mcmc_step", "mcmc_budget", "mcmc_relocate_and_grow"]
+           "regularizer", "mcmc_step", "mcmc_budget", "mcmc_relocate_and_grow", "length_unit"]
 
 #: largest float32 opacity below 1 the relocation hands out (logit ≈ 15.9)
 _MAX_OPACITY = 1.0 - torch.finfo(torch.float32).eps
@@ -297,21 +297,33 @@ def _noise_kernel(model, lr_means, cfg: TrainConfig | None = None, ok: torch.Ten
     return _ext.get().mcmc_position_noise
 
 
+def length_unit(cfg: TrainConfig, extent: float | None) -> float:
+    """The length L (world units) in which the position noise and the scale regulariser are measured
+    (``TrainConfig.mcmc_units``): 1 for "world"; for "cameras" the cameras' radius ``extent / 1.1`` (``extent`` the
+    trainer's scene extent, 1.1 × the largest camera distance from the cameras' centre), 1 when ``extent`` is None
+    or not a positive finite number."""
+    if cfg.mcmc_units == "world" or extent is None or not math.isfinite(float(extent)) or float(extent) <= 0:
+        return 1.0
+    return float(extent) / 1.1
+
+
 @torch.no_grad()
 def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.Generator,
-                       ok: torch.Tensor | None = None) -> torch.Tensor:
-    """Add the Langevin noise ``mcmc_noise_lr · lr_means · σ(−k(o − t)) · Σ·η`` to ``model.means3D`` in place
-    (module docstring) and return it (N, 3); η ~ N(0, I) from ``eta_generator`` (on the means' device, seeded by
-    the caller). ``lr_means``: the position learning rate, a float or a 0-d tensor on the device (the captured
-    step's). ``ok`` (0-d bool tensor): the noise is zero where it is False (the NaN guard's skipped step),
-    decided on the device. No host synchronisation (capturable in a CUDA graph)."""
+                       ok: torch.Tensor | None = None, unit: float = 1.0) -> torch.Tensor:
+    """Add the Langevin noise ``mcmc_noise_lr · lr_means · σ(−k(o − t)) · Σ·η / unit²`` to ``model.means3D`` in
+    place (module docstring) and return it (N, 3); η ~ N(0, I) from ``eta_generator`` (on the means' device, seeded
+    by the caller). ``lr_means``: the position learning rate, a float or a 0-d tensor on the device (the captured
+    step's). ``unit``: :func:`length_unit` (Σ measured in unit², so the noise is the same fraction of the scene
+    whatever its scale). ``ok`` (0-d bool tensor): the noise is zero where it is False (the NaN guard's skipped
+    step), decided on the device. No host synchronisation (capturable in a CUDA graph)."""
+    noise_lr = float(cfg.mcmc_noise_lr) / (float(unit) ** 2)
     means = model.means3D
     eta = torch.randn(means.shape, generator=eta_generator, device=means.device, dtype=means.dtype)
     kernel = _noise_kernel(model, lr_means, cfg, ok)
     if kernel is not None:  # csrc/mcmc_noise.cu: the same formula in one launch (the PyTorch form below is its twin)
         lr_t = lr_means.reshape(1) if isinstance(lr_means, torch.Tensor) else None
         return kernel(means, model.quats.detach(), model.log_scales.detach(), model.opacity_logits.detach(), eta,
-                      lr_t, 0.0 if lr_t is not None else float(lr_means), float(cfg.mcmc_noise_lr),
+                      lr_t, 0.0 if lr_t is not None else float(lr_means), noise_lr,
                       float(cfg.mcmc_noise_k), float(cfg.mcmc_noise_t), None if ok is None else ok.reshape(1))
     rot = quat_to_rotmat(model.quats.detach())  # (N,3,3)
     s2 = model.scales.detach() ** 2
@@ -320,7 +332,7 @@ def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.G
     local = (rot * eta[:, :, None]).sum(1) * s2  # Rᵀη: Σ_j R[n, j, i] η[n, j]
     noise = (rot * local[:, None, :]).sum(2)  # R·(s² ⊙ Rᵀη)
     gate = torch.sigmoid(-cfg.mcmc_noise_k * (model.opacities.detach() - cfg.mcmc_noise_t))
-    noise = noise * (gate * (cfg.mcmc_noise_lr * lr_means))[:, None]
+    noise = noise * (gate * (noise_lr * lr_means))[:, None]
     noise = torch.nan_to_num(noise, nan=0.0, posinf=0.0, neginf=0.0)  # a non-finite Gaussian stays culled
     if ok is not None:
         noise = torch.where(ok, noise, torch.zeros_like(noise))
@@ -330,10 +342,10 @@ def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.G
 
 @torch.no_grad()
 def position_noise(model, lr_means: float, cfg: TrainConfig, generator: torch.Generator | None,
-                   ok: torch.Tensor | None = None) -> torch.Tensor:
+                   ok: torch.Tensor | None = None, unit: float = 1.0) -> torch.Tensor:
     """:func:`add_position_noise` with η drawn on the means' device from :func:`seed_noise` of the CPU
     ``generator``; returns the noise (N, 3)."""
-    return add_position_noise(model, lr_means, cfg, seed_noise(model.means3D.device, generator), ok)
+    return add_position_noise(model, lr_means, cfg, seed_noise(model.means3D.device, generator), ok, unit)
 
 
 class _Regularizer(torch.autograd.Function):
@@ -361,14 +373,14 @@ class _Regularizer(torch.autograd.Function):
         return g_logits, g_scales, None, None
 
 
-def regularizer(model, cfg: TrainConfig) -> torch.Tensor:
-    """0-d tensor ``mcmc_opacity_reg · mean(sigmoid(opacity_logits)) + mcmc_scale_reg · mean(exp(log_scales))``
-    (the mean of the scales over all N·3 entries), differentiable; the paper's L1 terms (the values are positive).
-    A non-finite logit or log-scale (a Gaussian the projection culls) counts as 0 with a zero gradient, so the loss
-    stays finite (:class:`_Regularizer`)."""
+def regularizer(model, cfg: TrainConfig, unit: float = 1.0) -> torch.Tensor:
+    """0-d tensor ``mcmc_opacity_reg · mean(sigmoid(opacity_logits)) + mcmc_scale_reg · mean(exp(log_scales)) /
+    unit`` (the mean of the scales over all N·3 entries, measured in ``unit``: :func:`length_unit`),
+    differentiable; the paper's L1 terms (the values are positive). A non-finite logit or log-scale (a Gaussian the
+    projection culls) counts as 0 with a zero gradient, so the loss stays finite (:class:`_Regularizer`)."""
     n = max(1, model.num_gaussians)
     return _Regularizer.apply(model.opacity_logits, model.log_scales, float(cfg.mcmc_opacity_reg) / n,
-                              float(cfg.mcmc_scale_reg) / (3 * n))
+                              float(cfg.mcmc_scale_reg) / (3 * n * float(unit)))
 
 
 @torch.no_grad()
@@ -385,7 +397,7 @@ def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_mean
     in this order, at its next step (:func:`mcmc_relocate_and_grow`, :func:`position_noise`); only the cap acts."""
     report = mcmc_budget(model, optimizer, stats, cfg, iteration, generator, defer=defer, extent=extent)
     if not defer:
-        position_noise(model, lr_means, cfg, generator, ok)
+        position_noise(model, lr_means, cfg, generator, ok, length_unit(cfg, extent))
     return report
 
 

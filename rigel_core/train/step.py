@@ -106,7 +106,7 @@ def view_forward_backward(trainer, view: StepView, ctx: StepContext) -> dict:
     pred = trainer._apply_exposure(out.image, view.index, ctx.iteration)  # out.image when exposure is off
     pred, tv = trainer._apply_grid(pred, view.index, ctx.iteration)  # (pred, None) when appearance_grid is off
     loss, l1, s, m_t = trainer.loss_terms(pred, view.gt, view.mask)
-    for extra in (ctx.strategy.loss_term(trainer.model, cfg), tv):
+    for extra in (ctx.strategy.loss_term(trainer.model, cfg, trainer.extent), tv):
         if extra is not None:
             loss = loss + extra
     g2d = g_stat = None
