@@ -10,19 +10,22 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from rigel_core import render
+from rigel_core.data import Dataset, Frame
 from rigel_core.model import PARAM_NAMES
 from rigel_core.reference.project import quat_to_rotmat
 from rigel_core.train import TrainConfig, Trainer
 from rigel_core.train.config import AUTO_BUDGET_MIN, AUTO_BUDGET_PIXELS_PER_GAUSSIAN, AUTO_BUDGET_RANDOM, \
     TRANSPARENT_BACKGROUND, Capture, \
     auto_mcmc_budget, resolve_init_points, resolve_strategy
-from rigel_core.train.mcmc import MCMCReport, add_gaussians, position_noise, regularizer, relocate_dead, \
-    sample_indices, split_mass, trim_to_cap
+from rigel_core.train.mcmc import MCMCReport, add_gaussians, length_unit, position_noise, regularizer, \
+    relocate_dead, sample_indices, split_mass, trim_to_cap
 from rigel_core.train.optim import make_optimizer, per_gaussian_tensors
-from test_trainer import _assert_same_state, _state, blender_dataset, make_dataset, random_scene, \
+from test_trainer import _assert_same_state, _state, blender_dataset, make_dataset, orbit, random_scene, \
     small_config  # noqa: F401  (blender_dataset: a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest.py: one PyTorch thread
@@ -290,6 +293,99 @@ def test_position_noise_is_zero_for_opaque_and_follows_sigma_for_transparent(rng
     assert (none == 0).all() and torch.equal(model.means3D, start)
 
 
+def test_length_unit():
+    world, cams = TrainConfig(strategy="mcmc"), TrainConfig(strategy="mcmc", mcmc_units="cameras")
+    e = 0.5 + 10 * float(torch.rand(1))
+    assert length_unit(world, e) == 1.0
+    assert length_unit(cams, e) == pytest.approx(e / 1.1, rel=1e-15)
+    for bad in (None, 0.0, -1.0, math.nan, math.inf):
+        assert length_unit(cams, bad) == 1.0
+
+
+@pytest.mark.parametrize("units", ["world", "cameras"])
+def test_noise_and_scale_regularizer_in_cameras_units_ignore_the_scenes_scale(rng, units):
+    """The same Gaussians in a world c times larger (means and scales × c, the position lr × c as the trainer's is ×
+    extent): under "cameras" units the noise is c times the original's (the same fraction of the scene) and the
+    scale regulariser's value and gradient are the original's; under "world" units the noise grows c³ (the lr's c,
+    Σ's c²) and the regulariser c, which is the dependence "cameras" removes."""
+    n, c, e = 500, 2.0 + 6 * float(torch.rand(1, generator=rng)), 3.3
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=n, mcmc_units=units)
+    base = random_scene(rng, n)
+    base.opacity_logits = torch.logit(0.001 + 0.01 * torch.rand(n, generator=rng))  # faint: the gate is open
+    big = random_scene(rng, n)
+    for name in ("quats", "opacity_logits", "sh_dc", "sh_rest"):
+        setattr(big, name, getattr(base, name).clone())
+    big.means3D, big.log_scales = base.means3D * c, base.log_scales + math.log(c)
+    lr = 1.6e-4 * (1 + float(torch.rand(1, generator=rng)))
+    seed = int(torch.randint(0, 2 ** 31, (1,), generator=rng))
+    small_noise = position_noise(base, lr * e, cfg, torch.Generator().manual_seed(seed),
+                                 unit=length_unit(cfg, e))
+    big_noise = position_noise(big, lr * e * c, cfg, torch.Generator().manual_seed(seed),
+                               unit=length_unit(cfg, e * c))
+    assert float(small_noise.abs().max()) > 0
+    want = c if units == "cameras" else c ** 3
+    torch.testing.assert_close(big_noise, small_noise * want, rtol=1e-4, atol=1e-6 * float(big_noise.abs().max()))
+    cfg_s = dataclasses.replace(cfg, mcmc_opacity_reg=0.0, mcmc_scale_reg=0.01 + float(torch.rand(1, generator=rng)))
+    grads = []
+    for m, ext in ((base, e), (big, e * c)):
+        m.log_scales.requires_grad_(True)
+        r = regularizer(m, cfg_s, length_unit(cfg_s, ext))
+        r.backward()
+        grads.append((float(r.detach()), m.log_scales.grad.clone()))
+    want = 1.0 if units == "cameras" else c
+    assert grads[1][0] == pytest.approx(grads[0][0] * want, rel=1e-5)
+    torch.testing.assert_close(grads[1][1], grads[0][1] * want, rtol=1e-4, atol=0.0)
+
+
+@pytest.mark.parametrize("units", ["world", "cameras"])
+def test_an_mcmc_run_in_cameras_units_is_the_same_in_a_larger_world(rng, units):
+    """One capture and the same capture c times larger (cameras, scene and initial Gaussians × c, so the scene
+    extent is × c): 30 MCMC steps (two relocations, noise on faint Gaussians) give, under "cameras" units, the
+    same Gaussians up to that factor (to float rounding, which Adam and the draws may amplify a little); under
+    "world" units the larger world's noise reaches c² further relative to its scene and the runs part."""
+    c = 4.0
+    scene = random_scene(rng, 60)
+    init = random_scene(rng, 150)
+    init.opacity_logits = torch.where(torch.rand(150, generator=rng) < 0.5, torch.logit(torch.tensor(0.004)),
+                                      init.opacity_logits)
+
+    def scaled(m, f):
+        out = random_scene(rng, m.num_gaussians)
+        for name in ("quats", "opacity_logits", "sh_dc", "sh_rest"):
+            setattr(out, name, getattr(m, name).clone())
+        out.means3D, out.log_scales = m.means3D * f, m.log_scales + math.log(f)
+        return out
+
+    def dataset(f):  # tests/test_trainer.make_dataset's, with the cameras' orbit and the extent × f
+        big = scaled(scene, f)
+
+        def frames(cams):
+            return [Frame(cam, (r := render(big, cam)).image.detach().clamp(0, 1), (1 - r.final_T).detach(),
+                          cam.name) for cam in cams]
+        return Dataset(frames(orbit(6, 24, radius=3.0 * f)), frames(orbit(1, 24, 0.5, radius=3.0 * f, prefix="t")),
+                       np.zeros(3), 3.3 * f)
+
+    seed = int(torch.randint(0, 2 ** 31, (1,), generator=rng))
+    runs = []
+    for f in (1.0, c):
+        cfg = mcmc_config(iterations=30, max_gaussians=200, densify_from=5, densify_interval=10, densify_until=30,
+                          mcmc_units=units, seed=seed)
+        tr = Trainer(dataset(f), cfg, model=scaled(init, f), device="cpu")
+        seen = []
+        for it in range(1, 31):
+            tr.step()
+            if it in (9, 30):  # before the first relocation (which moves the faint ones onto opaque ones), the end
+                seen.append(tr.model.means3D.detach().double() / f)
+        runs.append(seen)
+    assert runs[0][1].shape == runs[1][1].shape and runs[0][1].shape[0] > 150  # grown at both relocations
+    gaps = [float((b - a).norm(dim=1).max()) / 3.3 for a, b in zip(*runs)]  # in scene extents
+    print(f"{units}: largest gaps {gaps[0]:.2e} (iteration 9), {gaps[1]:.2e} (30) scene extents")
+    if units == "cameras":
+        assert max(gaps) < 1e-3
+    else:
+        assert gaps[0] > 1e-1
+
+
 def _noise_float64(means, quats, log_scales, logits, eta, c, cfg):
     """The position noise in float64 from its definition: Σ = R·diag(s²)·Rᵀ as a matrix, s and o activated, the
     gate σ(−k(o − t)), a non-finite component 0 (tensors on the CPU)."""
@@ -461,6 +557,8 @@ def test_config_validation():
         TrainConfig(mcmc_max_copies=0).validate()
     with pytest.raises(ValueError, match="mcmc_reset_moments"):
         TrainConfig(mcmc_reset_moments="dead").validate()
+    with pytest.raises(ValueError, match="mcmc_units"):
+        TrainConfig(mcmc_units="metres").validate()
     TrainConfig(strategy="mcmc", max_gaussians=10).validate()
     TrainConfig(max_gaussians=None).validate()  # the default strategy needs no cap
 
