@@ -119,6 +119,7 @@ from rigel_core.data.stream import stream_stats  # noqa: E402
 from rigel_core.model import PARAM_NAMES, GaussianModel  # noqa: E402
 from rigel_core.train import TrainConfig  # noqa: E402
 from rigel_core.train.losses import l1_loss, psnr_from_mse, ssim, ssim_map  # noqa: E402
+from rigel_core.train.mcmc import length_unit  # noqa: E402
 from rigel_core.train.optim import position_lr  # noqa: E402
 from rigel_core.train.trainer import Trainer  # noqa: E402
 
@@ -609,8 +610,12 @@ class GsplatLoop:
     """The plain gsplat 1.5.3 training loop (module docstring), from ``base`` (a CPU GaussianModel); with
     ``mcmc_cap`` set, gsplat's ``MCMCStrategy(cap_max=mcmc_cap)`` in place of its ``DefaultStrategy``, run as gsplat's
     ``examples/simple_trainer.py`` runs it: no ``step_pre_backward``, the loss plus ``mcmc_opacity_reg`` ·
-    mean(sigmoid(opacities)) + ``mcmc_scale_reg`` · mean(exp(scales)) (0.01 each, its defaults and rigel's), and
-    ``step_post_backward(..., lr=<the means' learning rate of the step>)`` (the relocation, growth and noise)."""
+    mean(sigmoid(opacities)) + ``mcmc_scale_reg`` · mean(exp(scales)) / L (0.01 each, its defaults and rigel's), and
+    ``step_post_backward(..., lr=<the means' learning rate of the step>)`` (the relocation, growth and noise, with
+    ``noise_lr = mcmc_noise_lr / L²``). L is rigel's length unit for ``cfg.mcmc_units`` (``length_unit``): under
+    "cameras" the noise and the scale term are measured in the cameras' radius, as simple_trainer measures them
+    in its world normalised by the cameras' distance (its default ``normalize_world_space``); under "world" they
+    are gsplat's numbers in the capture's own units."""
 
     def __init__(self, ds, base: GaussianModel, cfg: TrainConfig, device, seed: int, mcmc_cap: int | None = None):
         import gsplat
@@ -627,7 +632,9 @@ class GsplatLoop:
         self.optimizers = {k: torch.optim.Adam([{"params": self.params[k], "lr": lrs[k], "name": k}], eps=cfg.adam_eps)
                            for k in self.params}
         self.mcmc = mcmc_cap is not None
-        self.strategy = gsplat.MCMCStrategy(cap_max=int(mcmc_cap)) if self.mcmc else gsplat.DefaultStrategy()
+        self.unit = length_unit(cfg, self.extent)
+        self.strategy = (gsplat.MCMCStrategy(cap_max=int(mcmc_cap), noise_lr=cfg.mcmc_noise_lr / self.unit ** 2)
+                         if self.mcmc else gsplat.DefaultStrategy())
         self.strategy.check_sanity(self.params, self.optimizers)
         self.state = (self.strategy.initialize_state() if self.mcmc else
                       self.strategy.initialize_state(scene_scale=self.extent))
@@ -674,7 +681,7 @@ class GsplatLoop:
         loss = train_loss(img, self.images[i], self.masks[i], cfg.lambda_dssim)
         if self.mcmc:
             loss = (loss + cfg.mcmc_opacity_reg * torch.sigmoid(self.params["opacities"]).mean()
-                    + cfg.mcmc_scale_reg * torch.exp(self.params["scales"]).mean())
+                    + cfg.mcmc_scale_reg / self.unit * torch.exp(self.params["scales"]).mean())
         loss.backward()
         for opt in self.optimizers.values():
             opt.step()
