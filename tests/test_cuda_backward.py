@@ -617,7 +617,9 @@ def test_end_to_end_rasterize_gaussians(raster_bwd_sums, rng):
 
 
 def test_end_to_end_model_with_sh(rng):
-    """rc.render of a GaussianModel (SH degree 3): gradients of the pre-activation parameters."""
+    """rc.render of a GaussianModel (SH degree 3): gradients of the pre-activation parameters, against the float64
+    reference, each held to max(TOL, 2 × the float32 reference's error) (:func:`assert_close`'s floor: at
+    RIGEL_SEED=2492025726 on an H100 every gradient was 0.8–2.6e-4 off, an input float32 itself cannot resolve)."""
     n = 500
     means, quats, scales, opac, _ = random_gaussians(rng, n, dtype=torch.float32, spread=1.0, scale_range=(-3.5, -1.5))
     scales = mild(rng, scales)
@@ -627,7 +629,7 @@ def test_end_to_end_model_with_sh(rng):
     w_img = torch.randn(cam.height, cam.width, 3, generator=rng)
     model = rc.GaussianModel.from_tensors(means, torch.log(scales), quats, torch.logit(opac), sh_dc, sh_rest)
     grads = []
-    for dev, dt in ((DEV, torch.float32), ("cpu", torch.float64)):
+    for dev, dt in ((DEV, torch.float32), ("cpu", torch.float64), ("cpu", torch.float32)):
         m = model.to(dev, dt)
         params = m.parameters()
         for p in params.values():
@@ -642,5 +644,6 @@ def test_end_to_end_model_with_sh(rng):
         (image * w_img.to(dev, dt)).sum().backward()
         grads.append({k: p.grad for k, p in params.items()})
     assert m.active_sh_degree == 3
-    assert_close([(k, grads[0][k], grads[1][k]) for k in grads[1]], TOL)
+    floor = gradient_errors([(k, grads[2][k], grads[1][k]) for k in grads[1]])
+    assert_close([(k, grads[0][k], grads[1][k]) for k in grads[1]], TOL, floor=floor)
 
