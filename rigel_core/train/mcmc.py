@@ -45,14 +45,16 @@ position learning rate (world units: × scene extent), ``λ_noise = mcmc_noise_l
 (100), ``t = mcmc_noise_t`` (0.005). The gate σ(−k(o − t)) is ≈ 1 for a transparent Gaussian and ≈ 0 for an opaque
 one (≤ 4.6·10⁻⁵ above o = 0.1): opaque Gaussians stay where the loss puts them, faint ones explore. Note the
 noise is ``Σ·η`` — covariance Σ² — as in the paper's update rule and its code (the 5·10⁵ is calibrated for that),
-not ``Σ^{1/2}·η``. It is skipped with the rest of the update when the NaN guard drops a step.
+not ``Σ^{1/2}·η``. It is skipped with the rest of the update when the NaN guard drops a step. Σ is measured in
+``L²`` (:func:`length_unit`, ``mcmc_units``): one world unit by default (the paper's code), or the cameras' radius,
+which makes the noise's reach relative to the scene independent of the capture's arbitrary SfM scale.
 
 **Regularisers** (:func:`regularizer`), added to the loss at every step: ``mcmc_opacity_reg · mean(o) +
 mcmc_scale_reg · mean(s)`` over all Gaussians (and the three scales of each), activated values (``sigmoid`` of the
 logits, ``exp`` of the log-scales), 0.01 each as in the paper; a non-finite entry counts as 0 (its Gaussian is
 culled). They drive unused Gaussians to low opacity (then
-relocation recycles them) and keep them small. Scales are in world units, as in the paper's code (gsplat
-normalises its world to the cameras' extent first).
+relocation recycles them) and keep them small. Scales are measured in ``L`` as the noise's Σ (world units by
+default, as in the paper's code; gsplat's trainer normalises its world by the cameras' distance first).
 
 **Determinism.** Every random choice comes from the trainer's CPU ``generator`` (saved in checkpoints): the
 sampling is done on the CPU (cumulative sums in float64 and ``searchsorted``); the noise is drawn on the training
