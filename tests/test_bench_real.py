@@ -78,12 +78,12 @@ class FakeStrategy:
 
 class FakeMCMCStrategy:
     """Checks gsplat's MCMCStrategy protocol as its example trainer drives it: no ``step_pre_backward``, one
-    ``step_post_backward(..., lr=means' lr)`` per step after Adam; ``cap_max`` recorded."""
+    ``step_post_backward(..., lr=means' lr)`` per step after Adam; ``cap_max`` and ``noise_lr`` recorded."""
 
     instances = []
 
-    def __init__(self, cap_max=1_000_000):
-        self.cap_max, self.steps, self.lrs = cap_max, [], []
+    def __init__(self, cap_max=1_000_000, noise_lr=5e5):
+        self.cap_max, self.noise_lr, self.steps, self.lrs = cap_max, noise_lr, [], []
         FakeMCMCStrategy.instances.append(self)
 
     def check_sanity(self, params, optimizers):
@@ -246,6 +246,15 @@ def test_gsplat_mcmc_loop_protocol_and_regularisers(rng, fake_gsplat):
     strat = FakeMCMCStrategy.instances[-1]
     assert strat.cap_max == 1234 and strat.steps == list(range(6)) and res["strategy_name"] == "FakeMCMCStrategy"
     assert strat.lrs == [position_lr(cfg, it, ds.scene_extent) for it in range(1, 7)]
+    assert strat.noise_lr == cfg.mcmc_noise_lr  # "world" units: gsplat's own number
+    # "cameras" units: the noise and the scale term in the cameras' radius, as rigel measures them
+    cams = dataclasses.replace(cfg, mcmc_units="cameras", mcmc_opacity_reg=0.0)
+    in_cams = real.run_gsplat(ds, base, cams, [6], None, dev, 0, "gsplat-mcmc", mcmc_cap=1234)
+    unit = ds.scene_extent / 1.1
+    assert FakeMCMCStrategy.instances[-1].noise_lr == pytest.approx(cfg.mcmc_noise_lr / unit ** 2, rel=1e-12)
+    scaled = dataclasses.replace(cfg, mcmc_opacity_reg=0.0, mcmc_scale_reg=cfg.mcmc_scale_reg / unit)
+    same_term = real.run_gsplat(ds, base, scaled, [6], None, dev, 0, "gsplat-mcmc", mcmc_cap=1234)
+    assert in_cams["checkpoints"][-1]["psnr"] == pytest.approx(same_term["checkpoints"][-1]["psnr"], abs=1e-9)
     plain = real.run_gsplat(ds, base, cfg, [6], None, dev, 0, "gsplat")
     no_reg = dataclasses.replace(cfg, mcmc_opacity_reg=0.0, mcmc_scale_reg=0.0)
     same = real.run_gsplat(ds, base, no_reg, [6], None, dev, 0, "gsplat-mcmc", mcmc_cap=1234)
