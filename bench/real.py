@@ -54,7 +54,9 @@ for both methods — rigel's ``Trainer.evaluate`` is recorded beside it in the J
 count, training time (s: wall time of the loop up to a ``torch.cuda.synchronize()``, evaluations excluded), peak
 GPU memory (``torch.cuda.max_memory_allocated``, reset before each run; images on the GPU included), and the PSNR
 / SSIM of 8 evenly spaced training views (``train_psnr`` / ``train_ssim``, in real.md's notes: a run sharp on its
-training views and poor on the held-out ones has floaters or overfits). ``--time-limit S`` stops a run once its
+training views and poor on the held-out ones has floaters or overfits), and the share of wide Gaussians with their
+mean opacity (``wide_share`` / ``wide_opacity`` / ``median_scale``: :func:`shape_stats`, in real.md's notes: a fog
+of wide faint Gaussians shows there). ``--time-limit S`` stops a run once its
 training time passes S seconds (evaluated there, recorded as stopped);
 Ctrl-C / SIGINT stops the current run the same way and writes what was measured. **Time to the gsplat loop's PSNR**
 (issue 39): per scene and gsplat loop, the first rigel checkpoint whose PSNR is at least that loop's at its last
@@ -427,6 +429,28 @@ def reserved_gib(device: torch.device) -> float | None:
 #: while its training views stay sharp has floaters or overfits; one where both fall has failed everywhere
 TRAIN_VIEWS_SCORED = 8
 
+#: a Gaussian whose largest scale exceeds this share of the scene extent counts as wide in ``shape_stats`` (3DGS's
+#: pruning bound, ``max_world_size``): beer~nosfm's fog was 87 % such Gaussians at 1M, at a mean opacity of 0.01
+WIDE_SHARE_OF_EXTENT = 0.1
+
+
+@torch.no_grad()
+def shape_stats(log_scales: torch.Tensor, opacity_logits: torch.Tensor, extent: float) -> dict:
+    """What the model's Gaussians look like at a checkpoint, recorded beside its scores: ``wide_share`` (the share
+    of Gaussians whose largest scale exceeds ``WIDE_SHARE_OF_EXTENT`` × ``extent``), ``wide_opacity`` (their mean
+    opacity; None when there are none) and ``median_scale`` (the median largest scale, in scene extents). A fog of
+    wide faint Gaussians shows as a large share at a low opacity. Non-finite rows (culled Gaussians) are left out."""
+    largest = torch.exp(log_scales.detach().float()).amax(1)
+    opac = torch.sigmoid(opacity_logits.detach().float().reshape(-1))
+    ok = torch.isfinite(largest) & torch.isfinite(opac)
+    largest, opac = largest[ok], opac[ok]
+    if largest.numel() == 0:
+        return {"wide_share": None, "wide_opacity": None, "median_scale": None}
+    wide = largest > WIDE_SHARE_OF_EXTENT * extent
+    return {"wide_share": float(wide.float().mean()),
+            "wide_opacity": float(opac[wide].mean()) if bool(wide.any()) else None,
+            "median_scale": float(largest.median()) / extent}
+
 
 def loaded(frames) -> list:
     """``frames`` with each streamed one decoded (``Frame.load``), for this bench's own evaluations."""
@@ -540,11 +564,15 @@ def run_rigel(ds, base: GaussianModel, cfg: TrainConfig, checkpoints, time_limit
                  if getattr(ev, k, None) is not None}
         return {"psnr_trainer": ev.psnr, "ssim_trainer": ev.ssim, **extra}
 
+    def evaluations():
+        m = trainer.model
+        return {**trainer_eval(), **shape_stats(m.log_scales, m.opacity_logits, trainer.extent)}
+
     # a streamed dataset's held-out views decoded once for this bench's own evaluation (the trainer streams its own)
     test = loaded(ds.test)
     res = train_and_evaluate(label, lambda it: trainer.step(), trainer.render_frame,
                              lambda: trainer.model.num_gaussians, test, checkpoints, time_limit, device,
-                             trainer_eval, train_frames=spaced(ds.train, TRAIN_VIEWS_SCORED))
+                             evaluations, train_frames=spaced(ds.train, TRAIN_VIEWS_SCORED))
     res["frames"] = stream_stats(trainer)   # metrics.json's "frames": streamed or not, the stream's figures
     res["config"] = trainer.config.to_dict()  # as trained: "auto" resolved (real.md names the strategy)
     res["nan_skips"] = trainer.nan_skips
@@ -702,7 +730,9 @@ class GsplatLoop:
 def run_gsplat(ds, base, cfg, checkpoints, time_limit, device, seed, label, mcmc_cap: int | None = None) -> dict:
     loop = GsplatLoop(ds, base, cfg, device, seed, mcmc_cap)
     res = train_and_evaluate(label, loop.step, loop.render_frame, loop.num_gaussians, ds.test, checkpoints,
-                             time_limit, device, train_frames=spaced(ds.train, TRAIN_VIEWS_SCORED))
+                             time_limit, device,
+                             lambda: shape_stats(loop.params["scales"], loop.params["opacities"], loop.extent),
+                             train_frames=spaced(ds.train, TRAIN_VIEWS_SCORED))
     s = loop.strategy  # gsplat's DefaultStrategy is a dataclass: record its settings
     res["strategy"] = dataclasses.asdict(s) if dataclasses.is_dataclass(s) else type(s).__name__
     res["strategy_name"] = type(s).__name__
@@ -859,6 +889,12 @@ def markdown(results: dict) -> str:
             if seen:
                 notes.append(f"- {sc['scene']} {method}: PSNR on {TRAIN_VIEWS_SCORED} of the training views at it "
                              + ", ".join(seen) + " dB")
+            shapes = [f"{c['iteration']:,}: {100 * c['wide_share']:.1f} %"
+                      + (f" (mean opacity {c['wide_opacity']:.3f})" if c.get("wide_opacity") is not None else "")
+                      for c in r["checkpoints"] if c.get("wide_share") is not None]
+            if shapes:
+                notes.append(f"- {sc['scene']} {method}: Gaussians wider than {WIDE_SHARE_OF_EXTENT:g} × the scene "
+                             "extent at it " + ", ".join(shapes))
             for c in r["checkpoints"]:
                 it = f"{c['iteration']:,}"
                 if r.get("stopped_at") == c["iteration"]:

@@ -28,9 +28,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 #: the second evaluation protocols a run may score besides its held-out PSNR, with their column names
 PROTOCOLS = {"psnr_pose": "pose-fitted PSNR", "psnr_exposure": "exposure PSNR"}
-#: the extra columns of the table, where a run has them: the protocols above, and the PSNR on a few training views
-#: (bench/real.py's ``train_psnr``: high while the held-out PSNR is low means floaters or overfitting)
-COLUMNS = {**PROTOCOLS, "train_psnr": "training-view PSNR"}
+#: the extra columns of the table, where a run has them: the protocols above, the PSNR on a few training views
+#: (bench/real.py's ``train_psnr``: high while the held-out PSNR is low means floaters or overfitting) and the
+#: percentage of wide Gaussians (bench/real.py's ``wide_share``: a fog of wide faint ones shows there)
+COLUMNS = {**PROTOCOLS, "train_psnr": "training-view PSNR", "wide_pct": "% wider than 0.1 extent"}
 
 
 def run_tag(variant: str, scene: str, seed: int) -> str:
@@ -90,6 +91,8 @@ def main(argv=None) -> int:
             res.update({k: r[f"{k}_trainer"] for k in PROTOCOLS if r.get(f"{k}_trainer") is not None})
             if r.get("train_psnr") is not None:
                 res["train_psnr"] = r["train_psnr"]
+            if r.get("wide_share") is not None:
+                res["wide_pct"] = 100.0 * r["wide_share"]
         except (OSError, KeyError, IndexError, ValueError) as e:
             res["error"] = f"{type(e).__name__}: {e}"
         print(f"{tag}: rc={rc} psnr={res.get('psnr', 'n/a')}", flush=True)

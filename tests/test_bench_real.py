@@ -535,6 +535,11 @@ def test_cli_rigel_only_when_gsplat_is_missing(procedural, tmp_path, monkeypatch
     assert sc["runs"]["rigel"]["config"]["strategy"] == "default"
     assert "- proc rigel: densification default (3DGS's clone / split / prune, threshold 0.0002)" in \
         (out / "real.md").read_text()
+    # the wide Gaussians at each checkpoint, as shape_stats counts them on the run's model
+    ck = sc["runs"]["rigel"]["checkpoints"]
+    assert all(0.0 <= c["wide_share"] <= 1.0 and c["median_scale"] > 0 for c in ck)
+    assert (f"- proc rigel: Gaussians wider than 0.1 × the scene extent at it 4: {100 * ck[0]['wide_share']:.1f} %"
+            in (out / "real.md").read_text())
     from PIL import Image
 
     im = Image.open(out / sc["png"])
@@ -785,6 +790,8 @@ def test_sweep_table_has_the_training_view_column_where_runs_scored_them(tmp_pat
               "num_gaussians": 100, "train_s": 1.0}
         if seed == 0:
             ck["train_psnr"] = 30.0 + seed
+        else:
+            ck["wide_share"] = 0.25
         out.mkdir(parents=True)
         (out / "real.json").write_text(json.dumps({"scenes": [{"runs": {"rigel": {"checkpoints": [ck]}}}]}))
         return subprocess.CompletedProcess(cmd, 0)
@@ -793,9 +800,33 @@ def test_sweep_table_has_the_training_view_column_where_runs_scored_them(tmp_pat
     assert real_sweep.main(["--scenes", "fern", "--seeds", "0,1", "--variant", "a", "--variant", "b=x=1",
                             "--parallel", "1", "--out", str(tmp_path / "s")]) == 0
     md = (tmp_path / "s" / "sweep.md").read_text()
-    assert "training-view PSNR per seed |" in md
-    assert "| fern | a | 20.00 / 21.00 | 20.50 |  | 100 | 1.0 | 30.00 / — |" in md
-    assert "| fern | b | 20.50 / 21.50 | 21.00 | +0.50 [+0.50, +0.50] | 100 | 1.0 | 30.00 / — |" in md
+    assert "training-view PSNR per seed | % wider than 0.1 extent per seed |" in md
+    assert "| fern | a | 20.00 / 21.00 | 20.50 |  | 100 | 1.0 | 30.00 / — | — / 25.00 |" in md
+    assert "| fern | b | 20.50 / 21.50 | 21.00 | +0.50 [+0.50, +0.50] | 100 | 1.0 | 30.00 / — | — / 25.00 |" in md
+
+
+def test_shape_stats_count_the_wide_gaussians_and_their_opacity(rng):
+    """bench/real.py's ``shape_stats`` against counts made by hand: Gaussians drawn on either side of the wide
+    bound (largest of three scales), with known opacities; non-finite rows left out; an empty model gives Nones."""
+    extent = 2.0 + 5 * float(torch.rand(1, generator=rng))
+    n_wide, n_thin = 7 + int(torch.randint(0, 20, (1,), generator=rng)), 30
+    bound = real.WIDE_SHARE_OF_EXTENT * extent
+    thin = bound * (0.05 + 0.9 * torch.rand(n_thin, 3, generator=rng))
+    wide = bound * (0.05 + 0.9 * torch.rand(n_wide, 3, generator=rng))
+    wide[torch.arange(n_wide), torch.randint(0, 3, (n_wide,), generator=rng)] = bound * (1.01 + torch.rand(n_wide,
+                                                                                                     generator=rng))
+    opac = torch.rand(n_thin + n_wide, generator=rng) * 0.98 + 0.01
+    log_scales = torch.log(torch.cat([thin, wide]))
+    logits = torch.logit(opac)
+    bad = torch.tensor([[math.nan, 0.0, 0.0]])  # a culled Gaussian: left out
+    st = real.shape_stats(torch.cat([log_scales, bad]), torch.cat([logits, torch.tensor([0.0])]), extent)
+    assert st["wide_share"] == pytest.approx(n_wide / (n_thin + n_wide), rel=1e-6)
+    assert st["wide_opacity"] == pytest.approx(float(opac[n_thin:].mean()), rel=1e-5)
+    largest = torch.cat([thin, wide]).amax(1)
+    assert st["median_scale"] == pytest.approx(float(largest.median()) / extent, rel=1e-5)
+    none = real.shape_stats(log_scales[:n_thin], logits[:n_thin], extent)
+    assert none["wide_share"] == 0.0 and none["wide_opacity"] is None
+    assert real.shape_stats(torch.empty(0, 3), torch.empty(0), extent)["wide_share"] is None
 
 
 def test_sweep_run_names_are_plain():
