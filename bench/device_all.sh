@@ -68,7 +68,11 @@ LOGS=$(cd "$OUT/logs" && pwd)
 export RIGEL_SHARED_DATA=${RIGEL_SHARED_DATA:-$PWD/.data} PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 # the commit the figures belong to: the GPU machine's copy carries a stale .git, so the benches' `git rev-parse`
 # names an old HEAD there; .data/commit (written before the call: git rev-parse --short HEAD > .data/commit) wins
-if [ -z "${RIGEL_COMMIT:-}" ] && [ -s .data/commit ]; then export RIGEL_COMMIT=$(head -c 40 .data/commit | tr -dc '0-9a-f'); fi
+if [ -z "${RIGEL_COMMIT:-}" ] && [ -s .data/commit ]; then
+  c=$(head -n 1 .data/commit | tr -d '[:space:]')
+  if [[ $c =~ ^[0-9a-f]{7,40}$ ]]; then export RIGEL_COMMIT=$c
+  else echo "device_all.sh: .data/commit holds '$c', not a commit hash: ignored" >&2; fi
+fi
 echo "commit: ${RIGEL_COMMIT:-not given (carry .data/commit; the benches then ask git, whose copy here may be stale)}"
 PY=${PYTHON:-python3}
 lane0="" lane1=""

@@ -640,10 +640,11 @@ class GsplatLoop:
     ``examples/simple_trainer.py`` runs it: no ``step_pre_backward``, the loss plus ``mcmc_opacity_reg`` ·
     mean(sigmoid(opacities)) + ``mcmc_scale_reg`` · mean(exp(scales)) / L (0.01 each, its defaults and rigel's), and
     ``step_post_backward(..., lr=<the means' learning rate of the step>)`` (the relocation, growth and noise, with
-    ``noise_lr = mcmc_noise_lr / L²``). L is rigel's length unit for ``cfg.mcmc_units`` (``length_unit``): under
-    "cameras" the noise and the scale term are measured in the cameras' radius, as simple_trainer measures them
-    in its world normalised by the cameras' distance (its default ``normalize_world_space``); under "world" they
-    are gsplat's numbers in the capture's own units."""
+    ``noise_lr = mcmc_noise_lr / L²``). L is rigel's length unit for ``cfg.mcmc_units`` (``length_unit``; main()
+    passes rigel's ``--rigel-config mcmc_units``): under "world" (the default) they are gsplat's numbers in the
+    capture's own units; under "cameras" both are measured in the cameras' radius (extent / 1.1), scale-free as
+    simple_trainer's world is (its default ``normalize_world_space`` divides by the cameras' *median* distance,
+    so its amounts differ: (L_med / L)² of the noise)."""
 
     def __init__(self, ds, base: GaussianModel, cfg: TrainConfig, device, seed: int, mcmc_cap: int | None = None):
         import gsplat
@@ -1193,8 +1194,9 @@ def run(args) -> int:
                         cap = gsplat_mcmc_cap(sc, args.mcmc_cap)
                         print(f"{label}: budget {cap:,} Gaussians"
                               + ("" if args.mcmc_cap else " (the rigel run's)"), flush=True)
-                        r = run_gsplat(ds, base, cfg_gsplat, checkpoints, args.time_limit, device, args.seed, label,
-                                       mcmc_cap=cap)
+                        # in rigel's length unit (--rigel-config mcmc_units=…), so both sides measure alike
+                        r = run_gsplat(ds, base, dataclasses.replace(cfg_gsplat, mcmc_units=cfg_rigel.mcmc_units),
+                                       checkpoints, args.time_limit, device, args.seed, label, mcmc_cap=cap)
                     else:
                         r = run_gsplat(ds, base, cfg_gsplat, checkpoints, args.time_limit, device, args.seed, label)
                 except Exception as e:  # noqa: BLE001  (one failed run must not cost the others)

@@ -299,7 +299,9 @@ def test_length_unit():
     assert length_unit(world, e) == 1.0
     assert length_unit(cams, e) == pytest.approx(e / 1.1, rel=1e-15)
     for bad in (None, 0.0, -1.0, math.nan, math.inf):
-        assert length_unit(cams, bad) == 1.0
+        assert length_unit(world, bad) == 1.0
+        with pytest.raises(ValueError, match="scene extent"):
+            length_unit(cams, bad)
 
 
 @pytest.mark.parametrize("units", ["world", "cameras"])
@@ -375,13 +377,17 @@ def test_an_mcmc_run_in_cameras_units_is_the_same_in_a_larger_world(rng, units):
         for it in range(1, 31):
             tr.step()
             if it in (9, 30):  # before the first relocation (which moves the faint ones onto opaque ones), the end
-                seen.append(tr.model.means3D.detach().double() / f)
+                seen.append((tr.model.means3D.detach().double() / f, tr.model.log_scales.detach().double() - math.log(f)))
         runs.append(seen)
-    assert runs[0][1].shape == runs[1][1].shape and runs[0][1].shape[0] > 150  # grown at both relocations
-    gaps = [float((b - a).norm(dim=1).max()) / 3.3 for a, b in zip(*runs)]  # in scene extents
-    print(f"{units}: largest gaps {gaps[0]:.2e} (iteration 9), {gaps[1]:.2e} (30) scene extents")
+    assert runs[0][1][0].shape == runs[1][1][0].shape and runs[0][1][0].shape[0] > 150  # grown at both relocations
+    gaps = [float((b[0] - a[0]).norm(dim=1).max()) / 3.3 for a, b in zip(*runs)]  # positions, in scene extents
+    # the scales (in the log, − log c): the scale regulariser's unit shows there (a world-unit term pulls the larger
+    # world's scales c times harder)
+    scale_gaps = [float((b[1] - a[1]).abs().max()) for a, b in zip(*runs)]
+    print(f"{units}: largest gaps {gaps[0]:.2e} (iteration 9), {gaps[1]:.2e} (30) scene extents; log-scales "
+          f"{scale_gaps[0]:.2e}, {scale_gaps[1]:.2e}")
     if units == "cameras":
-        assert max(gaps) < 1e-3
+        assert max(gaps) < 1e-4 and max(scale_gaps) < 1e-4
     else:
         assert gaps[0] > 1e-1
 

@@ -209,7 +209,7 @@ def test_an_evaluated_iteration_scores_the_model_as_trained(rng, strategy):
         _assert_same_state(_state(plain), _state(t))
 
 
-@pytest.mark.parametrize("strategy", ["default", "mcmc"])
+@pytest.mark.parametrize("strategy", ["default", "mcmc", "mcmc/cameras"])
 def test_a_held_schedule_keeps_the_settings_it_was_held_under(rng, tmp_path, strategy):
     """Settings changed between a held iteration and the next step (the viewer's sliders land there, during the
     evaluation; or --resume --set from a checkpoint of that iteration) act from the next scheduled iteration on, as
@@ -217,7 +217,10 @@ def test_a_held_schedule_keeps_the_settings_it_was_held_under(rng, tmp_path, str
     in the checkpoint). Here the interval goes 10 -> 15 right after iteration 10, which the unheld run densified."""
     import dataclasses
 
+    strategy, _, units = strategy.partition("/")  # "mcmc/cameras": the held relocation's noise in that unit too
     ds, kw = _schedule_case(rng, strategy, opacity_reset_interval=1000, max_gaussians=400)
+    if units:
+        kw["mcmc_units"] = units
     plain = Trainer(ds, small_config(**kw), device="cpu")
     held = Trainer(ds, small_config(eval_every=10, **kw), device="cpu")
     for t in (plain, held):

@@ -390,8 +390,8 @@ class TrainConfig:
     #: the length L in which the position noise (Σ, L²) and the scale regulariser (scales, L) are measured:
     #: "world" = one world unit (the paper's code: a capture's arbitrary SfM scale then changes both, the noise's
     #: reach relative to the scene as the square of that scale); "cameras" = the cameras' radius, scene extent / 1.1
-    #: (the largest distance of a training camera from their centre; gsplat's trainer measures in its world
-    #: normalised by the cameras' median distance), so the same capture in metres or in millimetres trains alike
+    #: (the largest distance of a training camera from their centre; gsplat's trainer, scale-free too, divides by
+    #: their median distance), so the same capture in metres or in millimetres trains alike
     mcmc_units: str = "world"
     # ---- batches and data-parallel training (train/distributed.py; issue 16) ---------------------------------
     #: views rendered and backpropagated per step on each process; with N processes the global batch is N × this

@@ -302,10 +302,14 @@ def _noise_kernel(model, lr_means, cfg: TrainConfig | None = None, ok: torch.Ten
 def length_unit(cfg: TrainConfig, extent: float | None) -> float:
     """The length L (world units) in which the position noise and the scale regulariser are measured
     (``TrainConfig.mcmc_units``): 1 for "world"; for "cameras" the cameras' radius ``extent / 1.1`` (``extent`` the
-    trainer's scene extent, 1.1 × the largest camera distance from the cameras' centre), 1 when ``extent`` is None
-    or not a positive finite number."""
-    if cfg.mcmc_units == "world" or extent is None or not math.isfinite(float(extent)) or float(extent) <= 0:
+    trainer's scene extent, 1.1 × the largest camera distance from the cameras' centre). ValueError under "cameras"
+    when ``extent`` is None or not a positive finite number (a caller that forgot it would otherwise train in world
+    units unawares)."""
+    if cfg.mcmc_units == "world":
         return 1.0
+    if extent is None or not math.isfinite(float(extent)) or float(extent) <= 0:
+        raise ValueError(f"mcmc_units={cfg.mcmc_units!r} needs the scene extent (a positive finite number), got "
+                         f"{extent!r}")
     return float(extent) / 1.1
 
 
