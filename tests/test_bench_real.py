@@ -623,6 +623,13 @@ def test_cli_gsplat_mcmc_column(procedural, tmp_path, fake_gsplat, monkeypatch, 
     assert "vs gsplat-mcmc at 8" in (out / "summary.txt").read_text()
     check_time_to_peer(out, peer="gsplat")
     check_time_to_peer(out, peer="gsplat-mcmc")
+    assert FakeMCMCStrategy.instances[-1].noise_lr == 5e5  # rigel in world units: gsplat's own number
+    # rigel's length unit reaches the peer: --rigel-config mcmc_units=cameras gives it noise_lr / L²
+    out2 = tmp_path / "cams"
+    assert real.main(CLI + ["--scenes", str(procedural), "--out", str(out2), "--methods", "rigel,gsplat-mcmc",
+                            "--rigel-config", "mcmc_units=cameras"]) == 0
+    extent = json.loads((out2 / "real.json").read_text())["scenes"][0]["extent"]
+    assert FakeMCMCStrategy.instances[-1].noise_lr == pytest.approx(5e5 / (extent / 1.1) ** 2, rel=1e-3)
 
 
 def test_cli_mcmc_vs_default_at_equal_counts(procedural, tmp_path, capsys):
