@@ -788,6 +788,37 @@ def test_cli_sigterm_saves_like_ctrl_c(blender_dataset, tmp_path, monkeypatch, s
     assert (run / "model.ply").is_file() and "interrupted" in (run / "log.txt").read_text()
 
 
+def test_cli_under_nohup_a_hangup_does_not_stop_the_run(blender_dataset, tmp_path, monkeypatch):
+    """`nohup rigel-train …`: SIGHUP ignored when the run starts stays ignored (a logout must not stop the run; it
+    stopped and saved with status 129), and the run ends normally."""
+    import signal
+
+    from rigel_core.checkpoint import read_checkpoint
+    from rigel_core.cli.train import main
+
+    calls = {"n": 0}
+    real_step = Trainer.step
+
+    def step(self):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGHUP)  # ignored: the run goes on
+            calls["hup_handler"] = signal.getsignal(signal.SIGHUP)
+        return real_step(self)
+
+    monkeypatch.setattr(Trainer, "step", step)
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        run = tmp_path / "run"
+        status = main(["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet",
+                       "--init-points", "100", "--iters", "6"])
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert calls["hup_handler"] == signal.SIG_IGN
+    assert status == 0 and read_checkpoint(run / "checkpoint.safetensors")[1]["iteration"] == 6
+
+
 @pytest.mark.parametrize("when", ["last step", "final evaluation"])
 def test_cli_ctrl_c_at_the_end_still_exits_interrupted(blender_dataset, tmp_path, monkeypatch, capsys, when):
     """Ctrl-C during the last step: saved as interrupted, no final evaluation, 130. During the final evaluation (on

@@ -55,7 +55,8 @@ Ctrl-C finishes the current iteration, saves the checkpoint, the PLY and the met
 130 (a second Ctrl-C aborts at once; during the final evaluation, the evaluation finishes and the run is saved as
 done, still with status 130); SIGTERM (``timeout``, ``docker stop``, schedulers) does the same, status
 143, and SIGHUP (a closed terminal, a dropped ssh session) too, status 129 (one process; a rank of ``--gpus N``
-still ends at SIGTERM, the launcher's way to stop a stuck rank). Exit
+still ends at SIGTERM, the launcher's way to stop a stuck rank) — unless SIGHUP was ignored when the run started
+(``nohup rigel-train …``): the run then goes on after a logout. Exit
 status 0 on success, 2 for bad arguments, an unreadable dataset, a damaged checkpoint, an ``--out`` that cannot be
 written or one another ``rigel-train`` is using.
 
@@ -456,6 +457,10 @@ def _main(args, lock: RunLock, comm=None) -> int:
         # SIGTERM only in a single process: the --gpus launcher ends a rank stuck in a collective with SIGTERM
         # (and SIGHUP: a closed terminal or a dropped ssh session, which killed the run with nothing saved)
         caught = (signal.SIGINT,) if comm is not None else (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        # a SIGHUP the parent set to be ignored stays ignored: `nohup rigel-train …` keeps training after a logout
+        # (SIGINT and SIGTERM are caught whatever: a script's background job starts with SIGINT ignored, and
+        # `timeout -s INT` is how the benches stop a run with its results saved)
+        caught = tuple(s for s in caught if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN))
         old_handlers = {s: signal.signal(s, _on_sigint) for s in caught}
 
     timings = metrics["timings"]
