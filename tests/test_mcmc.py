@@ -320,10 +320,8 @@ def test_noise_and_scale_regularizer_in_cameras_units_ignore_the_scenes_scale(rn
     big.means3D, big.log_scales = base.means3D * c, base.log_scales + math.log(c)
     lr = 1.6e-4 * (1 + float(torch.rand(1, generator=rng)))
     seed = int(torch.randint(0, 2 ** 31, (1,), generator=rng))
-    small_noise = position_noise(base, lr * e, cfg, torch.Generator().manual_seed(seed),
-                                 unit=length_unit(cfg, e))
-    big_noise = position_noise(big, lr * e * c, cfg, torch.Generator().manual_seed(seed),
-                               unit=length_unit(cfg, e * c))
+    small_noise = position_noise(base, lr * e, cfg, torch.Generator().manual_seed(seed), extent=e)
+    big_noise = position_noise(big, lr * e * c, cfg, torch.Generator().manual_seed(seed), extent=e * c)
     assert float(small_noise.abs().max()) > 0
     want = c if units == "cameras" else c ** 3
     torch.testing.assert_close(big_noise, small_noise * want, rtol=1e-4, atol=1e-6 * float(big_noise.abs().max()))
@@ -331,7 +329,7 @@ def test_noise_and_scale_regularizer_in_cameras_units_ignore_the_scenes_scale(rn
     grads = []
     for m, ext in ((base, e), (big, e * c)):
         m.log_scales.requires_grad_(True)
-        r = regularizer(m, cfg_s, length_unit(cfg_s, ext))
+        r = regularizer(m, cfg_s, ext)
         r.backward()
         grads.append((float(r.detach()), m.log_scales.grad.clone()))
     want = 1.0 if units == "cameras" else c

@@ -315,14 +315,15 @@ def length_unit(cfg: TrainConfig, extent: float | None) -> float:
 
 @torch.no_grad()
 def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.Generator,
-                       ok: torch.Tensor | None = None, unit: float = 1.0) -> torch.Tensor:
-    """Add the Langevin noise ``mcmc_noise_lr · lr_means · σ(−k(o − t)) · Σ·η / unit²`` to ``model.means3D`` in
-    place (module docstring) and return it (N, 3); η ~ N(0, I) from ``eta_generator`` (on the means' device, seeded
-    by the caller). ``lr_means``: the position learning rate, a float or a 0-d tensor on the device (the captured
-    step's). ``unit``: :func:`length_unit` (Σ measured in unit², so the noise is the same fraction of the scene
-    whatever its scale). ``ok`` (0-d bool tensor): the noise is zero where it is False (the NaN guard's skipped
-    step), decided on the device. No host synchronisation (capturable in a CUDA graph)."""
-    noise_lr = float(cfg.mcmc_noise_lr) / (float(unit) ** 2)
+                       ok: torch.Tensor | None = None, extent: float | None = None) -> torch.Tensor:
+    """Add the Langevin noise ``mcmc_noise_lr · lr_means · σ(−k(o − t)) · Σ·η / L²`` to ``model.means3D`` in place
+    (module docstring) and return it (N, 3); η ~ N(0, I) from ``eta_generator`` (on the means' device, seeded by the
+    caller). ``lr_means``: the position learning rate, a float or a 0-d tensor on the device (the captured step's).
+    L = :func:`length_unit` of ``cfg`` and the scene ``extent`` (Σ measured in L², so under "cameras" the noise is
+    the same fraction of the scene whatever its scale; ``extent`` is needed then). ``ok`` (0-d bool tensor): the
+    noise is zero where it is False (the NaN guard's skipped step), decided on the device. No host synchronisation
+    (capturable in a CUDA graph)."""
+    noise_lr = float(cfg.mcmc_noise_lr) / length_unit(cfg, extent) ** 2
     means = model.means3D
     eta = torch.randn(means.shape, generator=eta_generator, device=means.device, dtype=means.dtype)
     kernel = _noise_kernel(model, lr_means, cfg, ok)
@@ -348,10 +349,10 @@ def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.G
 
 @torch.no_grad()
 def position_noise(model, lr_means: float, cfg: TrainConfig, generator: torch.Generator | None,
-                   ok: torch.Tensor | None = None, unit: float = 1.0) -> torch.Tensor:
+                   ok: torch.Tensor | None = None, extent: float | None = None) -> torch.Tensor:
     """:func:`add_position_noise` with η drawn on the means' device from :func:`seed_noise` of the CPU
     ``generator``; returns the noise (N, 3)."""
-    return add_position_noise(model, lr_means, cfg, seed_noise(model.means3D.device, generator), ok, unit)
+    return add_position_noise(model, lr_means, cfg, seed_noise(model.means3D.device, generator), ok, extent)
 
 
 class _Regularizer(torch.autograd.Function):
@@ -379,14 +380,14 @@ class _Regularizer(torch.autograd.Function):
         return g_logits, g_scales, None, None
 
 
-def regularizer(model, cfg: TrainConfig, unit: float = 1.0) -> torch.Tensor:
-    """0-d tensor ``mcmc_opacity_reg · mean(sigmoid(opacity_logits)) + mcmc_scale_reg · mean(exp(log_scales)) /
-    unit`` (the mean of the scales over all N·3 entries, measured in ``unit``: :func:`length_unit`),
-    differentiable; the paper's L1 terms (the values are positive). A non-finite logit or log-scale (a Gaussian the
+def regularizer(model, cfg: TrainConfig, extent: float | None = None) -> torch.Tensor:
+    """0-d tensor ``mcmc_opacity_reg · mean(sigmoid(opacity_logits)) + mcmc_scale_reg · mean(exp(log_scales)) / L``
+    (the mean of the scales over all N·3 entries, measured in L = :func:`length_unit` of ``cfg`` and the scene
+    ``extent``), differentiable; the paper's L1 terms (the values are positive). A non-finite logit or log-scale (a Gaussian the
     projection culls) counts as 0 with a zero gradient, so the loss stays finite (:class:`_Regularizer`)."""
     n = max(1, model.num_gaussians)
     return _Regularizer.apply(model.opacity_logits, model.log_scales, float(cfg.mcmc_opacity_reg) / n,
-                              float(cfg.mcmc_scale_reg) / (3 * n * float(unit)))
+                              float(cfg.mcmc_scale_reg) / (3 * n * length_unit(cfg, extent)))
 
 
 @torch.no_grad()
@@ -403,7 +404,7 @@ def mcmc_step(model, optimizer, stats, cfg: TrainConfig, iteration: int, lr_mean
     in this order, at its next step (:func:`mcmc_relocate_and_grow`, :func:`position_noise`); only the cap acts."""
     report = mcmc_budget(model, optimizer, stats, cfg, iteration, generator, defer=defer, extent=extent)
     if not defer:
-        position_noise(model, lr_means, cfg, generator, ok, length_unit(cfg, extent))
+        position_noise(model, lr_means, cfg, generator, ok, extent)
     return report
 
 

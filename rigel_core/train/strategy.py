@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from .densify import DensifyReport, densify_and_prune, reset_opacity
-from .mcmc import add_position_noise, length_unit, mcmc_budget, mcmc_relocate_and_grow, noise_generator, \
-    position_noise, regularizer, scheduled, seed_noise
+from .mcmc import add_position_noise, mcmc_budget, mcmc_relocate_and_grow, noise_generator, position_noise, \
+    regularizer, scheduled, seed_noise
 from .optim import group_lrs
 from .strategy_table import LIVE, Live
 
@@ -163,7 +163,7 @@ class MCMCStrategy(Strategy):
                     "mcmc_units")
 
     def loss_term(self, model, cfg, extent: float | None = None) -> torch.Tensor:
-        return regularizer(model, cfg, length_unit(cfg, extent))
+        return regularizer(model, cfg, extent)
 
     def after_update(self, trainer, ctx, ok, inc) -> None:
         t, cfg = trainer, trainer.config
@@ -175,7 +175,7 @@ class MCMCStrategy(Strategy):
             ctx.report = mcmc_budget(t.model, t.optimizer, t.stats, cfg, it, t.generator, defer=ctx.defer,
                                      extent=t.extent)
         if not ctx.defer:  # the Langevin position noise after the update, zero where the update was skipped
-            add_position_noise(t.model, ctx.lr_means, cfg, ctx.noise(), ok, length_unit(cfg, t.extent))
+            add_position_noise(t.model, ctx.lr_means, cfg, ctx.noise(), ok, t.extent)
 
     def host_schedule(self, trainer, ctx, ok) -> tuple:
         t = trainer
@@ -203,7 +203,7 @@ class MCMCStrategy(Strategy):
         # that iteration's noise, at its learning rate under the extended schedule (what a run planned this long
         # used); after --resume the skip flag is not kept: the step is taken as applied
         position_noise(t.model, group_lrs(cfg, iteration, t.extent)["means3D"] * t._batch_scaling()[0], cfg,
-                       t.generator, t._deferred_ok, length_unit(cfg, t.extent))
+                       t.generator, t._deferred_ok, t.extent)
         t._deferred_ok = None
         return report, False
 
