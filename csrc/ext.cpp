@@ -3,6 +3,7 @@
 // autograd Function in rigel_core/renderer/cuda_backend.py. Docstrings give shapes (float32 unless said), all
 // tensors on one CUDA device.
 #include <torch/extension.h>
+#include <limits>
 
 #include "config.h"
 #include "ops.h"
@@ -114,8 +115,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("mcmc_position_noise", &rigel::mcmc_position_noise, py::arg("means3D"), py::arg("quats"),
           py::arg("log_scales"), py::arg("opacity_logits"), py::arg("eta"), py::arg("lr_tensor"), py::arg("lr"),
           py::arg("noise_lr"), py::arg("k"), py::arg("t"), py::arg("ok") = py::none(),
+          py::arg("max_scale") = std::numeric_limits<double>::infinity(),
           "The MCMC budget's position noise, in place (csrc/mcmc_noise.cu): means3D += noise_lr lr sigmoid(-k (o - t)) "
-          "R diag(s^2) R^T eta; returns the noise (N, 3) (rigel_core.train.mcmc.add_position_noise)");
+          "R diag(s^2) R^T eta, s = min(exp(log_scales), max_scale); returns the noise (N, 3) "
+          "(rigel_core.train.mcmc.add_position_noise)");
     m.def("finish_codes", &rigel::finish_codes, py::arg("codes"), py::arg("table"), py::arg("white_bg"),
           "A streamed frame's 8-bit codes finished on the GPU in one launch (csrc/frames.cu): codes (H,W,3|4) uint8, "
           "table (256,) float32 -> [rgb (H,W,3) float32, alpha (H,W) float32 or undefined] "

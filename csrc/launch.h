@@ -114,10 +114,11 @@ struct AdamGroupArgs {
 void launch_adam_step(const std::vector<AdamGroupArgs>& groups, const float* found_inf, bool skip_zero_grad);
 
 // mcmc_noise.cu. means3D [N,3] in/out, quats [N,4], log_scales [N,3], opacity_logits [N], eta [N,3] -> noise [N,3]
-// (written); lr_ptr a device float32 read at run time or nullptr (lr); ok a device bool or nullptr.
+// (written); lr_ptr a device float32 read at run time or nullptr (lr); max_scale > 0 bounds s in Σ (+inf: none);
+// ok a device bool or nullptr.
 void launch_mcmc_noise(at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& log_scales,
                        const at::Tensor& opacity_logits, const at::Tensor& eta, const float* lr_ptr, float lr,
-                       float noise_lr, float k, float t, const bool* ok, at::Tensor& noise);
+                       float noise_lr, float k, float t, float max_scale, const bool* ok, at::Tensor& noise);
 
 // frames.cu. codes [H,W,3|4] uint8, table [256] float32 -> rgb [H,W,3] float32 (written), alpha [H,W] float32
 // (written; 4-channel codes only).

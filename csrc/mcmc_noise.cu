@@ -3,7 +3,8 @@
 //
 //   noise = c · σ(−k (o − t)) · Σ η,   Σ = R diag(s²) Rᵀ,   c = mcmc_noise_lr · lr_means,
 //
-// with R the rotation of the normalised quaternion (w, x, y, z), s = exp(log_scales), o = sigmoid(logit), η the
+// with R the rotation of the normalised quaternion (w, x, y, z), s = min(exp(log_scales), max_scale) (max_scale =
+// TrainConfig.mcmc_noise_max_scale × the scene extent, or +inf: the paper's Σ), o = sigmoid(logit), η the
 // caller's standard normal draw (N, 3). A non-finite log-scale or logit reads as NaN (the model's activations,
 // rigel_core.model), and a non-finite noise component is written as 0 (a non-finite Gaussian stays culled, it is
 // not moved). When *ok is false (the NaN guard's skipped step) nothing moves and the noise is 0.
@@ -34,7 +35,7 @@ __global__ void __launch_bounds__(kBlock1D) mcmc_noise_kernel(
     const float* __restrict__ opacity_logits,  // [N]
     const float* __restrict__ eta,             // [N, 3] standard normal
     const float* __restrict__ lr_ptr,          // [1] lr_means on the device, or nullptr: lr
-    float lr, float noise_lr, float k, float t,
+    float lr, float noise_lr, float k, float t, float max_scale,
     const bool* __restrict__ ok,               // [1] or nullptr (always)
     float* __restrict__ noise)                 // [N, 3] out
 {
@@ -54,7 +55,7 @@ __global__ void __launch_bounds__(kBlock1D) mcmc_noise_kernel(
 #pragma unroll
     for (int i = 0; i < 3; ++i) {  // diag(s²) Rᵀ η
         const float ls = log_scales[3 * g + i];
-        const float s = finite_or_nan(ls, expf(ls));
+        const float s = finite_or_nan(ls, fminf(expf(ls), max_scale));  // a non-finite log-scale stays NaN
         local[i] = (R[0][i] * e[0] + R[1][i] * e[1] + R[2][i] * e[2]) * (s * s);
     }
     const float logit = opacity_logits[g];
@@ -74,12 +75,12 @@ __global__ void __launch_bounds__(kBlock1D) mcmc_noise_kernel(
 
 void launch_mcmc_noise(at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& log_scales,
                        const at::Tensor& opacity_logits, const at::Tensor& eta, const float* lr_ptr, float lr,
-                       float noise_lr, float k, float t, const bool* ok, at::Tensor& noise) {
+                       float noise_lr, float k, float t, float max_scale, const bool* ok, at::Tensor& noise) {
     const int64_t n = means3D.size(0);
     if (n == 0) return;
     mcmc_noise_kernel<<<num_blocks(n, kBlock1D), kBlock1D, 0, at::cuda::getCurrentCUDAStream()>>>(
         n, means3D.data_ptr<float>(), quats.data_ptr<float>(), log_scales.data_ptr<float>(),
-        opacity_logits.data_ptr<float>(), eta.data_ptr<float>(), lr_ptr, lr, noise_lr, k, t, ok,
+        opacity_logits.data_ptr<float>(), eta.data_ptr<float>(), lr_ptr, lr, noise_lr, k, t, max_scale, ok,
         noise.data_ptr<float>());
     RIGEL_CHECK_LAUNCH("mcmc_noise_kernel");
 }

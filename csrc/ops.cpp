@@ -630,7 +630,7 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
 at::Tensor mcmc_position_noise(at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& log_scales,
                                const at::Tensor& opacity_logits, const at::Tensor& eta,
                                const c10::optional<at::Tensor>& lr_tensor, double lr, double noise_lr, double k,
-                               double t, const c10::optional<at::Tensor>& ok) {
+                               double t, const c10::optional<at::Tensor>& ok, double max_scale) {
     const char* op = "mcmc_position_noise";
     const at::Device dev = cuda_device(op, "means3D", means3D);
     const int64_t n = num_gaussians(op, means3D);
@@ -644,12 +644,14 @@ at::Tensor mcmc_position_noise(at::Tensor& means3D, const at::Tensor& quats, con
     if (!std::isfinite(lr) || !std::isfinite(noise_lr) || !std::isfinite(k) || !std::isfinite(t))
         TORCH_CHECK_VALUE(false, prefix(op) + "lr, noise_lr, k and t must be finite; got " + std::to_string(lr) + ", " +
                                      std::to_string(noise_lr) + ", " + std::to_string(k) + ", " + std::to_string(t));
+    if (!(max_scale > 0))  // NaN fails too; +inf is "no bound"
+        TORCH_CHECK_VALUE(false, prefix(op) + "max_scale must be > 0 (+inf: no bound); got " + std::to_string(max_scale));
     const c10::cuda::CUDAGuard guard(dev);
     at::Tensor noise = at::empty({n, 3}, means3D.options());
     launch_mcmc_noise(means3D, quats, log_scales, opacity_logits, eta,
                       lr_tensor.has_value() ? lr_tensor->data_ptr<float>() : nullptr, static_cast<float>(lr),
                       static_cast<float>(noise_lr), static_cast<float>(k), static_cast<float>(t),
-                      ok.has_value() ? ok->data_ptr<bool>() : nullptr, noise);
+                      static_cast<float>(max_scale), ok.has_value() ? ok->data_ptr<bool>() : nullptr, noise);
     return noise;
 }
 

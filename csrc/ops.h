@@ -138,14 +138,15 @@ void adam_step(const std::vector<at::Tensor>& params, const std::vector<at::Tens
 
 // The MCMC budget's Langevin position noise (csrc/mcmc_noise.cu; rigel_core.train.mcmc.add_position_noise):
 // means3D (N,3) float32 moved in place by noise = noise_lr · lr · sigmoid(−k (o − t)) · R diag(s²) Rᵀ η (R of the
-// normalised quats (N,4), s = exp(log_scales (N,3)), o = sigmoid(opacity_logits (N,)), eta (N,3)), non-finite
+// normalised quats (N,4), s = min(exp(log_scales (N,3)), max_scale), o = sigmoid(opacity_logits (N,)), eta (N,3)),
+// max_scale > 0 (+inf: s unbounded, the paper's Σ); non-finite
 // components 0; returns the noise (N,3). lr_tensor: a one-element device float32 read at run time instead of lr
 // (CUDA-graph capture); ok: a (1,) bool on the device, false: nothing moves, noise 0. Raises TypeError /
 // ValueError naming the argument.
 at::Tensor mcmc_position_noise(at::Tensor& means3D, const at::Tensor& quats, const at::Tensor& log_scales,
                                const at::Tensor& opacity_logits, const at::Tensor& eta,
                                const c10::optional<at::Tensor>& lr_tensor, double lr, double noise_lr, double k,
-                               double t, const c10::optional<at::Tensor>& ok);
+                               double t, const c10::optional<at::Tensor>& ok, double max_scale);
 
 // A streamed frame's 8-bit codes finished on the GPU (csrc/frames.cu; rigel_core.data.stream.finish_codes):
 // codes (H,W,3|4) uint8, table (256,) float32 (code / 255) on the same CUDA device -> [rgb (H,W,3) float32,

@@ -22,7 +22,7 @@ from rigel_core.train import TrainConfig, Trainer
 from rigel_core.train.config import AUTO_BUDGET_MIN, AUTO_BUDGET_PIXELS_PER_GAUSSIAN, AUTO_BUDGET_RANDOM, \
     TRANSPARENT_BACKGROUND, Capture, \
     auto_mcmc_budget, resolve_init_points, resolve_strategy
-from rigel_core.train.mcmc import MCMCReport, add_gaussians, length_unit, position_noise, regularizer, \
+from rigel_core.train.mcmc import MCMCReport, add_gaussians, length_unit, noise_max_scale, position_noise, regularizer, \
     relocate_dead, sample_indices, split_mass, trim_to_cap
 from rigel_core.train.optim import make_optimizer, per_gaussian_tensors
 from test_trainer import _assert_same_state, _state, blender_dataset, make_dataset, orbit, random_scene, \
@@ -390,11 +390,12 @@ def test_an_mcmc_run_in_cameras_units_is_the_same_in_a_larger_world(rng, units):
         assert gaps[0] > 1e-1
 
 
-def _noise_float64(means, quats, log_scales, logits, eta, c, cfg):
-    """The position noise in float64 from its definition: Σ = R·diag(s²)·Rᵀ as a matrix, s and o activated, the
-    gate σ(−k(o − t)), a non-finite component 0 (tensors on the CPU)."""
+def _noise_float64(means, quats, log_scales, logits, eta, c, cfg, max_scale=math.inf):
+    """The position noise in float64 from its definition: Σ = R·diag(s²)·Rᵀ as a matrix, s and o activated (s at
+    most ``max_scale``), the gate σ(−k(o − t)), a non-finite component 0 (tensors on the CPU)."""
     q, ls, lo, e = (t.double().cpu() for t in (quats, log_scales, logits, eta))
-    s = torch.where(torch.isfinite(ls), torch.exp(ls), torch.nan)
+    s = torch.where(torch.isfinite(ls), torch.minimum(torch.exp(ls), torch.tensor(max_scale, dtype=torch.float64)),
+                    torch.nan)
     o = torch.where(torch.isfinite(lo), torch.sigmoid(lo), torch.nan)
     rot = quat_to_rotmat(q)
     sigma = rot @ torch.diag_embed(s ** 2) @ rot.transpose(1, 2)
@@ -403,15 +404,75 @@ def _noise_float64(means, quats, log_scales, logits, eta, c, cfg):
     return torch.where(torch.isfinite(noise), noise, 0.0)
 
 
+def test_noise_max_scale():
+    off = TrainConfig(strategy="mcmc")
+    share = 0.01 + float(torch.rand(1))
+    on = TrainConfig(strategy="mcmc", mcmc_noise_max_scale=share)
+    e = 0.5 + 10 * float(torch.rand(1))
+    assert noise_max_scale(off, e) == math.inf and noise_max_scale(off, None) == math.inf
+    assert noise_max_scale(on, e) == pytest.approx(share * e, rel=1e-15)
+    for bad in (None, 0.0, -1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="scene extent"):
+            noise_max_scale(on, bad)
+    for bad in (-0.1, math.inf, math.nan):
+        with pytest.raises(ValueError, match="mcmc_noise_max_scale"):
+            TrainConfig(strategy="mcmc", mcmc_noise_max_scale=bad).validate()
+
+
+def test_noise_max_scale_bounds_only_the_wide_gaussians(rng):
+    """The PyTorch form (the CPU's) with mcmc_noise_max_scale: against the float64 definition with s bounded; a
+    Gaussian whose three scales lie under the bound moves exactly as without it, a wider one as if its wide axes
+    were at the bound (so less), a non-finite one not at all."""
+    import rigel_core.train.mcmc as mcmc
+    n, e = 4000, 1 + 5 * float(torch.rand(1, generator=rng))
+    share = 0.02 + 0.05 * float(torch.rand(1, generator=rng))
+    off = TrainConfig(strategy="mcmc", max_gaussians=n)
+    on = dataclasses.replace(off, mcmc_noise_max_scale=share)
+    model = random_scene(rng, n)
+    model.quats = torch.randn(n, 4, generator=rng)
+    bound = share * e
+    model.log_scales = math.log(bound) + 2.5 * torch.randn(n, 3, generator=rng)  # about half of them above it
+    model.opacity_logits = torch.logit(0.001 + 0.01 * torch.rand(n, generator=rng))  # the gate open
+    model.log_scales[:5, 1] = torch.tensor([math.inf, -math.inf, math.nan, 50.0, -40.0])
+    start = model.means3D.clone()
+    lr = 1e-4 * (1 + float(torch.rand(1, generator=rng)))
+    seed = int(torch.randint(0, 2 ** 62, (1,), generator=rng))
+
+    def draw(cfg):
+        model.means3D = start.clone()
+        return mcmc.add_position_noise(model, lr, cfg, torch.Generator().manual_seed(seed), extent=e)
+
+    free, bounded = draw(off), draw(on)
+    eta = torch.randn((n, 3), generator=torch.Generator().manual_seed(seed))
+    want = _noise_float64(start, model.quats, model.log_scales, model.opacity_logits, eta, on.mcmc_noise_lr * lr,
+                          on, max_scale=bound)
+    scale = float(want.abs().max())
+    torch.testing.assert_close(bounded.double(), want, rtol=2e-5, atol=1e-6 * scale)
+    under = (model.log_scales < math.log(bound)).all(1)
+    over = (model.log_scales > math.log(bound)).any(1)
+    over[:5] = False
+    assert int(under.sum()) > n // 20 and int(over.sum()) > n // 2
+    assert torch.equal(bounded[under], free[under])
+    # Σ's eigenvalues lowered on the same axes: |Σ'η| ≤ |Ση| for every η, strictly where η has a clamped component
+    b, f = bounded[over].double().norm(dim=1), free[over].double().norm(dim=1)
+    assert bool((b <= f * (1 + 1e-5)).all()) and bool((b < f).float().mean() > 0.9)
+    assert bool((bounded[:3] == 0).all()) and bool((free[:3] == 0).all())  # a non-finite log-scale: not moved
+    # s = e^50: s² overflows float32 unbounded (not moved); bounded, it moves as a Gaussian at the bound
+    assert float(free[3].abs().max()) == 0 and 0 < float(bounded[3].abs().max()) < float("inf")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("lr_on_device", [False, True])
-def test_position_noise_kernel_matches_float64_and_the_pytorch_form(rng, lr_on_device, monkeypatch):
+@pytest.mark.parametrize("bounded", [False, True])
+def test_position_noise_kernel_matches_float64_and_the_pytorch_form(rng, lr_on_device, bounded, monkeypatch):
     """csrc/mcmc_noise.cu against the float64 definition, and against the PyTorch form it replaces on CUDA (same η),
-    with non-finite log-scales and logits, zero quaternions, opacities on both sides of the gate's knee; ok False
-    moves nothing."""
+    with non-finite log-scales and logits, zero quaternions, opacities on both sides of the gate's knee, and (bounded)
+    mcmc_noise_max_scale at a share of the extent that about a third of the scales exceed; ok False moves nothing."""
     import rigel_core.train.mcmc as mcmc
     n = 6000
-    cfg = TrainConfig(strategy="mcmc", max_gaussians=n)
+    extent = 1 + 5 * float(torch.rand(1, generator=rng))
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=n,
+                      mcmc_noise_max_scale=(math.exp(-1.5) / extent if bounded else 0.0))
     model = random_scene(rng, n)
     model.quats = torch.randn(n, 4, generator=rng)
     model.quats[:7] = 0.0
@@ -436,13 +497,14 @@ def test_position_noise_kernel_matches_float64_and_the_pytorch_form(rng, lr_on_d
     def draw(ok=None):  # the noise and the moved means, from the same start and seed each time
         gpu.means3D = start.clone()
         g = mcmc.noise_generator(torch.device("cuda")).manual_seed(seed)
-        noise = mcmc.add_position_noise(gpu, lr_arg, cfg, g, ok)
+        noise = mcmc.add_position_noise(gpu, lr_arg, cfg, g, ok, extent=extent)
         return noise, gpu.means3D.clone()
 
     noise, moved = draw()
     eta = torch.randn((n, 3), generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda")
     want = _noise_float64(start, gpu.quats, gpu.log_scales, gpu.opacity_logits, eta,
-                          cfg.mcmc_noise_lr * float(torch.tensor(lr, dtype=torch.float32)), cfg)
+                          cfg.mcmc_noise_lr * float(torch.tensor(lr, dtype=torch.float32)), cfg,
+                          max_scale=mcmc.noise_max_scale(cfg, extent))
     got = noise.double().cpu()
     assert bool((want != 0).sum() > n // 2) and bool((got[:7] == 0).all())  # zero quaternions: NaN → not moved
     scale = float(want.abs().max())
@@ -478,7 +540,8 @@ def test_position_noise_kernel_refuses_bad_arguments_naming_them():
                             ("eta", torch.zeros(n, 3), TypeError),
                             ("lr_tensor", torch.zeros(2, device="cuda"), ValueError),
                             ("ok", torch.ones(n, dtype=torch.bool, device="cuda"), ValueError),
-                            ("k", math.nan, ValueError)):
+                            ("k", math.nan, ValueError), ("max_scale", 0.0, ValueError),
+                            ("max_scale", math.nan, ValueError), ("max_scale", -1.0, ValueError)):
         with pytest.raises(err, match=key if key != "k" else "finite"):
             C.mcmc_position_noise(**{**args, key: value})
 

@@ -385,6 +385,10 @@ class TrainConfig:
     mcmc_noise_lr: float = 5e5  # λ_noise: noise = λ_noise · lr_means · σ(−k(o − t)) · Σ·η / L² (L: mcmc_units)
     mcmc_noise_k: float = 100.0  # k of the noise gate
     mcmc_noise_t: float = 0.005  # t of the noise gate (opacity)
+    #: the largest scale the noise's Σ reads, as a share of the scene extent (0: none, the paper's Σ). The paper's
+    #: noise grows as the square of a Gaussian's size, so a faint Gaussian a tenth of the scene wide is thrown
+    #: several scene extents in a step early in a run; with the bound it moves as one of this size would
+    mcmc_noise_max_scale: float = 0.0
     mcmc_opacity_reg: float = 0.01  # loss += λ_o · mean(opacity)
     mcmc_scale_reg: float = 0.01  # loss += λ_s · mean(scale) / L (L: mcmc_units)
     #: the length L in which the position noise (Σ, L²) and the scale regulariser (scales, L) are measured:
@@ -546,7 +550,8 @@ class TrainConfig:
                              f"{self.mcmc_units!r}")
         if not 1 <= self.mcmc_max_copies <= 1000:
             raise ValueError(f"TrainConfig.mcmc_max_copies must be in 1..1000, got {self.mcmc_max_copies}")
-        self._each(("mcmc_max_scale",), lambda v: 0.0 <= v < math.inf, "finite and ≥ 0 (0: off)")
+        self._each(("mcmc_max_scale", "mcmc_noise_max_scale"), lambda v: 0.0 <= v < math.inf,
+                   "finite and ≥ 0 (0: off)")
         self._each(("mcmc_growth", "mcmc_noise_lr", "mcmc_noise_k", "mcmc_opacity_reg", "mcmc_scale_reg"),
                    lambda v: v >= 0, "≥ 0")
         c2f = self.coarse_to_fine

@@ -48,6 +48,7 @@ noise is ``Σ·η`` — covariance Σ² — as in the paper's update rule and it
 not ``Σ^{1/2}·η``. It is skipped with the rest of the update when the NaN guard drops a step. Σ is measured in
 ``L²`` (:func:`length_unit`, ``mcmc_units``): one world unit by default (the paper's code), or the cameras' radius,
 which makes the noise's reach relative to the scene independent of the capture's arbitrary SfM scale.
+``mcmc_noise_max_scale`` (0: off, the paper's) bounds the s that Σ reads at that share of the scene extent.
 
 **Regularisers** (:func:`regularizer`), added to the loss at every step: ``mcmc_opacity_reg · mean(o) +
 mcmc_scale_reg · mean(s)`` over all Gaussians (and the three scales of each), activated values (``sigmoid`` of the
@@ -77,7 +78,7 @@ from .optim import append_rows, per_gaussian_tensors, select_rows
 
 __all__ = ["MCMCReport", "split_mass", "zero_moments", "sample_indices", "relocate_dead", "add_gaussians",
            "trim_to_cap", "position_noise", "add_position_noise", "noise_generator", "seed_noise", "scheduled",
-           "regularizer", "mcmc_step", "mcmc_budget", "mcmc_relocate_and_grow", "length_unit"]
+           "regularizer", "mcmc_step", "mcmc_budget", "mcmc_relocate_and_grow", "length_unit", "noise_max_scale"]
 
 #: largest float32 opacity below 1 the relocation hands out (logit ≈ 15.9)
 _MAX_OPACITY = 1.0 - torch.finfo(torch.float32).eps
@@ -299,6 +300,19 @@ def _noise_kernel(model, lr_means, cfg: TrainConfig | None = None, ok: torch.Ten
     return _ext.get().mcmc_position_noise
 
 
+def noise_max_scale(cfg: TrainConfig, extent: float | None) -> float:
+    """The largest scale (world units) the position noise's Σ reads: ``mcmc_noise_max_scale × extent``, or +inf
+    when ``mcmc_noise_max_scale`` is 0 (the paper's Σ). ValueError when the bound is on and ``extent`` is None or
+    not a positive finite number."""
+    share = float(cfg.mcmc_noise_max_scale)
+    if share == 0:
+        return math.inf
+    if extent is None or not math.isfinite(float(extent)) or float(extent) <= 0:
+        raise ValueError(f"mcmc_noise_max_scale={share} needs the scene extent (a positive finite number), got "
+                         f"{extent!r}")
+    return share * float(extent)
+
+
 def length_unit(cfg: TrainConfig, extent: float | None) -> float:
     """The length L (world units) in which the position noise and the scale regulariser are measured
     (``TrainConfig.mcmc_units``): 1 for "world"; for "cameras" the cameras' radius ``extent / 1.1`` (``extent`` the
@@ -322,8 +336,10 @@ def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.G
     L = :func:`length_unit` of ``cfg`` and the scene ``extent`` (Σ measured in L², so under "cameras" the noise is
     the same fraction of the scene whatever its scale; ``extent`` is needed then). ``ok`` (0-d bool tensor): the
     noise is zero where it is False (the NaN guard's skipped step), decided on the device. No host synchronisation
-    (capturable in a CUDA graph)."""
+    (capturable in a CUDA graph). ``mcmc_noise_max_scale`` > 0 bounds s in Σ at that share of ``extent``
+    (:func:`noise_max_scale`)."""
     noise_lr = float(cfg.mcmc_noise_lr) / length_unit(cfg, extent) ** 2
+    max_scale = noise_max_scale(cfg, extent)
     means = model.means3D
     eta = torch.randn(means.shape, generator=eta_generator, device=means.device, dtype=means.dtype)
     kernel = _noise_kernel(model, lr_means, cfg, ok)
@@ -331,9 +347,10 @@ def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.G
         lr_t = lr_means.reshape(1) if isinstance(lr_means, torch.Tensor) else None
         return kernel(means, model.quats.detach(), model.log_scales.detach(), model.opacity_logits.detach(), eta,
                       lr_t, 0.0 if lr_t is not None else float(lr_means), noise_lr,
-                      float(cfg.mcmc_noise_k), float(cfg.mcmc_noise_t), None if ok is None else ok.reshape(1))
+                      float(cfg.mcmc_noise_k), float(cfg.mcmc_noise_t), None if ok is None else ok.reshape(1),
+                      max_scale)
     rot = quat_to_rotmat(model.quats.detach())  # (N,3,3)
-    s2 = model.scales.detach() ** 2
+    s2 = model.scales.detach().clamp(max=max_scale) ** 2  # clamp keeps NaN (a non-finite Gaussian stays culled)
     # Σ·η = R·diag(s²)·Rᵀ·η, as broadcast products and sums over 3: as einsums these ran as two batched cuBLAS
     # gemvs of N 3×3 matrices, 82 µs per step at 44k Gaussians on an H200 (3 % of beer's step; bench/profile_trainer)
     local = (rot * eta[:, :, None]).sum(1) * s2  # Rᵀη: Σ_j R[n, j, i] η[n, j]

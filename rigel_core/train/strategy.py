@@ -160,7 +160,7 @@ class MCMCStrategy(Strategy):
     name = "mcmc"
     live = LIVE["mcmc"]
     graph_fields = ("mcmc_opacity_reg", "mcmc_scale_reg", "mcmc_noise_lr", "mcmc_noise_k", "mcmc_noise_t",
-                    "mcmc_units")
+                    "mcmc_noise_max_scale", "mcmc_units")
 
     def loss_term(self, model, cfg, extent: float | None = None) -> torch.Tensor:
         return regularizer(model, cfg, extent)
