@@ -1065,6 +1065,16 @@ def test_cli_strategy_mcmc(blender_dataset, tmp_path, capsys):  # noqa: F811
                           "max_gaussians=100", "--set", "mcmc_noise_lr=1e4"]) == 0
     cfg = json.loads((tmp_path / "c" / "metrics.json").read_text())["config"]
     assert cfg["strategy"] == "mcmc" and cfg["mcmc_noise_lr"] == 1e4
+    assert "not read by this run" not in (tmp_path / "c" / "log.txt").read_text()
+    # an MCMC setting on a run that "auto" sends to 3DGS's densification (an object on a transparent background)
+    # is said to do nothing, on the console and in log.txt; the run still trains and records it
+    capsys.readouterr()
+    assert main(common + ["--out", str(tmp_path / "d"), "--iters", "2", "--set", "mcmc_units=cameras",
+                          "--set", "mcmc_noise_lr=7"]) == 0
+    line = ("--set mcmc_noise_lr, mcmc_units: not read by this run, which densifies with 3DGS's clone / split / prune "
+            "(strategy default)")
+    assert line in capsys.readouterr().err and line in (tmp_path / "d" / "log.txt").read_text()
+    assert json.loads((tmp_path / "d" / "metrics.json").read_text())["config"]["mcmc_units"] == "cameras"
 
 
 @pytest.mark.gpu

@@ -323,6 +323,18 @@ def _parse_set_fields(items: list[str]) -> dict:
     return out
 
 
+def unread_settings_line(args: argparse.Namespace, cfg) -> str | None:
+    """One line naming the ``--set`` fields the run's strategy never reads — the MCMC budget's ``mcmc_*`` when the
+    run (``cfg``, its strategy resolved) densifies with 3DGS's clone / split / prune — or None. A setting that does
+    nothing is said, not silently kept (the run still starts: the value is recorded with the config)."""
+    unread = sorted(f for f in _parse_set_fields(getattr(args, "set_fields", None) or ()) if f.startswith("mcmc_"))
+    if not unread or cfg.strategy == "mcmc":
+        return None
+    return (f"--set {', '.join(unread)}: not read by this run, which densifies with 3DGS's clone / split / prune "
+            f"(strategy {cfg.strategy}); --strategy mcmc trains with the MCMC budget, which reads "
+            + ("it" if len(unread) == 1 else "them"))
+
+
 def config_overrides(args: argparse.Namespace) -> dict:
     """The TrainConfig fields the command line sets (absent flags leave the default, or a resumed run's value);
     ``--set`` wins. Raises ValueError for a bad ``--set``."""

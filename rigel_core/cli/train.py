@@ -101,7 +101,8 @@ from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, R
 from ..train.run import RunHooks, TrainingRun, run_finished
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
     kept_settings, load_training_data, new_config, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
-    memory_problem_of, preload_problem, remembered_warnings, resume_config, resumed_data_problem, whole_number_arg
+    memory_problem_of, preload_problem, remembered_warnings, resume_config, resumed_data_problem, unread_settings_line, \
+    whole_number_arg
 from .common import Parser, add_threads_arg, limit_heap_retention, set_threads, threads_problem
 
 __all__ = ["main", "build_parser"]
@@ -426,6 +427,8 @@ def _main(args, lock: RunLock, comm=None) -> int:
         log_to_file(log, [changed_settings_line(ckpt, changes)])
     for note in trainer.notes:
         log.info(note)
+    if is_main and (unread := unread_settings_line(args, cfg)):
+        log.warning(unread)
     if world * cfg.batch_size > 1:
         from ..train.distributed import batch_scaling
 
