@@ -975,6 +975,13 @@ def test_a_checkpoint_from_before_the_strategy_field_resumes_with_3dgs_densifica
     changes = []
     assert resume_config(tmp_path / "mcmc.safetensors", {"strategy": "mcmc", "max_gaussians": None},
                          changes).max_gaussians == switched.config.max_gaussians and changes == []
+    # an MCMC run switched to 3DGS's densification: its budget (reached) is not kept as the cap, which would stop
+    # all growth; 3DGS's default cap, said as a change; --max-gaussians N still sets it
+    changes = []
+    back = resume_config(tmp_path / "mcmc.safetensors", {"strategy": "default"}, changes)
+    assert back.max_gaussians == TrainConfig().max_gaussians > switched.config.max_gaussians
+    assert f"max_gaussians {switched.config.max_gaussians} -> {TrainConfig().max_gaussians}" in changes
+    assert resume_config(tmp_path / "mcmc.safetensors", {"strategy": "default", "max_gaussians": 55}).max_gaussians == 55
     # --max-gaussians N on a resumed run: the cap / budget changes; the "auto" inputs it implies for a new run
     # (read only where "auto" is resolved) are neither applied nor listed as changed settings
     changes = []

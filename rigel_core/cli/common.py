@@ -414,6 +414,10 @@ def resume_config(ckpt: Path, overrides: dict, changes: list | None = None, kept
     if overrides.get("strategy") == "mcmc" and saved.get("strategy") != "mcmc" and "max_gaussians" not in overrides:
         # the saved max_gaussians was a cap for another strategy, not a budget chosen for this one: the pixel rule's
         overrides = {**overrides, "max_gaussians": None}
+    elif overrides.get("strategy") == "default" and saved.get("strategy") == "mcmc" and "max_gaussians" not in overrides:
+        # the saved max_gaussians was MCMC's budget, which it had reached: as 3DGS's cap it would stop all growth (a
+        # new-user check found the switch growing nothing, unexplained); 3DGS's default cap instead, listed as changed
+        overrides = {**overrides, "max_gaussians": TrainConfig.max_gaussians}
     elif saved.get("strategy") == "mcmc" and "max_gaussians" in overrides and overrides["max_gaussians"] is None:
         # --strategy mcmc again on an MCMC run (its command line repeated): the budget it chose stays
         overrides = {k: v for k, v in overrides.items() if k != "max_gaussians"}
