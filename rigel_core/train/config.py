@@ -387,7 +387,9 @@ class TrainConfig:
     mcmc_noise_t: float = 0.005  # t of the noise gate (opacity)
     #: the largest scale the noise's Σ reads, as a share of the scene extent (0: none, the paper's Σ). The paper's
     #: noise grows as the square of a Gaussian's size, so a faint Gaussian a tenth of the scene wide is thrown
-    #: several scene extents in a step early in a run; with the bound it moves as one of this size would
+    #: several scene extents in a step early in a run; with the bound it moves as one of this size would. Measured
+    #: at 0.05 (H100, 2026-12-07, 7k, seed 0): +0.60 dB on bonsai~nosfm, +0.56 on beer, +0.03 on fox~halfviews,
+    #: −0.19 on beer~nosfm; off until second seeds and the other captures say (docs/BENCHMARKS.md)
     mcmc_noise_max_scale: float = 0.0
     mcmc_opacity_reg: float = 0.01  # loss += λ_o · mean(opacity)
     mcmc_scale_reg: float = 0.01  # loss += λ_s · mean(scale) / L (L: mcmc_units)
