@@ -432,24 +432,33 @@ TRAIN_VIEWS_SCORED = 8
 #: a Gaussian whose largest scale exceeds this share of the scene extent counts as wide in ``shape_stats`` (3DGS's
 #: pruning bound, ``max_world_size``): beer~nosfm's fog was 87 % such Gaussians at 1M, at a mean opacity of 0.01
 WIDE_SHARE_OF_EXTENT = 0.1
+#: a Gaussian below this opacity counts as faint in ``shape_stats``: where the MCMC noise's default gate
+#: σ(−k(o − t)) (k = 100, t = 0.005) still passes a tenth of the noise, t + ln 9 / k. beer~nosfm's 1M run fails
+#: with the noise on such Gaussians (a gate of k = 300, which closes above about 0.012, cured it)
+FAINT_OPACITY = 0.005 + math.log(9) / 100
 
 
 @torch.no_grad()
 def shape_stats(log_scales: torch.Tensor, opacity_logits: torch.Tensor, extent: float) -> dict:
     """What the model's Gaussians look like at a checkpoint, recorded beside its scores: ``wide_share`` (the share
     of Gaussians whose largest scale exceeds ``WIDE_SHARE_OF_EXTENT`` × ``extent``), ``wide_opacity`` (their mean
-    opacity; None when there are none) and ``median_scale`` (the median largest scale, in scene extents). A fog of
-    wide faint Gaussians shows as a large share at a low opacity. Non-finite rows (culled Gaussians) are left out."""
+    opacity; None when there are none), ``median_scale`` (the median largest scale, in scene extents),
+    ``faint_share`` (the share of Gaussians below ``FAINT_OPACITY``, inside the MCMC noise's gate) and
+    ``median_opacity``. A fog of wide faint Gaussians shows as a large share at a low opacity. Non-finite rows
+    (culled Gaussians) are left out."""
     largest = torch.exp(log_scales.detach().float()).amax(1)
     opac = torch.sigmoid(opacity_logits.detach().float().reshape(-1))
     ok = torch.isfinite(largest) & torch.isfinite(opac)
     largest, opac = largest[ok], opac[ok]
     if largest.numel() == 0:
-        return {"wide_share": None, "wide_opacity": None, "median_scale": None}
+        return {"wide_share": None, "wide_opacity": None, "median_scale": None, "faint_share": None,
+                "median_opacity": None}
     wide = largest > WIDE_SHARE_OF_EXTENT * extent
     return {"wide_share": float(wide.float().mean()),
             "wide_opacity": float(opac[wide].mean()) if bool(wide.any()) else None,
-            "median_scale": float(largest.median()) / extent}
+            "median_scale": float(largest.median()) / extent,
+            "faint_share": float((opac < FAINT_OPACITY).float().mean()),
+            "median_opacity": float(opac.median())}
 
 
 def loaded(frames) -> list:
@@ -896,6 +905,11 @@ def markdown(results: dict) -> str:
             if shapes:
                 notes.append(f"- {sc['scene']} {method}: Gaussians wider than {WIDE_SHARE_OF_EXTENT:g} × the scene "
                              "extent at it " + ", ".join(shapes))
+            faint = [f"{c['iteration']:,}: {100 * c['faint_share']:.1f} % (median opacity {c['median_opacity']:.3f})"
+                     for c in r["checkpoints"] if c.get("faint_share") is not None]
+            if faint:
+                notes.append(f"- {sc['scene']} {method}: Gaussians fainter than {FAINT_OPACITY:.3f} at it "
+                             + ", ".join(faint))
             for c in r["checkpoints"]:
                 it = f"{c['iteration']:,}"
                 if r.get("stopped_at") == c["iteration"]:

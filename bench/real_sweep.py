@@ -31,7 +31,8 @@ PROTOCOLS = {"psnr_pose": "pose-fitted PSNR", "psnr_exposure": "exposure PSNR"}
 #: the extra columns of the table, where a run has them: the protocols above, the PSNR on a few training views
 #: (bench/real.py's ``train_psnr``: high while the held-out PSNR is low means floaters or overfitting) and the
 #: percentage of wide Gaussians (bench/real.py's ``wide_share``: a fog of wide faint ones shows there)
-COLUMNS = {**PROTOCOLS, "train_psnr": "training-view PSNR", "wide_pct": "% wider than 0.1 extent"}
+COLUMNS = {**PROTOCOLS, "train_psnr": "training-view PSNR", "wide_pct": "% wider than 0.1 extent",
+           "faint_pct": "% fainter than 0.027"}
 
 
 def run_tag(variant: str, scene: str, seed: int) -> str:
@@ -93,6 +94,8 @@ def main(argv=None) -> int:
                 res["train_psnr"] = r["train_psnr"]
             if r.get("wide_share") is not None:
                 res["wide_pct"] = 100.0 * r["wide_share"]
+            if r.get("faint_share") is not None:  # inside the MCMC noise's gate (bench/real.py FAINT_OPACITY)
+                res["faint_pct"] = 100.0 * r["faint_share"]
         except (OSError, KeyError, IndexError, ValueError) as e:
             res["error"] = f"{type(e).__name__}: {e}"
         print(f"{tag}: rc={rc} psnr={res.get('psnr', 'n/a')}", flush=True)

@@ -540,6 +540,9 @@ def test_cli_rigel_only_when_gsplat_is_missing(procedural, tmp_path, monkeypatch
     assert all(0.0 <= c["wide_share"] <= 1.0 and c["median_scale"] > 0 for c in ck)
     assert (f"- proc rigel: Gaussians wider than 0.1 × the scene extent at it 4: {100 * ck[0]['wide_share']:.1f} %"
             in (out / "real.md").read_text())
+    assert all(0.0 <= c["faint_share"] <= 1.0 and 0 < c["median_opacity"] < 1 for c in ck)
+    assert (f"- proc rigel: Gaussians fainter than 0.027 at it 4: {100 * ck[0]['faint_share']:.1f} % (median "
+            f"opacity {ck[0]['median_opacity']:.3f})" in (out / "real.md").read_text())
     from PIL import Image
 
     im = Image.open(out / sc["png"])
@@ -798,7 +801,7 @@ def test_sweep_table_has_the_training_view_column_where_runs_scored_them(tmp_pat
         if seed == 0:
             ck["train_psnr"] = 30.0 + seed
         else:
-            ck["wide_share"] = 0.25
+            ck["wide_share"], ck["faint_share"] = 0.25, 0.125
         out.mkdir(parents=True)
         (out / "real.json").write_text(json.dumps({"scenes": [{"runs": {"rigel": {"checkpoints": [ck]}}}]}))
         return subprocess.CompletedProcess(cmd, 0)
@@ -807,9 +810,11 @@ def test_sweep_table_has_the_training_view_column_where_runs_scored_them(tmp_pat
     assert real_sweep.main(["--scenes", "fern", "--seeds", "0,1", "--variant", "a", "--variant", "b=x=1",
                             "--parallel", "1", "--out", str(tmp_path / "s")]) == 0
     md = (tmp_path / "s" / "sweep.md").read_text()
-    assert "training-view PSNR per seed | % wider than 0.1 extent per seed |" in md
-    assert "| fern | a | 20.00 / 21.00 | 20.50 |  | 100 | 1.0 | 30.00 / — | — / 25.00 |" in md
-    assert "| fern | b | 20.50 / 21.50 | 21.00 | +0.50 [+0.50, +0.50] | 100 | 1.0 | 30.00 / — | — / 25.00 |" in md
+    assert ("training-view PSNR per seed | % wider than 0.1 extent per seed | % fainter than 0.027 per seed |"
+            in md)
+    assert "| fern | a | 20.00 / 21.00 | 20.50 |  | 100 | 1.0 | 30.00 / — | — / 25.00 | — / 12.50 |" in md
+    assert ("| fern | b | 20.50 / 21.50 | 21.00 | +0.50 [+0.50, +0.50] | 100 | 1.0 | 30.00 / — | — / 25.00 | "
+            "— / 12.50 |" in md)
 
 
 def test_shape_stats_count_the_wide_gaussians_and_their_opacity(rng):
@@ -823,6 +828,7 @@ def test_shape_stats_count_the_wide_gaussians_and_their_opacity(rng):
     wide[torch.arange(n_wide), torch.randint(0, 3, (n_wide,), generator=rng)] = bound * (1.01 + torch.rand(n_wide,
                                                                                                      generator=rng))
     opac = torch.rand(n_thin + n_wide, generator=rng) * 0.98 + 0.01
+    opac[::3] = 0.001 + 0.04 * torch.rand(opac[::3].shape, generator=rng)  # about half of them faint
     log_scales = torch.log(torch.cat([thin, wide]))
     logits = torch.logit(opac)
     bad = torch.tensor([[math.nan, 0.0, 0.0]])  # a culled Gaussian: left out
@@ -831,6 +837,12 @@ def test_shape_stats_count_the_wide_gaussians_and_their_opacity(rng):
     assert st["wide_opacity"] == pytest.approx(float(opac[n_thin:].mean()), rel=1e-5)
     largest = torch.cat([thin, wide]).amax(1)
     assert st["median_scale"] == pytest.approx(float(largest.median()) / extent, rel=1e-5)
+    assert 0 < st["faint_share"] < 1
+    assert st["faint_share"] == pytest.approx(float((opac < real.FAINT_OPACITY).float().mean()), rel=1e-6)
+    assert st["median_opacity"] == pytest.approx(float(opac.median()), rel=1e-5)
+    # the faint bound is where the default noise gate passes a tenth of the noise
+    cfg = TrainConfig()
+    assert 1 / (1 + math.exp(cfg.mcmc_noise_k * (real.FAINT_OPACITY - cfg.mcmc_noise_t))) == pytest.approx(0.1)
     none = real.shape_stats(log_scales[:n_thin], logits[:n_thin], extent)
     assert none["wide_share"] == 0.0 and none["wide_opacity"] is None
     assert real.shape_stats(torch.empty(0, 3), torch.empty(0), extent)["wide_share"] is None
