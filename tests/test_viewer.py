@@ -572,6 +572,31 @@ def test_panels_stay_in_place_when_the_window_is_shrunk_to_nothing(rng):
 
 @needs_vulkan
 @needs_ui
+def test_a_captured_frame_shows_the_panel_sized_to_its_own_contents(rng):
+    """ImGui sizes an auto-resizing panel from the previous frame's contents, so a row that appeared in a frame (the
+    render-time plot and its label over the first frames) was cut off in that frame's PNG (the offscreen --frames 3
+    PNG showed the last row cut). In each captured frame the panel's contents, as laid out in that frame, must end
+    inside the panel."""
+    from imgui_bundle import imgui
+
+    from viewer.app import Viewer
+    from viewer.ui import ViewSettings
+
+    slot = ModelSlot(tiny_model(rng), iteration=0)
+    with Viewer(slot, size=(900, 800), device="cpu", offscreen=True, settings=ViewSettings(render_scale=0.25)) as v:
+        v.build_ui()   # as run_offscreen does before its first frame
+        heights = []
+        for _ in range(4):
+            assert v.step(capture=True) is not None
+            w = imgui.internal.find_window_by_name("rigel-viewer")
+            bottom = w.pos.y + w.size.y - w.window_padding.y   # where the panel's contents may end
+            heights.append((w.size.y, w.dc.cursor_max_pos.y, bottom))
+        assert all(end <= bottom + 0.5 for _, end, bottom in heights), heights
+        assert heights[0][0] < heights[-1][0]   # the panel grew over the frames: the case is exercised
+
+
+@needs_vulkan
+@needs_ui
 def test_a_view_over_the_entry_limit_shows_the_background_and_says_why(rng, monkeypatch):
     """A camera whose view needs more binning entries than the limit (``BinningOverflow``; the limit lowered here)
     gets the background and one red line in the Render section, not a crash; the next view under the limit renders

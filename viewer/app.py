@@ -378,6 +378,13 @@ class Viewer:
             self._rendered_key = key
         poll_timing(self)
         self.errors.poll()
+        if capture and self.input is None:
+            # ImGui sizes an auto-resizing panel from the previous frame's contents, so a row that appeared in this
+            # frame (the render-time plot after the second frame) was cut off in the written PNG: one layout pass
+            # first, its requests dropped (offscreen: no input, nothing clicked)
+            queued = len(self.requests)
+            self.build_ui(panels=panels)
+            del self.requests[queued:]
         draw_data = self.build_ui(panels=panels)
         capture = capture or self._screenshot
         # The newest finished render, so that the present never queues a wait before CUDA's signal (FrameRing:
