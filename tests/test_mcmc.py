@@ -443,6 +443,9 @@ def test_noise_max_scale_bounds_only_the_wide_gaussians(rng):
         return mcmc.add_position_noise(model, lr, cfg, torch.Generator().manual_seed(seed), extent=e)
 
     free, bounded = draw(off), draw(on)
+    # a bound past float32's range (accepted: finite) never binds and trains, as 0 does (it raised in clamp)
+    huge = draw(dataclasses.replace(off, mcmc_noise_max_scale=1e300))
+    assert torch.equal(huge, free)
     eta = torch.randn((n, 3), generator=torch.Generator().manual_seed(seed))
     want = _noise_float64(start, model.quats, model.log_scales, model.opacity_logits, eta, on.mcmc_noise_lr * lr,
                           on, max_scale=bound)
@@ -965,7 +968,9 @@ def test_a_checkpoint_from_before_the_strategy_field_resumes_with_3dgs_densifica
     assert resume_config(path, {"strategy": "auto"}).strategy == "auto"  # asked for explicitly: resolved anew
     # switching a resumed 3DGS run to MCMC: the saved cap was not chosen as a budget, so the pixel rule's (None: set
     # when the Trainer starts) unless one is given
-    assert resume_config(path, {"strategy": "mcmc"}).max_gaussians is None
+    changes = []
+    assert resume_config(path, {"strategy": "mcmc"}, changes).max_gaussians is None
+    assert "max_gaussians 777 -> the pixel rule's budget" in changes   # not "-> None"
     switched = Trainer.from_checkpoint(path, ds, device="cpu", config=resume_config(path, {"strategy": "mcmc"}))
     assert switched.config.strategy == "mcmc" and switched.config.max_gaussians == max(AUTO_BUDGET_MIN,
                                                                                         switched.model.num_gaussians)

@@ -428,7 +428,10 @@ def resume_config(ckpt: Path, overrides: dict, changes: list | None = None, kept
     if overrides.get("strategy", saved.get("strategy")) != "auto":  # resolved when the run began: read no more
         overrides = {k: v for k, v in overrides.items() if k not in AUTO_STRATEGY_INPUTS}
     if changes is not None:
-        changes.extend(f"{k} {saved[k]!r} -> {v!r}" for k, v in overrides.items() if k in saved and saved[k] != v)
+        # max_gaussians None: the budget the pixel rule gives when the Trainer starts (its note says how many)
+        changes.extend(f"{k} {saved[k]!r} -> " + ("the pixel rule's budget" if k == "max_gaussians" and v is None
+                                                  else repr(v))
+                       for k, v in overrides.items() if k in saved and saved[k] != v)
     saved.update(overrides)
     cfg = TrainConfig.from_dict(saved)
     try:

@@ -341,6 +341,8 @@ def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.G
     noise_lr = float(cfg.mcmc_noise_lr) / length_unit(cfg, extent) ** 2
     max_scale = noise_max_scale(cfg, extent)
     means = model.means3D
+    if max_scale >= torch.finfo(means.dtype).max:  # a bound past the parameters' range never binds (and clamp
+        max_scale = math.inf                        # refuses a float32 bound of 1e300 × extent with a traceback)
     eta = torch.randn(means.shape, generator=eta_generator, device=means.device, dtype=means.dtype)
     kernel = _noise_kernel(model, lr_means, cfg, ok)
     if kernel is not None:  # csrc/mcmc_noise.cu: the same formula in one launch (the PyTorch form below is its twin)
