@@ -384,8 +384,12 @@ def test_an_mcmc_run_in_cameras_units_is_the_same_in_a_larger_world(rng, units):
     scale_gaps = [float((b[1] - a[1]).abs().max()) for a, b in zip(*runs)]
     print(f"{units}: largest gaps {gaps[0]:.2e} (iteration 9), {gaps[1]:.2e} (30) scene extents; log-scales "
           f"{scale_gaps[0]:.2e}, {scale_gaps[1]:.2e}")
+    off = max(float(((b[1] - a[1]).abs() > 1e-5).double().mean()) for a, b in zip(*runs))
     if units == "cameras":
-        assert max(gaps) < 1e-4 and max(scale_gaps) < 1e-4
+        # Adam divides each gradient by its own running size, so a log-scale whose gradient is near 0 steps by up to
+        # its learning rate on a rounding difference: at RIGEL_SEED=1392107205, 3 of 492 entries ended 3.4e-4 apart
+        # (a fifteenth of scaling_lr); "world" parts them by ~1
+        assert max(gaps) < 1e-4 and max(scale_gaps) < 0.2 * cfg.scaling_lr and off < 0.02, (gaps, scale_gaps, off)
     else:
         assert gaps[0] > 1e-1
 
