@@ -916,7 +916,8 @@ def test_cli_resume_on_another_dataset_or_resolution_is_refused(blender_dataset,
     capsys.readouterr()
     assert main(["--data", str(blender_dataset), *base, "--iters", "3", "--resume", "--downscale", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--resume" in err and "another dataset, --downscale or --test-every" in err, err
+    # refused before the images load since metrics.json records the factor (the next test)
+    assert err.count("\n") == 1 and "--resume" in err and "was trained at --downscale 1; --downscale 2" in err, err
     other = tmp_path / "other"
     shutil.copytree(blender_dataset, other)
     meta = json.loads((other / "transforms_train.json").read_text())
@@ -933,6 +934,47 @@ def test_cli_resume_on_another_dataset_or_resolution_is_refused(blender_dataset,
     metrics["dataset"]["scene_extent"] = None
     (run / "metrics.json").write_text(json.dumps(metrics))
     assert main(["--data", str(blender_dataset), *base, "--iters", "4", "--resume"]) == 0
+
+
+def test_cli_resume_keeps_the_downscale_it_was_trained_at(blender_dataset, tmp_path, monkeypatch, capsys):
+    """--resume without --downscale continues at the factor the run was trained at (metrics.json records it; it
+    was refused after loading the images at full size, new-user check); another factor is refused before the
+    dataset loads; a run without the record resumes as before (1 unless given)."""
+    import rigel_core.cli.train as train_cli
+
+    run = tmp_path / "run"
+    base = ["--data", str(blender_dataset), "--out", str(run), "--device", "cpu", "--quiet", "--init-points", "100",
+            "--eval-every", "0"]
+    assert train_cli.main(base + ["--iters", "2", "--downscale", "2"]) == 0
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["dataset"]["downscale"] == 2.0
+    res = metrics["dataset"]["resolution"]
+    capsys.readouterr()
+    assert train_cli.main(base + ["--iters", "3", "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"--resume: at --downscale 2, the factor {run} was trained at" in err
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["iterations_done"] == 3 and metrics["dataset"]["resolution"] == res
+    assert train_cli.main(base + ["--iters", "4", "--resume", "--downscale", "2"]) == 0   # the same, given: no line
+    assert "the factor" not in capsys.readouterr().err
+
+    def no_load(args):
+        raise AssertionError("the dataset was loaded before the refusal")
+
+    monkeypatch.setattr(train_cli, "load_training_data", no_load)
+    before = (run / "model.ply").read_bytes()
+    assert train_cli.main(base + ["--iters", "5", "--resume", "--downscale", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "was trained at --downscale 2; --downscale 1 gives other images" in err, err
+    assert (run / "model.ply").read_bytes() == before
+    monkeypatch.undo()
+    # a run from before the record: 1 unless given, and the check after loading refuses another resolution
+    metrics = json.loads((run / "metrics.json").read_text())
+    del metrics["dataset"]["downscale"]
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    assert train_cli.main(base + ["--iters", "5", "--resume"]) == 2
+    assert "another dataset, --downscale or --test-every" in capsys.readouterr().err
+    assert train_cli.main(base + ["--iters", "5", "--resume", "--downscale", "2"]) == 0
 
 
 def test_cli_ctrl_c_while_loading_is_one_line(blender_dataset, tmp_path, monkeypatch, capsys):

@@ -771,6 +771,14 @@ def test_offscreen_training_out_is_refused_or_resumed_never_overwritten(procedur
     assert len(data_line.findall(log2)) == 2 and "final: 40 iterations" in log2.split("final: 20 iterations")[1]
     assert re.search(r"^\S+ \S+ resuming \S+ with changed settings", log2, re.M), log2   # no "WARNING" between
 
+    # the factor the run was trained at is recorded, and another one is refused before the images load, as
+    # rigel-train does (tests/test_trainer.py); nothing is written
+    assert json.loads((run / "metrics.json").read_text())["dataset"]["downscale"] == 1.0
+    capsys.readouterr()
+    assert main(train + ["--out", str(run), "--frames", "1", "--iters", "50", "--resume", "--downscale", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "was trained at --downscale 1; --downscale 2 gives other images" in err, err
+
     # the finished run opened once more: its log.txt and metrics.json stay as they were (before: the command line
     # appended its "training …" line and the session a start line that said the files are written only when changed)
     kept = {n: (run / n).read_bytes() for n in ("log.txt", "metrics.json", "checkpoint.safetensors", "model.ply")}

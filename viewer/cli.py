@@ -224,7 +224,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
     from rigel_core.checkpoint import CheckpointError
     from rigel_core.cli.common import build_trainer, changed_settings_line, config_overrides, kept_settings, \
         load_training_data, memory_problem_of, new_config, new_run_problem, no_checkpoint_line, preload_problem, \
-        remembered_warnings, resume_config, resumed_data_problem
+        remembered_warnings, resume_config, resume_downscale_problem, resumed_data_problem
     from rigel_core.run_dir import CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir, holds_run, \
         log_to_file, out_problem
     from rigel_core.train.run import run_finished
@@ -268,6 +268,14 @@ def _start_training(args, settings: ViewSettings, locks: list):
     if args.resume and resume_cfg is None:
         early.append(no_checkpoint_line(run_dir))
         print(f"rigel-viewer: {early[-1]}", file=sys.stderr)
+    if resume_cfg is not None:  # the factor the run was trained at, unless given (and then the same), as rigel-train
+        given = args.downscale
+        problem = resume_downscale_problem(args, run_dir)
+        if problem:
+            raise _Refused(problem)
+        if given is None and args.downscale != 1:
+            early.append(f"--resume: at --downscale {args.downscale:g}, the factor {run_dir} was trained at")
+            print(f"rigel-viewer: {early[-1]}", file=sys.stderr)
     device = _pick_render_device(args.device)
     problem = preload_problem(args) if args.preload_frames else None   # before a single image is decoded
     if problem:
@@ -320,7 +328,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
         settings.model_refresh_s = 0.5
     # offscreen: the frame loop resumes it (viewer.offscreen), so no iteration runs before frames are presented
     session = TrainingSession(trainer, ModelSlot(), run_dir, running=not (args.paused or args.offscreen),
-                              data=args.data)
+                              data=args.data, downscale=args.downscale or 1)
     session.start()
     try:
         while session.slot.latest() is None and session.alive:   # the first snapshot (after the initial evaluation)
@@ -506,7 +514,7 @@ def _main(argv=None) -> int:
                 frames = None
                 alone = None
                 if args.cameras is not None:   # a dataset's training cameras, drawn as frustums (viewer/studio.py)
-                    frames, alone = _camera_frames(args.cameras, args.downscale)
+                    frames, alone = _camera_frames(args.cameras, args.downscale or 1)
                     problem = _view_problem(args.view, len(frames), f"--cameras {args.cameras}")
                     if problem:
                         raise _Refused(problem)

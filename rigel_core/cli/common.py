@@ -86,7 +86,8 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> list:
     add("--white-bg", action="store_true", help="composite alpha onto white (NeRF-synthetic)")
     add("--alpha-as-mask", action="store_true",
         help="use the images' alpha channel as a mask (alpha 0 = pixel ignored) instead of compositing")
-    add("--downscale", type=downscale_arg, default=1, help="divide image sizes by this (a finite number ≥ 1)")
+    add("--downscale", type=downscale_arg, default=None,
+        help="divide image sizes by this (a finite number ≥ 1; default 1; a resumed run: the factor it was trained at)")
     add("--test-every", type=test_every_arg, default=8,
         help="hold out every Nth view of instant-ngp / COLMAP data (0: none)")
     # streamed frames (issue 37; rigel_core/data/stream.py)
@@ -452,6 +453,32 @@ def changed_settings_line(ckpt: Path, changes: list) -> str | None:
     return f"resuming {ckpt} with changed settings: {'; '.join(changes)}" if changes else None
 
 
+def saved_downscale(run_dir: Path) -> float | None:
+    """The ``--downscale`` factor the run in ``run_dir`` was trained at (its ``metrics.json``), or None: no record
+    (a run from before it was kept, a missing or damaged file)."""
+    from ..run_dir import METRICS_NAME, read_metrics
+
+    path = Path(run_dir) / METRICS_NAME
+    seen = ((read_metrics(path) if path.is_file() else None) or {}).get("dataset")
+    factor = seen.get("downscale") if isinstance(seen, dict) else None
+    return float(factor) if type(factor) in (int, float) and math.isfinite(factor) and factor >= 1 else None
+
+
+def resume_downscale_problem(args: argparse.Namespace, run_dir: Path) -> str | None:
+    """``--resume`` and ``--downscale``, before the dataset loads: left out, the factor the run was trained at
+    (:func:`saved_downscale`; 1 without a record) is set on ``args``; given and another, one line without the
+    command's name (a run goes on at the images it was fitted to; the check after loading catches a run without a
+    record). Returns None when the run can go on."""
+    saved = saved_downscale(run_dir)
+    if args.downscale is None:
+        args.downscale = saved if saved is not None else 1.0
+        return None
+    if saved is not None and float(args.downscale) != saved:
+        return (f"--resume: {run_dir} was trained at --downscale {saved:g}; --downscale {float(args.downscale):g} "
+                f"gives other images (leave it out to continue at {saved:g}, or train into a new --out)")
+    return None
+
+
 def resumed_data_problem(run_dir: Path, ds, data) -> str | None:
     """Why ``--resume`` must not continue the run in ``run_dir`` on dataset ``ds`` (loaded from ``data``), or None:
     the run's ``metrics.json`` (when missing or damaged there is nothing to compare) names the training views it was
@@ -493,7 +520,7 @@ def load_training_data(args: argparse.Namespace):
     from ..run_dir import CHECKPOINT_NAME, POSES_NAME
 
     try:
-        return load_dataset(args.data, white_bg=args.white_bg, downscale=args.downscale, test_every=args.test_every,
+        return load_dataset(args.data, white_bg=args.white_bg, downscale=args.downscale or 1, test_every=args.test_every,
                             alpha_as_mask=args.alpha_as_mask, stream=not getattr(args, "preload_frames", False),
                             cache_mb=getattr(args, "frame_cache_mb", None))
     except NoImageFiles as e:   # a run folder given as --data: its transforms.json holds poses, not a capture
