@@ -917,7 +917,7 @@ def test_cli_resume_on_another_dataset_or_resolution_is_refused(blender_dataset,
     assert main(["--data", str(blender_dataset), *base, "--iters", "3", "--resume", "--downscale", "2"]) == 2
     err = capsys.readouterr().err
     # refused before the images load since metrics.json records the factor (the next test)
-    assert err.count("\n") == 1 and "--resume" in err and "was trained at --downscale 1; --downscale 2" in err, err
+    assert err.count("\n") == 1 and "--resume" in err and "was trained at --downscale 1, not 2" in err, err
     other = tmp_path / "other"
     shutil.copytree(blender_dataset, other)
     meta = json.loads((other / "transforms_train.json").read_text())
@@ -957,6 +957,13 @@ def test_cli_resume_keeps_the_downscale_it_was_trained_at(blender_dataset, tmp_p
     assert metrics["iterations_done"] == 3 and metrics["dataset"]["resolution"] == res
     assert train_cli.main(base + ["--iters", "4", "--resume", "--downscale", "2"]) == 0   # the same, given: no line
     assert "the factor" not in capsys.readouterr().err
+    metrics = json.loads((run / "metrics.json").read_text())   # a factor printed rounded is refused in full
+    metrics["dataset"]["downscale"] = 2.0000001
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    assert train_cli.main(base + ["--iters", "4", "--resume", "--downscale", "2.000001"]) == 2
+    assert "trained at --downscale 2.0000001, not 2.000001" in capsys.readouterr().err
+    metrics["dataset"]["downscale"] = 2.0
+    (run / "metrics.json").write_text(json.dumps(metrics))
 
     def no_load(args):
         raise AssertionError("the dataset was loaded before the refusal")
@@ -965,7 +972,7 @@ def test_cli_resume_keeps_the_downscale_it_was_trained_at(blender_dataset, tmp_p
     before = (run / "model.ply").read_bytes()
     assert train_cli.main(base + ["--iters", "5", "--resume", "--downscale", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "was trained at --downscale 2; --downscale 1 gives other images" in err, err
+    assert err.count("\n") == 1 and "was trained at --downscale 2, not 1 (leave --downscale out" in err, err
     assert (run / "model.ply").read_bytes() == before
     monkeypatch.undo()
     # a run from before the record: 1 unless given, and the check after loading refuses another resolution
@@ -973,7 +980,8 @@ def test_cli_resume_keeps_the_downscale_it_was_trained_at(blender_dataset, tmp_p
     del metrics["dataset"]["downscale"]
     (run / "metrics.json").write_text(json.dumps(metrics))
     assert train_cli.main(base + ["--iters", "5", "--resume"]) == 2
-    assert "another dataset, --downscale or --test-every" in capsys.readouterr().err
+    err = capsys.readouterr().err   # the size names the factor that gives it
+    assert "another dataset, --downscale or --test-every" in err and "its size is that of about --downscale 2" in err
     assert train_cli.main(base + ["--iters", "5", "--resume", "--downscale", "2"]) == 0
 
 

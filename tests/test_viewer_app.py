@@ -777,7 +777,7 @@ def test_offscreen_training_out_is_refused_or_resumed_never_overwritten(procedur
     capsys.readouterr()
     assert main(train + ["--out", str(run), "--frames", "1", "--iters", "50", "--resume", "--downscale", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "was trained at --downscale 1; --downscale 2 gives other images" in err, err
+    assert err.count("\n") == 1 and "was trained at --downscale 1, not 2 (leave --downscale out" in err, err
 
     # the finished run opened once more: its log.txt and metrics.json stay as they were (before: the command line
     # appended its "training …" line and the session a start line that said the files are written only when changed)

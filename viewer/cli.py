@@ -282,7 +282,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
         raise _Refused(problem)
     with remembered_warnings(early, prefix="warning: "):
         ds = load_training_data(args)
-    problem = resumed_data_problem(run_dir, ds, args.data) if resume_cfg is not None else None
+    problem = resumed_data_problem(run_dir, ds, args.data, args.downscale or 1) if resume_cfg is not None else None
     if problem:
         raise _Refused(f"--resume: {run_dir} {problem}")
     problem = _view_problem(args.view, len(ds.train), f"--data {args.data}")

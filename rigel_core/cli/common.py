@@ -473,13 +473,14 @@ def resume_downscale_problem(args: argparse.Namespace, run_dir: Path) -> str | N
     if args.downscale is None:
         args.downscale = saved if saved is not None else 1.0
         return None
-    if saved is not None and float(args.downscale) != saved:
-        return (f"--resume: {run_dir} was trained at --downscale {saved:g}; --downscale {float(args.downscale):g} "
-                f"gives other images (leave it out to continue at {saved:g}, or train into a new --out)")
+    given = float(args.downscale)
+    if saved is not None and abs(given - saved) > 1e-9 * saved:   # the same factor written another way is the same
+        return (f"--resume: {run_dir} was trained at --downscale {saved:.12g}, not {given:.12g} (leave --downscale "
+                f"out to continue at {saved:.12g}, or train into a new --out)")
     return None
 
 
-def resumed_data_problem(run_dir: Path, ds, data) -> str | None:
+def resumed_data_problem(run_dir: Path, ds, data, downscale: float | None = None) -> str | None:
     """Why ``--resume`` must not continue the run in ``run_dir`` on dataset ``ds`` (loaded from ``data``), or None:
     the run's ``metrics.json`` (when missing or damaged there is nothing to compare) names the training views it was
     trained on — their number, resolution and scene extent (facts of the data, not of its path, so a moved dataset
@@ -508,8 +509,12 @@ def resumed_data_problem(run_dir: Path, ds, data) -> str | None:
         w, h = d["resolution"]
         return f"{d['train_views']} training views of {w}x{h}, extent {d['scene_extent']:.4g}"
 
+    hint = ""
+    if downscale is not None and n == now["train_views"] and res != now["resolution"] and res[0] > 0:
+        # the same views at another size: the factor that gives the run's size (metrics.json had no record of it)
+        hint = f"; its size is that of about --downscale {float(downscale) * now['resolution'][0] / res[0]:.3g}"
     return (f"was trained on {previous.get('data', 'another dataset')} ({facts(seen)}); --data {data} gives "
-            f"{facts(now)}: another dataset, --downscale or --test-every (train it into a new --out)")
+            f"{facts(now)}: another dataset, --downscale or --test-every (train it into a new --out){hint}")
 
 
 def load_training_data(args: argparse.Namespace):

@@ -348,7 +348,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
 
     metrics_path = run_dir / METRICS_NAME
     if resume_cfg is not None:
-        problem = resumed_data_problem(run_dir, ds, args.data)
+        problem = resumed_data_problem(run_dir, ds, args.data, args.downscale)
         if problem:
             print(f"rigel-train: --resume: {run_dir} {problem}", file=sys.stderr)
             return 2
