@@ -103,6 +103,8 @@ def save_checkpoint(trainer, path) -> None:
         "coarse_floor": int(getattr(trainer, "coarse_floor", 1)),  # the finest coarse-to-fine factor reached
         "render_mode": getattr(model, "render_mode", "default"),
         "extent": trainer.extent,
+        # the factor the training images were loaded at (rigel-train --resume reads them at it again)
+        "downscale": float(getattr(getattr(trainer, "dataset", None), "downscale", 1.0)),
         "config": trainer.config.to_dict(),
         "eval_history": [e.to_dict() for e in trainer.eval_history],
     }
@@ -111,6 +113,19 @@ def save_checkpoint(trainer, path) -> None:
         if getattr(trainer, "_deferred_config", None) is not None:  # the config it was held under
             meta["deferred_config"] = trainer._deferred_config.to_dict()
     _atomic_save(tensors, meta, path)
+
+
+def checkpoint_metadata(path) -> dict | None:
+    """The rigel metadata of the checkpoint at ``path`` without reading its tensors, or None when it has none that
+    reads as an object (missing, damaged, another file): for a fact of the run before anything loads."""
+    try:
+        from safetensors import safe_open
+
+        with safe_open(os.fspath(path), framework="pt") as f:
+            meta = json.loads((f.metadata() or {}).get("rigel") or "null")
+    except Exception:   # any unreadable file: no fact to read (read_checkpoint names the problem when it loads)
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 def read_checkpoint(path, device="cpu") -> tuple[dict, dict]:

@@ -975,14 +975,27 @@ def test_cli_resume_keeps_the_downscale_it_was_trained_at(blender_dataset, tmp_p
     assert err.count("\n") == 1 and "was trained at --downscale 2, not 1 (leave --downscale out" in err, err
     assert (run / "model.ply").read_bytes() == before
     monkeypatch.undo()
-    # a run from before the record: 1 unless given, and the check after loading refuses another resolution
+    # metrics.json deleted: the checkpoint's record (factor 1 would train over the run at another size, unseen)
+    (run / "metrics.json").unlink()
+    assert train_cli.main(base + ["--iters", "5", "--resume"]) == 0
+    assert f"--resume: at --downscale 2, the factor {run} was trained at" in capsys.readouterr().err
+    assert json.loads((run / "metrics.json").read_text())["dataset"]["resolution"] == res
+    # a run from before the records: 1 unless given, and the check after loading refuses another resolution
+    from safetensors.torch import load_file, save_file
+
+    from rigel_core.checkpoint import read_checkpoint
+
     metrics = json.loads((run / "metrics.json").read_text())
     del metrics["dataset"]["downscale"]
     (run / "metrics.json").write_text(json.dumps(metrics))
-    assert train_cli.main(base + ["--iters", "5", "--resume"]) == 2
+    _, meta = read_checkpoint(run / "checkpoint.safetensors")
+    assert meta.pop("downscale") == 2.0
+    save_file(load_file(run / "checkpoint.safetensors"), run / "checkpoint.safetensors",
+              metadata={"rigel": json.dumps(meta)})
+    assert train_cli.main(base + ["--iters", "6", "--resume"]) == 2
     err = capsys.readouterr().err   # the size names the factor that gives it
     assert "another dataset, --downscale or --test-every" in err and "its size is that of about --downscale 2" in err
-    assert train_cli.main(base + ["--iters", "5", "--resume", "--downscale", "2"]) == 0
+    assert train_cli.main(base + ["--iters", "6", "--resume", "--downscale", "2"]) == 0
 
 
 def test_cli_ctrl_c_while_loading_is_one_line(blender_dataset, tmp_path, monkeypatch, capsys):

@@ -454,14 +454,20 @@ def changed_settings_line(ckpt: Path, changes: list) -> str | None:
 
 
 def saved_downscale(run_dir: Path) -> float | None:
-    """The ``--downscale`` factor the run in ``run_dir`` was trained at (its ``metrics.json``), or None: no record
-    (a run from before it was kept, a missing or damaged file)."""
-    from ..run_dir import METRICS_NAME, read_metrics
+    """The ``--downscale`` factor the run in ``run_dir`` was trained at — its ``metrics.json``'s record, else its
+    checkpoint's (a metrics.json deleted or damaged) — or None: no record (a run from before they were kept)."""
+    from ..checkpoint import checkpoint_metadata
+    from ..run_dir import CHECKPOINT_NAME, METRICS_NAME, read_metrics
+
+    def factor(v):
+        return float(v) if type(v) in (int, float) and math.isfinite(v) and v >= 1 else None
 
     path = Path(run_dir) / METRICS_NAME
     seen = ((read_metrics(path) if path.is_file() else None) or {}).get("dataset")
-    factor = seen.get("downscale") if isinstance(seen, dict) else None
-    return float(factor) if type(factor) in (int, float) and math.isfinite(factor) and factor >= 1 else None
+    found = factor(seen.get("downscale")) if isinstance(seen, dict) else None
+    if found is None:
+        found = factor((checkpoint_metadata(Path(run_dir) / CHECKPOINT_NAME) or {}).get("downscale"))
+    return found
 
 
 def resume_downscale_problem(args: argparse.Namespace, run_dir: Path) -> str | None:

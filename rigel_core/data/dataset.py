@@ -87,12 +87,15 @@ def load_dataset(path, *, white_bg: bool = False, downscale: float = 1, test_eve
     kw = dict(white_bg=white_bg, downscale=downscale, device=device, max_frames=max_frames,
               alpha_as_mask=alpha_as_mask, stream=stream, cache_mb=cache_mb)
     if format == "blender":
-        return load_blender(root, **kw)
-    if format == "ngp":
-        return load_ngp(root, test_every=test_every, **kw)
-    from .colmap import load_colmap
+        ds = load_blender(root, **kw)
+    elif format == "ngp":
+        ds = load_ngp(root, test_every=test_every, **kw)
+    else:
+        from .colmap import load_colmap
 
-    return load_colmap(root, test_every=test_every, **kw)
+        ds = load_colmap(root, test_every=test_every, **kw)
+    ds.downscale = float(downscale)
+    return ds
 
 
 def load_blender(root, *, white_bg=False, downscale=1, device="cpu", max_frames=None, alpha_as_mask=False,

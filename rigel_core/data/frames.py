@@ -63,6 +63,8 @@ class Dataset:
         white_bg: whether alpha was composited onto white (else black).
         source: format name: ``"blender"``, ``"ngp"`` or ``"colmap"``.
         path: the directory (or file) it was loaded from.
+        downscale: the factor :func:`~rigel_core.data.load_dataset` divided the image sizes by (1: as stored);
+            checkpoints record it, so that ``--resume`` reads the images at the size the run was fitted to.
     """
 
     train: list[Frame]
@@ -74,6 +76,7 @@ class Dataset:
     white_bg: bool = False
     source: str = ""
     path: str = ""
+    downscale: float = 1.0
 
     @property
     def background(self) -> tuple[float, float, float]:
