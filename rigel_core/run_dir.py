@@ -344,11 +344,10 @@ def read_metrics(path: Path) -> dict | None:
     return metrics if ok else None
 
 
-def new_metrics(metrics: dict | None, *, data, device: str, trainer, resumed: bool,
-                downscale: float | None = None) -> dict:
+def new_metrics(metrics: dict | None, *, data, device: str, trainer, resumed: bool) -> dict:
     """``metrics.json``'s content at the start of a session: ``metrics`` (a resumed run's, :func:`read_metrics`)
-    or a fresh one, with the data, device, configuration and the facts of the trainer's views (``downscale``: the
-    factor the images were loaded at, which ``rigel-train --resume`` reads again; not recorded when None)."""
+    or a fresh one, with the data, device, configuration and the facts of the trainer's views (among them
+    ``downscale``, the factor its dataset was loaded at, which ``--resume`` reads again)."""
     if metrics is None:
         metrics = {"train": [], "eval": [], "densify": [], "timings": {}, "resumed_at": []}
     if resumed:
@@ -367,9 +366,8 @@ def new_metrics(metrics: dict | None, *, data, device: str, trainer, resumed: bo
                                 "scene_extent": trainer.extent, "white_bg": trainer.white_bg,
                                 "resolution": [train[0].camera.width, train[0].camera.height],
                                 "masked_pixels": {"train": train_pixels, "test": test_pixels},
-                                "masked_views": {"train": train_views, "test": test_views}}})
-    if downscale is not None:
-        metrics["dataset"]["downscale"] = float(downscale)
+                                "masked_views": {"train": train_views, "test": test_views},
+                                "downscale": float(getattr(getattr(trainer, "dataset", None), "downscale", 1.0))}})
     return metrics
 
 
@@ -447,7 +445,7 @@ class RunRecord:
 
     @classmethod
     def open(cls, run_dir: Path, trainer, *, data="", device: str | None = None, name: str | None = None,
-             console=None, downscale: float | None = None) -> "RunRecord":
+             console=None) -> "RunRecord":
         """Create the run folder if needed and start a session's record there: a resumed run (trainer at an
         iteration > 0) continues its whole ``metrics.json``, a new one starts afresh."""
         run_dir = Path(run_dir)
@@ -455,7 +453,7 @@ class RunRecord:
         resumed = trainer.iteration > 0
         metrics = read_metrics(run_dir / METRICS_NAME) if resumed else None
         metrics = new_metrics(metrics, data=data, device=device or str(trainer.device), trainer=trainer,
-                              resumed=resumed, downscale=downscale)
+                              resumed=resumed)
         return cls(run_dir, open_run_log(run_dir, name or f"rigel.run.{id(metrics)}", console), metrics)
 
     def steps(self, window: list) -> dict:

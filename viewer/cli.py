@@ -224,7 +224,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
     from rigel_core.checkpoint import CheckpointError
     from rigel_core.cli.common import build_trainer, changed_settings_line, config_overrides, kept_settings, \
         load_training_data, memory_problem_of, new_config, new_run_problem, no_checkpoint_line, preload_problem, \
-        remembered_warnings, resume_config, resume_downscale_problem, resumed_data_problem
+        remembered_warnings, resolve_downscale, resume_config, resumed_data_problem
     from rigel_core.run_dir import CHECKPOINT_NAME, RunFolderTaken, RunLock, choose_run_dir, holds_run, \
         log_to_file, out_problem
     from rigel_core.train.run import run_finished
@@ -268,21 +268,19 @@ def _start_training(args, settings: ViewSettings, locks: list):
     if args.resume and resume_cfg is None:
         early.append(no_checkpoint_line(run_dir))
         print(f"rigel-viewer: {early[-1]}", file=sys.stderr)
-    if resume_cfg is not None:  # the factor the run was trained at, unless given (and then the same), as rigel-train
-        given = args.downscale
-        problem = resume_downscale_problem(args, run_dir)
-        if problem:
-            raise _Refused(problem)
-        if given is None and args.downscale != 1:
-            early.append(f"--resume: at --downscale {args.downscale:g}, the factor {run_dir} was trained at")
-            print(f"rigel-viewer: {early[-1]}", file=sys.stderr)
+    problem, note = resolve_downscale(args, run_dir, resume_cfg is not None)  # as rigel-train
+    if problem:
+        raise _Refused(problem)
+    if note:
+        early.append(note)
+        print(f"rigel-viewer: {note}", file=sys.stderr)
     device = _pick_render_device(args.device)
     problem = preload_problem(args) if args.preload_frames else None   # before a single image is decoded
     if problem:
         raise _Refused(problem)
     with remembered_warnings(early, prefix="warning: "):
         ds = load_training_data(args)
-    problem = resumed_data_problem(run_dir, ds, args.data, args.downscale or 1) if resume_cfg is not None else None
+    problem = resumed_data_problem(run_dir, ds, args.data, args.downscale) if resume_cfg is not None else None
     if problem:
         raise _Refused(f"--resume: {run_dir} {problem}")
     problem = _view_problem(args.view, len(ds.train), f"--data {args.data}")
@@ -328,7 +326,7 @@ def _start_training(args, settings: ViewSettings, locks: list):
         settings.model_refresh_s = 0.5
     # offscreen: the frame loop resumes it (viewer.offscreen), so no iteration runs before frames are presented
     session = TrainingSession(trainer, ModelSlot(), run_dir, running=not (args.paused or args.offscreen),
-                              data=args.data, downscale=args.downscale or 1)
+                              data=args.data)
     session.start()
     try:
         while session.slot.latest() is None and session.alive:   # the first snapshot (after the initial evaluation)

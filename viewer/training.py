@@ -116,7 +116,7 @@ class TrainingSession:
     """
 
     def __init__(self, trainer, slot: ModelSlot, run_dir, *, running: bool = True, publish_every_s: float = 0.1,
-                 eval_at_start: bool = True, progress_every: int = 10, data="", downscale: float | None = None):
+                 eval_at_start: bool = True, progress_every: int = 10, data=""):
         self.trainer = trainer
         self.slot = slot
         self.run_dir = Path(run_dir)
@@ -129,7 +129,7 @@ class TrainingSession:
         self._finished = trainer.iteration >= trainer.config.iterations
         self._last_publish = 0.0
         self.progress_every = max(int(progress_every), 1)
-        self.data, self.downscale = data, downscale   # metrics.json's; --resume reads the factor again
+        self.data = data
         self.record: RunRecord | None = None   # opened on the thread (the run folder is written from there only)
         self.run: TrainingRun | None = None    # the run loop's bookkeeping, made with the record
         self._thread = threading.Thread(target=self._run, name="rigel-training", daemon=True)
@@ -194,8 +194,7 @@ class TrainingSession:
     def _loop(self) -> TrainingRun:
         """The run loop's bookkeeping (and the run folder's record), made at first use on the thread."""
         if self.run is None:
-            self.record = RunRecord.open(self.run_dir, self.trainer, data=self.data, name=f"rigel.viewer.run.{id(self)}",
-                                         downscale=self.downscale)
+            self.record = RunRecord.open(self.run_dir, self.trainer, data=self.data, name=f"rigel.viewer.run.{id(self)}")
             self.run = TrainingRun(self.trainer, self.record, window=self.progress_every, hooks=_ViewerHooks(self))
         return self.run
 

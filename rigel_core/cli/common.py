@@ -470,20 +470,25 @@ def saved_downscale(run_dir: Path) -> float | None:
     return found
 
 
-def resume_downscale_problem(args: argparse.Namespace, run_dir: Path) -> str | None:
-    """``--resume`` and ``--downscale``, before the dataset loads: left out, the factor the run was trained at
-    (:func:`saved_downscale`; 1 without a record) is set on ``args``; given and another, one line without the
-    command's name (a run goes on at the images it was fitted to; the check after loading catches a run without a
-    record). Returns None when the run can go on."""
+def resolve_downscale(args: argparse.Namespace, run_dir: Path, resuming: bool) -> tuple[str | None, str | None]:
+    """Set ``args.downscale`` before the dataset loads and return ``(problem, note)``, one line each without the
+    command's name, or None. A new run: the flag, or 1. ``resuming``: left out, the factor the run was trained at
+    (:func:`saved_downscale`; 1 without a record), with a note when it is not 1; given and another, the problem (a
+    run goes on at the images it was fitted to; the check after loading catches a run without a record)."""
+    if not resuming:
+        args.downscale = 1.0 if args.downscale is None else args.downscale
+        return None, None
     saved = saved_downscale(run_dir)
     if args.downscale is None:
         args.downscale = saved if saved is not None else 1.0
-        return None
+        note = (f"--resume: at --downscale {args.downscale:g}, the factor {run_dir} was trained at"
+                if args.downscale != 1 else None)
+        return None, note
     given = float(args.downscale)
     if saved is not None and abs(given - saved) > 1e-9 * saved:   # the same factor written another way is the same
         return (f"--resume: {run_dir} was trained at --downscale {saved:.12g}, not {given:.12g} (leave --downscale "
-                f"out to continue at {saved:.12g}, or train into a new --out)")
-    return None
+                f"out to continue at {saved:.12g}, or train into a new --out)"), None
+    return None, None
 
 
 def resumed_data_problem(run_dir: Path, ds, data, downscale: float | None = None) -> str | None:

@@ -101,7 +101,7 @@ from ..run_dir import (CHECKPOINT_NAME, METRICS_NAME, RunFolderTaken, RunLock, R
 from ..train.run import RunHooks, TrainingRun, run_finished
 from .common import add_training_args, build_trainer, changed_settings_line, config_overrides, device_problem, \
     kept_settings, load_training_data, new_config, new_run_problem, no_checkpoint_line, one_line_warnings, path_arg, \
-    memory_problem_of, preload_problem, remembered_warnings, resume_config, resume_downscale_problem, \
+    memory_problem_of, preload_problem, remembered_warnings, resolve_downscale, resume_config, \
     resumed_data_problem, unread_settings_line, whole_number_arg
 from .common import Parser, add_threads_arg, limit_heap_retention, set_threads, threads_problem
 
@@ -319,16 +319,12 @@ def _main(args, lock: RunLock, comm=None) -> int:
         except (CheckpointError, ValueError) as e:
             print(f"rigel-train: {e}", file=sys.stderr)
             return 2
-    if resume_cfg is not None:  # the factor the run was trained at, unless given (and then the same)
-        given = args.downscale
-        problem = resume_downscale_problem(args, run_dir)
-        if problem:
-            print(f"rigel-train: {problem}", file=sys.stderr)
-            return 2
-        if given is None and args.downscale != 1:
-            say_early(f"--resume: at --downscale {args.downscale:g}, the factor {run_dir} was trained at")
-    elif args.downscale is None:
-        args.downscale = 1.0
+    problem, note = resolve_downscale(args, run_dir, resume_cfg is not None)  # a resumed run: the factor it had
+    if problem:
+        print(f"rigel-train: {problem}", file=sys.stderr)
+        return 2
+    if note:
+        say_early(note)
     problem = new_run_problem(overrides, args) if resume_cfg is None else None  # before the dataset loads
     if problem:
         print(f"rigel-train: {problem}", file=sys.stderr)
@@ -412,8 +408,7 @@ def _main(args, lock: RunLock, comm=None) -> int:
         comm.check_identical(trainer)
     t_init = time.perf_counter()
     cfg = trainer.config
-    metrics = new_metrics(metrics, data=args.data, device=device, trainer=trainer, resumed=resume_cfg is not None,
-                          downscale=args.downscale)
+    metrics = new_metrics(metrics, data=args.data, device=device, trainer=trainer, resumed=resume_cfg is not None)
     world = 1 if comm is None else comm.world_size
     metrics["distributed"] = {"world_size": world, "batch_size": cfg.batch_size,
                               "global_batch": world * cfg.batch_size, "batch_lr_scaling": cfg.batch_lr_scaling,
