@@ -32,7 +32,7 @@ PROTOCOLS = {"psnr_pose": "pose-fitted PSNR", "psnr_exposure": "exposure PSNR"}
 #: (bench/real.py's ``train_psnr``: high while the held-out PSNR is low means floaters or overfitting) and the
 #: percentage of wide Gaussians (bench/real.py's ``wide_share``: a fog of wide faint ones shows there)
 COLUMNS = {**PROTOCOLS, "train_psnr": "training-view PSNR", "wide_pct": "% wider than 0.1 extent",
-           "faint_pct": "% fainter than 0.027"}
+           "faint_pct": "% fainter than 0.027", "faint_path": "% fainter than 0.027 at each checkpoint"}
 
 
 def run_tag(variant: str, scene: str, seed: int) -> str:
@@ -85,7 +85,8 @@ def main(argv=None) -> int:
         res = {"variant": v, "overrides": kv, "scene": Path(sc).name, "seed": seed, "rc": rc,
                "wall_s": time.perf_counter() - t0}
         try:
-            r = json.loads((out / tag / "real.json").read_text())["scenes"][0]["runs"]["rigel"]["checkpoints"][-1]
+            cps = json.loads((out / tag / "real.json").read_text())["scenes"][0]["runs"]["rigel"]["checkpoints"]
+            r = cps[-1]
             res.update(psnr=r["psnr"], ssim=r["ssim"], n=r.get("num_gaussians"), train_s=r.get("train_s"))
             # the pose-fitted and exposure protocols' PSNR (eval_pose_opt / pose_opt, eval_exposure / exposure /
             # appearance_grid: docs/TRAINING.md), where the run scored them
@@ -96,10 +97,15 @@ def main(argv=None) -> int:
                 res["wide_pct"] = 100.0 * r["wide_share"]
             if r.get("faint_share") is not None:  # inside the MCMC noise's gate (bench/real.py FAINT_OPACITY)
                 res["faint_pct"] = 100.0 * r["faint_share"]
+            if len(cps) > 1 and all(c.get("faint_share") is not None for c in cps):  # how the share grew
+                res["faint_path"] = " → ".join(f"{100.0 * c['faint_share']:.0f}" for c in cps)
         except (OSError, KeyError, IndexError, ValueError) as e:
             res["error"] = f"{type(e).__name__}: {e}"
         print(f"{tag}: rc={rc} psnr={res.get('psnr', 'n/a')}", flush=True)
         return res
+
+    def cell(value) -> str:
+        return "—" if value is None else value if isinstance(value, str) else f"{value:.2f}"
 
     def write(results) -> list[str]:
         (out / "sweep.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -122,7 +128,7 @@ def main(argv=None) -> int:
                 lines.append(f"| {sc} | {v} | {' / '.join('—' if p is None else f'{p:.2f}' for p in ps)} | {mean:.2f} | "
                              f"{delta} | {sum(ns) / len(ns) if ns else 0:,.0f} | "
                              f"{f'{sum(ts) / len(ts):.1f}' if ts else '—'} |"
-                             + "".join(f" {' / '.join('—' if r.get(k) is None else f'{r[k]:.2f}' for r in rows)} |"
+                             + "".join(f" {' / '.join(cell(r.get(k)) for r in rows)} |"
                                        for k in protocols))
         lines += ["", f"¹ runs {args.parallel} at a time on one GPU: times compare variants within this sweep only."]
         (out / "sweep.md").write_text("\n".join(lines) + "\n")

@@ -802,19 +802,23 @@ def test_sweep_table_has_the_training_view_column_where_runs_scored_them(tmp_pat
             ck["train_psnr"] = 30.0 + seed
         else:
             ck["wide_share"], ck["faint_share"] = 0.25, 0.125
+        cps = [ck]
+        if seed == 1:  # an earlier checkpoint too: the faint share's path shows
+            cps = [{**ck, "faint_share": 0.5, "iteration": 3000}, ck]
         out.mkdir(parents=True)
-        (out / "real.json").write_text(json.dumps({"scenes": [{"runs": {"rigel": {"checkpoints": [ck]}}}]}))
+        (out / "real.json").write_text(json.dumps({"scenes": [{"runs": {"rigel": {"checkpoints": cps}}}]}))
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(real_sweep.subprocess, "run", fake_run)
     assert real_sweep.main(["--scenes", "fern", "--seeds", "0,1", "--variant", "a", "--variant", "b=x=1",
                             "--parallel", "1", "--out", str(tmp_path / "s")]) == 0
     md = (tmp_path / "s" / "sweep.md").read_text()
-    assert ("training-view PSNR per seed | % wider than 0.1 extent per seed | % fainter than 0.027 per seed |"
+    assert ("training-view PSNR per seed | % wider than 0.1 extent per seed | % fainter than 0.027 per seed | "
+            "% fainter than 0.027 at each checkpoint per seed |" in md)
+    assert ("| fern | a | 20.00 / 21.00 | 20.50 |  | 100 | 1.0 | 30.00 / — | — / 25.00 | — / 12.50 | — / 50 → 12 |"
             in md)
-    assert "| fern | a | 20.00 / 21.00 | 20.50 |  | 100 | 1.0 | 30.00 / — | — / 25.00 | — / 12.50 |" in md
     assert ("| fern | b | 20.50 / 21.50 | 21.00 | +0.50 [+0.50, +0.50] | 100 | 1.0 | 30.00 / — | — / 25.00 | "
-            "— / 12.50 |" in md)
+            "— / 12.50 | — / 50 → 12 |" in md)
 
 
 def test_shape_stats_count_the_wide_gaussians_and_their_opacity(rng):
