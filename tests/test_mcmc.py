@@ -257,7 +257,7 @@ def test_trim_to_cap_keeps_the_most_opaque(rng):
 # ---- noise and regularisers ----------------------------------------------------------------------------------------
 def test_position_noise_is_zero_for_opaque_and_follows_sigma_for_transparent(rng):
     n = 20_000
-    cfg = TrainConfig(strategy="mcmc", max_gaussians=n)
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=n, mcmc_noise_max_scale=0.0)  # the paper's Σ
     model = random_scene(rng, n)
     q = torch.randn(4, generator=rng)
     s = torch.exp(-1.5 + torch.rand(3, generator=rng))
@@ -409,11 +409,13 @@ def _noise_float64(means, quats, log_scales, logits, eta, c, cfg, max_scale=math
 
 
 def test_noise_max_scale():
-    off = TrainConfig(strategy="mcmc")
+    off = TrainConfig(strategy="mcmc", mcmc_noise_max_scale=0.0)
     share = 0.01 + float(torch.rand(1))
     on = TrainConfig(strategy="mcmc", mcmc_noise_max_scale=share)
     e = 0.5 + 10 * float(torch.rand(1))
     assert noise_max_scale(off, e) == math.inf and noise_max_scale(off, None) == math.inf
+    default = TrainConfig(strategy="mcmc")  # the default bounds the noise (docs/TRAINING.md)
+    assert 0 < default.mcmc_noise_max_scale and noise_max_scale(default, e) < math.inf
     assert noise_max_scale(on, e) == pytest.approx(share * e, rel=1e-15)
     for bad in (None, 0.0, -1.0, math.nan, math.inf):
         with pytest.raises(ValueError, match="scene extent"):
@@ -430,7 +432,7 @@ def test_noise_max_scale_bounds_only_the_wide_gaussians(rng):
     import rigel_core.train.mcmc as mcmc
     n, e = 4000, 1 + 5 * float(torch.rand(1, generator=rng))
     share = 0.02 + 0.05 * float(torch.rand(1, generator=rng))
-    off = TrainConfig(strategy="mcmc", max_gaussians=n)
+    off = TrainConfig(strategy="mcmc", max_gaussians=n, mcmc_noise_max_scale=0.0)
     on = dataclasses.replace(off, mcmc_noise_max_scale=share)
     model = random_scene(rng, n)
     model.quats = torch.randn(n, 4, generator=rng)
@@ -1108,7 +1110,7 @@ def test_mcmc_on_cuda(rng):
         assert m.means3D.device.type == dev
     assert torch.equal(model.means3D.detach(), gpu.means3D.detach().cpu())
     torch.testing.assert_close(model.opacities.detach(), gpu.opacities.detach().cpu(), rtol=1e-5, atol=1e-7)
-    noise = position_noise(gpu, 1e-4, cfg, torch.Generator().manual_seed(seed))
+    noise = position_noise(gpu, 1e-4, cfg, torch.Generator().manual_seed(seed), extent=2.0)
     assert noise.is_cuda and bool(torch.isfinite(noise).all()) and float(noise.abs().max()) > 0
 
     ds = make_dataset(rng, n_gauss=120, size=32, n_train=6, n_test=2)
@@ -1119,3 +1121,84 @@ def test_mcmc_on_cuda(rng):
         r = tr.step()
     assert r.num_gaussians == 200 and tr.is_consistent() and tr.nan_skips == 0
     assert tr.evaluate().psnr > before.psnr
+
+
+# ---- the fog rule (TrainConfig.mcmc_fog_share) ----------------------------------------------------------------------
+def test_fog_share_counts_the_gaussians_inside_the_noise_gate(rng):
+    """fog_opacity is where the gate σ(−k(o − t)) passes a tenth of the noise; fog_share counts, by hand, the
+    Gaussians under it (a non-finite opacity is not faint); fog_acts only from mcmc_fog_from × iterations on, at or
+    above the share, and never when the rule is off."""
+    from rigel_core.train.mcmc import fog_acts, fog_opacity, fog_share
+    cfg = TrainConfig(strategy="mcmc", mcmc_noise_k=50 + 200 * float(torch.rand(1, generator=rng)),
+                      mcmc_noise_t=0.001 + 0.01 * float(torch.rand(1, generator=rng)))
+    f = fog_opacity(cfg)
+    assert 1 / (1 + math.exp(cfg.mcmc_noise_k * (f - cfg.mcmc_noise_t))) == pytest.approx(0.1, rel=1e-9)
+    n = 500
+    model = random_scene(rng, n)
+    opac = torch.rand(n, generator=rng) * 2 * f
+    opac[:7] = torch.tensor([f * 0.999, f * 1.001, 0.5, 0.0, 1.0, 1e-9, f * 0.5])
+    model.opacity_logits = torch.logit(opac.double()).float()
+    model.opacity_logits[7:10] = torch.tensor([math.nan, math.inf, -math.inf])
+    # a non-finite logit (also those of opacity 0 and 1 above) is a culled Gaussian: not faint
+    want = int((opac[10:] < f).sum()) + 3  # f · 0.999, 1e-9, f / 2
+    assert int((model.opacities.detach() < f).sum()) == want
+    assert fog_share(model, cfg) == pytest.approx(want / n, rel=1e-12)
+    assert fog_share(random_scene(rng, 0), cfg) == 0.0
+    on = dataclasses.replace(cfg, mcmc_fog_share=0.8, mcmc_fog_from=0.4, iterations=7000)
+    assert fog_acts(on, 2800, 0.8) and fog_acts(on, 7000, 0.95)
+    assert not fog_acts(on, 2799, 0.99) and not fog_acts(on, 5000, 0.7999)
+    assert not fog_acts(cfg, 7000, 1.0)  # off by default
+    for bad in (-0.1, 1.5, math.nan):
+        for field in ("mcmc_fog_share", "mcmc_fog_from", "mcmc_fog_noise"):
+            with pytest.raises(ValueError, match=field):
+                dataclasses.replace(cfg, **{field: bad}).validate()
+
+
+def test_the_fog_rule_scales_the_noise_once_and_a_checkpoint_keeps_it(rng, tmp_path):
+    """A short MCMC run whose Gaussians are all faint: with the rule on, the first relocation step from
+    mcmc_fog_from on says it in one warning and the noise is mcmc_fog_noise × what it was (the same η: the PyTorch
+    form with scale against the unscaled one); the graph signature's strategy state changes with it; a checkpoint
+    resumes with the multiplier and goes on bit for bit. With the rule off (the default) nothing changes."""
+    from rigel_core.train.strategy import strategy_for
+    ds = make_dataset(rng, n_gauss=40, size=16, n_train=4, n_test=0)
+    start = random_scene(rng, 60)
+    start.opacity_logits = torch.logit(0.006 + 0.01 * torch.rand(60, generator=rng))  # all inside the gate
+    noise_scale = 0.05 + 0.5 * float(torch.rand(1, generator=rng))
+    cfg = mcmc_config(iterations=40, max_gaussians=80, densify_from=3, densify_interval=4, mcmc_fog_share=0.5,
+                      mcmc_fog_from=0.25, mcmc_fog_noise=noise_scale)
+    tr = Trainer(ds, cfg, model=start, device="cpu")
+    off = Trainer(ds, dataclasses.replace(cfg, mcmc_fog_share=0.0), model=start, device="cpu")
+    mcmc = strategy_for("mcmc")
+    assert mcmc.graph_state(tr) == (1.0,)
+    import warnings as _w
+    with _w.catch_warnings(record=True) as caught:
+        _w.simplefilter("always")
+        for _ in range(11):  # relocation steps at 4 and 8 (before 0.25 × 40 = 10: the rule does not look)
+            tr.step()
+            off.step()
+        assert tr.mcmc_noise_scale == 1.0 and not caught
+        _assert_same_state(_state(tr), _state(off))
+        tr.step(); off.step()  # 12: the rule acts (every Gaussian still faint)
+    fog = [str(w.message) for w in caught if "fainter than" in str(w.message)]
+    assert len(fog) == 1 and fog[0].startswith("iteration 12: ") and f"multiplied by {noise_scale:g}" in fog[0]
+    assert tr.mcmc_noise_scale == noise_scale and off.mcmc_noise_scale == 1.0
+    assert mcmc.graph_state(tr) == (noise_scale,)
+    # the scaled noise is the unscaled one times the multiplier, η alike
+    from rigel_core.train.mcmc import add_position_noise
+    m = tr.model
+    keep = m.means3D.detach().clone()
+    a = add_position_noise(m, 1e-3, cfg, torch.Generator().manual_seed(5), extent=tr.extent)
+    m.means3D.data.copy_(keep)
+    b = add_position_noise(m, 1e-3, cfg, torch.Generator().manual_seed(5), extent=tr.extent, scale=noise_scale)
+    m.means3D.data.copy_(keep)
+    assert float(a.abs().max()) > 0
+    torch.testing.assert_close(b, a * noise_scale, rtol=1e-6, atol=0)
+    path = tmp_path / "fog.safetensors"
+    tr.save_checkpoint(path)
+    resumed = Trainer.from_checkpoint(path, ds, device="cpu")
+    assert resumed.mcmc_noise_scale == noise_scale
+    for _ in range(5):
+        tr.step(); resumed.step()
+        _assert_same_state(_state(tr), _state(resumed))
+    off.save_checkpoint(tmp_path / "off.safetensors")  # a run the rule never acted on: no entry, resumed at 1
+    assert Trainer.from_checkpoint(tmp_path / "off.safetensors", ds, device="cpu").mcmc_noise_scale == 1.0

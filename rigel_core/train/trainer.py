@@ -544,6 +544,9 @@ class Trainer:
         #: more iterations to hold the schedule at (an outside evaluation's, e.g. bench/real.py's checkpoints)
         self.schedule_holds: set[int] = set()
         self._deferred_ok: torch.Tensor | None = None  # MCMC: that step's NaN-guard verdict, for its deferred noise
+        #: MCMC: the position noise's multiplier, 1 until the fog rule acts (TrainConfig.mcmc_fog_share; saved in
+        #: checkpoints)
+        self.mcmc_noise_scale = 1.0
         self.lock = threading.Lock()
         self._view_stack: list[int] = []
         #: views to train again first: their graph-step replay overflowed its binning capacity (graph_step.py)
