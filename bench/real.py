@@ -121,7 +121,7 @@ from rigel_core.data.stream import stream_stats  # noqa: E402
 from rigel_core.model import PARAM_NAMES, GaussianModel  # noqa: E402
 from rigel_core.train import TrainConfig  # noqa: E402
 from rigel_core.train.losses import l1_loss, psnr_from_mse, ssim, ssim_map  # noqa: E402
-from rigel_core.train.mcmc import length_unit  # noqa: E402
+from rigel_core.train.mcmc import fog_opacity, length_unit  # noqa: E402
 from rigel_core.train.optim import position_lr  # noqa: E402
 from rigel_core.train.trainer import Trainer  # noqa: E402
 
@@ -433,9 +433,10 @@ TRAIN_VIEWS_SCORED = 8
 #: pruning bound, ``max_world_size``): beer~nosfm's fog was 87 % such Gaussians at 1M, at a mean opacity of 0.01
 WIDE_SHARE_OF_EXTENT = 0.1
 #: a Gaussian below this opacity counts as faint in ``shape_stats``: where the MCMC noise's default gate
-#: σ(−k(o − t)) (k = 100, t = 0.005) still passes a tenth of the noise, t + ln 9 / k. beer~nosfm's 1M run fails
-#: with the noise on such Gaussians (a gate of k = 300, which closes above about 0.012, cured it)
-FAINT_OPACITY = 0.005 + math.log(9) / 100
+#: σ(−k(o − t)) still passes a tenth of the noise, t + ln 9 / k (the fog rule's bound, ``mcmc.fog_opacity``).
+#: beer~nosfm's 1M run fails with the noise on such Gaussians (a gate of k = 300, which closes above about 0.012,
+#: cured it)
+FAINT_OPACITY = fog_opacity(TrainConfig())
 
 
 @torch.no_grad()
