@@ -321,11 +321,11 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
     _check_tensor(path, tensors, "views.stack", (-1,), (torch.int64,))
     validate_view_stack(path, tensors, n_train_views)
     known |= {f"stats.{k}" for k in STATS_KEYS} | {"rng.cpu", "views.stack"}
-    if "mcmc.noise_scale" in tensors:  # the fog rule's noise multiplier (train/strategy.py MCMCStrategy), once it acted
-        scale = _check_tensor(path, tensors, "mcmc.noise_scale", (1,), (torch.float64,), finite=True, nonneg=True)
-        if not float(scale[0]) <= 1:
-            _fail(path, "mcmc.noise_scale", f"{float(scale[0])} is not in [0, 1]")
-        known.add("mcmc.noise_scale")
+    if "mcmc.fog_at" in tensors:  # the iteration the fog rule acted at (train/strategy.py MCMCStrategy), once it did
+        at = int(_check_tensor(path, tensors, "mcmc.fog_at", (1,), (torch.int64,))[0])
+        if not 0 < at <= it:
+            _fail(path, "mcmc.fog_at", f"{at} is not an iteration in [1, {it}]")
+        known.add("mcmc.fog_at")
     for cls in _corrections():  # per-image exposure, poses (train/per_image.py); counts checked against the dataset
         name, pre = cls.prefix + cls.key, cls.prefix
         if name not in tensors:

@@ -1154,37 +1154,41 @@ def test_fog_share_counts_the_gaussians_inside_the_noise_gate(rng):
                 dataclasses.replace(cfg, **{field: bad}).validate()
 
 
-def test_the_fog_rule_scales_the_noise_once_and_a_checkpoint_keeps_it(rng, tmp_path):
+@pytest.mark.parametrize("multiplier", ["fraction", "one"])
+def test_the_fog_rule_scales_the_noise_once_and_a_checkpoint_keeps_it(rng, tmp_path, multiplier):
     """A short MCMC run whose Gaussians are all faint: with the rule on, the first relocation step from
-    mcmc_fog_from on says it in one warning and the noise is mcmc_fog_noise × what it was (the same η: the PyTorch
-    form with scale against the unscaled one); the graph signature's strategy state changes with it; a checkpoint
-    resumes with the multiplier and goes on bit for bit. With the rule off (the default) nothing changes."""
+    mcmc_fog_from on says it in one warning, once (also when the multiplier is 1), and the noise is mcmc_fog_noise ×
+    what it was (the same η: the PyTorch form with scale against the unscaled one); the graph signature's strategy
+    state follows; a checkpoint resumes with it, bit for bit, and a note says so; resumed with the rule off the
+    whole noise is back, with another multiplier that one. With the rule off (the default) nothing changes."""
+    import warnings as _w
+
+    from rigel_core.train.mcmc import add_position_noise, fog_multiplier
     from rigel_core.train.strategy import strategy_for
     ds = make_dataset(rng, n_gauss=40, size=16, n_train=4, n_test=0)
     start = random_scene(rng, 60)
     start.opacity_logits = torch.logit(0.006 + 0.01 * torch.rand(60, generator=rng))  # all inside the gate
-    noise_scale = 0.05 + 0.5 * float(torch.rand(1, generator=rng))
+    noise_scale = 1.0 if multiplier == "one" else 0.05 + 0.5 * float(torch.rand(1, generator=rng))
     cfg = mcmc_config(iterations=40, max_gaussians=80, densify_from=3, densify_interval=4, mcmc_fog_share=0.5,
                       mcmc_fog_from=0.25, mcmc_fog_noise=noise_scale)
     tr = Trainer(ds, cfg, model=start, device="cpu")
     off = Trainer(ds, dataclasses.replace(cfg, mcmc_fog_share=0.0), model=start, device="cpu")
     mcmc = strategy_for("mcmc")
-    assert mcmc.graph_state(tr) == (1.0,)
-    import warnings as _w
+    assert mcmc.graph_state(tr) == (1.0,) and tr.fog_note is None
     with _w.catch_warnings(record=True) as caught:
         _w.simplefilter("always")
         for _ in range(11):  # relocation steps at 4 and 8 (before 0.25 × 40 = 10: the rule does not look)
             tr.step()
             off.step()
-        assert tr.mcmc_noise_scale == 1.0 and not caught
+        assert tr.fog_at is None and not caught
         _assert_same_state(_state(tr), _state(off))
-        tr.step(); off.step()  # 12: the rule acts (every Gaussian still faint)
+        for _ in range(9):  # 12: the rule acts (every Gaussian still faint); 16, 20: it does not again
+            tr.step()
     fog = [str(w.message) for w in caught if "fainter than" in str(w.message)]
     assert len(fog) == 1 and fog[0].startswith("iteration 12: ") and f"multiplied by {noise_scale:g}" in fog[0]
-    assert tr.mcmc_noise_scale == noise_scale and off.mcmc_noise_scale == 1.0
-    assert mcmc.graph_state(tr) == (noise_scale,)
+    assert tr.fog_at == 12 and off.fog_at is None
+    assert mcmc.graph_state(tr) == (noise_scale,) and fog_multiplier(tr.config, tr.fog_at) == noise_scale
     # the scaled noise is the unscaled one times the multiplier, η alike
-    from rigel_core.train.mcmc import add_position_noise
     m = tr.model
     keep = m.means3D.detach().clone()
     a = add_position_noise(m, 1e-3, cfg, torch.Generator().manual_seed(5), extent=tr.extent)
@@ -1196,9 +1200,26 @@ def test_the_fog_rule_scales_the_noise_once_and_a_checkpoint_keeps_it(rng, tmp_p
     path = tmp_path / "fog.safetensors"
     tr.save_checkpoint(path)
     resumed = Trainer.from_checkpoint(path, ds, device="cpu")
-    assert resumed.mcmc_noise_scale == noise_scale
+    assert resumed.fog_at == 12 and "the fog rule acted at iteration 12" in resumed.fog_note
+    assert resumed.fog_note in resumed.notes
     for _ in range(5):
-        tr.step(); resumed.step()
+        tr.step()
+        resumed.step()
         _assert_same_state(_state(tr), _state(resumed))
-    off.save_checkpoint(tmp_path / "off.safetensors")  # a run the rule never acted on: no entry, resumed at 1
-    assert Trainer.from_checkpoint(tmp_path / "off.safetensors", ds, device="cpu").mcmc_noise_scale == 1.0
+    # resumed with the rule off: the whole noise; with another multiplier: that one
+    quiet = Trainer.from_checkpoint(path, ds, device="cpu", config=dataclasses.replace(cfg, mcmc_fog_share=0.0))
+    assert quiet.fog_at == 12 and mcmc.graph_state(quiet) == (1.0,) and "off now" in quiet.fog_note
+    other = Trainer.from_checkpoint(path, ds, device="cpu", config=dataclasses.replace(cfg, mcmc_fog_noise=0.0))
+    assert mcmc.graph_state(other) == (0.0,)
+    off.save_checkpoint(tmp_path / "off.safetensors")  # a run the rule never acted on: no entry
+    assert Trainer.from_checkpoint(tmp_path / "off.safetensors", ds, device="cpu").fog_at is None
+    # a damaged entry is refused in one line naming the file and the tensor
+    from safetensors.torch import load_file, save_file
+
+    from rigel_core.checkpoint import CheckpointError, read_checkpoint
+    tensors, meta = load_file(path), read_checkpoint(path)[1]
+    for bad in (torch.tensor([0]), torch.tensor([meta["iteration"] + 1]), torch.tensor([12.0]), torch.tensor([12, 13])):
+        save_file({**tensors, "mcmc.fog_at": bad}, path, metadata={"rigel": json.dumps(meta)})
+        with pytest.raises(CheckpointError, match="mcmc.fog_at") as e:
+            Trainer.from_checkpoint(path, ds, device="cpu")
+        assert str(path) in str(e.value) and "\n" not in str(e.value)

@@ -80,7 +80,7 @@ from .optim import append_rows, per_gaussian_tensors, select_rows
 __all__ = ["MCMCReport", "split_mass", "zero_moments", "sample_indices", "relocate_dead", "add_gaussians",
            "trim_to_cap", "position_noise", "add_position_noise", "noise_generator", "seed_noise", "scheduled",
            "regularizer", "mcmc_step", "mcmc_budget", "mcmc_relocate_and_grow", "length_unit", "noise_max_scale",
-           "fog_opacity", "fog_share", "fog_acts"]
+           "fog_opacity", "fog_share", "fog_acts", "fog_multiplier"]
 
 #: largest float32 opacity below 1 the relocation hands out (logit ≈ 15.9)
 _MAX_OPACITY = 1.0 - torch.finfo(torch.float32).eps
@@ -393,6 +393,13 @@ def fog_share(model, cfg: TrainConfig) -> float:
     if n == 0:
         return 0.0
     return float((model.opacities.detach() < fog_opacity(cfg)).sum()) / n
+
+
+def fog_multiplier(cfg: TrainConfig, fog_at: int | None) -> float:
+    """The position noise's multiplier under the fog rule: ``mcmc_fog_noise`` once the rule has acted (``fog_at``,
+    the iteration it did, not None) while it is on, else 1. So a run resumed with the rule off (``mcmc_fog_share``
+    0) has the whole noise back, and one resumed with another ``mcmc_fog_noise`` takes that."""
+    return float(cfg.mcmc_fog_noise) if fog_at is not None and cfg.mcmc_fog_share > 0 else 1.0
 
 
 def fog_acts(cfg: TrainConfig, iteration: int, share: float) -> bool:

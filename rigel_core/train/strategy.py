@@ -26,7 +26,7 @@ import warnings
 import torch
 
 from .densify import DensifyReport, densify_and_prune, reset_opacity
-from .mcmc import add_position_noise, fog_acts, fog_opacity, fog_share, mcmc_budget, mcmc_relocate_and_grow, \
+from .mcmc import add_position_noise, fog_acts, fog_multiplier, fog_opacity, fog_share, mcmc_budget, mcmc_relocate_and_grow, \
     noise_generator, position_noise, regularizer, scheduled, seed_noise
 from .optim import group_lrs
 from .strategy_table import LIVE, Live
@@ -185,37 +185,39 @@ class MCMCStrategy(Strategy):
             if scheduled(cfg, it) and not ctx.defer:
                 self.check_fog(t, cfg, it)
         if not ctx.defer:  # the Langevin position noise after the update, zero where the update was skipped
-            add_position_noise(t.model, ctx.lr_means, cfg, ctx.noise(), ok, t.extent, t.mcmc_noise_scale)
+            add_position_noise(t.model, ctx.lr_means, cfg, ctx.noise(), ok, t.extent, fog_multiplier(cfg, t.fog_at))
 
     @staticmethod
     def check_fog(trainer, cfg, iteration: int) -> None:
         """The fog rule (``TrainConfig.mcmc_fog_share``, :func:`.mcmc.fog_acts`), at a relocation step: once it acts,
-        ``trainer.mcmc_noise_scale`` is ``mcmc_fog_noise`` for the rest of the run (kept in checkpoints), said in one
-        warning."""
+        ``trainer.fog_at`` is that iteration (kept in checkpoints) and the noise is ``mcmc_fog_noise`` × what it was
+        for the rest of the run (:func:`.mcmc.fog_multiplier`), said in one warning (the main rank's)."""
         t = trainer
-        if t.mcmc_noise_scale != 1.0 or cfg.mcmc_fog_share <= 0 or iteration < cfg.mcmc_fog_from * cfg.iterations:
+        if t.fog_at is not None or cfg.mcmc_fog_share <= 0 or iteration < cfg.mcmc_fog_from * cfg.iterations:
             return
-        share = fog_share(t.model, cfg)
+        share = fog_share(t.model, cfg)  # the same on every rank (one model)
         if fog_acts(cfg, iteration, share):
-            t.mcmc_noise_scale = float(cfg.mcmc_fog_noise)
-            warnings.warn(f"iteration {iteration:,}: {share:.1%} of the {t.model.num_gaussians:,} Gaussians are "
-                          f"fainter than {fog_opacity(cfg):.3f} (mcmc_fog_share {cfg.mcmc_fog_share:g}): a fog the "
-                          f"position noise keeps moving; the noise is multiplied by {cfg.mcmc_fog_noise:g} for the "
-                          f"rest of the run", stacklevel=2)
+            t.fog_at = int(iteration)
+            if t.comm is None or t.comm.rank == 0:
+                warnings.warn(f"iteration {iteration:,}: {share:.1%} of the {t.model.num_gaussians:,} Gaussians are "
+                              f"fainter than {fog_opacity(cfg):.3f} (mcmc_fog_share {cfg.mcmc_fog_share:g}): a fog "
+                              f"the position noise keeps moving; the noise is multiplied by {cfg.mcmc_fog_noise:g} "
+                              f"for the rest of the run", stacklevel=2)
 
     def graph_state(self, trainer) -> tuple:
-        return (float(trainer.mcmc_noise_scale),)  # the fog rule's multiplier, baked into the captured noise
+        # the fog rule's multiplier, baked into the captured noise
+        return (fog_multiplier(trainer.config, trainer.fog_at),)
 
     def state_tensors(self, trainer) -> dict:
         out = super().state_tensors(trainer)
-        if trainer.mcmc_noise_scale != 1.0:  # the fog rule has acted (checkpoints before it: no entry, 1)
-            out["mcmc.noise_scale"] = torch.tensor([trainer.mcmc_noise_scale], dtype=torch.float64)
+        if trainer.fog_at is not None:  # the fog rule has acted (checkpoints before it: no entry)
+            out["mcmc.fog_at"] = torch.tensor([trainer.fog_at], dtype=torch.int64)
         return out
 
     def load_state_tensors(self, trainer, tensors: dict) -> None:
         super().load_state_tensors(trainer, tensors)
-        v = tensors.get("mcmc.noise_scale")
-        trainer.mcmc_noise_scale = 1.0 if v is None else float(v.reshape(-1)[0])
+        v = tensors.get("mcmc.fog_at")
+        trainer.fog_at = None if v is None else int(v.reshape(-1)[0])
 
     def host_schedule(self, trainer, ctx, ok) -> tuple:
         t = trainer
@@ -244,7 +246,7 @@ class MCMCStrategy(Strategy):
         # used); after --resume the skip flag is not kept: the step is taken as applied
         self.check_fog(t, cfg, iteration)
         position_noise(t.model, group_lrs(cfg, iteration, t.extent)["means3D"] * t._batch_scaling()[0], cfg,
-                       t.generator, t._deferred_ok, t.extent, t.mcmc_noise_scale)
+                       t.generator, t._deferred_ok, t.extent, fog_multiplier(cfg, t.fog_at))
         t._deferred_ok = None
         return report, False
 
