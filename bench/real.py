@@ -56,7 +56,9 @@ GPU memory (``torch.cuda.max_memory_allocated``, reset before each run; images o
 / SSIM of 8 evenly spaced training views (``train_psnr`` / ``train_ssim``, in real.md's notes: a run sharp on its
 training views and poor on the held-out ones has floaters or overfits), and the share of wide Gaussians with their
 mean opacity (``wide_share`` / ``wide_opacity`` / ``median_scale``: :func:`shape_stats`, in real.md's notes: a fog
-of wide faint Gaussians shows there). ``--time-limit S`` stops a run once its
+of wide faint Gaussians shows there); an MCMC run also the share of its Gaussians at or under the dead bound and
+the mean share each relocation step since the previous checkpoint moved (``dead_share`` / ``relocated_share``,
+in the notes: a model that keeps dying turns most of itself over). ``--time-limit S`` stops a run once its
 training time passes S seconds (evaluated there, recorded as stopped);
 Ctrl-C / SIGINT stops the current run the same way and writes what was measured. **Time to the gsplat loop's PSNR**
 (issue 39): per scene and gsplat loop, the first rigel checkpoint whose PSNR is at least that loop's at its last
@@ -121,7 +123,7 @@ from rigel_core.data.stream import stream_stats  # noqa: E402
 from rigel_core.model import PARAM_NAMES, GaussianModel  # noqa: E402
 from rigel_core.train import TrainConfig  # noqa: E402
 from rigel_core.train.losses import l1_loss, psnr_from_mse, ssim, ssim_map  # noqa: E402
-from rigel_core.train.mcmc import fog_opacity, length_unit  # noqa: E402
+from rigel_core.train.mcmc import MCMCReport, fog_opacity, length_unit  # noqa: E402
 from rigel_core.train.optim import position_lr  # noqa: E402
 from rigel_core.train.trainer import Trainer  # noqa: E402
 
@@ -462,6 +464,15 @@ def shape_stats(log_scales: torch.Tensor, opacity_logits: torch.Tensor, extent: 
             "median_opacity": float(opac.median())}
 
 
+@torch.no_grad()
+def dead_share(opacity_logits: torch.Tensor, min_opacity: float) -> float | None:
+    """The share of Gaussians at or under ``min_opacity`` (MCMC's dead bound, ``TrainConfig.mcmc_min_opacity``:
+    what the next relocation moves); non-finite rows left out; None for none."""
+    opac = torch.sigmoid(opacity_logits.detach().float().reshape(-1))
+    opac = opac[torch.isfinite(opac)]
+    return float((opac <= min_opacity).float().mean()) if opac.numel() else None
+
+
 def loaded(frames) -> list:
     """``frames`` with each streamed one decoded (``Frame.load``), for this bench's own evaluations."""
     return [f.load() if hasattr(f, "load") else f for f in frames]
@@ -574,13 +585,25 @@ def run_rigel(ds, base: GaussianModel, cfg: TrainConfig, checkpoints, time_limit
                  if getattr(ev, k, None) is not None}
         return {"psnr_trainer": ev.psnr, "ssim_trainer": ev.ssim, **extra}
 
+    churn = []  # MCMC: the share of the Gaussians each relocation step since the last checkpoint moved
+
+    def step(it):
+        d = trainer.step().densify
+        if isinstance(d, MCMCReport) and d.n_before > 0:
+            churn.append(d.n_relocated / d.n_before)
+
     def evaluations():
         m = trainer.model
-        return {**trainer_eval(), **shape_stats(m.log_scales, m.opacity_logits, trainer.extent)}
+        row = {**trainer_eval(), **shape_stats(m.log_scales, m.opacity_logits, trainer.extent)}
+        row["dead_share"] = dead_share(m.opacity_logits, trainer.config.mcmc_min_opacity)
+        if churn:  # a relocation moves every dead Gaussian: a model that keeps dying turns most of itself over
+            row["relocated_share"] = sum(churn) / len(churn)
+            churn.clear()
+        return row
 
     # a streamed dataset's held-out views decoded once for this bench's own evaluation (the trainer streams its own)
     test = loaded(ds.test)
-    res = train_and_evaluate(label, lambda it: trainer.step(), trainer.render_frame,
+    res = train_and_evaluate(label, step, trainer.render_frame,
                              lambda: trainer.model.num_gaussians, test, checkpoints, time_limit, device,
                              evaluations, train_frames=spaced(ds.train, TRAIN_VIEWS_SCORED))
     res["frames"] = stream_stats(trainer)   # metrics.json's "frames": streamed or not, the stream's figures
@@ -911,6 +934,13 @@ def markdown(results: dict) -> str:
             if faint:
                 notes.append(f"- {sc['scene']} {method}: Gaussians fainter than {FAINT_OPACITY:.3f} at it "
                              + ", ".join(faint))
+            dead = [f"{c['iteration']:,}: {100 * c['dead_share']:.1f} %"
+                    + (f" (each relocation step since the last checkpoint moved {100 * c['relocated_share']:.1f} %)"
+                       if c.get("relocated_share") is not None else "")
+                    for c in r["checkpoints"] if c.get("dead_share") is not None and conf.get("strategy") == "mcmc"]
+            if dead:
+                notes.append(f"- {sc['scene']} {method}: Gaussians at or under MCMC's dead bound "
+                             f"{conf.get('mcmc_min_opacity', 0):g} at it " + ", ".join(dead))
             for c in r["checkpoints"]:
                 it = f"{c['iteration']:,}"
                 if r.get("stopped_at") == c["iteration"]:

@@ -32,7 +32,8 @@ PROTOCOLS = {"psnr_pose": "pose-fitted PSNR", "psnr_exposure": "exposure PSNR"}
 #: (bench/real.py's ``train_psnr``: high while the held-out PSNR is low means floaters or overfitting) and the
 #: percentage of wide Gaussians (bench/real.py's ``wide_share``: a fog of wide faint ones shows there)
 COLUMNS = {**PROTOCOLS, "train_psnr": "training-view PSNR", "wide_pct": "% wider than 0.1 extent",
-           "faint_pct": "% fainter than 0.027", "faint_path": "% fainter than 0.027 at each checkpoint"}
+           "faint_pct": "% fainter than 0.027", "faint_path": "% fainter than 0.027 at each checkpoint",
+           "dead_path": "% dead (% a relocation step moved) at each checkpoint"}
 
 
 def run_tag(variant: str, scene: str, seed: int) -> str:
@@ -99,6 +100,11 @@ def main(argv=None) -> int:
                 res["faint_pct"] = 100.0 * r["faint_share"]
             if len(cps) > 1 and all(c.get("faint_share") is not None for c in cps):  # how the share grew
                 res["faint_path"] = " → ".join(f"{100.0 * c['faint_share']:.0f}" for c in cps)
+            if all(c.get("dead_share") is not None for c in cps):  # MCMC's dead bound, and the relocations' churn
+                res["dead_path"] = " → ".join(
+                    f"{100.0 * c['dead_share']:.0f}"
+                    + (f" ({100.0 * c['relocated_share']:.0f})" if c.get("relocated_share") is not None else "")
+                    for c in cps)
         except (OSError, KeyError, IndexError, ValueError) as e:
             res["error"] = f"{type(e).__name__}: {e}"
         print(f"{tag}: rc={rc} psnr={res.get('psnr', 'n/a')}", flush=True)

@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import subprocess
 import sys
 import types
@@ -658,6 +659,13 @@ def test_cli_mcmc_vs_default_at_equal_counts(procedural, tmp_path, capsys):
         assert float(r[4]) == pytest.approx(b["psnr"] - a["psnr"], abs=0.006)
         assert (int(r[7].replace(",", "")), int(r[8].replace(",", ""))) == (a["num_gaussians"], b["num_gaussians"])
     assert "mcmc vs default at 8" in (out / "summary.txt").read_text()
+    # the MCMC run records its dead share and the relocations' churn at each checkpoint, the notes say them
+    mc = runs["rigel-mcmc"]["checkpoints"]
+    assert all(0 <= c["dead_share"] <= 1 for c in mc)
+    assert any("relocated_share" in c for c in mc) and all(0 <= c.get("relocated_share", 0) <= 1 for c in mc)
+    assert re.search(r"\n- \S+ rigel-mcmc: Gaussians at or under MCMC's dead bound 0.005 at it 4: [0-9.]+ % \(each "
+                     r"relocation step since the last checkpoint moved [0-9.]+ %\), 8: ", md)
+    assert not re.search(r"\n- \S+ rigel: Gaussians at or under", md)  # 3DGS's densification relocates nothing
     assert "rigel-mcmc: budget" in capsys.readouterr().out
     # rigel-mcmc alone needs a budget; a bad MCMC override fails before any training
     assert real.main(CLI + ["--scenes", str(procedural), "--out", str(tmp_path / "o2"), "--methods",
@@ -803,8 +811,9 @@ def test_sweep_table_has_the_training_view_column_where_runs_scored_them(tmp_pat
         else:
             ck["wide_share"], ck["faint_share"] = 0.25, 0.125
         cps = [ck]
-        if seed == 1:  # an earlier checkpoint too: the faint share's path shows
-            cps = [{**ck, "faint_share": 0.5, "iteration": 3000}, ck]
+        if seed == 1:  # an earlier checkpoint too: the faint share's and the dead share's paths show
+            ck["dead_share"] = 0.25
+            cps = [{**ck, "faint_share": 0.5, "iteration": 3000, "dead_share": 0.375, "relocated_share": 0.125}, ck]
         out.mkdir(parents=True)
         (out / "real.json").write_text(json.dumps({"scenes": [{"runs": {"rigel": {"checkpoints": cps}}}]}))
         return subprocess.CompletedProcess(cmd, 0)
@@ -814,11 +823,12 @@ def test_sweep_table_has_the_training_view_column_where_runs_scored_them(tmp_pat
                             "--parallel", "1", "--out", str(tmp_path / "s")]) == 0
     md = (tmp_path / "s" / "sweep.md").read_text()
     assert ("training-view PSNR per seed | % wider than 0.1 extent per seed | % fainter than 0.027 per seed | "
-            "% fainter than 0.027 at each checkpoint per seed |" in md)
-    assert ("| fern | a | 20.00 / 21.00 | 20.50 |  | 100 | 1.0 | 30.00 / — | — / 25.00 | — / 12.50 | — / 50 → 12 |"
-            in md)
+            "% fainter than 0.027 at each checkpoint per seed | % dead (% a relocation step moved) at each checkpoint "
+            "per seed |" in md)
+    assert ("| fern | a | 20.00 / 21.00 | 20.50 |  | 100 | 1.0 | 30.00 / — | — / 25.00 | — / 12.50 | — / 50 → 12 | "
+            "— / 38 (12) → 25 |" in md)
     assert ("| fern | b | 20.50 / 21.50 | 21.00 | +0.50 [+0.50, +0.50] | 100 | 1.0 | 30.00 / — | — / 25.00 | "
-            "— / 12.50 | — / 50 → 12 |" in md)
+            "— / 12.50 | — / 50 → 12 | — / 38 (12) → 25 |" in md)
 
 
 def test_shape_stats_count_the_wide_gaussians_and_their_opacity(rng):
