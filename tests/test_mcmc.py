@@ -237,6 +237,31 @@ def test_growth_reaches_the_cap_and_never_passes_it(rng):
     assert all(len(t) == cap for t in per_gaussian_tensors(opt, model).values())
 
 
+@pytest.mark.parametrize("bound", ["under", "over", "off"])
+def test_growth_stops_where_too_many_gaussians_are_dead(rng, bound):
+    """mcmc_growth_max_dead: a relocation step whose model has more dead Gaussians (opacity ≤ mcmc_min_opacity, a
+    NaN among them) than that share relocates them as always and adds none; at or under it, or with the rule off,
+    it grows by mcmc_growth. dead_share against a count made by hand."""
+    from rigel_core.train.densify import DensifyStats
+    from rigel_core.train.mcmc import dead_share, mcmc_relocate_and_grow
+    n = 200
+    model, opt, dead = _model_with_moments(rng, n, dead_frac=0.2 + 0.5 * float(torch.rand(1, generator=rng)))
+    with torch.no_grad():
+        model.opacity_logits[5] = math.nan  # dead too
+    dead[5] = True
+    share = int(dead.sum()) / n
+    cfg = TrainConfig(strategy="mcmc", max_gaussians=10 * n, mcmc_growth=0.1)
+    assert dead_share(model, cfg) == pytest.approx(share, rel=1e-12)
+    limit = {"under": share * 0.99, "over": min(1.0, share * 1.01), "off": 0.0}[bound]
+    cfg = dataclasses.replace(cfg, mcmc_growth_max_dead=limit)
+    g = torch.Generator().manual_seed(int(torch.randint(0, 999, (1,), generator=rng)))
+    rep = mcmc_relocate_and_grow(model, opt, DensifyStats(n), cfg, 100, g)
+    assert rep.n_relocated == int(dead.sum())
+    grows = bound != "under"
+    assert rep.n_added == (int(n * 0.1) if grows else 0) and model.num_gaussians == n + rep.n_added
+    assert dead_share(random_scene(rng, 0), cfg) == 0.0
+
+
 def test_trim_to_cap_keeps_the_most_opaque(rng):
     model, opt, _ = _model_with_moments(rng, 50, dead_frac=0.0)
     logits = model.opacity_logits.detach().clone()

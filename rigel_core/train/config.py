@@ -376,6 +376,10 @@ class TrainConfig:
     #: −0.91 and −10.5 dB; beer~nosfm's failure at 1M Gaussians is not cured by it (docs/BENCHMARKS.md)
     mcmc_max_scale: float = 0.0
     mcmc_growth: float = 0.05  # Gaussians added per relocation step, as a fraction of N (until the cap)
+    #: no growth at a relocation step where more than this share of the Gaussians is dead (at or under
+    #: ``mcmc_min_opacity``); 0: off. beer~nosfm's median opacity sits at the dead bound from 3k on, where it
+    #: collapses on the way to 1M (docs/BENCHMARKS.md); not yet measured
+    mcmc_growth_max_dead: float = 0.0
     mcmc_max_copies: int = 51  # n of the mass-splitting formulas clamped to this (the paper's code: 51)
     #: whose Adam moments a relocation zeroes: "moved" (rigel's until now: the live Gaussians drawn and the dead
     #: ones moved onto them) or "sources" (the paper's code and gsplat's: only the live ones drawn; a dead row
@@ -565,8 +569,8 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.mcmc_max_copies must be in 1..1000, got {self.mcmc_max_copies}")
         self._each(("mcmc_max_scale", "mcmc_noise_max_scale"), lambda v: 0.0 <= v < math.inf,
                    "finite and ≥ 0 (0: off)")
-        self._each(("mcmc_fog_share", "mcmc_fog_from", "mcmc_fog_noise"), lambda v: 0.0 <= v <= 1.0,
-                   "in [0, 1]")
+        self._each(("mcmc_fog_share", "mcmc_fog_from", "mcmc_fog_noise", "mcmc_growth_max_dead"),
+                   lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
         self._each(("mcmc_growth", "mcmc_noise_lr", "mcmc_noise_k", "mcmc_opacity_reg", "mcmc_scale_reg"),
                    lambda v: v >= 0, "≥ 0")
         c2f = self.coarse_to_fine

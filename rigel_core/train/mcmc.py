@@ -80,7 +80,7 @@ from .optim import append_rows, per_gaussian_tensors, select_rows
 __all__ = ["MCMCReport", "split_mass", "zero_moments", "sample_indices", "relocate_dead", "add_gaussians",
            "trim_to_cap", "position_noise", "add_position_noise", "noise_generator", "seed_noise", "scheduled",
            "regularizer", "mcmc_step", "mcmc_budget", "mcmc_relocate_and_grow", "length_unit", "noise_max_scale",
-           "fog_opacity", "fog_share", "fog_acts", "fog_multiplier"]
+           "fog_opacity", "fog_share", "fog_acts", "fog_multiplier", "dead_share"]
 
 #: largest float32 opacity below 1 the relocation hands out (logit ≈ 15.9)
 _MAX_OPACITY = 1.0 - torch.finfo(torch.float32).eps
@@ -270,8 +270,11 @@ def mcmc_relocate_and_grow(model, optimizer, stats, cfg: TrainConfig, iteration:
     (``Trainer.deferred_schedule``). ``n_before``/``removed``: the count before this iteration's cap trim and what
     it removed (for the report)."""
     n_before = model.num_gaussians if n_before is None else n_before
+    dead = dead_share(model, cfg) if cfg.mcmc_growth_max_dead > 0 else 0.0
     relocated = relocate_dead(model, optimizer, cfg, generator, extent)
-    added = add_gaussians(model, optimizer, cfg, generator)
+    # a model that lets more than mcmc_growth_max_dead of its Gaussians die between two relocation steps gets none
+    # more this time (0: off)
+    added = add_gaussians(model, optimizer, cfg, generator) if not dead > cfg.mcmc_growth_max_dead > 0 else 0
     capped = cfg.max_gaussians is not None and model.num_gaussians >= cfg.max_gaussians
     if len(stats) != model.num_gaussians:
         stats.reset(model.num_gaussians)
@@ -376,6 +379,15 @@ def position_noise(model, lr_means: float, cfg: TrainConfig, generator: torch.Ge
     """:func:`add_position_noise` with η drawn on the means' device from :func:`seed_noise` of the CPU
     ``generator``; returns the noise (N, 3)."""
     return add_position_noise(model, lr_means, cfg, seed_noise(model.means3D.device, generator), ok, extent, scale)
+
+
+@torch.no_grad()
+def dead_share(model, cfg: TrainConfig) -> float:
+    """The share of ``model``'s Gaussians at or under ``mcmc_min_opacity`` (a non-finite opacity counts, as
+    :func:`relocate_dead` counts it), 0 for an empty model: what the next relocation moves. One host
+    synchronisation. ``mcmc_growth_max_dead`` reads it."""
+    n = model.num_gaussians
+    return float((~(model.opacities.detach() > cfg.mcmc_min_opacity)).sum()) / n if n else 0.0
 
 
 def fog_opacity(cfg: TrainConfig) -> float:
