@@ -134,7 +134,8 @@ def add_training_args(p, *, data_required: bool = True, skip=()) -> list:
         help="views per step and process (global batch = N x B; default 1)")
     add("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set_fields",
         help="set a TrainConfig field (repeatable; VALUE read as JSON, else as a string), "
-             "e.g. --set densify_until=5000")
+             "e.g. --set densify_until=5000; the fields, their defaults and what was measured: the repository's "
+             "docs/TRAINING.md")
     add("--eval-every", type=whole_number_arg("only at the end"), default=None,
         help="held-out evaluation interval (0 = only at the end)")
     add("--seed", type=int, default=None, help="random seed")
