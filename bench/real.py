@@ -123,7 +123,7 @@ from rigel_core.data.stream import stream_stats  # noqa: E402
 from rigel_core.model import PARAM_NAMES, GaussianModel  # noqa: E402
 from rigel_core.train import TrainConfig  # noqa: E402
 from rigel_core.train.losses import l1_loss, psnr_from_mse, ssim, ssim_map  # noqa: E402
-from rigel_core.train.mcmc import MCMCReport, fog_opacity, length_unit  # noqa: E402
+from rigel_core.train.mcmc import MCMCReport, dead_share, fog_opacity, length_unit  # noqa: E402
 from rigel_core.train.optim import position_lr  # noqa: E402
 from rigel_core.train.trainer import Trainer  # noqa: E402
 
@@ -464,15 +464,6 @@ def shape_stats(log_scales: torch.Tensor, opacity_logits: torch.Tensor, extent: 
             "median_opacity": float(opac.median())}
 
 
-@torch.no_grad()
-def dead_share(opacity_logits: torch.Tensor, min_opacity: float) -> float | None:
-    """The share of Gaussians at or under ``min_opacity`` (MCMC's dead bound, ``TrainConfig.mcmc_min_opacity``:
-    what the next relocation moves); non-finite rows left out; None for none."""
-    opac = torch.sigmoid(opacity_logits.detach().float().reshape(-1))
-    opac = opac[torch.isfinite(opac)]
-    return float((opac <= min_opacity).float().mean()) if opac.numel() else None
-
-
 def loaded(frames) -> list:
     """``frames`` with each streamed one decoded (``Frame.load``), for this bench's own evaluations."""
     return [f.load() if hasattr(f, "load") else f for f in frames]
@@ -595,7 +586,7 @@ def run_rigel(ds, base: GaussianModel, cfg: TrainConfig, checkpoints, time_limit
     def evaluations():
         m = trainer.model
         row = {**trainer_eval(), **shape_stats(m.log_scales, m.opacity_logits, trainer.extent)}
-        row["dead_share"] = dead_share(m.opacity_logits, trainer.config.mcmc_min_opacity)
+        row["dead_share"] = dead_share(m, trainer.config)  # what MCMC's next relocation moves
         if churn:  # a relocation moves every dead Gaussian: a model that keeps dying turns most of itself over
             row["relocated_share"] = sum(churn) / len(churn)
             churn.clear()

@@ -26,8 +26,8 @@ import warnings
 import torch
 
 from .densify import DensifyReport, densify_and_prune, reset_opacity
-from .mcmc import add_position_noise, fog_acts, fog_multiplier, fog_opacity, fog_share, mcmc_budget, mcmc_relocate_and_grow, \
-    noise_generator, position_noise, regularizer, scheduled, seed_noise
+from .mcmc import add_position_noise, fog_acts, fog_multiplier, fog_opacity, fog_share, mcmc_budget, \
+    mcmc_relocate_and_grow, noise_generator, position_noise, regularizer, scheduled, seed_noise
 from .optim import group_lrs
 from .strategy_table import LIVE, Live
 
