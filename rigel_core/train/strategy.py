@@ -193,7 +193,9 @@ class MCMCStrategy(Strategy):
         ``trainer.fog_at`` is that iteration (kept in checkpoints) and the noise is ``mcmc_fog_noise`` × what it was
         for the rest of the run (:func:`.mcmc.fog_multiplier`), said in one warning (the main rank's)."""
         t = trainer
-        if t.fog_at is not None or cfg.mcmc_fog_share <= 0 or iteration < cfg.mcmc_fog_from * cfg.iterations:
+        # a share of 1 passes the rule's own threshold: whether it is on and looks at this iteration, without
+        # fog_share's host synchronisation
+        if t.fog_at is not None or not fog_acts(cfg, iteration, 1.0):
             return
         share = fog_share(t.model, cfg)  # the same on every rank (one model)
         if fog_acts(cfg, iteration, share):
