@@ -377,9 +377,11 @@ class TrainConfig:
     mcmc_max_scale: float = 0.0
     mcmc_growth: float = 0.05  # Gaussians added per relocation step, as a fraction of N (until the cap)
     #: no growth at a relocation step where more than this share of the Gaussians is dead (at or under
-    #: ``mcmc_min_opacity``); 0: off. beer~nosfm's median opacity sits at the dead bound from 3k on, where it
-    #: collapses on the way to 1M (docs/BENCHMARKS.md); not yet measured
-    mcmc_growth_max_dead: float = 0.0
+    #: ``mcmc_min_opacity``); 0: off. A run whose Gaussians die faster than the signal keeps them (beer~nosfm: from
+    #: 3k half of them, then all, churned at every relocation step on the way to 1M, 17.5–18.6 dB) stops growing
+    #: there instead: 0.3 gives beer~nosfm 23.6 / 24.6 dB at 390–450k Gaussians, and the six other captures stay
+    #: within their seed spread (H200, 2026-12-07, 7k; docs/BENCHMARKS.md "Growth where Gaussians die")
+    mcmc_growth_max_dead: float = 0.3
     mcmc_max_copies: int = 51  # n of the mass-splitting formulas clamped to this (the paper's code: 51)
     #: whose Adam moments a relocation zeroes: "moved" (rigel's until now: the live Gaussians drawn and the dead
     #: ones moved onto them) or "sources" (the paper's code and gsplat's: only the live ones drawn; a dead row
