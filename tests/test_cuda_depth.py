@@ -26,7 +26,7 @@ from rigel_core.reference import expected_depth, project_gaussians, rasterize_ti
 
 from helpers import cam_tensors, real_scene_pair, stop_rule_ties
 from test_cuda_backward import assert_close, gradient_errors, leaves, raster_lists_stage
-from test_cuda_forward import _ply_cameras, cuda_project, make_scene
+from test_cuda_forward import _ply_cameras, clear_decision_ties, cuda_project, make_scene
 
 pytestmark = pytest.mark.gpu
 DEV = torch.device("cuda")
@@ -135,8 +135,11 @@ def test_raster_depth_backward(raster_bwd_sums, rng):
 
 def test_end_to_end_depth_gradients(raster_bwd_sums, rng):
     """rc.rasterize_gaussians(..., depth=True): ∂(Σ u·ED)/∂(means3D, quats, scales, opacities) vs float64 through
-    the reference projection and raster on the CUDA run's entries (test_cuda_backward's composition)."""
+    the reference projection and raster on the CUDA run's entries (test_cuda_backward's composition); blend
+    decisions at float32's rounding moved away first (:func:`clear_decision_ties`: at RIGEL_SEED=3796918467, scales
+    1.3e-4 off on an H100, two Gaussians had a pixel within 1.1e-7 of the 3-sigma cut)."""
     cam, inputs = make_scene(rng, 800, 96, 72, anisotropic=False, with_near=False)
+    inputs = clear_decision_ties(cam, inputs)
     h, w = cam.height, cam.width
     u = torch.randn(h, w, generator=rng)
     vm, K = cam_tensors(cam, torch.float32)
