@@ -123,7 +123,7 @@ from rigel_core.data.stream import stream_stats  # noqa: E402
 from rigel_core.model import PARAM_NAMES, GaussianModel  # noqa: E402
 from rigel_core.train import TrainConfig  # noqa: E402
 from rigel_core.train.losses import l1_loss, psnr_from_mse, ssim, ssim_map  # noqa: E402
-from rigel_core.train.mcmc import MCMCReport, dead_share, fog_opacity, length_unit  # noqa: E402
+from rigel_core.train.mcmc import MCMCReport, dead_share, length_unit  # noqa: E402
 from rigel_core.train.optim import position_lr  # noqa: E402
 from rigel_core.train.trainer import Trainer  # noqa: E402
 
@@ -435,10 +435,9 @@ TRAIN_VIEWS_SCORED = 8
 #: pruning bound, ``max_world_size``): beer~nosfm's fog was 87 % such Gaussians at 1M, at a mean opacity of 0.01
 WIDE_SHARE_OF_EXTENT = 0.1
 #: a Gaussian below this opacity counts as faint in ``shape_stats``: where the MCMC noise's default gate
-#: σ(−k(o − t)) still passes a tenth of the noise, t + ln 9 / k (the fog rule's bound, ``mcmc.fog_opacity``).
-#: beer~nosfm's 1M run fails with the noise on such Gaussians (a gate of k = 300, which closes above about 0.012,
-#: cured it)
-FAINT_OPACITY = fog_opacity(TrainConfig())
+#: σ(−k(o − t)) still passes a tenth of the noise, t + ln 9 / k (0.027). beer~nosfm's 1M run fails with the noise
+#: on such Gaussians (a gate of k = 300, which closes above about 0.012, cured it)
+FAINT_OPACITY = TrainConfig.mcmc_noise_t + math.log(9.0) / TrainConfig.mcmc_noise_k
 
 
 @torch.no_grad()

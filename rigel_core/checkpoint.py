@@ -27,7 +27,8 @@ moved into place with ``os.replace``.
 
 Reading for ``--resume`` validates the whole file first (:func:`validate_checkpoint`: every key, shape, dtype
 and range), so a damaged or foreign checkpoint is one :class:`CheckpointError` line naming the file and the
-field, raised before anything is built or written. Nothing is ever unpickled (safetensors only).
+field, raised before anything is built or written. Nothing is ever unpickled (safetensors only). What an older
+rigel wrote for a feature since removed (:data:`RETIRED_TENSORS`, :data:`RETIRED_CONFIG_FIELDS`) is ignored.
 """
 from __future__ import annotations
 
@@ -53,6 +54,11 @@ CHECKPOINT_FORMAT = 1
 from .train.config import MAX_ITERATION  # noqa: E402  (one bound for runs and checkpoints)
 ADAM_KEYS = ("exp_avg", "exp_avg_sq", "step")
 STATS_KEYS = ("grad_accum", "denom", "max_radii")
+#: tensors and TrainConfig fields an older rigel wrote for a feature since removed: a checkpoint holding them loads
+#: as one without them, without a word. The fog rule's (``mcmc.fog_at``: the iteration it acted at, int64 (1,);
+#: ``mcmc_fog_share`` / ``mcmc_fog_from`` / ``mcmc_fog_noise``), measured and removed (docs/TRAINING.md)
+RETIRED_TENSORS = ("mcmc.fog_at",)
+RETIRED_CONFIG_FIELDS = ("mcmc_fog_share", "mcmc_fog_from", "mcmc_fog_noise")
 
 
 class CheckpointError(InputError):
@@ -321,11 +327,7 @@ def validate_checkpoint(path, tensors: dict, meta: dict, *, for_training: bool =
     _check_tensor(path, tensors, "views.stack", (-1,), (torch.int64,))
     validate_view_stack(path, tensors, n_train_views)
     known |= {f"stats.{k}" for k in STATS_KEYS} | {"rng.cpu", "views.stack"}
-    if "mcmc.fog_at" in tensors:  # the iteration the fog rule acted at (train/strategy.py MCMCStrategy), once it did
-        at = int(_check_tensor(path, tensors, "mcmc.fog_at", (1,), (torch.int64,))[0])
-        if not 0 < at <= it:
-            _fail(path, "mcmc.fog_at", f"{at} is not an iteration in [1, {it}]")
-        known.add("mcmc.fog_at")
+    known |= set(RETIRED_TENSORS)  # a removed feature's: ignored, whatever they hold
     for cls in _corrections():  # per-image exposure, poses (train/per_image.py); counts checked against the dataset
         name, pre = cls.prefix + cls.key, cls.prefix
         if name not in tensors:
@@ -380,10 +382,12 @@ def _config_of(path, meta: dict, key: str = "config"):
     would switch the statistic and its threshold mid-run), and one without ``init_mode`` drew its random points in the
     cameras' box: it stays "box"; one with "absgrad" but no ``absgrad_threshold`` compared
     it with ``grad_threshold`` (before the field existed): that value becomes its ``absgrad_threshold``. rigel saves
-    resolved configs: integers and "grad" / "absgrad" there, kept."""
+    resolved configs: integers and "grad" / "absgrad" there, kept. The fields of a removed feature
+    (:data:`RETIRED_CONFIG_FIELDS`) are dropped, whatever their values."""
     d = meta.get(key)
     if not isinstance(d, dict):
         _fail(path, f"metadata {key}", "missing or not an object")
+    d = {k: v for k, v in d.items() if k not in RETIRED_CONFIG_FIELDS}
     if "strategy" not in d:
         d = {**d, "strategy": "default"}
     if "init_background_points" not in d:

@@ -1148,103 +1148,43 @@ def test_mcmc_on_cuda(rng):
     assert tr.evaluate().psnr > before.psnr
 
 
-# ---- the fog rule (TrainConfig.mcmc_fog_share) ----------------------------------------------------------------------
-def test_fog_share_counts_the_gaussians_inside_the_noise_gate(rng):
-    """fog_opacity is where the gate σ(−k(o − t)) passes a tenth of the noise; fog_share counts, by hand, the
-    Gaussians under it (a non-finite opacity is not faint); fog_acts only from mcmc_fog_from × iterations on, at or
-    above the share, and never when the rule is off."""
-    from rigel_core.train.mcmc import fog_acts, fog_opacity, fog_share
-    cfg = TrainConfig(strategy="mcmc", mcmc_noise_k=50 + 200 * float(torch.rand(1, generator=rng)),
-                      mcmc_noise_t=0.001 + 0.01 * float(torch.rand(1, generator=rng)))
-    f = fog_opacity(cfg)
-    assert 1 / (1 + math.exp(cfg.mcmc_noise_k * (f - cfg.mcmc_noise_t))) == pytest.approx(0.1, rel=1e-9)
-    n = 500
-    model = random_scene(rng, n)
-    opac = torch.rand(n, generator=rng) * 2 * f
-    opac[:7] = torch.tensor([f * 0.999, f * 1.001, 0.5, 0.0, 1.0, 1e-9, f * 0.5])
-    model.opacity_logits = torch.logit(opac.double()).float()
-    model.opacity_logits[7:10] = torch.tensor([math.nan, math.inf, -math.inf])
-    # a non-finite logit (also those of opacity 0 and 1 above) is a culled Gaussian: not faint
-    want = int((opac[10:] < f).sum()) + 3  # f · 0.999, 1e-9, f / 2
-    assert int((model.opacities.detach() < f).sum()) == want
-    assert fog_share(model, cfg) == pytest.approx(want / n, rel=1e-12)
-    assert fog_share(random_scene(rng, 0), cfg) == 0.0
-    on = dataclasses.replace(cfg, mcmc_fog_share=0.8, mcmc_fog_from=0.4, iterations=7000)
-    assert fog_acts(on, 2800, 0.8) and fog_acts(on, 7000, 0.95)
-    assert not fog_acts(on, 2799, 0.99) and not fog_acts(on, 5000, 0.7999)
-    assert not fog_acts(cfg, 7000, 1.0)  # off by default
-    for bad in (-0.1, 1.5, math.nan):
-        for field in ("mcmc_fog_share", "mcmc_fog_from", "mcmc_fog_noise"):
-            with pytest.raises(ValueError, match=field):
-                dataclasses.replace(cfg, **{field: bad}).validate()
+# ---- the fog rule, removed (measured: docs/TRAINING.md) -------------------------------------------------------------
+@pytest.mark.parametrize("fog_at_shape", [(1,), ()])
+def test_a_checkpoint_of_the_removed_fog_rule_resumes_without_it(rng, tmp_path, fog_at_shape):
+    """A checkpoint the previous rigel wrote on an MCMC run the fog rule had acted on holds the int64 tensor
+    ``mcmc.fog_at`` (shape (1,), the iteration it acted at; a 0-d one is taken too) and the rule's three fields in its
+    config and its held iteration's ``deferred_config``: ``--resume`` (Trainer.from_checkpoint, the CLI's
+    resume_config) reads it as the run without them and goes on bit for bit, and the model alone loads. The removed
+    fields are unknown fields for ``--set`` and TrainConfig.from_dict, refused in the usual line."""
+    from safetensors.torch import load_file, save_file
 
-
-@pytest.mark.parametrize("multiplier", ["fraction", "one"])
-def test_the_fog_rule_scales_the_noise_once_and_a_checkpoint_keeps_it(rng, tmp_path, multiplier):
-    """A short MCMC run whose Gaussians are all faint: with the rule on, the first relocation step from
-    mcmc_fog_from on says it in one warning, once (also when the multiplier is 1), and the noise is mcmc_fog_noise ×
-    what it was (the same η: the PyTorch form with scale against the unscaled one); the graph signature's strategy
-    state follows; a checkpoint resumes with it, bit for bit, and a note says so; resumed with the rule off the
-    whole noise is back, with another multiplier that one. With the rule off (the default) nothing changes."""
-    import warnings as _w
-
-    from rigel_core.train.mcmc import add_position_noise, fog_multiplier
-    from rigel_core.train.strategy import strategy_for
+    from rigel_core.checkpoint import load_checkpoint_model, read_checkpoint
+    from rigel_core.cli.common import config_overrides, resume_config
+    from rigel_core.cli.train import build_parser
     ds = make_dataset(rng, n_gauss=40, size=16, n_train=4, n_test=0)
-    start = random_scene(rng, 60)
-    start.opacity_logits = torch.logit(0.006 + 0.01 * torch.rand(60, generator=rng))  # all inside the gate
-    noise_scale = 1.0 if multiplier == "one" else 0.05 + 0.5 * float(torch.rand(1, generator=rng))
-    cfg = mcmc_config(iterations=40, max_gaussians=80, densify_from=3, densify_interval=4, mcmc_fog_share=0.5,
-                      mcmc_fog_from=0.25, mcmc_fog_noise=noise_scale)
-    tr = Trainer(ds, cfg, model=start, device="cpu")
-    off = Trainer(ds, dataclasses.replace(cfg, mcmc_fog_share=0.0), model=start, device="cpu")
-    mcmc = strategy_for("mcmc")
-    assert mcmc.graph_state(tr) == (1.0,) and tr.fog_note is None
-    with _w.catch_warnings(record=True) as caught:
-        _w.simplefilter("always")
-        for _ in range(11):  # relocation steps at 4 and 8 (before 0.25 × 40 = 10: the rule does not look)
-            tr.step()
-            off.step()
-        assert tr.fog_at is None and not caught
-        _assert_same_state(_state(tr), _state(off))
-        for _ in range(9):  # 12: the rule acts (every Gaussian still faint); 16, 20: it does not again
-            tr.step()
-    fog = [str(w.message) for w in caught if "fainter than" in str(w.message)]
-    assert len(fog) == 1 and fog[0].startswith("iteration 12: ") and f"multiplied by {noise_scale:g}" in fog[0]
-    assert tr.fog_at == 12 and off.fog_at is None
-    assert mcmc.graph_state(tr) == (noise_scale,) and fog_multiplier(tr.config, tr.fog_at) == noise_scale
-    # the scaled noise is the unscaled one times the multiplier, η alike
-    m = tr.model
-    keep = m.means3D.detach().clone()
-    a = add_position_noise(m, 1e-3, cfg, torch.Generator().manual_seed(5), extent=tr.extent)
-    m.means3D.data.copy_(keep)
-    b = add_position_noise(m, 1e-3, cfg, torch.Generator().manual_seed(5), extent=tr.extent, scale=noise_scale)
-    m.means3D.data.copy_(keep)
-    assert float(a.abs().max()) > 0
-    torch.testing.assert_close(b, a * noise_scale, rtol=1e-6, atol=0)
-    path = tmp_path / "fog.safetensors"
+    cfg = mcmc_config(iterations=40, max_gaussians=80, densify_from=3, densify_interval=4)
+    tr = Trainer(ds, cfg, model=random_scene(rng, 60), device="cpu")
+    tr.schedule_holds.add(12)  # the checkpoint's iteration holds its relocation: a deferred_config is saved too
+    for _ in range(12):
+        tr.step()
+    path, old = tmp_path / "now.safetensors", tmp_path / "old.safetensors"
     tr.save_checkpoint(path)
-    resumed = Trainer.from_checkpoint(path, ds, device="cpu")
-    assert resumed.fog_at == 12 and "the fog rule acted at iteration 12" in resumed.fog_note
-    assert resumed.fog_note in resumed.notes
-    for _ in range(5):
+    tensors, meta = load_file(path), read_checkpoint(path)[1]
+    assert meta["deferred_schedule"] == 12 and "deferred_config" in meta
+    fog = {"mcmc_fog_share": 0.8, "mcmc_fog_from": 0.25, "mcmc_fog_noise": 0.1}  # the rule on, acted at 12
+    meta = {**meta, "config": {**meta["config"], **fog}, "deferred_config": {**meta["deferred_config"], **fog}}
+    save_file({**tensors, "mcmc.fog_at": torch.tensor([12], dtype=torch.int64).reshape(fog_at_shape)}, old,
+              metadata={"rigel": json.dumps(meta)})
+    resumed = Trainer.from_checkpoint(old, ds, device="cpu")
+    assert resumed.config == cfg and resumed._deferred_config == cfg and resumed.deferred_schedule == 12
+    assert resume_config(old, {}) == cfg
+    for _ in range(6):  # the held relocation at 12, then 16
         tr.step()
         resumed.step()
         _assert_same_state(_state(tr), _state(resumed))
-    # resumed with the rule off: the whole noise; with another multiplier: that one
-    quiet = Trainer.from_checkpoint(path, ds, device="cpu", config=dataclasses.replace(cfg, mcmc_fog_share=0.0))
-    assert quiet.fog_at == 12 and mcmc.graph_state(quiet) == (1.0,) and "off now" in quiet.fog_note
-    other = Trainer.from_checkpoint(path, ds, device="cpu", config=dataclasses.replace(cfg, mcmc_fog_noise=0.0))
-    assert mcmc.graph_state(other) == (0.0,)
-    off.save_checkpoint(tmp_path / "off.safetensors")  # a run the rule never acted on: no entry
-    assert Trainer.from_checkpoint(tmp_path / "off.safetensors", ds, device="cpu").fog_at is None
-    # a damaged entry is refused in one line naming the file and the tensor
-    from safetensors.torch import load_file, save_file
-
-    from rigel_core.checkpoint import CheckpointError, read_checkpoint
-    tensors, meta = load_file(path), read_checkpoint(path)[1]
-    for bad in (torch.tensor([0]), torch.tensor([meta["iteration"] + 1]), torch.tensor([12.0]), torch.tensor([12, 13])):
-        save_file({**tensors, "mcmc.fog_at": bad}, path, metadata={"rigel": json.dumps(meta)})
-        with pytest.raises(CheckpointError, match="mcmc.fog_at") as e:
-            Trainer.from_checkpoint(path, ds, device="cpu")
-        assert str(path) in str(e.value) and "\n" not in str(e.value)
+    assert torch.equal(load_checkpoint_model(old).means3D, tensors["model.means3D"])
+    for field, value in fog.items():
+        with pytest.raises(ValueError, match=f"--set '{field}={value}': TrainConfig has no field '{field}'"):
+            config_overrides(build_parser().parse_args(["--data", "d", "--out", "o", "--set", f"{field}={value}"]))
+        with pytest.raises(ValueError, match=f"unknown field.*{field}"):
+            TrainConfig.from_dict({**cfg.to_dict(), field: value})

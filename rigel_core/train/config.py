@@ -398,16 +398,6 @@ class TrainConfig:
     #: beer +0.56 / +0.30, fox~halfviews +0.03 / +0.20, fox +0.08 (seed 1), fern~nosfm +0.17 (seed 1), fern −0.11 /
     #: −0.04, beer~nosfm (which fails at 1M either way) −0.19 / −1.01
     mcmc_noise_max_scale: float = 0.05
-    #: the fog rule (0: off): at a relocation step from ``mcmc_fog_from`` × ``iterations`` on, once this share of the
-    #: Gaussians or more lies inside the noise gate (opacity under t + ln 9 / k, where the gate passes a tenth), the
-    #: position noise is multiplied by ``mcmc_fog_noise`` for the rest of the run. On a capture whose Gaussians all
-    #: turn faint (beer~nosfm at 1M: 84–85 % at 3k, 91–100 % later, where six other captures fall to 15–66 %:
-    #: docs/BENCHMARKS.md) the noise keeps every one of them moving and none settles (a tenth of the noise from the
-    #: start cures it). Measured at 0.8 (H100, 2026-12-07, 7k, seeds 0 / 1): it acts on beer~nosfm at 3,700 and on
-    #: none of four other captures, and does not cure it (17.15 / 17.75 dB against 18.44 / 17.53): off
-    mcmc_fog_share: float = 0.0
-    mcmc_fog_from: float = 0.4  # share of ``iterations`` before which the fog rule does not look
-    mcmc_fog_noise: float = 0.1  # the noise's multiplier once the fog rule has acted
     mcmc_opacity_reg: float = 0.01  # loss += λ_o · mean(opacity)
     mcmc_scale_reg: float = 0.01  # loss += λ_s · mean(scale) / L (L: mcmc_units)
     #: the length L in which the position noise (Σ, L²) and the scale regulariser (scales, L) are measured:
@@ -571,8 +561,7 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.mcmc_max_copies must be in 1..1000, got {self.mcmc_max_copies}")
         self._each(("mcmc_max_scale", "mcmc_noise_max_scale"), lambda v: 0.0 <= v < math.inf,
                    "finite and ≥ 0 (0: off)")
-        self._each(("mcmc_fog_share", "mcmc_fog_from", "mcmc_fog_noise", "mcmc_growth_max_dead"),
-                   lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
+        self._each(("mcmc_growth_max_dead",), lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
         self._each(("mcmc_growth", "mcmc_noise_lr", "mcmc_noise_k", "mcmc_opacity_reg", "mcmc_scale_reg"),
                    lambda v: v >= 0, "≥ 0")
         c2f = self.coarse_to_fine

@@ -199,8 +199,7 @@ class GraphStep:
         ptrs.append(f3d.data_ptr() if isinstance(f3d, torch.Tensor) else None)
         # the config: only the fields the captured body reads (step.graph_config): a slider of a host-only field
         # (a densification threshold) keeps every graph
-        return (tuple(ptrs), graph_config(t.config, t.strategy), t.strategy.graph_state(t),
-                getattr(t.model, "render_mode", "default"))
+        return tuple(ptrs), graph_config(t.config, t.strategy), getattr(t.model, "render_mode", "default")
 
     def _camera_table(self) -> torch.Tensor:
         """(V, 28) float32 on the device: every training view's viewmat | K | campos, converted as the eager

@@ -80,7 +80,7 @@ from .optim import append_rows, per_gaussian_tensors, select_rows
 __all__ = ["MCMCReport", "split_mass", "zero_moments", "sample_indices", "relocate_dead", "add_gaussians",
            "trim_to_cap", "position_noise", "add_position_noise", "noise_generator", "seed_noise", "scheduled",
            "regularizer", "mcmc_step", "mcmc_budget", "mcmc_relocate_and_grow", "length_unit", "noise_max_scale",
-           "fog_opacity", "fog_share", "fog_acts", "fog_multiplier", "dead_share"]
+           "dead_share"]
 
 #: largest float32 opacity below 1 the relocation hands out (logit ≈ 15.9)
 _MAX_OPACITY = 1.0 - torch.finfo(torch.float32).eps
@@ -334,8 +334,7 @@ def length_unit(cfg: TrainConfig, extent: float | None) -> float:
 
 @torch.no_grad()
 def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.Generator,
-                       ok: torch.Tensor | None = None, extent: float | None = None,
-                       scale: float = 1.0) -> torch.Tensor:
+                       ok: torch.Tensor | None = None, extent: float | None = None) -> torch.Tensor:
     """Add the Langevin noise ``mcmc_noise_lr · lr_means · σ(−k(o − t)) · Σ·η / L²`` to ``model.means3D`` in place
     (module docstring) and return it (N, 3); η ~ N(0, I) from ``eta_generator`` (on the means' device, seeded by the
     caller). ``lr_means``: the position learning rate, a float or a 0-d tensor on the device (the captured step's).
@@ -343,9 +342,8 @@ def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.G
     the same fraction of the scene whatever its scale; ``extent`` is needed then). ``ok`` (0-d bool tensor): the
     noise is zero where it is False (the NaN guard's skipped step), decided on the device. No host synchronisation
     (capturable in a CUDA graph). ``mcmc_noise_max_scale`` > 0 bounds s in Σ at that share of ``extent``
-    (:func:`noise_max_scale`). ``scale`` multiplies the noise (the fog rule's ``mcmc_fog_noise`` once it has acted,
-    :func:`fog_share`; 1 otherwise)."""
-    noise_lr = float(cfg.mcmc_noise_lr) * float(scale) / length_unit(cfg, extent) ** 2
+    (:func:`noise_max_scale`)."""
+    noise_lr = float(cfg.mcmc_noise_lr) / length_unit(cfg, extent) ** 2
     max_scale = noise_max_scale(cfg, extent)
     means = model.means3D
     if max_scale >= torch.finfo(means.dtype).max:  # a bound past the parameters' range never binds (and clamp
@@ -375,10 +373,10 @@ def add_position_noise(model, lr_means, cfg: TrainConfig, eta_generator: torch.G
 
 @torch.no_grad()
 def position_noise(model, lr_means: float, cfg: TrainConfig, generator: torch.Generator | None,
-                   ok: torch.Tensor | None = None, extent: float | None = None, scale: float = 1.0) -> torch.Tensor:
+                   ok: torch.Tensor | None = None, extent: float | None = None) -> torch.Tensor:
     """:func:`add_position_noise` with η drawn on the means' device from :func:`seed_noise` of the CPU
     ``generator``; returns the noise (N, 3)."""
-    return add_position_noise(model, lr_means, cfg, seed_noise(model.means3D.device, generator), ok, extent, scale)
+    return add_position_noise(model, lr_means, cfg, seed_noise(model.means3D.device, generator), ok, extent)
 
 
 @torch.no_grad()
@@ -388,38 +386,6 @@ def dead_share(model, cfg: TrainConfig) -> float:
     synchronisation. ``mcmc_growth_max_dead`` reads it."""
     n = model.num_gaussians
     return float((~(model.opacities.detach() > cfg.mcmc_min_opacity)).sum()) / n if n else 0.0
-
-
-def fog_opacity(cfg: TrainConfig) -> float:
-    """The opacity under which the noise gate σ(−k(o − t)) passes more than a tenth of the noise: t + ln 9 / k
-    (0.027 at the defaults); a Gaussian under it counts as faint for the fog rule (:func:`fog_share`)."""
-    return float(cfg.mcmc_noise_t) + math.log(9.0) / float(cfg.mcmc_noise_k) if cfg.mcmc_noise_k > 0 else math.inf
-
-
-@torch.no_grad()
-def fog_share(model, cfg: TrainConfig) -> float:
-    """The share of ``model``'s Gaussians with an opacity under :func:`fog_opacity` (a non-finite one counts as not
-    faint), 0 for an empty model. One host synchronisation. The fog rule (``TrainConfig.mcmc_fog_share``) reads it at
-    relocation steps: when nearly every Gaussian is faint, the noise keeps all of them moving and none settles."""
-    n = model.num_gaussians
-    if n == 0:
-        return 0.0
-    return float((model.opacities.detach() < fog_opacity(cfg)).sum()) / n
-
-
-def fog_multiplier(cfg: TrainConfig, fog_at: int | None) -> float:
-    """The position noise's multiplier under the fog rule: ``mcmc_fog_noise`` once the rule has acted (``fog_at``,
-    the iteration it did, not None) while it is on, else 1. So a run resumed with the rule off (``mcmc_fog_share``
-    0) has the whole noise back, and one resumed with another ``mcmc_fog_noise`` takes that."""
-    return float(cfg.mcmc_fog_noise) if fog_at is not None and cfg.mcmc_fog_share > 0 else 1.0
-
-
-def fog_acts(cfg: TrainConfig, iteration: int, share: float) -> bool:
-    """Whether the fog rule acts at ``iteration`` (a relocation step) with ``share`` (:func:`fog_share`): the rule is
-    on (``mcmc_fog_share`` > 0), ``iteration`` ≥ ``mcmc_fog_from`` × ``iterations``, and ``share`` ≥
-    ``mcmc_fog_share``."""
-    return (cfg.mcmc_fog_share > 0 and iteration >= cfg.mcmc_fog_from * cfg.iterations
-            and share >= cfg.mcmc_fog_share)
 
 
 class _Regularizer(torch.autograd.Function):

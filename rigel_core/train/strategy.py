@@ -9,8 +9,7 @@ A :class:`Strategy` gives
   runner must leave an iteration to the eager step (:meth:`~Strategy.needs_eager`), what it does before each replay
   (:meth:`~Strategy.before_replay`), and the work an iteration held back (:meth:`~Strategy.run_held`,
   ``Trainer.deferred_schedule``);
-- its **checkpoint state** (:meth:`~Strategy.state_tensors` / :meth:`~Strategy.load_state_tensors`) and the run
-  state its captured step bakes in (:meth:`~Strategy.graph_state`);
+- its **checkpoint state** (:meth:`~Strategy.state_tensors` / :meth:`~Strategy.load_state_tensors`);
 - the **config fields the captured step reads** (:attr:`~Strategy.graph_fields`): with :data:`.step.STEP_FIELDS` the
   graph signature (:mod:`.graph_step`), so a slider of a host-only field (a densification threshold) keeps the graphs.
 
@@ -21,13 +20,11 @@ no state of their own (the run's state is the trainer's): one instance per strat
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from .densify import DensifyReport, densify_and_prune, reset_opacity
-from .mcmc import add_position_noise, fog_acts, fog_multiplier, fog_opacity, fog_share, mcmc_budget, \
-    mcmc_relocate_and_grow, noise_generator, position_noise, regularizer, scheduled, seed_noise
+from .mcmc import add_position_noise, mcmc_budget, mcmc_relocate_and_grow, noise_generator, position_noise, \
+    regularizer, scheduled, seed_noise
 from .optim import group_lrs
 from .strategy_table import LIVE, Live
 
@@ -88,11 +85,6 @@ class Strategy:
         return None, False
 
     # ---- checkpoint ----------------------------------------------------------------------------------------------
-    def graph_state(self, trainer) -> tuple:
-        """The run state (not config) the captured step bakes in: part of the graph signature (:mod:`.graph_step`),
-        so a change drops the graphs. The base strategy has none."""
-        return ()
-
     def state_tensors(self, trainer) -> dict:
         """The strategy's tensors of the run, by checkpoint name: the densification accumulators (``stats.*``; the
         MCMC budget keeps them at the model's length, unused)."""
@@ -182,44 +174,8 @@ class MCMCStrategy(Strategy):
             ctx.defer = t._holds(it) and scheduled(cfg, it)
             ctx.report = mcmc_budget(t.model, t.optimizer, t.stats, cfg, it, t.generator, defer=ctx.defer,
                                      extent=t.extent)
-            if scheduled(cfg, it) and not ctx.defer:
-                self.check_fog(t, cfg, it)
         if not ctx.defer:  # the Langevin position noise after the update, zero where the update was skipped
-            add_position_noise(t.model, ctx.lr_means, cfg, ctx.noise(), ok, t.extent, fog_multiplier(cfg, t.fog_at))
-
-    @staticmethod
-    def check_fog(trainer, cfg, iteration: int) -> None:
-        """The fog rule (``TrainConfig.mcmc_fog_share``, :func:`.mcmc.fog_acts`), at a relocation step: once it acts,
-        ``trainer.fog_at`` is that iteration (kept in checkpoints) and the noise is ``mcmc_fog_noise`` × what it was
-        for the rest of the run (:func:`.mcmc.fog_multiplier`), said in one warning (the main rank's)."""
-        t = trainer
-        # a share of 1 passes the rule's own threshold: whether it is on and looks at this iteration, without
-        # fog_share's host synchronisation
-        if t.fog_at is not None or not fog_acts(cfg, iteration, 1.0):
-            return
-        share = fog_share(t.model, cfg)  # the same on every rank (one model)
-        if fog_acts(cfg, iteration, share):
-            t.fog_at = int(iteration)
-            if t.comm is None or t.comm.rank == 0:
-                warnings.warn(f"iteration {iteration:,}: {share:.1%} of the {t.model.num_gaussians:,} Gaussians are "
-                              f"fainter than {fog_opacity(cfg):.3f} (mcmc_fog_share {cfg.mcmc_fog_share:g}): a fog "
-                              f"the position noise keeps moving; the noise is multiplied by {cfg.mcmc_fog_noise:g} "
-                              f"for the rest of the run", stacklevel=2)
-
-    def graph_state(self, trainer) -> tuple:
-        # the fog rule's multiplier, baked into the captured noise
-        return (fog_multiplier(trainer.config, trainer.fog_at),)
-
-    def state_tensors(self, trainer) -> dict:
-        out = super().state_tensors(trainer)
-        if trainer.fog_at is not None:  # the fog rule has acted (checkpoints before it: no entry)
-            out["mcmc.fog_at"] = torch.tensor([trainer.fog_at], dtype=torch.int64)
-        return out
-
-    def load_state_tensors(self, trainer, tensors: dict) -> None:
-        super().load_state_tensors(trainer, tensors)
-        v = tensors.get("mcmc.fog_at")
-        trainer.fog_at = None if v is None else int(v.reshape(-1)[0])
+            add_position_noise(t.model, ctx.lr_means, cfg, ctx.noise(), ok, t.extent)
 
     def host_schedule(self, trainer, ctx, ok) -> tuple:
         t = trainer
@@ -246,9 +202,8 @@ class MCMCStrategy(Strategy):
         t.last_densify = report or t.last_densify
         # that iteration's noise, at its learning rate under the extended schedule (what a run planned this long
         # used); after --resume the skip flag is not kept: the step is taken as applied
-        self.check_fog(t, cfg, iteration)
         position_noise(t.model, group_lrs(cfg, iteration, t.extent)["means3D"] * t._batch_scaling()[0], cfg,
-                       t.generator, t._deferred_ok, t.extent, fog_multiplier(cfg, t.fog_at))
+                       t.generator, t._deferred_ok, t.extent)
         t._deferred_ok = None
         return report, False
 

@@ -544,9 +544,6 @@ class Trainer:
         #: more iterations to hold the schedule at (an outside evaluation's, e.g. bench/real.py's checkpoints)
         self.schedule_holds: set[int] = set()
         self._deferred_ok: torch.Tensor | None = None  # MCMC: that step's NaN-guard verdict, for its deferred noise
-        #: MCMC: the iteration at which the fog rule acted (TrainConfig.mcmc_fog_share; saved in checkpoints), None
-        #: before; the noise's multiplier follows from it (mcmc.fog_multiplier)
-        self.fog_at: int | None = None
         self.lock = threading.Lock()
         self._view_stack: list[int] = []
         #: views to train again first: their graph-step replay overflowed its binning capacity (graph_step.py)
@@ -682,19 +679,7 @@ class Trainer:
         initialisation, then the strategy it may decide, then coarse-to-fine and the densification statistic); what
         rigel-train and the viewer log at the start."""
         return [n for n in (self.schedule_note, self.init_note, self.init_points_note, self.strategy_note,
-                            self.coarse_note, self.densify_grad_note, self.fog_note) if n]
-
-    @property
-    def fog_note(self) -> str | None:
-        """A resumed MCMC run on which the fog rule had acted (:attr:`fog_at`): what its noise is now."""
-        cfg = self.config
-        if self.fog_at is None or cfg.strategy != "mcmc":
-            return None
-        if cfg.mcmc_fog_share <= 0:
-            return f"the fog rule acted at iteration {self.fog_at:,}; it is off now (mcmc_fog_share 0): the whole " \
-                   "position noise again"
-        return f"the fog rule acted at iteration {self.fog_at:,}: the position noise × {cfg.mcmc_fog_noise:g} " \
-               "(mcmc_fog_noise) for the rest of the run"
+                            self.coarse_note, self.densify_grad_note) if n]
 
     def _init_source(self) -> str:
         """What :meth:`initial_model` starts from, in words (:attr:`init_source`)."""
