@@ -438,10 +438,14 @@ class RunRecord:
 
     def log_final(self, trainer, final, train_s: float) -> None:
         """The line a finished session ends ``log.txt`` with: iterations, Gaussians, the last held-out evaluation
-        ``final`` (None: no held-out views), the run's seconds of training (all its sessions), skipped steps."""
+        ``final`` (None: no held-out views), the run's seconds of training (all its sessions), skipped steps, and
+        how many MCMC relocation steps held growth (``mcmc_growth_max_dead``; why N may end under the budget)."""
+        held = sum(1 for d in self.metrics.get("densify", []) if d.get("growth_held"))
         self.log.info(f"final: {trainer.iteration} iterations, {trainer.model.num_gaussians} Gaussians"
                       + (f", test psnr {final.psnr:.2f} ssim {final.ssim:.4f}" if final else "")
-                      + f", {train_s:.1f} s training, {trainer.nan_skips} skipped steps")
+                      + f", {train_s:.1f} s training, {trainer.nan_skips} skipped steps"
+                      + (f"; MCMC growth held at {held} relocation step{'s' if held != 1 else ''} where more than "
+                         f"mcmc_growth_max_dead of the Gaussians were dead" if held else ""))
 
     @classmethod
     def open(cls, run_dir: Path, trainer, *, data="", device: str | None = None, name: str | None = None,
@@ -476,7 +480,9 @@ class RunRecord:
         if hasattr(d, "n_relocated"):  # the MCMC budget (train/mcmc.py)
             self.log.info(f"[{d.iteration}] mcmc relocate {d.n_relocated} add {d.n_added}"
                           + (f" trim {d.n_prune}" if d.n_prune else "") + f" -> {d.n_after}"
-                          + (" (at the budget)" if d.capped else ""))
+                          + (" (at the budget)" if d.capped else "")
+                          + (f" (growth held: {d.dead_share:.0%} of the Gaussians dead, over mcmc_growth_max_dead)"
+                             if getattr(d, "growth_held", False) else ""))
         else:
             self.log.info(f"[{d.iteration}] densify clone {d.n_clone} split {d.n_split} prune {d.n_prune} "
                           f"-> {d.n_after}{' (capped)' if d.capped else ''}")

@@ -259,6 +259,9 @@ def test_growth_stops_where_too_many_gaussians_are_dead(rng, bound):
     assert rep.n_relocated == int(dead.sum())
     grows = bound != "under"
     assert rep.n_added == (int(n * 0.1) if grows else 0) and model.num_gaussians == n + rep.n_added
+    assert rep.growth_held == (not grows)  # what the log and metrics.json say (tests below)
+    assert rep.dead_share == (None if bound == "off" else pytest.approx(share, rel=1e-12))
+    assert rep.to_dict()["growth_held"] == rep.growth_held
     assert dead_share(random_scene(rng, 0), cfg) == 0.0
 
 
@@ -1188,3 +1191,46 @@ def test_a_checkpoint_of_the_removed_fog_rule_resumes_without_it(rng, tmp_path, 
             config_overrides(build_parser().parse_args(["--data", "d", "--out", "o", "--set", f"{field}={value}"]))
         with pytest.raises(ValueError, match=f"unknown field.*{field}"):
             TrainConfig.from_dict({**cfg.to_dict(), field: value})
+
+
+def test_a_held_growth_step_is_logged_and_a_checkpoint_from_before_the_rule_keeps_growing(rng, tmp_path):
+    """A relocation step the growth rule holds says so in log.txt (its dead share) and in metrics.json
+    (``growth_held``), and the run's final line counts such steps: why N ends under the budget. A checkpoint written
+    before ``mcmc_growth_max_dead`` and ``mcmc_noise_max_scale`` existed (no such keys in its config) resumes with both
+    off, as it trained: growth at every relocation step, the paper's unbounded noise."""
+    from safetensors.torch import load_file, save_file
+
+    from rigel_core.checkpoint import read_checkpoint
+    from rigel_core.run_dir import RunRecord
+    ds = make_dataset(rng, n_gauss=40, size=16, n_train=4, n_test=0)
+    # every Gaussian far under the dead bound but a few: the first relocation step finds most of them dead
+    cfg = mcmc_config(iterations=12, max_gaussians=400, densify_from=3, densify_interval=4, mcmc_min_opacity=0.2)
+    model = random_scene(rng, 60)
+    with torch.no_grad():
+        model.opacity_logits[:50] = -6.0
+    tr = Trainer(ds, cfg, model=model, device="cpu")
+    rec = RunRecord.open(tmp_path / "run", tr, data="synthetic")
+    for _ in range(12):
+        r = tr.step()
+        if r.densify is not None:
+            rec.densified(r.densify)
+    held = [d for d in rec.metrics["densify"] if d["growth_held"]]
+    assert held and all(d["n_added"] == 0 and d["dead_share"] > cfg.mcmc_growth_max_dead for d in held)
+    rec.log_final(tr, None, 1.0)
+    log = (tmp_path / "run" / "log.txt").read_text()
+    first = held[0]
+    assert (f"[{first['iteration']}] mcmc relocate {first['n_relocated']} add 0 -> {first['n_after']} (growth held: "
+            f"{first['dead_share']:.0%} of the Gaussians dead, over mcmc_growth_max_dead)") in log
+    n = len(held)
+    assert f"MCMC growth held at {n} relocation step{'s' if n != 1 else ''} where more than" in log
+    # a checkpoint from before the two rules: neither key in its config
+    path, old = tmp_path / "now.safetensors", tmp_path / "old.safetensors"
+    tr.save_checkpoint(path)
+    tensors, meta = load_file(path), read_checkpoint(path)[1]
+    meta["config"] = {k: v for k, v in meta["config"].items()
+                      if k not in ("mcmc_growth_max_dead", "mcmc_noise_max_scale")}
+    save_file(tensors, old, metadata={"rigel": json.dumps(meta)})
+    resumed = Trainer.from_checkpoint(old, ds, device="cpu")
+    assert resumed.config.mcmc_growth_max_dead == 0.0 and resumed.config.mcmc_noise_max_scale == 0.0
+    assert resumed.config == dataclasses.replace(cfg, mcmc_growth_max_dead=0.0, mcmc_noise_max_scale=0.0)
+    assert Trainer.from_checkpoint(path, ds, device="cpu").config == cfg  # a new checkpoint keeps its values

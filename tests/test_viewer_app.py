@@ -117,6 +117,8 @@ def test_training_state_folds_events():
     assert st.log[-1].endswith("densify +2 clone +1 split -4 prune -> 52")
     st.apply(M.Densified(3, 0, 0, 0, 52, n_relocated=7, n_added=0))           # an MCMC step says what it did
     assert st.log[-1].endswith("mcmc relocate 7 add 0 -> 52") and "clone" not in st.log[-1]
+    st.apply(M.Densified(4, 0, 0, 0, 52, n_relocated=30, n_added=0, dead_share=0.577))  # growth held by the rule
+    assert st.log[-1].endswith("mcmc relocate 30 add 0 -> 52 (growth held: 58% dead)")
     st.apply(M.DensifyParamsChanged(3, {"grad_threshold": 5e-4}))
     assert st.num_gaussians == 52 and st.densify["grad_threshold"] == 5e-4
     st.apply(M.CommandRejected("SetAppearance", "unknown appearance 'x'"))

@@ -136,6 +136,7 @@ class Densified(Event):
     n_after: int
     n_relocated: int | None = None   # the MCMC budget's step (train/mcmc.py): relocated and added, not clone/split
     n_added: int = 0
+    dead_share: float | None = None  # MCMC: growth held because this share of the Gaussians was dead (else None)
 
 
 @dataclass(frozen=True)

@@ -433,7 +433,8 @@ class _ViewerHooks(RunHooks):
 
     def densified(self, d) -> None:
         self.session._emit(M.Densified(d.iteration, d.n_clone, d.n_split, d.n_prune, d.n_after,
-                                       getattr(d, "n_relocated", None), getattr(d, "n_added", 0)))
+                                       getattr(d, "n_relocated", None), getattr(d, "n_added", 0),
+                                       d.dead_share if getattr(d, "growth_held", False) else None))
 
     def evaluating(self, ev) -> None:
         self.session._flush_progress()   # the window before it first: the plot's points stay in order

@@ -95,7 +95,8 @@ class TrainingState:
             self.num_gaussians = ev.n_after
             if ev.n_relocated is not None:   # the MCMC budget
                 self.log.append(f"[{ev.iteration}] mcmc relocate {ev.n_relocated} add {ev.n_added} "
-                                f"-> {ev.n_after:,}")
+                                f"-> {ev.n_after:,}" + ("" if ev.dead_share is None else
+                                                        f" (growth held: {ev.dead_share:.0%} dead)"))
             else:
                 self.log.append(f"[{ev.iteration}] densify +{ev.n_clone} clone +{ev.n_split} split "
                                 f"-{ev.n_prune} prune -> {ev.n_after:,}")

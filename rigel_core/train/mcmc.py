@@ -90,10 +90,14 @@ _MAX_OPACITY = 1.0 - torch.finfo(torch.float32).eps
 class MCMCReport(DensifyReport):
     """What one MCMC budget step did. The :class:`~.densify.DensifyReport` fields keep their meaning where they
     have one (``n_clone`` = ``n_split`` = 0; ``n_prune`` = Gaussians removed by :func:`trim_to_cap`; ``capped``:
-    N reached ``max_gaussians``); ``n_relocated`` dead Gaussians moved, ``n_added`` new ones."""
+    N reached ``max_gaussians``); ``n_relocated`` dead Gaussians moved, ``n_added`` new ones; ``growth_held``: no
+    growth under the cap because more than ``mcmc_growth_max_dead`` of the Gaussians were dead, ``dead_share`` that
+    share (None where the rule is off)."""
 
     n_relocated: int = 0
     n_added: int = 0
+    growth_held: bool = False
+    dead_share: float | None = None
 
 
 @torch.no_grad()
@@ -270,15 +274,17 @@ def mcmc_relocate_and_grow(model, optimizer, stats, cfg: TrainConfig, iteration:
     (``Trainer.deferred_schedule``). ``n_before``/``removed``: the count before this iteration's cap trim and what
     it removed (for the report)."""
     n_before = model.num_gaussians if n_before is None else n_before
-    dead = dead_share(model, cfg) if cfg.mcmc_growth_max_dead > 0 else 0.0
+    dead = dead_share(model, cfg) if cfg.mcmc_growth_max_dead > 0 else None
     relocated = relocate_dead(model, optimizer, cfg, generator, extent)
     # a model that lets more than mcmc_growth_max_dead of its Gaussians die between two relocation steps gets none
     # more this time (0: off)
-    added = add_gaussians(model, optimizer, cfg, generator) if not dead > cfg.mcmc_growth_max_dead > 0 else 0
+    held = dead is not None and dead > cfg.mcmc_growth_max_dead
+    added = 0 if held else add_gaussians(model, optimizer, cfg, generator)
     capped = cfg.max_gaussians is not None and model.num_gaussians >= cfg.max_gaussians
     if len(stats) != model.num_gaussians:
         stats.reset(model.num_gaussians)
-    return MCMCReport(iteration, n_before, 0, 0, removed, model.num_gaussians, capped, relocated, added)
+    return MCMCReport(iteration, n_before, 0, 0, removed, model.num_gaussians, capped, relocated, added,
+                      held and not capped, dead)
 
 
 def _noise_kernel(model, lr_means, cfg: TrainConfig | None = None, ok: torch.Tensor | None = None):
