@@ -275,7 +275,8 @@ def test_switching_keeps_the_image(rng):
     """SH → MLP → SH on small scenes (48×36, 250 Gaussians). Margins, colour units (images in [0, 1]):
     - degree 0 (view-independent, colours inside the logit clamp): to_mlp is exact, max |Δ| ≤ 1e-9;
     - view dependence shared by all Gaussians (one random degree-1 band, 0.3 std): the fit learns it
-      (RMSE ≤ 0.4× the exact start's; measured 0.19–0.22×), mean |Δ| ≤ 0.03 (measured 0.007–0.013);
+      (RMSE ≤ 0.4× the exact start's; measured 0.18–0.22×), mean |Δ| ≤ 0.3× what the band adds to the image
+      (measured 0.10–0.19×; an absolute 0.03 failed at RIGEL_SEED=2568014803, whose band adds 0.16, fitted to 0.031);
       baking that MLP back to degree 3: RMSE ≤ 0.02 (measured 0.003–0.008), mean |Δ| ≤ 0.005 against the
       MLP render (measured ≤ 0.0012);
     - random per-Gaussian degree-3 view dependence (0.03 std): beyond an 8-float latent; the fit gains
@@ -290,11 +291,15 @@ def test_switching_keeps_the_image(rng):
     shared = small_model(rng, n=250, degree=1, rest_std=0.0)
     shared.sh_rest[:] = 0.3 * torch.randn(1, 3, 3, generator=rng, dtype=torch.float64)
     img = rc.render(shared, cam).image
+    band = shared.sh_rest.clone()
+    shared.sh_rest[:] = 0.0
+    view_dependent = float((img - rc.render(shared, cam).image).abs().mean())  # what the band adds to the image
+    shared.sh_rest[:] = band
     mlp, rep = to_mlp(shared, 8, 32, steps=50, generator=torch.Generator().manual_seed(1))
     assert mlp.appearance is not None and mlp.sh_degree == 0 and mlp.active_sh_degree == 0
     assert rep.kept == "fit" and rep.rmse_fit <= 0.4 * rep.rmse_init
     img_mlp = rc.render(mlp, cam).image
-    assert float((img_mlp - img).abs().mean()) <= 0.03
+    assert float((img_mlp - img).abs().mean()) <= 0.3 * view_dependent
     sh, rmse = to_sh(mlp)
     assert sh.appearance is None and sh.sh_degree == 3 and rmse <= 0.02
     assert float((rc.render(sh, cam).image - img_mlp).abs().mean()) <= 0.005
