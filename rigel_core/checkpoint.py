@@ -56,8 +56,9 @@ ADAM_KEYS = ("exp_avg", "exp_avg_sq", "step")
 STATS_KEYS = ("grad_accum", "denom", "max_radii")
 #: tensors and TrainConfig fields an older rigel wrote for a feature since removed: a checkpoint holding them loads
 #: as one without them, without a word. The fog rule's (``mcmc.fog_at``: the iteration it acted at, int64 (1,);
-#: ``mcmc_fog_share`` / ``mcmc_fog_from`` / ``mcmc_fog_noise``), measured and removed (docs/TRAINING.md)
-RETIRED_TENSORS = ("mcmc.fog_at",)
+#: ``mcmc.noise_scale``, its first form's multiplier, float64 (1,); ``mcmc_fog_share`` / ``mcmc_fog_from`` /
+#: ``mcmc_fog_noise``), measured and removed (docs/TRAINING.md)
+RETIRED_TENSORS = ("mcmc.fog_at", "mcmc.noise_scale")
 RETIRED_CONFIG_FIELDS = ("mcmc_fog_share", "mcmc_fog_from", "mcmc_fog_noise")
 
 

@@ -1152,10 +1152,11 @@ def test_mcmc_on_cuda(rng):
 
 
 # ---- the fog rule, removed (measured: docs/TRAINING.md) -------------------------------------------------------------
-@pytest.mark.parametrize("fog_at_shape", [(1,), ()])
-def test_a_checkpoint_of_the_removed_fog_rule_resumes_without_it(rng, tmp_path, fog_at_shape):
+@pytest.mark.parametrize("entry", ["fog_at (1,)", "fog_at ()", "noise_scale"])
+def test_a_checkpoint_of_the_removed_fog_rule_resumes_without_it(rng, tmp_path, entry):
     """A checkpoint the previous rigel wrote on an MCMC run the fog rule had acted on holds the int64 tensor
-    ``mcmc.fog_at`` (shape (1,), the iteration it acted at; a 0-d one is taken too) and the rule's three fields in its
+    ``mcmc.fog_at`` (shape (1,), the iteration it acted at; a 0-d one is taken too; the rule's first form held
+    ``mcmc.noise_scale``, its multiplier, instead) and the rule's three fields in its
     config and its held iteration's ``deferred_config``: ``--resume`` (Trainer.from_checkpoint, the CLI's
     resume_config) reads it as the run without them and goes on bit for bit, and the model alone loads. The removed
     fields are unknown fields for ``--set`` and TrainConfig.from_dict, refused in the usual line."""
@@ -1176,7 +1177,11 @@ def test_a_checkpoint_of_the_removed_fog_rule_resumes_without_it(rng, tmp_path, 
     assert meta["deferred_schedule"] == 12 and "deferred_config" in meta
     fog = {"mcmc_fog_share": 0.8, "mcmc_fog_from": 0.25, "mcmc_fog_noise": 0.1}  # the rule on, acted at 12
     meta = {**meta, "config": {**meta["config"], **fog}, "deferred_config": {**meta["deferred_config"], **fog}}
-    save_file({**tensors, "mcmc.fog_at": torch.tensor([12], dtype=torch.int64).reshape(fog_at_shape)}, old,
+    retired = {"fog_at (1,)": {"mcmc.fog_at": torch.tensor([12], dtype=torch.int64)},
+               "fog_at ()": {"mcmc.fog_at": torch.tensor(12, dtype=torch.int64)},
+               # the rule's first form (until 875d3bd) kept its multiplier instead, float64 (1,)
+               "noise_scale": {"mcmc.noise_scale": torch.tensor([0.1], dtype=torch.float64)}}[entry]
+    save_file({**tensors, **retired}, old,
               metadata={"rigel": json.dumps(meta)})
     resumed = Trainer.from_checkpoint(old, ds, device="cpu")
     assert resumed.config == cfg and resumed._deferred_config == cfg and resumed.deferred_schedule == 12
