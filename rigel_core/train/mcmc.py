@@ -35,8 +35,9 @@ opacity ``α_n(x) = 1 − (1 − o'·g'(x))ⁿ`` (``g'`` the unit-peak Gaussian 
    integral is kept along every direction through the centre, not only the axes.
 
 ``n`` is clamped to ``mcmc_max_copies`` (51, as the paper's released code: beyond that the copies of a Gaussian
-drawn more often share the opacity of 51), ``o'`` to ``[mcmc_min_opacity, 1 − 2⁻²³]`` (so a copy is not born dead
-and its logit is finite) and ``c`` to ``(0, 1]`` (it is < 1 for every n ≥ 2: the stacked profile is wider than one
+drawn more often share the opacity of 51), ``o'`` to ``[mcmc_min_opacity, 1 − 2⁻²³]`` (its logit finite; a copy
+at the floor still counts as dead at the next relocation, float32 rounding sigmoid(logit(0.005)) under 0.005, as in
+gsplat 1.5.3: docs/BENCHMARKS.md) and ``c`` to ``(0, 1]`` (it is < 1 for every n ≥ 2: the stacked profile is wider than one
 Gaussian of the same peak; the clamp only guards rounding).
 
 **Position noise** (:func:`position_noise`), after every optimizer step (the Langevin term): ``μ ← μ + λ_noise ·
@@ -175,6 +176,11 @@ def _split_sampled(model, cfg: TrainConfig, src: torch.Tensor) -> torch.Tensor:
     return rows
 
 
+def _dead(opacities: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """(N,) bool: opacity at or under ``mcmc_min_opacity``, a NaN (a non-finite logit) counted dead."""
+    return ~(opacities > cfg.mcmc_min_opacity)
+
+
 @torch.no_grad()
 def relocate_dead(model, optimizer, cfg: TrainConfig, generator: torch.Generator | None,
                   extent: float | None = None) -> int:
@@ -183,7 +189,7 @@ def relocate_dead(model, optimizer, cfg: TrainConfig, generator: torch.Generator
     (module docstring), in place; zero the Adam moments of the touched rows. Returns the number moved (0 when none
     is dead or none is alive). ValueError when ``cfg.mcmc_max_scale`` > 0 and ``extent`` is None."""
     o = model.opacities.detach()
-    dead = ~(o > cfg.mcmc_min_opacity)  # NaN (a non-finite logit) counts as dead
+    dead = _dead(o, cfg)
     if cfg.mcmc_max_scale > 0:  # a faint fog of huge Gaussians (a random start): each one covers the whole view
         if extent is None:
             raise ValueError("relocate_dead: mcmc_max_scale is set, so the scene extent must be given")
@@ -391,7 +397,7 @@ def dead_share(model, cfg: TrainConfig) -> float:
     :func:`relocate_dead` counts it), 0 for an empty model: what the next relocation moves. One host
     synchronisation. ``mcmc_growth_max_dead`` reads it."""
     n = model.num_gaussians
-    return float((~(model.opacities.detach() > cfg.mcmc_min_opacity)).sum()) / n if n else 0.0
+    return float(_dead(model.opacities.detach(), cfg).sum()) / n if n else 0.0
 
 
 class _Regularizer(torch.autograd.Function):
