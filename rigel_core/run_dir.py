@@ -218,6 +218,14 @@ def fresh_run_dir(base: Path) -> Path:
     return out
 
 
+def _resume_refused(run: Path) -> list[str]:
+    """The files that make ``--resume`` refuse ``run``: its ``model.ply`` and/or ``metrics.json`` when it holds no
+    checkpoint (a run stopped before its first checkpoint, or whose checkpoint was deleted); [] otherwise."""
+    if (run / CHECKPOINT_NAME).exists():
+        return []
+    return [f for f in (PLY_NAME, METRICS_NAME) if (run / f).exists()]
+
+
 def choose_run_dir(out: Path | None, default: Path, *, resume: bool, data: Path | None = None) -> Path:
     """The run folder to train into; never one that holds another run.
 
@@ -237,8 +245,8 @@ def choose_run_dir(out: Path | None, default: Path, *, resume: bool, data: Path 
             raise RunFolderTaken(f"--out {run} is the dataset's folder (--data {data}): a run writes its model, "
                                  "checkpoint and poses there; choose another --out")
     if resume:
-        kept = [f for f in (PLY_NAME, METRICS_NAME) if (run / f).exists()]
-        if kept and not (run / CHECKPOINT_NAME).exists():
+        kept = _resume_refused(run)
+        if kept:
             names = " and ".join(kept)
             raise RunFolderTaken(f"{run} holds {names} but no {CHECKPOINT_NAME}: --resume has nothing to "
                                  f"continue, and a new run would replace {names}; choose another --out")
@@ -247,6 +255,9 @@ def choose_run_dir(out: Path | None, default: Path, *, resume: bool, data: Path 
             raise RunFolderTaken(f"--out {run} is a file, not a folder")
         if holds_run(run):
             names = ", ".join(f for f in RUN_FILES if (run / f).exists())
+            if _resume_refused(run):
+                raise RunFolderTaken(f"{run} already holds a run ({names}) with no {CHECKPOINT_NAME} to continue "
+                                     "(stopped before its first, or deleted): choose another --out")
             raise RunFolderTaken(f"{run} already holds a run ({names}); pass --resume to continue it, or choose "
                                  "another --out")
     else:

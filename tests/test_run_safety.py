@@ -175,6 +175,9 @@ def test_a_model_ply_without_a_checkpoint_is_never_trained_over(tmp_path, capsys
     assert main(argv) == 2
     line = _one_line(capsys.readouterr().err)
     assert str(run) in line and kept_file in line and "no-such-dataset" not in line, line
+    # the advice is one the other form takes: without --resume the line said "pass --resume", which refuses (a run
+    # stopped by a second Ctrl-C before its first checkpoint sent its user in a circle)
+    assert resume or "--resume" not in line, line
     assert sorted(p.name for p in run.iterdir()) == [kept_file]
     assert (run / kept_file).read_bytes() == kept
 
