@@ -118,6 +118,13 @@ def test_config_fields_are_type_checked():
             TrainConfig(**{field: value}).validate()
     with pytest.raises(ValueError, match="TrainConfig.iterations must be ≤"):
         TrainConfig(iterations=MAX_ITERATION + 1).validate()
+    # --set FIELD=null: the line says the field has no 'none' value (it said "must be float, got None", and a float
+    # field's other refusals say "a finite number")
+    for field, what in (("mcmc_growth_max_dead", "a finite number"), ("densify_until", "int"),
+                        ("exposure", "bool")):
+        with pytest.raises(ValueError) as e:
+            TrainConfig(**{field: None}).validate()
+        assert str(e.value).startswith(f"TrainConfig.{field} must be {what}, got None (null: "), str(e.value)
     # values that used to train silently wrong (a negative learning rate ascends the loss; max_steps −1 jumps to
     # the final position lr at step 1) or fail later naming no field ("math domain error", "Invalid epsilon")
     wrong = [("position_lr_init", -1e-4), ("position_lr_final", -1e-6), ("scaling_lr", -1.0), ("rotation_lr", -1e-3),

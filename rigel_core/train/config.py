@@ -453,7 +453,8 @@ class TrainConfig:
             if v is None:
                 if optional:
                     continue
-                raise ValueError(f"{where} must be {base}, got None")
+                raise ValueError(f"{where} must be {'a finite number' if base == 'float' else base}, got None (null: "
+                                 "this field has no 'none' value)")
             if base == "bool":
                 ok = isinstance(v, bool)
             elif base == "int":
