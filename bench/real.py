@@ -155,6 +155,8 @@ VARIANTS = {
     "halfviews": "every other training view (the held-out views unchanged)",
     "fewviews": "every 8th training view (a small capture; the held-out views unchanged)",
     "halfres": "images at half resolution (the loader's downscale doubled)",
+    "opaque": "alpha dropped after compositing onto the background (an object photographed on a plain backdrop: "
+              "a photo capture to the rules, lego~opaque)",
 }
 #: ``--scenes suite``: the four captures and the variants that model what users bring (issue 35): SfM points removed,
 #: half and an eighth of the views, half resolution, no points with a distorted lens (beer~nosfm, fox)
@@ -184,6 +186,9 @@ def apply_variants(ds, variants) -> None:
         ds.train = ds.train[::2]
     if "fewviews" in variants:
         ds.train = ds.train[::8]
+    if "opaque" in variants:   # the composited image stays; a streamed frame with alpha is loaded to drop it
+        ds.train, ds.test = ([f if f.alpha is None else dataclasses.replace(loaded([f])[0], alpha=None)
+                              for f in frames] for frames in (ds.train, ds.test))
 
 
 def find_scenes(spec: str | None) -> list[tuple[str, Path]]:

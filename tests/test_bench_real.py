@@ -395,6 +395,31 @@ def procedural(tmp_path_factory):
     return d
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["preloaded", "streamed"])
+def test_opaque_variant_drops_alpha_and_keeps_the_composited_image(procedural, stream):
+    """``~opaque``: an object on a plain backdrop photographed without alpha. Every frame keeps its camera, name and
+    composited image to the bit, and has no alpha — so the strategy rules read a photo capture (the trainer's
+    transparency share is 0) — streamed frames as well as preloaded ones; a frame without alpha is left as it is."""
+    from rigel_core.data import load_dataset
+    from rigel_core.train.trainer import capture_facts
+
+    ds = load_dataset(procedural, stream=stream)
+    before = {id(f): (f.camera, f.name, f.image.clone()) for f in ds.train + ds.test}
+    assert all(f.alpha is not None for f in ds.train + ds.test)  # the procedural capture is RGBA
+    assert capture_facts(ds.train).transparent > 0.05
+    order = [id(f) for f in ds.train], [id(f) for f in ds.test]
+    bare = Frame(ds.train[0].camera, ds.train[0].image.clone(), None, "bare")
+    ds.train.append(bare)
+    real.apply_variants(ds, ("opaque",))
+    assert ds.train[-1] is bare
+    for frames, ids in zip((ds.train[:-1], ds.test), order):
+        assert len(frames) == len(ids)
+        for f, i in zip(frames, ids):
+            cam, name, image = before[i]
+            assert f.alpha is None and f.camera == cam and f.name == name and torch.equal(f.image, image)
+    assert capture_facts(ds.train).transparent == 0
+
+
 CLI = ["--device", "cpu", "--iters", "4,8", "--rigel-config", "init_points=200", "sh_degree=1"]
 COLUMNS = ["scene", "method", "iters", "PSNR", "SSIM", "N", "train s", "peak GiB", "time ratio rigel/gsplat",
            "ΔPSNR rigel − gsplat", "time ratio rigel/gsplat-mcmc", "ΔPSNR rigel − gsplat-mcmc"]
