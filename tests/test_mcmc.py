@@ -265,6 +265,102 @@ def test_growth_stops_where_too_many_gaussians_are_dead(rng, bound):
     assert dead_share(random_scene(rng, 0), cfg) == 0.0
 
 
+def test_live_copies_is_the_most_copies_above_the_dead_bound(rng):
+    """live_copies(o) = n: n copies of 1 − (1 − o)^(1/n) each stay alive through float32 (the logit the model stores,
+    read back by sigmoid), n + 1 would not stay above the bound with its margin; a source at or under the bound,
+    or not finite, gives 1 (itself)."""
+    from rigel_core.train.mcmc import live_copies
+    b = 0.005
+    o = torch.cat([torch.rand(300, generator=rng, dtype=torch.float64) ** 3,
+                   torch.tensor([0.0, b, b * 1.00005, 2 * b, 1 - 2 ** -23], dtype=torch.float64)])
+    n = live_copies(o, b)
+    assert n.dtype == torch.int64 and (n >= 1).all()
+    for oi, ni in zip(o.tolist(), n.tolist()):
+        copy = 1 - (1 - oi) ** (1 / ni)
+        if oi > b * 1.0001:
+            stored = torch.sigmoid(torch.logit(torch.tensor(copy, dtype=torch.float64).float()))
+            assert stored > b, (oi, ni)          # every copy alive as the model stores it
+            assert 1 - (1 - oi) ** (1 / (ni + 1)) <= b * 1.0001, (oi, ni)   # one more would not be
+        else:
+            assert ni == 1, oi
+    assert live_copies(torch.tensor([math.nan, math.inf, -1.0]), b).tolist() == [1, 1, 1]
+
+
+def _faint_model(rng, n, dead_frac):
+    """_model_with_moments with the live Gaussians faint (opacity 0.0051-0.03: a source shares with few copies)."""
+    model, opt, dead = _model_with_moments(rng, n, dead_frac=dead_frac)
+    with torch.no_grad():
+        o = 0.0051 + 0.025 * torch.rand(n, generator=rng)
+        model.opacity_logits[~dead] = torch.logit(o[~dead])
+    return model, opt, dead
+
+
+@pytest.mark.parametrize("step", ["relocate", "grow"])
+def test_live_copies_leaves_no_copy_born_dead(rng, step):
+    """mcmc_live_copies: with faint sources the old rule floors the copies at the bound (born dead: the next
+    relocation counts them); with it on no copy is born dead, each source is drawn at most live_copies − 1 times,
+    a dead row not moved keeps its parameters, and growth adds fewer."""
+    from rigel_core.train.mcmc import _dead, live_copies
+    n = 300
+    seed = int(torch.randint(0, 999, (1,), generator=rng))
+    results = {}
+    for on in (False, True):
+        model, opt, dead = _faint_model(torch.Generator().manual_seed(seed), n, 0.7)
+        cfg = TrainConfig(strategy="mcmc", max_gaussians=10 * n, mcmc_growth=0.5, mcmc_live_copies=on)
+        o_before = model.opacities.detach().clone()
+        before = {k: v.detach().clone() for k, v in model.parameters().items()}
+        g = torch.Generator().manual_seed(seed)
+        if step == "relocate":
+            done = relocate_dead(model, opt, cfg, g)
+        else:
+            done = add_gaussians(model, opt, cfg, g)
+        now_dead = _dead(model.opacities.detach(), cfg)
+        results[on] = done
+        if step == "relocate":
+            moved = dead & ~torch.stack([(before["means3D"][i] == model.means3D.detach()[i]).all() for i in range(n)])
+            assert int(moved.sum()) == done
+            if on:
+                assert not (now_dead & moved).any()  # every moved row alive
+                stay = dead & ~moved
+                assert stay.any()  # the sources could not take every dead row
+                for k in PARAM_NAMES:
+                    assert torch.equal(getattr(model, k).detach()[stay], before[k][stay]), k
+                # no source drawn over its share: its copies (itself and the rows moved onto it) number ≤ live_copies
+                src = [int(torch.nonzero((before["means3D"] == model.means3D.detach()[i]).all(1) & ~dead)[0])
+                       for i in torch.nonzero(moved).flatten().tolist()]
+                counts = torch.bincount(torch.tensor(src), minlength=n)
+                assert (counts + 1 <= live_copies(o_before, cfg.mcmc_min_opacity)).all()
+            else:
+                assert (now_dead & moved).any()  # the old rule: copies floored at the bound, born dead
+        else:
+            assert bool(now_dead[n:].any()) != on  # appended copies born dead only under the old rule
+            assert bool((now_dead[:n] & ~dead).any()) != on  # and their sources with them
+    assert results[True] < results[False]
+
+
+def test_live_copies_changes_nothing_where_every_source_has_its_share(rng):
+    """Opaque sources (here ≥ 0.3: each can give 70 copies and more) are never drawn over their share, so a
+    relocation and a growth step with mcmc_live_copies are bit for bit those without it."""
+    n = 120
+    seed = int(torch.randint(0, 999, (1,), generator=rng))
+    out = {}
+    for on in (False, True):
+        model, opt, dead = _model_with_moments(torch.Generator().manual_seed(seed), n, dead_frac=0.3)
+        with torch.no_grad():
+            model.opacity_logits[~dead] = model.opacity_logits[~dead].clamp_min(math.log(0.3 / 0.7))
+        cfg = TrainConfig(strategy="mcmc", max_gaussians=2 * n, mcmc_growth=0.2, mcmc_live_copies=on)
+        g = torch.Generator().manual_seed(seed)
+        counts = (relocate_dead(model, opt, cfg, g), add_gaussians(model, opt, cfg, g))
+        out[on] = (counts, {k: v.detach().clone() for k, v in model.parameters().items()}, _moments(opt, model))
+    assert out[True][0] == out[False][0] and out[True][0][0] > 0 and out[True][0][1] > 0
+    for k in out[False][1]:
+        assert torch.equal(out[True][1][k], out[False][1][k]), k
+    assert out[True][2].keys() == out[False][2].keys()
+    for k in out[False][2]:
+        for s in out[False][2][k]:
+            assert torch.equal(out[True][2][k][s], out[False][2][k][s]), (k, s)
+
+
 def test_trim_to_cap_keeps_the_most_opaque(rng):
     model, opt, _ = _model_with_moments(rng, 50, dead_frac=0.0)
     logits = model.opacity_logits.detach().clone()

@@ -382,6 +382,14 @@ class TrainConfig:
     #: there instead: 0.3 gives beer~nosfm 23.6 / 24.6 dB at 390–450k Gaussians, and the six other captures stay
     #: within their seed spread (H200, 2026-12-07, 7k; docs/BENCHMARKS.md "Growth where Gaussians die")
     mcmc_growth_max_dead: float = 0.3
+    #: a relocation or growth step draws a live Gaussian at most as many times as its opacity can be split into
+    #: copies that stay above ``mcmc_min_opacity`` (n copies of opacity o each get 1 − (1 − o)^(1/n)); the draws
+    #: over that are dropped: their dead Gaussians wait for the next relocation step, growth adds fewer. Off: the
+    #: copies of a faint source are floored at the bound and born dead (the paper's code, gsplat). Where no source
+    #: is drawn over its share the run is bit for bit the same. On a CPU proxy (lego~opaque at 1/8, 2,100
+    #: iterations) the default run of seed 1 turned every Gaussian dead by iteration 750 (11.6 dB); not yet
+    #: measured on the GPU suite, so off (docs/BENCHMARKS.md, "Copies born dead")
+    mcmc_live_copies: bool = False
     mcmc_max_copies: int = 51  # n of the mass-splitting formulas clamped to this (the paper's code: 51)
     #: whose Adam moments a relocation zeroes: "moved" (rigel's until now: the live Gaussians drawn and the dead
     #: ones moved onto them) or "sources" (the paper's code and gsplat's: only the live ones drawn; a dead row

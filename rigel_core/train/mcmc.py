@@ -40,6 +40,14 @@ at the floor still counts as dead at the next relocation, float32 rounding sigmo
 gsplat 1.5.3: docs/BENCHMARKS.md) and ``c`` to ``(0, 1]`` (it is < 1 for every n ≥ 2: the stacked profile is wider than one
 Gaussian of the same peak; the clamp only guards rounding).
 
+**Copies that stay alive** (``mcmc_live_copies``, off by default). ``n`` copies of a source of opacity ``o`` each
+get ``1 − (1 − o)^(1/n)``, which is above the dead bound ``b`` only for ``n ≤ ln(1 − o)/ln(1 − b)``
+(:func:`live_copies`; a source of 0.01 shares with one copy, one of 0.05 with nine). With the option on, the draws of
+a relocation or growth step beyond that many of one source are dropped (:func:`_within_share`, in draw order): the
+dead rows they would have filled stay where they are until the next relocation, growth adds fewer. Off, such copies
+are floored at ``b`` and born dead. Where no source is drawn beyond its share the step is bit for bit the one
+without the option (the same draws from ``generator``).
+
 **Position noise** (:func:`position_noise`), after every optimizer step (the Langevin term): ``μ ← μ + λ_noise ·
 lr_μ · σ(−k(o − t)) · Σ·η``, η ~ N(0, I₃), Σ = R·diag(s²)·Rᵀ the Gaussian's covariance, ``lr_μ`` the iteration's
 position learning rate (world units: × scene extent), ``λ_noise = mcmc_noise_lr`` (5·10⁵), ``k = mcmc_noise_k``
@@ -81,7 +89,7 @@ from .optim import append_rows, per_gaussian_tensors, select_rows
 __all__ = ["MCMCReport", "split_mass", "zero_moments", "sample_indices", "relocate_dead", "add_gaussians",
            "trim_to_cap", "position_noise", "add_position_noise", "noise_generator", "seed_noise", "scheduled",
            "regularizer", "mcmc_step", "mcmc_budget", "mcmc_relocate_and_grow", "length_unit", "noise_max_scale",
-           "dead_share"]
+           "dead_share", "live_copies"]
 
 #: largest float32 opacity below 1 the relocation hands out (logit ≈ 15.9)
 _MAX_OPACITY = 1.0 - torch.finfo(torch.float32).eps
@@ -176,6 +184,35 @@ def _split_sampled(model, cfg: TrainConfig, src: torch.Tensor) -> torch.Tensor:
     return rows
 
 
+def live_copies(opacities: torch.Tensor, min_opacity: float) -> torch.Tensor:
+    """(M,) int64: the most copies ``n`` (the original included) that one Gaussian of each opacity can be split
+    into with every copy's opacity ``1 − (1 − o)^(1/n)`` above ``min_opacity`` — ``⌊ln(1 − o) / ln(1 − b)⌋`` with
+    ``b = min_opacity·(1 + 10⁻⁴)``, the margin covering float32's logit / sigmoid round trip (a copy just at the
+    bound reads as dead) — at least 1 (a source at or under the bound gives none), at most 2³¹."""
+    o = opacities.detach().double()
+    o = torch.where(torch.isfinite(o), o, torch.zeros_like(o)).clamp(0.0, 1.0 - 2.0 ** -52)
+    b = float(min_opacity) * (1.0 + 1e-4)
+    n = torch.floor(torch.log1p(-o) / math.log1p(-b))
+    return n.clamp(1.0, 2.0 ** 31).long()
+
+
+def _within_share(src: torch.Tensor, opacities: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
+    """(m,) bool over the draws ``src`` (rows, in draw order): True for the first ``live_copies − 1`` draws of each
+    row (its opacity can give that many copies above the dead bound), False for the draws after them."""
+    if src.numel() == 0:
+        return torch.ones(0, dtype=torch.bool, device=src.device)
+    order = torch.argsort(src, stable=True)
+    s = src[order]
+    pos = torch.arange(s.numel(), device=src.device)
+    first = torch.ones_like(s, dtype=torch.bool)
+    first[1:] = s[1:] != s[:-1]
+    rank_sorted = pos - torch.where(first, pos, torch.zeros_like(pos)).cummax(0).values
+    rank = torch.empty_like(rank_sorted)
+    rank[order] = rank_sorted
+    extra = live_copies(opacities[src], cfg.mcmc_min_opacity).to(src.device) - 1
+    return rank < extra
+
+
 def _dead(opacities: torch.Tensor, cfg: TrainConfig) -> torch.Tensor:
     """(N,) bool: opacity at or under ``mcmc_min_opacity``, a NaN (a non-finite logit) counted dead."""
     return ~(opacities > cfg.mcmc_min_opacity)
@@ -200,6 +237,12 @@ def relocate_dead(model, optimizer, cfg: TrainConfig, generator: torch.Generator
     alive_idx = torch.nonzero(~dead).flatten()
     dead_idx = torch.nonzero(dead).flatten()
     src = alive_idx[sample_indices(o[alive_idx], n_dead, generator)]
+    if cfg.mcmc_live_copies:  # no copy born dead: the draws over a source's share leave their dead row in place
+        keep = _within_share(src, o, cfg)
+        src, dead_idx = src[keep], dead_idx[keep]
+        n_dead = int(src.numel())
+        if n_dead == 0:
+            return 0
     rows = _split_sampled(model, cfg, src)
     for p in per_gaussian_tensors(optimizer, model).values():
         p.data[dead_idx] = p.data[src]
@@ -219,6 +262,11 @@ def add_gaussians(model, optimizer, cfg: TrainConfig, generator: torch.Generator
     if m <= 0 or not bool((torch.nan_to_num(o) > 0).any()):
         return 0
     src = sample_indices(o, m, generator)
+    if cfg.mcmc_live_copies:  # no copy born dead: growth adds only what its sources' opacities can share
+        src = src[_within_share(src, o, cfg)]
+        m = int(src.numel())
+        if m == 0:
+            return 0
     rows = _split_sampled(model, cfg, src)
     zero_moments(optimizer, model, rows)
     params = per_gaussian_tensors(optimizer, model)
