@@ -382,7 +382,8 @@ def _config_of(path, meta: dict, key: str = "config"):
     without ``densify_grad`` densified with 3DGS's statistic: it stays "grad" (not "auto", which on a real capture
     would switch the statistic and its threshold mid-run), and one without ``init_mode`` drew its random points in the
     cameras' box: it stays "box"; one without ``mcmc_noise_max_scale`` or ``mcmc_growth_max_dead`` ran MCMC with
-    the unbounded noise and growth at every relocation step: they stay 0 (off); one with "absgrad" but no
+    the unbounded noise and growth at every relocation step: they stay 0 (off); one without
+    ``coarse_to_fine_min_side`` kept coarse levels down to 8 px: it stays 8; one with "absgrad" but no
     ``absgrad_threshold`` compared
     it with ``grad_threshold`` (before the field existed): that value becomes its ``absgrad_threshold``. rigel saves
     resolved configs: integers and "grad" / "absgrad" there, kept. The fields of a removed feature
@@ -404,6 +405,8 @@ def _config_of(path, meta: dict, key: str = "config"):
     for field in ("mcmc_noise_max_scale", "mcmc_growth_max_dead"):  # MCMC rules added off, made the default later
         if field not in d:
             d = {**d, field: 0.0}
+    if "coarse_to_fine_min_side" not in d:   # the floor was 8 px until the field existed
+        d = {**d, "coarse_to_fine_min_side": 8}
     if d.get("densify_grad") == "absgrad" and "absgrad_threshold" not in d and "grad_threshold" in d:
         d = {**d, "absgrad_threshold": d["grad_threshold"]}   # then "absgrad" compared with grad_threshold
     try:

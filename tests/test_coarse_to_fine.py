@@ -88,14 +88,38 @@ def test_a_level_the_gaussians_crowd_is_left_for_a_finer_one(rng, per, first):
     assert widths == expected
 
 
-def test_the_factor_never_makes_an_image_smaller_than_the_minimum(rng):
-    from rigel_core.train.trainer import MIN_COARSE_SIDE
-
-    ds = make_dataset(rng, n_gauss=40, size=16, n_train=2, n_test=1)
-    t = Trainer(ds, small_config(coarse_to_fine=64, coarse_to_fine_iters=10), device="cpu")
+@pytest.mark.parametrize("size, min_side, want", [(16, 8, 2), (32, 8, 4), (32, 16, 2), (48, 16, 2), (20, 16, 1)])
+def test_the_factor_never_makes_an_image_smaller_than_the_minimum(rng, size, min_side, want):
+    """coarse_to_fine_min_side: 64 asked, the factor halves until the shorter side keeps that many pixels."""
+    ds = make_dataset(rng, n_gauss=40, size=size, n_train=2, n_test=1)
+    t = Trainer(ds, small_config(coarse_to_fine=64, coarse_to_fine_iters=10, coarse_to_fine_min_side=min_side),
+                device="cpu")
     t.step()
-    assert t.train_downscale == 16 // MIN_COARSE_SIDE  # 64 asked; 16 px images stop at 8 px
-    assert min(t.train_frames[0].camera.width, t.train_frames[0].camera.height) == MIN_COARSE_SIDE
+    assert t.train_downscale == want
+    assert min(t.train_frames[0].camera.width, t.train_frames[0].camera.height) == size // want >= min_side
+
+
+def test_the_default_floor_keeps_small_captures_at_full_resolution(rng):
+    """The default coarse_to_fine_min_side (64): "auto" gives a capture without SfM points 4, and a 100 px capture
+    trains at full resolution (its ¼ would be 25 px: lego~opaque at 1/8 lost every Gaussian there on one seed of
+    two), a 256 px one from ¼ (64 px), a 128 px one from ½; the start line says why."""
+    from rigel_core.train.config import COARSE_MIN_SIDE
+    assert TrainConfig().coarse_to_fine_min_side == COARSE_MIN_SIDE == 64
+    for bad in (7, 4097, 0, -8):
+        with pytest.raises(ValueError, match="coarse_to_fine_min_side must be in 8..4096"):
+            TrainConfig(coarse_to_fine_min_side=bad).validate()
+    for size, want in ((100, 1), (128, 2), (256, 4)):
+        ds = make_dataset(rng, n_gauss=20, size=size, n_train=2, n_test=1)
+        cfg = small_config(coarse_to_fine="auto", iterations=8, coarse_to_fine_iters=4,
+                           coarse_to_fine_min_side=COARSE_MIN_SIDE, init_points=50)
+        t = Trainer(ds, cfg, device="cpu")
+        assert t.config.coarse_to_fine == 4
+        t.step()
+        assert t.train_downscale == want, size
+        if want < 4:
+            assert f"a level keeps at least {COARSE_MIN_SIDE} px" in t.coarse_note, t.coarse_note
+            assert ("this run trains at full resolution" if want == 1 else f"this run starts at 1/{want}") in \
+                t.coarse_note, t.coarse_note
 
 
 def test_schedule_off():
@@ -137,7 +161,7 @@ def test_the_coarse_summary_says_what_this_session_does(rng):
     summary = lambda **cfg: Trainer(ds, small_config(**cfg), device="cpu").coarse_summary()  # noqa: E731
     assert summary(coarse_to_fine=1, iterations=10) == "coarse-to-fine: off"
     assert summary(coarse_to_fine=4, iterations=1) == "coarse-to-fine: off (the run is too short for it)"
-    tiny = make_dataset(rng, n_gauss=40, size=12, n_train=2, n_test=1)   # 12 px // 2 < MIN_COARSE_SIDE
+    tiny = make_dataset(rng, n_gauss=40, size=12, n_train=2, n_test=1)   # 12 px // 2 < 8 (small_config's floor)
     assert Trainer(tiny, small_config(coarse_to_fine=4, iterations=10), device="cpu").coarse_summary() == \
         "coarse-to-fine: off (the images are too small for it)"
     t = Trainer(ds, small_config(coarse_to_fine=4, coarse_to_fine_iters=4, iterations=10), device="cpu")
@@ -599,3 +623,28 @@ def test_a_mask_that_would_leave_a_view_no_coarse_pixel_gets_a_smaller_factor(rn
                     assert np.array_equal(m.numpy(), block_has_valid(f.mask.numpy(), 2))
     assert len([w for w in rec if "coarse-to-fine" in str(w.message)]) == 1  # the smaller factor is remembered
     assert seen == [2] * 6 + [1] * 6
+
+
+def test_a_checkpoint_from_before_the_floor_field_resumes_with_8_px(rng, tmp_path):
+    """A checkpoint written before ``coarse_to_fine_min_side`` existed kept coarse levels down to 8 px: it resumes
+    with 8, as it trained, not the default floor (which would change a small capture's schedule mid-run); a new
+    checkpoint keeps its own value."""
+    import dataclasses
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from rigel_core.checkpoint import read_checkpoint
+    ds = make_dataset(rng, n_gauss=30, size=16, n_train=2, n_test=0)
+    cfg = small_config(iterations=6, coarse_to_fine=2, coarse_to_fine_iters=4, coarse_to_fine_min_side=16)
+    tr = Trainer(ds, cfg, device="cpu")
+    tr.step()
+    assert tr.train_downscale == 1   # 16 px images keep no ½ level at a 16 px floor
+    path, old = tmp_path / "now.safetensors", tmp_path / "old.safetensors"
+    tr.save_checkpoint(path)
+    tensors, meta = load_file(path), read_checkpoint(path)[1]
+    meta["config"] = {k: v for k, v in meta["config"].items() if k != "coarse_to_fine_min_side"}
+    save_file(tensors, old, metadata={"rigel": json.dumps(meta)})
+    resumed = Trainer.from_checkpoint(old, ds, device="cpu")
+    assert resumed.config == dataclasses.replace(tr.config, coarse_to_fine_min_side=8)  # "auto" resolved in both
+    assert Trainer.from_checkpoint(path, ds, device="cpu").config == tr.config

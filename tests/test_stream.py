@@ -274,7 +274,8 @@ def test_streamed_and_preloaded_training_see_the_same_batches_and_end_equal(tmp_
     write_ngp(tmp_path, rng, 45, 35, 6)
     pre, st = load_both(tmp_path, alpha_as_mask=alpha_as_mask)
     cfg = dict(iterations=16, init_points=120, coarse_to_fine=2, random_background=True, eval_every=8,
-               seed=int(torch.randint(0, 1000, (1,), generator=rng)), sh_degree=1, strategy="default")
+               seed=int(torch.randint(0, 1000, (1,), generator=rng)), sh_degree=1, strategy="default",
+               coarse_to_fine_min_side=8)   # 45x35 px views: a coarse level only under the old floor
     a, seen_a = trained(pre, TrainConfig(**cfg), 16)
     b, seen_b = trained(st, TrainConfig(**cfg), 16)
     assert len(seen_a) == len(seen_b) == 16
@@ -354,7 +355,7 @@ def test_no_streamed_mask_is_decoded_on_the_trainers_thread(tmp_path, rng, monke
     monkeypatch.setattr(frames_mod.FramePipeline, "decode", staticmethod(counted))
     monkeypatch.setattr(stream_mod.os, "cpu_count", lambda: 4)
     cfg = TrainConfig(iterations=6, init_points=60, sh_degree=0, strategy="default", coarse_to_fine=4,
-                      coarse_to_fine_iters=4, eval_every=0)
+                      coarse_to_fine_iters=4, eval_every=0, coarse_to_fine_min_side=8)
     t = Trainer(st, cfg, device="cpu")
     assert {n for n, _ in seen} == {f.name for f in st.train + st.test}   # the start read every view's mask
     levels = []

@@ -69,10 +69,11 @@ def small_config(**kw):
     # ask for it. coarse_to_fine explicit too (1: these tests are about full-resolution training; "auto" would
     # train these datasets without SfM points coarse first): tests/test_coarse_to_fine.py asks for it; densify_grad
     # explicit too ("grad", what "auto" becomes on the CPU: a config without "auto" is used as given), and init_mode
-    # ("box": where these tests' random points have always been drawn; "auto" draws a photo capture's along rays)
+    # ("box": where these tests' random points have always been drawn; "auto" draws a photo capture's along rays),
+    # and coarse_to_fine_min_side 8 (these tests' images are 12-64 px: the default floor would leave them no level)
     base = dict(iterations=300, init_points=200, densify_from=50, densify_interval=50, densify_until=250,
                 eval_every=0, sh_degree=1, sh_degree_interval=100, seed=0, init_background_points=0,
-                coarse_to_fine=1, densify_grad="grad", init_mode="box")
+                coarse_to_fine=1, densify_grad="grad", init_mode="box", coarse_to_fine_min_side=8)
     base.update(kw)
     return TrainConfig(**base)
 

@@ -74,6 +74,10 @@ AUTO_BUDGET_MIN = 10_000
 AUTO_INIT_MAX = 100_000
 
 
+#: the default ``coarse_to_fine_min_side`` (pixels; the shorter side a coarse level keeps at least)
+COARSE_MIN_SIDE = 64
+
+
 @dataclass(frozen=True)
 class Capture:
     """What the "auto" rules read of a dataset's training views (``rigel_core.train.trainer.capture_facts``):
@@ -163,7 +167,8 @@ class TrainConfig:
     #: coarse-to-fine training resolution (issue 14; after DashGaussian, Chen et al. CVPR 2025): the training
     #: images start downscaled by this factor (a power of two in 1..64; 1 = off) and the factor halves in
     #: equal phases until full resolution at min(``coarse_to_fine_iters``, iterations × ``coarse_to_fine_share``)
-    #: (e.g. 4 over 3000 iterations: ¼ for 1500, ½ for 1500, then full; an image's shorter side stays ≥ 8 px).
+    #: (e.g. 4 over 3000 iterations: ¼ for 1500, ½ for 1500, then full; an image's shorter side stays ≥
+    #: ``coarse_to_fine_min_side`` px).
     #: Held-out evaluation is always at full resolution. "auto" (the default) is decided by the Trainer from the dataset
     #: (:func:`resolve_coarse_to_fine`): AUTO_COARSE_TO_FINE (4) without SfM points (random initialisation: a
     #: synthetic / Blender scene), 1 with SfM points (a real capture). Measured (H200, 2026-12-01): lego 800×800,
@@ -174,6 +179,11 @@ class TrainConfig:
     #: seeds and at 30k. The resolved config (metrics.json, checkpoint) holds the integer, never "auto".
     coarse_to_fine: int | str = "auto"
     coarse_to_fine_iters: int = 3000
+    #: no coarse level makes a training image's shorter side smaller than this many pixels (a smaller factor, or
+    #: full resolution, for small images). At 8 (until session 36) a 100 px capture without SfM points (lego~opaque
+    #: at 1/8, the CPU) trained its first phase at 25 px and one seed of two lost every Gaussian there (11.6 dB);
+    #: at 64 no capture of the GPU suite changes (fern~nosfm's ¼ level is 94 px, the smallest). In 8..4096.
+    coarse_to_fine_min_side: int = COARSE_MIN_SIDE
     #: the largest share of ``iterations`` the coarse levels may take: they end at min(``coarse_to_fine_iters``,
     #: ``iterations`` × this) (in (0, 1]; 0.5 keeps a short run's second half at full resolution)
     coarse_to_fine_share: float = 0.5
@@ -386,9 +396,10 @@ class TrainConfig:
     #: copies that stay above ``mcmc_min_opacity`` (n copies of opacity o each get 1 − (1 − o)^(1/n)); the draws
     #: over that are dropped: their dead Gaussians wait for the next relocation step, growth adds fewer. Off: the
     #: copies of a faint source are floored at the bound and born dead (the paper's code, gsplat). Where no source
-    #: is drawn over its share the run is bit for bit the same. On a CPU proxy (lego~opaque at 1/8, 2,100
-    #: iterations) the default run of seed 1 turned every Gaussian dead by iteration 750 (11.6 dB); not yet
-    #: measured on the GPU suite, so off (docs/BENCHMARKS.md, "Copies born dead")
+    #: is drawn over its share the run is bit for bit the same. Written for a collapse found on the CPU (lego~opaque
+    #: at 1/8, seed 1: every Gaussian dead by iteration 750), which it did not cure (11.59 dB either way; the run
+    #: survives without its 25 px coarse level: ``coarse_to_fine_min_side``); not measured on the GPU suite, so off
+    #: (docs/BENCHMARKS.md, "Small captures without SfM points")
     mcmc_live_copies: bool = False
     mcmc_max_copies: int = 51  # n of the mass-splitting formulas clamped to this (the paper's code: 51)
     #: whose Adam moments a relocation zeroes: "moved" (rigel's until now: the live Gaussians drawn and the dead
@@ -578,6 +589,7 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.coarse_to_fine must be a power of two in 1..64 or 'auto', got {c2f}")
         if self.coarse_to_fine_iters < 0:
             raise ValueError(f"TrainConfig.coarse_to_fine_iters must be ≥ 0, got {self.coarse_to_fine_iters}")
+        self._each(("coarse_to_fine_min_side",), lambda v: 8 <= v <= 4096, "in 8..4096")
         if not 0.0 < self.coarse_to_fine_share <= 1.0:
             raise ValueError(f"TrainConfig.coarse_to_fine_share must be in (0, 1], got {self.coarse_to_fine_share}")
         if not 0.0 < self.schedule_scale <= 100.0:

@@ -77,8 +77,6 @@ __all__ = ["Trainer", "StepResult", "EvalResult", "random_init_points", "backgro
            "training_downscale"]
 
 
-#: coarse-to-fine never makes a training image's shorter side smaller than this (pixels)
-MIN_COARSE_SIDE = 8
 #: the opacity :meth:`Trainer._retire_widest` gives a Gaussian it retires: under the binning's alpha floor (1/255),
 #: so it touches no tile, and under ``mcmc_min_opacity`` / ``prune_opacity`` (0.005), so the strategy takes it
 RETIRED_OPACITY = 1e-4
@@ -92,11 +90,11 @@ def shortest_side(frames) -> int:
     return min(min(f.camera.width, f.camera.height) for f in frames)
 
 
-def fitting_factor(factor: int, frames) -> int:
-    """``factor`` halved until the shortest side of ``frames``' images divided by it keeps :data:`MIN_COARSE_SIDE`
-    pixels (1 at least): the coarse-to-fine factor tiny images can take."""
+def fitting_factor(factor: int, frames, min_side: int) -> int:
+    """``factor`` halved until the shortest side of ``frames``' images divided by it keeps ``min_side`` pixels
+    (``TrainConfig.coarse_to_fine_min_side``; 1 at least): the coarse-to-fine factor small images can take."""
     shortest = shortest_side(frames)
-    while factor > 1 and shortest // factor < MIN_COARSE_SIDE:
+    while factor > 1 and shortest // factor < min_side:
         factor //= 2
     return factor
 
@@ -491,12 +489,14 @@ class Trainer:
         #: the factor its own schedule had reached (rigel_core.checkpoint.load_trainer)
         self.coarse_floor = int(cfg.coarse_to_fine)
         if self.coarse_note and self.coarse_floor > 1:  # say what this run will actually do
-            start = fitting_factor(self.coarse_floor, views)
+            start = fitting_factor(self.coarse_floor, views, cfg.coarse_to_fine_min_side)
             if coarse_to_fine_span(cfg) == 0:
                 self.coarse_note += " (this run is too short for it: full resolution throughout)"
             elif start < self.coarse_floor:
-                self.coarse_note += (f" (this run starts at 1/{start}: the images are {shortest_side(views)} px on "
-                                     f"their shorter side, and a level keeps at least {MIN_COARSE_SIDE} px)")
+                where = "trains at full resolution" if start == 1 else f"starts at 1/{start}"
+                self.coarse_note += (f" (this run {where}: the images are {shortest_side(views)} px on their shorter "
+                                     f"side, and a level keeps at least {cfg.coarse_to_fine_min_side} px: "
+                                     "coarse_to_fine_min_side)")
         #: CPU generator for every random choice (view order, split offsets, init, random background):
         #: saved in checkpoints so a resumed run continues bit for bit.
         self.generator = torch.Generator().manual_seed(int(cfg.seed))
@@ -666,7 +666,8 @@ class Trainer:
             return "coarse-to-fine: off"
         if span == 0:
             return "coarse-to-fine: off (the run is too short for it)"
-        now = fitting_factor(min(self.coarse_floor, training_downscale(cfg, self.iteration + 1)), self._full_views[0])
+        now = fitting_factor(min(self.coarse_floor, training_downscale(cfg, self.iteration + 1)), self._full_views[0],
+                             cfg.coarse_to_fine_min_side)
         if now <= 1 and not self.iteration:   # images too small for a coarser level (coarse_note says so)
             return "coarse-to-fine: off (the images are too small for it)"
         if now <= 1:                          # a resumed run past its coarse levels
@@ -1122,14 +1123,14 @@ class Trainer:
         ``load_dataset(..., downscale=factor)`` gives for it; made once per phase). At most two image sets are held:
         the full-resolution one and the current coarse level; a coarse level is released when training moves to
         another factor (before the next one is made). A smaller factor is used for images whose shorter side would
-        fall under :data:`MIN_COARSE_SIDE` (said once, in :attr:`coarse_note`, when "auto" chose the factor), and,
+        fall under ``coarse_to_fine_min_side`` (said once, in :attr:`coarse_note`, when "auto" chose the factor), and,
         with one warning, for masks that would leave a view with valid pixels no valid coarse pixel (the strict mask rule: ignored pixels reaching every factor × factor block)."""
         asked = factor
         factor = self._coarse_used.get(asked, asked)  # a factor a mask made smaller (below) stays smaller
         if factor == self.train_downscale:  # every step but a phase's first
             return
         full_frames = self._full_views[0]
-        factor = fitting_factor(factor, full_frames)  # tiny images: a smaller factor
+        factor = fitting_factor(factor, full_frames, self.config.coarse_to_fine_min_side)  # small images: a smaller one
         if factor == self.train_downscale:
             return
         # release the current coarse level first (no reference to it is kept anywhere else: the graph step copies
