@@ -60,6 +60,11 @@ STATS_KEYS = ("grad_accum", "denom", "max_radii")
 #: ``mcmc_fog_noise``), measured and removed (docs/TRAINING.md)
 RETIRED_TENSORS = ("mcmc.fog_at", "mcmc.noise_scale")
 RETIRED_CONFIG_FIELDS = ("mcmc_fog_share", "mcmc_fog_from", "mcmc_fog_noise")
+#: what a run trained with before each of these TrainConfig fields existed (its default then), which a checkpoint
+#: without the field resumes with, not the field's default now (_config_of says why for each)
+BEFORE_THE_FIELD = {"strategy": "default", "init_background_points": 0, "coarse_to_fine": 1, "densify_grad": "grad",
+                    "init_mode": "box", "mcmc_noise_max_scale": 0.0, "mcmc_growth_max_dead": 0.0,
+                    "coarse_to_fine_min_side": 8}
 
 
 class CheckpointError(InputError):
@@ -386,27 +391,12 @@ def _config_of(path, meta: dict, key: str = "config"):
     ``coarse_to_fine_min_side`` kept coarse levels down to 8 px: it stays 8; one with "absgrad" but no
     ``absgrad_threshold`` compared
     it with ``grad_threshold`` (before the field existed): that value becomes its ``absgrad_threshold``. rigel saves
-    resolved configs: integers and "grad" / "absgrad" there, kept. The fields of a removed feature
-    (:data:`RETIRED_CONFIG_FIELDS`) are dropped, whatever their values."""
+    resolved configs: integers and "grad" / "absgrad" there, kept. These values are :data:`BEFORE_THE_FIELD`. The
+    fields of a removed feature (:data:`RETIRED_CONFIG_FIELDS`) are dropped, whatever their values."""
     d = meta.get(key)
     if not isinstance(d, dict):
         _fail(path, f"metadata {key}", "missing or not an object")
-    d = {k: v for k, v in d.items() if k not in RETIRED_CONFIG_FIELDS}
-    if "strategy" not in d:
-        d = {**d, "strategy": "default"}
-    if "init_background_points" not in d:
-        d = {**d, "init_background_points": 0}
-    if "coarse_to_fine" not in d:
-        d = {**d, "coarse_to_fine": 1}
-    if "densify_grad" not in d:
-        d = {**d, "densify_grad": "grad"}
-    if "init_mode" not in d:
-        d = {**d, "init_mode": "box"}
-    for field in ("mcmc_noise_max_scale", "mcmc_growth_max_dead"):  # MCMC rules added off, made the default later
-        if field not in d:
-            d = {**d, field: 0.0}
-    if "coarse_to_fine_min_side" not in d:   # the floor was 8 px until the field existed
-        d = {**d, "coarse_to_fine_min_side": 8}
+    d = {**BEFORE_THE_FIELD, **{k: v for k, v in d.items() if k not in RETIRED_CONFIG_FIELDS}}
     if d.get("densify_grad") == "absgrad" and "absgrad_threshold" not in d and "grad_threshold" in d:
         d = {**d, "absgrad_threshold": d["grad_threshold"]}   # then "absgrad" compared with grad_threshold
     try:
